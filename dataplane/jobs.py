@@ -1,0 +1,82 @@
+"""The job specification: GRPO hyper-parameters and system knobs, validated the same way everywhere.
+
+The site validates a job with it before saving (a bad field is a 400 naming the field) and the learner
+parses the job it is given into it, so both read one definition of every field and its bounds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .tasks import TaskSpecError, build_task
+
+
+class JobSpecError(ValueError):
+    """A job field out of bounds; ``field`` names it, ``str(err)`` says why."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class JobSpec(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(min_length=1, max_length=100, description="Human-readable job name.")
+    model_dir: str = Field(min_length=1, max_length=500, description="Checkpoint directory (Hugging Face layout).")
+    task: dict[str, Any] = Field(description='Task adapter spec, e.g. {"name": "arithmetic"}.')
+    staleness: int = Field(default=3, ge=2, le=1000, description="S: largest admissible version lag (>= 2).")
+    kappa: int | None = Field(default=None, ge=1, description="Snapshot period in steps; default S-1, must be < S.")
+    batch_trajectories: int = Field(default=128, ge=1, le=1_000_000, description="R: trajectories per step.")
+    group_size: int = Field(default=8, ge=2, le=1024, description="n: samples per prompt (GRPO group).")
+    gamma: float = Field(default=1.1, ge=1.0, le=10.0, description="Safety factor on needed throughput.")
+    learner_uplink_bps: int = Field(default=125_000_000, ge=1, description="B0: learner uplink in bytes/s.")
+    learning_rate: float = Field(default=1e-3, gt=0, le=1.0, description="AdamW learning rate.")
+    clip_eps: float = Field(default=0.2, gt=0, le=10.0, description="PPO clip range epsilon.")
+    max_steps: int = Field(default=300, ge=1, le=10_000_000, description="Learner steps before completion.")
+    max_new_tokens: int = Field(default=8, ge=1, le=32_768, description="Longest completion, in tokens.")
+    temperature: float = Field(default=1.0, ge=0.0, le=10.0, description="Sampling temperature (0 = greedy).")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    seed: int = Field(default=0, description="Seed for prompts and initialisation.")
+    target_reward: float | None = Field(default=None, description="Complete early once the 10-step mean reward "
+                                        "reaches this value.")
+
+    @field_validator("task")
+    @classmethod
+    def _task_exists(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return build_task(value).spec()
+        except TaskSpecError as err:
+            raise ValueError(str(err).removeprefix("task: ")) from None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobSpec:
+        if self.kappa is None:
+            self.kappa = self.staleness - 1
+        if self.kappa >= self.staleness:
+            raise ValueError(f"kappa: must be < staleness S={self.staleness} (default S-1)")
+        if self.batch_trajectories % self.group_size:
+            raise ValueError(
+                f"batch_trajectories: R={self.batch_trajectories} must be a multiple of group_size n={self.group_size}"
+            )
+        return self
+
+    @property
+    def groups_per_step(self) -> int:
+        return self.batch_trajectories // self.group_size
+
+
+def parse_job_spec(raw: dict[str, Any]) -> JobSpec:
+    """Validate ``raw``; raise :class:`JobSpecError` naming the first bad field."""
+    try:
+        return JobSpec.model_validate(raw)
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(p) for p in first["loc"])
+        message = first["msg"].removeprefix("Value error, ")
+        if not field and ":" in message:  # model-level checks name their field first
+            field, message = message.split(":", 1)
+        raise JobSpecError(field or "job", message.strip()) from None

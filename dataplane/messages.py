@@ -1,0 +1,167 @@
+"""Control messages between the site and an agent, one JSON object per websocket frame.
+
+Both sides parse with :func:`parse_agent_message` / :func:`parse_site_message`, so a message the other
+side cannot understand is rejected with a reason (a ``rejected`` reply) instead of being ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+
+class MessageError(ValueError):
+    """A frame that is not a valid message; ``str(err)`` is the reason sent back."""
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---- agent -> site -------------------------------------------------------------------------
+
+
+class Hello(_Msg):
+    type: Literal["hello"] = "hello"
+    agent_version: str = Field(max_length=32)
+    installed_version: int | None = Field(default=None, ge=0, description="Snapshot version loaded, if any.")
+
+
+class Heartbeat(_Msg):
+    type: Literal["heartbeat"] = "heartbeat"
+    throughput: float | None = Field(default=None, ge=0, description="mu_i, trajectories/s over a window.")
+    installed_version: int | None = Field(default=None, ge=0)
+    job_id: int | None = Field(default=None, ge=1)
+
+
+class LeaseRequest(_Msg):
+    type: Literal["lease_request"] = "lease_request"
+    job_id: int = Field(ge=1)
+    groups: int = Field(default=1, ge=1, le=64, description="How many prompt groups to lease.")
+
+
+class TrajectoryBatch(_Msg):
+    type: Literal["trajectories"] = "trajectories"
+    job_id: int = Field(ge=1)
+    lease_id: str = Field(min_length=1, max_length=64)
+    records: list[dict[str, Any]] = Field(min_length=1, max_length=4096)
+
+
+class SnapshotInstalled(_Msg):
+    type: Literal["snapshot_installed"] = "snapshot_installed"
+    job_id: int = Field(ge=1)
+    version: int = Field(ge=0)
+    seconds: float = Field(ge=0, description="Publication-to-install time seen by this agent.")
+
+
+AgentMessage = Annotated[
+    Hello | Heartbeat | LeaseRequest | TrajectoryBatch | SnapshotInstalled, Field(discriminator="type")
+]
+
+# ---- site -> agent -------------------------------------------------------------------------
+
+
+class Welcome(_Msg):
+    type: Literal["welcome"] = "welcome"
+    worker_id: int
+    heartbeat_interval: float = 5.0
+
+
+class Assign(_Msg):
+    """Activate the worker for a job: load the model, then lease and generate."""
+
+    type: Literal["assign"] = "assign"
+    job_id: int
+    model: str = Field(description="Checkpoint directory in Hugging Face layout.")
+    task: dict[str, Any]
+    group_size: int
+    max_new_tokens: int
+    temperature: float
+    top_p: float = 1.0
+    snapshot: dict[str, Any] | None = Field(default=None, description="Latest snapshot to install, if any.")
+
+
+class Release(_Msg):
+    type: Literal["release"] = "release"
+    job_id: int
+    reason: str = ""
+
+
+class LeasedPrompt(_Msg):
+    lease_id: str = Field(description="Answer with one `trajectories` message carrying this id.")
+    group_id: str
+    prompt: str
+
+
+class Lease(_Msg):
+    """Prompt groups leased to this worker; each must be answered within ``timeout`` seconds."""
+
+    type: Literal["lease"] = "lease"
+    job_id: int
+    leases: list[LeasedPrompt]
+    timeout: float
+
+
+class NoWork(_Msg):
+    type: Literal["no_work"] = "no_work"
+    job_id: int
+    retry_after: float = 0.5
+
+
+class SnapshotAvailable(_Msg):
+    type: Literal["snapshot"] = "snapshot"
+    job_id: int
+    version: int
+    url: str = Field(description="Base URL serving manifest.json and chunks/<i>.")
+    manifest: dict[str, Any]
+    published_at: float
+
+
+class Accepted(_Msg):
+    type: Literal["accepted"] = "accepted"
+    job_id: int
+    lease_id: str
+    accepted: int
+    rejected: int
+    reasons: list[str] = Field(default_factory=list)
+
+
+class Rejected(_Msg):
+    """A frame the receiver refused; nothing it carried was applied."""
+
+    type: Literal["rejected"] = "rejected"
+    reason: str
+    ref: str | None = Field(default=None, description="The type of the refused message, when known.")
+
+
+SiteMessage = Annotated[
+    Welcome | Assign | Release | Lease | NoWork | SnapshotAvailable | Accepted | Rejected,
+    Field(discriminator="type"),
+]
+
+_agent_adapter: TypeAdapter[AgentMessage] = TypeAdapter(AgentMessage)
+_site_adapter: TypeAdapter[SiteMessage] = TypeAdapter(SiteMessage)
+
+
+def _parse(adapter: TypeAdapter, raw: Any) -> Any:
+    if not isinstance(raw, dict):
+        raise MessageError("a message must be a JSON object")
+    if "type" not in raw:
+        raise MessageError("a message needs a 'type' field")
+    try:
+        return adapter.validate_python(raw)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        if first["type"] == "union_tag_invalid":
+            raise MessageError(f"unknown message type {raw.get('type')!r}") from None
+        raise MessageError(f"{where}: {first['msg']}") from None
+
+
+def parse_agent_message(raw: Any) -> AgentMessage:
+    return _parse(_agent_adapter, raw)
+
+
+def parse_site_message(raw: Any) -> SiteMessage:
+    return _parse(_site_adapter, raw)

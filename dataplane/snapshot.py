@@ -1,0 +1,73 @@
+"""Policy snapshots: safetensors bytes cut into chunks, described by an immutable manifest.
+
+The manifest carries the version, total size and each chunk's sha256, so a receiver verifies every
+chunk on arrival and installs only a complete, verified snapshot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
+
+
+class SnapshotError(ValueError):
+    pass
+
+
+class ChunkInfo(BaseModel):
+    index: int = Field(ge=0)
+    size: int = Field(ge=0)
+    sha256: str = Field(min_length=64, max_length=64)
+
+
+class Manifest(BaseModel):
+    job_id: int
+    version: int = Field(ge=0)
+    format: str = "safetensors"
+    total_bytes: int = Field(ge=0)
+    chunk_bytes: int = Field(ge=1)
+    chunks: list[ChunkInfo]
+    sha256: str = Field(description="sha256 of the whole payload.")
+
+
+def build_manifest(payload: bytes, *, job_id: int, version: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Manifest:
+    chunks = [
+        ChunkInfo(index=i, size=len(part), sha256=hashlib.sha256(part).hexdigest())
+        for i, part in enumerate(split(payload, chunk_bytes))
+    ]
+    return Manifest(job_id=job_id, version=version, total_bytes=len(payload), chunk_bytes=chunk_bytes, chunks=chunks,
+                    sha256=hashlib.sha256(payload).hexdigest())
+
+
+def split(payload: bytes, chunk_bytes: int) -> list[bytes]:
+    return [payload[i : i + chunk_bytes] for i in range(0, len(payload), chunk_bytes)] or [b""]
+
+
+def verify_chunk(manifest: Manifest, index: int, data: bytes) -> None:
+    if not 0 <= index < len(manifest.chunks):
+        raise SnapshotError(f"chunk {index}: manifest has {len(manifest.chunks)} chunks")
+    info = manifest.chunks[index]
+    if len(data) != info.size or hashlib.sha256(data).hexdigest() != info.sha256:
+        raise SnapshotError(f"chunk {index} of version {manifest.version}: sha256 mismatch")
+
+
+def assemble(manifest: Manifest, chunks: dict[int, bytes]) -> bytes:
+    """Join verified chunks; raise unless every chunk is present and the whole payload hashes right."""
+    missing = [c.index for c in manifest.chunks if c.index not in chunks]
+    if missing:
+        raise SnapshotError(f"version {manifest.version}: missing chunks {missing[:5]}")
+    payload = b"".join(chunks[c.index] for c in manifest.chunks)
+    if hashlib.sha256(payload).hexdigest() != manifest.sha256:
+        raise SnapshotError(f"version {manifest.version}: payload sha256 mismatch")
+    return payload
+
+
+def parse_manifest(raw: dict[str, Any]) -> Manifest:
+    try:
+        return Manifest.model_validate(raw)
+    except Exception as err:  # pydantic's error is long; the first line is the reason
+        raise SnapshotError(f"manifest: {str(err).splitlines()[0]}") from None

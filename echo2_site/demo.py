@@ -1,0 +1,238 @@
+"""``make demo``: the whole stack on this machine, training a tiny model until its reward rises.
+
+Starts a private Redis (on a free port), migrates a fresh SQLite database, creates a job owner and
+three providers with different prices, starts daphne, a Celery worker and beat, registers and runs
+three agents through ``echo2-agent``, submits a job through the REST API, starts ``echo2-learner``
+and shows the job's progress until it ends. Ctrl-C stops every process it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+PROVIDERS = [("alice", "rtx-5090", 0.35), ("bob", "rtx-4090", 0.29), ("carol", "a10g", 0.75)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Stack:
+    """Processes started by the demo, each in its own process group, logs under ``logs/``."""
+
+    def __init__(self, workdir: Path, env: dict[str, str]) -> None:
+        self.workdir, self.env = workdir, env
+        self.logs = workdir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+
+    def start(self, name: str, *argv: str) -> subprocess.Popen:
+        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        self.procs.append((name, proc))
+        return proc
+
+    def run(self, *argv: str) -> str:
+        done = subprocess.run(argv, cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv[:3])} failed:\n{done.stdout}\n{done.stderr}")
+        return done.stdout
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs:
+            if name != "learner" and proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with code {proc.returncode}; see {self.logs / (name + '.log')}")
+
+    def stop(self) -> None:
+        for _, proc in reversed(self.procs):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for _, proc in self.procs:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def wait_for(check, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except (OSError, httpx.HTTPError):
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", type=Path, default=ROOT / "var" / "demo", help="State and logs (wiped).")
+    parser.add_argument("--port", type=int, default=0, help="Site port (default: a free one).")
+    parser.add_argument("--steps", type=int, default=1500, help="Learner steps at most.")
+    parser.add_argument("--target", type=float, default=0.8, help="Complete once the 10-step mean reward reaches it.")
+    parser.add_argument("--keep-running", action="store_true", help="Leave the site up after the job ends.")
+    args = parser.parse_args(argv)
+
+    from rich.console import Console
+
+    console = Console()
+    workdir = args.workdir.resolve()
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    redis_port, site_port = free_port(), args.port or free_port()
+    server = f"http://127.0.0.1:{site_port}"
+    env = dict(os.environ, DATABASE_URL=f"sqlite:///{workdir / 'echo2.sqlite3'}",
+               REDIS_URL=f"redis://127.0.0.1:{redis_port}/0", ECHO2_DATA_DIR=str(workdir), DEBUG="true",
+               DJANGO_SETTINGS_MODULE="echo2_site.settings", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", ECHO2_WORKER_TIMEOUT_S="20")
+    stack = Stack(workdir, env)
+    redis_server = shutil.which("redis-server")
+    if redis_server is None:
+        console.print("[red]redis-server is not installed; `make demo` installs it (apt-get install redis-server)")
+        return 1
+    try:
+        console.rule("ECHO-2 demo")
+        stack.start("redis", redis_server, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                    "--appendonly", "no", "--dir", str(workdir))
+        console.print(f"private Redis on 127.0.0.1:{redis_port}")
+        py = str(BIN / "python")
+        stack.run(py, "manage.py", "migrate", "--noinput")
+        tokens = _create_users(stack, py)
+        model_dir = workdir / "tiny-arithmetic"
+        stack.run(str(BIN / "echo2-learner"), "init-model", str(model_dir), "--task", "arithmetic")
+        console.print(f"tiny model built in {model_dir}")
+
+        stack.start("daphne", str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(site_port),
+                    "echo2_site.asgi:application")
+        stack.start("celery-worker", str(BIN / "celery"), "-A", "echo2_site", "worker", "-l", "info", "-P", "solo")
+        stack.start("celery-beat", str(BIN / "celery"), "-A", "echo2_site", "beat", "-l", "info",
+                    "-s", str(workdir / "celerybeat-schedule"))
+        wait_for(lambda: httpx.get(server + "/api/schema/", timeout=2).status_code == 200, "the site", 60)
+        console.print(f"site up at {server}  (dashboard login: demo / demo)")
+
+        for user, gpu, price in PROVIDERS:
+            cfg = workdir / "agents" / f"{user}.json"
+            stack.run(str(BIN / "echo2-agent"), "register", "--server", server, "--token", tokens[user],
+                      "--name", f"{user}-{gpu}", "--gpu", gpu, "--price", str(price), "--config", str(cfg))
+            stack.start(f"agent-{user}", str(BIN / "echo2-agent"), "run", "--config", str(cfg), "--threads", "1")
+            console.print(f"agent {user}-{gpu} registered at ${price}/h and running")
+
+        api = httpx.Client(base_url=server + "/api/", headers={"Authorization": f"Token {tokens['demo']}"},
+                           timeout=30)
+        job = api.post("jobs/", json={
+            "name": "demo: arithmetic from scratch", "model_dir": str(model_dir),
+            "task": {"name": "arithmetic", "max_operand": 4}, "staleness": 3, "batch_trajectories": 128,
+            "group_size": 8, "learning_rate": 1e-3, "max_steps": args.steps, "max_new_tokens": 2,
+            "target_reward": args.target,
+        }).raise_for_status().json()
+        api.post(f"jobs/{job['id']}/start/").raise_for_status()
+        stack.start("learner", str(BIN / "echo2-learner"), "--server", server, "--job", str(job["id"]),
+                    "--token", tokens["demo"], "--redis", env["REDIS_URL"],
+                    "--snapshot-dir", str(workdir / "snapshots"))
+        console.print(f"job {job['id']} started; dashboard: {server}/jobs/{job['id']}/")
+        code = _watch(console, api, stack, job["id"], args.target, server)
+        if args.keep_running:
+            console.print(f"the site stays up at {server} (login demo / demo); Ctrl-C stops everything")
+            while True:
+                stack.check_alive()
+                time.sleep(1)
+        return code
+    except KeyboardInterrupt:
+        console.print("\ninterrupted")
+        return 130
+    except RuntimeError as err:
+        console.print(f"[red]demo failed: {err}")
+        return 1
+    finally:
+        stack.stop()
+        console.print(f"all demo processes stopped; logs in {stack.logs}")
+
+
+def _create_users(stack: Stack, py: str) -> dict[str, str]:
+    script = (
+        "from django.contrib.auth.models import User\n"
+        "from rest_framework.authtoken.models import Token\n"
+        "import json\n"
+        "out = {}\n"
+        f"for name in ['demo'] + {[p[0] for p in PROVIDERS]!r}:\n"
+        "    user = User.objects.create_user(name, password=name, is_staff=(name == 'demo'))\n"
+        "    out[name] = Token.objects.create(user=user).key\n"
+        "print(json.dumps(out))\n"
+    )
+    import json
+
+    return json.loads(stack.run(py, "manage.py", "shell", "-c", script).strip().splitlines()[-1])
+
+
+def _watch(console, api: httpx.Client, stack: Stack, job_id: int, target: float, server: str) -> int:
+    from rich.live import Live
+    from rich.table import Table
+
+    rewards: list[float] = []
+    first: float | None = None
+    seen = 0
+    started = time.monotonic()
+    reached_at = None
+    with Live(console=console, refresh_per_second=2) as live:
+        while True:
+            stack.check_alive()
+            summary = api.get(f"jobs/{job_id}/summary/").raise_for_status().json()
+            for row in api.get(f"jobs/{job_id}/metrics/", params={"since": seen}).raise_for_status().json():
+                seen = row["step"]
+                rewards.append(row["reward_mean"])
+                first = rewards[0] if first is None else first
+            recent = sum(rewards[-10:]) / len(rewards[-10:]) if rewards else None
+            table = Table(title=f"job {job_id} · {time.monotonic() - started:.0f}s · {server}/jobs/{job_id}/",
+                          show_header=False)
+            table.add_column("figure", style="bold")
+            table.add_column("value")
+            for label, value in (
+                ("status", summary["status"]), ("step", f"{summary['step']} / {summary['max_steps']}"),
+                ("mean reward (step, 10-step)", f"{_fmt(summary['reward_mean'])}  {_fmt(recent)}"),
+                ("max staleness (S=3)", str(summary["max_staleness"])), ("dropped stale", str(summary["dropped_stale"])),
+                ("T_train / T_bcast (s)", f"{_fmt(summary['t_train'])} / {_fmt(summary['t_bcast'])}"),
+                ("active workers", str(summary["active_workers"])), ("cost so far ($)", f"{summary['cost_usd']:.5f}"),
+            ):
+                table.add_row(label, value)
+            live.update(table)
+            if recent is not None and len(rewards) >= 10 and recent >= target and reached_at is None:
+                reached_at = time.monotonic() - started
+            if summary["status"] in ("completed", "failed", "cancelled"):
+                break
+            time.sleep(1.0)
+    staleness = [m["max_staleness"] for m in api.get(f"jobs/{job_id}/metrics/").json()]
+    console.print(f"step-0 reward {_fmt(first)} -> 10-step mean {_fmt(recent)} after {len(rewards)} steps; "
+                  f"largest staleness trained on: {max(staleness, default=0)} (S=3)")
+    if reached_at is not None:
+        console.print(f"[green]reward reached {target} in {reached_at:.0f}s: the model learned the task")
+        return 0
+    console.print(f"[yellow]job ended ({summary['status']}: {summary['status_reason']}) before the reward reached "
+                  f"{target}")
+    return 2
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""Snapshot publication: write the policy as safetensors chunks and serve them over HTTP.
+
+Each version lives in its own directory (manifest.json + chunks/<i>) and is never modified, so a
+slow agent can keep downloading an old version while newer ones appear. The newest ``keep``
+versions are kept on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import torch
+from safetensors.torch import save
+
+from dataplane.snapshot import DEFAULT_CHUNK_BYTES, Manifest, build_manifest, split
+
+
+def state_dict_bytes(model: torch.nn.Module) -> bytes:
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    # Tied weights share storage; safetensors refuses duplicates, and the receiver re-ties them.
+    seen: dict[int, str] = {}
+    for name in list(state):
+        ptr = state[name].data_ptr()
+        if ptr in seen:
+            del state[name]
+        else:
+            seen[ptr] = name
+    return save(state)
+
+
+class SnapshotStore:
+    def __init__(self, root: Path, *, job_id: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES, keep: int = 4) -> None:
+        self.root, self.job_id, self.chunk_bytes, self.keep = Path(root), job_id, chunk_bytes, keep
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def write(self, model: torch.nn.Module, version: int) -> Manifest:
+        payload = state_dict_bytes(model)
+        manifest = build_manifest(payload, job_id=self.job_id, version=version, chunk_bytes=self.chunk_bytes)
+        tmp = self.root / f".v{version}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / "chunks").mkdir(parents=True)
+        for i, part in enumerate(split(payload, self.chunk_bytes)):
+            (tmp / "chunks" / str(i)).write_bytes(part)
+        (tmp / "manifest.json").write_text(manifest.model_dump_json())
+        final = self.root / f"v{version}"
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)  # appears whole or not at all
+        self._prune()
+        return manifest
+
+    def _prune(self) -> None:
+        versions = sorted((int(p.name[1:]) for p in self.root.glob("v*") if p.name[1:].isdigit()), reverse=True)
+        for old in versions[self.keep:]:
+            shutil.rmtree(self.root / f"v{old}", ignore_errors=True)
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - signature fixed by the base class
+        pass
+
+
+class SnapshotServer:
+    """Serves the store's directory: GET /v<version>/manifest.json and /v<version>/chunks/<i>."""
+
+    def __init__(self, store: SnapshotStore, *, host: str = "127.0.0.1", port: int = 0,
+                 advertise_host: str | None = None) -> None:
+        handler = partial(_QuietHandler, directory=str(store.root))
+        self.httpd = ThreadingHTTPServer((host, port), handler)
+        self.httpd.daemon_threads = True
+        self.host = advertise_host or (host if host not in ("0.0.0.0", "") else "127.0.0.1")
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="snapshot-server", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return self.httpd.server_address[1]
+
+    def url_for(self, version: int) -> str:
+        return f"http://{self.host}:{self.port}/v{version}/"
+
+    def start(self) -> SnapshotServer:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def manifest_json(manifest: Manifest) -> dict:
+    return json.loads(manifest.model_dump_json())

@@ -1,0 +1,36 @@
+from django.contrib import admin
+
+from .models import Activation, Job, JobMetric, Provider, Snapshot, Worker
+
+
+@admin.register(Provider)
+class ProviderAdmin(admin.ModelAdmin):
+    list_display = ("id", "user", "display_name", "created_at")
+
+
+@admin.register(Worker)
+class WorkerAdmin(admin.ModelAdmin):
+    list_display = ("id", "name", "provider", "gpu", "price_per_hour", "throughput", "status", "last_heartbeat")
+    list_filter = ("status",)
+    exclude = ("key_hash",)
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = ("id", "name", "owner", "status", "learner_step", "published_version", "created_at")
+    list_filter = ("status",)
+
+
+@admin.register(Activation)
+class ActivationAdmin(admin.ModelAdmin):
+    list_display = ("id", "job", "worker", "price_per_hour", "started_at", "ended_at")
+
+
+@admin.register(Snapshot)
+class SnapshotAdmin(admin.ModelAdmin):
+    list_display = ("id", "job", "version", "published_at", "installs", "t_bcast")
+
+
+@admin.register(JobMetric)
+class JobMetricAdmin(admin.ModelAdmin):
+    list_display = ("id", "job", "step", "reward_mean", "max_staleness", "t_train", "wait_s")

@@ -1,0 +1,125 @@
+"""REST API (DRF): thin views that validate input and call one service or selector."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
+
+from . import selectors, serializers as s, services, stream
+from .models import Job
+
+
+def _service_call(fn, **kwargs):
+    """Run a service; turn its ServiceError into a 400 whose detail names the field."""
+    try:
+        with transaction.atomic():
+            return fn(**kwargs)
+    except services.ServiceError as err:
+        field, _, reason = str(err).partition(": ")
+        raise ValidationError({field: [reason or str(err)]}) from None
+
+
+class WorkerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Machines of the signed-in provider (staff see all). Registering returns the agent key once."""
+
+    serializer_class = s.WorkerSerializer
+
+    def get_queryset(self):
+        return selectors.workers_visible_to(self.request.user)
+
+    @extend_schema(request=s.WorkerRegisterSerializer, responses={201: s.WorkerRegisteredSerializer})
+    def create(self, request):
+        form = s.WorkerRegisterSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        worker, key = _service_call(services.worker_register, user=request.user, **form.validated_data)
+        data = s.WorkerSerializer(worker).data | {"agent_key": key}
+        return Response(data, status=status.HTTP_201_CREATED)
+
+
+class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, viewsets.GenericViewSet):
+    """GRPO jobs of the signed-in owner (staff see all)."""
+
+    serializer_class = s.JobSerializer
+
+    def get_queryset(self):
+        return selectors.jobs_visible_to(self.request.user).select_related("owner")
+
+    def perform_create(self, serializer):
+        spec = serializer.validated_data["spec"]
+        serializer.instance = services.job_create(owner=self.request.user, spec=spec)
+
+    @extend_schema(request=None, responses=s.JobSerializer)
+    @action(detail=True, methods=["post"])
+    def start(self, request, pk=None):
+        job = _service_call(services.job_start, job=self.get_object())
+        return Response(s.JobSerializer(job).data)
+
+    @extend_schema(request=None, responses=s.JobSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        job = _service_call(services.job_finish, job=self.get_object(), status=Job.Status.CANCELLED,
+                            reason=f"cancelled by {request.user.get_username()}")
+        return Response(s.JobSerializer(job).data)
+
+    @extend_schema(request=s.JobFinishSerializer, responses=s.JobSerializer)
+    @action(detail=True, methods=["post"])
+    def finish(self, request, pk=None):
+        """The learner reports the job's end (completed or failed)."""
+        form = s.JobFinishSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        job = _service_call(services.job_finish, job=self.get_object(), **form.validated_data)
+        return Response(s.JobSerializer(job).data)
+
+    @extend_schema(methods=["get"], responses=s.MetricSerializer(many=True))
+    @extend_schema(methods=["post"], request=s.MetricReportSerializer, responses={201: s.MetricSerializer})
+    @action(detail=True, methods=["get", "post"])
+    def metrics(self, request, pk=None):
+        """GET: the learner's per-step metrics (``?since=STEP`` for new ones). POST: the learner reports a step."""
+        job = self.get_object()
+        if request.method == "GET":
+            since = request.query_params.get("since", "0")
+            if not since.isdigit():
+                raise ValidationError({"since": ["must be a non-negative integer"]})
+            rows = job.metrics.filter(step__gt=int(since)).order_by("step")
+            return Response(s.MetricSerializer(rows, many=True).data)
+        form = s.MetricReportSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        values = dict(form.validated_data)
+        step = values.pop("step")
+        metric = _service_call(services.metrics_record, job=job, step=step, values=values)
+        return Response(s.MetricSerializer(metric).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses=dict)
+    @action(detail=True, methods=["get"])
+    def summary(self, request, pk=None):
+        """Headline figures: step, reward, staleness, T_train, T_bcast, active workers, cost so far."""
+        job = self.get_object()
+        return Response(selectors.job_summary(job) | {"counters": stream.counters(job.pk)})
+
+    @extend_schema(methods=["get"], responses=s.SnapshotSerializer(many=True))
+    @extend_schema(methods=["post"], request=s.SnapshotSerializer, responses={201: s.SnapshotSerializer})
+    @action(detail=True, methods=["get", "post"])
+    def snapshots(self, request, pk=None):
+        """GET: published snapshots. POST: the learner publishes one (agents are told at once)."""
+        job = self.get_object()
+        if request.method == "GET":
+            return Response(s.SnapshotSerializer(job.snapshots.all(), many=True).data)
+        form = s.SnapshotSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        snap = _service_call(services.snapshot_publish, job=job, **form.validated_data)
+        return Response(s.SnapshotSerializer(snap).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=s.LearnerAnnounceSerializer, responses=s.JobSerializer)
+    @action(detail=True, methods=["post"])
+    def learner(self, request, pk=None):
+        """The learner announces itself and its calibrated T_train."""
+        job = get_object_or_404(self.get_queryset(), pk=pk)
+        form = s.LearnerAnnounceSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        job = _service_call(services.learner_announce, job=job, **form.validated_data)
+        return Response(s.JobSerializer(job).data)

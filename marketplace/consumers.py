@@ -1,0 +1,101 @@
+"""The agent websocket: authenticate the worker, parse each frame, call one service, reply.
+
+Every frame the site cannot act on gets a ``rejected`` reply naming the reason; nothing it carried
+is applied. Pushes from services (assign, release, snapshot) arrive as ``agent.message`` events.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from dataplane import messages as m
+
+from . import selectors, services
+
+log = logging.getLogger(__name__)
+
+UNAUTHORIZED = 4401
+
+
+def _agent_key(scope) -> str:
+    for name, value in scope.get("headers", []):
+        if name == b"authorization" and value.lower().startswith(b"bearer "):
+            return value[7:].decode(errors="replace").strip()
+    query = parse_qs(scope.get("query_string", b"").decode(errors="replace"))
+    return (query.get("key") or [""])[0]
+
+
+class AgentConsumer(AsyncJsonWebsocketConsumer):
+    worker = None
+
+    async def connect(self) -> None:
+        await self.accept()
+        self.worker = await database_sync_to_async(selectors.worker_by_key)(_agent_key(self.scope))
+        if self.worker is None:
+            await self.send_json(m.Rejected(reason="unknown or missing agent key").model_dump())
+            await self.close(code=UNAUTHORIZED)
+            return
+        await self.channel_layer.group_add(services.worker_group(self.worker.pk), self.channel_name)
+
+    async def disconnect(self, code) -> None:
+        if self.worker is not None:
+            await self.channel_layer.group_discard(services.worker_group(self.worker.pk), self.channel_name)
+            await database_sync_to_async(services.worker_disconnected)(worker=self.worker)
+
+    async def receive_json(self, content, **kwargs) -> None:
+        if self.worker is None:
+            return
+        try:
+            message = m.parse_agent_message(content)
+        except m.MessageError as err:
+            ref = content.get("type") if isinstance(content, dict) else None
+            await self.send_json(m.Rejected(reason=str(err), ref=ref if isinstance(ref, str) else None).model_dump())
+            return
+        try:
+            replies = await database_sync_to_async(self._dispatch)(message)
+        except services.ServiceError as err:
+            replies = [m.Rejected(reason=str(err), ref=message.type)]
+        except Exception:  # a bug must not kill the agent's session; it gets a reason, we get the traceback
+            log.exception("agent %s: %s failed", self.worker.pk, message.type)
+            replies = [m.Rejected(reason="internal error while handling the message", ref=message.type)]
+        for reply in replies:
+            await self.send_json(reply.model_dump(mode="json"))
+
+    async def receive(self, text_data=None, bytes_data=None, **kwargs) -> None:
+        if text_data is None:
+            await self.send_json(m.Rejected(reason="frames must be JSON text, not binary").model_dump())
+            return
+        try:
+            content = json.loads(text_data)
+        except ValueError:
+            await self.send_json(m.Rejected(reason="frame is not valid JSON").model_dump())
+            return
+        await self.receive_json(content)
+
+    def _dispatch(self, message) -> list[m._Msg]:
+        worker = self.worker
+        match message:
+            case m.Hello():
+                return services.worker_connected(worker=worker, installed_version=message.installed_version)
+            case m.Heartbeat():
+                services.worker_heartbeat(worker=worker, throughput=message.throughput,
+                                          installed_version=message.installed_version)
+                return []
+            case m.LeaseRequest():
+                return [services.prompts_lease(worker=worker, job_id=message.job_id, groups=message.groups)]
+            case m.TrajectoryBatch():
+                return [services.trajectories_submit(worker=worker, job_id=message.job_id,
+                                                     lease_id=message.lease_id, records=message.records)]
+            case m.SnapshotInstalled():
+                services.snapshot_installed(worker=worker, job_id=message.job_id, version=message.version,
+                                            seconds=message.seconds)
+                return []
+        raise services.ServiceError(f"type: {message.type} is not handled")
+
+    async def agent_message(self, event) -> None:
+        await self.send_json(event["message"])

@@ -1,0 +1,168 @@
+"""Marketplace data: providers and their workers, jobs, activations (for cost), snapshots, metrics."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.utils import timezone
+
+
+class Provider(models.Model):
+    """A user who offers GPU machines (workers) to the marketplace."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="provider")
+    display_name = models.CharField(max_length=100, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.display_name or self.user.get_username()
+
+
+class Worker(models.Model):
+    """One machine running ``echo2-agent``; price ``c_i`` and measured throughput ``mu_i``."""
+
+    class Status(models.TextChoices):
+        OFFLINE = "offline", "offline"
+        IDLE = "idle", "idle (connected, not in a job)"
+        ACTIVE = "active", "active (generating for a job)"
+
+    provider = models.ForeignKey(Provider, on_delete=models.CASCADE, related_name="workers")
+    name = models.CharField(max_length=100)
+    gpu = models.CharField(max_length=100, blank=True, help_text="GPU model, e.g. 'RTX 5090'.")
+    price_per_hour = models.DecimalField(
+        max_digits=10, decimal_places=4, validators=[MinValueValidator(Decimal("0.0001"))], help_text="c_i, USD/h."
+    )
+    bandwidth_bps = models.BigIntegerField(validators=[MinValueValidator(1)], help_text="Link B_w, bytes/s.")
+    relay_address = models.CharField(max_length=200, blank=True, help_text="host:port peers reach, if any.")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.OFFLINE)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    throughput = models.FloatField(null=True, blank=True, help_text="mu_i, trajectories/s (measured).")
+    installed_version = models.IntegerField(null=True, blank=True)
+    key_hash = models.CharField(max_length=64, unique=True, help_text="sha256 of the agent key.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["provider", "name"], name="unique_worker_name")]
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.provider})"
+
+    @property
+    def unit_cost(self) -> float | None:
+        """rho_i = c_i / mu_i (USD/h per trajectory/s): the price of one unit of throughput; None until measured."""
+        if not self.throughput:
+            return None
+        return float(self.price_per_hour) / self.throughput
+
+
+class Job(models.Model):
+    """A GRPO post-training job and its hyper-parameters (paper section 3.2 notation)."""
+
+    class Status(models.TextChoices):
+        DRAFT = "draft"
+        RUNNING = "running"
+        COMPLETED = "completed"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    TERMINAL = {Status.COMPLETED, Status.FAILED, Status.CANCELLED}
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
+    name = models.CharField(max_length=100)
+    model_dir = models.CharField(max_length=500, help_text="Checkpoint directory in Hugging Face layout.")
+    task = models.JSONField(help_text='Task adapter spec, e.g. {"name": "arithmetic"}.')
+    staleness = models.PositiveIntegerField(help_text="S: largest admissible version lag.")
+    kappa = models.PositiveIntegerField(help_text="Publish a snapshot every kappa steps (default S-1).")
+    batch_trajectories = models.PositiveIntegerField(help_text="R: trajectories per learner step.")
+    group_size = models.PositiveIntegerField(help_text="n: samples per prompt (GRPO group).")
+    gamma = models.FloatField(default=1.1, help_text="Safety factor on the needed throughput.")
+    learner_uplink_bps = models.BigIntegerField(help_text="B0: learner uplink, bytes/s.")
+    learning_rate = models.FloatField(default=1e-3)
+    clip_eps = models.FloatField(default=0.2)
+    max_steps = models.PositiveIntegerField(default=300)
+    max_new_tokens = models.PositiveIntegerField(default=8)
+    temperature = models.FloatField(default=1.0)
+    top_p = models.FloatField(default=1.0)
+    seed = models.IntegerField(default=0)
+    target_reward = models.FloatField(null=True, blank=True, help_text="Complete once the 10-step mean reaches it.")
+
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.DRAFT)
+    status_reason = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    learner_step = models.PositiveIntegerField(default=0, help_text="v_t: learner updates done.")
+    published_version = models.PositiveIntegerField(default=0, help_text="Newest snapshot agents may use.")
+    learner_t_train = models.FloatField(null=True, blank=True, help_text="Calibrated T_train, seconds.")
+    learner_seen_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.name}"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in self.TERMINAL
+
+
+class Activation(models.Model):
+    """A worker serving a job from ``started_at`` to ``ended_at``; the price is frozen for billing."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="activations")
+    worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="activations")
+    price_per_hour = models.DecimalField(max_digits=10, decimal_places=4)
+    started_at = models.DateTimeField(default=timezone.now)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    end_reason = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["worker"], condition=models.Q(ended_at=None), name="one_open_activation")
+        ]
+
+    def cost_usd(self, now=None) -> float:
+        end = self.ended_at or now or timezone.now()
+        return float(self.price_per_hour) * max(0.0, (end - self.started_at).total_seconds()) / 3600.0
+
+
+class Snapshot(models.Model):
+    """An immutable policy snapshot the learner published; ``t_bcast`` once enough workers installed."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="snapshots")
+    version = models.PositiveIntegerField()
+    url = models.URLField(max_length=500)
+    manifest = models.JSONField()
+    published_at = models.DateTimeField(default=timezone.now)
+    installs = models.PositiveIntegerField(default=0)
+    t_bcast = models.FloatField(null=True, blank=True, help_text="Publication until 1/gamma of workers installed.")
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "version"], name="unique_snapshot_version")]
+        ordering = ["version"]
+
+
+class JobMetric(models.Model):
+    """What the learner reported after one step."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="metrics")
+    step = models.PositiveIntegerField()
+    reward_mean = models.FloatField()
+    reward_std = models.FloatField(default=0.0)
+    loss = models.FloatField(default=0.0)
+    max_staleness = models.PositiveIntegerField(default=0, help_text="Largest v_t - v trained on this step.")
+    dropped_stale = models.PositiveIntegerField(default=0, help_text="Records dropped as too old, cumulative.")
+    t_train = models.FloatField(default=0.0)
+    wait_s = models.FloatField(default=0.0, help_text="Time the learner waited for data (bubble).")
+    extra = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "step"], name="unique_metric_step")]
+        ordering = ["step"]

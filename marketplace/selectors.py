@@ -1,0 +1,69 @@
+"""Reads: what a user may see, and derived figures (cost, progress)."""
+
+from __future__ import annotations
+
+import hashlib
+
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from .models import Activation, Job, JobMetric, Snapshot, Worker
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def worker_by_key(key: str) -> Worker | None:
+    if not key:
+        return None
+    return Worker.objects.select_related("provider__user").filter(key_hash=hash_key(key)).first()
+
+
+def jobs_visible_to(user) -> QuerySet[Job]:
+    qs = Job.objects.all()
+    return qs if user.is_staff else qs.filter(owner=user)
+
+
+def workers_visible_to(user) -> QuerySet[Worker]:
+    qs = Worker.objects.select_related("provider")
+    return qs if user.is_staff else qs.filter(provider__user=user)
+
+
+def active_activation(*, worker: Worker, job_id: int | None = None) -> Activation | None:
+    qs = Activation.objects.select_related("job").filter(worker=worker, ended_at=None)
+    if job_id is not None:
+        qs = qs.filter(job_id=job_id)
+    return qs.first()
+
+
+def job_cost_usd(job: Job) -> float:
+    now = timezone.now()
+    return sum(a.cost_usd(now) for a in job.activations.all())
+
+
+def latest_snapshot(job: Job) -> Snapshot | None:
+    return job.snapshots.order_by("-version").first()
+
+
+def job_summary(job: Job) -> dict:
+    """The figures the dashboard and the demo show for a job."""
+    last = JobMetric.objects.filter(job=job).order_by("-step").first()
+    snap = job.snapshots.exclude(t_bcast=None).order_by("-version").first()
+    active = job.activations.filter(ended_at=None).count()
+    return {
+        "id": job.pk,
+        "status": job.status,
+        "status_reason": job.status_reason,
+        "step": job.learner_step,
+        "max_steps": job.max_steps,
+        "published_version": job.published_version,
+        "reward_mean": last.reward_mean if last else None,
+        "max_staleness": last.max_staleness if last else None,
+        "dropped_stale": last.dropped_stale if last else 0,
+        "t_train": last.t_train if last else None,
+        "wait_s": last.wait_s if last else None,
+        "t_bcast": snap.t_bcast if snap else None,
+        "active_workers": active,
+        "cost_usd": round(job_cost_usd(job), 6),
+    }

@@ -1,0 +1,96 @@
+"""API shapes. Validation of job fields is delegated to dataplane.jobs.JobSpec (one definition)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from rest_framework import serializers
+
+from dataplane.jobs import JobSpec, JobSpecError, parse_job_spec
+
+from .models import Job, JobMetric, Snapshot, Worker
+
+
+class WorkerSerializer(serializers.ModelSerializer):
+    unit_cost = serializers.FloatField(read_only=True, allow_null=True)
+    provider = serializers.CharField(source="provider.user.username", read_only=True)
+
+    class Meta:
+        model = Worker
+        fields = ["id", "provider", "name", "gpu", "price_per_hour", "bandwidth_bps", "relay_address", "status",
+                  "last_heartbeat", "throughput", "unit_cost", "installed_version", "created_at"]
+        read_only_fields = ["status", "last_heartbeat", "throughput", "installed_version", "created_at"]
+
+
+class WorkerRegisterSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    gpu = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
+    price_per_hour = serializers.DecimalField(max_digits=10, decimal_places=4, min_value=Decimal("0.0001"),
+                                              help_text="c_i in USD per hour (> 0).")
+    bandwidth_bps = serializers.IntegerField(min_value=1, help_text="Link bandwidth in bytes/s.")
+    relay_address = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+
+
+class WorkerRegisteredSerializer(WorkerSerializer):
+    agent_key = serializers.CharField(read_only=True, help_text="Shown once; the agent authenticates with it.")
+
+    class Meta(WorkerSerializer.Meta):
+        fields = [*WorkerSerializer.Meta.fields, "agent_key"]
+
+
+class JobSerializer(serializers.ModelSerializer):
+    owner = serializers.CharField(source="owner.username", read_only=True)
+
+    class Meta:
+        model = Job
+        fields = ["id", "owner", "name", "model_dir", "task", "staleness", "kappa", "batch_trajectories",
+                  "group_size", "gamma", "learner_uplink_bps", "learning_rate", "clip_eps", "max_steps",
+                  "max_new_tokens", "temperature", "top_p", "seed", "target_reward", "status", "status_reason", "created_at",
+                  "started_at", "finished_at", "learner_step", "published_version"]
+        read_only_fields = ["status", "status_reason", "created_at", "started_at", "finished_at", "learner_step",
+                            "published_version"]
+        extra_kwargs = {f: {"required": False} for f in JobSpec.model_fields if f not in {"name", "model_dir", "task"}}
+
+    def validate(self, attrs):
+        raw = {k: v for k, v in attrs.items() if v is not None}
+        try:
+            spec = parse_job_spec(raw)
+        except JobSpecError as err:
+            raise serializers.ValidationError({err.field: [err.message]}) from None
+        attrs["spec"] = spec
+        return attrs
+
+
+class MetricSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = JobMetric
+        fields = ["step", "reward_mean", "reward_std", "loss", "max_staleness", "dropped_stale", "t_train", "wait_s",
+                  "extra", "created_at"]
+
+
+class MetricReportSerializer(serializers.Serializer):
+    step = serializers.IntegerField(min_value=1)
+    reward_mean = serializers.FloatField()
+    reward_std = serializers.FloatField(required=False, default=0.0)
+    loss = serializers.FloatField(required=False, default=0.0)
+    max_staleness = serializers.IntegerField(min_value=0, required=False, default=0)
+    dropped_stale = serializers.IntegerField(min_value=0, required=False, default=0)
+    t_train = serializers.FloatField(min_value=0, required=False, default=0.0)
+    wait_s = serializers.FloatField(min_value=0, required=False, default=0.0)
+    extra = serializers.DictField(required=False, default=dict)
+
+
+class SnapshotSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Snapshot
+        fields = ["version", "url", "manifest", "published_at", "installs", "t_bcast"]
+        read_only_fields = ["published_at", "installs", "t_bcast"]
+
+
+class LearnerAnnounceSerializer(serializers.Serializer):
+    t_train = serializers.FloatField(min_value=0, required=False, allow_null=True, default=None)
+
+
+class JobFinishSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=["completed", "failed"])
+    reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=500)

@@ -1,0 +1,352 @@
+"""Writes, and every push to agents and dashboards (sent after the transaction commits)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+from decimal import Decimal
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from dataplane import messages as m
+from dataplane.jobs import JobSpec
+from dataplane.records import RecordError, validate_record
+
+from . import provisioning, selectors, stream
+from .models import Activation, Job, JobMetric, Provider, Snapshot, Worker
+
+log = logging.getLogger(__name__)
+
+
+class ServiceError(ValueError):
+    """A request that cannot be carried out; ``str(err)`` is the reason shown to the caller."""
+
+
+# ---- pushes ------------------------------------------------------------------------------------
+
+
+def worker_group(worker_id: int) -> str:
+    return f"worker.{worker_id}"
+
+
+def job_group(job_id: int) -> str:
+    return f"job.{job_id}"
+
+
+def _push(group: str, event: dict[str, Any]) -> None:
+    def send() -> None:
+        layer = get_channel_layer()
+        if layer is not None:
+            async_to_sync(layer.group_send)(group, event)
+
+    transaction.on_commit(send)
+
+
+def _push_to_worker(worker_id: int, message: m._Msg) -> None:
+    _push(worker_group(worker_id), {"type": "agent.message", "message": message.model_dump(mode="json")})
+
+
+def _push_job_update(job: Job) -> None:
+    _push(job_group(job.pk), {"type": "job.update", "summary": selectors.job_summary(job)})
+
+
+# ---- providers and workers --------------------------------------------------------------------
+
+
+def worker_register(*, user, name: str, gpu: str, price_per_hour: Decimal, bandwidth_bps: int,
+                    relay_address: str = "") -> tuple[Worker, str]:
+    """Register a machine for ``user`` (made a provider if needed); returns the worker and its agent key.
+
+    The key is shown once: only its hash is stored.
+    """
+    provider, _ = Provider.objects.get_or_create(user=user, defaults={"display_name": user.get_username()})
+    key = "e2w_" + secrets.token_urlsafe(32)
+    try:
+        with transaction.atomic():
+            worker = Worker.objects.create(
+                provider=provider, name=name, gpu=gpu, price_per_hour=price_per_hour, bandwidth_bps=bandwidth_bps,
+                relay_address=relay_address, key_hash=selectors.hash_key(key),
+            )
+    except IntegrityError:
+        raise ServiceError(f"name: you already have a worker named {name!r}") from None
+    return worker, key
+
+
+def _assign_message(job: Job) -> m.Assign:
+    snap = selectors.latest_snapshot(job)
+    return m.Assign(
+        job_id=job.pk, model=job.model_dir, task=job.task, group_size=job.group_size,
+        max_new_tokens=job.max_new_tokens, temperature=job.temperature, top_p=job.top_p,
+        snapshot=_snapshot_message(snap).model_dump(mode="json") if snap else None,
+    )
+
+
+def _snapshot_message(snap: Snapshot) -> m.SnapshotAvailable:
+    return m.SnapshotAvailable(job_id=snap.job_id, version=snap.version, url=snap.url, manifest=snap.manifest,
+                               published_at=snap.published_at.timestamp())
+
+
+def worker_connected(*, worker: Worker, installed_version: int | None) -> list[m._Msg]:
+    """An agent said hello: mark it live; re-send its assignment if it is active in a job."""
+    activation = selectors.active_activation(worker=worker)
+    worker.status = Worker.Status.ACTIVE if activation else Worker.Status.IDLE
+    worker.last_heartbeat = timezone.now()
+    worker.installed_version = installed_version
+    worker.save(update_fields=["status", "last_heartbeat", "installed_version"])
+    replies: list[m._Msg] = [m.Welcome(worker_id=worker.pk, heartbeat_interval=settings.ECHO2["HEARTBEAT_INTERVAL_S"])]
+    if activation:
+        replies.append(_assign_message(activation.job))
+    else:
+        from .tasks import provision_waiting_jobs  # a new idle worker may be what a running job waits for
+
+        transaction.on_commit(provision_waiting_jobs.delay)
+    return replies
+
+
+def worker_heartbeat(*, worker: Worker, throughput: float | None, installed_version: int | None) -> None:
+    fields = {"last_heartbeat": timezone.now(), "installed_version": installed_version}
+    if throughput is not None:
+        fields["throughput"] = throughput
+    if worker.status == Worker.Status.OFFLINE:
+        fields["status"] = Worker.Status.ACTIVE if selectors.active_activation(worker=worker) else Worker.Status.IDLE
+    Worker.objects.filter(pk=worker.pk).update(**fields)
+
+
+def worker_disconnected(*, worker: Worker) -> None:
+    """The socket closed. The activation stays open for a reconnect until the worker times out."""
+    Worker.objects.filter(pk=worker.pk).update(status=Worker.Status.OFFLINE)
+
+
+def worker_activate(*, worker: Worker, job: Job) -> Activation:
+    activation = Activation.objects.create(job=job, worker=worker, price_per_hour=worker.price_per_hour)
+    Worker.objects.filter(pk=worker.pk).update(status=Worker.Status.ACTIVE)
+    _push_to_worker(worker.pk, _assign_message(job))
+    log.info("job %s: activated worker %s at $%s/h", job.pk, worker.name, worker.price_per_hour)
+    return activation
+
+
+def worker_release(*, activation: Activation, reason: str) -> None:
+    activation.ended_at = timezone.now()
+    activation.end_reason = reason
+    activation.save(update_fields=["ended_at", "end_reason"])
+    Worker.objects.filter(pk=activation.worker_id, status=Worker.Status.ACTIVE).update(status=Worker.Status.IDLE)
+    _push_to_worker(activation.worker_id, m.Release(job_id=activation.job_id, reason=reason))
+
+
+def expire_silent_workers() -> int:
+    """Mark workers silent for longer than WORKER_TIMEOUT_S offline and end their activations."""
+    cutoff = timezone.now() - timezone.timedelta(seconds=settings.ECHO2["WORKER_TIMEOUT_S"])
+    silent = Worker.objects.exclude(status=Worker.Status.OFFLINE).filter(last_heartbeat__lt=cutoff)
+    count = 0
+    for worker in silent:
+        with transaction.atomic():
+            worker.status = Worker.Status.OFFLINE
+            worker.save(update_fields=["status"])
+            for activation in Activation.objects.filter(worker=worker, ended_at=None):
+                worker_release(activation=activation, reason="worker stopped sending heartbeats")
+        count += 1
+    # Offline workers whose activation is still open (socket closed long ago) are released too.
+    for activation in Activation.objects.filter(ended_at=None, worker__status=Worker.Status.OFFLINE,
+                                                worker__last_heartbeat__lt=cutoff):
+        worker_release(activation=activation, reason="worker disconnected")
+    return count
+
+
+# ---- jobs ----------------------------------------------------------------------------------------
+
+
+def job_create(*, owner, spec: JobSpec) -> Job:
+    return Job.objects.create(owner=owner, **spec.model_dump())
+
+
+def job_start(*, job: Job) -> Job:
+    if job.status != Job.Status.DRAFT:
+        raise ServiceError(f"status: job is {job.status}; only a draft job can be started")
+    job.status = Job.Status.RUNNING
+    job.started_at = timezone.now()
+    job.save(update_fields=["status", "started_at"])
+    stream.ensure_groups(job.pk)
+    from .tasks import provision_job
+
+    transaction.on_commit(lambda: provision_job.delay(job.pk))
+    _push_job_update(job)
+    return job
+
+
+def job_finish(*, job: Job, status: str, reason: str = "") -> Job:
+    """End a job (completed, failed or cancelled), release its workers and drop its streams."""
+    if status not in Job.TERMINAL:
+        raise ServiceError(f"status: must be one of {', '.join(sorted(Job.TERMINAL))}")
+    if job.is_terminal:
+        raise ServiceError(f"status: job already {job.status}")
+    job.status = status
+    job.status_reason = reason[:500]
+    job.finished_at = timezone.now()
+    job.save(update_fields=["status", "status_reason", "finished_at"])
+    for activation in job.activations.filter(ended_at=None):
+        worker_release(activation=activation, reason=f"job {status}")
+    transaction.on_commit(lambda: stream.drop_job(job.pk))
+    _push_job_update(job)
+    return job
+
+
+def job_provision(*, job: Job) -> list[Activation]:
+    """Activate idle workers for a running job, cheapest unit cost first (provisioning.choose_active).
+
+    The target is ``gamma * mu_min`` once the learner has calibrated ``T_train`` and every candidate has
+    a measured throughput; before that, every idle worker joins (calibration phase).
+    """
+    if job.status != Job.Status.RUNNING:
+        return []
+    current = list(job.activations.filter(ended_at=None).select_related("worker"))
+    have = sum(a.worker.throughput or 0.0 for a in current)
+    target = _throughput_target(job)
+    if target is not None and have >= target:
+        return []
+    busy = Activation.objects.filter(ended_at=None).values("worker_id")
+    idle = list(Worker.objects.filter(status=Worker.Status.IDLE).exclude(pk__in=busy))
+    candidates = [provisioning.Candidate(w.pk, float(w.price_per_hour), w.throughput) for w in idle]
+    need = None if target is None else target - have
+    chosen = set(provisioning.choose_active(candidates, need))
+    activations = []
+    for worker in idle:
+        if worker.pk in chosen:
+            with transaction.atomic():
+                activations.append(worker_activate(worker=worker, job=job))
+    return activations
+
+
+def _throughput_target(job: Job) -> float | None:
+    if not job.learner_t_train:
+        return None
+    snap = job.snapshots.exclude(t_bcast=None).order_by("-version").first()
+    try:
+        need = provisioning.mu_min(kappa=job.kappa, batch=job.batch_trajectories, t_train=job.learner_t_train,
+                                   t_bcast=snap.t_bcast if snap else 0.0)
+    except provisioning.InfeasibleError:
+        return None  # no pool keeps up: use every worker available
+    return job.gamma * need
+
+
+# ---- the rollout loop: leases and trajectories ---------------------------------------------------
+
+
+def _running_activation(worker: Worker, job_id: int) -> Activation:
+    activation = selectors.active_activation(worker=worker, job_id=job_id)
+    if activation is None:
+        raise ServiceError(f"job_id: this worker is not active in job {job_id}")
+    if activation.job.status != Job.Status.RUNNING:
+        raise ServiceError(f"job_id: job {job_id} is {activation.job.status}")
+    return activation
+
+
+def prompts_lease(*, worker: Worker, job_id: int, groups: int) -> m.Lease | m.NoWork:
+    _running_activation(worker, job_id)
+    timeout = settings.ECHO2["LEASE_TIMEOUT_S"]
+    leased = stream.lease_groups(job_id=job_id, worker_id=worker.pk, count=groups, timeout_s=timeout)
+    if not leased:
+        return m.NoWork(job_id=job_id, retry_after=0.2)
+    return m.Lease(job_id=job_id, timeout=timeout, leases=[
+        m.LeasedPrompt(lease_id=g.lease_id, group_id=g.group_id, prompt=g.prompt) for g in leased
+    ])
+
+
+def trajectories_submit(*, worker: Worker, job_id: int, lease_id: str, records: list[dict]) -> m.Accepted:
+    """Validate a returned group and append it to the learner's stream, all or nothing.
+
+    A group with any malformed record is refused whole (GRPO needs whole groups); its lease stays
+    open, so the prompt is re-leased after the timeout and nothing is lost.
+    """
+    activation = _running_activation(worker, job_id)
+    job = activation.job
+    reasons: list[str] = []
+    valid = []
+    for i, raw in enumerate(records):
+        try:
+            rec = validate_record(raw, job_id=job_id, max_version=job.published_version)
+        except RecordError as err:
+            reasons.append(f"record {i}: {err}")
+            continue
+        if rec.lease_id != lease_id:
+            reasons.append(f"record {i}: lease_id {rec.lease_id!r} differs from the batch's {lease_id!r}")
+        elif valid and rec.group_id != valid[0].group_id:
+            reasons.append(f"record {i}: group_id differs from the rest of the group")
+        else:
+            valid.append(rec)
+    if not reasons and len(valid) != job.group_size:
+        reasons.append(f"records: a group needs {job.group_size} records, got {len(valid)}")
+    if not reasons:
+        try:
+            stream.submit_group(job_id=job_id, worker_id=worker.pk, lease_id=lease_id, group_id=valid[0].group_id,
+                                records=[r.model_dump(mode="json") for r in valid])
+        except stream.LeaseError as err:
+            reasons.append(str(err))
+    if reasons:
+        stream.count(job_id, "rejected_records", len(records))
+        return m.Accepted(job_id=job_id, lease_id=lease_id, accepted=0, rejected=len(records), reasons=reasons[:10])
+    stream.count(job_id, "accepted_records", len(valid))
+    return m.Accepted(job_id=job_id, lease_id=lease_id, accepted=len(valid), rejected=0)
+
+
+# ---- learner reports -----------------------------------------------------------------------------
+
+
+def learner_announce(*, job: Job, t_train: float | None) -> Job:
+    job.learner_seen_at = timezone.now()
+    fields = ["learner_seen_at"]
+    if t_train is not None:
+        job.learner_t_train = t_train
+        fields.append("learner_t_train")
+    job.save(update_fields=fields)
+    return job
+
+
+def snapshot_publish(*, job: Job, version: int, url: str, manifest: dict) -> Snapshot:
+    if job.status != Job.Status.RUNNING:
+        raise ServiceError(f"status: job is {job.status}")
+    if version <= job.published_version:
+        raise ServiceError(f"version: {version} is not newer than the published {job.published_version}")
+    snap = Snapshot.objects.create(job=job, version=version, url=url, manifest=manifest)
+    Job.objects.filter(pk=job.pk).update(published_version=version)
+    message = _snapshot_message(snap)
+    for worker_id in job.activations.filter(ended_at=None).values_list("worker_id", flat=True):
+        _push_to_worker(worker_id, message)
+    return snap
+
+
+def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: float) -> None:
+    """Count an install; T_bcast is fixed once ceil(active/gamma) workers have the snapshot."""
+    activation = _running_activation(worker, job_id)
+    Worker.objects.filter(pk=worker.pk).update(installed_version=version)
+    with transaction.atomic():
+        snap = Snapshot.objects.select_for_update().filter(job_id=job_id, version=version).first()
+        if snap is None:
+            raise ServiceError(f"version: snapshot {version} of job {job_id} was never published")
+        snap.installs += 1
+        fields = ["installs"]
+        active = activation.job.activations.filter(ended_at=None).count()
+        if snap.t_bcast is None and snap.installs >= math.ceil(active / activation.job.gamma):
+            snap.t_bcast = (timezone.now() - snap.published_at).total_seconds()
+            fields.append("t_bcast")
+        snap.save(update_fields=fields)
+
+
+def metrics_record(*, job: Job, step: int, values: dict[str, Any]) -> JobMetric:
+    if job.status != Job.Status.RUNNING:
+        raise ServiceError(f"status: job is {job.status}")
+    known = {f.name for f in JobMetric._meta.get_fields()} - {"id", "job", "step", "created_at", "extra"}
+    metric, _ = JobMetric.objects.update_or_create(
+        job=job, step=step,
+        defaults={**{k: v for k, v in values.items() if k in known},
+                  "extra": {k: v for k, v in values.items() if k not in known}},
+    )
+    Job.objects.filter(pk=job.pk).update(learner_step=step, learner_seen_at=timezone.now())
+    job.refresh_from_db()
+    _push_job_update(job)
+    return metric

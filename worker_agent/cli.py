@@ -1,0 +1,124 @@
+"""``echo2-agent``: offer a GPU machine to an ECHO-2 marketplace.
+
+\b
+Examples:
+  echo2-agent register --server https://echo2.example --token $API_TOKEN --name rig-1 --price 0.35
+  echo2-agent run
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .config import AgentConfig, ConfigError, default_path
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, rich_markup_mode=None)
+
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="Credentials file (default ~/.config/echo2/agent.json).")]
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"echo2-agent: error: {message}", err=True)
+    raise typer.Exit(1)
+
+
+@app.command()
+def register(
+    server: Annotated[str, typer.Option(help="Site URL, e.g. http://127.0.0.1:8000.")],
+    token: Annotated[str, typer.Option(envvar="ECHO2_TOKEN", help="Your provider API token.")],
+    price: Annotated[float, typer.Option(help="Price c_i in USD per hour (> 0).")],
+    name: Annotated[str | None, typer.Option(help="Machine name, unique among yours (default: hostname).")] = None,
+    gpu: Annotated[str, typer.Option(help="GPU model, e.g. 'RTX 5090' (default: detected).")] = "",
+    bandwidth_mbps: Annotated[float, typer.Option(help="Link bandwidth B_w in Mbit/s.")] = 100.0,
+    relay_address: Annotated[str, typer.Option(help="host:port where chain peers reach this machine.")] = "",
+    config: ConfigOpt = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Register this machine with the site and store its agent key (file mode 0600)."""
+    import socket
+
+    import httpx
+
+    if price <= 0:
+        _fail("--price must be > 0 USD per hour")
+    if bandwidth_mbps <= 0:
+        _fail("--bandwidth-mbps must be > 0")
+    body = {"name": name or socket.gethostname(), "gpu": gpu or _detect_gpu(), "price_per_hour": f"{price:.4f}",
+            "bandwidth_bps": int(bandwidth_mbps * 1e6 / 8), "relay_address": relay_address}
+    try:
+        response = httpx.post(server.rstrip("/") + "/api/workers/", json=body, timeout=30,
+                              headers={"Authorization": f"Token {token}"})
+    except httpx.HTTPError as err:
+        _fail(f"cannot reach {server}: {err}")
+    if response.status_code >= 400:
+        try:
+            reason = response.json().get("detail", response.text)
+        except ValueError:
+            reason = response.text[:200]
+        _fail(f"registration refused ({response.status_code}): {reason}")
+    data = response.json()
+    path = config or default_path()
+    AgentConfig(server=server, worker_id=data["id"], name=data["name"], agent_key=data["agent_key"]).save(path)
+    if json_output:
+        typer.echo(json.dumps({"worker_id": data["id"], "name": data["name"], "config": str(path)}))
+    else:
+        typer.echo(f"registered worker {data['id']} ({data['name']}, ${price:.2f}/h); credentials in {path}")
+
+
+@app.command()
+def run(
+    config: ConfigOpt = None,
+    device: Annotated[str | None, typer.Option(help="torch device (default: cuda if present, else cpu).")] = None,
+    groups: Annotated[int, typer.Option(min=1, max=64, help="Prompt groups to lease at a time.")] = 2,
+    threads: Annotated[int | None, typer.Option(min=1, help="CPU threads for torch.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Sampling seed (default: random).")] = None,
+    debug: Annotated[bool, typer.Option(help="Verbose logs and full tracebacks.")] = False,
+) -> None:
+    """Connect to the site and generate rollouts whenever the scheduler activates this machine."""
+    import asyncio
+
+    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO,
+                        format="%(asctime)s agent: %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("websockets").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        cfg = AgentConfig.load(config or default_path())
+    except ConfigError as err:
+        _fail(str(err))
+    import torch
+
+    from .engines.hf import HFEngine
+    from .session import AgentRejected, AgentSession
+
+    if threads:
+        torch.set_num_threads(threads)
+    session = AgentSession(cfg, engine_factory=lambda model: HFEngine(model, device=device, seed=seed),
+                           groups_per_lease=groups)
+    try:
+        asyncio.run(session.run_forever())
+    except AgentRejected as err:
+        _fail(f"the site refused this agent: {err}; register again")
+    except KeyboardInterrupt:
+        typer.echo("stopped", err=True)
+
+
+def _detect_gpu() -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name(0)
+    except Exception:  # detection is a convenience; registration must not fail on it
+        pass
+    return "cpu"
+
+
+def main() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    app()

@@ -1,0 +1,46 @@
+"""The agent's credentials file (JSON, mode 0600): which site, which worker, and its key."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+class ConfigError(RuntimeError):
+    pass
+
+
+def default_path() -> Path:
+    base = os.environ.get("ECHO2_AGENT_CONFIG")
+    if base:
+        return Path(base)
+    return Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "echo2" / "agent.json"
+
+
+@dataclass
+class AgentConfig:
+    server: str
+    worker_id: int
+    name: str
+    agent_key: str
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(asdict(self), fh, indent=2)
+        os.chmod(tmp, 0o600)
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> AgentConfig:
+        try:
+            data = json.loads(path.read_text())
+            return cls(**{k: data[k] for k in ("server", "worker_id", "name", "agent_key")})
+        except FileNotFoundError:
+            raise ConfigError(f"no agent config at {path}; run `echo2-agent register` first") from None
+        except (ValueError, KeyError, TypeError) as err:
+            raise ConfigError(f"agent config {path} is unreadable ({err}); register again") from None

@@ -1,0 +1,92 @@
+"""Torch/transformers engine: batched sampling on CPU or GPU with per-token log-probs."""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Completion, Engine, SamplingParams
+
+
+class HFEngine(Engine):
+    def __init__(self, model_dir: str, *, device: str | None = None, seed: int | None = None) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir).to(self.device).eval()
+        self.generator = torch.Generator(device=self.device)
+        if seed is not None:
+            self.generator.manual_seed(seed)
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+        bos = self.tokenizer.bos_token_id
+        if bos is not None and (not ids or ids[0] != bos):
+            ids = [bos, *ids]
+        return ids
+
+    def load_weights(self, tensors: dict) -> None:
+        state = {k: v.to(self.device) for k, v in tensors.items()}
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        real_missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied to the embeddings
+        if real_missing or unexpected:
+            raise ValueError(f"snapshot does not fit the model: missing={real_missing[:3]} unexpected={unexpected[:3]}")
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str], *, n: int, params: SamplingParams) -> list[list[Completion]]:
+        """Sample with a KV cache, token by token, so log-probs are those of the raw policy."""
+        encoded = [self.encode_prompt(p) for p in prompts for _ in range(n)]
+        pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
+        width = max(len(e) for e in encoded)
+        input_ids = torch.full((len(encoded), width), pad, dtype=torch.long)
+        attention = torch.zeros_like(input_ids)
+        for row, ids in enumerate(encoded):  # left padding keeps every prompt's last token aligned
+            input_ids[row, width - len(ids):] = torch.tensor(ids)
+            attention[row, width - len(ids):] = 1
+        input_ids, attention = input_ids.to(self.device), attention.to(self.device)
+        position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+
+        batch = len(encoded)
+        tokens = torch.empty((batch, 0), dtype=torch.long, device=self.device)
+        logps = torch.empty((batch, 0), dtype=torch.float32, device=self.device)
+        done = torch.zeros(batch, dtype=torch.bool, device=self.device)
+        past = None
+        step_ids, step_pos = input_ids, position_ids
+        for _ in range(params.max_new_tokens):
+            out = self.model(input_ids=step_ids, attention_mask=attention, position_ids=step_pos,
+                             cache=past, use_cache=True)
+            past = out.cache
+            logits = out.logits[:, -1, :].float()
+            raw_logp = torch.log_softmax(logits, dim=-1)
+            choice = self._sample(logits, params)
+            choice = torch.where(done, torch.full_like(choice, pad), choice)
+            tokens = torch.cat([tokens, choice[:, None]], dim=1)
+            logps = torch.cat([logps, raw_logp.gather(1, choice[:, None])], dim=1)
+            done = done | (choice == eos)
+            if bool(done.all()):
+                break
+            attention = torch.cat([attention, torch.ones_like(choice)[:, None]], dim=1)
+            step_ids, step_pos = choice[:, None], step_pos[:, -1:] + 1
+
+        results: list[Completion] = []
+        for row in range(batch):
+            ids, lps = tokens[row].tolist(), logps[row].tolist()
+            if eos in ids:  # keep the eos token: the policy learns to stop
+                cut = ids.index(eos) + 1
+                ids, lps = ids[:cut], lps[:cut]
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            results.append(Completion(prompt_ids=encoded[row], completion_ids=ids, logprobs=lps, text=text))
+        return [results[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+    def _sample(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+        if params.temperature <= 0:
+            return logits.argmax(dim=-1)
+        probs = torch.softmax(logits / params.temperature, dim=-1)
+        if params.top_p < 1.0:
+            sorted_probs, order = probs.sort(dim=-1, descending=True)
+            keep = sorted_probs.cumsum(-1) - sorted_probs < params.top_p
+            sorted_probs = sorted_probs * keep
+            probs = torch.zeros_like(probs).scatter(1, order, sorted_probs)
+        return torch.multinomial(probs, 1, generator=self.generator).squeeze(1)
