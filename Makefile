@@ -1,0 +1,37 @@
+# ECHO-2: `make demo` runs the whole stack locally; `make test` runs the test suite.
+# Both create .venv and install what they need (torch 2.13.0 CPU build, then the project).
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: install services demo test test-all lint bench clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[server,dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+services:
+	scripts/ensure-services.sh
+
+demo: install
+	scripts/ensure-services.sh --redis-binary-only
+	$(PY) -m echo2_site.demo
+
+test: install services
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+bench: install services
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf var .pytest_cache .ruff_cache

@@ -1,0 +1,53 @@
+"""Shared fixtures: a real Redis (a dedicated database index, flushed per test) and a tiny model."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import redis
+
+TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+@pytest.fixture
+def redis_url(settings) -> str:
+    """A clean Redis database for one test; the site's streams and channel layer point at it."""
+    client = redis.Redis.from_url(TEST_REDIS_URL)
+    try:
+        client.ping()
+    except redis.ConnectionError:
+        pytest.fail(f"Redis is not reachable at {TEST_REDIS_URL}: run `make services` (or set TEST_REDIS_URL)")
+    client.flushdb()
+    settings.REDIS_URL = TEST_REDIS_URL
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                                           "CONFIG": {"hosts": [TEST_REDIS_URL], "prefix": "echo2test"}}}
+    from channels.layers import channel_layers
+
+    from marketplace import stream
+
+    channel_layers.backends.clear()
+    stream.client.cache_clear()
+    yield TEST_REDIS_URL
+    stream.client.cache_clear()
+    channel_layers.backends.clear()
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture
+def redis_client(redis_url):
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A tiny Llama model and character tokenizer for the arithmetic task, in Hugging Face layout."""
+    from dataplane.tasks import build_task
+    from learner.tiny import build_tiny_model
+
+    path = tmp_path_factory.mktemp("models") / "tiny-arithmetic"
+    return build_tiny_model(path, alphabet=build_task({"name": "arithmetic"}).alphabet, hidden=32, layers=1)
