@@ -208,7 +208,8 @@ def _watch(console, api: httpx.Client, stack: Stack, job_id: int, target: float,
             for label, value in (
                 ("status", summary["status"]), ("step", f"{summary['step']} / {summary['max_steps']}"),
                 ("mean reward (step, 10-step)", f"{_fmt(summary['reward_mean'])}  {_fmt(recent)}"),
-                ("max staleness (S=3)", str(summary["max_staleness"])), ("dropped stale", str(summary["dropped_stale"])),
+                ("max staleness (S=3)", str(summary["max_staleness"])),
+                ("dropped stale", str(summary["dropped_stale"])),
                 ("T_train / T_bcast (s)", f"{_fmt(summary['t_train'])} / {_fmt(summary['t_bcast'])}"),
                 ("active workers", str(summary["active_workers"])), ("cost so far ($)", f"{summary['cost_usd']:.5f}"),
             ):

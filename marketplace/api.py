@@ -10,7 +10,8 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
-from . import selectors, serializers as s, services, stream
+from . import selectors, services, stream
+from . import serializers as s
 from .models import Job
 
 

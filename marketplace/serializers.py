@@ -45,11 +45,12 @@ class JobSerializer(serializers.ModelSerializer):
         model = Job
         fields = ["id", "owner", "name", "model_dir", "task", "staleness", "kappa", "batch_trajectories",
                   "group_size", "gamma", "learner_uplink_bps", "learning_rate", "clip_eps", "max_steps",
-                  "max_new_tokens", "temperature", "top_p", "seed", "target_reward", "status", "status_reason", "created_at",
-                  "started_at", "finished_at", "learner_step", "published_version"]
+                  "max_new_tokens", "temperature", "top_p", "seed", "target_reward", "status", "status_reason",
+                  "created_at", "started_at", "finished_at", "learner_step", "published_version"]
         read_only_fields = ["status", "status_reason", "created_at", "started_at", "finished_at", "learner_step",
                             "published_version"]
-        extra_kwargs = {f: {"required": False} for f in JobSpec.model_fields if f not in {"name", "model_dir", "task"}}
+        extra_kwargs = {f: {"required": False} for f in JobSpec.model_fields
+                        if f not in {"name", "model_dir", "task"}}
 
     def validate(self, attrs):
         raw = {k: v for k, v in attrs.items() if v is not None}

@@ -51,3 +51,9 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
     path = tmp_path_factory.mktemp("models") / "tiny-arithmetic"
     return build_tiny_model(path, alphabet=build_task({"name": "arithmetic"}).alphabet, hidden=32, layers=1)
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):
+    """Users are created in many tests; the production hasher is deliberately slow."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -20,7 +20,9 @@ from .config import AgentConfig, ConfigError, default_path
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, rich_markup_mode=None)
 
-ConfigOpt = Annotated[Path | None, typer.Option("--config", help="Credentials file (default ~/.config/echo2/agent.json).")]
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", help="Credentials file (default ~/.config/echo2/agent.json).")
+]
 
 
 def _fail(message: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import time
@@ -191,10 +192,8 @@ class AgentSession:
             self.installed[snap.job_id] = manifest.version
         seconds = max(0.0, time.time() - snap.published_at)
         log.info("installed snapshot v%d of job %d (%.2fs after publication)", manifest.version, snap.job_id, seconds)
-        try:
+        with contextlib.suppress(ConnectionError, websockets.WebSocketException):  # reported again on reconnect
             await self.send(m.SnapshotInstalled(job_id=snap.job_id, version=manifest.version, seconds=seconds))
-        except (ConnectionError, websockets.WebSocketException):
-            pass
 
     # ---- rollouts --------------------------------------------------------------------------
 

@@ -1,0 +1,93 @@
+"""Job specs: defaults are resolved (kappa = S-1) and every bad field is named in JobSpecError.field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dataplane.jobs import JobSpecError, parse_job_spec
+
+
+def job(**changes: Any) -> dict[str, Any]:
+    raw: dict[str, Any] = {"name": "tiny arithmetic", "model_dir": "/models/tiny", "task": {"name": "arithmetic"}}
+    raw.update(changes)
+    return raw
+
+
+def test_defaults_are_resolved() -> None:
+    spec = parse_job_spec(job())
+
+    assert spec.staleness == 3
+    assert spec.kappa == 2  # S - 1
+    assert spec.batch_trajectories == 128
+    assert spec.group_size == 8
+    assert spec.groups_per_step == 16  # R / n
+    assert spec.clip_eps == 0.2
+    assert spec.learning_rate == 1e-3
+    assert spec.target_reward is None
+    # the task spec is stored resolved, so every worker builds the very same adapter
+    assert spec.task == {"name": "arithmetic", "max_operand": 9, "ops": "+", "modulus": 10}
+
+
+@pytest.mark.parametrize(("staleness", "kappa"), [(2, 1), (5, 4), (10, 9)])
+def test_kappa_defaults_to_staleness_minus_one(staleness: int, kappa: int) -> None:
+    assert parse_job_spec(job(staleness=staleness)).kappa == kappa
+
+
+def test_explicit_values_are_kept() -> None:
+    spec = parse_job_spec(job(staleness=6, kappa=2, batch_trajectories=60, group_size=4, learning_rate=0.5,
+                              task={"name": "arithmetic", "ops": "+*", "modulus": 97}))
+
+    assert (spec.staleness, spec.kappa, spec.batch_trajectories, spec.group_size) == (6, 2, 60, 4)
+    assert spec.groups_per_step == 15
+    assert spec.learning_rate == 0.5
+    assert spec.task == {"name": "arithmetic", "max_operand": 9, "ops": "+*", "modulus": 97}
+
+
+def test_unknown_keys_are_ignored() -> None:
+    assert parse_job_spec(job(colour="blue")).name == "tiny arithmetic"
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "words"),
+    [
+        ({"staleness": 1}, "staleness", "greater than or equal to 2"),
+        ({"staleness": 0}, "staleness", "greater than or equal to 2"),
+        ({"staleness": 3, "kappa": 3}, "kappa", "must be < staleness S=3"),
+        ({"staleness": 3, "kappa": 7}, "kappa", "must be < staleness S=3"),
+        ({"kappa": 0}, "kappa", "greater than or equal to 1"),
+        ({"batch_trajectories": 10, "group_size": 4}, "batch_trajectories",
+         "R=10 must be a multiple of group_size n=4"),
+        ({"batch_trajectories": 4, "group_size": 8}, "batch_trajectories", "multiple of group_size n=8"),
+        ({"group_size": 1, "batch_trajectories": 8}, "group_size", "greater than or equal to 2"),
+        ({"task": {"name": "chess"}}, "task", "unknown task 'chess'"),
+        ({"task": {"name": "arithmetic", "modulus": 1}}, "task", "modulus"),
+        ({"task": "arithmetic"}, "task", "dictionary"),
+        ({"learning_rate": -0.001}, "learning_rate", "greater than 0"),
+        ({"learning_rate": 0}, "learning_rate", "greater than 0"),
+        ({"learning_rate": 2.0}, "learning_rate", "less than or equal to 1"),
+        ({"clip_eps": 0}, "clip_eps", "greater than 0"),
+        ({"top_p": 0}, "top_p", "greater than 0"),
+        ({"name": ""}, "name", "at least 1 character"),
+    ],
+)
+def test_bad_field_is_named(changes: dict[str, Any], field: str, words: str) -> None:
+    with pytest.raises(JobSpecError) as err:
+        parse_job_spec(job(**changes))
+
+    assert err.value.field == field
+    assert words in err.value.message
+    assert str(err.value) == f"{field}: {err.value.message}"
+    assert not err.value.message.startswith("Value error")
+
+
+def test_missing_required_field_is_named() -> None:
+    raw = job()
+    del raw["model_dir"]
+
+    with pytest.raises(JobSpecError) as err:
+        parse_job_spec(raw)
+
+    assert err.value.field == "model_dir"
+    assert err.value.message == "Field required"

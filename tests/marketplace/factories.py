@@ -1,0 +1,34 @@
+"""Small factories for marketplace objects (plain functions: the models are few and simple)."""
+
+from __future__ import annotations
+
+import itertools
+from decimal import Decimal
+
+from django.contrib.auth.models import User
+from rest_framework.authtoken.models import Token
+
+from dataplane.jobs import parse_job_spec
+from marketplace import services
+
+_seq = itertools.count(1)
+
+
+def user(name: str | None = None, **extra) -> User:
+    return User.objects.create_user(name or f"user{next(_seq)}", password="pw-12345678", **extra)
+
+
+def token(for_user: User) -> str:
+    return Token.objects.get_or_create(user=for_user)[0].key
+
+
+def worker(owner: User, *, price: str = "0.35", name: str | None = None):
+    """Returns (worker, agent_key)."""
+    return services.worker_register(user=owner, name=name or f"rig{next(_seq)}", gpu="test-gpu",
+                                    price_per_hour=Decimal(price), bandwidth_bps=12_500_000)
+
+
+def job(owner: User, model_dir: str = "/models/tiny", **fields):
+    spec = parse_job_spec({"name": "test job", "model_dir": model_dir, "task": {"name": "arithmetic"},
+                           "batch_trajectories": 8, "group_size": 4, **fields})
+    return services.job_create(owner=owner, spec=spec)

@@ -1,0 +1,149 @@
+"""The agent websocket over the real ASGI app (Channels communicator, real Redis channel layer)."""
+
+from __future__ import annotations
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+
+from dataplane import streams
+from dataplane.tasks import build_task
+from echo2_site.asgi import application
+from learner.prompts import PromptFeeder
+from marketplace import services
+from marketplace.models import Job, Worker
+
+from . import factories
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("redis_url")]
+
+
+async def connect(key: str | None) -> WebsocketCommunicator:
+    headers = [(b"authorization", f"Bearer {key}".encode())] if key else []
+    comm = WebsocketCommunicator(application, "/ws/agent/", headers=headers)
+    connected, _ = await comm.connect()
+    assert connected
+    return comm
+
+
+def record(job_id: int, lease: dict, **overrides) -> dict:
+    return {"job_id": job_id, "lease_id": lease["lease_id"], "group_id": lease["group_id"], "prompt": lease["prompt"],
+            "prompt_ids": [1, 5, 6], "completion": "7", "completion_ids": [12, 2], "logprobs": [-1.5, -0.2],
+            "reward": 1.0, "version": 0, **overrides}
+
+
+@pytest.fixture
+def settings_eager(settings):
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    return settings
+
+
+@database_sync_to_async
+def setup_job_and_worker():
+    owner, provider = factories.user(), factories.user()
+    worker, key = factories.worker(provider)
+    job = factories.job(owner, batch_trajectories=8, group_size=4)
+    return job, worker, key
+
+
+async def test_unknown_key_is_rejected_and_closed():
+    comm = await connect("e2w_wrong")
+    reply = await comm.receive_json_from()
+    assert reply == {"type": "rejected", "reason": "unknown or missing agent key", "ref": None}
+    assert (await comm.receive_output())["code"] == 4401
+    anonymous = await connect(None)
+    assert (await anonymous.receive_json_from())["type"] == "rejected"
+
+
+async def test_malformed_frames_get_reasons_and_the_session_survives(settings_eager):
+    _, worker, key = await setup_job_and_worker()
+    comm = await connect(key)
+    await comm.send_to(text_data="{not json")
+    assert (await comm.receive_json_from())["reason"] == "frame is not valid JSON"
+    await comm.send_json_to({"type": "dance"})
+    assert (await comm.receive_json_from())["reason"] == "unknown message type 'dance'"
+    await comm.send_json_to({"type": "lease_request", "job_id": "x"})
+    reply = await comm.receive_json_from()
+    assert reply["type"] == "rejected" and reply["ref"] == "lease_request" and "job_id" in reply["reason"]
+    await comm.send_to(bytes_data=b"\x00")
+    assert "binary" in (await comm.receive_json_from())["reason"]
+    await comm.send_json_to({"type": "lease_request", "job_id": 999})
+    assert (await comm.receive_json_from())["reason"] == "job_id: this worker is not active in job 999"
+    await comm.send_json_to({"type": "hello", "agent_version": "test"})  # still alive after all that
+    assert (await comm.receive_json_from())["type"] == "welcome"
+    await comm.disconnect()
+    assert (await database_sync_to_async(Worker.objects.get)(pk=worker.pk)).status == Worker.Status.OFFLINE
+
+
+async def test_lease_submit_and_bad_records_lose_nothing(settings_eager, redis_client):
+    job, worker, key = await setup_job_and_worker()
+    comm = await connect(key)
+    await comm.send_json_to({"type": "hello", "agent_version": "test"})
+    assert (await comm.receive_json_from())["type"] == "welcome"
+
+    await database_sync_to_async(services.job_start)(job=await database_sync_to_async(Job.objects.get)(pk=job.pk))
+    assign = await comm.receive_json_from(timeout=5)
+    assert assign["type"] == "assign" and assign["job_id"] == job.pk and assign["group_size"] == 4
+
+    PromptFeeder(redis_client, job_id=job.pk, task=build_task({"name": "arithmetic"}), seed=0, backlog=2).top_up()
+    await comm.send_json_to({"type": "lease_request", "job_id": job.pk, "groups": 2})
+    lease = await comm.receive_json_from()
+    assert lease["type"] == "lease" and len(lease["leases"]) == 2
+    first, second = lease["leases"]
+
+    # A group with one malformed record is refused whole, with the reason; the lease stays open.
+    bad = [record(job.pk, first) for _ in range(3)] + [record(job.pk, first, logprobs=[-1.0])]
+    await comm.send_json_to({"type": "trajectories", "job_id": job.pk, "lease_id": first["lease_id"], "records": bad})
+    reply = await comm.receive_json_from()
+    assert (reply["accepted"], reply["rejected"]) == (0, 4)
+    assert "logprobs has 1 entries for 2 completion tokens" in reply["reasons"][0]
+    assert redis_client.xlen(streams.trajectories_key(job.pk)) == 0
+
+    # A version the learner never published is refused too.
+    future = [record(job.pk, second, version=5) for _ in range(4)]
+    await comm.send_json_to({"type": "trajectories", "job_id": job.pk, "lease_id": second["lease_id"],
+                             "records": future})
+    assert "was never published" in (await comm.receive_json_from())["reasons"][0]
+
+    # The same lease answered correctly is accepted, exactly once.
+    good = [record(job.pk, first, reward=float(i % 2)) for i in range(4)]
+    message = {"type": "trajectories", "job_id": job.pk, "lease_id": first["lease_id"], "records": good}
+    await comm.send_json_to(message)
+    assert (await comm.receive_json_from())["accepted"] == 4
+    await comm.send_json_to(message)
+    again = await comm.receive_json_from()
+    assert again["accepted"] == 0 and "lease expired or unknown" in again["reasons"][0]
+
+    entries = redis_client.xrange(streams.trajectories_key(job.pk))
+    assert len(entries) == 1 and entries[0][1]["lease_id"] == first["lease_id"]
+    # The refused second lease is still pending: it will be leased again, nothing is lost.
+    assert redis_client.xpending(streams.prompts_key(job.pk), streams.PROMPT_GROUP)["pending"] == 1
+    await comm.disconnect()
+
+
+async def test_expired_lease_goes_to_another_worker(settings_eager, redis_client):
+    settings_eager.ECHO2 = {**settings_eager.ECHO2, "LEASE_TIMEOUT_S": 0.0}
+    job, worker, key = await setup_job_and_worker()
+    other, other_key = await database_sync_to_async(factories.worker)(await database_sync_to_async(
+        lambda: worker.provider.user)())
+    comms = [await connect(key), await connect(other_key)]
+    for comm in comms:
+        await comm.send_json_to({"type": "hello", "agent_version": "test"})
+        await comm.receive_json_from()
+    await database_sync_to_async(services.job_start)(job=await database_sync_to_async(Job.objects.get)(pk=job.pk))
+    for comm in comms:
+        assert (await comm.receive_json_from(timeout=5))["type"] == "assign"
+    PromptFeeder(redis_client, job_id=job.pk, task=build_task({"name": "arithmetic"}), seed=0, backlog=1).top_up()
+
+    await comms[0].send_json_to({"type": "lease_request", "job_id": job.pk})
+    stolen = (await comms[0].receive_json_from())["leases"][0]
+    await comms[1].send_json_to({"type": "lease_request", "job_id": job.pk})
+    reclaimed = (await comms[1].receive_json_from())["leases"][0]
+    assert reclaimed["lease_id"] == stolen["lease_id"]  # timed out, handed to the next worker
+
+    late = [record(job.pk, stolen) for _ in range(4)]
+    await comms[0].send_json_to({"type": "trajectories", "job_id": job.pk, "lease_id": stolen["lease_id"],
+                                 "records": late})
+    assert "another worker" in (await comms[0].receive_json_from())["reasons"][0]
+    for comm in comms:
+        await comm.disconnect()

@@ -1,0 +1,126 @@
+"""REST API: registration, job control, permissions, and clear 4xx errors for bad input."""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIClient
+
+from marketplace.models import Job, Worker
+
+from . import factories
+
+pytestmark = pytest.mark.django_db
+
+
+def client_for(user) -> APIClient:
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {factories.token(user)}")
+    return api
+
+
+def test_register_worker_returns_key_once_and_lists_only_own():
+    alice, bob = factories.user("alice"), factories.user("bob")
+    reply = client_for(alice).post("/api/workers/", {"name": "rig", "price_per_hour": "0.35",
+                                                     "bandwidth_bps": 1000}, format="json")
+    assert reply.status_code == 201, reply.content
+    assert reply.json()["agent_key"].startswith("e2w_")
+    factories.worker(bob)
+    mine = client_for(alice).get("/api/workers/").json()["results"]
+    assert [w["name"] for w in mine] == ["rig"]
+    assert "agent_key" not in mine[0]
+    assert Worker.objects.get(name="rig").key_hash != reply.json()["agent_key"]  # only the hash is stored
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"name": "rig", "price_per_hour": "-1", "bandwidth_bps": 1000}, "price_per_hour"),
+    ({"name": "rig", "price_per_hour": "0.3", "bandwidth_bps": 0}, "bandwidth_bps"),
+    ({"price_per_hour": "0.3", "bandwidth_bps": 10}, "name"),
+])
+def test_register_worker_bad_input_names_the_field(body, field):
+    reply = client_for(factories.user()).post("/api/workers/", body, format="json")
+    assert reply.status_code == 400
+    assert reply.json()["detail"].startswith(f"{field}:")
+
+
+def test_duplicate_worker_name_is_a_400():
+    owner = factories.user()
+    api = client_for(owner)
+    body = {"name": "rig", "price_per_hour": "0.3", "bandwidth_bps": 10}
+    assert api.post("/api/workers/", body, format="json").status_code == 201
+    reply = api.post("/api/workers/", body, format="json")
+    assert reply.status_code == 400 and "already have a worker named" in reply.json()["detail"]
+
+
+def test_create_job_applies_defaults():
+    reply = client_for(factories.user()).post("/api/jobs/", {"name": "j", "model_dir": "/m",
+                                                             "task": {"name": "arithmetic"}}, format="json")
+    assert reply.status_code == 201, reply.content
+    job = reply.json()
+    assert (job["staleness"], job["kappa"], job["status"]) == (3, 2, "draft")
+
+
+@pytest.mark.parametrize(("extra", "field"), [
+    ({"staleness": 1}, "staleness"),
+    ({"staleness": 3, "kappa": 3}, "kappa"),
+    ({"task": {"name": "no-such-task"}}, "task"),
+    ({"batch_trajectories": 10, "group_size": 4}, "batch_trajectories"),
+    ({"learning_rate": -0.1}, "learning_rate"),
+])
+def test_create_job_bad_input_names_the_field(extra, field):
+    body = {"name": "j", "model_dir": "/m", "task": {"name": "arithmetic"}, **extra}
+    reply = client_for(factories.user()).post("/api/jobs/", body, format="json")
+    assert reply.status_code == 400, reply.content
+    assert reply.json()["detail"].startswith(f"{field}:")
+    assert Job.objects.count() == 0
+
+
+def test_jobs_are_private_to_their_owner_and_staff(redis_url):
+    owner, other, staff = factories.user(), factories.user(), factories.user(is_staff=True)
+    job = factories.job(owner)
+    assert client_for(other).get(f"/api/jobs/{job.pk}/").status_code == 404
+    assert client_for(other).post(f"/api/jobs/{job.pk}/start/").status_code == 404
+    assert client_for(staff).get(f"/api/jobs/{job.pk}/").status_code == 200
+    assert client_for(owner).get("/api/jobs/").json()["count"] == 1
+    assert client_for(other).get("/api/jobs/").json()["count"] == 0
+
+
+def test_unknown_job_is_404_and_bad_token_is_401():
+    api = client_for(factories.user())
+    assert api.get("/api/jobs/999/").status_code == 404
+    anon = APIClient()
+    anon.credentials(HTTP_AUTHORIZATION="Token not-a-token")
+    reply = anon.get("/api/jobs/")
+    assert reply.status_code == 401 and "token" in reply.json()["detail"].lower()
+
+
+def test_start_and_cancel_follow_the_status_machine(redis_url, settings):
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    owner = factories.user()
+    api = client_for(owner)
+    job = factories.job(owner)
+    assert api.post(f"/api/jobs/{job.pk}/start/").json()["status"] == "running"
+    again = api.post(f"/api/jobs/{job.pk}/start/")
+    assert again.status_code == 400 and "only a draft job can be started" in again.json()["detail"]
+    assert api.post(f"/api/jobs/{job.pk}/cancel/").json()["status"] == "cancelled"
+    assert api.post(f"/api/jobs/{job.pk}/cancel/").status_code == 400
+
+
+def test_learner_reports_are_refused_once_the_job_ended(redis_url, settings):
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    owner = factories.user()
+    api = client_for(owner)
+    job = factories.job(owner)
+    api.post(f"/api/jobs/{job.pk}/start/")
+    assert api.post(f"/api/jobs/{job.pk}/metrics/", {"step": 1, "reward_mean": 0.5}, format="json").status_code == 201
+    assert api.get(f"/api/jobs/{job.pk}/metrics/").json()[0]["reward_mean"] == 0.5
+    api.post(f"/api/jobs/{job.pk}/cancel/")
+    late = api.post(f"/api/jobs/{job.pk}/metrics/", {"step": 2, "reward_mean": 0.6}, format="json")
+    assert late.status_code == 400 and "cancelled" in late.json()["detail"]
+    bad = api.get(f"/api/jobs/{job.pk}/metrics/?since=abc")
+    assert bad.status_code == 400 and bad.json()["detail"].startswith("since:")
+
+
+def test_openapi_schema_is_served():
+    reply = client_for(factories.user()).get("/api/schema/")
+    assert reply.status_code == 200
+    assert b"/api/jobs/{id}/start/" in reply.content

@@ -1,0 +1,126 @@
+"""The whole path on loopback with real processes: daphne, a Celery worker, Redis, the learner, two agents.
+
+A third, hand-driven agent holds a lease until its version is too old and then returns it, so the
+test sees a stale group flow through the site and get dropped (and counted) by the learner.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+from safetensors.torch import load
+from websockets.sync.client import connect
+
+from echo2_site.demo import Stack, free_port, wait_for
+
+pytestmark = pytest.mark.slow
+
+BIN = Path(sys.executable).parent
+STEPS, S, R, N = 12, 2, 16, 4
+
+
+def recv(ws, *types: str, timeout: float = 30.0) -> dict:
+    """The next message of one of ``types`` (pushes such as snapshots may arrive in between)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        message = json.loads(ws.recv(timeout=max(0.1, deadline - time.monotonic())))
+        if message["type"] in types:
+            return message
+
+
+@pytest.fixture
+def stack(tmp_path, redis_url):
+    import os
+
+    env = dict(os.environ, DATABASE_URL=f"sqlite:///{tmp_path / 'site.sqlite3'}", REDIS_URL=redis_url,
+               ECHO2_DATA_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="echo2_site.settings", OMP_NUM_THREADS="1",
+               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", ECHO2_CHANNEL_PREFIX="echo2it")
+    stack = Stack(tmp_path, env)
+    yield stack
+    stack.stop()
+
+
+def test_jobs_train_end_to_end_and_drop_stale_records(stack, tmp_path, tiny_model_dir):
+    py = str(BIN / "python")
+    stack.run(py, "manage.py", "migrate", "--noinput")
+    tokens = json.loads(stack.run(py, "manage.py", "shell", "-c", (
+        "import json\nfrom django.contrib.auth.models import User\nfrom rest_framework.authtoken.models import Token\n"
+        "print(json.dumps({n: Token.objects.create(user=User.objects.create_user(n)).key for n in ['own', 'prov']}))"
+    )).strip().splitlines()[-1])
+    port = free_port()
+    server = f"http://127.0.0.1:{port}"
+    stack.start("daphne", str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "echo2_site.asgi:application")
+    stack.start("celery", str(BIN / "celery"), "-A", "echo2_site", "worker", "-P", "solo", "-l", "info")
+    wait_for(lambda: httpx.get(server + "/api/schema/", timeout=2).status_code == 200, "the site", 60)
+
+    for name in ("a", "b"):
+        cfg = tmp_path / f"agent-{name}.json"
+        stack.run(str(BIN / "echo2-agent"), "register", "--server", server, "--token", tokens["prov"], "--name", name,
+                  "--price", "0.3", "--config", str(cfg))
+        assert oct(cfg.stat().st_mode & 0o777) == "0o600"
+        stack.start(f"agent-{name}", str(BIN / "echo2-agent"), "run", "--config", str(cfg), "--threads", "1")
+
+    owner = httpx.Client(base_url=server + "/api/", headers={"Authorization": f"Token {tokens['own']}"}, timeout=30)
+    provider = httpx.Client(base_url=server + "/api/", headers={"Authorization": f"Token {tokens['prov']}"},
+                            timeout=30)
+    slow = provider.post("workers/", json={"name": "slow", "price_per_hour": "0.1", "bandwidth_bps": 1000}).json()
+    with connect(f"ws://127.0.0.1:{port}/ws/agent/",
+                 additional_headers={"Authorization": f"Bearer {slow['agent_key']}"}) as ws:
+        ws.send(json.dumps({"type": "hello", "agent_version": "test"}))
+        recv(ws, "welcome")
+        wait_for(lambda: sum(w["status"] == "idle" for w in provider.get("workers/").json()["results"]) == 3,
+                 "three idle workers", 60)
+
+        job = owner.post("jobs/", json={
+            "name": "it", "model_dir": str(tiny_model_dir), "task": {"name": "arithmetic", "max_operand": 4},
+            "staleness": S, "batch_trajectories": R, "group_size": N, "max_steps": STEPS, "max_new_tokens": 2,
+        }).raise_for_status().json()
+        owner.post(f"jobs/{job['id']}/start/").raise_for_status()
+        assert recv(ws, "assign")["job_id"] == job["id"]
+        stack.start("learner", str(BIN / "echo2-learner"), "--server", server, "--job", str(job["id"]), "--token",
+                    tokens["own"], "--redis", stack.env["REDIS_URL"], "--snapshot-dir", str(tmp_path / "snapshots"),
+                    "--data-timeout", "60")
+
+        # The slow worker leases one group and sits on it until its version 0 is older than S.
+        while True:
+            ws.send(json.dumps({"type": "lease_request", "job_id": job["id"]}))
+            reply = recv(ws, "lease", "no_work")
+            if reply["type"] == "lease":
+                lease = reply["leases"][0]
+                break
+            time.sleep(0.2)
+        wait_for(lambda: owner.get(f"jobs/{job['id']}/").json()["learner_step"] >= S + 2, "the learner to advance", 120)
+        stale = [{"job_id": job["id"], "lease_id": lease["lease_id"], "group_id": lease["group_id"],
+                  "prompt": lease["prompt"], "prompt_ids": [1, 5], "completion": "1", "completion_ids": [4, 2],
+                  "logprobs": [-2.0, -1.0], "reward": 0.0, "version": 0} for _ in range(N)]
+        ws.send(json.dumps({"type": "trajectories", "job_id": job["id"], "lease_id": lease["lease_id"],
+                            "records": stale}))
+        assert recv(ws, "accepted")["accepted"] == N
+
+        wait_for(lambda: owner.get(f"jobs/{job['id']}/").json()["status"] != "running", "the job to finish", 180)
+    final = owner.get(f"jobs/{job['id']}/").json()
+    assert final["status"] == "completed", final["status_reason"]
+    assert final["published_version"] == STEPS  # kappa = S - 1 = 1: a snapshot every step
+
+    metrics = owner.get(f"jobs/{job['id']}/metrics/").json()
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    assert max(m["max_staleness"] for m in metrics) <= S
+    assert metrics[-1]["dropped_stale"] >= N  # our stale group, dropped and counted
+
+    summary = owner.get(f"jobs/{job['id']}/summary/").json()
+    assert summary["counters"]["accepted_records"] >= STEPS * R + N
+    installed = [w["installed_version"] for w in provider.get("workers/").json()["results"] if w["name"] != "slow"]
+    assert max(v or 0 for v in installed) > 0, "agents never installed a published snapshot"
+
+    # The published weights differ from the base checkpoint: training changed the parameters.
+    newest = tmp_path / "snapshots" / f"job{job['id']}" / f"v{STEPS}"
+    chunks = sorted((newest / "chunks").iterdir(), key=lambda p: int(p.name))
+    trained = load(b"".join(p.read_bytes() for p in chunks))
+    base = load((Path(tiny_model_dir) / "model.safetensors").read_bytes())
+    assert any(not torch.equal(trained[k], base[k]) for k in trained)
