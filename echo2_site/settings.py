@@ -145,6 +145,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "ENUM_NAME_OVERRIDES": {
+        "JobStatusEnum": "marketplace.models.Job.Status",
+        "WorkerStatusEnum": "marketplace.models.Worker.Status",
+    },
 }
 
 # ECHO-2 control-plane knobs.

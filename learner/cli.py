@@ -1,5 +1,6 @@
 """``echo2-learner``: train a job, or build a tiny model for tests and demos.
 
+\b
 Examples:
   echo2-learner --server http://127.0.0.1:8000 --job 3 --token $TOKEN
   echo2-learner init-model var/tiny-arith --task arithmetic
