@@ -22,8 +22,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, rich
 
 @app.command()
 def run(
-    server: Annotated[str, typer.Option(help="Site URL, e.g. http://127.0.0.1:8000.")],
-    job: Annotated[int, typer.Option(help="Job id to train.")],
+    server: Annotated[str, typer.Option(envvar="ECHO2_SERVER", help="Site URL, e.g. http://127.0.0.1:8000.")],
+    job: Annotated[int, typer.Option(envvar="ECHO2_JOB", help="Job id to train.")],
     token: Annotated[str, typer.Option(envvar="ECHO2_TOKEN", help="The job owner's API token.")],
     redis_url: Annotated[str, typer.Option("--redis", envvar="REDIS_URL", help="Redis with the job's streams.")]
     = "redis://127.0.0.1:6379/0",

@@ -98,25 +98,25 @@ class StalenessGatedConsumer:
         """Buffer the entries this consumer read before a crash and never acknowledged."""
         last = "0"
         while True:
-            groups = self._parse(self.client.xreadgroup(streams.LEARNER_GROUP, self.consumer, {self.key: last},
-                                                        count=256))
-            if not groups:
+            reply = self.client.xreadgroup(streams.LEARNER_GROUP, self.consumer, {self.key: last}, count=256)
+            entries = reply[0][1] if reply else []
+            if not entries:
                 break
-            self.buffer.extend(groups)
-            last = groups[-1].entry_id
+            self.buffer.extend(self._parse(reply))
+            last = entries[-1][0]
         self._resumed = True
 
     def _read(self, *, block_ms: int, count: int) -> list[Group]:
         return self._parse(self.client.xreadgroup(streams.LEARNER_GROUP, self.consumer, {self.key: ">"},
                                                   count=max(count, 1), block=max(block_ms, 1)))
 
-    @staticmethod
-    def _parse(reply) -> list[Group]:
+    def _parse(self, reply) -> list[Group]:
         entries = reply[0][1] if reply else []
         out = []
         for entry_id, fields in entries:
             entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-            if not fields:  # deleted while pending: nothing left to train on
+            if not fields:  # deleted while still pending: nothing to train on, so acknowledge it
+                self.client.xack(self.key, streams.LEARNER_GROUP, entry_id)
                 continue
             data = fields.get("data") or fields.get(b"data")
             out.append(Group(entry_id, [Trajectory.model_validate(r) for r in json.loads(data)]))

@@ -71,8 +71,10 @@ def run_job(site: SiteClient, job_id: int, options: LearnerOptions) -> str:
 
     # --- setup: the job, the model, the streams, the snapshot server
     raw = site.job(job_id)
+    if raw["status"] == "draft":
+        raise SiteError(f"job {job_id} is a draft; start it first (POST /api/jobs/{job_id}/start/)")
     if raw["status"] != "running":
-        raise SiteError(f"job {job_id} is {raw['status']}; start it first (POST /api/jobs/{job_id}/start/)")
+        raise SiteError(f"job {job_id} is {raw['status']}; only a running job can be trained")
     if raw["learner_step"] > 0:
         raise SiteError(f"job {job_id} already trained {raw['learner_step']} steps; resuming needs learner "
                         "checkpoints, which this version does not write yet")

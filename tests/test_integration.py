@@ -7,6 +7,7 @@ test sees a stale group flow through the site and get dropped (and counted) by t
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -117,6 +118,13 @@ def test_jobs_train_end_to_end_and_drop_stale_records(stack, tmp_path, tiny_mode
     assert summary["counters"]["accepted_records"] >= STEPS * R + N
     installed = [w["installed_version"] for w in provider.get("workers/").json()["results"] if w["name"] != "slow"]
     assert max(v or 0 for v in installed) > 0, "agents never installed a published snapshot"
+
+    # The learner's CLI refuses what it cannot do with one line and a non-zero exit.
+    for job_id, reason in ((job["id"], "is completed; only a running job can be trained"), (9999, "404")):
+        done = subprocess.run([str(BIN / "echo2-learner"), "--server", server, "--job", str(job_id), "--token",
+                               tokens["own"], "--redis", stack.env["REDIS_URL"]], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 1 and reason in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
     # The published weights differ from the base checkpoint: training changed the parameters.
     newest = tmp_path / "snapshots" / f"job{job['id']}" / f"v{STEPS}"

@@ -25,7 +25,7 @@ class ArithmeticTask(TaskAdapter):
     def __init__(self, *, max_operand: int = 9, ops: str = "+", modulus: int = 10) -> None:
         if not isinstance(max_operand, int) or not 1 <= max_operand <= 10_000:
             raise TaskSpecError("max_operand: must be an integer between 1 and 10000")
-        if not ops or any(op not in _OPS for op in ops):
+        if not isinstance(ops, str) or not ops or any(op not in _OPS for op in ops):
             raise TaskSpecError(f"ops: use a string of {''.join(_OPS)}, got {ops!r}")
         if not isinstance(modulus, int) or modulus < 2:
             raise TaskSpecError("modulus: must be an integer >= 2")

@@ -1,0 +1,75 @@
+"""Dashboard pages and the live job socket: same permissions as the API, updates without reload."""
+
+from __future__ import annotations
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.test import Client
+
+from echo2_site.asgi import application
+from marketplace import services
+from marketplace.models import Job
+
+from ..marketplace import factories
+
+
+def signed_in(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.mark.django_db
+def test_pages_need_sign_in_and_show_only_own_jobs():
+    owner, other = factories.user("owner"), factories.user("other")
+    job = factories.job(owner, name="visible-to-owner")
+    assert Client().get("/").status_code == 302
+    assert b"visible-to-owner" in signed_in(owner).get("/").content
+    assert b"visible-to-owner" not in signed_in(other).get("/").content
+    assert signed_in(other).get(f"/jobs/{job.pk}/").status_code == 404
+    page = signed_in(owner).get(f"/jobs/{job.pk}/")
+    assert page.status_code == 200 and b'id="reward-curve"' in page.content
+
+
+@pytest.mark.django_db
+def test_provider_page_lists_own_workers_and_the_register_command():
+    provider = factories.user("prov")
+    factories.worker(provider, name="my-rig")
+    factories.worker(factories.user(), name="their-rig")
+    page = signed_in(provider).get("/provider/").content.decode()
+    assert "my-rig" in page and "their-rig" not in page
+    assert "echo2-agent register --server http://testserver/" in page
+
+
+def session_headers(user) -> list[tuple[bytes, bytes]]:
+    """Headers of a signed-in browser on this site: its Origin and its session cookie."""
+    client = Client()
+    client.force_login(user)
+    return [(b"origin", b"http://localhost"), (b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("redis_url")
+async def test_job_page_socket_pushes_each_learner_step(settings):
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    owner, other = await database_sync_to_async(factories.user)(), await database_sync_to_async(factories.user)()
+    job = await database_sync_to_async(factories.job)(owner)
+    await database_sync_to_async(services.job_start)(job=job)
+    path = f"/ws/jobs/{job.pk}/"
+
+    for headers in ([(b"origin", b"http://localhost")], await database_sync_to_async(session_headers)(other)):
+        refused = WebsocketCommunicator(application, path, headers=headers)
+        connected, code = await refused.connect()
+        assert not connected and code == 4403  # anonymous, then someone else's job
+
+    foreign = WebsocketCommunicator(application, path, headers=[(b"origin", b"http://evil.example")])
+    assert (await foreign.connect())[0] is False  # origin not in ALLOWED_HOSTS
+
+    live = WebsocketCommunicator(application, path, headers=await database_sync_to_async(session_headers)(owner))
+    assert (await live.connect())[0]
+    fresh = await database_sync_to_async(Job.objects.get)(pk=job.pk)
+    await database_sync_to_async(services.metrics_record)(job=fresh, step=1, values={"reward_mean": 0.25})
+    update = await live.receive_json_from(timeout=5)
+    assert update["type"] == "update" and update["summary"]["step"] == 1 and update["summary"]["reward_mean"] == 0.25
+    await live.disconnect()

@@ -1,0 +1,173 @@
+"""The staleness-gated consumer on a real Redis stream: whole groups, stale ones dropped and acknowledged,
+unacknowledged ones found again after a restart, and a timeout when data does not come."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis
+
+from dataplane import streams
+from learner.consumer import StalenessGatedConsumer
+
+JOB = 7
+
+
+def group_records(group_id: str, versions: list[int]) -> list[dict]:
+    return [
+        {"job_id": JOB, "lease_id": f"lease-{group_id}", "group_id": group_id, "prompt": "3+4=",
+         "prompt_ids": [1, 10, 5, 11, 17], "completion": str(i), "completion_ids": [4 + i, 2],
+         "logprobs": [-1.0, -0.5], "reward": float(i % 2), "version": v}
+        for i, v in enumerate(versions)
+    ]
+
+
+def append_group(client: redis.Redis, group_id: str, versions: list[int]) -> str:
+    """Append one accepted group the way the site does (marketplace/stream.py: field ``data``)."""
+    return client.xadd(streams.trajectories_key(JOB),
+                       {"lease_id": f"lease-{group_id}", "data": json.dumps(group_records(group_id, versions))})
+
+
+@pytest.fixture
+def learner_client(redis_url):
+    """A client like the learner's own: bytes replies, not decoded."""
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+def pending(client: redis.Redis) -> int:
+    return client.xpending(streams.trajectories_key(JOB), streams.LEARNER_GROUP)["pending"]
+
+
+def test_groups_are_returned_whole_in_order(learner_client, redis_client) -> None:
+    consumer = StalenessGatedConsumer(learner_client, JOB, staleness=2)
+    ids = [append_group(redis_client, "g1", [0, 0, 0]), append_group(redis_client, "g2", [0, 0, 0, 0])]
+
+    wait = consumer.next_batch(groups=2, learner_version=0, timeout_s=2.0)
+
+    assert wait is not None
+    assert [g.entry_id for g in wait.groups] == ids
+    assert [len(g.records) for g in wait.groups] == [3, 4]
+    assert {r.group_id for r in wait.groups[0].records} == {"g1"}
+    assert [r.completion for r in wait.groups[1].records] == ["0", "1", "2", "3"]
+    assert wait.dropped == 0
+    assert pending(redis_client) == 2  # delivered, not yet trained
+
+
+def test_only_the_requested_number_of_groups_is_returned(learner_client, redis_client) -> None:
+    consumer = StalenessGatedConsumer(learner_client, JOB, staleness=2)
+    ids = [append_group(redis_client, f"g{i}", [0, 0]) for i in range(3)]
+
+    first = consumer.next_batch(groups=2, learner_version=0, timeout_s=2.0)
+    second = consumer.next_batch(groups=1, learner_version=0, timeout_s=2.0)
+
+    assert [g.entry_id for g in first.groups] == ids[:2]
+    assert [g.entry_id for g in second.groups] == ids[2:]
+
+
+def test_stale_groups_are_dropped_counted_and_acknowledged(learner_client, redis_client) -> None:
+    # learner at v_t = 5 with S = 2: admissible iff v >= 3; a group is as old as its oldest record
+    consumer = StalenessGatedConsumer(learner_client, JOB, staleness=2)
+    append_group(redis_client, "old", [2, 2, 2])
+    append_group(redis_client, "mixed", [4, 2])
+    edge = append_group(redis_client, "edge", [3, 3])
+    fresh = append_group(redis_client, "fresh", [5, 4])
+
+    wait = consumer.next_batch(groups=2, learner_version=5, timeout_s=2.0)
+
+    assert [g.entry_id for g in wait.groups] == [edge, fresh]
+    assert wait.dropped == 5  # 3 + 2 records
+    assert consumer.dropped_total == 5
+    key = streams.trajectories_key(JOB)
+    assert pending(redis_client) == 2  # only the two returned groups await their training step
+    assert [e[0] for e in redis_client.xrange(key)] == [edge, fresh]  # dropped entries acknowledged and gone
+
+
+def test_buffered_group_that_turns_stale_is_dropped(learner_client, redis_client) -> None:
+    consumer = StalenessGatedConsumer(learner_client, JOB, staleness=2)
+    append_group(redis_client, "early", [0, 0])
+    assert consumer.next_batch(groups=2, learner_version=0, timeout_s=0.2) is None  # "early" is buffered
+
+    later = append_group(redis_client, "later", [3, 3])
+    append_group(redis_client, "latest", [3, 3])
+    wait = consumer.next_batch(groups=2, learner_version=3, timeout_s=2.0)  # now v >= 1 is needed
+
+    assert wait.dropped == 2
+    assert consumer.dropped_total == 2
+    assert wait.groups[0].entry_id == later
+    assert redis_client.xlen(streams.trajectories_key(JOB)) == 2
+
+
+def test_acknowledged_groups_are_deleted(learner_client, redis_client) -> None:
+    consumer = StalenessGatedConsumer(learner_client, JOB, staleness=2)
+    append_group(redis_client, "g1", [0, 0])
+    append_group(redis_client, "g2", [0, 0])
+
+    wait = consumer.next_batch(groups=2, learner_version=0, timeout_s=2.0)
+    consumer.ack(wait.groups)
+
+    assert pending(redis_client) == 0
+    assert redis_client.xlen(streams.trajectories_key(JOB)) == 0
+
+
+def test_restart_finds_unacknowledged_groups_but_not_acknowledged_ones(learner_client, redis_client) -> None:
+    before = StalenessGatedConsumer(learner_client, JOB, staleness=2, consumer="learner-0")
+    trained = append_group(redis_client, "trained", [0, 0])
+    lost = append_group(redis_client, "lost", [0, 0, 0])
+    wait = before.next_batch(groups=2, learner_version=0, timeout_s=2.0)
+    before.ack([g for g in wait.groups if g.entry_id == trained])
+    del before  # the learner crashed before its next step
+
+    after = StalenessGatedConsumer(learner_client, JOB, staleness=2, consumer="learner-0")
+    again = after.next_batch(groups=1, learner_version=1, timeout_s=2.0)
+
+    assert [g.entry_id for g in again.groups] == [lost]
+    assert len(again.groups[0].records) == 3
+    assert after.next_batch(groups=1, learner_version=1, timeout_s=0.3) is None
+
+
+def test_restart_reads_pending_groups_before_new_ones(learner_client, redis_client) -> None:
+    before = StalenessGatedConsumer(learner_client, JOB, staleness=2)
+    lost = append_group(redis_client, "lost", [0, 0])
+    before.next_batch(groups=1, learner_version=0, timeout_s=2.0)
+    new = append_group(redis_client, "new", [0, 0])
+
+    after = StalenessGatedConsumer(learner_client, JOB, staleness=2)
+    wait = after.next_batch(groups=2, learner_version=0, timeout_s=2.0)
+
+    assert [g.entry_id for g in wait.groups] == [lost, new]
+
+
+def test_another_consumer_name_does_not_take_pending_groups(learner_client, redis_client) -> None:
+    StalenessGatedConsumer(learner_client, JOB, staleness=2, consumer="learner-0")
+    append_group(redis_client, "g1", [0, 0])
+    StalenessGatedConsumer(learner_client, JOB, staleness=2, consumer="learner-0").next_batch(
+        groups=1, learner_version=0, timeout_s=2.0)
+
+    other = StalenessGatedConsumer(learner_client, JOB, staleness=2, consumer="learner-1")
+
+    assert other.next_batch(groups=1, learner_version=0, timeout_s=0.3) is None
+
+
+def test_next_batch_times_out_with_too_little_data(learner_client, redis_client) -> None:
+    consumer = StalenessGatedConsumer(learner_client, JOB, staleness=2)
+    first = append_group(redis_client, "g1", [0, 0])
+
+    started = time.monotonic()
+    assert consumer.next_batch(groups=2, learner_version=0, timeout_s=0.5) is None
+    elapsed = time.monotonic() - started
+
+    assert 0.45 <= elapsed < 2.0
+    # the group read while waiting is kept, not lost: it comes with the next one
+    second = append_group(redis_client, "g2", [0, 0])
+    wait = consumer.next_batch(groups=2, learner_version=0, timeout_s=2.0)
+    assert [g.entry_id for g in wait.groups] == [first, second]
+
+
+def test_next_batch_on_an_empty_stream_times_out(learner_client) -> None:
+    consumer = StalenessGatedConsumer(learner_client, JOB, staleness=2)
+
+    assert consumer.next_batch(groups=1, learner_version=0, timeout_s=0.2) is None

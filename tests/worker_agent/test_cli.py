@@ -1,0 +1,55 @@
+"""``echo2-agent`` as a user runs it: one clear line and a non-zero exit on bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ..marketplace import factories
+
+AGENT = str(Path(sys.executable).parent / "echo2-agent")
+
+
+def agent(*args: str, config: Path | None = None) -> subprocess.CompletedProcess:
+    argv = [AGENT, *args] + (["--config", str(config)] if config else [])
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+
+def test_bad_price_and_missing_config_fail_with_one_line(tmp_path):
+    done = agent("register", "--server", "http://127.0.0.1:9", "--token", "t", "--price", "-1")
+    assert done.returncode == 1 and done.stderr.strip() == "echo2-agent: error: --price must be > 0 USD per hour"
+    done = agent("run", config=tmp_path / "none.json")
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines() == [
+        f"echo2-agent: error: no agent config at {tmp_path / 'none.json'}; run `echo2-agent register` first"]
+
+
+def test_unreachable_site_is_one_line(tmp_path):
+    done = agent("register", "--server", "http://127.0.0.1:9", "--token", "t", "--price", "0.3",
+                 config=tmp_path / "a.json")
+    assert done.returncode == 1 and done.stderr.startswith("echo2-agent: error: cannot reach http://127.0.0.1:9")
+    assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "a.json").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_register_against_a_live_site(live_server, tmp_path):
+    token = factories.token(factories.user("prov"))
+    refused = agent("register", "--server", live_server.url, "--token", "wrong", "--price", "0.3",
+                    config=tmp_path / "a.json")
+    assert refused.returncode == 1 and "registration refused (401): Invalid token." in refused.stderr
+
+    done = agent("register", "--server", live_server.url, "--token", token, "--price", "0.35", "--name", "rig-7",
+                 "--bandwidth-mbps", "80", "--json", config=tmp_path / "a.json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["name"] == "rig-7"
+    saved = json.loads((tmp_path / "a.json").read_text())
+    assert saved["agent_key"].startswith("e2w_") and saved["server"] == live_server.url
+    assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o600
+
+    duplicate = agent("register", "--server", live_server.url, "--token", token, "--price", "0.35", "--name",
+                      "rig-7", config=tmp_path / "b.json")
+    assert duplicate.returncode == 1 and "already have a worker named 'rig-7'" in duplicate.stderr
