@@ -7,7 +7,7 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 
 from . import selectors, services, stream
@@ -42,6 +42,21 @@ class WorkerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
         worker, key = _service_call(services.worker_register, user=request.user, **form.validated_data)
         data = s.WorkerSerializer(worker).data | {"agent_key": key}
         return Response(data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(methods=["get"], responses=s.CalibrationSerializer(many=True))
+    @extend_schema(methods=["post"], request=s.CalibrationSerializer, responses={201: s.CalibrationSerializer})
+    @action(detail=True, methods=["get", "post"])
+    def calibrations(self, request, pk=None):
+        """Benchmarked throughput per model and task. An agent (agent key) may report only its own."""
+        worker = self.get_object()
+        if isinstance(request.auth, Worker) and request.auth.pk != worker.pk:
+            raise PermissionDenied("an agent may report only for its own worker")
+        if request.method == "GET":
+            return Response(s.CalibrationSerializer(worker.calibrations.all(), many=True).data)
+        form = s.CalibrationSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        calibration = _service_call(services.worker_calibrate, worker=worker, **form.validated_data)
+        return Response(s.CalibrationSerializer(calibration).data, status=status.HTTP_201_CREATED)
 
 
 class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.CreateModelMixin, viewsets.GenericViewSet):

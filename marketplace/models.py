@@ -59,6 +59,25 @@ class Worker(models.Model):
         return float(self.price_per_hour) / self.throughput
 
 
+class WorkerCalibration(models.Model):
+    """Throughput a worker measured for a model and task (``echo2-agent bench --report``).
+
+    The scheduler uses it for a job's model before the worker has served that job and reported live
+    throughput in its heartbeats.
+    """
+
+    worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="calibrations")
+    model_dir = models.CharField(max_length=500)
+    task_name = models.CharField(max_length=100)
+    throughput = models.FloatField(validators=[MinValueValidator(1e-9)], help_text="mu_i, trajectories/s.")
+    tokens_per_s = models.FloatField(null=True, blank=True)
+    measured_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["worker", "model_dir", "task_name"],
+                                               name="unique_calibration")]
+
+
 class Job(models.Model):
     """A GRPO post-training job and its hyper-parameters (paper section 3.2 notation)."""
 

@@ -8,7 +8,7 @@ from rest_framework import serializers
 
 from dataplane.jobs import JobSpec, JobSpecError, parse_job_spec
 
-from .models import Job, JobMetric, Snapshot, Worker
+from .models import Job, JobMetric, Snapshot, Worker, WorkerCalibration
 
 
 class WorkerSerializer(serializers.ModelSerializer):
@@ -20,6 +20,16 @@ class WorkerSerializer(serializers.ModelSerializer):
         fields = ["id", "provider", "name", "gpu", "price_per_hour", "bandwidth_bps", "relay_address", "status",
                   "last_heartbeat", "throughput", "unit_cost", "installed_version", "created_at"]
         read_only_fields = ["status", "last_heartbeat", "throughput", "installed_version", "created_at"]
+
+
+class CalibrationSerializer(serializers.ModelSerializer):
+    task = serializers.JSONField(write_only=True, help_text='Task spec benchmarked, e.g. {"name": "arithmetic"}.')
+
+    class Meta:
+        model = WorkerCalibration
+        fields = ["model_dir", "task", "task_name", "throughput", "tokens_per_s", "measured_at"]
+        read_only_fields = ["task_name", "measured_at"]
+        extra_kwargs = {"throughput": {"min_value": 1e-9}, "tokens_per_s": {"min_value": 0}}
 
 
 class WorkerRegisterSerializer(serializers.Serializer):

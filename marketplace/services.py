@@ -17,9 +17,10 @@ from django.utils import timezone
 from dataplane import messages as m
 from dataplane.jobs import JobSpec
 from dataplane.records import RecordError, validate_record
+from dataplane.tasks import TaskSpecError, build_task
 
 from . import provisioning, selectors, stream
-from .models import Activation, Job, JobMetric, Provider, Snapshot, Worker
+from .models import Activation, Job, JobMetric, Provider, Snapshot, Worker, WorkerCalibration
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,22 @@ def worker_register(*, user, name: str, gpu: str, price_per_hour: Decimal, bandw
     except IntegrityError:
         raise ServiceError(f"name: you already have a worker named {name!r}") from None
     return worker, key
+
+
+def worker_calibrate(*, worker: Worker, model_dir: str, task: dict, throughput: float,
+                     tokens_per_s: float | None = None) -> WorkerCalibration:
+    """Record a benchmarked throughput for (model, task); the newest measurement wins."""
+    try:
+        task_name = build_task(task).name
+    except TaskSpecError as err:
+        raise ServiceError(str(err)) from None
+    calibration, _ = WorkerCalibration.objects.update_or_create(
+        worker=worker, model_dir=model_dir, task_name=task_name,
+        defaults={"throughput": throughput, "tokens_per_s": tokens_per_s, "measured_at": timezone.now()},
+    )
+    if worker.throughput is None:
+        Worker.objects.filter(pk=worker.pk).update(throughput=throughput)
+    return calibration
 
 
 def _assign_message(job: Job) -> m.Assign:

@@ -4,6 +4,7 @@
 Examples:
   echo2-agent register --server https://echo2.example --token $API_TOKEN --name rig-1 --price 0.35
   echo2-agent run
+  echo2-agent bench --model /models/qwen3-8b --task '{"name": "math"}' --report
 """
 
 from __future__ import annotations
@@ -59,11 +60,7 @@ def register(
     except httpx.HTTPError as err:
         _fail(f"cannot reach {server}: {err}")
     if response.status_code >= 400:
-        try:
-            reason = response.json().get("detail", response.text)
-        except ValueError:
-            reason = response.text[:200]
-        _fail(f"registration refused ({response.status_code}): {reason}")
+        _fail(f"registration refused ({response.status_code}): {_reason(response)}")
     data = response.json()
     path = config or default_path()
     AgentConfig(server=server, worker_id=data["id"], name=data["name"], agent_key=data["agent_key"]).save(path)
@@ -108,6 +105,81 @@ def run(
         _fail(f"the site refused this agent: {err}; register again")
     except KeyboardInterrupt:
         typer.echo("stopped", err=True)
+
+
+@app.command()
+def bench(
+    model: Annotated[str, typer.Option(help="Checkpoint directory (Hugging Face layout) to benchmark.")],
+    task: Annotated[str, typer.Option(help='Task spec as JSON, or just its name.')] = '{"name": "arithmetic"}',
+    seconds: Annotated[float, typer.Option(min=0.1, help="How long to generate.")] = 10.0,
+    group_size: Annotated[int, typer.Option(min=1, help="Samples per prompt (the job's n).")] = 8,
+    groups: Annotated[int, typer.Option(min=1, help="Prompt groups per batch.")] = 2,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Longest completion.")] = 8,
+    device: Annotated[str | None, typer.Option(help="torch device (default: cuda if present, else cpu).")] = None,
+    threads: Annotated[int | None, typer.Option(min=1, help="CPU threads for torch.")] = None,
+    report: Annotated[bool, typer.Option(help="Send the figure to the site as this worker's calibration.")] = False,
+    config: ConfigOpt = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Measure mu_i (trajectories/s) for a model and task; --report tells the scheduler."""
+    import httpx
+
+    from dataplane.tasks import TaskSpecError, build_task
+
+    try:
+        spec = json.loads(task) if task.lstrip().startswith("{") else {"name": task}
+        adapter = build_task(spec)
+    except (ValueError, TaskSpecError) as err:
+        _fail(f"--task: {err}")
+    cfg = None
+    if report:
+        try:
+            cfg = AgentConfig.load(config or default_path())
+        except ConfigError as err:
+            _fail(str(err))
+    if not Path(model).is_dir():
+        _fail(f"--model: {model} is not a directory")
+    import torch
+    from rich.progress import Progress
+
+    from .bench import measure_throughput
+    from .engines.base import SamplingParams
+    from .engines.hf import HFEngine
+
+    if threads:
+        torch.set_num_threads(threads)
+    engine = HFEngine(model, device=device, seed=0)
+    params = SamplingParams(max_new_tokens=max_new_tokens)
+    with Progress(transient=True, disable=json_output) as progress:
+        bar = progress.add_task(f"generating on {engine.device}", total=seconds)
+        result = measure_throughput(engine, adapter, seconds=seconds, groups=groups, group_size=group_size,
+                                    params=params, on_progress=lambda done: progress.update(bar, completed=done))
+    out = {"model": model, "task": adapter.spec(), "trajectories": result.trajectories, "seconds": result.seconds,
+           "throughput": result.throughput, "tokens_per_s": result.tokens_per_s}
+    if cfg is not None:
+        try:
+            response = httpx.post(f"{cfg.server.rstrip('/')}/api/workers/{cfg.worker_id}/calibrations/", timeout=30,
+                                  headers={"Authorization": f"Bearer {cfg.agent_key}"},
+                                  json={"model_dir": model, "task": adapter.spec(), "throughput": result.throughput,
+                                        "tokens_per_s": result.tokens_per_s})
+        except httpx.HTTPError as err:
+            _fail(f"cannot reach {cfg.server}: {err}")
+        if response.status_code >= 400:
+            _fail(f"calibration refused ({response.status_code}): {_reason(response)}")
+        out["reported"] = True
+    if json_output:
+        typer.echo(json.dumps(out))
+    else:
+        typer.echo(f"mu = {result.throughput:.2f} trajectories/s ({result.tokens_per_s:.0f} tokens/s, "
+                   f"{result.trajectories} trajectories in {result.seconds:.1f}s on {engine.device})"
+                   + ("; reported to the site" if cfg else ""))
+
+
+def _reason(response) -> str:
+    try:
+        return response.json().get("detail", response.text)
+    except ValueError:
+        return response.text[:200]
 
 
 def _detect_gpu() -> str:

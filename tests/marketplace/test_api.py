@@ -124,3 +124,25 @@ def test_openapi_schema_is_served():
     reply = client_for(factories.user()).get("/api/schema/")
     assert reply.status_code == 200
     assert b"/api/jobs/{id}/start/" in reply.content
+
+
+def test_agent_reports_its_calibration_with_its_key_and_only_its_own():
+    provider = factories.user()
+    worker, key = factories.worker(provider)
+    other, _ = factories.worker(provider)
+    agent = APIClient()
+    agent.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    body = {"model_dir": "/models/tiny", "task": {"name": "arithmetic"}, "throughput": 12.5}
+    reply = agent.post(f"/api/workers/{worker.pk}/calibrations/", body, format="json")
+    assert reply.status_code == 201, reply.content
+    assert reply.json()["task_name"] == "arithmetic"
+    worker.refresh_from_db()
+    assert worker.throughput == 12.5  # first figure the scheduler has for this machine
+    assert agent.post(f"/api/workers/{other.pk}/calibrations/", body, format="json").status_code == 403
+    bad = agent.post(f"/api/workers/{worker.pk}/calibrations/", {**body, "throughput": 0}, format="json")
+    assert bad.status_code == 400 and bad.json()["detail"].startswith("throughput:")
+    unknown = agent.post(f"/api/workers/{worker.pk}/calibrations/", {**body, "task": {"name": "zzz"}}, format="json")
+    assert unknown.status_code == 400 and "unknown task 'zzz'" in unknown.json()["detail"]
+    stranger = APIClient()
+    stranger.credentials(HTTP_AUTHORIZATION="Bearer e2w_nope")
+    assert stranger.post(f"/api/workers/{worker.pk}/calibrations/", body, format="json").status_code == 401

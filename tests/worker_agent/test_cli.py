@@ -53,3 +53,23 @@ def test_register_against_a_live_site(live_server, tmp_path):
     duplicate = agent("register", "--server", live_server.url, "--token", token, "--price", "0.35", "--name",
                       "rig-7", config=tmp_path / "b.json")
     assert duplicate.returncode == 1 and "already have a worker named 'rig-7'" in duplicate.stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_bench_measures_and_reports_a_calibration(live_server, tmp_path, tiny_model_dir):
+    from marketplace.models import WorkerCalibration
+
+    token = factories.token(factories.user("bench-prov"))
+    cfg = tmp_path / "a.json"
+    registered = agent("register", "--server", live_server.url, "--token", token, "--price", "0.3", config=cfg)
+    assert registered.returncode == 0
+    done = agent("bench", "--model", str(tiny_model_dir), "--seconds", "0.5", "--max-new-tokens", "2", "--threads",
+                 "1", "--report", "--json", config=cfg)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["throughput"] > 0 and result["reported"] is True
+    saved = WorkerCalibration.objects.get()
+    assert saved.model_dir == str(tiny_model_dir) and saved.throughput == pytest.approx(result["throughput"])
+
+    bad = agent("bench", "--model", str(tiny_model_dir), "--task", '{"name": "zzz"}', config=cfg)
+    assert bad.returncode == 1 and "unknown task 'zzz'" in bad.stderr

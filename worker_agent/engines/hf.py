@@ -10,6 +10,9 @@ from .base import Completion, Engine, SamplingParams
 class HFEngine(Engine):
     def __init__(self, model_dir: str, *, device: str | None = None, seed: int | None = None) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # agents log lines, not bars
 
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
