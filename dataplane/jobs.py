@@ -22,6 +22,12 @@ class JobSpecError(ValueError):
         self.message = message
 
 
+class LossConfig(BaseModel):
+    """GRPO loss settings; the learner implements them (learner/grpo.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
 class JobSpec(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -43,6 +49,7 @@ class JobSpec(BaseModel):
     seed: int = Field(default=0, description="Seed for prompts and initialisation.")
     target_reward: float | None = Field(default=None, description="Complete early once the 10-step mean reward "
                                         "reaches this value.")
+    loss: LossConfig = Field(default_factory=LossConfig, description="GRPO loss variant and its settings.")
 
     @field_validator("task")
     @classmethod

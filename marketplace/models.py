@@ -108,6 +108,7 @@ class Job(models.Model):
     top_p = models.FloatField(default=1.0)
     seed = models.IntegerField(default=0)
     target_reward = models.FloatField(null=True, blank=True, help_text="Complete once the 10-step mean reaches it.")
+    loss = models.JSONField(default=dict, blank=True, help_text="GRPO loss settings (dataplane.jobs.LossConfig).")
 
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.DRAFT)
     status_reason = models.CharField(max_length=500, blank=True)

@@ -55,7 +55,7 @@ class JobSerializer(serializers.ModelSerializer):
         model = Job
         fields = ["id", "owner", "name", "model_dir", "task", "staleness", "kappa", "batch_trajectories",
                   "group_size", "gamma", "learner_uplink_bps", "learning_rate", "clip_eps", "max_steps",
-                  "max_new_tokens", "temperature", "top_p", "seed", "target_reward", "status", "status_reason",
+                  "max_new_tokens", "temperature", "top_p", "seed", "target_reward", "loss", "status", "status_reason",
                   "created_at", "started_at", "finished_at", "learner_step", "published_version"]
         read_only_fields = ["status", "status_reason", "created_at", "started_at", "finished_at", "learner_step",
                             "published_version"]

@@ -19,7 +19,7 @@ from dataplane.jobs import JobSpec
 from dataplane.records import RecordError, validate_record
 from dataplane.tasks import TaskSpecError, build_task
 
-from . import provisioning, selectors, stream
+from . import provisioning, selectors, stream, telemetry
 from .models import Activation, Job, JobMetric, Provider, Snapshot, Worker, WorkerCalibration
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,9 @@ def worker_connected(*, worker: Worker, installed_version: int | None) -> list[m
 
 
 def worker_heartbeat(*, worker: Worker, throughput: float | None, installed_version: int | None) -> None:
-    fields = {"last_heartbeat": timezone.now(), "installed_version": installed_version}
+    now = timezone.now()
+    telemetry.record_heartbeat(worker.pk, at=now.timestamp(), throughput=throughput)
+    fields = {"last_heartbeat": now, "installed_version": installed_version}
     if throughput is not None:
         fields["throughput"] = throughput
     if worker.status == Worker.Status.OFFLINE:
