@@ -157,6 +157,10 @@ ECHO2 = {
     "HEARTBEAT_INTERVAL_S": float(os.environ.get("ECHO2_HEARTBEAT_INTERVAL_S", "2.0")),
     "WORKER_TIMEOUT_S": float(os.environ.get("ECHO2_WORKER_TIMEOUT_S", "30.0")),
     "LEASE_TIMEOUT_S": float(os.environ.get("ECHO2_LEASE_TIMEOUT_S", "30.0")),
+    # Hysteresis of the scheduler (paper C.2.1): act on a deviation from the target only after it lasted
+    # this long; release only while capacity exceeds the target by this fraction.
+    "REPLAN_INTERVAL_S": float(os.environ.get("ECHO2_REPLAN_INTERVAL_S", "60.0")),
+    "RELEASE_MARGIN": float(os.environ.get("ECHO2_RELEASE_MARGIN", "0.25")),
 }
 
 LOGGING = {

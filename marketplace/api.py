@@ -10,7 +10,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.response import Response
 
-from . import selectors, services, stream
+from . import provisioning, scheduling, selectors, services, stream
 from . import serializers as s
 from .models import Job, Worker
 
@@ -113,6 +113,18 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         step = values.pop("step")
         metric = _service_call(services.metrics_record, job=job, step=step, values=values)
         return Response(s.MetricSerializer(metric).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses=dict)
+    @action(detail=True, methods=["get"])
+    def plan(self, request, pk=None):
+        """The capacity plan: feasibility of (S, kappa) against measured T_train and T_bcast, the expected
+        largest lag, the throughput target, the cheapest worker set meeting it (exact solver) with its price
+        per hour, and the set the paper's greedy by unit cost would have chosen."""
+        job = self.get_object()
+        try:
+            return Response(scheduling.job_plan(job))
+        except provisioning.ProvisioningInputError as err:
+            raise ValidationError({err.field: [err.message]}) from None
 
     @extend_schema(responses=dict)
     @action(detail=True, methods=["get"])

@@ -19,7 +19,7 @@ from dataplane.jobs import JobSpec
 from dataplane.records import RecordError, validate_record
 from dataplane.tasks import TaskSpecError, build_task
 
-from . import provisioning, selectors, stream, telemetry
+from . import selectors, stream, telemetry
 from .models import Activation, Job, JobMetric, Provider, Snapshot, Worker, WorkerCalibration
 
 log = logging.getLogger(__name__)
@@ -216,41 +216,20 @@ def job_finish(*, job: Job, status: str, reason: str = "") -> Job:
 
 
 def job_provision(*, job: Job) -> list[Activation]:
-    """Activate idle workers for a running job, cheapest unit cost first (provisioning.choose_active).
+    """Activate every idle worker for a running job.
 
-    The target is ``gamma * mu_min`` once the learner has calibrated ``T_train`` and every candidate has
-    a measured throughput; before that, every idle worker joins (calibration phase).
+    This is the calibration phase (the learner has not measured ``T_train`` yet, so no target exists and
+    every worker's ``mu_i`` for this model gets measured) and the answer when no pool can keep up. Once
+    a target exists, ``scheduling.job_replan`` decides with hysteresis instead.
     """
     if job.status != Job.Status.RUNNING:
         return []
-    current = list(job.activations.filter(ended_at=None).select_related("worker"))
-    have = sum(a.worker.throughput or 0.0 for a in current)
-    target = _throughput_target(job)
-    if target is not None and have >= target:
-        return []
     busy = Activation.objects.filter(ended_at=None).values("worker_id")
-    idle = list(Worker.objects.filter(status=Worker.Status.IDLE).exclude(pk__in=busy))
-    candidates = [provisioning.Candidate(w.pk, float(w.price_per_hour), w.throughput) for w in idle]
-    need = None if target is None else target - have
-    chosen = set(provisioning.choose_active(candidates, need))
     activations = []
-    for worker in idle:
-        if worker.pk in chosen:
-            with transaction.atomic():
-                activations.append(worker_activate(worker=worker, job=job))
+    for worker in Worker.objects.filter(status=Worker.Status.IDLE).exclude(pk__in=busy):
+        with transaction.atomic():
+            activations.append(worker_activate(worker=worker, job=job))
     return activations
-
-
-def _throughput_target(job: Job) -> float | None:
-    if not job.learner_t_train:
-        return None
-    snap = job.snapshots.exclude(t_bcast=None).order_by("-version").first()
-    try:
-        need = provisioning.mu_min(kappa=job.kappa, batch=job.batch_trajectories, t_train=job.learner_t_train,
-                                   t_bcast=snap.t_bcast if snap else 0.0)
-    except provisioning.InfeasibleError:
-        return None  # no pool keeps up: use every worker available
-    return job.gamma * need
 
 
 # ---- the rollout loop: leases and trajectories ---------------------------------------------------

@@ -2,32 +2,43 @@
 
 from __future__ import annotations
 
+import logging
+
 from celery import shared_task
 
 from . import services
 from .models import Job
 
+log = logging.getLogger(__name__)
 
-@shared_task(bind=True, max_retries=3, default_retry_delay=2)
-def provision_job(self, job_id: int) -> int:
+
+@shared_task
+def provision_job(job_id: int) -> int:
+    """A job started: plan its pool now rather than at the next beat."""
     job = Job.objects.filter(pk=job_id).first()
-    if job is None:
-        return 0
-    return len(services.job_provision(job=job))
+    return 0 if job is None else _replan(job)
 
 
 @shared_task
 def provision_waiting_jobs() -> int:
-    """Offer newly idle workers to running jobs, oldest job first."""
-    total = 0
-    for job in Job.objects.filter(status=Job.Status.RUNNING).order_by("started_at"):
-        total += len(services.job_provision(job=job))
-    return total
+    """A worker came online: offer it to running jobs, oldest first."""
+    return replan_running_jobs()
 
 
 @shared_task
 def replan_running_jobs() -> int:
-    return provision_waiting_jobs()
+    """The low-frequency scheduler (beat): adjust every running job's active set with hysteresis."""
+    return sum(_replan(job) for job in Job.objects.filter(status=Job.Status.RUNNING).order_by("started_at"))
+
+
+def _replan(job: Job) -> int:
+    from . import scheduling
+
+    before = job.activations.filter(ended_at=None).count()
+    decision = scheduling.job_replan(job)
+    if decision is not None and (decision.activate or decision.release):
+        log.info("job %s: %s", job.pk, decision.reason)
+    return abs(job.activations.filter(ended_at=None).count() - before)
 
 
 @shared_task
