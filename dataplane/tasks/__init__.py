@@ -15,8 +15,13 @@ from typing import Any
 
 from .arithmetic import ArithmeticTask
 from .base import Prompt, TaskAdapter, TaskSpecError
+from .countdown import CountdownTask
+from .mathqa import MathTask
+from .sandbox import SandboxTask
 
-BUILTIN: dict[str, type[TaskAdapter]] = {ArithmeticTask.name: ArithmeticTask}
+BUILTIN: dict[str, type[TaskAdapter]] = {
+    task.name: task for task in (ArithmeticTask, MathTask, CountdownTask, SandboxTask)
+}
 
 __all__ = ["Prompt", "TaskAdapter", "TaskSpecError", "available_tasks", "build_task"]
 
