@@ -74,6 +74,8 @@ def register(
 def run(
     config: ConfigOpt = None,
     device: Annotated[str | None, typer.Option(help="torch device (default: cuda if present, else cpu).")] = None,
+    engine: Annotated[str, typer.Option(help="Generation engine: auto (vllm on a GPU with vLLM, else hf), hf, "
+                                             "vllm.")] = "auto",
     groups: Annotated[int, typer.Option(min=1, max=64, help="Prompt groups to lease at a time.")] = 2,
     threads: Annotated[int | None, typer.Option(min=1, help="CPU threads for torch.")] = None,
     seed: Annotated[int | None, typer.Option(help="Sampling seed (default: random).")] = None,
@@ -92,12 +94,16 @@ def run(
         _fail(str(err))
     import torch
 
-    from .engines.hf import HFEngine
+    from .engines import ENGINES, default_engine, make_engine
     from .session import AgentRejected, AgentSession
 
+    if engine not in (*ENGINES, "auto"):
+        _fail(f"--engine: unknown engine {engine!r}; use auto, {', '.join(ENGINES)}")
+    chosen = default_engine() if engine == "auto" else engine
     if threads:
         torch.set_num_threads(threads)
-    session = AgentSession(cfg, engine_factory=lambda model: HFEngine(model, device=device, seed=seed),
+    options = {"seed": seed} | ({"device": device} if chosen == "hf" else {})
+    session = AgentSession(cfg, engine_factory=lambda model: make_engine(chosen, model, **options),
                            groups_per_lease=groups)
     try:
         asyncio.run(session.run_forever())
