@@ -1,0 +1,207 @@
+"""Broadcast time vs fleet size for star-unlimited, star-limited and chain (the shape of the paper's Figure 4,
+section 5.5.1) with real relay processes on loopback and token-bucket caps emulating the WAN.
+
+Run: ``.venv/bin/python bench/broadcast.py [--sizes 4 8 16 32 64] [--mb 4] [--bw-mbit 8] [--ratio 4]
+[--chunk-kb 32] [--png broadcast.png]``
+
+Each of the N workers is one ``python -m worker_agent.relay`` process capped at ``Bw`` down and up; the
+learner is one more, capped at ``B0 = ratio * Bw`` shared by its children (not capped for star-unlimited).
+Chains: ``N_ch = floor(B0/Bw)`` (marketplace.chains). ``T_bcast`` is publication until a fraction q = 1/1.1
+of the workers installed (section 5.5.1); ``T_all`` until every worker did. Theory beside it: star-limited
+``max(M/Bw, N*M/B0)``, chain ``M/Bw + (L-1)*c/Bw`` with ``L`` the longest chain and ``c`` the chunk.
+Prints PASS when chain ``T_bcast`` at the largest N is within 1.25x of ``M/Bw`` (exit 1 otherwise). The
+``cpu`` column is the relays' CPU seconds over the run's wall time: near the core count means the machine,
+not the caps, set the pace, and the numbers are not to be trusted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from dataplane.snapshot import build_manifest  # noqa: E402
+from marketplace.chains import WorkerStats, assemble_chains, n_chains, parents  # noqa: E402
+from worker_agent.relay import STRATEGIES, write_snapshot_dir  # noqa: E402
+
+Q = 1 / 1.1
+JOB, VERSION = 1, 1
+
+
+class Proc:
+    def __init__(self, args: list[str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "worker_agent.relay", *args], cwd=ROOT, text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.port: int | None = None
+        self.installed_at: float | None = None
+        self.error: str | None = None
+        self.ready = threading.Event()
+        self.done = threading.Event()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            event = json.loads(line)
+            if event["event"] == "listening":
+                self.port = event["port"]
+                self.ready.set()
+            elif event["event"] == "installed":
+                self.installed_at = event["t"]
+                self.done.set()
+            elif event["event"] == "error":
+                self.error = event["reason"]
+                self.done.set()
+        self.ready.set()
+        self.done.set()
+
+    def send(self, **cmd) -> None:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+
+    def stop(self) -> None:
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+
+
+def run_once(strategy: str, n: int, *, snap_dir: Path, manifest_path: Path, bw: float, b0: float) -> dict:
+    n_ch = n_chains(b0, bw)
+    if strategy == "chain":
+        stats = [WorkerStats(w, bw, last_seen=0.0) for w in range(1, n + 1)]
+        plan = assemble_chains(stats, n_ch=n_ch, now=0.0)
+        parent_of, longest = parents(plan), max(len(c) for c in plan.chains)
+    else:
+        parent_of, longest = {w: None for w in range(1, n + 1)}, 1
+    learner_args = ["--from-dir", str(snap_dir), "--max-children", str(n_ch if strategy == "chain" else n)]
+    if strategy != "star-unlimited":
+        learner_args += ["--uplink-bps", str(b0)]
+    learner = Proc(learner_args)
+    workers = {w: Proc(["--manifest", str(manifest_path), "--worker-id", str(w), "--downlink-bps", str(bw),
+                        "--uplink-bps", str(bw), "--stall-timeout", "60"]) for w in parent_of}
+    for proc in [learner, *workers.values()]:
+        if not proc.ready.wait(120) or proc.port is None:
+            raise SystemExit(f"{strategy} N={n}: a relay did not start")
+    for w, p in parent_of.items():  # tell each parent relay which child it serves (fan-out 1)
+        if p is not None:
+            workers[p].send(cmd="children", worker_ids=[w])
+    procs = [learner, *workers.values()]
+    cpu_before = sum(cpu_seconds(proc.proc.pid) for proc in procs)
+    start = time.time()
+    for w, p in parent_of.items():
+        workers[w].send(cmd="parent", host="127.0.0.1", port=learner.port if p is None else workers[p].port)
+    for proc in workers.values():
+        proc.done.wait(900)
+    wall = time.time() - start
+    cpu = sum(cpu_seconds(proc.proc.pid) for proc in procs) - cpu_before
+    errors = [f"worker {w}: {p.error}" for w, p in workers.items() if p.error or p.installed_at is None]
+    for proc in [learner, *workers.values()]:
+        proc.stop()
+    if errors:
+        raise SystemExit(f"{strategy} N={n}: " + "; ".join(errors[:3]))
+    times = sorted(p.installed_at - start for p in workers.values())
+    return {"t_q": times[math.ceil(Q * n) - 1], "t_all": times[-1], "longest": longest, "cpu": cpu, "wall": wall}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of a live process (Linux /proc), so start-up imports are not counted."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def theory(strategy: str, n: int, *, m: int, bw: float, b0: float, c: int, longest: int) -> float:
+    if strategy == "star-unlimited":
+        return m / bw
+    if strategy == "star-limited":
+        return max(m / bw, n * m / b0)
+    return m / bw + (longest - 1) * c / bw
+
+
+def plot(rows: list[dict], path: Path, *, m_over_bw: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for strategy, style in zip(STRATEGIES, ("o-", "s-", "^-"), strict=True):
+        pts = [(r["n"], r["t_q"]) for r in rows if r["strategy"] == strategy]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), style, label=strategy)
+            ax.plot(*zip(*[(r["n"], r["theory"]) for r in rows if r["strategy"] == strategy], strict=True),
+                    ":", color=ax.lines[-1].get_color(), alpha=0.6)
+    ax.axhline(m_over_bw, color="grey", lw=0.8, ls="--", label="M/Bw")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("workers N")
+    ax.set_ylabel("T_bcast (s), q = 1/1.1")
+    ax.set_title("Snapshot broadcast on loopback (dotted: theory)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16, 32, 64])
+    parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES))
+    parser.add_argument("--mb", type=float, default=4.0, help="snapshot size M in MB (10^6 bytes)")
+    parser.add_argument("--bw-mbit", type=float, default=8.0, help="per-worker cap Bw in Mbit/s")
+    parser.add_argument("--ratio", type=float, default=4.0, help="B0 / Bw")
+    parser.add_argument("--chunk-kb", type=int, default=32, help="chunk size c in KiB")
+    parser.add_argument("--png", type=Path, default=Path("broadcast.png"))
+    args = parser.parse_args()
+
+    m, c = int(args.mb * 1e6), args.chunk_kb * 1024
+    bw = args.bw_mbit * 1e6 / 8
+    b0 = args.ratio * bw
+    payload = os.urandom(m)
+    manifest = build_manifest(payload, job_id=JOB, version=VERSION, chunk_bytes=c)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        snap_dir = write_snapshot_dir(Path(tmp), manifest, payload)
+        manifest_path = Path(tmp) / "manifest.json"
+        manifest_path.write_text(manifest.model_dump_json())
+        print(f"M = {m / 1e6:g} MB, c = {c // 1024} KiB, Bw = {args.bw_mbit:g} Mbit/s, B0 = {args.ratio:g} x Bw, "
+              f"M/Bw = {m / bw:.2f} s, {os.cpu_count()} CPUs")
+        print(f"{'strategy':<15}{'N':>4}{'L':>4}{'T_bcast':>9}{'T_all':>8}{'theory':>8}{'/(M/Bw)':>9}{'cpu':>6}")
+        for n in args.sizes:
+            for strategy in args.strategies:
+                r = run_once(strategy, n, snap_dir=snap_dir, manifest_path=manifest_path, bw=bw, b0=b0)
+                r.update(strategy=strategy, n=n,
+                         theory=theory(strategy, n, m=m, bw=bw, b0=b0, c=c, longest=r["longest"]))
+                rows.append(r)
+                print(f"{strategy:<15}{n:>4}{r['longest']:>4}{r['t_q']:>9.2f}{r['t_all']:>8.2f}{r['theory']:>8.2f}"
+                      f"{r['t_q'] / (m / bw):>9.2f}{r['cpu'] / r['wall']:>6.2f}", flush=True)
+    try:
+        plot(rows, args.png, m_over_bw=m / bw)
+        print(f"figure: {args.png}")
+    except ImportError:
+        print("figure skipped: matplotlib is not installed (pip install matplotlib)")
+    chain = [r for r in rows if r["strategy"] == "chain"]
+    if not chain:
+        return 0
+    last = max(chain, key=lambda r: r["n"])
+    ratio = last["t_q"] / (m / bw)
+    ok = ratio <= 1.25
+    print(f"{'PASS' if ok else 'FAIL'}: chain T_bcast at N = {last['n']} is {ratio:.2f} x M/Bw (target <= 1.25)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

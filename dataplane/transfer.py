@@ -1,0 +1,263 @@
+"""Framed chunk streams between snapshot relays, and token-bucket rate caps (paper section 4.2).
+
+A frame is ``MAGIC | u32 header length | u64 payload length | header JSON | payload``. Frame types:
+
+- ``hello``  (child -> parent): ``job_id, version, worker_id, have`` (chunk indices it already holds, so a
+  transfer resumes after a parent switch or a reconnect).
+- ``accept`` (parent -> child): ``job_id, version, chunks``.
+- ``chunk``  (parent -> child): ``job_id, version, index, size, sha256``; the payload is the chunk.
+- ``want``   (child -> parent): ``indices`` to send again (a chunk that failed its hash).
+- ``refuse`` (either way): ``reason``; the sender closes the stream after it.
+- ``bye``    (child -> parent): the child holds every chunk; the parent may close.
+
+Every read, write and connect has a timeout; a stalled or vanished peer raises a :class:`TransferError`
+whose message names the peer. :class:`TokenBucket` caps a link (the learner uplink ``B0``, a worker's
+``Bw``) so a wide-area network can be emulated on one machine. Bandwidth is in bytes per second.
+No Django, no torch: the agent, the learner and the benchmark all use this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+MAGIC = b"E2SF"
+_PREFIX = struct.Struct(">4sIQ")
+MAX_HEADER_BYTES = 1 << 20
+"""A ``hello`` lists the chunks a child has: 1 MiB holds ~150k indices (a 600 GB snapshot in 4 MiB chunks)."""
+MAX_PAYLOAD_BYTES = 256 << 20
+PIECE_BYTES = 64 << 10
+"""Payloads are written and rate-limited in pieces this big, so links sharing one bucket interleave fairly."""
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_REQUIRED: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "hello": {"job_id": int, "version": int, "worker_id": int, "have": list},
+    "accept": {"job_id": int, "version": int, "chunks": int},
+    "chunk": {"job_id": int, "version": int, "index": int, "size": int, "sha256": str},
+    "want": {"indices": list},
+    "refuse": {"reason": str},
+    "bye": {},
+}
+
+
+class TransferError(Exception):
+    """A chunk stream failed; ``str(err)`` names the peer and the reason."""
+
+
+class FrameError(TransferError):
+    """Bytes that are not a valid frame (garbage, truncated, oversized, missing fields)."""
+
+
+class PeerStalled(TransferError):
+    """The peer sent or accepted nothing within the timeout."""
+
+
+class PeerClosed(TransferError):
+    """The peer closed the stream between frames."""
+
+
+class PeerRefused(TransferError):
+    """The peer sent a ``refuse`` frame; ``reason`` is its text."""
+
+    def __init__(self, peer: str, reason: str) -> None:
+        super().__init__(f"{peer} refused: {reason}")
+        self.peer, self.reason = peer, reason
+
+
+@dataclass(frozen=True)
+class Frame:
+    header: dict[str, Any]
+    payload: bytes = b""
+
+    @property
+    def type(self) -> str:
+        return self.header["type"]
+
+
+def encode_frame(header: dict[str, Any], payload: bytes = b"") -> bytes:
+    validate_header(header, len(payload))
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    if len(raw) > MAX_HEADER_BYTES:
+        raise FrameError(f"header of {len(raw)} bytes exceeds {MAX_HEADER_BYTES}")
+    return _PREFIX.pack(MAGIC, len(raw), len(payload)) + raw + payload
+
+
+def validate_header(header: Any, payload_len: int) -> None:
+    if not isinstance(header, dict) or header.get("type") not in _REQUIRED:
+        kind = header.get("type") if isinstance(header, dict) else type(header).__name__
+        raise FrameError(f"unknown frame type {kind!r}")
+    for key, kind in _REQUIRED[header["type"]].items():
+        value = header.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise FrameError(f"{header['type']} frame: field {key!r} missing or not {kind.__name__}")
+    if header["type"] == "chunk":
+        if header["size"] != payload_len or header["index"] < 0:
+            raise FrameError(f"chunk frame: size {header['size']} but payload has {payload_len} bytes")
+        if not _SHA256.match(header["sha256"]):
+            raise FrameError("chunk frame: sha256 is not 64 hex digits")
+    elif payload_len:
+        raise FrameError(f"{header['type']} frame carries no payload, got {payload_len} bytes")
+    for key in ("have", "indices"):
+        if key in header and not all(isinstance(i, int) and i >= 0 for i in header[key]):
+            raise FrameError(f"{header['type']} frame: {key!r} must list chunk indices")
+
+
+async def read_frame(reader: asyncio.StreamReader, *, peer: str, timeout: float,
+                     max_payload: int = MAX_PAYLOAD_BYTES, downlink: TokenBucket | None = None) -> Frame:
+    """Read one frame; ``timeout`` bounds every read (a stall mid-payload is detected too)."""
+    prefix = await _read_exactly(reader, _PREFIX.size, peer=peer, timeout=timeout, between_frames=True)
+    magic, header_len, payload_len = _PREFIX.unpack(prefix)
+    if magic != MAGIC:
+        raise FrameError(f"{peer} sent bytes that are not a frame (magic {magic!r})")
+    if header_len > MAX_HEADER_BYTES:
+        raise FrameError(f"{peer} sent a {header_len}-byte header (limit {MAX_HEADER_BYTES})")
+    if payload_len > max_payload:
+        raise FrameError(f"{peer} sent a {payload_len}-byte payload (limit {max_payload})")
+    try:
+        header = json.loads(await _read_exactly(reader, header_len, peer=peer, timeout=timeout))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise FrameError(f"{peer} sent a header that is not JSON") from None
+    try:
+        validate_header(header, payload_len)
+    except FrameError as err:
+        raise FrameError(f"{peer}: {err}") from None
+    parts: list[bytes] = []
+    left = payload_len
+    while left:
+        n = min(left, PIECE_BYTES)
+        if downlink is not None:
+            await downlink.acquire(n)
+        parts.append(await _read_exactly(reader, n, peer=peer, timeout=timeout))
+        left -= n
+    return Frame(header, b"".join(parts))
+
+
+async def _read_exactly(reader: asyncio.StreamReader, n: int, *, peer: str, timeout: float,
+                        between_frames: bool = False) -> bytes:
+    try:
+        return await asyncio.wait_for(reader.readexactly(n), timeout)
+    except TimeoutError:
+        raise PeerStalled(f"{peer} stalled: nothing received for {timeout:g} s") from None
+    except asyncio.IncompleteReadError as err:
+        if between_frames and not err.partial:
+            raise PeerClosed(f"{peer} closed the stream") from None
+        raise FrameError(f"{peer} sent a truncated frame ({len(err.partial)} of {n} bytes)") from None
+    except (ConnectionError, OSError) as err:
+        raise PeerClosed(f"{peer} connection lost: {err}") from None
+
+
+async def write_frame(writer: asyncio.StreamWriter, header: dict[str, Any], payload: bytes = b"", *, peer: str,
+                      timeout: float, uplink: TokenBucket | None = None) -> None:
+    """Write one frame, the payload in rate-limited pieces; ``timeout`` bounds each drain."""
+    frame = encode_frame(header, payload)
+    head = len(frame) - len(payload)
+    await _send(writer, frame[:head], peer=peer, timeout=timeout)
+    view = memoryview(frame)[head:]
+    for start in range(0, len(view), PIECE_BYTES):
+        piece = view[start : start + PIECE_BYTES]
+        if uplink is not None:
+            await uplink.acquire(len(piece))
+        await _send(writer, piece, peer=peer, timeout=timeout)
+
+
+async def _send(writer: asyncio.StreamWriter, data: bytes | memoryview, *, peer: str, timeout: float) -> None:
+    try:
+        writer.write(data)
+        await asyncio.wait_for(writer.drain(), timeout)
+    except TimeoutError:
+        raise PeerStalled(f"{peer} stalled: took nothing for {timeout:g} s") from None
+    except (ConnectionError, OSError) as err:
+        raise PeerClosed(f"{peer} connection lost: {err}") from None
+
+
+async def open_peer(host: str, port: int, *, timeout: float) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    try:
+        return await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    except TimeoutError:
+        raise PeerStalled(f"{host}:{port} did not accept a connection within {timeout:g} s") from None
+    except OSError as err:
+        raise PeerClosed(f"{host}:{port} unreachable: {err.strerror or err}") from None
+
+
+def peer_name(writer: asyncio.StreamWriter) -> str:
+    addr = writer.get_extra_info("peername")
+    return f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
+
+
+# ---- frame constructors -------------------------------------------------------------------------
+
+
+def hello(*, job_id: int, version: int, worker_id: int, have: list[int]) -> dict[str, Any]:
+    return {"type": "hello", "job_id": job_id, "version": version, "worker_id": worker_id, "have": sorted(have)}
+
+
+def accept(*, job_id: int, version: int, chunks: int) -> dict[str, Any]:
+    return {"type": "accept", "job_id": job_id, "version": version, "chunks": chunks}
+
+
+def chunk(*, job_id: int, version: int, index: int, sha256: str, size: int) -> dict[str, Any]:
+    return {"type": "chunk", "job_id": job_id, "version": version, "index": index, "size": size, "sha256": sha256}
+
+
+def want(indices: list[int]) -> dict[str, Any]:
+    return {"type": "want", "indices": list(indices)}
+
+
+def refuse(reason: str) -> dict[str, Any]:
+    return {"type": "refuse", "reason": reason}
+
+
+def bye() -> dict[str, Any]:
+    return {"type": "bye"}
+
+
+# ---- rate caps ----------------------------------------------------------------------------------
+
+
+@dataclass
+class TokenBucket:
+    """At most ``rate_bps`` bytes per second on average, bursts up to ``burst`` bytes.
+
+    One bucket may be shared by many streams (the learner's ``B0`` across its seeds); waiters are served
+    first come, first served, so streams writing equal pieces share the rate evenly.
+    """
+
+    rate_bps: float
+    burst: float
+    _tokens: float = field(init=False)
+    _stamp: float = field(init=False)
+    _lock: asyncio.Lock = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.rate_bps > 0 or not self.burst > 0:
+            raise ValueError(f"TokenBucket needs rate_bps > 0 and burst > 0, got {self.rate_bps}, {self.burst}")
+        self._tokens, self._stamp, self._lock = float(self.burst), time.monotonic(), asyncio.Lock()
+
+    async def acquire(self, n: int) -> None:
+        """Wait until ``n`` bytes may pass; requests above ``burst`` pass in burst-sized slices."""
+        async with self._lock:
+            while n > 0:
+                take = min(n, self.burst)
+                self._refill()
+                if self._tokens < take:
+                    await asyncio.sleep((take - self._tokens) / self.rate_bps)
+                    self._refill()
+                self._tokens -= take
+                n -= take
+
+    def _refill(self) -> None:
+        now = time.monotonic()
+        self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate_bps)
+        self._stamp = now
+
+
+def bucket(rate_bps: float | None, *, burst: float | None = None) -> TokenBucket | None:
+    """A bucket for ``rate_bps`` (None: uncapped); the default burst is 1/20 s of traffic, at least a piece."""
+    if rate_bps is None:
+        return None
+    return TokenBucket(rate_bps, burst if burst is not None else max(PIECE_BYTES, rate_bps / 20))

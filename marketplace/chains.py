@@ -1,0 +1,161 @@
+"""Forwarding chains for peer-assisted broadcast: worker score, chain assembly, repair (paper section 4.2,
+appendix C.3 and D "Recovery mechanism"). Pure: no Django, no I/O; callers pass statistics and the time.
+
+Appendix C.3 gives the score ``Score_i = Decay_i * (0.5 Speed_i + 0.35 Success_i + 0.15 Stability_i)`` and
+the defaults (failure threshold 3, success saturation 10, decay window 600 s) but not the terms
+themselves. What we chose, each term in [0, 1] so the weights keep the meaning the paper gives them:
+
+- ``Speed_i = B_i / max_j B_j``: measured relay bandwidth relative to the best worker of the pool being
+  ranked (0 while unmeasured). The paper says ranking is "dominated by Speed", so it is pool-relative.
+- ``Success_i = min(successes_i, 10) / 10``: completed transfers, saturating at the success count 10.
+- ``Stability_i = 1 - min(f_i, 3) / 3`` with ``f_i`` the worker's relay failures (stalls, bad chunks, dead
+  links); once a whole decay window (600 s) passes without a new failure, ``f_i`` is forgotten (taken as 0).
+- ``Decay_i = max(0, 1 - age_i / 600)``: ``age_i`` is the time since the worker's statistics were last
+  refreshed (its last heartbeat), so stale statistics fade out linearly over the window.
+
+Progressive deprioritisation (C.3 "seeds first, then toward chain tails, then dropped from the forwarding
+role"): one or two failures lower Stability and so cost seed rank; ``f_i >= failure_threshold`` marks a
+worker degraded: it is never a seed and is appended after every healthy worker (toward the tails);
+``f_i >= drop_threshold`` (ours, 2x the paper's threshold; the paper gives no number) makes it rollout-only:
+in no chain, listed in :attr:`ChainPlan.rollout_only`, fetching from the learner's fallback URL.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+LEARNER = None
+"""Parent of a seed in :func:`parents` and repair moves: the learner itself."""
+
+
+@dataclass(frozen=True)
+class ScoreParams:
+    speed_weight: float = 0.5
+    success_weight: float = 0.35
+    stability_weight: float = 0.15
+    failure_threshold: int = 3
+    """Failures that zero Stability and mark a relay degraded (paper default 3)."""
+    success_saturation: int = 10
+    """Successful transfers at which Success saturates (paper default 10)."""
+    decay_window_s: float = 600.0
+    """Seconds over which statistics fade and failures are forgotten (paper default 600)."""
+    drop_threshold: int = 6
+    """Failures at which a worker leaves the forwarding role (ours; the paper gives no number)."""
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    worker_id: int
+    bandwidth_bps: float | None
+    """Measured relay bandwidth (bytes/s); None until a transfer measured it."""
+    successes: int = 0
+    failures: int = 0
+    last_seen: float = 0.0
+    """Time (s, the caller's clock) the statistics were last refreshed."""
+    last_failure_at: float | None = None
+
+
+@dataclass(frozen=True)
+class ChainPlan:
+    chains: tuple[tuple[int, ...], ...]
+    """Each chain from seed to tail; chain ``k``'s seed pulls from the learner."""
+    rollout_only: tuple[int, ...] = ()
+    """Workers kept out of forwarding; they fetch from the learner's fallback URL."""
+
+
+def n_chains(b0_bps: float, bw_hat_bps: float) -> int:
+    """``N_ch = max(1, floor(B0 / Bw_hat))`` (section 4.2, appendix C.3)."""
+    if not bw_hat_bps > 0 or b0_bps < 0:
+        raise ValueError(f"n_chains needs B0 >= 0 and Bw_hat > 0, got {b0_bps}, {bw_hat_bps}")
+    return max(1, math.floor(b0_bps / bw_hat_bps))
+
+
+def recent_failures(stats: WorkerStats, *, now: float, params: ScoreParams = ScoreParams()) -> int:
+    if stats.last_failure_at is None or now - stats.last_failure_at >= params.decay_window_s:
+        return 0
+    return stats.failures
+
+
+def score_terms(stats: WorkerStats, *, best_bandwidth_bps: float, now: float,
+                params: ScoreParams = ScoreParams()) -> dict[str, float]:
+    """The four terms of appendix C.3 for one worker (see the module docstring for their definitions)."""
+    speed = (stats.bandwidth_bps or 0.0) / best_bandwidth_bps if best_bandwidth_bps > 0 else 0.0
+    success = min(stats.successes, params.success_saturation) / params.success_saturation
+    failures = recent_failures(stats, now=now, params=params)
+    stability = 1.0 - min(failures, params.failure_threshold) / params.failure_threshold
+    decay = max(0.0, 1.0 - max(0.0, now - stats.last_seen) / params.decay_window_s)
+    return {"speed": min(1.0, speed), "success": success, "stability": stability, "decay": decay}
+
+
+def scores(workers: Sequence[WorkerStats], *, now: float, params: ScoreParams = ScoreParams()) -> dict[int, float]:
+    """``Score_i = Decay_i (0.5 Speed_i + 0.35 Success_i + 0.15 Stability_i)`` for every worker."""
+    best = max((w.bandwidth_bps or 0.0 for w in workers), default=0.0)
+    out = {}
+    for w in workers:
+        t = score_terms(w, best_bandwidth_bps=best, now=now, params=params)
+        out[w.worker_id] = t["decay"] * (params.speed_weight * t["speed"] + params.success_weight * t["success"]
+                                         + params.stability_weight * t["stability"])
+    return out
+
+
+def assemble_chains(workers: Sequence[WorkerStats], *, n_ch: int, now: float,
+                    params: ScoreParams = ScoreParams()) -> ChainPlan:
+    """Top-``n_ch`` healthy workers by score are seeds; the rest are appended round-robin in rank order,
+    degraded workers after every healthy one (toward the tails); dropped workers are rollout-only.
+    Ties rank by worker id, so the same statistics always give the same chains."""
+    score = scores(workers, now=now, params=params)
+    ranked = sorted(workers, key=lambda w: (-score[w.worker_id], w.worker_id))
+    failures = {w.worker_id: recent_failures(w, now=now, params=params) for w in workers}
+    healthy = [w.worker_id for w in ranked if failures[w.worker_id] < params.failure_threshold]
+    degraded = [w.worker_id for w in ranked
+                if params.failure_threshold <= failures[w.worker_id] < params.drop_threshold]
+    dropped = tuple(w.worker_id for w in ranked if failures[w.worker_id] >= params.drop_threshold)
+    order = healthy + degraded
+    k = min(max(1, n_ch), len(order))
+    chains: list[list[int]] = [[] for _ in range(k)]
+    for position, worker_id in enumerate(order):
+        chains[position % k].append(worker_id)
+    return ChainPlan(chains=tuple(tuple(c) for c in chains), rollout_only=dropped)
+
+
+def star_plan(worker_ids: Sequence[int]) -> ChainPlan:
+    """Every worker pulls from the learner (strategies ``star-unlimited`` and ``star-limited``)."""
+    return ChainPlan(chains=tuple((w,) for w in worker_ids))
+
+
+def parents(plan: ChainPlan) -> dict[int, int | None]:
+    """Each worker's parent (``LEARNER`` for seeds and rollout-only workers): what the site sends each agent."""
+    out: dict[int, int | None] = {w: LEARNER for w in plan.rollout_only}
+    for chain in plan.chains:
+        for position, worker_id in enumerate(chain):
+            out[worker_id] = chain[position - 1] if position else LEARNER
+    return out
+
+
+def children(plan: ChainPlan) -> dict[int, int | None]:
+    """Each worker's one child (None for tails and rollout-only workers): whom its relay may serve."""
+    out: dict[int, int | None] = {w: None for w in plan.rollout_only}
+    for chain in plan.chains:
+        for position, worker_id in enumerate(chain):
+            out[worker_id] = chain[position + 1] if position + 1 < len(chain) else None
+    return out
+
+
+def repair(plan: ChainPlan, dead_worker_id: int) -> tuple[ChainPlan, list[tuple[int, int | None]]]:
+    """Excise a dead or stalled relay; its downstream tail re-attaches to the nearest healthy parent, its own
+    parent (the learner if it was a seed). Returns the new plan and the ``(child, new_parent)`` moves.
+    A worker not in any chain (rollout-only, unknown) is just removed; no moves."""
+    moves: list[tuple[int, int | None]] = []
+    chains = []
+    for chain in plan.chains:
+        if dead_worker_id in chain:
+            position = chain.index(dead_worker_id)
+            if position + 1 < len(chain):
+                moves.append((chain[position + 1], chain[position - 1] if position else LEARNER))
+            chain = chain[:position] + chain[position + 1 :]
+        if chain:
+            chains.append(chain)
+    rollout_only = tuple(w for w in plan.rollout_only if w != dead_worker_id)
+    return ChainPlan(chains=tuple(chains), rollout_only=rollout_only), moves

@@ -1,0 +1,101 @@
+"""Chain scoring, assembly and repair (appendix C.3), against hand-computed values."""
+
+from __future__ import annotations
+
+import pytest
+
+from marketplace.chains import (
+    LEARNER,
+    ChainPlan,
+    ScoreParams,
+    WorkerStats,
+    assemble_chains,
+    children,
+    n_chains,
+    parents,
+    repair,
+    score_terms,
+    scores,
+    star_plan,
+)
+
+NOW = 10_000.0
+
+
+def worker(worker_id, bw=10e6, successes=10, failures=0, age=0.0, failed_ago=None):
+    return WorkerStats(worker_id, bw, successes=successes, failures=failures, last_seen=NOW - age,
+                       last_failure_at=None if failed_ago is None else NOW - failed_ago)
+
+
+def test_score_terms_by_hand():
+    w = worker(1, bw=5e6, successes=4, failures=1, age=150, failed_ago=60)
+    terms = score_terms(w, best_bandwidth_bps=10e6, now=NOW)
+    assert terms == pytest.approx({"speed": 0.5, "success": 0.4, "stability": 2 / 3, "decay": 0.75})
+    # 0.75 * (0.5*0.5 + 0.35*0.4 + 0.15*2/3) = 0.75 * 0.49 = 0.3675
+    assert scores([w, worker(2)], now=NOW)[1] == pytest.approx(0.3675)
+    assert scores([worker(2)], now=NOW)[2] == pytest.approx(1.0)
+
+
+def test_saturation_thresholds_and_forgetting():
+    p = ScoreParams()
+    assert score_terms(worker(1, successes=25), best_bandwidth_bps=10e6, now=NOW)["success"] == 1.0
+    assert score_terms(worker(1, failures=5, failed_ago=10), best_bandwidth_bps=10e6, now=NOW)["stability"] == 0.0
+    old = worker(1, failures=5, failed_ago=p.decay_window_s + 1)
+    assert score_terms(old, best_bandwidth_bps=10e6, now=NOW)["stability"] == 1.0
+    assert score_terms(worker(1, age=900), best_bandwidth_bps=10e6, now=NOW)["decay"] == 0.0
+    assert score_terms(worker(1, bw=None), best_bandwidth_bps=10e6, now=NOW)["speed"] == 0.0
+
+
+def test_n_chains_is_floor_of_bandwidth_ratio_at_least_one():
+    assert n_chains(800e6 / 8, 100e6 / 8) == 8
+    assert n_chains(350, 100) == 3
+    assert n_chains(50, 100) == 1
+    with pytest.raises(ValueError):
+        n_chains(100, 0)
+
+
+def test_top_scores_are_seeds_and_the_rest_round_robin_in_rank_order():
+    pool = [worker(i, bw=i * 1e6) for i in range(1, 9)]  # worker 8 fastest
+    plan = assemble_chains(pool, n_ch=3, now=NOW)
+    assert plan.chains == ((8, 5, 2), (7, 4, 1), (6, 3))
+    assert plan.rollout_only == ()
+    assert parents(plan)[8] is LEARNER and parents(plan)[5] == 8 and parents(plan)[3] == 6
+    assert children(plan)[8] == 5 and children(plan)[3] is None
+
+
+def test_more_chains_than_workers_gives_one_worker_chains():
+    assert assemble_chains([worker(1), worker(2)], n_ch=5, now=NOW).chains == ((1,), (2,))
+
+
+def test_degraded_relays_move_to_tails_then_become_rollout_only():
+    pool = [worker(i, bw=i * 1e6) for i in range(1, 7)]
+    healthy = assemble_chains(pool, n_ch=2, now=NOW)
+    assert healthy.chains == ((6, 4, 2), (5, 3, 1))
+    # The fastest worker fails 3 times: no longer a seed; it goes after every healthy worker.
+    pool[5] = worker(6, bw=6e6, failures=3, failed_ago=30)
+    degraded = assemble_chains(pool, n_ch=2, now=NOW)
+    assert degraded.chains == ((5, 3, 1), (4, 2, 6))
+    # Three more failures: out of forwarding altogether, but still listed (it fetches from the learner).
+    pool[5] = worker(6, bw=6e6, failures=6, failed_ago=30)
+    dropped = assemble_chains(pool, n_ch=2, now=NOW)
+    assert dropped.chains == ((5, 3, 1), (4, 2)) and dropped.rollout_only == (6,)
+    assert parents(dropped)[6] is LEARNER and children(dropped)[6] is None
+
+
+def test_repair_excises_the_dead_relay_and_reattaches_its_tail_to_its_parent():
+    plan = ChainPlan(chains=((8, 5, 2), (7, 4, 1)), rollout_only=(9,))
+    fixed, moves = repair(plan, 5)
+    assert fixed.chains == ((8, 2), (7, 4, 1)) and moves == [(2, 8)]
+    fixed, moves = repair(plan, 7)  # a dead seed: its child now pulls from the learner
+    assert fixed.chains == ((8, 5, 2), (4, 1)) and moves == [(4, LEARNER)]
+    fixed, moves = repair(plan, 1)  # a dead tail: nobody moves
+    assert fixed.chains == ((8, 5, 2), (7, 4)) and moves == []
+    fixed, moves = repair(plan, 9)
+    assert fixed.rollout_only == () and fixed.chains == plan.chains and moves == []
+    fixed, moves = repair(ChainPlan(chains=((3,), (4,))), 3)
+    assert fixed.chains == ((4,),) and moves == []
+
+
+def test_star_plan_puts_everyone_under_the_learner():
+    plan = star_plan([3, 1, 2])
+    assert parents(plan) == {3: LEARNER, 1: LEARNER, 2: LEARNER}

@@ -1,0 +1,218 @@
+"""Snapshot relays as real processes on loopback: a chain delivers byte-identical snapshots, survives a killed
+middle relay once repaired, re-fetches a corrupted chunk, and refuses peers outside their assignment."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from dataplane import transfer
+from dataplane.snapshot import build_manifest
+from marketplace.chains import ChainPlan, repair
+from worker_agent.relay import write_snapshot_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB, VERSION = 1, 3
+
+
+class RelayProc:
+    """``python -m worker_agent.relay`` with its stdout events in a queue and commands on stdin."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "worker_agent.relay", *args], cwd=ROOT, text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.events: queue.Queue[dict] = queue.Queue()
+        self.seen: list[dict] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+        self.port = self.wait("listening")["port"]
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self.events.put(json.loads(line))
+
+    def wait(self, kind: str, timeout: float = 30.0, when=lambda event: True) -> dict:
+        for event in self.seen:
+            if event["event"] == kind and when(event):
+                return event
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                event = self.events.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            self.seen.append(event)
+            if event["event"] == "error" and kind != "error":
+                raise AssertionError(f"relay failed: {event['reason']}")
+            if event["event"] == kind and when(event):
+                return event
+        raise AssertionError(f"no {kind!r} event within {timeout} s; saw {[e['event'] for e in self.seen]}")
+
+    def send(self, **cmd) -> None:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(5)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def snapshot(tmp_path):
+    payload = os.urandom(1_500_000)
+    manifest = build_manifest(payload, job_id=JOB, version=VERSION, chunk_bytes=50_000)
+    directory = write_snapshot_dir(tmp_path / "snap", manifest, payload)
+    (tmp_path / "manifest.json").write_text(manifest.model_dump_json())
+    return {"payload": payload, "dir": directory, "manifest": tmp_path / "manifest.json", "tmp": tmp_path}
+
+
+@pytest.fixture
+def procs():
+    started: list[RelayProc] = []
+    yield lambda *args: started.append(RelayProc(*args)) or started[-1]
+    for proc in started:
+        proc.stop()
+
+
+def relay_args(snapshot, worker_id: int, parent: int | None, *extra: str) -> list[str]:
+    args = ["--manifest", str(snapshot["manifest"]), "--worker-id", str(worker_id), "--stall-timeout", "5",
+            "--out", str(snapshot["tmp"] / f"w{worker_id}.bin"), *extra]
+    return args + (["--parent", f"127.0.0.1:{parent}"] if parent else [])
+
+
+def test_chain_of_four_relays_delivers_byte_identical_snapshots(snapshot, procs):
+    origin = procs("--from-dir", str(snapshot["dir"]), "--uplink-bps", "8e6")
+    parent = origin.port
+    chain = []
+    for worker_id in (1, 2, 3, 4):
+        chain.append(procs(*relay_args(snapshot, worker_id, parent, "--downlink-bps", "8e6")))
+        parent = chain[-1].port
+    for worker_id, relay in enumerate(chain, start=1):
+        installed = relay.wait("installed")
+        assert installed["sha256"] == hashlib.sha256(snapshot["payload"]).hexdigest()
+        assert (snapshot["tmp"] / f"w{worker_id}.bin").read_bytes() == snapshot["payload"]
+        assert installed["stats"]["from_parent"] == 30 and installed["stats"]["from_fallback"] == 0
+
+
+def test_killed_middle_relay_is_repaired_and_every_survivor_installs(snapshot, procs):
+    origin = procs("--from-dir", str(snapshot["dir"]))
+    rate = ["--downlink-bps", "1e6", "--uplink-bps", "1e6"]  # 1.5 MB at 1 MB/s: ~1.5 s, time to kill mid-way
+    w1 = procs(*relay_args(snapshot, 1, origin.port, *rate, "--child", "2"))
+    w2 = procs(*relay_args(snapshot, 2, w1.port, *rate))
+    w3 = procs(*relay_args(snapshot, 3, w2.port, *rate, "--progress"))
+    w4 = procs(*relay_args(snapshot, 4, w3.port, *rate))
+
+    w3.wait("chunk", when=lambda e: e["have"] >= 3)
+    w2.proc.send_signal(signal.SIGKILL)
+    lost = w3.wait("parent_failed")
+    assert f"127.0.0.1:{w2.port}" in lost["reason"]
+
+    plan, moves = repair(ChainPlan(chains=((1, 2, 3, 4),)), 2)
+    assert plan.chains == ((1, 3, 4),) and moves == [(3, 1)]
+    ports = {1: w1.port}
+    for child, new_parent in moves:
+        w1.send(cmd="children", worker_ids=[child])
+        w3.send(cmd="parent", host="127.0.0.1", port=ports[new_parent])
+
+    digest = hashlib.sha256(snapshot["payload"]).hexdigest()
+    for worker_id, relay in ((1, w1), (3, w3), (4, w4)):
+        assert relay.wait("installed")["sha256"] == digest
+        assert (snapshot["tmp"] / f"w{worker_id}.bin").read_bytes() == snapshot["payload"]
+    stats = w3.wait("installed")["stats"]
+    assert stats["parent_switches"] == 1 and stats["resumed_with"] >= 3 and stats["from_fallback"] == 0
+
+
+def test_corrupted_chunk_is_detected_and_fetched_again_from_the_parent(snapshot, procs):
+    origin = procs("--from-dir", str(snapshot["dir"]))
+    w1 = procs(*relay_args(snapshot, 1, origin.port, "--corrupt-chunk", "3"))
+    w2 = procs(*relay_args(snapshot, 2, w1.port))
+    bad = w2.wait("bad_chunk")
+    assert bad["index"] == 3 and "sha256 mismatch" in bad["reason"]
+    installed = w2.wait("installed")
+    assert (snapshot["tmp"] / "w2.bin").read_bytes() == snapshot["payload"]
+    assert installed["stats"]["bad_chunks"] == 1 and installed["stats"]["from_fallback"] == 0
+
+
+def test_relay_that_keeps_corrupting_is_bypassed_through_the_learner_fallback(snapshot, procs):
+    handler = partial(SimpleHTTPRequestHandler, directory=str(snapshot["dir"].parent))
+    handler.log_message = lambda *args: None
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        origin = procs("--from-dir", str(snapshot["dir"]))
+        w1 = procs(*relay_args(snapshot, 1, origin.port, "--corrupt-chunk", "3", "--corrupt-times", "100"))
+        url = f"http://127.0.0.1:{server.server_address[1]}/v{VERSION}/"
+        w2 = procs(*relay_args(snapshot, 2, w1.port, "--fallback-url", url))
+        installed = w2.wait("installed")
+        assert (snapshot["tmp"] / "w2.bin").read_bytes() == snapshot["payload"]
+        assert installed["stats"]["bad_chunks"] == 3 and installed["stats"]["from_fallback"] == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_peer_asking_for_an_unassigned_version_or_not_its_child_is_refused(snapshot, procs):
+    w1 = procs("--from-dir", str(snapshot["dir"]), "--worker-id", "1", "--child", "2")
+
+    async def ask(version: int, worker_id: int) -> str:
+        reader, writer = await transfer.open_peer("127.0.0.1", w1.port, timeout=5)
+        await transfer.write_frame(writer, transfer.hello(job_id=JOB, version=version, worker_id=worker_id, have=[]),
+                                   peer="w1", timeout=5)
+        frame = await transfer.read_frame(reader, peer="w1", timeout=5)
+        with pytest.raises(transfer.PeerClosed):  # the refuser hangs up after giving its reason
+            await transfer.read_frame(reader, peer="w1", timeout=5)
+        writer.close()
+        assert frame.type == "refuse"
+        return frame.header["reason"]
+
+    reason = asyncio.run(ask(VERSION + 1, 2))
+    assert f"not assigned job {JOB} version {VERSION + 1}" in reason and f"version {VERSION}" in reason
+    assert "worker 9 is not an assigned child of worker 1" in asyncio.run(ask(VERSION, 9))
+
+
+def test_child_refuses_a_parent_that_sends_another_version(snapshot, procs):
+    reasons: list[str] = []
+
+    async def fake_parent() -> None:
+        async def handle(reader, writer):
+            if done.is_set():  # the child retries after refusing us; one conversation is enough
+                writer.close()
+                return
+            await transfer.read_frame(reader, peer="child", timeout=10)
+            await transfer.write_frame(writer, transfer.accept(job_id=JOB, version=VERSION, chunks=30),
+                                       peer="child", timeout=5)
+            data = b"x" * 10
+            await transfer.write_frame(writer, transfer.chunk(job_id=JOB, version=VERSION + 7, index=0, size=10,
+                                                              sha256=hashlib.sha256(data).hexdigest()),
+                                       data, peer="child", timeout=5)
+            reasons.append((await transfer.read_frame(reader, peer="child", timeout=10)).header["reason"])
+            writer.close()
+            done.set()
+
+        done = asyncio.Event()
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        child = await asyncio.to_thread(procs, *relay_args(snapshot, 5, server.sockets[0].getsockname()[1]))
+        await asyncio.wait_for(done.wait(), 30)
+        failed = await asyncio.to_thread(child.wait, "parent_failed")
+        assert "refused" in failed["reason"]
+        server.close()
+
+    asyncio.run(fake_parent())
+    assert reasons == [f"worker 5 was assigned job {JOB} version {VERSION}, not job {JOB} version {VERSION + 7}"]

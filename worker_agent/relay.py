@@ -1,0 +1,532 @@
+"""Peer-assisted pipelined broadcast of a policy snapshot (paper section 4.2, appendix C.3; DESIGN.md step 6).
+
+A :class:`SnapshotRelay` holds one snapshot version of one job. It is both ends of a chain link:
+
+- **source side**: children connect to it (only relays need an open port; a tail behind NAT only dials
+  out) and it streams each chunk the moment it has it (store-and-forward per chunk: chunk ``i`` goes down
+  while ``i + 1`` is still coming in). An agent relay serves ONE child (fan-out 1); the learner runs the
+  same code with ``max_children = N_ch`` seeds and one ``B0`` bucket shared by them.
+- **child side**: :meth:`SnapshotRelay.receive` dials the parent, says which chunks it has, verifies every
+  chunk against the manifest (which comes from the site, never from a peer), asks again for a bad chunk
+  and, after ``bad_chunk_retries`` bad copies or ``parent_retries`` failed connections, fetches what is
+  missing from the fallback (the learner's HTTP server: ``GET {url}chunks/{i}``). It returns the payload
+  only once every chunk verified and the whole payload hashes right. :meth:`set_parent` switches the
+  parent mid-transfer (repair); the transfer resumes from the chunks already held.
+
+A :class:`RelayHub` is the one listening port of an agent or learner; it hands each ``hello`` to the relay
+registered for its (job, version) and refuses, with the reason, a peer asking for anything else.
+
+``python -m worker_agent.relay --help`` runs one relay as a process (tests and ``bench/broadcast.py``):
+events go to stdout as JSON lines, commands (``parent``, ``children``, ``exit``) come on stdin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import sys
+import time
+import urllib.request
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from dataplane import transfer
+from dataplane.snapshot import Manifest, SnapshotError, assemble, parse_manifest, verify_chunk
+from dataplane.transfer import Frame, PeerRefused, TokenBucket, TransferError
+
+Strategy = Literal["star-unlimited", "star-limited", "chain"]
+STRATEGIES: tuple[Strategy, ...] = ("star-unlimited", "star-limited", "chain")
+Event = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RelayTimeouts:
+    connect: float = 5.0
+    """Seconds to open a connection to the parent."""
+    stall: float = 10.0
+    """Seconds without a byte from the parent (or taken by the child) before the peer counts as stalled."""
+    parent_retries: int = 3
+    """Failed connections to one parent before the missing chunks come from the fallback (if any)."""
+    bad_chunk_retries: int = 2
+    """Bad copies of one chunk from the parent before it comes from the fallback (if any)."""
+    give_up: float = 300.0
+    """Seconds without progress, no parent and no fallback, before :meth:`SnapshotRelay.receive` raises."""
+
+
+@dataclass
+class RelayStats:
+    """What the agent reports to the site (it feeds Success/Stability of the chain score)."""
+
+    from_parent: int = 0
+    from_fallback: int = 0
+    bad_chunks: int = 0
+    parent_failures: int = 0
+    parent_switches: int = 0
+    resumed_with: int = 0
+    """Chunks already held when the latest parent accepted us (non-zero after a resume)."""
+    children_served: int = 0
+    child_failures: int = 0
+
+
+@dataclass
+class _Session:
+    worker_id: int
+    writer: asyncio.StreamWriter
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class SnapshotRelay:
+    def __init__(self, manifest: Manifest, *, worker_id: int, chunks: dict[int, bytes] | None = None,
+                 max_children: int = 1, uplink: TokenBucket | None = None, downlink: TokenBucket | None = None,
+                 fallback_url: str | None = None, timeouts: RelayTimeouts | None = None,
+                 on_event: Callable[[Event], None] | None = None, corrupt: dict[int, int] | None = None) -> None:
+        """``chunks`` given in full makes an origin (the learner); ``corrupt`` maps chunk index to how many
+        times this relay flips a byte when sending it (tests only)."""
+        self.manifest, self.worker_id, self.max_children = manifest, worker_id, max_children
+        self.job_id, self.version = manifest.job_id, manifest.version
+        self.uplink, self.downlink, self.fallback_url = uplink, downlink, fallback_url
+        self.timeouts = timeouts or RelayTimeouts()
+        self.stats = RelayStats()
+        self._on_event = on_event or (lambda event: None)
+        self._corrupt = dict(corrupt or {})
+        self._chunks: dict[int, bytes] = {}
+        self._sessions: dict[int, _Session] = {}
+        self._assigned: set[int] | None = None
+        self._parent: tuple[str, int] | None = None
+        self._parent_changed = asyncio.Event()
+        self._complete = asyncio.Event()
+        for index, data in (chunks or {}).items():
+            verify_chunk(manifest, index, data)
+            self._store(index, data, quiet=True)
+
+    @classmethod
+    def from_directory(cls, path: Path, **kwargs: Any) -> SnapshotRelay:
+        """An origin over a published version directory (``manifest.json`` + ``chunks/<i>``, as SnapshotStore)."""
+        path = Path(path)
+        manifest = parse_manifest(json.loads((path / "manifest.json").read_text()))
+        chunks = {c.index: (path / "chunks" / str(c.index)).read_bytes() for c in manifest.chunks}
+        return cls(manifest, chunks=chunks, **kwargs)
+
+    # ---- state ---------------------------------------------------------------------------------
+
+    @property
+    def complete(self) -> bool:
+        return self._complete.is_set()
+
+    @property
+    def have(self) -> list[int]:
+        return sorted(self._chunks)
+
+    def payload(self) -> bytes:
+        return assemble(self.manifest, self._chunks)
+
+    def _store(self, index: int, data: bytes, *, source: str = "", quiet: bool = False) -> None:
+        self._chunks[index] = data
+        for session in self._sessions.values():
+            session.wake.set()
+        if not quiet:
+            self._emit("chunk", index=index, source=source, have=len(self._chunks))
+        if len(self._chunks) == len(self.manifest.chunks):
+            self._complete.set()
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        self._on_event({"event": event, "worker_id": self.worker_id, "job_id": self.job_id,
+                        "version": self.version, "t": time.time(), **fields})
+
+    # ---- control (called by the agent when the site says so) -----------------------------------
+
+    def set_parent(self, host: str | None, port: int | None = None) -> None:
+        """Pull from ``host:port`` from now on (``None``: no parent, fallback only); resumes where it is."""
+        new = (host, int(port)) if host is not None and port is not None else None
+        if new != self._parent:
+            if self._parent is not None:
+                self.stats.parent_switches += 1
+            self._parent = new
+            self._parent_changed.set()
+            self._emit("parent", parent=f"{host}:{port}" if new else None)
+
+    def assign_children(self, worker_ids: set[int] | None) -> None:
+        """Only these workers may pull (``None``: anyone, up to ``max_children``); others are dropped."""
+        self._assigned = None if worker_ids is None else set(worker_ids)
+        for worker_id, session in list(self._sessions.items()):
+            if self._assigned is not None and worker_id not in self._assigned:
+                session.writer.close()
+
+    # ---- source side ---------------------------------------------------------------------------
+
+    async def serve_child(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hello: Frame) -> None:
+        """Stream the chunks the child lacks, each as soon as this relay has it. Called by :class:`RelayHub`."""
+        peer = transfer.peer_name(writer)
+        child = hello.header["worker_id"]
+        reason = self._admission(child)
+        if reason:
+            await _refuse(writer, reason, peer=peer, timeout=self.timeouts.connect)
+            self._emit("refused", peer=peer, child=child, reason=reason)
+            return
+        old = self._sessions.pop(child, None)
+        if old is not None:  # the same child reconnected: its old stream is dead to it
+            old.writer.close()
+        session = self._sessions[child] = _Session(child, writer)
+        wants: deque[int] = deque()
+        listener = asyncio.create_task(self._listen(reader, session, wants, peer))
+        try:
+            await transfer.write_frame(writer, transfer.accept(job_id=self.job_id, version=self.version,
+                                                               chunks=len(self.manifest.chunks)),
+                                       peer=peer, timeout=self.timeouts.stall)
+            self.stats.children_served += 1
+            await self._stream(writer, session, listener, wants, set(hello.header["have"]), peer)
+        except TransferError as err:
+            self.stats.child_failures += 1
+            self._emit("child_failed", child=child, reason=str(err))
+        finally:
+            listener.cancel()
+            if self._sessions.get(child) is session:
+                del self._sessions[child]
+            writer.close()
+
+    def _admission(self, child: int) -> str | None:
+        if self._assigned is not None and child not in self._assigned:
+            return f"worker {child} is not an assigned child of worker {self.worker_id}"
+        others = [w for w in self._sessions if w != child]
+        if self._assigned is None and len(others) >= self.max_children:
+            return f"busy: worker {self.worker_id} already serves {others} (fan-out {self.max_children})"
+        return None
+
+    async def _listen(self, reader: asyncio.StreamReader, session: _Session, wants: deque[int], peer: str) -> None:
+        """Read the child's ``want``/``bye`` frames; returning (EOF, bye, error) ends the session."""
+        try:
+            while True:
+                frame = await transfer.read_frame(reader, peer=peer, timeout=self.timeouts.give_up)
+                if frame.type == "want":
+                    wants.extend(i for i in frame.header["indices"] if i < len(self.manifest.chunks))
+                elif frame.type == "bye":
+                    return
+                session.wake.set()
+        except TransferError:
+            return
+        finally:
+            session.wake.set()
+
+    async def _stream(self, writer: asyncio.StreamWriter, session: _Session, listener: asyncio.Task,
+                      wants: deque[int], have: set[int], peer: str) -> None:
+        order = deque(c.index for c in self.manifest.chunks if c.index not in have)
+        while True:
+            session.wake.clear()
+            if listener.done():
+                return
+            if wants and wants[0] in self._chunks:
+                index = wants.popleft()
+            elif order and order[0] in self._chunks:
+                index = order.popleft()
+            else:
+                # Waiting for our own parent (or, all sent, for the child's want/bye): not the child's fault.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(session.wake.wait(), self.timeouts.give_up)
+                    continue
+                raise TransferError(f"child {peer}: nothing to send or hear for {self.timeouts.give_up:g} s")
+            data = self._chunks[index]
+            info = self.manifest.chunks[index]
+            if self._corrupt.get(index, 0) > 0:
+                self._corrupt[index] -= 1
+                data = bytes([data[0] ^ 0xFF]) + data[1:] if data else b"\0"
+            header = transfer.chunk(job_id=self.job_id, version=self.version, index=index, size=len(data),
+                                    sha256=info.sha256)
+            await transfer.write_frame(writer, header, data, peer=peer, timeout=self.timeouts.stall,
+                                       uplink=self.uplink)
+
+    # ---- child side ----------------------------------------------------------------------------
+
+    async def receive(self) -> bytes:
+        """Pull until every chunk verified; return the payload. Raises :class:`TransferError` when stuck."""
+        failures, last_progress = 0, time.monotonic()
+        while not self.complete:
+            held = len(self._chunks)
+            parent = self._parent
+            self._parent_changed.clear()
+            if parent is None or (failures >= self.timeouts.parent_retries and self.fallback_url):
+                if self.fallback_url:
+                    await self._fetch_fallback([c.index for c in self.manifest.chunks if c.index not in self._chunks])
+                    continue
+                await self._wait_parent_change(1.0)
+            else:
+                pull = asyncio.create_task(self._pull(parent))
+                switch = asyncio.create_task(self._parent_changed.wait())
+                done, _ = await asyncio.wait({pull, switch}, return_when=asyncio.FIRST_COMPLETED)
+                switch.cancel()
+                if pull not in done:
+                    pull.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, TransferError):
+                        await pull
+                elif pull.exception() is not None:
+                    err = pull.exception()
+                    if not isinstance(err, TransferError):
+                        raise err
+                    failures += 1
+                    self.stats.parent_failures += 1
+                    self._emit("parent_failed", parent=f"{parent[0]}:{parent[1]}", reason=str(err), failures=failures)
+                    await self._wait_parent_change(min(2.0, 0.2 * failures))
+                if self._parent != parent:
+                    failures = 0
+            if len(self._chunks) > held:
+                last_progress = time.monotonic()
+            elif time.monotonic() - last_progress > self.timeouts.give_up:
+                where = f"{self._parent[0]}:{self._parent[1]}" if self._parent else "no parent"
+                raise TransferError(f"worker {self.worker_id}: no progress for {self.timeouts.give_up:g} s "
+                                    f"({len(self._chunks)}/{len(self.manifest.chunks)} chunks, parent {where})")
+        return self.payload()
+
+    async def _wait_parent_change(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._parent_changed.wait(), seconds)
+
+    async def _pull(self, parent: tuple[str, int]) -> None:
+        peer = f"parent {parent[0]}:{parent[1]}"
+        reader, writer = await transfer.open_peer(*parent, timeout=self.timeouts.connect)
+        try:
+            await transfer.write_frame(writer, transfer.hello(job_id=self.job_id, version=self.version,
+                                                              worker_id=self.worker_id, have=self.have),
+                                       peer=peer, timeout=self.timeouts.stall)
+            frame = await transfer.read_frame(reader, peer=peer, timeout=self.timeouts.stall)
+            if frame.type == "refuse":
+                raise PeerRefused(peer, frame.header["reason"])
+            await self._check_assignment(writer, frame, peer)
+            self.stats.resumed_with = len(self._chunks)
+            self._emit("accepted", parent=peer, resumed_with=len(self._chunks))
+            bad: Counter[int] = Counter()
+            while not self.complete:
+                frame = await transfer.read_frame(reader, peer=peer, timeout=self.timeouts.stall,
+                                                  downlink=self.downlink)
+                if frame.type == "refuse":
+                    raise PeerRefused(peer, frame.header["reason"])
+                await self._check_assignment(writer, frame, peer)
+                index = frame.header["index"]
+                if index in self._chunks:
+                    continue
+                try:
+                    verify_chunk(self.manifest, index, frame.payload)
+                except SnapshotError as err:
+                    bad[index] += 1
+                    self.stats.bad_chunks += 1
+                    self._emit("bad_chunk", index=index, parent=peer, reason=str(err), copies=bad[index])
+                    if bad[index] <= self.timeouts.bad_chunk_retries:
+                        await transfer.write_frame(writer, transfer.want([index]), peer=peer,
+                                                   timeout=self.timeouts.stall)
+                    elif self.fallback_url:
+                        await self._fetch_fallback([index])
+                    else:
+                        raise TransferError(f"{peer} sent chunk {index} with a bad sha256 {bad[index]} times") from None
+                    continue
+                self.stats.from_parent += 1
+                self._store(index, frame.payload, source="parent")
+            with contextlib.suppress(TransferError):
+                await transfer.write_frame(writer, transfer.bye(), peer=peer, timeout=self.timeouts.connect)
+        finally:
+            writer.close()
+
+    async def _check_assignment(self, writer: asyncio.StreamWriter, frame: Frame, peer: str) -> None:
+        """Accept only ``accept``/``chunk`` frames for our own job and version; refuse and close otherwise."""
+        h = frame.header
+        reason = None
+        if frame.type not in ("accept", "chunk"):
+            reason = f"unexpected {frame.type} frame"
+        elif (h["job_id"], h["version"]) != (self.job_id, self.version):
+            reason = (f"worker {self.worker_id} was assigned job {self.job_id} version {self.version}, "
+                      f"not job {h['job_id']} version {h['version']}")
+        if reason:
+            await _refuse(writer, reason, peer=peer, timeout=self.timeouts.connect)
+            raise TransferError(f"{peer}: refused: {reason}")
+
+    async def _fetch_fallback(self, indices: list[int]) -> None:
+        base = self.fallback_url.rstrip("/") + "/"
+        for index in indices:
+            if index in self._chunks:
+                continue
+            url = f"{base}chunks/{index}"
+            try:
+                data = await asyncio.to_thread(_http_get, url, self.timeouts.stall)
+            except OSError as err:
+                raise TransferError(f"fallback {url}: {err}") from None
+            if self.downlink is not None:
+                await self.downlink.acquire(len(data))
+            try:
+                verify_chunk(self.manifest, index, data)
+            except SnapshotError as err:
+                raise TransferError(f"fallback {url}: {err}") from None
+            self.stats.from_fallback += 1
+            self._store(index, data, source="fallback")
+
+
+def _http_get(url: str, timeout: float) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - the site hands out the URL
+        return response.read()
+
+
+async def _refuse(writer: asyncio.StreamWriter, reason: str, *, peer: str, timeout: float) -> None:
+    with contextlib.suppress(TransferError):
+        await transfer.write_frame(writer, transfer.refuse(reason), peer=peer, timeout=timeout)
+    writer.close()
+
+
+class RelayHub:
+    """One listening port serving every registered (job, version) relay of this agent or learner."""
+
+    def __init__(self, *, handshake_timeout: float = 10.0) -> None:
+        self.relays: dict[tuple[int, int], SnapshotRelay] = {}
+        self.handshake_timeout = handshake_timeout
+        self._server: asyncio.AbstractServer | None = None
+
+    def register(self, relay: SnapshotRelay) -> None:
+        self.relays[(relay.job_id, relay.version)] = relay
+
+    def unregister(self, job_id: int, version: int) -> None:
+        self.relays.pop((job_id, version), None)
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        """Listen; returns the port (advertise it to the site, which tells the children)."""
+        self._server = await asyncio.start_server(self._handle, host, port)
+        return self._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 1.0)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = transfer.peer_name(writer)
+        try:
+            frame = await transfer.read_frame(reader, peer=peer, timeout=self.handshake_timeout)
+        except TransferError:
+            writer.close()
+            return
+        if frame.type != "hello":
+            await _refuse(writer, f"expected hello, got {frame.type}", peer=peer, timeout=self.handshake_timeout)
+            return
+        key = (frame.header["job_id"], frame.header["version"])
+        relay = self.relays.get(key)
+        if relay is None:
+            offered = ", ".join(f"job {j} version {v}" for j, v in sorted(self.relays)) or "nothing"
+            await _refuse(writer, f"not assigned job {key[0]} version {key[1]}; this relay serves {offered}",
+                          peer=peer, timeout=self.handshake_timeout)
+            return
+        await relay.serve_child(reader, writer, frame)
+
+
+def write_snapshot_dir(root: Path, manifest: Manifest, payload: bytes) -> Path:
+    """Lay out a version as SnapshotStore does (``v<version>/manifest.json``, ``chunks/<i>``); returns the dir."""
+    path = Path(root) / f"v{manifest.version}"
+    (path / "chunks").mkdir(parents=True, exist_ok=True)
+    for info in manifest.chunks:
+        start = info.index * manifest.chunk_bytes
+        (path / "chunks" / str(info.index)).write_bytes(payload[start : start + info.size])
+    (path / "manifest.json").write_text(manifest.model_dump_json())
+    return path
+
+
+# ---- process entry point (tests, bench/broadcast.py) --------------------------------------------
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m worker_agent.relay",
+        description="Run one snapshot relay. Events: JSON lines on stdout. Commands: JSON lines on stdin, "
+                    '{"cmd": "parent", "host": H, "port": P} | {"cmd": "children", "worker_ids": [..]} | '
+                    '{"cmd": "exit"}; stdin EOF also exits.',
+        epilog="example: python -m worker_agent.relay --from-dir /snap/v3 --max-children 4 --uplink-bps 8e6")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--from-dir", type=Path, help="origin: serve a published version directory")
+    src.add_argument("--manifest", type=Path, help="relay/tail: the manifest JSON of the version to receive")
+    p.add_argument("--worker-id", type=int, default=0)
+    p.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT to serve children on ('none': tail only)")
+    p.add_argument("--parent", help="HOST:PORT to pull from")
+    p.add_argument("--max-children", type=int, default=1)
+    p.add_argument("--child", type=int, action="append", help="assigned child worker id (repeatable)")
+    p.add_argument("--uplink-bps", type=float, help="cap on bytes/s sent to children")
+    p.add_argument("--downlink-bps", type=float, help="cap on bytes/s received")
+    p.add_argument("--fallback-url", help="learner HTTP base for missing/bad chunks, e.g. http://h:p/v3/")
+    p.add_argument("--stall-timeout", type=float, default=10.0)
+    p.add_argument("--give-up", type=float, default=300.0)
+    p.add_argument("--out", type=Path, help="write the installed payload here")
+    p.add_argument("--progress", action="store_true", help="emit an event per chunk")
+    p.add_argument("--corrupt-chunk", type=int, action="append", default=[], help="TEST ONLY: flip a byte")
+    p.add_argument("--corrupt-times", type=int, default=1, help="TEST ONLY: how many sends to corrupt")
+    return p.parse_args(argv)
+
+
+async def _main(args: argparse.Namespace) -> int:
+    def emit(event: Event) -> None:
+        if event["event"] != "chunk" or args.progress:
+            sys.stdout.write(json.dumps(event) + "\n")
+            sys.stdout.flush()
+
+    common = dict(worker_id=args.worker_id, max_children=args.max_children,
+                  uplink=transfer.bucket(args.uplink_bps), downlink=transfer.bucket(args.downlink_bps),
+                  fallback_url=args.fallback_url, on_event=emit,
+                  timeouts=RelayTimeouts(stall=args.stall_timeout, give_up=args.give_up),
+                  corrupt={i: args.corrupt_times for i in args.corrupt_chunk})
+    if args.from_dir:
+        relay = SnapshotRelay.from_directory(args.from_dir, **common)
+    else:
+        relay = SnapshotRelay(parse_manifest(json.loads(args.manifest.read_text())), **common)
+    if args.child:
+        relay.assign_children(set(args.child))
+    hub = RelayHub()
+    hub.register(relay)
+    port = None if args.listen == "none" else await hub.start(*_split_addr(args.listen))
+    emit({"event": "listening", "worker_id": args.worker_id, "port": port})
+    if args.parent:
+        relay.set_parent(*_split_addr(args.parent))
+    started = time.monotonic()
+
+    async def install() -> None:
+        try:
+            payload = await relay.receive()
+        except (TransferError, SnapshotError) as err:
+            emit({"event": "error", "worker_id": args.worker_id, "reason": str(err)})
+            return
+        if args.out:
+            args.out.write_bytes(payload)
+        emit({"event": "installed", "worker_id": args.worker_id, "t": time.time(),
+              "seconds": time.monotonic() - started, "sha256": hashlib.sha256(payload).hexdigest(),
+              "stats": asdict(relay.stats)})
+
+    receiving = asyncio.create_task(install()) if not relay.complete else None
+    loop = asyncio.get_running_loop()
+    stdin = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
+    while line := await stdin.readline():
+        try:
+            cmd = json.loads(line)
+        except json.JSONDecodeError:
+            emit({"event": "error", "worker_id": args.worker_id, "reason": f"bad command {line!r}"})
+            continue
+        if cmd.get("cmd") == "parent":
+            relay.set_parent(cmd.get("host"), cmd.get("port"))
+        elif cmd.get("cmd") == "children":
+            ids = cmd.get("worker_ids")
+            relay.assign_children(None if ids is None else set(ids))
+        elif cmd.get("cmd") == "exit":
+            break
+    if receiving is not None:
+        receiving.cancel()
+    await hub.close()
+    return 0
+
+
+def _split_addr(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    return host, int(port)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return asyncio.run(_main(_parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
