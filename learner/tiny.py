@@ -19,7 +19,8 @@ def build_tokenizer(alphabet: str):
     chars = sorted(set(alphabet))
     vocab = {tok: i for i, tok in enumerate([PAD, BOS, EOS, *chars])}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=PAD))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    # One token per character; in Oniguruma's syntax (?m) lets "." match newlines as well.
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("(?m)."), behavior="isolated")
     core.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=core, bos_token=BOS, eos_token=EOS, pad_token=PAD,
                                    unk_token=PAD, padding_side="left")
