@@ -1,10 +1,12 @@
-from django.urls import path
+from django.urls import path, re_path
 
 from . import views
 
 app_name = "frontend"
 urlpatterns = [
     path("", views.job_list, name="job-list"),
+    path("jobs/new/", views.job_launch, name="job-launch"),
     path("jobs/<int:job_id>/", views.job_detail, name="job-detail"),
+    re_path(r"^jobs/(?P<job_id>\d+)/(?P<verb>start|cancel)/$", views.job_control, name="job-control"),
     path("provider/", views.provider_workers, name="provider-workers"),
 ]

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
-from django.shortcuts import get_object_or_404, render
+from django.db import transaction
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
 
-from marketplace import selectors
+from marketplace import selectors, services
+from marketplace.models import Job, Worker
 from marketplace.serializers import MetricSerializer
+
+from .forms import JobLaunchForm
 
 
 @login_required
@@ -33,3 +38,36 @@ def provider_workers(request):
     workers = selectors.workers_visible_to(request.user).filter(provider__user=request.user)
     return render(request, "frontend/provider_workers.html", {"workers": workers,
                                                               "server": request.build_absolute_uri("/")})
+
+
+@login_required
+def job_launch(request):
+    """The launch form, with the pool a new job would start on (calibration phase: every idle worker)."""
+    form = JobLaunchForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        with transaction.atomic():
+            job = services.job_create(owner=request.user, spec=form.spec)
+            if form.cleaned_data["start_now"]:
+                services.job_start(job=job)
+        return redirect("frontend:job-detail", job_id=job.pk)
+    idle = list(Worker.objects.filter(status=Worker.Status.IDLE).order_by("price_per_hour"))
+    pool = {
+        "workers": idle,
+        "price_per_hour": sum(float(w.price_per_hour) for w in idle),
+        "throughput": sum(w.throughput or 0.0 for w in idle),
+        "unmeasured": sum(1 for w in idle if not w.throughput),
+    }
+    return render(request, "frontend/job_launch.html", {"form": form, "pool": pool})
+
+
+@login_required
+@require_POST
+def job_control(request, job_id: int, verb: str):
+    job = get_object_or_404(selectors.jobs_visible_to(request.user), pk=job_id)
+    with transaction.atomic():
+        if verb == "start" and job.status == Job.Status.DRAFT:
+            services.job_start(job=job)
+        elif verb == "cancel" and not job.is_terminal:
+            services.job_finish(job=job, status=Job.Status.CANCELLED,
+                                reason=f"cancelled by {request.user.get_username()}")
+    return redirect("frontend:job-detail", job_id=job.pk)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Make sure the services the tests need are up: Redis always, PostgreSQL when DATABASE_URL names it.
+# Make sure what the tests need is here: Redis (running), Chromium, and PostgreSQL when DATABASE_URL names it.
 # Installs Debian's packages when the binaries are missing. With --redis-binary-only it only makes
 # sure redis-server is installed (the demo starts its own private instance).
 set -euo pipefail
@@ -14,6 +14,16 @@ apt_install() {
 
 command -v redis-server >/dev/null || apt_install redis-server
 [ "${1:-}" = "--redis-binary-only" ] && exit 0
+
+# The browser tests drive Debian's Chromium (Playwright's own browser download cannot work offline).
+if ! command -v chromium >/dev/null; then
+  if command -v apt-get >/dev/null; then
+    echo "ensure-services: installing chromium for the browser tests"
+    apt_install chromium
+  else
+    echo "ensure-services: no chromium and no apt-get: the browser tests will be skipped" >&2
+  fi
+fi
 
 redis_url="${REDIS_URL:-redis://127.0.0.1:6379/0}"
 redis_port=$(python3 -c "import sys,urllib.parse as u; print(u.urlsplit(sys.argv[1]).port or 6379)" "$redis_url")

@@ -73,3 +73,37 @@ async def test_job_page_socket_pushes_each_learner_step(settings):
     update = await live.receive_json_from(timeout=5)
     assert update["type"] == "update" and update["summary"]["step"] == 1 and update["summary"]["reward_mean"] == 0.25
     await live.disconnect()
+
+
+LAUNCH = {"name": "from the form", "model_dir": "/models/tiny", "task_name": "arithmetic",
+          "task_options": '{"max_operand": 4}', "staleness": 3, "batch_trajectories": 16, "group_size": 4,
+          "gamma": 1.1, "learner_uplink_mbps": 100, "learning_rate": 0.001, "clip_eps": 0.2, "max_steps": 10,
+          "max_new_tokens": 2, "temperature": 1.0, "top_p": 1.0, "seed": 0}
+
+
+@pytest.mark.django_db
+def test_launch_form_creates_a_job_with_every_setting():
+    owner = factories.user()
+    page = signed_in(owner).get("/jobs/new/").content.decode()
+    assert 'name="staleness"' in page and 'value="3"' in page and "Capacity plan" in page
+    reply = signed_in(owner).post("/jobs/new/", LAUNCH)
+    job = Job.objects.get()
+    assert reply.status_code == 302 and reply["Location"] == f"/jobs/{job.pk}/"
+    assert (job.status, job.kappa, job.task, job.learner_uplink_bps) == (
+        "draft", 2, {"name": "arithmetic", "max_operand": 4, "ops": "+", "modulus": 10}, 12_500_000)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("change", "field", "message"), [
+    ({"staleness": 1}, "staleness", "greater than or equal to 2"),
+    ({"staleness": 3, "kappa": 3}, "kappa", "must be &lt; staleness"),
+    ({"task_name": "nope"}, "task_name", "Select a valid choice"),
+    ({"task_options": '{"max_operand": -1}'}, "task_options", "max_operand"),
+    ({"task_options": "{oops"}, "task_options", "not valid JSON"),
+    ({"batch_trajectories": 10}, "batch_trajectories", "multiple of group_size"),
+])
+def test_launch_form_shows_the_error_next_to_the_field(change, field, message):
+    reply = signed_in(factories.user()).post("/jobs/new/", {**LAUNCH, **change})
+    assert reply.status_code == 200 and Job.objects.count() == 0
+    html = reply.content.decode()
+    assert f'id="error-{field}"' in html and message in html.split(f'id="error-{field}"')[1].split("</span>")[0]
