@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
@@ -35,9 +36,27 @@ def job_detail(request, job_id: int):
 
 @login_required
 def provider_workers(request):
-    workers = selectors.workers_visible_to(request.user).filter(provider__user=request.user)
+    workers = list(selectors.workers_visible_to(request.user).filter(provider__user=request.user))
+    earnings = selectors.worker_earnings(workers)
+    for worker in workers:
+        worker.earnings = earnings.get(worker.pk, {"hours": 0.0, "earned_usd": 0.0})
     return render(request, "frontend/provider_workers.html", {"workers": workers,
                                                               "server": request.build_absolute_uri("/")})
+
+
+@login_required
+def marketplace_overview(request):
+    """Staff only: every worker by unit cost, and how much of the fleet is busy."""
+    if not request.user.is_staff:
+        raise PermissionDenied
+    workers = list(Worker.objects.select_related("provider__user"))
+    workers.sort(key=lambda w: (w.unit_cost is None, w.unit_cost or 0.0))
+    online = [w for w in workers if w.status != Worker.Status.OFFLINE]
+    active = [w for w in workers if w.status == Worker.Status.ACTIVE]
+    return render(request, "frontend/marketplace.html", {
+        "workers": workers, "online": len(online), "active": len(active),
+        "utilization": len(active) / len(online) if online else None,
+    })
 
 
 @login_required

@@ -50,7 +50,8 @@ def job_summary(job: Job) -> dict:
     """The figures the dashboard and the demo show for a job."""
     last = JobMetric.objects.filter(job=job).order_by("-step").first()
     snap = job.snapshots.exclude(t_bcast=None).order_by("-version").first()
-    active = job.activations.filter(ended_at=None).count()
+    active = list(job.activations.filter(ended_at=None).select_related("worker"))
+    cost = job_cost_usd(job)
     return {
         "id": job.pk,
         "status": job.status,
@@ -64,6 +65,22 @@ def job_summary(job: Job) -> dict:
         "t_train": last.t_train if last else None,
         "wait_s": last.wait_s if last else None,
         "t_bcast": snap.t_bcast if snap else None,
-        "active_workers": active,
-        "cost_usd": round(job_cost_usd(job), 6),
+        "active_workers": len(active),
+        "pool_throughput": sum(a.worker.throughput or 0.0 for a in active),
+        # Share of the last step the learner spent waiting for data (the bubble of section 3).
+        "bubble_ratio": last.wait_s / (last.wait_s + last.t_train) if last and last.wait_s + last.t_train > 0 else None,
+        "cost_usd": round(cost, 6),
+        "projected_cost_usd": round(cost * job.max_steps / job.learner_step, 6) if job.learner_step else None,
     }
+
+
+def worker_earnings(workers) -> dict[int, dict]:
+    """Per worker: hours served in jobs and USD earned (activations priced at their frozen rate)."""
+    now = timezone.now()
+    out: dict[int, dict] = {}
+    for activation in Activation.objects.filter(worker__in=workers):
+        row = out.setdefault(activation.worker_id, {"hours": 0.0, "earned_usd": 0.0})
+        end = activation.ended_at or now
+        row["hours"] += max(0.0, (end - activation.started_at).total_seconds()) / 3600
+        row["earned_usd"] += activation.cost_usd(now)
+    return out

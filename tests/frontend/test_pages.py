@@ -107,3 +107,17 @@ def test_launch_form_shows_the_error_next_to_the_field(change, field, message):
     assert reply.status_code == 200 and Job.objects.count() == 0
     html = reply.content.decode()
     assert f'id="error-{field}"' in html and message in html.split(f'id="error-{field}"')[1].split("</span>")[0]
+
+
+@pytest.mark.django_db
+def test_marketplace_view_is_staff_only_and_sorted_by_unit_cost():
+    provider = factories.user()
+    cheap, _ = factories.worker(provider, price="0.30", name="cheap-per-unit")
+    dear, _ = factories.worker(provider, price="0.20", name="dear-per-unit")
+    from marketplace.models import Worker
+
+    Worker.objects.filter(pk=cheap.pk).update(throughput=10.0)  # rho 0.03
+    Worker.objects.filter(pk=dear.pk).update(throughput=1.0)  # rho 0.2
+    assert signed_in(provider).get("/marketplace/").status_code == 403
+    page = signed_in(factories.user(is_staff=True)).get("/marketplace/").content.decode()
+    assert page.index("cheap-per-unit") < page.index("dear-per-unit")
