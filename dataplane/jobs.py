@@ -6,7 +6,7 @@ parses the job it is given into it, so both read one definition of every field a
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -23,9 +23,41 @@ class JobSpecError(ValueError):
 
 
 class LossConfig(BaseModel):
-    """GRPO loss settings; the learner implements them (learner/grpo.py)."""
+    """GRPO loss settings; the learner implements them (learner/grpo.py, docs/learner.md).
+
+    The defaults are the plain token-level PPO-clip surrogate against the behaviour log-probs the
+    workers returned, clip range ``clip_eps``, token-mean aggregation, no KL term.
+    """
 
     model_config = ConfigDict(extra="forbid")
+
+    type: Literal["grpo", "gspo"] = Field(
+        default="grpo", description="grpo: token-level ratio (Shao et al., 2024); gspo: per-sequence "
+        "geometric-mean ratio (Zheng et al., 2025).")
+    advantage: Literal["std", "mean"] = Field(
+        default="std", description="std: (r - group mean) / (group std + eps); mean: r - group mean (Dr.GRPO).")
+    advantage_eps: float = Field(default=1e-6, ge=0.0, le=1.0, description="eps added to the group std.")
+    clip_eps_low: float | None = Field(
+        default=None, gt=0.0, lt=1.0, description="Lower clip range: ratio >= 1 - eps_low; default the job's "
+        "clip_eps.")
+    clip_eps_high: float | None = Field(
+        default=None, gt=0.0, le=10.0, description="Upper clip range: ratio <= 1 + eps_high (DAPO clip-higher, "
+        "e.g. 0.28); default eps_low.")
+    kl_beta: float = Field(default=0.0, ge=0.0, le=10.0, description="Weight of the k3 KL to the frozen base "
+                           "model; 0 keeps no reference model.")
+    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] | None = Field(
+        default=None, description="token-mean: over all tokens of the batch (DAPO); seq-mean-token-mean: per "
+        "sequence, then over sequences (GRPO, GSPO); seq-mean-token-sum: token sums over a constant "
+        "normalizer (Dr.GRPO). Default: token-mean for grpo, seq-mean-token-mean for gspo.")
+    norm_length: int | None = Field(
+        default=None, ge=1, le=1_000_000, description="Constant length normalizer of seq-mean-token-sum; "
+        "default the job's max_new_tokens.")
+    off_policy: Literal["behaviour", "tis", "mis", "none"] = Field(
+        default="behaviour", description="behaviour: PPO ratio against the worker's log-probs; tis/mis: "
+        "decoupled ratio with the behaviour weight truncated per token (TIS) or masked per sequence (MIS); "
+        "none: records treated as on-policy (ablation).")
+    is_cap: float = Field(default=2.0, ge=1.0, le=1000.0, description="C: cap of the TIS weight, "
+                          "threshold of the MIS mask.")
 
 
 class JobSpec(BaseModel):

@@ -25,8 +25,28 @@ class Batch:
     group_index: torch.Tensor
     versions: torch.Tensor
 
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def to(self, device: str | torch.device) -> Batch:
+        return Batch(**{name: getattr(self, name).to(device) for name in self.__dataclass_fields__})
+
+    def rows(self, start: int, stop: int) -> Batch:
+        """Rows ``start:stop``, trimmed to their longest sequence (a causal model ignores the padding)."""
+        width = max(int(self.attention[start:stop].sum(dim=1).max()), 2) if stop > start else 2
+        out = {}
+        for name in self.__dataclass_fields__:
+            tensor = getattr(self, name)[start:stop]
+            if name in ("input_ids", "attention"):
+                tensor = tensor[:, :width]
+            elif name in ("token_mask", "behaviour_logp"):
+                tensor = tensor[:, : width - 1]
+            out[name] = tensor
+        return Batch(**out)
+
 
 def collate(records: list[Trajectory], *, pad_id: int) -> Batch:
+    """Pad ``records`` on the right into one batch; groups are numbered in order of first appearance."""
     width = max(len(r.prompt_ids) + len(r.completion_ids) for r in records)
     size = len(records)
     input_ids = torch.full((size, width), pad_id, dtype=torch.long)

@@ -32,10 +32,26 @@ def run(
     snapshot_port: Annotated[int, typer.Option(help="Port of the snapshot server (0: any free port).")] = 0,
     advertise_host: Annotated[str | None, typer.Option(help="Host agents use to reach the snapshot server.")] = None,
     data_timeout: Annotated[float, typer.Option(help="Fail the job after this many seconds without data.")] = 300.0,
-    device: Annotated[str, typer.Option(help="torch device: cpu, cuda, cuda:1 ...")] = "cpu",
+    device: Annotated[str, typer.Option(help="torch device: cpu, cuda, cuda:1 ... (under torchrun: cpu or cuda; "
+                                         "each rank takes cuda:LOCAL_RANK).")] = "cpu",
+    checkpoint_dir: Annotated[Path | None, typer.Option(help="Where checkpoints go (default: "
+                                                        "<snapshot-dir>/job<ID>-checkpoint); a restart resumes "
+                                                        "from here.")] = None,
+    checkpoint_every: Annotated[int | None, typer.Option(min=1, help="Checkpoint period in steps (default kappa; "
+                                                         "publication steps always checkpoint).")] = None,
+    micro_batch: Annotated[int | None, typer.Option(min=1, help="Rows per forward/backward on each rank "
+                                                    "(gradient accumulation).")] = None,
+    bf16: Annotated[bool, typer.Option(help="bf16 autocast of the forward passes (CUDA only).")] = False,
+    site_timeout: Annotated[float, typer.Option(min=1.0, help="Seconds per site request; 5 retries, then the "
+                                                "learner gives up.")] = 15.0,
     debug: Annotated[bool, typer.Option(help="Show full tracebacks.")] = False,
 ) -> None:
-    """Train one job: read its trajectories from Redis, take GRPO steps, publish snapshots."""
+    """Train one job: read its trajectories from Redis, take GRPO steps, publish snapshots.
+
+    \b
+    A restarted learner resumes from its checkpoint. Data-parallel on 2 GPUs:
+      torchrun --nproc-per-node 2 -m learner.cli --server URL --job 3 --token $TOKEN --device cuda
+    """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s learner: %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     from .client import SiteClient, SiteError
@@ -43,8 +59,9 @@ def run(
 
     options = LearnerOptions(redis_url=redis_url, snapshot_dir=snapshot_dir, snapshot_host=snapshot_host,
                              snapshot_port=snapshot_port, advertise_host=advertise_host, data_timeout_s=data_timeout,
-                             device=device)
-    site = SiteClient(server, token)
+                             device=device, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+                             micro_batch=micro_batch, bf16=bf16)
+    site = SiteClient(server, token, timeout=site_timeout)
     try:
         status = run_job(site, job, options)
     except SiteError as err:
@@ -55,7 +72,8 @@ def run(
         _fail(f"{type(err).__name__}: {err}", debug)
     finally:
         site.close()
-    typer.echo(f"job {job}: {status}")
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for the job
+        typer.echo(f"job {job}: {status}")
 
 
 @app.command("init-model")
@@ -93,3 +111,7 @@ def main() -> None:
         sys.argv.insert(1, "run")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     app()
+
+
+if __name__ == "__main__":  # torchrun -m learner.cli ...
+    main()

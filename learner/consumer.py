@@ -2,8 +2,9 @@
 
 Entries (one GRPO group each) are read through the ``learner`` consumer group. At learner version
 ``v_t`` a group is admissible only if ``v >= v_t - S``; older groups are dropped, counted and
-acknowledged. An admissible group is acknowledged only after the step that trained on it, so a
-crashed learner finds it again among its pending entries on restart.
+acknowledged. An admissible group is acknowledged only once the update that trained on it is in a committed
+checkpoint (learner/loop.py), so a crashed learner finds it again among its pending entries on restart.
+Within one process, entries are read once (``>``); pending entries are read back only at start-up.
 """
 
 from __future__ import annotations
@@ -76,7 +77,10 @@ class StalenessGatedConsumer:
 
     def ack(self, groups: list[Group]) -> None:
         """Acknowledge trained groups (and delete them: the stream is a queue, not an archive)."""
-        ids = [g.entry_id for g in groups]
+        self.ack_ids([g.entry_id for g in groups])
+
+    def ack_ids(self, ids: list[str]) -> None:
+        """Acknowledge and delete entries by id; ids already acknowledged are ignored."""
         if ids:
             pipe = self.client.pipeline()
             pipe.xack(self.key, streams.LEARNER_GROUP, *ids)

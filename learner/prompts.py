@@ -22,23 +22,25 @@ class PromptFeeder:
             if "BUSYGROUP" not in str(err):
                 raise
 
-    def outstanding(self) -> int:
+    def outstanding(self, *, trained: int = 0) -> int:
         """Groups not yet trained: prompts waiting or leased, plus returned groups not yet acknowledged.
 
-        Both streams delete what is done (a returned prompt, a trained group), so their lengths count it.
+        Both streams delete what is done (a returned prompt, an acknowledged group), so their lengths
+        count what is not. ``trained`` groups are still in the trajectory stream only because their
+        acknowledgement waits for the next checkpoint; they are done and not counted.
         """
         pipe = self.client.pipeline()
         pipe.xlen(self.key)
         pipe.xlen(streams.trajectories_key(self.job_id))
-        return sum(pipe.execute())
+        return sum(pipe.execute()) - trained
 
-    def top_up(self) -> int:
+    def top_up(self, *, trained: int = 0) -> int:
         """Add prompt groups until ``backlog`` groups are outstanding; returns how many were added.
 
         Bounding all work in flight (not only unleased prompts) is the backpressure that keeps fast
         workers from running ahead of the learner and producing records that would arrive too stale.
         """
-        missing = self.backlog - self.outstanding()
+        missing = self.backlog - self.outstanding(trained=trained)
         if missing <= 0:
             return 0
         pipe = self.client.pipeline()

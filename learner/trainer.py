@@ -1,28 +1,38 @@
-"""The learner's loop: wait for admissible groups, take a GRPO step, publish every kappa steps, report.
+"""The learner process: set up, then per step wait for data, train, checkpoint, publish every kappa, report.
 
-Reads top to bottom: setup, then per step: wait for data, step, acknowledge, publish, report.
+Reads top to bottom. The core cycle (consume -> step -> checkpoint -> acknowledge) lives in
+:class:`learner.loop.LearnerLoop`; this module adds the site (job, snapshots, metrics, status) and the
+data-parallel ranks. Under ``torchrun`` every rank runs :func:`run_job`; rank 0 alone talks to the site
+and Redis, the others follow its commands.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
+import json
 import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 import torch
 
 from dataplane.jobs import JobSpec
+from dataplane.records import Trajectory
 from dataplane.tasks import build_task
 
-from .batch import collate, token_logprobs
+from . import distributed
+from .checkpoint import CheckpointStore
 from .client import SiteClient, SiteError
 from .consumer import StalenessGatedConsumer
-from .grpo import clipped_surrogate_loss, group_advantages
+from .grpo import LossSettings
+from .loop import LearnerLoop, ResumeError, StepOutcome, check_resume
 from .prompts import PromptFeeder
 from .publisher import SnapshotServer, SnapshotStore, manifest_json
+from .step import PolicyTrainer, StepResult
 
 log = logging.getLogger("echo2.learner")
 
@@ -34,116 +44,157 @@ class LearnerOptions:
     snapshot_host: str = "127.0.0.1"
     snapshot_port: int = 0
     advertise_host: str | None = None
-    data_timeout_s: float = 300.0
+    data_timeout_s: float = 300.0  # fail the job after this long without R admissible records
     device: str = "cpu"
+    checkpoint_dir: Path | None = None  # default: <snapshot_dir>/job<id>-checkpoint
+    checkpoint_every: int | None = None  # steps; default kappa (publication steps always checkpoint too)
+    micro_batch: int | None = None  # rows per forward/backward on each rank (gradient accumulation)
+    bf16: bool = False  # CUDA bf16 autocast of the forward passes
 
 
-@dataclass
-class StepResult:
-    loss: float
-    reward_mean: float
-    reward_std: float
-    clip_fraction: float
-    tokens: int
+def resolve_loss(spec: JobSpec) -> LossSettings:
+    """The job's ``loss`` with every default filled in (dataplane.jobs.LossConfig documents the fields)."""
+    cfg = spec.loss
+    low = cfg.clip_eps_low if cfg.clip_eps_low is not None else spec.clip_eps
+    return LossSettings(
+        type=cfg.type, advantage=cfg.advantage, advantage_eps=cfg.advantage_eps, clip_low=low,
+        clip_high=cfg.clip_eps_high if cfg.clip_eps_high is not None else low, kl_beta=cfg.kl_beta,
+        aggregation=cfg.aggregation or ("seq-mean-token-mean" if cfg.type == "gspo" else "token-mean"),
+        norm_length=cfg.norm_length or spec.max_new_tokens, off_policy=cfg.off_policy, is_cap=cfg.is_cap,
+    )
 
 
-def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, records, *, pad_id: int,
-              clip_eps: float, device: str) -> StepResult:
-    """One optimizer step of GRPO on whole groups (token-level PPO-clip against behaviour log-probs)."""
-    batch = collate(records, pad_id=pad_id)
-    for name in ("input_ids", "attention", "token_mask", "behaviour_logp", "rewards", "group_index"):
-        setattr(batch, name, getattr(batch, name).to(device))
-    advantages = group_advantages(batch.rewards, batch.group_index)
-    model.train()
-    logp = token_logprobs(model, batch)
-    terms = clipped_surrogate_loss(logp, batch.behaviour_logp, advantages, batch.token_mask, clip_eps=clip_eps)
-    optimizer.zero_grad(set_to_none=True)
-    terms.loss.backward()
-    optimizer.step()
-    return StepResult(loss=float(terms.loss.detach()), reward_mean=float(batch.rewards.mean()),
-                      reward_std=float(batch.rewards.std(unbiased=False)), clip_fraction=terms.clip_fraction,
-                      tokens=int(batch.token_mask.sum()))
+def build_policy(spec: JobSpec, *, device: str, ctx: distributed.DistContext | None = None, micro_batch=None,
+                 bf16: bool = False) -> tuple[PolicyTrainer, Any]:
+    """Load the job's model (and, with a KL term, a frozen copy as reference); returns (trainer, tokenizer)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the learner logs lines, not bars
+    torch.manual_seed(spec.seed)
+    tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
+    model = AutoModelForCausalLM.from_pretrained(spec.model_dir).to(device)
+    settings = resolve_loss(spec)
+    reference = None
+    if settings.kl_beta > 0:
+        reference = AutoModelForCausalLM.from_pretrained(spec.model_dir).to(device).eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate)
+    trainer = PolicyTrainer(model, optimizer, settings, pad_id=tokenizer.pad_token_id, reference=reference,
+                            micro_batch=micro_batch, bf16=bf16, ctx=ctx or distributed.DistContext(device=device))
+    return trainer, tokenizer
+
+
+def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, records: list[Trajectory], *, pad_id: int,
+              settings: LossSettings | None = None, clip_eps: float = 0.2, device: str = "cpu") -> StepResult:
+    """One optimizer update of the GRPO loss on whole groups, in this process (a convenience for tests and
+    benchmarks; the learner keeps one :class:`PolicyTrainer`)."""
+    settings = settings or LossSettings(clip_low=clip_eps, clip_high=clip_eps)
+    trainer = PolicyTrainer(model, optimizer, settings, pad_id=pad_id, ctx=distributed.DistContext(device=device))
+    return trainer.step(records)
 
 
 def run_job(site: SiteClient, job_id: int, options: LearnerOptions) -> str:
-    """Train job ``job_id`` to completion; returns the final status ('completed' or the reason it stopped)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Train job ``job_id`` to completion; returns the final status ('completed' or 'failed')."""
+    ctx = distributed.init(options.device, timeout_s=options.data_timeout_s + 900)
+    try:
+        # --- setup: the job (rank 0 asks the site; every rank gets the answer or the error)
+        raw: dict | str | None = None
+        if ctx.is_main:
+            try:
+                raw = _runnable_job(site, job_id)
+            except SiteError as err:
+                raw = str(err)
+        raw = distributed.broadcast(ctx, raw)
+        if isinstance(raw, str):
+            raise SiteError(raw)
+        spec = JobSpec.model_validate(raw)
+        if spec.batch_trajectories < ctx.world:
+            raise SiteError(f"R={spec.batch_trajectories} trajectories cannot feed {ctx.world} ranks")
+        trainer, _ = build_policy(spec, device=ctx.device, ctx=ctx, micro_batch=options.micro_batch,
+                                  bf16=options.bf16)
+        if not ctx.is_main:
+            trainer.serve()  # until rank 0 releases us
+            return distributed.broadcast(ctx, None)
+        status = "failed"
+        try:
+            status = _lead(site, job_id, raw, spec, trainer, options, ctx)
+        finally:
+            trainer.release()
+            distributed.broadcast(ctx, status)  # the other ranks return it too, even when rank 0 raised
+        return status
+    finally:
+        distributed.shutdown(ctx)
 
-    # --- setup: the job, the model, the streams, the snapshot server
+
+def _runnable_job(site: SiteClient, job_id: int) -> dict:
     raw = site.job(job_id)
     if raw["status"] == "draft":
         raise SiteError(f"job {job_id} is a draft; start it first (POST /api/jobs/{job_id}/start/)")
     if raw["status"] != "running":
         raise SiteError(f"job {job_id} is {raw['status']}; only a running job can be trained")
-    if raw["learner_step"] > 0:
-        raise SiteError(f"job {job_id} already trained {raw['learner_step']} steps; resuming needs learner "
-                        "checkpoints, which this version does not write yet")
-    spec = JobSpec.model_validate(raw)
-    torch.manual_seed(spec.seed)
-    task = build_task(spec.task)
-    tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
-    model = AutoModelForCausalLM.from_pretrained(spec.model_dir).to(options.device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate)
-    client = redis.Redis.from_url(options.redis_url, socket_timeout=30)
+    return raw
+
+
+def _lead(site: SiteClient, job_id: int, raw: dict, spec: JobSpec, trainer: PolicyTrainer,
+          options: LearnerOptions, ctx: distributed.DistContext) -> str:
+    """Rank 0's part: streams, checkpoints, snapshots, and the loop with the site."""
+    # --- setup: streams, checkpoints (resume), snapshot server
+    client = redis.Redis.from_url(options.redis_url, socket_timeout=30, socket_connect_timeout=10)
     consumer = StalenessGatedConsumer(client, job_id, spec.staleness)
+    task = build_task(spec.task)
     feeder = PromptFeeder(client, job_id=job_id, task=task, seed=spec.seed, backlog=2 * spec.groups_per_step)
+    checkpoints = CheckpointStore(options.checkpoint_dir or options.snapshot_dir / f"job{job_id}-checkpoint")
+    identity = {"job_id": job_id, "created_at": raw.get("created_at"), "model_dir": spec.model_dir}
+    loop = LearnerLoop(spec=spec, trainer=trainer, consumer=consumer, checkpoints=checkpoints, identity=identity,
+                       checkpoint_every=options.checkpoint_every, feeder=feeder)
+    try:
+        ckpt = loop.resume()
+        check_resume(job_id, learner_step=raw.get("learner_step", 0), published_version=raw.get("published_version", 0),
+                     checkpoint_version=ckpt.version if ckpt else None, path=checkpoints.path)
+    except ResumeError as err:
+        raise SiteError(str(err)) from None
+    checkpoints.save_config(_resolved_config(spec, trainer, options, ctx))
     store = SnapshotStore(options.snapshot_dir / f"job{job_id}", job_id=job_id, keep=spec.staleness + 2)
     server = SnapshotServer(store, host=options.snapshot_host, port=options.snapshot_port,
                             advertise_host=options.advertise_host).start()
-    site.announce(job_id, t_train=None)
-    feeder.top_up()
-    log.info("job %s: %s on %s, S=%d kappa=%d R=%d n=%d; snapshots at %s", job_id, spec.task["name"],
-             spec.model_dir, spec.staleness, spec.kappa, spec.batch_trajectories, spec.group_size,
-             server.url_for(0))
-
-    version = 0
-    t_train_avg: float | None = None
-    recent: collections.deque[float] = collections.deque(maxlen=10)
     try:
-        while version < spec.max_steps:
-            # --- wait for R admissible trajectories (whole groups), dropping stale ones
-            feeder.top_up()
-            wait = consumer.next_batch(groups=spec.groups_per_step, learner_version=version,
-                                       timeout_s=options.data_timeout_s)
-            if wait is None:
-                reason = f"no admissible trajectories for {options.data_timeout_s:.0f}s"
-                log.error("job %s: %s; failing the job", job_id, reason)
-                site.finish(job_id, status="failed", reason=reason)
-                return "failed"
-            records = [r for g in wait.groups for r in g.records]
+        site.announce(job_id, t_train=loop.t_train_avg)
+        feeder.top_up()
+        log.info("job %s: %s on %s, S=%d kappa=%d R=%d n=%d, loss %s, %d rank(s); snapshots at %s; %s", job_id,
+                 spec.task["name"], spec.model_dir, spec.staleness, spec.kappa, spec.batch_trajectories,
+                 spec.group_size, _loss_line(trainer.settings), ctx.world, server.url_for(0),
+                 f"resumed at v{loop.version}" if ckpt else "fresh start")
+        if ckpt is not None and loop.version % spec.kappa == 0 and raw.get("published_version", 0) < loop.version:
+            _publish(site, job_id, store, server, trainer, loop.version)  # crashed between checkpoint and publish
 
-            # --- one GRPO step
-            started = time.perf_counter()
-            result = grpo_step(model, optimizer, records, pad_id=tokenizer.pad_token_id, clip_eps=spec.clip_eps,
-                               device=options.device)
-            t_train = time.perf_counter() - started
-            lags = [version - r.version for r in records]
-            consumer.ack(wait.groups)  # trained: these records are done
-            version += 1
+        while loop.version < spec.max_steps:
+            # --- wait for R admissible records (whole groups), dropping stale ones; train; checkpoint when due
+            try:
+                outcome = loop.step(timeout_s=options.data_timeout_s)
+            except redis.RedisError as err:
+                return _fail(site, job_id, f"Redis failed: {type(err).__name__}: {err}")
+            if outcome is None:
+                _commit_pending(loop)
+                return _fail(site, job_id, f"no admissible trajectories for {options.data_timeout_s:.0f}s "
+                                           f"(waiting for {spec.groups_per_step} groups at v{loop.version})")
 
-            # --- publish every kappa steps
-            if version % spec.kappa == 0:
-                manifest = store.write(model, version)
-                site.publish(job_id, version=version, url=server.url_for(version), manifest=manifest_json(manifest))
+            # --- publish every kappa steps (the checkpoint of this version is already committed)
+            if outcome.version % spec.kappa == 0:
+                try:
+                    _publish(site, job_id, store, server, trainer, outcome.version)
+                except SiteError as err:
+                    return _fail(site, job_id, f"publishing v{outcome.version} failed: {err}")
 
             # --- report
-            t_train_avg = t_train if t_train_avg is None else 0.9 * t_train_avg + 0.1 * t_train
-            if version == 1 or version % 10 == 0:
-                site.announce(job_id, t_train=t_train_avg)
-            site.report(job_id, {
-                "step": version, "reward_mean": result.reward_mean, "reward_std": result.reward_std,
-                "loss": result.loss, "max_staleness": max(lags), "dropped_stale": consumer.dropped_total,
-                "t_train": t_train, "wait_s": wait.wait_s,
-                "extra": {"clip_fraction": result.clip_fraction, "tokens_per_s": result.tokens / max(t_train, 1e-9),
-                          "staleness_histogram": dict(collections.Counter(lags)), "dropped_this_step": wait.dropped},
-            })
-            log.info("step %d reward=%.3f loss=%.4f max_lag=%d dropped=%d t_train=%.3fs wait=%.3fs", version,
-                     result.reward_mean, result.loss, max(lags), consumer.dropped_total, t_train, wait.wait_s)
-            recent.append(result.reward_mean)
-            if spec.target_reward is not None and len(recent) == recent.maxlen and \
-                    sum(recent) / len(recent) >= spec.target_reward:
-                reason = f"10-step mean reward {sum(recent) / len(recent):.3f} reached the target {spec.target_reward}"
-                log.info("job %s: %s at step %d", job_id, reason, version)
+            try:
+                _report(site, job_id, loop, outcome, ctx)
+            except SiteError as err:
+                return _fail(site, job_id, f"reporting step {outcome.version} failed: {err}")
+            reached = loop.reward_target_reached()
+            if reached is not None:
+                _commit_pending(loop)
+                reason = f"10-step mean reward {reached:.3f} reached the target {spec.target_reward}"
+                log.info("job %s: %s at step %d", job_id, reason, loop.version)
                 site.finish(job_id, status="completed", reason=reason)
                 return "completed"
         site.finish(job_id, status="completed", reason=f"reached {spec.max_steps} steps")
@@ -151,3 +202,66 @@ def run_job(site: SiteClient, job_id: int, options: LearnerOptions) -> str:
     finally:
         server.stop()
         client.close()
+
+
+def _publish(site: SiteClient, job_id: int, store: SnapshotStore, server: SnapshotServer, trainer: PolicyTrainer,
+             version: int) -> None:
+    manifest = store.write(trainer.module, version)
+    site.publish(job_id, version=version, url=server.url_for(version), manifest=manifest_json(manifest))
+    log.info("published v%d (%d bytes)", version, manifest.total_bytes)
+
+
+def _report(site: SiteClient, job_id: int, loop: LearnerLoop, outcome: StepOutcome,
+            ctx: distributed.DistContext) -> None:
+    result, version = outcome.result, outcome.version
+    if version == 1 or version % 10 == 0:
+        site.announce(job_id, t_train=loop.t_train_avg)
+    histogram = collections.Counter(outcome.lags)
+    site.report(job_id, {
+        "step": version, "reward_mean": result.reward_mean, "reward_std": result.reward_std, "loss": result.loss,
+        "max_staleness": max(outcome.lags), "dropped_stale": loop.consumer.dropped_total,
+        "t_train": outcome.t_train, "wait_s": outcome.wait_s,
+        "extra": {
+            **result.metrics(), "tokens": result.tokens, "tokens_per_s": result.tokens / max(outcome.t_train, 1e-9),
+            "staleness_histogram": {str(lag): histogram[lag] for lag in sorted(histogram)},
+            "dropped_this_step": outcome.dropped, "bubble": outcome.wait_s / max(outcome.wait_s + outcome.t_train,
+                                                                                   1e-9),
+            "checkpointed": outcome.checkpointed, "ranks": ctx.world,
+        },
+    })
+    m = result.metrics()
+    log.info("step %d reward=%.3f loss=%.4f kl=%.4f clip=%.3f max_lag=%d dropped=%d t_train=%.3fs wait=%.3fs%s",
+             version, result.reward_mean, result.loss, m["kl"], m["clip_fraction"], max(outcome.lags),
+             loop.consumer.dropped_total, outcome.t_train, outcome.wait_s, " (checkpoint)" if outcome.checkpointed
+             else "")
+
+
+def _commit_pending(loop: LearnerLoop) -> None:
+    if loop.uncommitted:
+        loop.commit()
+
+
+def _fail(site: SiteClient, job_id: int, reason: str) -> str:
+    """Log ``reason``, mark the job failed on the site (if it answers), and return 'failed'."""
+    log.error("job %s: %s; failing the job", job_id, reason)
+    try:
+        site.finish(job_id, status="failed", reason=reason)
+    except SiteError as err:
+        log.error("job %s: could not tell the site it failed: %s", job_id, err)
+    return "failed"
+
+
+def _loss_line(s: LossSettings) -> str:
+    return (f"{s.type}/{s.aggregation}/{s.off_policy} eps=({s.clip_low},{s.clip_high}) beta={s.kl_beta}"
+            + (f" C={s.is_cap}" if s.off_policy in ("tis", "mis") else ""))
+
+
+def _resolved_config(spec: JobSpec, trainer: PolicyTrainer, options: LearnerOptions,
+                     ctx: distributed.DistContext) -> dict[str, Any]:
+    """What this run trains with, every default filled in (saved beside the checkpoint; no secrets)."""
+    learner = {**dataclasses.asdict(options), "world_size": ctx.world}
+    url = urlsplit(options.redis_url)
+    if url.password:
+        learner["redis_url"] = urlunsplit(url._replace(netloc=f"***@{url.hostname}:{url.port or 6379}"))
+    return json.loads(json.dumps({"job": spec.model_dump(mode="json"), "loss": dataclasses.asdict(trainer.settings),
+                                  "learner": learner}, default=str))

@@ -339,10 +339,10 @@ def metrics_record(*, job: Job, step: int, values: dict[str, Any]) -> JobMetric:
     if job.status != Job.Status.RUNNING:
         raise ServiceError(f"status: job is {job.status}")
     known = {f.name for f in JobMetric._meta.get_fields()} - {"id", "job", "step", "created_at", "extra"}
+    values = dict(values)
+    extra = {**values.pop("extra", {}), **{k: v for k, v in values.items() if k not in known}}
     metric, _ = JobMetric.objects.update_or_create(
-        job=job, step=step,
-        defaults={**{k: v for k, v in values.items() if k in known},
-                  "extra": {k: v for k, v in values.items() if k not in known}},
+        job=job, step=step, defaults={**{k: v for k, v in values.items() if k in known}, "extra": extra},
     )
     Job.objects.filter(pk=job.pk).update(learner_step=step, learner_seen_at=timezone.now())
     job.refresh_from_db()

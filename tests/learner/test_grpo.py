@@ -1,4 +1,5 @@
-"""GRPO math against values worked out by hand in float64."""
+"""GRPO math against values worked out by hand in float64: advantages, the clip, clip-higher, the KL term,
+the aggregation choices, the off-policy corrections (TIS, MIS) and GSPO's sequence ratio."""
 
 from __future__ import annotations
 
@@ -7,14 +8,25 @@ import math
 import pytest
 import torch
 
-from learner.grpo import clipped_surrogate_loss, group_advantages
+from learner.grpo import (
+    LossSettings,
+    aggregation_weights,
+    behaviour_weights,
+    group_advantages,
+    k3_kl,
+    policy_loss,
+    sequence_ratio,
+)
 
 EPS = 1e-6
+LN2 = math.log(2.0)
 
 
 def f64(values) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.float64)
 
+
+# ---- advantages ----------------------------------------------------------------------------------------
 
 # Two groups, interleaved in the batch: group 0 = rewards (1, 0, 0, 0), group 1 = rewards (2, 4).
 REWARDS = f64([1.0, 2.0, 0.0, 0.0, 4.0, 0.0])
@@ -54,56 +66,86 @@ def test_group_with_equal_rewards_has_zero_advantage() -> None:
 
 
 def test_mean_only_advantages() -> None:
-    # the same two groups, centred but not scaled: r - 0.25 in group 0, r - 3 in group 1
+    # the same two groups, centred but not scaled (Dr.GRPO): r - 0.25 in group 0, r - 3 in group 1
     adv = group_advantages(REWARDS, GROUPS, scale=False)
 
     assert adv.tolist() == pytest.approx([0.75, -1.0, -0.25, -0.25, 1.0, -0.25], rel=1e-12)
 
 
-# Surrogate: clip_eps = 0.2, so the trust region for the ratio is [0.8, 1.2].
+# ---- the token-level surrogate against the behaviour log-probs (the default) -----------------------------
+
+# ratio = pi_theta / mu per token; clip_eps = 0.2, so the trust region for the ratio is [0.8, 1.2].
 #   row 0, A = +1:  ratios 1.1 (inside), 1.5 (above: clipped to 1.2), 0.5 (below: min keeps 0.5, not clipped)
 #   row 1, A = -2:  ratios 0.9 (inside), 0.5 (below: min picks 0.8 * -2 = -1.6), 1.5 (above: min keeps -3.0)
-#   row 2, A = 0.5: ratio 1.05 learns; ratios 2.0 and 0.1 are masked out
+#   row 2, A = 0.5: ratio 1.05 learns; ratios 2.0 and 0.1 are masked out (loss mask 0)
 RATIOS = [[1.1, 1.5, 0.5], [0.9, 0.5, 1.5], [1.05, 2.0, 0.1]]
 ADVANTAGES = [1.0, -2.0, 0.5]
 MASK = [[1, 1, 1], [1, 1, 1], [1, 0, 0]]
 BEHAVIOUR = [[-1.0, -2.0, -0.5], [-0.3, -1.2, -2.5], [-0.7, -0.1, -4.0]]
+DEFAULT = LossSettings()  # grpo, token-mean, behaviour ratio, eps 0.2/0.2, no KL
 
 
-def surrogate_inputs():
+def inputs():
     behaviour = f64(BEHAVIOUR)
     logp = (behaviour + f64(RATIOS).log()).requires_grad_(True)
     return logp, behaviour, f64(ADVANTAGES), torch.tensor(MASK)
 
 
-def test_clipped_surrogate_loss_by_hand() -> None:
+def loss_and_grad(settings: LossSettings, **kwargs):
+    logp, behaviour, adv, mask = inputs()
+    terms = policy_loss(logp, behaviour, adv, mask, settings, **kwargs)
+    terms.loss.backward()
+    return terms, logp.grad
+
+
+def test_default_loss_by_hand() -> None:
     # per-token min(ratio * A, clip(ratio) * A) on learning tokens:
     #   row 0: 1.1, min(1.5, 1.2) = 1.2, min(0.5, 0.8) = 0.5                 -> 2.8
     #   row 1: -1.8, min(-1.0, -1.6) = -1.6, min(-3.0, -2.4) = -3.0           -> -6.4
     #   row 2: 0.525                                                         -> 0.525
-    # 7 learning tokens: loss = -(2.8 - 6.4 + 0.525) / 7 = 3.075 / 7
-    logp, behaviour, adv, mask = surrogate_inputs()
-
-    terms = clipped_surrogate_loss(logp, behaviour, adv, mask, clip_eps=0.2)
+    # token-mean over 7 learning tokens: loss = -(2.8 - 6.4 + 0.525) / 7 = 3.075 / 7
+    terms, grad = loss_and_grad(DEFAULT)
 
     assert terms.loss.item() == pytest.approx(3.075 / 7, rel=1e-12)
-    # ratios outside [0.8, 1.2] on learning tokens: 1.5, 0.5, 0.5, 1.5 -> 4 of 7
-    assert terms.clip_fraction == pytest.approx(4 / 7)
+    assert terms.summary["pg_loss"] == pytest.approx(3.075 / 7, rel=1e-12)
+    assert terms.summary["kl_loss"] == 0.0
+    # the clip binds on (0, 1) (above, A > 0) and (1, 1) (below, A < 0); (0, 2) and (1, 2) lie outside
+    # [0.8, 1.2] but the min keeps their unclipped term, so their gradient flows
+    assert terms.summary["clip_high_fraction"] == pytest.approx(1 / 7)
+    assert terms.summary["clip_low_fraction"] == pytest.approx(1 / 7)
+    assert terms.summary["clip_fraction"] == pytest.approx(2 / 7)
     # mean ratio on learning tokens: (1.1 + 1.5 + 0.5 + 0.9 + 0.5 + 1.5 + 1.05) / 7
-    assert terms.mean_ratio == pytest.approx(7.05 / 7)
-
-
-def test_clipped_surrogate_gradient_by_hand() -> None:
+    assert terms.summary["mean_ratio"] == pytest.approx(7.05 / 7)
     # d(ratio * A)/d logp = ratio * A where the unclipped term is chosen, 0 where the clipped constant is;
     # the loss is minus the mean over 7 tokens, so grad = -ratio * A / 7 there; masked tokens get 0.
     expected = [[-1.1 / 7, 0.0, -0.5 / 7],
                 [1.8 / 7, 0.0, 3.0 / 7],
                 [-0.525 / 7, 0.0, 0.0]]
-    logp, behaviour, adv, mask = surrogate_inputs()
+    torch.testing.assert_close(grad, f64(expected), rtol=1e-12, atol=1e-15)
 
-    clipped_surrogate_loss(logp, behaviour, adv, mask, clip_eps=0.2).loss.backward()
 
-    torch.testing.assert_close(logp.grad, f64(expected), rtol=1e-12, atol=1e-15)
+def test_clip_higher_releases_only_the_upper_bound() -> None:
+    # eps_high = 0.6: the range is [0.8, 1.6]. Token (0, 1), ratio 1.5 with A = +1, is no longer clipped:
+    # its term goes from 1.2 to 1.5, everything else is unchanged. loss = -(3.1 - 6.4 + 0.525) / 7 = 2.775 / 7
+    terms, grad = loss_and_grad(LossSettings(clip_low=0.2, clip_high=0.6))
+
+    assert terms.loss.item() == pytest.approx(2.775 / 7, rel=1e-12)
+    assert terms.summary["clip_high_fraction"] == 0.0
+    assert terms.summary["clip_low_fraction"] == pytest.approx(1 / 7)
+    _, default_grad = loss_and_grad(DEFAULT)
+    changed = (grad != default_grad).nonzero().tolist()
+    assert changed == [[0, 1]]
+    assert grad[0, 1].item() == pytest.approx(-1.5 / 7, rel=1e-12)
+
+
+def test_lower_clip_bound_alone() -> None:
+    # eps_low = 0.6, eps_high = 0.2: the range is [0.4, 1.2]. Token (1, 1), ratio 0.5 with A = -2, is no
+    # longer clipped: min(-1.0, -1.0) = -1.0 instead of -1.6. loss = -(2.8 - 5.8 + 0.525) / 7 = 2.475 / 7
+    terms, grad = loss_and_grad(LossSettings(clip_low=0.6, clip_high=0.2))
+
+    assert terms.loss.item() == pytest.approx(2.475 / 7, rel=1e-12)
+    assert terms.summary["clip_low_fraction"] == 0.0
+    assert grad[1, 1].item() == pytest.approx(1.0 / 7, rel=1e-12)  # -(0.5 * -2) / 7
 
 
 def test_on_policy_loss_is_minus_mean_advantage_per_token() -> None:
@@ -111,20 +153,199 @@ def test_on_policy_loss_is_minus_mean_advantage_per_token() -> None:
     behaviour = f64([[-1.0, -2.0], [-0.5, -0.5]])
     logp = behaviour.clone().requires_grad_(True)
 
-    terms = clipped_surrogate_loss(logp, behaviour, f64([0.6, -0.3]), torch.tensor([[1, 1], [1, 0]]))
+    terms = policy_loss(logp, behaviour, f64([0.6, -0.3]), torch.tensor([[1, 1], [1, 0]]), DEFAULT)
     terms.loss.backward()
 
     assert terms.loss.item() == pytest.approx(-(0.6 * 2 - 0.3) / 3, rel=1e-12)
-    assert terms.clip_fraction == 0.0
-    assert terms.mean_ratio == pytest.approx(1.0)
+    assert terms.summary["clip_fraction"] == 0.0
+    assert terms.summary["mean_ratio"] == pytest.approx(1.0)
+    assert terms.summary["behaviour_kl"] == pytest.approx(0.0, abs=1e-15)
     torch.testing.assert_close(logp.grad, f64([[-0.2, -0.2], [0.1, 0.0]]), rtol=1e-12, atol=1e-15)
 
 
 def test_fully_masked_batch_gives_zero_loss_not_nan() -> None:
-    logp, behaviour, adv, _ = surrogate_inputs()
+    logp, behaviour, adv, _ = inputs()
 
-    terms = clipped_surrogate_loss(logp, behaviour, adv, torch.zeros(3, 3))
-    terms.loss.backward()
+    for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+        logp.grad = None
+        terms = policy_loss(logp, behaviour, adv, torch.zeros(3, 3), LossSettings(aggregation=mode))
+        terms.loss.backward()
 
-    assert terms.loss.item() == 0.0
-    assert torch.equal(logp.grad, torch.zeros(3, 3, dtype=torch.float64))
+        assert terms.loss.item() == 0.0
+        assert torch.equal(logp.grad, torch.zeros(3, 3, dtype=torch.float64))
+
+
+# ---- aggregation ---------------------------------------------------------------------------------------
+
+def test_seq_mean_token_mean_by_hand() -> None:
+    # per-sequence means of the same token terms: 2.8 / 3, -6.4 / 3, 0.525 / 1; then the mean of the three:
+    # loss = -(0.9333... - 2.1333... + 0.525) / 3 = 0.675 / 3 = 0.225
+    terms, grad = loss_and_grad(LossSettings(aggregation="seq-mean-token-mean"))
+
+    assert terms.loss.item() == pytest.approx(0.225, rel=1e-12)
+    # a token's gradient is -ratio * A / (n_i * B): the lone learning token of row 2 weighs 3x a row-0 token
+    assert grad[2, 0].item() == pytest.approx(-0.525 / 3, rel=1e-12)
+    assert grad[0, 0].item() == pytest.approx(-1.1 / 9, rel=1e-12)
+
+
+def test_seq_mean_token_sum_uses_a_constant_normalizer() -> None:
+    # Dr.GRPO: the token sum over B * norm_length = 3 * 4 = 12, whatever the lengths: 3.075 / 12
+    terms, grad = loss_and_grad(LossSettings(aggregation="seq-mean-token-sum", norm_length=4))
+
+    assert terms.loss.item() == pytest.approx(3.075 / 12, rel=1e-12)
+    assert grad[2, 0].item() == pytest.approx(-0.525 / 12, rel=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_splitting_a_batch_with_the_full_denominator_is_exact(mode: str) -> None:
+    # micro-batches and data-parallel ranks each see some rows; with the whole batch's D they add up exactly
+    settings = LossSettings(aggregation=mode, norm_length=4, kl_beta=0.1)
+    logp, behaviour, adv, mask = inputs()
+    ref = logp.detach() - 0.3
+    whole = policy_loss(logp, behaviour, adv, mask, settings, ref_logp=ref)
+    _, denominator = aggregation_weights(mask, mode=mode, norm_length=4)
+
+    parts = [policy_loss(logp[rows], behaviour[rows], adv[rows], mask[rows], settings, ref_logp=ref[rows],
+                         denominator=denominator) for rows in (slice(0, 1), slice(1, 3))]
+
+    assert (parts[0].loss + parts[1].loss).item() == pytest.approx(whole.loss.item(), rel=1e-12)
+    assert (parts[0].stats + parts[1].stats).summary() == pytest.approx(whole.stats.summary(), rel=1e-12)
+
+
+# ---- KL to the reference -------------------------------------------------------------------------------
+
+def test_k3_estimator_by_hand() -> None:
+    # k3 = exp(d) - d - 1 with d = ref - logp: d = 0 -> 0; d = ln 2 -> 2 - ln 2 - 1; d = -ln 2 -> 0.5 + ln 2 - 1
+    logp = f64([0.0, 0.0, 0.0])
+    kl = k3_kl(logp, f64([0.0, LN2, -LN2]))
+
+    assert kl.tolist() == pytest.approx([0.0, 1 - LN2, LN2 - 0.5], rel=1e-12, abs=1e-15)
+
+
+def test_kl_term_adds_beta_times_k3_per_token() -> None:
+    # ref = logp + d with d per token below; the masked tokens' huge d must not count.
+    #   learning-token k3 sums: row 0: 0 + (1 - ln 2) + (ln 2 - 0.5) = 0.5; row 1: (1 - ln 2); row 2: ln 2 - 0.5
+    #   total = 1.0 over 7 tokens, so kl = 1/7 and the loss grows by beta * 1/7 = 0.1 / 7
+    # d k3 / d logp = 1 - exp(d) with the reference held fixed: 0, -1 or +0.5, times beta / 7
+    deltas = f64([[0.0, LN2, -LN2], [LN2, 0.0, 0.0], [-LN2, 5.0, 5.0]])
+    logp, *_ = inputs()
+    ref = logp.detach() + deltas
+
+    terms, grad = loss_and_grad(LossSettings(kl_beta=0.1), ref_logp=ref)
+
+    assert terms.summary["kl"] == pytest.approx(1 / 7, rel=1e-12)
+    assert terms.summary["kl_loss"] == pytest.approx(0.1 / 7, rel=1e-12)
+    assert terms.loss.item() == pytest.approx(3.075 / 7 + 0.1 / 7, rel=1e-12)
+    _, default_grad = loss_and_grad(DEFAULT)
+    expected_extra = 0.1 / 7 * (1 - deltas.exp()) * f64(MASK)
+    torch.testing.assert_close(grad - default_grad, expected_extra, rtol=1e-12, atol=1e-15)
+
+
+def test_kl_off_needs_no_reference() -> None:
+    terms, _ = loss_and_grad(LossSettings(kl_beta=0.0), ref_logp=None)
+
+    assert terms.loss.item() == pytest.approx(3.075 / 7, rel=1e-12)
+    with pytest.raises(ValueError, match="reference"):
+        loss_and_grad(LossSettings(kl_beta=0.1), ref_logp=None)
+
+
+# ---- off-policy corrections ----------------------------------------------------------------------------
+
+# Decoupled modes take the PPO ratio against the learner's own (detached) log-probs: it is 1, the clip
+# does not bind, and the token term is -w * A with the behaviour weight w = pi_prox / mu = RATIOS above.
+
+def test_tis_truncates_each_token_weight_at_the_cap() -> None:
+    # C = 1.2: w = [[1.1, 1.2, 0.5], [0.9, 0.5, 1.2], [1.05, -, -]] (1.5 -> 1.2 twice)
+    # loss = -(1 * (1.1 + 1.2 + 0.5) - 2 * (0.9 + 0.5 + 1.2) + 0.5 * 1.05) / 7 = -(2.8 - 5.2 + 0.525) / 7 = 1.875 / 7
+    terms, grad = loss_and_grad(LossSettings(off_policy="tis", is_cap=1.2))
+
+    assert terms.loss.item() == pytest.approx(1.875 / 7, rel=1e-12)
+    assert terms.summary["is_corrected_fraction"] == pytest.approx(2 / 7)
+    assert terms.summary["clip_fraction"] == 0.0
+    assert terms.summary["mean_ratio"] == pytest.approx(1.0)
+    # gradient of -w * A * exp(logp - sg(logp)) is -w * A
+    expected = [[-1.1 / 7, -1.2 / 7, -0.5 / 7], [1.8 / 7, 1.0 / 7, 2.4 / 7], [-0.525 / 7, 0.0, 0.0]]
+    torch.testing.assert_close(grad, f64(expected), rtol=1e-12, atol=1e-15)
+
+
+def test_tis_truncation_changes_exactly_the_capped_tokens() -> None:
+    # a cap above every ratio leaves the true weights: -(3.1 - 5.8 + 0.525) / 7 = 2.175 / 7; capping at 1.2
+    # changes (0, 1) by +0.3 (A = +1) and (1, 2) by -0.6 (A = -2): 2.175 / 7 - 0.3 / 7 = 1.875 / 7
+    loose, loose_grad = loss_and_grad(LossSettings(off_policy="tis", is_cap=10.0))
+    tight, tight_grad = loss_and_grad(LossSettings(off_policy="tis", is_cap=1.2))
+
+    assert loose.loss.item() == pytest.approx(2.175 / 7, rel=1e-12)
+    assert loose.loss.item() - tight.loss.item() == pytest.approx(0.3 / 7, rel=1e-9)
+    assert (loose_grad != tight_grad).nonzero().tolist() == [[0, 1], [1, 2]]
+
+
+def test_mis_masks_whole_sequences_whose_ratio_exceeds_the_cap() -> None:
+    # geometric-mean weights: row 0 (1.1 * 1.5 * 0.5)^(1/3) = 0.938, row 1 (0.9 * 0.5 * 1.5)^(1/3) = 0.877,
+    # row 2 1.05 (one learning token). With C = 1.0 row 2 is rejected; rows 0 and 1 keep their true token
+    # weights: loss = -(1 * (1.1 + 1.5 + 0.5) - 2 * (0.9 + 0.5 + 1.5)) / 7 = -(3.1 - 5.8) / 7 = 2.7 / 7
+    terms, grad = loss_and_grad(LossSettings(off_policy="mis", is_cap=1.0))
+
+    assert terms.loss.item() == pytest.approx(2.7 / 7, rel=1e-12)
+    assert terms.summary["is_corrected_fraction"] == pytest.approx(1 / 7)
+    assert grad[2].tolist() == [0.0, 0.0, 0.0]
+    assert grad[0, 1].item() == pytest.approx(-1.5 / 7, rel=1e-12)
+
+
+def test_behaviour_weights_functions_directly() -> None:
+    prox = f64([[math.log(3.0), 0.0]])
+    mu = f64([[0.0, 0.0]])  # token ratios 3 and 1; geometric mean sqrt(3) = 1.732
+    mask = torch.tensor([[1, 1]])
+
+    w, corrected = behaviour_weights(prox, mu, mask, mode="tis", cap=2.0)  # 3 -> 2
+    assert w[0].tolist() == pytest.approx([2.0, 1.0]) and corrected.tolist() == [[True, False]]
+    w, corrected = behaviour_weights(prox, mu, mask, mode="mis", cap=2.0)  # 1.732 <= 2: true weights
+    assert w[0].tolist() == pytest.approx([3.0, 1.0]) and corrected.tolist() == [[False, False]]
+    w, corrected = behaviour_weights(prox, mu, mask, mode="mis", cap=1.5)  # 1.732 > 1.5: rejected
+    assert w.tolist() == [[0.0, 0.0]] and corrected.tolist() == [[True, True]]
+    w, _ = behaviour_weights(prox, mu, mask, mode="tis", cap=1.5, per_sequence=True)  # GSPO: min(1.732, 1.5)
+    assert w[0].tolist() == pytest.approx([1.5, 1.5])
+
+
+def test_no_correction_treats_stale_records_as_on_policy() -> None:
+    # off_policy = "none": weights 1, ratio 1: loss = -(1 * 3 - 2 * 3 + 0.5 * 1) / 7 = 2.5 / 7, grad -A / 7
+    terms, grad = loss_and_grad(LossSettings(off_policy="none"))
+
+    assert terms.loss.item() == pytest.approx(2.5 / 7, rel=1e-12)
+    expected = [[-1 / 7] * 3, [2 / 7] * 3, [-0.5 / 7, 0.0, 0.0]]
+    torch.testing.assert_close(grad, f64(expected), rtol=1e-12, atol=1e-15)
+
+
+# ---- GSPO ----------------------------------------------------------------------------------------------
+
+S0, S1, S2 = 0.825 ** (1 / 3), 0.675 ** (1 / 3), 1.05  # geometric-mean ratios of the three rows
+
+
+def test_sequence_ratio_is_the_geometric_mean_over_learning_tokens() -> None:
+    logp, behaviour, _, mask = inputs()
+
+    assert sequence_ratio(logp, behaviour, mask).tolist() == pytest.approx([S0, S1, S2], rel=1e-12)
+
+
+def test_gspo_loss_and_gradient_by_hand() -> None:
+    # wide clip (all ratios inside): per-sequence s_i * A_i, mean over 3 sequences (GSPO's default aggregation)
+    # loss = -(S0 - 2 * S1 + 0.5 * S2) / 3; d s_i / d logp_t = s_i / n_i, so grad = -A_i * s_i / (n_i * 3)
+    settings = LossSettings(type="gspo", aggregation="seq-mean-token-mean", clip_low=0.5, clip_high=0.5)
+    terms, grad = loss_and_grad(settings)
+
+    assert terms.loss.item() == pytest.approx(-(S0 - 2 * S1 + 0.5 * S2) / 3, rel=1e-12)
+    expected = [[-S0 / 9] * 3, [2 * S1 / 9] * 3, [-0.5 * S2 / 3, 0.0, 0.0]]
+    torch.testing.assert_close(grad, f64(expected), rtol=1e-12, atol=1e-15)
+
+
+def test_gspo_clips_whole_sequences() -> None:
+    # eps = 0.04: range [0.96, 1.04]. Row 0 (0.938, A > 0): the min keeps s0, gradient flows. Row 1 (0.877,
+    # A < 0): clipped to 0.96, no gradient. Row 2 (1.05, A > 0): clipped to 1.04, no gradient.
+    # loss = -(S0 - 2 * 0.96 + 0.5 * 1.04) / 3
+    settings = LossSettings(type="gspo", aggregation="seq-mean-token-mean", clip_low=0.04, clip_high=0.04)
+    terms, grad = loss_and_grad(settings)
+
+    assert terms.loss.item() == pytest.approx(-(S0 - 2 * 0.96 + 0.5 * 1.04) / 3, rel=1e-12)
+    assert terms.summary["clip_low_fraction"] == pytest.approx(3 / 7)  # the three learning tokens of row 1
+    assert terms.summary["clip_high_fraction"] == pytest.approx(1 / 7)
+    assert grad[1].tolist() == [0.0, 0.0, 0.0] and grad[2].tolist() == [0.0, 0.0, 0.0]
+    assert grad[0].tolist() == pytest.approx([-S0 / 9] * 3, rel=1e-12)

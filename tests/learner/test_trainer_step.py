@@ -1,4 +1,5 @@
-"""One GRPO step on the tiny model moves the policy toward the rewarded completion."""
+"""One GRPO step on the tiny model moves the policy toward the rewarded completion; gradient accumulation,
+the KL term and bf16 autocast (GPU only) keep the update what it should be."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import torch
 
 from dataplane.records import Trajectory
 from learner.batch import collate, token_logprobs
+from learner.distributed import DistContext
+from learner.grpo import LossSettings
+from learner.step import PolicyTrainer
 from learner.trainer import grpo_step
 
 
@@ -73,3 +77,79 @@ def test_grpo_step_raises_the_rewarded_completion(policy) -> None:
     assert result.reward_std == 0.5
     assert result.clip_fraction == 0.0
     assert result.tokens == 8  # four completions of answer + eos
+
+
+def copy_model(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+
+
+def test_gradient_accumulation_equals_the_whole_batch(policy, tiny_model_dir) -> None:
+    # micro-batches of one row each, with the whole batch's denominator, give the same update
+    model, tokenizer = policy
+    pad = tokenizer.pad_token_id
+    records = on_policy(model, [*make_group(tokenizer, "a", "3+4=", {"7": 1.0, "55": 0.0, "1": 0.0}),
+                                *make_group(tokenizer, "b", "2+2=", {"1": 0.0, "4": 1.0, "44": 1.0})], pad)
+    settings = LossSettings(aggregation="seq-mean-token-mean")
+    results, params = [], []
+    for micro_batch in (None, 1):
+        fresh = copy_model(tiny_model_dir)
+        # plain SGD: the parameter change is lr * gradient, so the comparison is as tight as the gradients
+        trainer = PolicyTrainer(fresh, torch.optim.SGD(fresh.parameters(), lr=0.1), settings, pad_id=pad,
+                                micro_batch=micro_batch)
+        results.append(trainer.step(records))
+        params.append([p.detach().clone() for p in fresh.parameters()])
+
+    assert results[1].loss == pytest.approx(results[0].loss, abs=1e-6)
+    assert results[1].tokens == results[0].tokens == 14  # answer characters plus eos
+    initial = [p.detach() for p in copy_model(tiny_model_dir).parameters()]
+    assert any(not torch.equal(a, b) for a, b in zip(initial, params[0], strict=True)), "no parameter moved"
+    for whole, accumulated in zip(*params, strict=True):
+        torch.testing.assert_close(accumulated, whole, rtol=0, atol=1e-6)
+
+
+def test_kl_to_the_reference_is_zero_first_then_pulls_back(policy, tiny_model_dir) -> None:
+    model, tokenizer = policy
+    pad = tokenizer.pad_token_id
+    records = on_policy(model, make_group(tokenizer, "a", "3+4=", {"7": 1.0, "5": 0.0}), pad)
+    reference = copy_model(tiny_model_dir).eval().requires_grad_(False)
+    trainer = PolicyTrainer(model, torch.optim.AdamW(model.parameters(), lr=1e-2), LossSettings(kl_beta=0.5),
+                            pad_id=pad, reference=reference)
+
+    first = trainer.step(records)
+    second = trainer.step(records)
+
+    assert first.metrics()["kl"] == pytest.approx(0.0, abs=1e-9)  # the policy is the reference
+    assert second.metrics()["kl"] > 0.0  # one update later it has moved away
+    assert second.metrics()["kl_loss"] == pytest.approx(0.5 * second.metrics()["kl"], rel=1e-6)
+    assert second.loss == pytest.approx(second.metrics()["pg_loss"] + second.metrics()["kl_loss"], rel=1e-6)
+
+
+def test_bf16_is_refused_without_cuda(policy) -> None:
+    model, tokenizer = policy
+    with pytest.raises(ValueError, match="CUDA"):
+        PolicyTrainer(model, torch.optim.AdamW(model.parameters()), LossSettings(), pad_id=0, bf16=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bf16_micro_batched_step_on_gpu_matches_fp32(policy, tiny_model_dir) -> None:
+    _, tokenizer = policy
+    pad = tokenizer.pad_token_id
+    base = copy_model(tiny_model_dir)
+    records = on_policy(base, [*make_group(tokenizer, "a", "3+4=", {"7": 1.0, "5": 0.0}),
+                               *make_group(tokenizer, "b", "2+2=", {"1": 0.0, "4": 1.0})], pad)
+    results = {}
+    for bf16 in (False, True):
+        model = copy_model(tiny_model_dir).to("cuda")
+        trainer = PolicyTrainer(model, torch.optim.AdamW(model.parameters(), lr=1e-2), LossSettings(), pad_id=pad,
+                                micro_batch=2, bf16=bf16, ctx=DistContext(device="cuda"))
+        results[bf16] = (trainer.step(records), completion_logprobs(model.cpu(), records, pad))
+
+    before = completion_logprobs(base, records, pad)
+    after = results[True][1]
+    assert after[0] > before[0] and after[3] > before[3]  # the rewarded completions rose under bf16 too
+    assert results[True][0].loss == pytest.approx(results[False][0].loss, abs=5e-2)
+    for fp32, bf16 in zip(results[False][1], after, strict=True):
+        assert bf16 == pytest.approx(fp32, abs=0.1)

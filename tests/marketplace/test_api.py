@@ -146,3 +146,13 @@ def test_agent_reports_its_calibration_with_its_key_and_only_its_own():
     stranger = APIClient()
     stranger.credentials(HTTP_AUTHORIZATION="Bearer e2w_nope")
     assert stranger.post(f"/api/workers/{worker.pk}/calibrations/", body, format="json").status_code == 401
+
+
+def test_learner_extra_metrics_are_stored_flat(redis_url, settings):
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    owner = factories.user()
+    api = client_for(owner)
+    job = factories.job(owner)
+    api.post(f"/api/jobs/{job.pk}/start/")
+    api.post(f"/api/jobs/{job.pk}/metrics/", {"step": 1, "reward_mean": 0.5, "extra": {"kl": 0.01}}, format="json")
+    assert api.get(f"/api/jobs/{job.pk}/metrics/").json()[0]["extra"] == {"kl": 0.01}

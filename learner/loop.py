@@ -1,0 +1,173 @@
+"""The learner's core cycle, with no site in it: wait for data -> step -> checkpoint -> acknowledge.
+
+``run_job`` (learner/trainer.py) wraps it with what the site needs (publication, metrics); tests run it
+alone against a real Redis, kill it and restart it.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dataplane.jobs import JobSpec
+
+from .checkpoint import Checkpoint, CheckpointStore, capture_rng, restore_rng
+from .consumer import StalenessGatedConsumer
+from .prompts import PromptFeeder
+from .step import PolicyTrainer, StepResult
+
+log = logging.getLogger("echo2.learner")
+
+
+class ResumeError(RuntimeError):
+    """The checkpoint on disk cannot continue this job; ``str(err)`` says why and what to do."""
+
+
+@dataclass
+class StepOutcome:
+    version: int  # v_t after the update
+    result: StepResult
+    entry_ids: list[str]
+    lags: list[int]  # v_t - v of every trained record, v_t taken before the update
+    wait_s: float  # time spent waiting for admissible data (the learner's bubble)
+    dropped: int  # records dropped as stale while waiting
+    t_train: float
+    checkpointed: bool
+
+
+def check_resume(job_id: int, *, learner_step: int, published_version: int, checkpoint_version: int | None,
+                 path: Path) -> None:
+    """Refuse to train when the site and the checkpoint disagree in a way no restart can repair.
+
+    A job that trained steps needs its checkpoint (or it would restart from the base model under version
+    numbers agents already hold); a published snapshot newer than the checkpoint is a policy the
+    learner no longer has. A checkpoint ahead of the site is fine: the learner crashed before reporting.
+    """
+    if checkpoint_version is None and learner_step > 0:
+        raise ResumeError(f"job {job_id} already trained {learner_step} steps but there is no checkpoint at {path}; "
+                          "start the learner with the --checkpoint-dir (or --snapshot-dir) of the first run")
+    if checkpoint_version is not None and published_version > checkpoint_version:
+        raise ResumeError(f"job {job_id} published v{published_version} but the checkpoint at {path} holds "
+                          f"v{checkpoint_version}; the newer policy is lost, so the run cannot continue consistently")
+
+
+class LearnerLoop:
+    """Consume admissible groups, train, checkpoint every ``checkpoint_every`` steps (and at every
+    publication step, multiples of kappa, and the last step), acknowledge what the checkpoint holds.
+
+    Invariant: no record is acknowledged unless it was deliberately dropped as stale or the update that
+    trained it is inside a committed checkpoint. Entries trained since the last checkpoint stay pending
+    in the Redis consumer group and their ids go into the next checkpoint (``trained_entry_ids``); once
+    ``os.replace`` commits it they are acknowledged. After a crash the restarted learner loads that
+    checkpoint (version ``c``) and
+
+    - acknowledges the checkpoint's ``trained_entry_ids`` still pending (a crash between commit and
+      acknowledgement): they are in the model and must not be trained again;
+    - reads every other pending entry again, oldest first: its update was lost with the process, so it
+      is trained again, from version ``c``, in the order it was first read.
+
+    So no acknowledged record is untrained and none is trained twice, the versions continue
+    ``c+1, c+2, ...``, and (with the saved RNG) the resumed run takes the same updates an uninterrupted
+    one would have. The published version never exceeds the checkpoint's: a publication step is always
+    a checkpoint step, and the checkpoint is written first.
+    """
+
+    def __init__(self, *, spec: JobSpec, trainer: PolicyTrainer, consumer: StalenessGatedConsumer,
+                 checkpoints: CheckpointStore, identity: dict[str, Any], checkpoint_every: int | None = None,
+                 feeder: PromptFeeder | None = None,
+                 on_trained: Callable[[int, list[str]], None] | None = None) -> None:
+        self.spec, self.trainer, self.consumer, self.checkpoints = spec, trainer, consumer, checkpoints
+        self.identity, self.feeder, self.on_trained = identity, feeder, on_trained
+        self.checkpoint_every = checkpoint_every or spec.kappa
+        self.version = 0
+        self.uncommitted: list[str] = []  # trained, not yet in a committed checkpoint, so not acknowledged
+        self.recent_rewards: collections.deque[float] = collections.deque(maxlen=10)
+        self.t_train_avg: float | None = None
+
+    @property
+    def rng(self) -> random.Random | None:
+        return self.feeder.rng if self.feeder is not None else None
+
+    def resume(self) -> Checkpoint | None:
+        """Continue from the committed checkpoint, if any (see the class docstring); None when starting fresh."""
+        ckpt = self.checkpoints.load()
+        if ckpt is None:
+            return None
+        if ckpt.job.get("job_id") != self.identity.get("job_id") or \
+                ckpt.job.get("created_at") != self.identity.get("created_at"):
+            raise ResumeError(f"{self.checkpoints.path} belongs to job {ckpt.job.get('job_id')} created "
+                              f"{ckpt.job.get('created_at')}, not this one; use another --checkpoint-dir")
+        self.trainer.load_state(ckpt.model, ckpt.optimizer)
+        restore_rng(ckpt.rng, self.rng)
+        self.version = ckpt.version
+        self.consumer.dropped_total = int(ckpt.state.get("dropped_total", 0))
+        self.recent_rewards.extend(ckpt.state.get("recent_rewards", []))
+        self.t_train_avg = ckpt.state.get("t_train_avg")
+        self.consumer.ack_ids(list(ckpt.trained_entry_ids))  # in the model already: never train them again
+        log.info("resumed from %s at version %d", self.checkpoints.path, self.version)
+        return ckpt
+
+    def due(self, version: int) -> bool:
+        return version % self.checkpoint_every == 0 or version % self.spec.kappa == 0 or \
+            version >= self.spec.max_steps
+
+    def step(self, *, timeout_s: float) -> StepOutcome | None:
+        """Wait up to ``timeout_s`` for R admissible records in whole groups, train on them, checkpoint
+        when due; None when the data did not come (trained work since the last checkpoint is kept pending)."""
+        if self.feeder is not None:
+            self.feeder.top_up(trained=len(self.uncommitted))
+        wait = self.consumer.next_batch(groups=self.spec.groups_per_step, learner_version=self.version,
+                                        timeout_s=timeout_s)
+        if wait is None:
+            return None
+        records = [r for g in wait.groups for r in g.records]
+        ids = [g.entry_id for g in wait.groups]
+        lags = [self.version - r.version for r in records]
+
+        started = time.perf_counter()
+        result = self.trainer.step(records)
+        t_train = time.perf_counter() - started
+        self.version += 1
+        self.uncommitted.extend(ids)
+        self.recent_rewards.append(result.reward_mean)
+        self.t_train_avg = t_train if self.t_train_avg is None else 0.9 * self.t_train_avg + 0.1 * t_train
+        if self.on_trained is not None:
+            self.on_trained(self.version, ids)
+
+        checkpointed = self.due(self.version)
+        if checkpointed:
+            self.commit()
+        return StepOutcome(version=self.version, result=result, entry_ids=ids, lags=lags, wait_s=wait.wait_s,
+                           dropped=wait.dropped, t_train=t_train, checkpointed=checkpointed)
+
+    def commit(self) -> None:
+        """Write the checkpoint of the current version, then acknowledge the entries it contains."""
+        self.write_checkpoint()
+        self.consumer.ack_ids(self.uncommitted)
+        log.info("checkpoint v%d committed; %d entries acknowledged", self.version, len(self.uncommitted))
+        self.uncommitted = []
+
+    def write_checkpoint(self) -> None:
+        """The first half of :meth:`commit`: after it returns, the checkpoint is the one a restart loads."""
+        module, optimizer = self.trainer.module, self.trainer.optimizer
+        self.checkpoints.save(Checkpoint(
+            version=self.version, model={k: v.detach().cpu() for k, v in module.state_dict().items()},
+            optimizer=optimizer.state_dict(), rng=capture_rng(self.rng), trained_entry_ids=list(self.uncommitted),
+            job=dict(self.identity),
+            state={"dropped_total": self.consumer.dropped_total, "recent_rewards": list(self.recent_rewards),
+                   "t_train_avg": self.t_train_avg},
+        ))
+
+    def reward_target_reached(self) -> float | None:
+        """The 10-step mean reward when it reached the job's target, else None."""
+        target = self.spec.target_reward
+        if target is None or len(self.recent_rewards) < (self.recent_rewards.maxlen or 0):
+            return None
+        mean = sum(self.recent_rewards) / len(self.recent_rewards)
+        return mean if mean >= target else None

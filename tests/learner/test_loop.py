@@ -1,0 +1,169 @@
+"""The core loop on a real Redis, in-process: acknowledgement waits for the checkpoint, a crash between the
+checkpoint and the acknowledgement trains nothing twice, a checkpoint of another job is refused, and the
+site/checkpoint consistency rules."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import redis
+import torch
+
+from dataplane import streams
+from dataplane.jobs import JobSpec
+from dataplane.tasks import build_task
+from learner.checkpoint import CheckpointStore, capture_rng, restore_rng
+from learner.consumer import StalenessGatedConsumer
+from learner.loop import LearnerLoop, ResumeError, check_resume
+from learner.prompts import PromptFeeder
+from learner.trainer import build_policy, resolve_loss
+
+JOB = 9
+
+
+def append_group(client, group: int, version: int = 0) -> str:
+    records = [{"job_id": JOB, "lease_id": f"l{group}", "group_id": f"g{group}", "prompt": "3+4=",
+                "prompt_ids": [1, 10, 5, 11, 17], "completion": answer, "completion_ids": [7 + int(answer), 2],
+                "logprobs": [-2.0, -1.0], "reward": reward, "version": version}
+               for answer, reward in (("7", 1.0), ("5", 0.0))]
+    return client.xadd(streams.trajectories_key(JOB), {"lease_id": f"l{group}", "data": json.dumps(records)})
+
+
+def make_loop(redis_url: str, model_dir: Path, root: Path, *, staleness: int = 50, identity: dict | None = None):
+    spec = JobSpec(name="loop", model_dir=str(model_dir), task={"name": "arithmetic"}, staleness=staleness, kappa=2,
+                   batch_trajectories=4, group_size=2, max_steps=10)
+    trainer, _ = build_policy(spec, device="cpu")
+    consumer = StalenessGatedConsumer(redis.Redis.from_url(redis_url), JOB, spec.staleness)
+    return LearnerLoop(spec=spec, trainer=trainer, consumer=consumer, checkpoints=CheckpointStore(root),
+                       identity=identity or {"job_id": JOB, "created_at": "t0"})
+
+
+def stream_ids(client) -> list[str]:
+    return [entry_id for entry_id, _ in client.xrange(streams.trajectories_key(JOB))]
+
+
+def test_acknowledgement_waits_for_the_checkpoint(redis_url, redis_client, tiny_model_dir, tmp_path) -> None:
+    ids = [append_group(redis_client, g) for g in range(4)]
+    loop = make_loop(redis_url, tiny_model_dir, tmp_path)
+
+    first = loop.step(timeout_s=5)  # v1: not a checkpoint step (kappa = 2)
+    assert first.version == 1 and not first.checkpointed
+    assert stream_ids(redis_client) == ids  # trained, but only pending: a crash now would train them again
+    second = loop.step(timeout_s=5)  # v2: checkpoint, then acknowledge both updates' groups
+    assert second.checkpointed and second.entry_ids == ids[2:]
+    assert stream_ids(redis_client) == []
+    assert CheckpointStore(tmp_path).load().trained_entry_ids == ids
+
+
+def test_crash_between_checkpoint_and_acknowledgement_trains_nothing_twice(redis_url, redis_client, tiny_model_dir,
+                                                                            tmp_path) -> None:
+    ids = [append_group(redis_client, g) for g in range(6)]
+    before = make_loop(redis_url, tiny_model_dir, tmp_path)
+    before.step(timeout_s=5)
+    before.write_checkpoint()  # committed, then the process dies before acknowledging
+    assert stream_ids(redis_client) == ids
+    weights = {k: v.clone() for k, v in before.trainer.module.state_dict().items()}
+
+    after = make_loop(redis_url, tiny_model_dir, tmp_path)
+    ckpt = after.resume()
+
+    assert ckpt.version == after.version == 1
+    assert stream_ids(redis_client) == ids[2:]  # the checkpoint's groups are acknowledged now
+    for name, tensor in after.trainer.module.state_dict().items():
+        assert torch.equal(tensor, weights[name]), name
+    outcome = after.step(timeout_s=5)
+    assert outcome.version == 2 and outcome.entry_ids == ids[2:4]  # the next groups, not the trained ones again
+
+
+def test_stale_groups_are_dropped_and_lags_reported(redis_url, redis_client, tiny_model_dir, tmp_path) -> None:
+    loop = make_loop(redis_url, tiny_model_dir, tmp_path, staleness=3)
+    loop.version = 4  # admissible: v >= 4 - 3 = 1
+    append_group(redis_client, 0, version=0)
+    kept = [append_group(redis_client, 1, version=1), append_group(redis_client, 2, version=4)]
+
+    outcome = loop.step(timeout_s=5)
+
+    assert outcome.dropped == 2 and loop.consumer.dropped_total == 2
+    assert outcome.entry_ids == kept
+    assert sorted(outcome.lags) == [0, 0, 3, 3]  # the largest lag trained is S, never more
+
+
+def test_checkpoint_of_another_job_is_refused(redis_url, redis_client, tiny_model_dir, tmp_path) -> None:
+    append_group(redis_client, 0)
+    append_group(redis_client, 1)
+    first = make_loop(redis_url, tiny_model_dir, tmp_path)
+    first.step(timeout_s=5)
+    first.commit()
+
+    other = make_loop(redis_url, tiny_model_dir, tmp_path, identity={"job_id": JOB, "created_at": "t1"})
+    with pytest.raises(ResumeError, match="not this one"):
+        other.resume()
+
+
+def test_resume_rules() -> None:
+    path = Path("/ckpt/checkpoint.pt")
+    check_resume(1, learner_step=0, published_version=0, checkpoint_version=None, path=path)  # fresh
+    check_resume(1, learner_step=5, published_version=4, checkpoint_version=4, path=path)  # crashed after v4
+    check_resume(1, learner_step=3, published_version=2, checkpoint_version=4, path=path)  # before reporting
+    with pytest.raises(ResumeError, match="already trained 5 steps but there is no checkpoint"):
+        check_resume(1, learner_step=5, published_version=4, checkpoint_version=None, path=path)
+    with pytest.raises(ResumeError, match="published v6 but the checkpoint .* holds v4"):
+        check_resume(1, learner_step=6, published_version=6, checkpoint_version=4, path=path)
+
+
+def test_checkpoint_store_is_atomic_and_round_trips(tmp_path) -> None:
+    from learner.checkpoint import Checkpoint
+
+    store = CheckpointStore(tmp_path / "c")
+    assert store.load() is None
+    extra = random.Random(5)
+    rng = capture_rng(extra)
+    expected = [torch.rand(3).tolist(), random.random(), extra.random()]
+    store.save(Checkpoint(version=3, model={"w": torch.ones(2)}, optimizer={"state": {}, "param_groups": []},
+                          rng=rng, trained_entry_ids=["1-0", "2-0"], job={"job_id": 1}, state={"dropped_total": 4}))
+    store.save_config({"loss": {"type": "grpo"}})
+
+    loaded = store.load()
+    restore_rng(loaded.rng, extra)
+    assert [torch.rand(3).tolist(), random.random(), extra.random()] == expected
+    assert loaded.version == 3 and loaded.trained_entry_ids == ["1-0", "2-0"] and loaded.state == {"dropped_total": 4}
+    assert json.loads(store.config_path.read_text()) == {"loss": {"type": "grpo"}}
+    assert sorted(p.name for p in store.root.iterdir()) == ["checkpoint.pt", "config.json"]  # no temporary left
+
+
+def test_feeder_does_not_count_trained_groups_awaiting_the_checkpoint(redis_url, redis_client) -> None:
+    # with kappa steps of trained-but-unacknowledged groups in the stream, counting them as outstanding
+    # would stop the prompt supply and starve the learner
+    feeder = PromptFeeder(redis.Redis.from_url(redis_url), job_id=JOB, task=build_task({"name": "arithmetic"}),
+                          seed=0, backlog=4)
+    for g in range(4):
+        append_group(redis_client, g)
+
+    assert feeder.top_up() == 0
+    assert feeder.top_up(trained=4) == 4
+    assert redis_client.xlen(streams.prompts_key(JOB)) == 4
+
+
+def test_resolved_loss_defaults_are_todays_behaviour() -> None:
+    spec = JobSpec(name="j", model_dir="m", task={"name": "arithmetic"}, clip_eps=0.3, max_new_tokens=6)
+    settings = resolve_loss(spec)
+    assert (settings.type, settings.off_policy, settings.aggregation) == ("grpo", "behaviour", "token-mean")
+    assert (settings.clip_low, settings.clip_high, settings.kl_beta, settings.norm_length) == (0.3, 0.3, 0.0, 6)
+
+    gspo = resolve_loss(spec.model_copy(update={"loss": spec.loss.model_copy(update={
+        "type": "gspo", "clip_eps_high": 0.4, "norm_length": 16})}))
+    assert (gspo.aggregation, gspo.clip_low, gspo.clip_high, gspo.norm_length) == ("seq-mean-token-mean", 0.3, 0.4, 16)
+
+
+@pytest.mark.parametrize("field, value", [("is_cap", 0.5), ("kl_beta", -0.1), ("clip_eps_low", 0.0),
+                                          ("type", "ppo"), ("aggregation", "sum"), ("off_policy", "vtrace"),
+                                          ("unknown", 1)])
+def test_loss_config_rejects_bad_fields(field: str, value) -> None:
+    from dataplane.jobs import JobSpecError, parse_job_spec
+
+    with pytest.raises(JobSpecError) as err:
+        parse_job_spec({"name": "j", "model_dir": "m", "task": {"name": "arithmetic"}, "loss": {field: value}})
+    assert err.value.field == f"loss.{field}"

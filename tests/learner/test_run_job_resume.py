@@ -1,0 +1,124 @@
+"""``echo2-learner`` killed mid-job against a real site (daphne) and Redis, then restarted: it refuses to
+start without its checkpoint, and with it resumes the same version sequence and completes the job. Once as
+one process, once as two data-parallel CPU ranks under torchrun (rank 0 talks to the site, both train)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from dataplane import streams
+from echo2_site.demo import Stack, free_port, wait_for
+
+pytestmark = pytest.mark.slow
+
+BIN = Path(sys.executable).parent
+STEPS, R, N = 6, 4, 2  # kappa = 2: checkpoint and publish at v2, v4, v6
+
+
+@pytest.fixture
+def stack(tmp_path, redis_url):
+    env = dict(os.environ, DATABASE_URL=f"sqlite:///{tmp_path / 'site.sqlite3'}", REDIS_URL=redis_url,
+               ECHO2_DATA_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="echo2_site.settings", OMP_NUM_THREADS="1",
+               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", ECHO2_CHANNEL_PREFIX="echo2resume")
+    stack = Stack(tmp_path, env)
+    yield stack
+    stack.stop()
+
+
+def push_groups(client: redis.Redis, job_id: int, first: int, count: int) -> None:
+    """Append accepted groups the way the site does (marketplace/stream.py), generated under v0."""
+    for g in range(first, first + count):
+        records = [{"job_id": job_id, "lease_id": f"l{g}", "group_id": f"g{g}", "prompt": "3+4=",
+                    "prompt_ids": [1, 10, 5, 11, 17], "completion": answer, "completion_ids": [7 + int(answer), 2],
+                    "logprobs": [-2.0, -1.0], "reward": reward, "version": 0}
+                   for answer, reward in (("7", 1.0), ("5", 0.0))]
+        client.xadd(streams.trajectories_key(job_id), {"lease_id": f"l{g}", "data": json.dumps(records)})
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and all its descendants (torchrun starts its ranks in sessions of their own)."""
+    def descendants(p: int) -> list[int]:
+        out = []
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                children = (task / "children").read_text().split()
+            except OSError:
+                continue
+            for child in map(int, children):
+                out += [child, *descendants(child)]
+        return out
+
+    for p in [pid, *descendants(pid)]:  # the whole tree is listed before anything dies
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("ranks", [1, 2], ids=["one-process", "torchrun-2-ranks"])
+def test_learner_killed_mid_job_resumes_from_its_checkpoint(stack, tmp_path, tiny_model_dir, redis_url,
+                                                            ranks: int) -> None:
+    py = str(BIN / "python")
+    stack.run(py, "manage.py", "migrate", "--noinput")
+    token = stack.run(py, "manage.py", "shell", "-c", (
+        "from django.contrib.auth.models import User\nfrom rest_framework.authtoken.models import Token\n"
+        "print(Token.objects.create(user=User.objects.create_user('own')).key)")).strip().splitlines()[-1]
+    port = free_port()
+    server = f"http://127.0.0.1:{port}"
+    stack.start("daphne", str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "echo2_site.asgi:application")
+    wait_for(lambda: httpx.get(server + "/api/schema/", timeout=2).status_code == 200, "the site", 60)
+    owner = httpx.Client(base_url=server + "/api/", headers={"Authorization": f"Token {token}"}, timeout=30)
+    job = owner.post("jobs/", json={
+        "name": "resume", "model_dir": str(tiny_model_dir), "task": {"name": "arithmetic", "max_operand": 4},
+        "staleness": 50, "kappa": 2, "batch_trajectories": R, "group_size": N, "max_steps": STEPS,
+        "max_new_tokens": 2, "learning_rate": 1e-2,
+    }).raise_for_status().json()
+    owner.post(f"jobs/{job['id']}/start/").raise_for_status()
+    client = redis.Redis.from_url(redis_url)
+    checkpoint_dir = tmp_path / "snapshots" / f"job{job['id']}-checkpoint"
+    launcher = [str(BIN / "echo2-learner")] if ranks == 1 else \
+        [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", str(ranks), "-m", "learner.cli"]
+    learner = [*launcher, "--server", server, "--job", str(job["id"]), "--token", token, "--redis",
+               redis_url, "--snapshot-dir", str(tmp_path / "snapshots"), "--data-timeout", "120"]
+
+    # --- enough data for 3 updates: v2 is checkpointed and published, v3 is trained, then the learner waits
+    push_groups(client, job["id"], 0, 3 * R // N)
+    first = stack.start("learner-1", *learner)
+    wait_for(lambda: owner.get(f"jobs/{job['id']}/").json()["learner_step"] == 3, "three updates", 120)
+    kill_tree(first.pid)
+    first.wait()
+    assert owner.get(f"jobs/{job['id']}/").json()["published_version"] == 2
+
+    # --- without its checkpoint the learner refuses, in one line
+    shutil.move(checkpoint_dir, tmp_path / "elsewhere")
+    refused = subprocess.run(learner, capture_output=True, text=True, timeout=120, env=stack.env)
+    assert refused.returncode == 1
+    assert "already trained 3 steps but there is no checkpoint" in refused.stderr
+    if ranks == 1:  # (torchrun adds its own report of the failed ranks)
+        assert len(refused.stderr.strip().splitlines()) == 1
+    shutil.move(tmp_path / "elsewhere", checkpoint_dir)
+
+    # --- with it, the learner resumes at v2, trains v3 again on the same groups, and completes
+    push_groups(client, job["id"], 3 * R // N, 3 * R // N)
+    second = stack.start("learner-2", *learner)
+    second.wait(timeout=180)
+    log = (stack.logs / "learner-2.log").read_text()
+    assert second.returncode == 0, log[-3000:]
+    assert "resumed at v2" in log and f"{ranks} rank(s)" in log
+    final = owner.get(f"jobs/{job['id']}/").json()
+    assert final["status"] == "completed", final["status_reason"]
+    assert final["published_version"] == STEPS
+    assert [s["version"] for s in owner.get(f"jobs/{job['id']}/snapshots/").json()] == [2, 4, 6]
+    metrics = owner.get(f"jobs/{job['id']}/metrics/").json()
+    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
+    steps_logged = [int(line.split("step ")[1].split()[0]) for line in log.splitlines() if " step " in line]
+    assert steps_logged == [3, 4, 5, 6]
