@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dataplane.tasks import TaskAdapter
+from dataplane.tasks.sandbox import SandboxTask, Turn, run_episodes
 
 from .engines.base import Engine, SamplingParams
 
@@ -20,8 +21,11 @@ def rollout_groups(engine: Engine, task: TaskAdapter, leases: list[GroupLease], 
                    params: SamplingParams, version: int) -> list[list[dict]]:
     """Sample ``n`` completions of every leased prompt in one batch and score them.
 
-    Every record carries ``version``, the snapshot the engine held for the whole batch.
+    Every record carries ``version``, the snapshot the engine held for the whole batch. Multi-turn tasks
+    (``sandbox``) play whole episodes instead: see :func:`rollout_episodes`.
     """
+    if isinstance(task, SandboxTask):
+        return rollout_episodes(engine, task, leases, job_id=job_id, n=n, params=params, version=version)
     completions = engine.generate([lease.prompt for lease in leases], n=n, params=params)
     return [
         [
@@ -33,4 +37,28 @@ def rollout_groups(engine: Engine, task: TaskAdapter, leases: list[GroupLease], 
             for c in group
         ]
         for lease, group in zip(leases, completions, strict=True)
+    ]
+
+
+def rollout_episodes(engine: Engine, task: SandboxTask, leases: list[GroupLease], *, job_id: int, n: int,
+                     params: SamplingParams, version: int) -> list[list[dict]]:
+    """Play ``n`` episodes per leased prompt, all in lockstep (one engine call per turn).
+
+    The record's completion is every turn after the prompt: assistant turns learn (loss mask 1), the
+    environment's replies do not (mask 0); the reward is the episode's return (paper appendix F.5).
+    Needs an engine with ``generate_ids`` (both built-in engines have it).
+    """
+    prompts = [lease.prompt for lease in leases for _ in range(n)]
+    prompt_ids = [engine.encode_prompt(p) for p in prompts]
+
+    def generate(contexts: list[list[int]]) -> list[Turn]:
+        groups = engine.generate_ids(contexts, n=1, params=params, stop=["</answer>"])
+        return [Turn(ids=c.completion_ids, logprobs=c.logprobs, text=c.text) for (c,) in groups]
+
+    episodes = run_episodes(task, prompts, generate=generate, prompt_ids=prompt_ids,
+                            encode=lambda text: engine.tokenizer(text, add_special_tokens=False)["input_ids"])
+    return [
+        [episodes[i * n + k].record(job_id=job_id, lease_id=lease.lease_id, group_id=lease.group_id, version=version)
+         for k in range(n)]
+        for i, lease in enumerate(leases)
     ]

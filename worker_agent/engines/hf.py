@@ -37,10 +37,18 @@ class HFEngine(Engine):
         if real_missing or unexpected:
             raise ValueError(f"snapshot does not fit the model: missing={real_missing[:3]} unexpected={unexpected[:3]}")
 
-    @torch.no_grad()
     def generate(self, prompts: list[str], *, n: int, params: SamplingParams) -> list[list[Completion]]:
-        """Sample with a KV cache, token by token, so log-probs are those of the raw policy."""
-        encoded = [self.encode_prompt(p) for p in prompts for _ in range(n)]
+        return self.generate_ids([self.encode_prompt(p) for p in prompts], n=n, params=params)
+
+    @torch.no_grad()
+    def generate_ids(self, prompt_ids: list[list[int]], *, n: int, params: SamplingParams,
+                     stop: list[str] | None = None) -> list[list[Completion]]:
+        """Sample with a KV cache, token by token, so log-probs are those of the raw policy.
+
+        Starts from token ids, so multi-turn episodes continue a context without re-tokenizing it; a row
+        ends at eos or once its text ends with one of ``stop`` (kept in the output, as vLLM does).
+        """
+        encoded = [list(ids) for ids in prompt_ids for _ in range(n)]
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         width = max(len(e) for e in encoded)
         input_ids = torch.full((len(encoded), width), pad, dtype=torch.long)
@@ -68,6 +76,10 @@ class HFEngine(Engine):
             tokens = torch.cat([tokens, choice[:, None]], dim=1)
             logps = torch.cat([logps, raw_logp.gather(1, choice[:, None])], dim=1)
             done = done | (choice == eos)
+            if stop:
+                for row in (~done).nonzero().flatten().tolist():
+                    text = self.tokenizer.decode(tokens[row].tolist(), skip_special_tokens=True)
+                    done[row] = any(text.endswith(s) for s in stop)
             if bool(done.all()):
                 break
             attention = torch.cat([attention, torch.ones_like(choice)[:, None]], dim=1)
@@ -81,7 +93,7 @@ class HFEngine(Engine):
                 ids, lps = ids[:cut], lps[:cut]
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
             results.append(Completion(prompt_ids=encoded[row], completion_ids=ids, logprobs=lps, text=text))
-        return [results[i * n:(i + 1) * n] for i in range(len(prompts))]
+        return [results[i * n:(i + 1) * n] for i in range(len(prompt_ids))]
 
     def _sample(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         if params.temperature <= 0:
