@@ -82,6 +82,9 @@ class JobSpec(BaseModel):
     target_reward: float | None = Field(default=None, description="Complete early once the 10-step mean reward "
                                         "reaches this value.")
     loss: LossConfig = Field(default_factory=LossConfig, description="GRPO loss variant and its settings.")
+    broadcast_strategy: Literal["chain", "star-limited", "star-unlimited"] = Field(
+        default="chain", description="Snapshot broadcast: chain (learner -> seeds -> chains, section 4.2), or "
+        "every worker pulls from the learner (star-limited: B0 shared; star-unlimited: no cap).")
 
     @field_validator("task")
     @classmethod

@@ -53,10 +53,25 @@ class SnapshotInstalled(_Msg):
     job_id: int = Field(ge=1)
     version: int = Field(ge=0)
     seconds: float = Field(ge=0, description="Publication-to-install time seen by this agent.")
+    source: Literal["parent", "fallback", "http"] = Field(
+        default="http", description="Where most chunks came from: a relay parent, the learner's HTTP fallback "
+        "after a relay failed, or plain HTTP (no parent assigned).")
+    from_parent: int = Field(default=0, ge=0, description="Chunks received from the relay parent.")
+    from_fallback: int = Field(default=0, ge=0, description="Chunks fetched over HTTP.")
+
+
+class RelayFailed(_Msg):
+    """A relay link broke: the agent's parent (``culprit_worker_id``; None: the learner or unknown) failed."""
+
+    type: Literal["relay_failed"] = "relay_failed"
+    job_id: int = Field(ge=1)
+    version: int = Field(ge=0)
+    culprit_worker_id: int | None = Field(default=None, ge=1)
+    reason: str = Field(default="", max_length=500)
 
 
 AgentMessage = Annotated[
-    Hello | Heartbeat | LeaseRequest | TrajectoryBatch | SnapshotInstalled, Field(discriminator="type")
+    Hello | Heartbeat | LeaseRequest | TrajectoryBatch | SnapshotInstalled | RelayFailed, Field(discriminator="type")
 ]
 
 # ---- site -> agent -------------------------------------------------------------------------
@@ -116,6 +131,11 @@ class SnapshotAvailable(_Msg):
     url: str = Field(description="Base URL serving manifest.json and chunks/<i>.")
     manifest: dict[str, Any]
     published_at: float
+    parent: str | None = Field(default=None, max_length=200, description='"host:port" of the relay to pull '
+                               "from; None: fetch over HTTP from ``url``.")
+    parent_worker_id: int | None = Field(default=None, description="The parent's worker id (None: the learner).")
+    children: list[int] = Field(default_factory=list, description="Worker ids this agent's relay must serve.")
+    strategy: Literal["chain", "star-limited", "star-unlimited"] = "chain"
 
 
 class Accepted(_Msg):

@@ -31,6 +31,9 @@ def run(
     snapshot_host: Annotated[str, typer.Option(help="Address the snapshot server binds.")] = "127.0.0.1",
     snapshot_port: Annotated[int, typer.Option(help="Port of the snapshot server (0: any free port).")] = 0,
     advertise_host: Annotated[str | None, typer.Option(help="Host agents use to reach the snapshot server.")] = None,
+    relay: Annotated[bool, typer.Option(help="Serve snapshots to chain seeds over a relay port (strategy chain; "
+                                        "docs/broadcast.md). HTTP stays the fallback.")] = True,
+    relay_port: Annotated[int, typer.Option(help="Port of the relay hub (0: any free port).")] = 0,
     data_timeout: Annotated[float, typer.Option(help="Fail the job after this many seconds without data.")] = 300.0,
     device: Annotated[str, typer.Option(help="torch device: cpu, cuda, cuda:1 ... (under torchrun: cpu or cuda; "
                                          "each rank takes cuda:LOCAL_RANK).")] = "cpu",
@@ -58,7 +61,8 @@ def run(
     from .trainer import LearnerOptions, run_job
 
     options = LearnerOptions(redis_url=redis_url, snapshot_dir=snapshot_dir, snapshot_host=snapshot_host,
-                             snapshot_port=snapshot_port, advertise_host=advertise_host, data_timeout_s=data_timeout,
+                             snapshot_port=snapshot_port, advertise_host=advertise_host, relay=relay,
+                             relay_port=relay_port, data_timeout_s=data_timeout,
                              device=device, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                              micro_batch=micro_batch, bf16=bf16)
     site = SiteClient(server, token, timeout=site_timeout)

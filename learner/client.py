@@ -44,8 +44,11 @@ class SiteClient:
     def job(self, job_id: int) -> dict:
         return self._request("GET", f"jobs/{job_id}/")
 
-    def announce(self, job_id: int, *, t_train: float | None) -> dict:
-        return self._request("POST", f"jobs/{job_id}/learner/", json={"t_train": t_train})
+    def announce(self, job_id: int, *, t_train: float | None, relay_address: str | None = None) -> dict:
+        body: dict[str, Any] = {"t_train": t_train}
+        if relay_address is not None:
+            body["relay_address"] = relay_address
+        return self._request("POST", f"jobs/{job_id}/learner/", json=body)
 
     def report(self, job_id: int, metrics: dict) -> dict:
         return self._request("POST", f"jobs/{job_id}/metrics/", json=metrics)

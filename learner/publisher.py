@@ -7,6 +7,8 @@ versions are kept on disk.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import shutil
 import threading
@@ -93,3 +95,60 @@ class SnapshotServer:
 
 def manifest_json(manifest: Manifest) -> dict:
     return json.loads(manifest.model_dump_json())
+
+
+class LearnerRelay:
+    """The learner's end of the chain broadcast (docs/broadcast.md): a :class:`RelayHub` on an asyncio loop in a
+    daemon thread, serving each published version to the chain seeds under one ``B0`` uplink bucket. The
+    :class:`SnapshotServer` stays the HTTP fallback and the whole path of the star strategies."""
+
+    def __init__(self, store: SnapshotStore, *, uplink_bps: float | None, host: str = "127.0.0.1", port: int = 0,
+                 advertise_host: str | None = None) -> None:
+        from dataplane import transfer
+        from worker_agent.relay import RelayHub
+
+        self.store, self.max_children = store, 64
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="snapshot-relay", daemon=True)
+        self.thread.start()
+        self.hub = RelayHub()
+
+        async def make_bucket():  # the bucket's lock belongs to the relay loop
+            return transfer.bucket(uplink_bps)
+
+        self.uplink = self._call(make_bucket())
+        self.port = self._call(self.hub.start(host, port))
+        self.host = advertise_host or (host if host not in ("0.0.0.0", "") else "127.0.0.1")
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def _call(self, coro, timeout: float = 30.0):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def serve(self, version: int) -> None:
+        """Register version ``version`` (already written by the store) and drop the versions the store pruned."""
+        from worker_agent.relay import SnapshotRelay
+
+        async def register() -> None:
+            relay = SnapshotRelay.from_directory(self.store.root / f"v{version}", worker_id=0,
+                                                 max_children=self.max_children, uplink=self.uplink)
+            self.hub.register(relay)
+            for job_id, old in list(self.hub.relays):
+                if not (self.store.root / f"v{old}").is_dir():
+                    self.hub.unregister(job_id, old)
+
+        self._call(register())
+
+    def set_fan_out(self, version: int, n_chains: int) -> None:
+        """The site's plan has ``n_chains`` seeds; one extra slot takes a repaired orphan of a dead seed."""
+        self.max_children = max(1, n_chains) + 1
+        relay = self.hub.relays.get((self.store.job_id, version))
+        if relay is not None:
+            self.loop.call_soon_threadsafe(setattr, relay, "max_children", self.max_children)
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self._call(self.hub.close(), timeout=5.0)
+        self.loop.call_soon_threadsafe(self.loop.stop)

@@ -31,7 +31,7 @@ from .consumer import StalenessGatedConsumer
 from .grpo import LossSettings
 from .loop import LearnerLoop, ResumeError, StepOutcome, check_resume
 from .prompts import PromptFeeder
-from .publisher import SnapshotServer, SnapshotStore, manifest_json
+from .publisher import LearnerRelay, SnapshotServer, SnapshotStore, manifest_json
 from .step import PolicyTrainer, StepResult
 
 log = logging.getLogger("echo2.learner")
@@ -44,6 +44,8 @@ class LearnerOptions:
     snapshot_host: str = "127.0.0.1"
     snapshot_port: int = 0
     advertise_host: str | None = None
+    relay: bool = True  # serve snapshots to chain seeds over a relay port (docs/broadcast.md)
+    relay_port: int = 0
     data_timeout_s: float = 300.0  # fail the job after this long without R admissible records
     device: str = "cpu"
     checkpoint_dir: Path | None = None  # default: <snapshot_dir>/job<id>-checkpoint
@@ -157,15 +159,21 @@ def _lead(site: SiteClient, job_id: int, raw: dict, spec: JobSpec, trainer: Poli
     store = SnapshotStore(options.snapshot_dir / f"job{job_id}", job_id=job_id, keep=spec.staleness + 2)
     server = SnapshotServer(store, host=options.snapshot_host, port=options.snapshot_port,
                             advertise_host=options.advertise_host).start()
+    relay = None
+    if options.relay and spec.broadcast_strategy == "chain":
+        relay = LearnerRelay(store, uplink_bps=spec.learner_uplink_bps, host=options.snapshot_host,
+                             port=options.relay_port, advertise_host=options.advertise_host)
     try:
-        site.announce(job_id, t_train=loop.t_train_avg)
+        site.announce(job_id, t_train=loop.t_train_avg, relay_address=relay.address if relay else "")
         feeder.top_up()
         log.info("job %s: %s on %s, S=%d kappa=%d R=%d n=%d, loss %s, %d rank(s); snapshots at %s; %s", job_id,
                  spec.task["name"], spec.model_dir, spec.staleness, spec.kappa, spec.batch_trajectories,
-                 spec.group_size, _loss_line(trainer.settings), ctx.world, server.url_for(0),
+                 spec.group_size, _loss_line(trainer.settings), ctx.world,
+                 server.url_for(0) + (f" and relay {relay.address}" if relay else ""),
                  f"resumed at v{loop.version}" if ckpt else "fresh start")
         if ckpt is not None and loop.version % spec.kappa == 0 and raw.get("published_version", 0) < loop.version:
-            _publish(site, job_id, store, server, trainer, loop.version)  # crashed between checkpoint and publish
+            # crashed between checkpoint and publish
+            _publish(site, job_id, store, server, relay, trainer, loop.version)
 
         while loop.version < spec.max_steps:
             # --- wait for R admissible records (whole groups), dropping stale ones; train; checkpoint when due
@@ -181,7 +189,7 @@ def _lead(site: SiteClient, job_id: int, raw: dict, spec: JobSpec, trainer: Poli
             # --- publish every kappa steps (the checkpoint of this version is already committed)
             if outcome.version % spec.kappa == 0:
                 try:
-                    _publish(site, job_id, store, server, trainer, outcome.version)
+                    _publish(site, job_id, store, server, relay, trainer, outcome.version)
                 except SiteError as err:
                     return _fail(site, job_id, f"publishing v{outcome.version} failed: {err}")
 
@@ -201,14 +209,22 @@ def _lead(site: SiteClient, job_id: int, raw: dict, spec: JobSpec, trainer: Poli
         return "completed"
     finally:
         server.stop()
+        if relay is not None:
+            relay.stop()
         client.close()
 
 
-def _publish(site: SiteClient, job_id: int, store: SnapshotStore, server: SnapshotServer, trainer: PolicyTrainer,
-             version: int) -> None:
+def _publish(site: SiteClient, job_id: int, store: SnapshotStore, server: SnapshotServer, relay: LearnerRelay | None,
+             trainer: PolicyTrainer, version: int) -> None:
     manifest = store.write(trainer.module, version)
-    site.publish(job_id, version=version, url=server.url_for(version), manifest=manifest_json(manifest))
-    log.info("published v%d (%d bytes)", version, manifest.total_bytes)
+    if relay is not None:  # before the site tells the seeds to connect
+        relay.serve(version)
+    reply = site.publish(job_id, version=version, url=server.url_for(version), manifest=manifest_json(manifest))
+    n_chains = (reply or {}).get("n_chains") or 0
+    if relay is not None and n_chains:
+        relay.set_fan_out(version, n_chains)
+    log.info("published v%d (%d bytes)%s", version, manifest.total_bytes,
+             f" to {n_chains} chain(s)" if n_chains else " over HTTP")
 
 
 def _report(site: SiteClient, job_id: int, loop: LearnerLoop, outcome: StepOutcome,

@@ -93,7 +93,11 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                                                      lease_id=message.lease_id, records=message.records)]
             case m.SnapshotInstalled():
                 services.snapshot_installed(worker=worker, job_id=message.job_id, version=message.version,
-                                            seconds=message.seconds)
+                                            seconds=message.seconds, source=message.source)
+                return []
+            case m.RelayFailed():
+                services.relay_failed(worker=worker, job_id=message.job_id, version=message.version,
+                                      culprit_worker_id=message.culprit_worker_id, reason=message.reason)
                 return []
         raise services.ServiceError(f"type: {message.type} is not handled")
 

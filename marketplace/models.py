@@ -37,6 +37,9 @@ class Worker(models.Model):
     )
     bandwidth_bps = models.BigIntegerField(validators=[MinValueValidator(1)], help_text="Link B_w, bytes/s.")
     relay_address = models.CharField(max_length=200, blank=True, help_text="host:port peers reach, if any.")
+    relay_successes = models.PositiveIntegerField(default=0, help_text="Snapshots received over a relay link.")
+    relay_failures = models.PositiveIntegerField(default=0, help_text="Relay links this worker broke (as parent).")
+    relay_last_failure_at = models.DateTimeField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.OFFLINE)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     throughput = models.FloatField(null=True, blank=True, help_text="mu_i, trajectories/s (measured).")
@@ -109,6 +112,9 @@ class Job(models.Model):
     seed = models.IntegerField(default=0)
     target_reward = models.FloatField(null=True, blank=True, help_text="Complete once the 10-step mean reaches it.")
     loss = models.JSONField(default=dict, blank=True, help_text="GRPO loss settings (dataplane.jobs.LossConfig).")
+    broadcast_strategy = models.CharField(
+        max_length=16, default="chain", choices=[(s, s) for s in ("chain", "star-limited", "star-unlimited")],
+        help_text="Snapshot broadcast: relay chains, or every worker pulls from the learner (docs/broadcast.md).")
 
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.DRAFT)
     status_reason = models.CharField(max_length=500, blank=True)
@@ -120,6 +126,7 @@ class Job(models.Model):
     published_version = models.PositiveIntegerField(default=0, help_text="Newest snapshot agents may use.")
     learner_t_train = models.FloatField(null=True, blank=True, help_text="Calibrated T_train, seconds.")
     learner_seen_at = models.DateTimeField(null=True, blank=True)
+    learner_relay = models.CharField(max_length=200, blank=True, help_text="host:port of the learner's relay hub.")
 
     class Meta:
         ordering = ["-id"]
@@ -162,6 +169,7 @@ class Snapshot(models.Model):
     published_at = models.DateTimeField(default=timezone.now)
     installs = models.PositiveIntegerField(default=0)
     t_bcast = models.FloatField(null=True, blank=True, help_text="Publication until 1/gamma of workers installed.")
+    installs_via_parent = models.PositiveIntegerField(default=0, help_text="Installs received over a relay chain.")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["job", "version"], name="unique_snapshot_version")]

@@ -55,10 +55,12 @@ class JobSerializer(serializers.ModelSerializer):
         model = Job
         fields = ["id", "owner", "name", "model_dir", "task", "staleness", "kappa", "batch_trajectories",
                   "group_size", "gamma", "learner_uplink_bps", "learning_rate", "clip_eps", "max_steps",
-                  "max_new_tokens", "temperature", "top_p", "seed", "target_reward", "loss", "status", "status_reason",
-                  "created_at", "started_at", "finished_at", "learner_step", "published_version"]
+                  "max_new_tokens", "temperature", "top_p", "seed", "target_reward", "loss", "broadcast_strategy",
+                  "status", "status_reason",
+                  "created_at", "started_at", "finished_at", "learner_step", "published_version",
+                  "learner_relay"]
         read_only_fields = ["status", "status_reason", "created_at", "started_at", "finished_at", "learner_step",
-                            "published_version"]
+                            "published_version", "learner_relay"]
         extra_kwargs = {f: {"required": False} for f in JobSpec.model_fields
                         if f not in {"name", "model_dir", "task"}}
 
@@ -94,12 +96,21 @@ class MetricReportSerializer(serializers.Serializer):
 class SnapshotSerializer(serializers.ModelSerializer):
     class Meta:
         model = Snapshot
-        fields = ["version", "url", "manifest", "published_at", "installs", "t_bcast"]
-        read_only_fields = ["published_at", "installs", "t_bcast"]
+        fields = ["version", "url", "manifest", "published_at", "installs", "installs_via_parent", "t_bcast",
+                  "n_chains"]
+        read_only_fields = ["published_at", "installs", "installs_via_parent", "t_bcast", "n_chains"]
+
+    n_chains = serializers.SerializerMethodField(help_text="Chains of the broadcast plan (0: every worker pulls "
+                                                 "over HTTP); set on the publish reply only.")
+
+    def get_n_chains(self, snap) -> int | None:
+        return getattr(snap, "n_chains", None)
 
 
 class LearnerAnnounceSerializer(serializers.Serializer):
     t_train = serializers.FloatField(min_value=0, required=False, allow_null=True, default=None)
+    relay_address = serializers.CharField(max_length=200, required=False, allow_null=True, default=None,
+                                          help_text="host:port of the learner's relay hub (chain broadcast).")
 
 
 class JobFinishSerializer(serializers.Serializer):

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import secrets
+import statistics
+import time
 from decimal import Decimal
 from typing import Any
 
@@ -12,6 +15,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from dataplane import messages as m
@@ -19,7 +23,7 @@ from dataplane.jobs import JobSpec
 from dataplane.records import RecordError, validate_record
 from dataplane.tasks import TaskSpecError, build_task
 
-from . import selectors, stream, telemetry
+from . import chains, selectors, stream, telemetry
 from .models import Activation, Job, JobMetric, Provider, Snapshot, Worker, WorkerCalibration
 
 log = logging.getLogger(__name__)
@@ -104,9 +108,27 @@ def _assign_message(job: Job) -> m.Assign:
     )
 
 
-def _snapshot_message(snap: Snapshot) -> m.SnapshotAvailable:
+def _snapshot_message(snap: Snapshot, *, job: Job | None = None, route: tuple[int | None, int | None] | None = None,
+                      addresses: dict[int, str] | None = None) -> m.SnapshotAvailable:
+    """The snapshot for one worker. ``route`` is its (parent, child) in the chain plan (parent None: the
+    learner's relay); without a route it fetches over HTTP from ``snap.url``."""
+    relay: dict[str, Any] = {"strategy": job.broadcast_strategy} if job is not None else {}
+    if job is not None and route is not None and _relaying(job):
+        parent, child = route
+        address = job.learner_relay if parent is None else (addresses or {}).get(parent, "")
+        if address:
+            relay.update(parent=address, parent_worker_id=parent, children=[child] if child is not None else [])
     return m.SnapshotAvailable(job_id=snap.job_id, version=snap.version, url=snap.url, manifest=snap.manifest,
-                               published_at=snap.published_at.timestamp())
+                               published_at=snap.published_at.timestamp(), **relay)
+
+
+def _route(plan: chains.ChainPlan, worker_id: int) -> tuple[int | None, int | None] | None:
+    """(parent, child) of a worker in one of the plan's chains; None when it is rollout-only or absent."""
+    for chain in plan.chains:
+        if worker_id in chain:
+            i = chain.index(worker_id)
+            return (chain[i - 1] if i else chains.LEARNER), (chain[i + 1] if i + 1 < len(chain) else None)
+    return None
 
 
 def worker_connected(*, worker: Worker, installed_version: int | None) -> list[m._Msg]:
@@ -295,31 +317,126 @@ def trajectories_submit(*, worker: Worker, job_id: int, lease_id: str, records: 
 # ---- learner reports -----------------------------------------------------------------------------
 
 
-def learner_announce(*, job: Job, t_train: float | None) -> Job:
+def learner_announce(*, job: Job, t_train: float | None, relay_address: str | None = None) -> Job:
     job.learner_seen_at = timezone.now()
     fields = ["learner_seen_at"]
     if t_train is not None:
         job.learner_t_train = t_train
         fields.append("learner_t_train")
+    if relay_address is not None:
+        job.learner_relay = relay_address
+        fields.append("learner_relay")
     job.save(update_fields=fields)
     return job
 
 
 def snapshot_publish(*, job: Job, version: int, url: str, manifest: dict) -> Snapshot:
+    """Record a version and tell every active worker where to get it: its chain parent (or the learner's
+    HTTP server), and which child its relay serves (docs/broadcast.md)."""
     if job.status != Job.Status.RUNNING:
         raise ServiceError(f"status: job is {job.status}")
     if version <= job.published_version:
         raise ServiceError(f"version: {version} is not newer than the published {job.published_version}")
     snap = Snapshot.objects.create(job=job, version=version, url=url, manifest=manifest)
     Job.objects.filter(pk=job.pk).update(published_version=version)
-    message = _snapshot_message(snap)
-    for worker_id in job.activations.filter(ended_at=None).values_list("worker_id", flat=True):
-        _push_to_worker(worker_id, message)
+    active = list(Worker.objects.filter(activations__job=job, activations__ended_at=None).order_by("pk"))
+    plan = broadcast_plan(job=job, workers=active, now=time.time())
+    _save_plan(job.pk, version, plan)
+    snap.n_chains = len(plan.chains)  # the learner sizes its relay's fan-out from this (API reply)
+    addresses = {w.pk: w.relay_address for w in active}
+    for worker in active:
+        _push_to_worker(worker.pk, _snapshot_message(snap, job=job, route=_route(plan, worker.pk), addresses=addresses))
     return snap
 
 
-def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: float) -> None:
-    """Count an install; T_bcast is fixed once ceil(active/gamma) workers have the snapshot."""
+# ---- snapshot broadcast: chain plans and repair (paper section 4.2, appendix C.3 and D) -------------------
+
+
+def _relaying(job: Job) -> bool:
+    return job.broadcast_strategy == "chain" and bool(job.learner_relay)
+
+
+def broadcast_plan(*, job: Job, workers: list[Worker], now: float) -> chains.ChainPlan:
+    """The chain plan for ``workers`` (docs/broadcast.md "Chain assignment").
+
+    Strategy ``chain`` with a learner relay: workers with a ``relay_address`` are scored and assembled into
+    ``n_ch = n_chains(B0, median Bw)`` chains; a worker without one cannot serve a child, so it may only be a
+    chain's tail (one per chain, after the relays); those left over, and workers the score drops, are
+    rollout-only and fetch over HTTP. Star strategies, or no learner relay: everyone is rollout-only (HTTP).
+    """
+    if not _relaying(job) or not workers:
+        return chains.ChainPlan(chains=(), rollout_only=tuple(w.pk for w in workers))
+    n_ch = chains.n_chains(job.learner_uplink_bps, statistics.median(w.bandwidth_bps for w in workers))
+    relays = [w for w in workers if w.relay_address]
+    stats = [chains.WorkerStats(
+        worker_id=w.pk, bandwidth_bps=float(w.bandwidth_bps), successes=w.relay_successes, failures=w.relay_failures,
+        last_seen=w.last_heartbeat.timestamp() if w.last_heartbeat else now,
+        last_failure_at=w.relay_last_failure_at.timestamp() if w.relay_last_failure_at else None) for w in relays]
+    plan = chains.assemble_chains(stats, n_ch=n_ch, now=now) if stats else chains.ChainPlan(chains=())
+    built = [list(c) for c in plan.chains]
+    rollout_only = list(plan.rollout_only)
+    for worker in sorted((w for w in workers if not w.relay_address), key=lambda w: (-w.bandwidth_bps, w.pk)):
+        open_chain = next((c for c in sorted(built, key=len) if not c or c[-1] in {r.pk for r in relays}), None)
+        if open_chain is not None:
+            open_chain.append(worker.pk)
+        elif len(built) < n_ch:
+            built.append([worker.pk])
+        else:
+            rollout_only.append(worker.pk)
+    return chains.ChainPlan(chains=tuple(tuple(c) for c in built if c), rollout_only=tuple(rollout_only))
+
+
+def _plan_key(job_id: int, version: int) -> str:
+    return f"echo2:bcast:{job_id}:{version}"
+
+
+def _save_plan(job_id: int, version: int, plan: chains.ChainPlan) -> None:
+    raw = json.dumps({"chains": [list(c) for c in plan.chains], "rollout_only": list(plan.rollout_only)})
+    stream.client().set(_plan_key(job_id, version), raw, ex=3600)
+
+
+def load_plan(job_id: int, version: int) -> chains.ChainPlan | None:
+    raw = stream.client().get(_plan_key(job_id, version))
+    if raw is None:
+        return None
+    data = json.loads(raw)
+    return chains.ChainPlan(chains=tuple(tuple(c) for c in data["chains"]), rollout_only=tuple(data["rollout_only"]))
+
+
+def relay_failed(*, worker: Worker, job_id: int, version: int, culprit_worker_id: int | None, reason: str) -> None:
+    """An agent's relay parent failed: count the failure against the parent, excise it from the plan
+    (``chains.repair``) and re-point its orphaned child (and tell the new parent to serve it)."""
+    activation = _running_activation(worker, job_id)
+    job = activation.job
+    plan = load_plan(job_id, version)
+    log.warning("job %s v%s: worker %s reports relay parent %s failed: %s", job_id, version, worker.pk,
+                culprit_worker_id if culprit_worker_id is not None else "learner", reason[:200])
+    if plan is None or culprit_worker_id is None:
+        return  # the learner's relay or an old plan: the agent falls back to HTTP on its own
+    route = _route(plan, worker.pk)
+    if route is None or route[0] != culprit_worker_id:
+        raise ServiceError(f"culprit_worker_id: worker {culprit_worker_id} is not your parent for version {version}")
+    Worker.objects.filter(pk=culprit_worker_id).update(relay_failures=F("relay_failures") + 1,
+                                                       relay_last_failure_at=timezone.now())
+    new_plan, moves = chains.repair(plan, culprit_worker_id)
+    _save_plan(job_id, version, new_plan)
+    snap = Snapshot.objects.filter(job_id=job_id, version=version).first()
+    if snap is None:
+        return
+    ids = {c for c, _ in moves} | {p for _, p in moves if p is not None}
+    addresses = dict(Worker.objects.filter(pk__in=ids).values_list("pk", "relay_address"))
+    for child, new_parent in moves:
+        log.info("job %s v%s: repair: worker %s now pulls from %s", job_id, version, child,
+                 new_parent if new_parent is not None else "the learner")
+        for target in (child, new_parent):
+            if target is not None:
+                _push_to_worker(target, _snapshot_message(snap, job=job, route=_route(new_plan, target),
+                                                          addresses=addresses))
+
+
+def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: float, source: str = "http") -> None:
+    """Count an install; T_bcast is fixed once ceil(active/gamma) workers have the snapshot. An install
+    received from a relay parent counts as a success for that parent (the chain score's Success term)."""
     activation = _running_activation(worker, job_id)
     Worker.objects.filter(pk=worker.pk).update(installed_version=version)
     with transaction.atomic():
@@ -328,11 +445,19 @@ def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: fl
             raise ServiceError(f"version: snapshot {version} of job {job_id} was never published")
         snap.installs += 1
         fields = ["installs"]
+        if source == "parent":
+            snap.installs_via_parent += 1
+            fields.append("installs_via_parent")
         active = activation.job.activations.filter(ended_at=None).count()
         if snap.t_bcast is None and snap.installs >= math.ceil(active / activation.job.gamma):
             snap.t_bcast = (timezone.now() - snap.published_at).total_seconds()
             fields.append("t_bcast")
         snap.save(update_fields=fields)
+    if source == "parent":
+        plan = load_plan(job_id, version)
+        route = _route(plan, worker.pk) if plan else None
+        if route is not None and route[0] is not None:
+            Worker.objects.filter(pk=route[0]).update(relay_successes=F("relay_successes") + 1)
 
 
 def metrics_record(*, job: Job, step: int, values: dict[str, Any]) -> JobMetric:

@@ -63,7 +63,8 @@ def register(
         _fail(f"registration refused ({response.status_code}): {_reason(response)}")
     data = response.json()
     path = config or default_path()
-    AgentConfig(server=server, worker_id=data["id"], name=data["name"], agent_key=data["agent_key"]).save(path)
+    AgentConfig(server=server, worker_id=data["id"], name=data["name"], agent_key=data["agent_key"],
+                relay_address=relay_address, bandwidth_bps=body["bandwidth_bps"]).save(path)
     if json_output:
         typer.echo(json.dumps({"worker_id": data["id"], "name": data["name"], "config": str(path)}))
     else:
@@ -79,6 +80,9 @@ def run(
     groups: Annotated[int, typer.Option(min=1, max=64, help="Prompt groups to lease at a time.")] = 2,
     threads: Annotated[int | None, typer.Option(min=1, help="CPU threads for torch.")] = None,
     seed: Annotated[int | None, typer.Option(help="Sampling seed (default: random).")] = None,
+    relay_listen: Annotated[str | None, typer.Option(help="HOST:PORT to serve snapshot chunks to a chain child "
+                                                     "(default: 0.0.0.0 and the port of the registered "
+                                                     "--relay-address, if any; 'none': tail only).")] = None,
     debug: Annotated[bool, typer.Option(help="Verbose logs and full tracebacks.")] = False,
 ) -> None:
     """Connect to the site and generate rollouts whenever the scheduler activates this machine."""
@@ -103,8 +107,14 @@ def run(
     if threads:
         torch.set_num_threads(threads)
     options = {"seed": seed} | ({"device": device} if chosen == "hf" else {})
+    if relay_listen is None and cfg.relay_address:
+        relay_listen = "0.0.0.0:" + cfg.relay_address.rpartition(":")[2]
+    if relay_listen == "none":
+        relay_listen = None
+    if relay_listen is not None and not relay_listen.rpartition(":")[2].isdigit():
+        _fail(f"--relay-listen: expected HOST:PORT, got {relay_listen!r}")
     session = AgentSession(cfg, engine_factory=lambda model: make_engine(chosen, model, **options),
-                           groups_per_lease=groups)
+                           groups_per_lease=groups, relay_listen=relay_listen)
     try:
         asyncio.run(session.run_forever())
     except AgentRejected as err:

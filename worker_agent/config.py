@@ -25,6 +25,10 @@ class AgentConfig:
     worker_id: int
     name: str
     agent_key: str
+    relay_address: str = ""
+    """host:port registered for chain peers ('' : this machine is a tail only)."""
+    bandwidth_bps: int | None = None
+    """Registered link bandwidth B_w (bytes/s): the relay's up- and downlink cap."""
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -39,7 +43,8 @@ class AgentConfig:
     def load(cls, path: Path) -> AgentConfig:
         try:
             data = json.loads(path.read_text())
-            return cls(**{k: data[k] for k in ("server", "worker_id", "name", "agent_key")})
+            return cls(**{k: data[k] for k in ("server", "worker_id", "name", "agent_key")},
+                       relay_address=data.get("relay_address", ""), bandwidth_bps=data.get("bandwidth_bps"))
         except FileNotFoundError:
             raise ConfigError(f"no agent config at {path}; run `echo2-agent register` first") from None
         except (ValueError, KeyError, TypeError) as err:

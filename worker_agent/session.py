@@ -20,11 +20,14 @@ from urllib.parse import urlsplit, urlunsplit
 import websockets
 
 from dataplane import messages as m
+from dataplane import transfer
+from dataplane.snapshot import parse_manifest
 from dataplane.tasks import build_task
 
 from . import __version__
 from .config import AgentConfig
 from .engines.base import Engine, SamplingParams
+from .relay import RelayHub, SnapshotRelay
 from .rollout import GroupLease, rollout_groups
 from .snapshots import fetch_snapshot
 
@@ -66,7 +69,7 @@ class ThroughputMeter:
 
 class AgentSession:
     def __init__(self, config: AgentConfig, *, engine_factory: Callable[[str], Engine], groups_per_lease: int = 2,
-                 max_reconnect_delay: float = 30.0) -> None:
+                 max_reconnect_delay: float = 30.0, relay_listen: str | None = None) -> None:
         self.config = config
         self.engine_factory = engine_factory
         self.groups_per_lease = groups_per_lease
@@ -82,12 +85,18 @@ class AgentSession:
         self.ws = None
         self.stopped = asyncio.Event()
         self.generated = 0
+        self.relay_listen = relay_listen
+        self.hub: RelayHub | None = None
+        self.relays: dict[tuple[int, int], SnapshotRelay] = {}  # (job, version) -> relay being received/served
+        self.relay_parents: dict[tuple[int, int], int | None] = {}
+        self.reported_failures: set[tuple[int, int, str]] = set()
 
     # ---- connection ----------------------------------------------------------------------
 
     async def run_forever(self) -> None:
         delay = 1.0
         url = websocket_url(self.config.server)
+        await self._start_hub()
         while not self.stopped.is_set():
             try:
                 async with websockets.connect(url, additional_headers={"Authorization":
@@ -174,10 +183,18 @@ class AgentSession:
     # ---- snapshots ------------------------------------------------------------------------
 
     async def _install(self, snap: m.SnapshotAvailable) -> None:
+        key = (snap.job_id, snap.version)
+        if key in self.relays:  # a repair: new parent and/or child for a version we already relay
+            self._reroute(self.relays[key], snap)
+            return
         if snap.version <= self.installed.get(snap.job_id, 0):
             return
+        source = "http"
         try:
-            manifest, tensors = await asyncio.to_thread(fetch_snapshot, snap.url, snap.manifest)
+            if snap.parent:
+                manifest, tensors, source = await self._receive_relayed(snap)
+            else:
+                manifest, tensors = await asyncio.to_thread(fetch_snapshot, snap.url, snap.manifest)
         except Exception as err:  # a failed download leaves the old snapshot in place
             log.error("snapshot %s of job %s: download failed: %s", snap.version, snap.job_id, err)
             return
@@ -191,9 +208,82 @@ class AgentSession:
             await asyncio.to_thread(engine.load_weights, tensors)
             self.installed[snap.job_id] = manifest.version
         seconds = max(0.0, time.time() - snap.published_at)
-        log.info("installed snapshot v%d of job %d (%.2fs after publication)", manifest.version, snap.job_id, seconds)
+        relay = self.relays.get(key)
+        stats = relay.stats if relay else None
+        log.info("installed snapshot v%d of job %d (%.2fs after publication, via %s)", manifest.version, snap.job_id,
+                 seconds, source)
+        self._retire_relays(snap.job_id, keep_from=snap.version - 1)
         with contextlib.suppress(ConnectionError, websockets.WebSocketException):  # reported again on reconnect
-            await self.send(m.SnapshotInstalled(job_id=snap.job_id, version=manifest.version, seconds=seconds))
+            await self.send(m.SnapshotInstalled(job_id=snap.job_id, version=manifest.version, seconds=seconds,
+                                                source=source, from_parent=stats.from_parent if stats else 0,
+                                                from_fallback=stats.from_fallback if stats else 0))
+
+    async def _receive_relayed(self, snap: m.SnapshotAvailable) -> tuple:
+        """Pull the version from the chain parent (forwarding to our child as chunks arrive); the relay
+        fetches what its parent cannot give from the learner's HTTP server. Returns (manifest, tensors, source)."""
+        from safetensors.torch import load
+
+        manifest = parse_manifest(snap.manifest)
+        await self._start_hub()
+        bw = self.config.bandwidth_bps
+        relay = SnapshotRelay(manifest, worker_id=self.config.worker_id, fallback_url=snap.url,
+                              uplink=transfer.bucket(bw), downlink=transfer.bucket(bw), on_event=self._relay_event)
+        key = (snap.job_id, snap.version)
+        self.relays[key] = relay
+        if self.hub is not None:
+            self.hub.register(relay)
+        self._reroute(relay, snap)
+        payload = await relay.receive()
+        tensors = await asyncio.to_thread(load, payload)
+        stats = relay.stats
+        source = "parent" if stats.from_parent and stats.from_parent >= stats.from_fallback else "fallback"
+        log.info("snapshot v%d of job %d: %d chunks from parent, %d from fallback", snap.version, snap.job_id,
+                 stats.from_parent, stats.from_fallback)
+        return manifest, tensors, source
+
+    async def _start_hub(self) -> None:
+        if self.hub is None and self.relay_listen:
+            host, _, port = self.relay_listen.rpartition(":")
+            hub = RelayHub()
+            await hub.start(host, int(port))
+            self.hub = hub
+            log.info("relay listening on %s", self.relay_listen)
+
+    def _reroute(self, relay: SnapshotRelay, snap: m.SnapshotAvailable) -> None:
+        key = (snap.job_id, snap.version)
+        self.relay_parents[key] = snap.parent_worker_id
+        relay.assign_children(set(snap.children))
+        if snap.parent and not relay.complete:
+            host, _, port = snap.parent.rpartition(":")
+            relay.set_parent(host, int(port))
+            log.info("snapshot v%d of job %d: pulling from %s (%s), serving %s", snap.version, snap.job_id,
+                     snap.parent, f"worker {snap.parent_worker_id}" if snap.parent_worker_id else "learner",
+                     snap.children or "no child")
+
+    def _relay_event(self, event: dict) -> None:
+        if event["event"] != "parent_failed":
+            return
+        key = (event["job_id"], event["version"])
+        marker = (*key, event.get("parent", ""))
+        if marker in self.reported_failures or self.ws is None:
+            return
+        self.reported_failures.add(marker)
+        message = m.RelayFailed(job_id=key[0], version=key[1], culprit_worker_id=self.relay_parents.get(key),
+                                reason=str(event.get("reason", ""))[:500])
+
+        async def report() -> None:
+            with contextlib.suppress(ConnectionError, websockets.WebSocketException):
+                await self.send(message)
+
+        asyncio.get_running_loop().create_task(report())
+
+    def _retire_relays(self, job_id: int, *, keep_from: int) -> None:
+        """Stop serving versions older than ``keep_from`` (our child has had time to take the newer one)."""
+        for key in [k for k in self.relays if k[0] == job_id and k[1] < keep_from]:
+            del self.relays[key]
+            self.relay_parents.pop(key, None)
+            if self.hub is not None:
+                self.hub.unregister(*key)
 
     # ---- rollouts --------------------------------------------------------------------------
 

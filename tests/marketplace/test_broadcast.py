@@ -1,0 +1,107 @@
+"""The site's snapshot broadcast: chain plans per publication, relay-failure repair, install sources."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from marketplace import services
+from marketplace.models import Worker
+
+from . import factories
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("redis_url")]
+MANIFEST = {"job_id": 1, "version": 1, "total_bytes": 0, "chunk_bytes": 1, "chunks": [], "sha256": "0" * 64}
+
+
+@pytest.fixture
+def pushes(monkeypatch):
+    sent: dict[int, list] = {}
+    monkeypatch.setattr(services, "_push_to_worker", lambda wid, msg: sent.setdefault(wid, []).append(msg))
+    return sent
+
+
+def running_job(workers, *, b0: int, strategy: str = "chain", learner_relay: str = "10.0.0.1:7000"):
+    job = factories.job(factories.user(), learner_uplink_bps=b0, broadcast_strategy=strategy)
+    services.job_start(job=job)
+    for w in workers:
+        services.worker_activate(worker=w, job=job)
+    job.learner_relay = learner_relay
+    job.save(update_fields=["learner_relay"])
+    return job
+
+
+def make_workers(n: int, *, relay: bool = True, bw: int = 1000) -> list[Worker]:
+    provider = factories.user()
+    out = []
+    for i in range(n):
+        w, _ = services.worker_register(user=provider, name=f"w{i}", gpu="g", price_per_hour=Decimal("0.1"),
+                                        bandwidth_bps=bw, relay_address=f"10.0.1.{i}:7001" if relay else "")
+        out.append(w)
+    return out
+
+
+def test_publish_sends_each_worker_its_parent_and_child(pushes):
+    workers = make_workers(4)
+    job = running_job(workers, b0=2000)  # n_ch = floor(2000 / 1000) = 2 chains of 2
+    snap = services.snapshot_publish(job=job, version=1, url="http://l/v1/", manifest=MANIFEST)
+    assert snap.n_chains == 2
+    msgs = {wid: pushes[wid][-1] for wid in (w.pk for w in workers)}
+    seeds = [w for w in workers if msgs[w.pk].parent == "10.0.0.1:7000"]
+    assert len(seeds) == 2 and all(msgs[s.pk].parent_worker_id is None for s in seeds)
+    for seed in seeds:
+        (child,) = msgs[seed.pk].children
+        assert msgs[child].parent == Worker.objects.get(pk=seed.pk).relay_address
+        assert msgs[child].parent_worker_id == seed.pk and msgs[child].children == []
+    assert services.load_plan(job.pk, 1) is not None
+
+
+def test_workers_without_relay_address_are_tails_only(pushes):
+    relays, plain = make_workers(1), make_workers(3, relay=False)
+    job = running_job([*relays, *plain], b0=1000)  # one chain
+    services.snapshot_publish(job=job, version=1, url="http://l/v1/", manifest=MANIFEST)
+    plan = services.load_plan(job.pk, 1)
+    assert plan.chains == ((relays[0].pk, plain[0].pk),)  # the plain worker with the lowest id is the tail
+    assert set(plan.rollout_only) == {plain[1].pk, plain[2].pk}
+    for w in plain[1:]:
+        assert pushes[w.pk][-1].parent is None  # HTTP
+    assert all(not pushes[w.pk][-1].children for w in plain)
+
+
+@pytest.mark.parametrize("strategy,relay", [("star-limited", "10.0.0.1:7000"), ("chain", "")])
+def test_star_or_no_learner_relay_means_http_for_everyone(pushes, strategy, relay):
+    workers = make_workers(3)
+    job = running_job(workers, b0=1000, strategy=strategy, learner_relay=relay)
+    services.snapshot_publish(job=job, version=1, url="http://l/v1/", manifest=MANIFEST)
+    assert all(pushes[w.pk][-1].parent is None and pushes[w.pk][-1].strategy == strategy for w in workers)
+
+
+def test_relay_failed_repairs_the_chain_and_counts_the_culprit(pushes):
+    workers = make_workers(3)
+    job = running_job(workers, b0=1000)  # one chain of 3
+    services.snapshot_publish(job=job, version=1, url="http://l/v1/", manifest=MANIFEST)
+    seed, middle, tail = services.load_plan(job.pk, 1).chains[0]
+    by_id = {w.pk: w for w in workers}
+    with pytest.raises(services.ServiceError, match="not your parent"):
+        services.relay_failed(worker=by_id[tail], job_id=job.pk, version=1, culprit_worker_id=seed, reason="x")
+    services.relay_failed(worker=by_id[tail], job_id=job.pk, version=1, culprit_worker_id=middle, reason="stalled")
+    assert services.load_plan(job.pk, 1).chains == ((seed, tail),)
+    assert pushes[tail][-1].parent == by_id[seed].relay_address and pushes[tail][-1].parent_worker_id == seed
+    assert pushes[seed][-1].children == [tail]
+    culprit = Worker.objects.get(pk=middle)
+    assert culprit.relay_failures == 1 and culprit.relay_last_failure_at is not None
+
+
+def test_install_via_parent_is_counted_and_credits_the_parent(pushes):
+    workers = make_workers(2)
+    job = running_job(workers, b0=1000)
+    services.snapshot_publish(job=job, version=1, url="http://l/v1/", manifest=MANIFEST)
+    seed, tail = services.load_plan(job.pk, 1).chains[0]
+    services.snapshot_installed(worker=Worker.objects.get(pk=tail), job_id=job.pk, version=1, seconds=0.1,
+                                source="parent")
+    services.snapshot_installed(worker=Worker.objects.get(pk=seed), job_id=job.pk, version=1, seconds=0.1,
+                                source="parent")
+    snap = job.snapshots.get(version=1)
+    assert (snap.installs, snap.installs_via_parent) == (2, 2)
+    assert Worker.objects.get(pk=seed).relay_successes == 1
