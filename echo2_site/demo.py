@@ -131,10 +131,13 @@ def main(argv: list[str] | None = None) -> int:
 
         for user, gpu, price in PROVIDERS:
             cfg = workdir / "agents" / f"{user}.json"
+            relay = f"127.0.0.1:{free_port()}"  # chain peers pull snapshot chunks from here
             stack.run(str(BIN / "echo2-agent"), "register", "--server", server, "--token", tokens[user],
-                      "--name", f"{user}-{gpu}", "--gpu", gpu, "--price", str(price), "--config", str(cfg))
-            stack.start(f"agent-{user}", str(BIN / "echo2-agent"), "run", "--config", str(cfg), "--threads", "1")
-            console.print(f"agent {user}-{gpu} registered at ${price}/h and running")
+                      "--name", f"{user}-{gpu}", "--gpu", gpu, "--price", str(price), "--config", str(cfg),
+                      "--bandwidth-mbps", "100", "--relay-address", relay)
+            stack.start(f"agent-{user}", str(BIN / "echo2-agent"), "run", "--config", str(cfg), "--threads", "1",
+                        "--relay-listen", relay)
+            console.print(f"agent {user}-{gpu} registered at ${price}/h and running (relay {relay})")
 
         api = httpx.Client(base_url=server + "/api/", headers={"Authorization": f"Token {tokens['demo']}"},
                            timeout=30)
