@@ -57,3 +57,13 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 def _fast_password_hashing(settings):
     """Users are created in many tests; the production hasher is deliberately slow."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def stack(tmp_path, redis_url):
+    """Processes of a live site (tests/live.py), all stopped after the test."""
+    from .live import make_stack
+
+    stack = make_stack(tmp_path, redis_url)
+    yield stack
+    stack.stop()

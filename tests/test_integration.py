@@ -8,21 +8,20 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 from safetensors.torch import load
 from websockets.sync.client import connect
 
-from echo2_site.demo import Stack, free_port, wait_for
+from echo2_site.demo import wait_for
+
+from .live import BIN, api, create_users, start_site
 
 pytestmark = pytest.mark.slow
 
-BIN = Path(sys.executable).parent
 STEPS, S, R, N = 12, 2, 16, 4
 
 
@@ -35,30 +34,10 @@ def recv(ws, *types: str, timeout: float = 30.0) -> dict:
             return message
 
 
-@pytest.fixture
-def stack(tmp_path, redis_url):
-    import os
-
-    env = dict(os.environ, DATABASE_URL=f"sqlite:///{tmp_path / 'site.sqlite3'}", REDIS_URL=redis_url,
-               ECHO2_DATA_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="echo2_site.settings", OMP_NUM_THREADS="1",
-               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", ECHO2_CHANNEL_PREFIX="echo2it")
-    stack = Stack(tmp_path, env)
-    yield stack
-    stack.stop()
-
-
 def test_jobs_train_end_to_end_and_drop_stale_records(stack, tmp_path, tiny_model_dir):
-    py = str(BIN / "python")
-    stack.run(py, "manage.py", "migrate", "--noinput")
-    tokens = json.loads(stack.run(py, "manage.py", "shell", "-c", (
-        "import json\nfrom django.contrib.auth.models import User\nfrom rest_framework.authtoken.models import Token\n"
-        "print(json.dumps({n: Token.objects.create(user=User.objects.create_user(n)).key for n in ['own', 'prov']}))"
-    )).strip().splitlines()[-1])
-    port = free_port()
-    server = f"http://127.0.0.1:{port}"
-    stack.start("daphne", str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "echo2_site.asgi:application")
-    stack.start("celery", str(BIN / "celery"), "-A", "echo2_site", "worker", "-P", "solo", "-l", "info")
-    wait_for(lambda: httpx.get(server + "/api/schema/", timeout=2).status_code == 200, "the site", 60)
+    tokens = create_users(stack, "own", "prov")
+    server = start_site(stack)
+    port = server.rsplit(":", 1)[1]
 
     for name in ("a", "b"):
         cfg = tmp_path / f"agent-{name}.json"
@@ -67,9 +46,7 @@ def test_jobs_train_end_to_end_and_drop_stale_records(stack, tmp_path, tiny_mode
         assert oct(cfg.stat().st_mode & 0o777) == "0o600"
         stack.start(f"agent-{name}", str(BIN / "echo2-agent"), "run", "--config", str(cfg), "--threads", "1")
 
-    owner = httpx.Client(base_url=server + "/api/", headers={"Authorization": f"Token {tokens['own']}"}, timeout=30)
-    provider = httpx.Client(base_url=server + "/api/", headers={"Authorization": f"Token {tokens['prov']}"},
-                            timeout=30)
+    owner, provider = api(server, tokens["own"]), api(server, tokens["prov"])
     slow = provider.post("workers/", json={"name": "slow", "price_per_hour": "0.1", "bandwidth_bps": 1000}).json()
     with connect(f"ws://127.0.0.1:{port}/ws/agent/",
                  additional_headers={"Authorization": f"Bearer {slow['agent_key']}"}) as ws:

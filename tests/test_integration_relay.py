@@ -6,36 +6,22 @@ relay parent (the site counts installs by source) and that the tail's log shows 
 
 from __future__ import annotations
 
-import json
 import re
-import sys
-from pathlib import Path
 
-import httpx
 import pytest
 
 from echo2_site.demo import free_port, wait_for
 
-from .test_integration import stack  # noqa: F401 - the fixture
+from .live import BIN, api, create_users, start_site
 
 pytestmark = pytest.mark.slow
 
-BIN = Path(sys.executable).parent
 STEPS = 6
 
 
-def test_snapshots_travel_down_a_relay_chain(stack, tmp_path, tiny_model_dir):  # noqa: F811
-    py = str(BIN / "python")
-    stack.run(py, "manage.py", "migrate", "--noinput")
-    tokens = json.loads(stack.run(py, "manage.py", "shell", "-c", (
-        "import json\nfrom django.contrib.auth.models import User\nfrom rest_framework.authtoken.models import Token\n"
-        "print(json.dumps({n: Token.objects.create(user=User.objects.create_user(n)).key for n in ['own', 'prov']}))"
-    )).strip().splitlines()[-1])
-    port = free_port()
-    server = f"http://127.0.0.1:{port}"
-    stack.start("daphne", str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "echo2_site.asgi:application")
-    stack.start("celery", str(BIN / "celery"), "-A", "echo2_site", "worker", "-P", "solo", "-l", "info")
-    wait_for(lambda: httpx.get(server + "/api/schema/", timeout=2).status_code == 200, "the site", 60)
+def test_snapshots_travel_down_a_relay_chain(stack, tmp_path, tiny_model_dir):
+    tokens = create_users(stack, "own", "prov")
+    server = start_site(stack)
 
     for name in ("a", "b", "c"):
         cfg = tmp_path / f"agent-{name}.json"
@@ -45,9 +31,7 @@ def test_snapshots_travel_down_a_relay_chain(stack, tmp_path, tiny_model_dir):  
         stack.start(f"agent-{name}", str(BIN / "echo2-agent"), "run", "--config", str(cfg), "--threads", "1",
                     "--relay-listen", relay)
 
-    owner = httpx.Client(base_url=server + "/api/", headers={"Authorization": f"Token {tokens['own']}"}, timeout=30)
-    provider = httpx.Client(base_url=server + "/api/", headers={"Authorization": f"Token {tokens['prov']}"},
-                            timeout=30)
+    owner, provider = api(server, tokens["own"]), api(server, tokens["prov"])
     wait_for(lambda: sum(w["status"] == "idle" for w in provider.get("workers/").json()["results"]) == 3,
              "three idle workers", 60)
     job = owner.post("jobs/", json={

@@ -4,48 +4,30 @@ the form, watch a value change without a reload, see a provider's workers. Scree
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
-from echo2_site.demo import Stack, free_port, wait_for
+from ..live import create_users, make_stack, start_site
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-BIN = Path(sys.executable).parent
 
 
 @pytest.fixture
 def site(tmp_path, redis_url):
     if not Path(CHROMIUM).exists():
         pytest.skip("Debian's chromium is not installed (make test installs it)")
-    env = dict(os.environ, DATABASE_URL=f"sqlite:///{tmp_path / 'site.sqlite3'}", REDIS_URL=redis_url,
-               ECHO2_DATA_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="echo2_site.settings",
-               CELERY_TASK_ALWAYS_EAGER="true", ECHO2_CHANNEL_PREFIX="echo2browser")
-    stack = Stack(tmp_path, env)
-    py = str(BIN / "python")
-    stack.run(py, "manage.py", "migrate", "--noinput")
-    tokens = json.loads(stack.run(py, "manage.py", "shell", "-c", (
-        "import json\nfrom decimal import Decimal\nfrom django.contrib.auth.models import User\n"
-        "from rest_framework.authtoken.models import Token\nfrom marketplace import services\n"
-        "own = User.objects.create_user('owner', password='owner-pass')\n"
-        "prov = User.objects.create_user('prov', password='prov-pass')\n"
-        "services.worker_register(user=prov, name='rig-browser', gpu='RTX 5090', price_per_hour=Decimal('0.35'),"
-        " bandwidth_bps=12500000)\n"
-        "print(json.dumps({'owner': Token.objects.create(user=own).key}))"
-    )).strip().splitlines()[-1])
-    port = free_port()
-    stack.start("daphne", str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "echo2_site.asgi:application")
-    url = f"http://localhost:{port}"
-    wait_for(lambda: httpx.get(url + "/accounts/login/", timeout=2).status_code == 200, "the site", 60)
-    yield url, tokens
+    stack = make_stack(tmp_path, redis_url, CELERY_TASK_ALWAYS_EAGER="true")
+    tokens = create_users(stack, "owner", "prov", setup=(
+        "from decimal import Decimal\nfrom marketplace import services\n"
+        "services.worker_register(user=User.objects.get(username='prov'), name='rig-browser', gpu='RTX 5090',"
+        " price_per_hour=Decimal('0.35'), bandwidth_bps=12500000)"))
+    yield start_site(stack, celery=False, host="localhost"), tokens
     stack.stop()
 
 

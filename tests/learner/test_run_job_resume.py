@@ -10,30 +10,19 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
-import httpx
 import pytest
 import redis
 
 from dataplane import streams
-from echo2_site.demo import Stack, free_port, wait_for
+from echo2_site.demo import wait_for
+
+from ..live import BIN, api, create_users, start_site
 
 pytestmark = pytest.mark.slow
 
-BIN = Path(sys.executable).parent
 STEPS, R, N = 6, 4, 2  # kappa = 2: checkpoint and publish at v2, v4, v6
-
-
-@pytest.fixture
-def stack(tmp_path, redis_url):
-    env = dict(os.environ, DATABASE_URL=f"sqlite:///{tmp_path / 'site.sqlite3'}", REDIS_URL=redis_url,
-               ECHO2_DATA_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="echo2_site.settings", OMP_NUM_THREADS="1",
-               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", ECHO2_CHANNEL_PREFIX="echo2resume")
-    stack = Stack(tmp_path, env)
-    yield stack
-    stack.stop()
 
 
 def push_groups(client: redis.Redis, job_id: int, first: int, count: int) -> None:
@@ -67,16 +56,9 @@ def kill_tree(pid: int) -> None:
 @pytest.mark.parametrize("ranks", [1, 2], ids=["one-process", "torchrun-2-ranks"])
 def test_learner_killed_mid_job_resumes_from_its_checkpoint(stack, tmp_path, tiny_model_dir, redis_url,
                                                             ranks: int) -> None:
-    py = str(BIN / "python")
-    stack.run(py, "manage.py", "migrate", "--noinput")
-    token = stack.run(py, "manage.py", "shell", "-c", (
-        "from django.contrib.auth.models import User\nfrom rest_framework.authtoken.models import Token\n"
-        "print(Token.objects.create(user=User.objects.create_user('own')).key)")).strip().splitlines()[-1]
-    port = free_port()
-    server = f"http://127.0.0.1:{port}"
-    stack.start("daphne", str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "echo2_site.asgi:application")
-    wait_for(lambda: httpx.get(server + "/api/schema/", timeout=2).status_code == 200, "the site", 60)
-    owner = httpx.Client(base_url=server + "/api/", headers={"Authorization": f"Token {token}"}, timeout=30)
+    token = create_users(stack, "own")["own"]
+    server = start_site(stack, celery=False)
+    owner = api(server, token)
     job = owner.post("jobs/", json={
         "name": "resume", "model_dir": str(tiny_model_dir), "task": {"name": "arithmetic", "max_operand": 4},
         "staleness": 50, "kappa": 2, "batch_trajectories": R, "group_size": N, "max_steps": STEPS,
