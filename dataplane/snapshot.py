@@ -7,6 +7,7 @@ chunk on arrival and installs only a complete, verified snapshot.
 from __future__ import annotations
 
 import hashlib
+import urllib.request
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -71,3 +72,22 @@ def parse_manifest(raw: dict[str, Any]) -> Manifest:
         return Manifest.model_validate(raw)
     except Exception as err:  # pydantic's error is long; the first line is the reason
         raise SnapshotError(f"manifest: {str(err).splitlines()[0]}") from None
+
+
+def fetch_chunk(base_url: str, manifest: Manifest, index: int, *, timeout: float, retries: int = 3) -> bytes:
+    """GET ``{base_url}chunks/{index}`` from a snapshot server and verify it, re-fetching a bad or failed
+    copy up to ``retries`` times; raise SnapshotError naming the chunk when every attempt failed.
+
+    The one HTTP path for chunks: agents without a chain parent, and relays falling back to the learner.
+    """
+    url = f"{base_url.rstrip('/')}/chunks/{index}"
+    for attempt in range(retries + 1):
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - the site hands out the URL
+                data = response.read()
+            verify_chunk(manifest, index, data)
+            return data
+        except (OSError, SnapshotError) as err:
+            if attempt == retries:
+                raise SnapshotError(f"chunk {index} of version {manifest.version} from {url}: {err}") from None
+    raise AssertionError("unreachable")

@@ -29,7 +29,6 @@ import hashlib
 import json
 import sys
 import time
-import urllib.request
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -37,7 +36,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from dataplane import transfer
-from dataplane.snapshot import Manifest, SnapshotError, assemble, parse_manifest, verify_chunk
+from dataplane.snapshot import Manifest, SnapshotError, assemble, fetch_chunk, parse_manifest, verify_chunk
 from dataplane.transfer import Frame, PeerRefused, TokenBucket, TransferError
 
 Strategy = Literal["star-unlimited", "star-limited", "chain"]
@@ -347,24 +346,14 @@ class SnapshotRelay:
         for index in indices:
             if index in self._chunks:
                 continue
-            url = f"{base}chunks/{index}"
             try:
-                data = await asyncio.to_thread(_http_get, url, self.timeouts.stall)
-            except OSError as err:
-                raise TransferError(f"fallback {url}: {err}") from None
+                data = await asyncio.to_thread(fetch_chunk, base, self.manifest, index, timeout=self.timeouts.stall)
+            except SnapshotError as err:
+                raise TransferError(f"fallback: {err}") from None
             if self.downlink is not None:
                 await self.downlink.acquire(len(data))
-            try:
-                verify_chunk(self.manifest, index, data)
-            except SnapshotError as err:
-                raise TransferError(f"fallback {url}: {err}") from None
             self.stats.from_fallback += 1
             self._store(index, data, source="fallback")
-
-
-def _http_get(url: str, timeout: float) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - the site hands out the URL
-        return response.read()
 
 
 async def _refuse(writer: asyncio.StreamWriter, reason: str, *, peer: str, timeout: float) -> None:

@@ -91,3 +91,34 @@ def test_malformed_manifest_is_refused_in_one_line() -> None:
     with pytest.raises(SnapshotError, match=r"^manifest: ") as err:
         parse_manifest(raw)
     assert "\n" not in str(err.value)
+
+
+def test_fetch_chunk_refetches_a_bad_copy_and_names_the_chunk_when_it_stays_bad(tmp_path):
+    import threading
+    from functools import partial
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    from dataplane.snapshot import SnapshotError, build_manifest, fetch_chunk
+
+    payload = bytes(range(256)) * 8
+    manifest = build_manifest(payload, job_id=1, version=3, chunk_bytes=512)
+    (tmp_path / "chunks").mkdir()
+    for i in range(4):
+        (tmp_path / "chunks" / str(i)).write_bytes(payload[i * 512:(i + 1) * 512])
+    (tmp_path / "chunks" / "2").write_bytes(b"corrupt")
+    served: list[str] = []
+
+    class Handler(SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            served.append(self.path)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Handler, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}/"
+    try:
+        assert fetch_chunk(base, manifest, 1, timeout=5) == payload[512:1024]
+        with pytest.raises(SnapshotError, match="chunk 2 of version 3"):
+            fetch_chunk(base, manifest, 2, timeout=5, retries=2)
+        assert sum(p.endswith("/chunks/2") for p in served) == 3  # the first try and two re-fetches
+    finally:
+        server.shutdown()
