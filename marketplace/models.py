@@ -87,6 +87,7 @@ class Job(models.Model):
     class Status(models.TextChoices):
         DRAFT = "draft"
         RUNNING = "running"
+        PAUSED = "paused"
         COMPLETED = "completed"
         FAILED = "failed"
         CANCELLED = "cancelled"
