@@ -4,53 +4,12 @@ the form, watch a value change without a reload, see a provider's workers. Scree
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import httpx
 import pytest
 
-from ..live import create_users, make_stack, start_site
+from .conftest import ARTIFACTS, sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
-
-
-@pytest.fixture
-def site(tmp_path, redis_url):
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Debian's chromium is not installed (make test installs it)")
-    stack = make_stack(tmp_path, redis_url, CELERY_TASK_ALWAYS_EAGER="true")
-    tokens = create_users(stack, "owner", "prov", setup=(
-        "from decimal import Decimal\nfrom marketplace import services\n"
-        "services.worker_register(user=User.objects.get(username='prov'), name='rig-browser', gpu='RTX 5090',"
-        " price_per_hour=Decimal('0.35'), bandwidth_bps=12500000)"))
-    yield start_site(stack, celery=False, host="localhost"), tokens
-    stack.stop()
-
-
-@pytest.fixture
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        chromium = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync"])
-        yield chromium
-        chromium.close()
-
-
-def sign_in(page, url: str, user: str, password: str) -> None:
-    page.goto(url + "/accounts/login/")
-    page.fill("#id_username", user)
-    page.fill("#id_password", password)
-    page.click("button[type=submit]")
-    page.wait_for_url(url + "/")
-
 
 def test_owner_launches_a_job_and_watches_it_update_live(site, browser):
     url, tokens = site

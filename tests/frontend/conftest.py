@@ -1,0 +1,48 @@
+"""Browser-test fixtures: a live site (daphne, eager Celery) with an owner and a provider, and Debian's
+Chromium driven by Playwright. Screenshots go to ``test-artifacts/``."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ..live import create_users, make_stack, start_site
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+
+
+@pytest.fixture
+def site(tmp_path, redis_url):
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian's chromium is not installed (make test installs it)")
+    stack = make_stack(tmp_path, redis_url, CELERY_TASK_ALWAYS_EAGER="true")
+    tokens = create_users(stack, "owner", "prov", setup=(
+        "from decimal import Decimal\nfrom marketplace import services\n"
+        "services.worker_register(user=User.objects.get(username='prov'), name='rig-browser', gpu='RTX 5090',"
+        " price_per_hour=Decimal('0.35'), bandwidth_bps=12500000)"))
+    yield start_site(stack, celery=False, host="localhost"), tokens
+    stack.stop()
+
+
+@pytest.fixture
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync"])
+        yield chromium
+        chromium.close()
+
+
+def sign_in(page, url: str, user: str, password: str) -> None:
+    page.goto(url + "/accounts/login/")
+    page.fill("#id_username", user)
+    page.fill("#id_password", password)
+    page.click("button[type=submit]")
+    page.wait_for_url(url + "/")
