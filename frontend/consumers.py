@@ -28,4 +28,4 @@ class JobLiveConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json({"type": "rejected", "reason": "this socket only sends updates"})
 
     async def job_update(self, event) -> None:
-        await self.send_json({"type": "update", "summary": event["summary"]})
+        await self.send_json({"type": "update", **event["live"]})

@@ -7,7 +7,7 @@ urlpatterns = [
     path("", views.job_list, name="job-list"),
     path("jobs/new/", views.job_launch, name="job-launch"),
     path("jobs/<int:job_id>/", views.job_detail, name="job-detail"),
-    re_path(r"^jobs/(?P<job_id>\d+)/(?P<verb>start|cancel)/$", views.job_control, name="job-control"),
+    re_path(r"^jobs/(?P<job_id>\d+)/(?P<verb>start|pause|resume|cancel)/$", views.job_control, name="job-control"),
     path("provider/", views.provider_workers, name="provider-workers"),
     path("marketplace/", views.marketplace_overview, name="marketplace"),
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
@@ -10,7 +11,6 @@ from django.views.decorators.http import require_POST
 
 from marketplace import selectors, services
 from marketplace.models import Job, Worker
-from marketplace.serializers import MetricSerializer
 
 from .forms import JobLaunchForm
 
@@ -21,17 +21,23 @@ def job_list(request):
     return render(request, "frontend/job_list.html", {"jobs": jobs})
 
 
+# (verb, button, the statuses it shows in); job.js shows and hides them as the status changes.
+CONTROLS = [("start", "Start", "draft"), ("pause", "Pause", "running"), ("resume", "Resume", "paused"),
+            ("cancel", "Cancel", "draft running paused")]
+
+
 @login_required
 def job_detail(request, job_id: int):
+    """The job page: rendered with the current state and history; job.js keeps it live over the socket."""
     job = get_object_or_404(selectors.jobs_visible_to(request.user), pk=job_id)
-    metrics = MetricSerializer(job.metrics.order_by("step"), many=True).data
-    context = {
-        "job": job,
-        "summary": selectors.job_summary(job),
-        "metrics": [{"step": m["step"], "reward_mean": m["reward_mean"]} for m in metrics],
-        "workers": [a.worker for a in job.activations.filter(ended_at=None).select_related("worker")],
+    live = selectors.job_live(job)
+    history = {
+        "metrics": [selectors.metric_point(m) for m in job.metrics.order_by("step")],
+        "snapshots": [selectors.snapshot_point(s) for s in job.snapshots.order_by("version")],
+        "staleness": job.staleness,
     }
-    return render(request, "frontend/job_detail.html", context)
+    return render(request, "frontend/job_detail.html", {"job": job, "summary": live["summary"], "live": live,
+                                                        "history": history, "controls": CONTROLS})
 
 
 @login_required
@@ -82,11 +88,18 @@ def job_launch(request):
 @login_required
 @require_POST
 def job_control(request, job_id: int, verb: str):
+    """Start, pause, resume or cancel; a verb the job's state does not allow comes back as a message."""
     job = get_object_or_404(selectors.jobs_visible_to(request.user), pk=job_id)
-    with transaction.atomic():
-        if verb == "start" and job.status == Job.Status.DRAFT:
-            services.job_start(job=job)
-        elif verb == "cancel" and not job.is_terminal:
-            services.job_finish(job=job, status=Job.Status.CANCELLED,
-                                reason=f"cancelled by {request.user.get_username()}")
+    user = request.user.get_username()
+    actions = {
+        "start": lambda: services.job_start(job=job),
+        "pause": lambda: services.job_pause(job=job, by=user),
+        "resume": lambda: services.job_resume(job=job),
+        "cancel": lambda: services.job_finish(job=job, status=Job.Status.CANCELLED, reason=f"cancelled by {user}"),
+    }
+    try:
+        with transaction.atomic():
+            actions[verb]()
+    except services.ServiceError as err:
+        messages.error(request, f"Cannot {verb}: {str(err).partition(': ')[2] or err}")
     return redirect("frontend:job-detail", job_id=job.pk)

@@ -34,6 +34,8 @@ from .prompts import PromptFeeder
 from .publisher import LearnerRelay, SnapshotServer, SnapshotStore, manifest_json
 from .step import PolicyTrainer, StepResult
 
+TERMINAL = frozenset({"completed", "failed", "cancelled"})  # the site's final job states
+
 log = logging.getLogger("echo2.learner")
 
 
@@ -46,7 +48,8 @@ class LearnerOptions:
     advertise_host: str | None = None
     relay: bool = True  # serve snapshots to chain seeds over a relay port (docs/broadcast.md)
     relay_port: int = 0
-    data_timeout_s: float = 300.0  # fail the job after this long without R admissible records
+    data_timeout_s: float = 300.0  # fail the job after this long without R admissible records (not while paused)
+    status_poll_s: float = 10.0  # while waiting for data, ask the site this often whether the job was paused/cancelled
     device: str = "cpu"
     checkpoint_dir: Path | None = None  # default: <snapshot_dir>/job<id>-checkpoint
     checkpoint_every: int | None = None  # steps; default kappa (publication steps always checkpoint too)
@@ -96,7 +99,8 @@ def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, records:
 
 
 def run_job(site: SiteClient, job_id: int, options: LearnerOptions) -> str:
-    """Train job ``job_id`` to completion; returns the final status ('completed' or 'failed')."""
+    """Train job ``job_id`` to completion; returns the final status ('completed' or 'failed', or 'cancelled'
+    when the owner cancelled it on the site). A paused job is waited for, not failed."""
     ctx = distributed.init(options.device, timeout_s=options.data_timeout_s + 900)
     try:
         # --- setup: the job (rank 0 asks the site; every rank gets the answer or the error)
@@ -132,8 +136,8 @@ def _runnable_job(site: SiteClient, job_id: int) -> dict:
     raw = site.job(job_id)
     if raw["status"] == "draft":
         raise SiteError(f"job {job_id} is a draft; start it first (POST /api/jobs/{job_id}/start/)")
-    if raw["status"] != "running":
-        raise SiteError(f"job {job_id} is {raw['status']}; only a running job can be trained")
+    if raw["status"] not in ("running", "paused"):
+        raise SiteError(f"job {job_id} is {raw['status']}; only a running (or paused) job can be trained")
     return raw
 
 
@@ -175,16 +179,40 @@ def _lead(site: SiteClient, job_id: int, raw: dict, spec: JobSpec, trainer: Poli
             # crashed between checkpoint and publish
             _publish(site, job_id, store, server, relay, trainer, loop.version)
 
+        idle_s, waited_s, paused = 0.0, 0.0, False
         while loop.version < spec.max_steps:
-            # --- wait for R admissible records (whole groups), dropping stale ones; train; checkpoint when due
+            # --- wait for R admissible records (whole groups), dropping stale ones; train; checkpoint when due.
+            # Waits are cut into polls so a pause, resume or cancel on the site is seen within a poll.
+            poll_s = min(options.data_timeout_s, options.status_poll_s)
             try:
-                outcome = loop.step(timeout_s=options.data_timeout_s)
+                outcome = loop.step(timeout_s=poll_s)
             except redis.RedisError as err:
+                stopped = _ended_on_site(site, job_id, loop)  # cancelled: the site dropped the streams
+                if stopped:
+                    return stopped
                 return _fail(site, job_id, f"Redis failed: {type(err).__name__}: {err}")
             if outcome is None:
-                _commit_pending(loop)
-                return _fail(site, job_id, f"no admissible trajectories for {options.data_timeout_s:.0f}s "
-                                           f"(waiting for {spec.groups_per_step} groups at v{loop.version})")
+                status = _site_status(site, job_id)
+                if status in TERMINAL:
+                    return _ended_on_site(site, job_id, loop, status)
+                if status == "paused":
+                    if not paused:
+                        log.info("job %s paused: waiting for it to resume (v%d)", job_id, loop.version)
+                    paused, idle_s = True, 0.0
+                    continue
+                if paused:
+                    log.info("job %s resumed", job_id)
+                paused = False
+                idle_s += poll_s
+                waited_s += poll_s
+                if idle_s >= options.data_timeout_s:
+                    _commit_pending(loop)
+                    return _fail(site, job_id, f"no admissible trajectories for {idle_s:.0f}s "
+                                               f"(waiting for {spec.groups_per_step} groups at v{loop.version})")
+                continue
+            # The bubble counts the whole wait while running (earlier polls too), not time spent paused.
+            outcome = dataclasses.replace(outcome, wait_s=outcome.wait_s + waited_s)
+            idle_s = waited_s = 0.0
 
             # --- publish every kappa steps (the checkpoint of this version is already committed)
             if outcome.version % spec.kappa == 0:
@@ -197,6 +225,9 @@ def _lead(site: SiteClient, job_id: int, raw: dict, spec: JobSpec, trainer: Poli
             try:
                 _report(site, job_id, loop, outcome, ctx)
             except SiteError as err:
+                stopped = _ended_on_site(site, job_id, loop)  # cancelled meanwhile: not a failure of ours
+                if stopped:
+                    return stopped
                 return _fail(site, job_id, f"reporting step {outcome.version} failed: {err}")
             reached = loop.reward_target_reached()
             if reached is not None:
@@ -255,6 +286,25 @@ def _report(site: SiteClient, job_id: int, loop: LearnerLoop, outcome: StepOutco
 def _commit_pending(loop: LearnerLoop) -> None:
     if loop.uncommitted:
         loop.commit()
+
+
+def _site_status(site: SiteClient, job_id: int) -> str | None:
+    """The job's status on the site, or None when the site does not answer (the caller carries on)."""
+    try:
+        return site.job(job_id)["status"]
+    except SiteError as err:
+        log.warning("job %s: could not read its status from the site: %s", job_id, err)
+        return None
+
+
+def _ended_on_site(site: SiteClient, job_id: int, loop: LearnerLoop, status: str | None = None) -> str | None:
+    """When the job has ended on the site (cancelled, say), commit what was trained and return its status."""
+    status = status or _site_status(site, job_id)
+    if status not in TERMINAL:
+        return None
+    _commit_pending(loop)
+    log.info("job %s was %s on the site; stopping at v%d", job_id, status, loop.version)
+    return status
 
 
 def _fail(site: SiteClient, job_id: int, reason: str) -> str:

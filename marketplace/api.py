@@ -86,6 +86,20 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
                             reason=f"cancelled by {request.user.get_username()}")
         return Response(s.JobSerializer(job).data)
 
+    @extend_schema(request=None, responses=s.JobSerializer)
+    @action(detail=True, methods=["post"])
+    def pause(self, request, pk=None):
+        """Release the job's workers (generation and billing stop); queued trajectories are still trained."""
+        job = _service_call(services.job_pause, job=self.get_object(), by=request.user.get_username())
+        return Response(s.JobSerializer(job).data)
+
+    @extend_schema(request=None, responses=s.JobSerializer)
+    @action(detail=True, methods=["post"])
+    def resume(self, request, pk=None):
+        """Run a paused job again; the scheduler activates a pool at once."""
+        job = _service_call(services.job_resume, job=self.get_object())
+        return Response(s.JobSerializer(job).data)
+
     @extend_schema(request=s.JobFinishSerializer, responses=s.JobSerializer)
     @action(detail=True, methods=["post"])
     def finish(self, request, pk=None):

@@ -140,7 +140,18 @@ def job_replan(job: Job, *, now: float | None = None) -> ctl.Decision | None:
         return None
     pool = job_pool(job, now=now)
     controller = _load_controller(job.pk)
-    decision = controller.decide(now, pool.capacity, target, pool.standby, pool.active)
+    if not pool.active:
+        # An empty active set is not noise to wait out (the job was resumed, or every worker left): take
+        # the cheapest cover of the target now, or everyone available when nobody is measured yet.
+        pick = p.exact_min_cost([c for c in pool.standby if c.throughput], target)
+        if not pick.worker_ids:
+            services.job_provision(job=job)
+            return None
+        controller.restore(below_since=None, above_since=None)
+        decision = ctl.Decision(pick.worker_ids, (), f"no active worker: activating the cheapest cover of "
+                                                     f"{target:.4g} traj/s ({len(pick.worker_ids)} workers)")
+    else:
+        decision = controller.decide(now, pool.capacity, target, pool.standby, pool.active)
     _save_controller(job.pk, controller)
     with transaction.atomic():
         for wid in decision.activate:

@@ -7,6 +7,7 @@ import hashlib
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from . import provisioning, telemetry
 from .models import Activation, Job, JobMetric, Snapshot, Worker
 
 
@@ -46,6 +47,17 @@ def latest_snapshot(job: Job) -> Snapshot | None:
     return job.snapshots.order_by("-version").first()
 
 
+def throughput_target(job: Job, t_bcast: float) -> float | None:
+    """gamma * mu_min once the learner has measured T_train; None before, or when (S, kappa) is infeasible."""
+    if not job.learner_t_train:
+        return None
+    try:
+        return provisioning.mu_target(kappa=job.kappa, batch=job.batch_trajectories, t_train=job.learner_t_train,
+                                      t_bcast=t_bcast, gamma=job.gamma)
+    except provisioning.InfeasibleError:
+        return None
+
+
 def job_summary(job: Job) -> dict:
     """The figures the dashboard and the demo show for a job."""
     last = JobMetric.objects.filter(job=job).order_by("-step").first()
@@ -67,10 +79,66 @@ def job_summary(job: Job) -> dict:
         "t_bcast": snap.t_bcast if snap else None,
         "active_workers": len(active),
         "pool_throughput": sum(a.worker.throughput or 0.0 for a in active),
+        "throughput_target": throughput_target(job, snap.t_bcast if snap else 0.0),
         # Share of the last step the learner spent waiting for data (the bubble of section 3).
         "bubble_ratio": last.wait_s / (last.wait_s + last.t_train) if last and last.wait_s + last.t_train > 0 else None,
         "cost_usd": round(cost, 6),
         "projected_cost_usd": round(cost * job.max_steps / job.learner_step, 6) if job.learner_step else None,
+    }
+
+
+def metric_point(metric: JobMetric) -> dict:
+    """One learner step as the job page's charts draw it."""
+    histogram = (metric.extra or {}).get("staleness_histogram") or {}
+    return {"step": metric.step, "reward_mean": metric.reward_mean, "t_train": metric.t_train,
+            "wait_s": metric.wait_s, "max_staleness": metric.max_staleness,
+            "staleness_histogram": {str(k): int(v) for k, v in histogram.items()}}
+
+
+def snapshot_point(snap: Snapshot) -> dict:
+    return {"version": snap.version, "t_bcast": snap.t_bcast, "installs": snap.installs,
+            "installs_via_parent": snap.installs_via_parent}
+
+
+def job_broadcast(job: Job, workers: list[Worker]) -> dict:
+    """Who feeds whom for the newest snapshot: the chain plan (learner -> seed -> ... -> tail) and the
+    workers that fetch over HTTP, each with the version it has installed and how far behind it is."""
+    version = job.published_version
+    plan = telemetry.load_chain_plan(job.pk, version) if version else None
+    active = {w.pk for w in workers}
+    planned = {w for chain in plan.chains for w in chain} if plan else set()
+    by_id = {w.pk: w for w in workers} | {w.pk: w for w in Worker.objects.filter(pk__in=planned - active)}
+
+    def node(worker_id: int) -> dict:
+        worker = by_id.get(worker_id)  # None: deleted since
+        installed = worker.installed_version if worker is not None else None
+        return {"id": worker_id, "name": worker.name if worker is not None else f"worker {worker_id}",
+                "installed_version": installed, "active": worker_id in active,
+                "behind": version - (installed or 0) if version else 0}
+
+    chains = [[node(w) for w in chain] for chain in plan.chains] if plan else []
+    placed = {n["id"] for chain in chains for n in chain}
+    http = [node(w.pk) for w in workers if w.pk not in placed]
+    return {"version": version, "strategy": job.broadcast_strategy, "learner_relay": bool(job.learner_relay),
+            "chains": chains, "http": http}
+
+
+def job_live(job: Job) -> dict:
+    """Everything the job page draws, as pushed over its websocket after each change: the headline
+    summary, the newest learner step (with its staleness histogram), recent snapshots (T_bcast), the
+    active workers with their installed versions, and the forwarding chains."""
+    active = list(job.activations.filter(ended_at=None).select_related("worker").order_by("worker_id"))
+    workers = [a.worker for a in active]
+    last = JobMetric.objects.filter(job=job).order_by("-step").first()
+    published = job.published_version
+    return {
+        "summary": job_summary(job),
+        "metric": metric_point(last) if last else None,
+        "snapshots": [snapshot_point(s) for s in job.snapshots.order_by("-version")[:5]][::-1],
+        "workers": [{"id": w.pk, "name": w.name, "gpu": w.gpu, "price_per_hour": float(w.price_per_hour),
+                     "throughput": w.throughput, "status": w.status, "installed_version": w.installed_version,
+                     "behind": published - (w.installed_version or 0) if published else 0} for w in workers],
+        "broadcast": job_broadcast(job, workers),
     }
 
 

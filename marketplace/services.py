@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import secrets
@@ -57,8 +56,18 @@ def _push_to_worker(worker_id: int, message: m._Msg) -> None:
     _push(worker_group(worker_id), {"type": "agent.message", "message": message.model_dump(mode="json")})
 
 
-def _push_job_update(job: Job) -> None:
-    _push(job_group(job.pk), {"type": "job.update", "summary": selectors.job_summary(job)})
+def _push_job_update(job: Job | int) -> None:
+    """Push the job page's live state after the transaction commits (computed then, so it is current)."""
+    job_id = job if isinstance(job, int) else job.pk
+
+    def live() -> None:
+        fresh = Job.objects.filter(pk=job_id).first()
+        layer = get_channel_layer()
+        if fresh is not None and layer is not None:
+            event = {"type": "job.update", "live": selectors.job_live(fresh)}
+            async_to_sync(layer.group_send)(job_group(job_id), event)
+
+    transaction.on_commit(live)
 
 
 # ---- providers and workers --------------------------------------------------------------------
@@ -164,20 +173,26 @@ def worker_disconnected(*, worker: Worker) -> None:
     Worker.objects.filter(pk=worker.pk).update(status=Worker.Status.OFFLINE)
 
 
-def worker_activate(*, worker: Worker, job: Job) -> Activation:
+def worker_activate(*, worker: Worker, job: Job, push_job: bool = True) -> Activation:
+    """Start billing ``worker`` for ``job`` and send it the assignment (``push_job``: refresh the job page;
+    a caller that changes many workers at once pushes once itself)."""
     activation = Activation.objects.create(job=job, worker=worker, price_per_hour=worker.price_per_hour)
     Worker.objects.filter(pk=worker.pk).update(status=Worker.Status.ACTIVE)
     _push_to_worker(worker.pk, _assign_message(job))
+    if push_job:
+        _push_job_update(job.pk)
     log.info("job %s: activated worker %s at $%s/h", job.pk, worker.name, worker.price_per_hour)
     return activation
 
 
-def worker_release(*, activation: Activation, reason: str) -> None:
+def worker_release(*, activation: Activation, reason: str, push_job: bool = True) -> None:
     activation.ended_at = timezone.now()
     activation.end_reason = reason
     activation.save(update_fields=["ended_at", "end_reason"])
     Worker.objects.filter(pk=activation.worker_id, status=Worker.Status.ACTIVE).update(status=Worker.Status.IDLE)
     _push_to_worker(activation.worker_id, m.Release(job_id=activation.job_id, reason=reason))
+    if push_job:
+        _push_job_update(activation.job_id)
 
 
 def expire_silent_workers() -> int:
@@ -231,8 +246,41 @@ def job_finish(*, job: Job, status: str, reason: str = "") -> Job:
     job.finished_at = timezone.now()
     job.save(update_fields=["status", "status_reason", "finished_at"])
     for activation in job.activations.filter(ended_at=None):
-        worker_release(activation=activation, reason=f"job {status}")
+        worker_release(activation=activation, reason=f"job {status}", push_job=False)
     transaction.on_commit(lambda: stream.drop_job(job.pk))
+    _push_job_update(job)
+    return job
+
+
+def job_pause(*, job: Job, by: str = "") -> Job:
+    """Stop generation (and billing) for a running job without losing anything.
+
+    Its workers are released; the prompt and trajectory streams stay. Trajectories already queued are
+    still trained (the learner keeps reporting while paused), leases in flight expire and their prompts
+    are re-leased after :func:`job_resume`. The learner waits instead of failing for lack of data.
+    """
+    if job.status != Job.Status.RUNNING:
+        raise ServiceError(f"status: job is {job.status}; only a running job can be paused")
+    job.status = Job.Status.PAUSED
+    job.status_reason = f"paused by {by}" if by else "paused"
+    job.save(update_fields=["status", "status_reason"])
+    for activation in job.activations.filter(ended_at=None):
+        worker_release(activation=activation, reason="job paused", push_job=False)
+    _push_job_update(job)
+    return job
+
+
+def job_resume(*, job: Job) -> Job:
+    """Back to running: the scheduler activates a pool at once (``scheduling.job_replan``)."""
+    if job.status != Job.Status.PAUSED:
+        raise ServiceError(f"status: job is {job.status}; only a paused job can be resumed")
+    job.status = Job.Status.RUNNING
+    job.status_reason = ""
+    job.save(update_fields=["status", "status_reason"])
+    stream.ensure_groups(job.pk)
+    from .tasks import provision_job
+
+    transaction.on_commit(lambda: provision_job.delay(job.pk))
     _push_job_update(job)
     return job
 
@@ -250,7 +298,9 @@ def job_provision(*, job: Job) -> list[Activation]:
     activations = []
     for worker in Worker.objects.filter(status=Worker.Status.IDLE).exclude(pk__in=busy):
         with transaction.atomic():
-            activations.append(worker_activate(worker=worker, job=job))
+            activations.append(worker_activate(worker=worker, job=job, push_job=False))
+    if activations:
+        _push_job_update(job)
     return activations
 
 
@@ -333,19 +383,19 @@ def learner_announce(*, job: Job, t_train: float | None, relay_address: str | No
 def snapshot_publish(*, job: Job, version: int, url: str, manifest: dict) -> Snapshot:
     """Record a version and tell every active worker where to get it: its chain parent (or the learner's
     HTTP server), and which child its relay serves (docs/broadcast.md)."""
-    if job.status != Job.Status.RUNNING:
-        raise ServiceError(f"status: job is {job.status}")
+    _learner_may_report(job)
     if version <= job.published_version:
         raise ServiceError(f"version: {version} is not newer than the published {job.published_version}")
     snap = Snapshot.objects.create(job=job, version=version, url=url, manifest=manifest)
     Job.objects.filter(pk=job.pk).update(published_version=version)
     active = list(Worker.objects.filter(activations__job=job, activations__ended_at=None).order_by("pk"))
     plan = broadcast_plan(job=job, workers=active, now=time.time())
-    _save_plan(job.pk, version, plan)
+    telemetry.save_chain_plan(job.pk, version, plan)
     snap.n_chains = len(plan.chains)  # the learner sizes its relay's fan-out from this (API reply)
     addresses = {w.pk: w.relay_address for w in active}
     for worker in active:
         _push_to_worker(worker.pk, _snapshot_message(snap, job=job, route=_route(plan, worker.pk), addresses=addresses))
+    _push_job_update(job.pk)
     return snap
 
 
@@ -386,29 +436,12 @@ def broadcast_plan(*, job: Job, workers: list[Worker], now: float) -> chains.Cha
     return chains.ChainPlan(chains=tuple(tuple(c) for c in built if c), rollout_only=tuple(rollout_only))
 
 
-def _plan_key(job_id: int, version: int) -> str:
-    return f"echo2:bcast:{job_id}:{version}"
-
-
-def _save_plan(job_id: int, version: int, plan: chains.ChainPlan) -> None:
-    raw = json.dumps({"chains": [list(c) for c in plan.chains], "rollout_only": list(plan.rollout_only)})
-    stream.client().set(_plan_key(job_id, version), raw, ex=3600)
-
-
-def load_plan(job_id: int, version: int) -> chains.ChainPlan | None:
-    raw = stream.client().get(_plan_key(job_id, version))
-    if raw is None:
-        return None
-    data = json.loads(raw)
-    return chains.ChainPlan(chains=tuple(tuple(c) for c in data["chains"]), rollout_only=tuple(data["rollout_only"]))
-
-
 def relay_failed(*, worker: Worker, job_id: int, version: int, culprit_worker_id: int | None, reason: str) -> None:
     """An agent's relay parent failed: count the failure against the parent, excise it from the plan
     (``chains.repair``) and re-point its orphaned child (and tell the new parent to serve it)."""
     activation = _running_activation(worker, job_id)
     job = activation.job
-    plan = load_plan(job_id, version)
+    plan = telemetry.load_chain_plan(job_id, version)
     log.warning("job %s v%s: worker %s reports relay parent %s failed: %s", job_id, version, worker.pk,
                 culprit_worker_id if culprit_worker_id is not None else "learner", reason[:200])
     if plan is None or culprit_worker_id is None:
@@ -419,7 +452,8 @@ def relay_failed(*, worker: Worker, job_id: int, version: int, culprit_worker_id
     Worker.objects.filter(pk=culprit_worker_id).update(relay_failures=F("relay_failures") + 1,
                                                        relay_last_failure_at=timezone.now())
     new_plan, moves = chains.repair(plan, culprit_worker_id)
-    _save_plan(job_id, version, new_plan)
+    telemetry.save_chain_plan(job_id, version, new_plan)
+    _push_job_update(job_id)
     snap = Snapshot.objects.filter(job_id=job_id, version=version).first()
     if snap is None:
         return
@@ -454,15 +488,21 @@ def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: fl
             fields.append("t_bcast")
         snap.save(update_fields=fields)
     if source == "parent":
-        plan = load_plan(job_id, version)
+        plan = telemetry.load_chain_plan(job_id, version)
         route = _route(plan, worker.pk) if plan else None
         if route is not None and route[0] is not None:
             Worker.objects.filter(pk=route[0]).update(relay_successes=F("relay_successes") + 1)
+    _push_job_update(job_id)  # the page shows who has which version
+
+
+def _learner_may_report(job: Job) -> None:
+    """The learner reports and publishes while the job runs or is paused (it trains what is queued)."""
+    if job.status not in (Job.Status.RUNNING, Job.Status.PAUSED):
+        raise ServiceError(f"status: job is {job.status}")
 
 
 def metrics_record(*, job: Job, step: int, values: dict[str, Any]) -> JobMetric:
-    if job.status != Job.Status.RUNNING:
-        raise ServiceError(f"status: job is {job.status}")
+    _learner_may_report(job)
     known = {f.name for f in JobMetric._meta.get_fields()} - {"id", "job", "step", "created_at", "extra"}
     values = dict(values)
     extra = {**values.pop("extra", {}), **{k: v for k, v in values.items() if k not in known}}

@@ -97,7 +97,7 @@ def test_jobs_train_end_to_end_and_drop_stale_records(stack, tmp_path, tiny_mode
     assert max(v or 0 for v in installed) > 0, "agents never installed a published snapshot"
 
     # The learner's CLI refuses what it cannot do with one line and a non-zero exit.
-    for job_id, reason in ((job["id"], "is completed; only a running job can be trained"), (9999, "404")):
+    for job_id, reason in ((job["id"], "is completed; only a running (or paused) job can be trained"), (9999, "404")):
         done = subprocess.run([str(BIN / "echo2-learner"), "--server", server, "--job", str(job_id), "--token",
                                tokens["own"], "--redis", stack.env["REDIS_URL"]], capture_output=True, text=True,
                               timeout=120)

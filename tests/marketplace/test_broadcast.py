@@ -6,7 +6,7 @@ from decimal import Decimal
 
 import pytest
 
-from marketplace import services
+from marketplace import services, telemetry
 from marketplace.models import Worker
 
 from . import factories
@@ -54,14 +54,14 @@ def test_publish_sends_each_worker_its_parent_and_child(pushes):
         (child,) = msgs[seed.pk].children
         assert msgs[child].parent == Worker.objects.get(pk=seed.pk).relay_address
         assert msgs[child].parent_worker_id == seed.pk and msgs[child].children == []
-    assert services.load_plan(job.pk, 1) is not None
+    assert telemetry.load_chain_plan(job.pk, 1) is not None
 
 
 def test_workers_without_relay_address_are_tails_only(pushes):
     relays, plain = make_workers(1), make_workers(3, relay=False)
     job = running_job([*relays, *plain], b0=1000)  # one chain
     services.snapshot_publish(job=job, version=1, url="http://l/v1/", manifest=MANIFEST)
-    plan = services.load_plan(job.pk, 1)
+    plan = telemetry.load_chain_plan(job.pk, 1)
     assert plan.chains == ((relays[0].pk, plain[0].pk),)  # the plain worker with the lowest id is the tail
     assert set(plan.rollout_only) == {plain[1].pk, plain[2].pk}
     for w in plain[1:]:
@@ -81,12 +81,12 @@ def test_relay_failed_repairs_the_chain_and_counts_the_culprit(pushes):
     workers = make_workers(3)
     job = running_job(workers, b0=1000)  # one chain of 3
     services.snapshot_publish(job=job, version=1, url="http://l/v1/", manifest=MANIFEST)
-    seed, middle, tail = services.load_plan(job.pk, 1).chains[0]
+    seed, middle, tail = telemetry.load_chain_plan(job.pk, 1).chains[0]
     by_id = {w.pk: w for w in workers}
     with pytest.raises(services.ServiceError, match="not your parent"):
         services.relay_failed(worker=by_id[tail], job_id=job.pk, version=1, culprit_worker_id=seed, reason="x")
     services.relay_failed(worker=by_id[tail], job_id=job.pk, version=1, culprit_worker_id=middle, reason="stalled")
-    assert services.load_plan(job.pk, 1).chains == ((seed, tail),)
+    assert telemetry.load_chain_plan(job.pk, 1).chains == ((seed, tail),)
     assert pushes[tail][-1].parent == by_id[seed].relay_address and pushes[tail][-1].parent_worker_id == seed
     assert pushes[seed][-1].children == [tail]
     culprit = Worker.objects.get(pk=middle)
@@ -97,7 +97,7 @@ def test_install_via_parent_is_counted_and_credits_the_parent(pushes):
     workers = make_workers(2)
     job = running_job(workers, b0=1000)
     services.snapshot_publish(job=job, version=1, url="http://l/v1/", manifest=MANIFEST)
-    seed, tail = services.load_plan(job.pk, 1).chains[0]
+    seed, tail = telemetry.load_chain_plan(job.pk, 1).chains[0]
     services.snapshot_installed(worker=Worker.objects.get(pk=tail), job_id=job.pk, version=1, seconds=0.1,
                                 source="parent")
     services.snapshot_installed(worker=Worker.objects.get(pk=seed), job_id=job.pk, version=1, seconds=0.1,
