@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import hashlib
+from collections import defaultdict
+from collections.abc import Iterable
+from datetime import datetime, timedelta
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from .models import Activation, Job, JobMetric, Snapshot, Worker
+from .models import Activation, Job, JobMetric, Snapshot, Worker, WorkerSession
+
+UPTIME_WINDOW = timedelta(days=7)
+"""The window the pages and the API measure uptime and utilization over."""
 
 
 def hash_key(key: str) -> str:
@@ -84,3 +90,55 @@ def worker_earnings(workers) -> dict[int, dict]:
         row["hours"] += max(0.0, (end - activation.started_at).total_seconds()) / 3600
         row["earned_usd"] += activation.cost_usd(now)
     return out
+
+
+# ---- worker figures: uptime, utilization --------------------------------------------------
+
+
+def _covered_seconds(intervals: Iterable[tuple[datetime, datetime]], start: datetime, end: datetime) -> float:
+    """Seconds of ``[start, end]`` inside the union of ``intervals``: overlaps count once, the rest is clipped."""
+    covered, reached = 0.0, start
+    for begin, finish in sorted(intervals):
+        begin, finish = max(begin, reached), min(finish, end)
+        if finish > begin:
+            covered += (finish - begin).total_seconds()
+            reached = finish
+    return covered
+
+
+def _shares(model: type[WorkerSession | Activation], workers: list[Worker], *, window: timedelta,
+            now: datetime) -> tuple[dict[int, float | None], dict[int, datetime]]:
+    """Per worker, the share of the window (of its life, if registered within it) covered by its ``model``
+    rows (``started_at``/``ended_at``; an open row runs until ``now``); and when its open row began.
+    One query for all workers."""
+    rows = (model.objects.filter(worker__in=workers, started_at__lt=now)
+            .filter(Q(ended_at=None) | Q(ended_at__gt=now - window))
+            .values_list("worker_id", "started_at", "ended_at"))
+    intervals: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)
+    open_since: dict[int, datetime] = {}
+    for worker_id, started_at, ended_at in rows:
+        intervals[worker_id].append((started_at, ended_at or now))
+        if ended_at is None:
+            open_since[worker_id] = started_at
+    shares: dict[int, float | None] = {}
+    for worker in workers:
+        start = max(now - window, worker.created_at)
+        span = (now - start).total_seconds()
+        shares[worker.pk] = _covered_seconds(intervals[worker.pk], start, now) / span if span > 0 else None
+    return shares, open_since
+
+
+def worker_uptime(workers: Iterable[Worker], *, window: timedelta = UPTIME_WINDOW,
+                  now: datetime | None = None) -> dict[int, dict]:
+    """Per worker: ``uptime``, the share of the last ``window`` (or of the time since it was registered, if
+    younger) its agent was connected, None for a worker registered this instant; ``online_since``, when its
+    current session began, None while disconnected."""
+    workers = list(workers)
+    shares, open_since = _shares(WorkerSession, workers, window=window, now=now or timezone.now())
+    return {w.pk: {"uptime": shares[w.pk], "online_since": open_since.get(w.pk)} for w in workers}
+
+
+def worker_utilization(workers: Iterable[Worker], *, window: timedelta = UPTIME_WINDOW,
+                       now: datetime | None = None) -> dict[int, float | None]:
+    """Per worker, the share of the last ``window`` (or of its life, if younger) it was active in a job."""
+    return _shares(Activation, list(workers), window=window, now=now or timezone.now())[0]
