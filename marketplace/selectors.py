@@ -7,9 +7,10 @@ from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
-from django.db.models import Q, QuerySet
+from django.db.models import Max, Q, QuerySet
 from django.utils import timezone
 
+from . import chains
 from .models import Activation, Job, JobMetric, Snapshot, Worker, WorkerSession
 
 UPTIME_WINDOW = timedelta(days=7)
@@ -92,7 +93,32 @@ def worker_earnings(workers) -> dict[int, dict]:
     return out
 
 
-# ---- worker figures: uptime, utilization --------------------------------------------------
+# ---- worker figures: relay score, uptime, utilization --------------------------------------------------
+
+
+def chain_stats(workers: Iterable[Worker], *, now: float) -> list[chains.WorkerStats]:
+    """The relay statistics the chain score ranks (appendix C.3), for the broadcast planner and the pages alike.
+
+    ``last_seen`` is the last heartbeat; a worker never heard from counts as seen ``now`` (Decay 1), so it is
+    not faded out before it could report.
+    """
+    return [chains.WorkerStats(
+        worker_id=w.pk, bandwidth_bps=float(w.bandwidth_bps), successes=w.relay_successes, failures=w.relay_failures,
+        last_seen=w.last_heartbeat.timestamp() if w.last_heartbeat else now,
+        last_failure_at=w.relay_last_failure_at.timestamp() if w.relay_last_failure_at else None) for w in workers]
+
+
+def worker_scores(workers: Iterable[Worker], *, now: datetime | None = None) -> dict[int, float | None]:
+    """Each worker's relay score in [0, 1] (``chains.scores``): the rank the broadcast planner gives it when it
+    picks chain seeds. Speed is measured against the best relay of the whole fleet, not only ``workers``, so
+    a provider's page shows the rank the scheduler would give. A worker without a relay address cannot
+    forward snapshots and is never ranked: None."""
+    workers = list(workers)
+    now_s = (now or timezone.now()).timestamp()
+    relays = [w for w in workers if w.relay_address]
+    best = Worker.objects.exclude(relay_address="").aggregate(best=Max("bandwidth_bps"))["best"] if relays else 0
+    ranked = chains.scores(chain_stats(relays, now=now_s), now=now_s, best_bandwidth_bps=float(best or 0))
+    return {w.pk: ranked.get(w.pk) for w in workers}
 
 
 def _covered_seconds(intervals: Iterable[tuple[datetime, datetime]], start: datetime, end: datetime) -> float:

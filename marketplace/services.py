@@ -402,10 +402,7 @@ def broadcast_plan(*, job: Job, workers: list[Worker], now: float) -> chains.Cha
         return chains.ChainPlan(chains=(), rollout_only=tuple(w.pk for w in workers))
     n_ch = chains.n_chains(job.learner_uplink_bps, statistics.median(w.bandwidth_bps for w in workers))
     relays = [w for w in workers if w.relay_address]
-    stats = [chains.WorkerStats(
-        worker_id=w.pk, bandwidth_bps=float(w.bandwidth_bps), successes=w.relay_successes, failures=w.relay_failures,
-        last_seen=w.last_heartbeat.timestamp() if w.last_heartbeat else now,
-        last_failure_at=w.relay_last_failure_at.timestamp() if w.relay_last_failure_at else None) for w in relays]
+    stats = selectors.chain_stats(relays, now=now)
     plan = chains.assemble_chains(stats, n_ch=n_ch, now=now) if stats else chains.ChainPlan(chains=())
     built = [list(c) for c in plan.chains]
     rollout_only = list(plan.rollout_only)

@@ -1,4 +1,4 @@
-"""Worker uptime (connection sessions) and utilization."""
+"""Worker uptime (connection sessions), utilization and the relay score."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from channels.testing import WebsocketCommunicator
 from django.utils import timezone
 
 from echo2_site.asgi import application
-from marketplace import selectors, services
+from marketplace import chains, selectors, services
 from marketplace.models import Activation, Worker, WorkerSession
 
 from . import factories
@@ -128,3 +128,23 @@ async def test_agent_socket_opens_a_session_on_hello_and_closes_it_on_disconnect
     closed = await database_sync_to_async(WorkerSession.objects.get)(worker=worker)
     assert closed.ended_at >= closed.started_at
     assert (await database_sync_to_async(Worker.objects.get)(pk=worker.pk)).status == Worker.Status.OFFLINE
+
+
+# ---- the relay score ---------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_score_is_the_chain_score_against_the_fleets_best_relay():
+    now = timezone.now()
+    fast = registered(1, relay_address="10.0.0.1:7000", bandwidth_bps=20_000_000, last_heartbeat=now)
+    slow = registered(1, relay_address="10.0.0.2:7000", bandwidth_bps=10_000_000, last_heartbeat=now,
+                      relay_successes=10)
+    plain = registered(1, last_heartbeat=now)
+    # 0.5 * (10/20 of the best bandwidth) + 0.35 * (10 of 10 successes) + 0.15 * (no failures) = 0.75,
+    # whether or not the faster relay is among the workers asked about.
+    assert selectors.worker_scores([slow], now=now) == {slow.pk: pytest.approx(0.75)}
+    scores = selectors.worker_scores([fast, slow, plain], now=now)
+    assert scores == {fast.pk: pytest.approx(0.65), slow.pk: pytest.approx(0.75), plain.pk: None}
+    # The broadcast planner ranks by the same numbers: the higher score seeds the single chain.
+    stats = selectors.chain_stats([fast, slow], now=now.timestamp())
+    assert chains.assemble_chains(stats, n_ch=1, now=now.timestamp()).chains == ((slow.pk, fast.pk),)
