@@ -33,7 +33,7 @@ def jobs_visible_to(user) -> QuerySet[Job]:
 
 
 def workers_visible_to(user) -> QuerySet[Worker]:
-    qs = Worker.objects.select_related("provider")
+    qs = Worker.objects.select_related("provider__user")
     return qs if user.is_staff else qs.filter(provider__user=user)
 
 
@@ -168,3 +168,15 @@ def worker_utilization(workers: Iterable[Worker], *, window: timedelta = UPTIME_
                        now: datetime | None = None) -> dict[int, float | None]:
     """Per worker, the share of the last ``window`` (or of its life, if younger) it was active in a job."""
     return _shares(Activation, list(workers), window=window, now=now or timezone.now())[0]
+
+
+def workers_with_figures(workers: Iterable[Worker], *, now: datetime | None = None) -> list[Worker]:
+    """The workers with ``score``, ``uptime`` and ``online_since`` attached, as the provider page and the API
+    show them; two queries for any number of workers."""
+    workers, now = list(workers), now or timezone.now()
+    scores, uptime = worker_scores(workers, now=now), worker_uptime(workers, now=now)
+    for worker in workers:
+        worker.score = scores[worker.pk]
+        worker.uptime = uptime[worker.pk]["uptime"]
+        worker.online_since = uptime[worker.pk]["online_since"]
+    return workers

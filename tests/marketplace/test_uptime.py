@@ -1,4 +1,4 @@
-"""Worker uptime (connection sessions), utilization and the relay score."""
+"""Worker uptime (connection sessions), utilization and the relay score, as the pages and the API show them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ from datetime import timedelta
 import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from echo2_site.asgi import application
 from marketplace import chains, selectors, services
@@ -148,3 +151,29 @@ def test_score_is_the_chain_score_against_the_fleets_best_relay():
     # The broadcast planner ranks by the same numbers: the higher score seeds the single chain.
     stats = selectors.chain_stats([fast, slow], now=now.timestamp())
     assert chains.assemble_chains(stats, n_ch=1, now=now.timestamp()).chains == ((slow.pk, fast.pk),)
+
+
+# ---- the API ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_worker_api_shows_score_and_uptime_without_a_query_per_worker():
+    provider = factories.user()
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {factories.token(provider)}")
+    worker, _ = factories.worker(provider)
+    Worker.objects.filter(pk=worker.pk).update(relay_address="10.0.0.1:7000", last_heartbeat=timezone.now(),
+                                               created_at=timezone.now() - 2 * DAY)
+    WorkerSession.objects.create(worker=worker, started_at=timezone.now() - DAY)
+
+    with CaptureQueriesContext(connection) as one:
+        [row] = api.get("/api/workers/").json()["results"]
+    assert row["score"] == pytest.approx(0.65, abs=0.01) and row["uptime"] == pytest.approx(0.5, abs=0.01)
+    assert row["online_since"] is not None
+    assert api.get(f"/api/workers/{worker.pk}/").json()["uptime"] == pytest.approx(0.5, abs=0.01)
+
+    for _ in range(4):
+        factories.worker(provider)
+    with CaptureQueriesContext(connection) as five:
+        assert len(api.get("/api/workers/").json()["results"]) == 5
+    assert len(five) == len(one)
