@@ -42,7 +42,8 @@ def job_detail(request, job_id: int):
 
 @login_required
 def provider_workers(request):
-    workers = list(selectors.workers_visible_to(request.user).filter(provider__user=request.user))
+    workers = selectors.workers_with_figures(selectors.workers_visible_to(request.user)
+                                             .filter(provider__user=request.user))
     earnings = selectors.worker_earnings(workers)
     for worker in workers:
         worker.earnings = earnings.get(worker.pk, {"hours": 0.0, "earned_usd": 0.0})
@@ -52,10 +53,13 @@ def provider_workers(request):
 
 @login_required
 def marketplace_overview(request):
-    """Staff only: every worker by unit cost, and how much of the fleet is busy."""
+    """Staff only: every worker by unit cost, and how much of the fleet is busy, now and per worker."""
     if not request.user.is_staff:
         raise PermissionDenied
-    workers = list(Worker.objects.select_related("provider__user"))
+    workers = selectors.workers_with_figures(Worker.objects.select_related("provider__user"))
+    utilization = selectors.worker_utilization(workers)
+    for worker in workers:
+        worker.utilization = utilization[worker.pk]
     workers.sort(key=lambda w: (w.unit_cost is None, w.unit_cost or 0.0))
     online = [w for w in workers if w.status != Worker.Status.OFFLINE]
     active = [w for w in workers if w.status == Worker.Status.ACTIVE]

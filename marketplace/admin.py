@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from .models import Activation, Job, JobMetric, Provider, Snapshot, Worker
+from .models import Activation, Job, JobMetric, Provider, Snapshot, Worker, WorkerSession
 
 
 @admin.register(Provider)
@@ -13,6 +13,11 @@ class WorkerAdmin(admin.ModelAdmin):
     list_display = ("id", "name", "provider", "gpu", "price_per_hour", "throughput", "status", "last_heartbeat")
     list_filter = ("status",)
     exclude = ("key_hash",)
+
+
+@admin.register(WorkerSession)
+class WorkerSessionAdmin(admin.ModelAdmin):
+    list_display = ("id", "worker", "started_at", "ended_at")
 
 
 @admin.register(Job)

@@ -35,12 +35,20 @@ class WorkerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
             return Worker.objects.none()
         return selectors.workers_visible_to(self.request.user)
 
+    def list(self, request):
+        page = selectors.workers_with_figures(self.paginate_queryset(self.get_queryset()))
+        return self.get_paginated_response(s.WorkerSerializer(page, many=True).data)
+
+    def retrieve(self, request, pk=None):
+        worker = selectors.workers_with_figures([self.get_object()])[0]
+        return Response(s.WorkerSerializer(worker).data)
+
     @extend_schema(request=s.WorkerRegisterSerializer, responses={201: s.WorkerRegisteredSerializer})
     def create(self, request):
         form = s.WorkerRegisterSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         worker, key = _service_call(services.worker_register, user=request.user, **form.validated_data)
-        data = s.WorkerSerializer(worker).data | {"agent_key": key}
+        data = s.WorkerSerializer(selectors.workers_with_figures([worker])[0]).data | {"agent_key": key}
         return Response(data, status=status.HTTP_201_CREATED)
 
     @extend_schema(methods=["get"], responses=s.CalibrationSerializer(many=True))

@@ -89,12 +89,18 @@ def score_terms(stats: WorkerStats, *, best_bandwidth_bps: float, now: float,
     return {"speed": min(1.0, speed), "success": success, "stability": stability, "decay": decay}
 
 
-def scores(workers: Sequence[WorkerStats], *, now: float, params: ScoreParams = ScoreParams()) -> dict[int, float]:
-    """``Score_i = Decay_i (0.5 Speed_i + 0.35 Success_i + 0.15 Stability_i)`` for every worker."""
-    best = max((w.bandwidth_bps or 0.0 for w in workers), default=0.0)
+def scores(workers: Sequence[WorkerStats], *, now: float, params: ScoreParams = ScoreParams(),
+           best_bandwidth_bps: float | None = None) -> dict[int, float]:
+    """``Score_i = Decay_i (0.5 Speed_i + 0.35 Success_i + 0.15 Stability_i)`` for every worker.
+
+    Speed is relative to the best bandwidth among ``workers`` unless the caller names the best of a larger
+    pool (``best_bandwidth_bps``): a page showing a few workers ranks them against the whole fleet.
+    """
+    if best_bandwidth_bps is None:
+        best_bandwidth_bps = max((w.bandwidth_bps or 0.0 for w in workers), default=0.0)
     out = {}
     for w in workers:
-        t = score_terms(w, best_bandwidth_bps=best, now=now, params=params)
+        t = score_terms(w, best_bandwidth_bps=best_bandwidth_bps, now=now, params=params)
         out[w.worker_id] = t["decay"] * (params.speed_weight * t["speed"] + params.success_weight * t["success"]
                                          + params.stability_weight * t["stability"])
     return out

@@ -62,6 +62,22 @@ class Worker(models.Model):
         return float(self.price_per_hour) / self.throughput
 
 
+class WorkerSession(models.Model):
+    """One connection of a worker's agent, from its hello until the socket closed or it went silent.
+
+    Uptime is the share of time covered by sessions; ``ended_at`` is None while the agent is connected.
+    """
+
+    worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="sessions")
+    started_at = models.DateTimeField(default=timezone.now)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["worker"], condition=models.Q(ended_at=None), name="one_open_session")
+        ]
+
+
 class WorkerCalibration(models.Model):
     """Throughput a worker measured for a model and task (``echo2-agent bench --report``).
 

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import hashlib
+from collections import defaultdict
+from collections.abc import Iterable
+from datetime import datetime, timedelta
 
-from django.db.models import QuerySet
+from django.db.models import Max, Q, QuerySet
 from django.utils import timezone
 
-from . import provisioning, telemetry
-from .models import Activation, Job, JobMetric, Snapshot, Worker
+from . import chains, provisioning, telemetry
+from .models import Activation, Job, JobMetric, Snapshot, Worker, WorkerSession
+
+UPTIME_WINDOW = timedelta(days=7)
+"""The window the pages and the API measure uptime and utilization over."""
 
 
 def hash_key(key: str) -> str:
@@ -27,7 +33,7 @@ def jobs_visible_to(user) -> QuerySet[Job]:
 
 
 def workers_visible_to(user) -> QuerySet[Worker]:
-    qs = Worker.objects.select_related("provider")
+    qs = Worker.objects.select_related("provider__user")
     return qs if user.is_staff else qs.filter(provider__user=user)
 
 
@@ -152,3 +158,92 @@ def worker_earnings(workers) -> dict[int, dict]:
         row["hours"] += max(0.0, (end - activation.started_at).total_seconds()) / 3600
         row["earned_usd"] += activation.cost_usd(now)
     return out
+
+
+# ---- worker figures: relay score, uptime, utilization --------------------------------------------------
+
+
+def chain_stats(workers: Iterable[Worker], *, now: float) -> list[chains.WorkerStats]:
+    """The relay statistics the chain score ranks (appendix C.3), for the broadcast planner and the pages alike.
+
+    ``last_seen`` is the last heartbeat; a worker never heard from counts as seen ``now`` (Decay 1), so it is
+    not faded out before it could report.
+    """
+    return [chains.WorkerStats(
+        worker_id=w.pk, bandwidth_bps=float(w.bandwidth_bps), successes=w.relay_successes, failures=w.relay_failures,
+        last_seen=w.last_heartbeat.timestamp() if w.last_heartbeat else now,
+        last_failure_at=w.relay_last_failure_at.timestamp() if w.relay_last_failure_at else None) for w in workers]
+
+
+def worker_scores(workers: Iterable[Worker], *, now: datetime | None = None) -> dict[int, float | None]:
+    """Each worker's relay score in [0, 1] (``chains.scores``): the rank the broadcast planner gives it when it
+    picks chain seeds. Speed is measured against the best relay of the whole fleet, not only ``workers``, so
+    a provider's page shows the rank the scheduler would give. A worker without a relay address cannot
+    forward snapshots and is never ranked: None."""
+    workers = list(workers)
+    now_s = (now or timezone.now()).timestamp()
+    relays = [w for w in workers if w.relay_address]
+    best = Worker.objects.exclude(relay_address="").aggregate(best=Max("bandwidth_bps"))["best"] if relays else 0
+    ranked = chains.scores(chain_stats(relays, now=now_s), now=now_s, best_bandwidth_bps=float(best or 0))
+    return {w.pk: ranked.get(w.pk) for w in workers}
+
+
+def _covered_seconds(intervals: Iterable[tuple[datetime, datetime]], start: datetime, end: datetime) -> float:
+    """Seconds of ``[start, end]`` inside the union of ``intervals``: overlaps count once, the rest is clipped."""
+    covered, reached = 0.0, start
+    for begin, finish in sorted(intervals):
+        begin, finish = max(begin, reached), min(finish, end)
+        if finish > begin:
+            covered += (finish - begin).total_seconds()
+            reached = finish
+    return covered
+
+
+def _shares(model: type[WorkerSession | Activation], workers: list[Worker], *, window: timedelta,
+            now: datetime) -> tuple[dict[int, float | None], dict[int, datetime]]:
+    """Per worker, the share of the window (of its life, if registered within it) covered by its ``model``
+    rows (``started_at``/``ended_at``; an open row runs until ``now``); and when its open row began.
+    One query for all workers."""
+    rows = (model.objects.filter(worker__in=workers, started_at__lt=now)
+            .filter(Q(ended_at=None) | Q(ended_at__gt=now - window))
+            .values_list("worker_id", "started_at", "ended_at"))
+    intervals: dict[int, list[tuple[datetime, datetime]]] = defaultdict(list)
+    open_since: dict[int, datetime] = {}
+    for worker_id, started_at, ended_at in rows:
+        intervals[worker_id].append((started_at, ended_at or now))
+        if ended_at is None:
+            open_since[worker_id] = started_at
+    shares: dict[int, float | None] = {}
+    for worker in workers:
+        start = max(now - window, worker.created_at)
+        span = (now - start).total_seconds()
+        shares[worker.pk] = _covered_seconds(intervals[worker.pk], start, now) / span if span > 0 else None
+    return shares, open_since
+
+
+def worker_uptime(workers: Iterable[Worker], *, window: timedelta = UPTIME_WINDOW,
+                  now: datetime | None = None) -> dict[int, dict]:
+    """Per worker: ``uptime``, the share of the last ``window`` (or of the time since it was registered, if
+    younger) its agent was connected, None for a worker registered this instant; ``online_since``, when its
+    current session began, None while disconnected."""
+    workers = list(workers)
+    shares, open_since = _shares(WorkerSession, workers, window=window, now=now or timezone.now())
+    return {w.pk: {"uptime": shares[w.pk], "online_since": open_since.get(w.pk)} for w in workers}
+
+
+def worker_utilization(workers: Iterable[Worker], *, window: timedelta = UPTIME_WINDOW,
+                       now: datetime | None = None) -> dict[int, float | None]:
+    """Per worker, the share of the last ``window`` (or of its life, if younger) it was active in a job."""
+    return _shares(Activation, list(workers), window=window, now=now or timezone.now())[0]
+
+
+def workers_with_figures(workers: Iterable[Worker], *, now: datetime | None = None) -> list[Worker]:
+    """The workers with ``score``, ``uptime`` and ``online_since`` attached, as the provider page and the API
+    show them; two queries for any number of workers."""
+    workers, now = list(workers), now or timezone.now()
+    scores, uptime = worker_scores(workers, now=now), worker_uptime(workers, now=now)
+    for worker in workers:
+        worker.score = scores[worker.pk]
+        worker.uptime = uptime[worker.pk]["uptime"]
+        worker.online_since = uptime[worker.pk]["online_since"]
+    return workers

@@ -12,13 +12,25 @@ from .models import Job, JobMetric, Snapshot, Worker, WorkerCalibration
 
 
 class WorkerSerializer(serializers.ModelSerializer):
+    """A provider's machine with the figures of the provider page: price, measured throughput, unit cost,
+    relay score, status and uptime."""
+
     unit_cost = serializers.FloatField(read_only=True, allow_null=True)
     provider = serializers.CharField(source="provider.user.username", read_only=True)
+    # score, uptime and online_since are attached by selectors.workers_with_figures, for a whole page at once.
+    score = serializers.FloatField(read_only=True, allow_null=True, help_text=(
+        "Relay score in [0, 1] the broadcast planner ranks chain seeds by (paper appendix C.3: bandwidth, "
+        "successful relays, recent failures, recency); null without a relay address."))
+    uptime = serializers.FloatField(read_only=True, allow_null=True, help_text=(
+        "Share of the last 7 days (or since registration, if younger) the agent was connected."))
+    online_since = serializers.DateTimeField(read_only=True, allow_null=True,
+                                             help_text="Start of the current connection; null while offline.")
 
     class Meta:
         model = Worker
         fields = ["id", "provider", "name", "gpu", "price_per_hour", "bandwidth_bps", "relay_address", "status",
-                  "last_heartbeat", "throughput", "unit_cost", "installed_version", "created_at"]
+                  "last_heartbeat", "throughput", "unit_cost", "score", "uptime", "online_since",
+                  "installed_version", "created_at"]
         read_only_fields = ["status", "last_heartbeat", "throughput", "installed_version", "created_at"]
 
 

@@ -7,6 +7,7 @@ import math
 import secrets
 import statistics
 import time
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -23,7 +24,7 @@ from dataplane.records import RecordError, validate_record
 from dataplane.tasks import TaskSpecError, build_task
 
 from . import chains, selectors, stream, telemetry
-from .models import Activation, Job, JobMetric, Provider, Snapshot, Worker, WorkerCalibration
+from .models import Activation, Job, JobMetric, Provider, Snapshot, Worker, WorkerCalibration, WorkerSession
 
 log = logging.getLogger(__name__)
 
@@ -140,11 +141,31 @@ def _route(plan: chains.ChainPlan, worker_id: int) -> tuple[int | None, int | No
     return None
 
 
+def _session_open(worker_id: int, *, at: datetime) -> WorkerSession:
+    """Start a connection session (uptime). A session still open is stale: the site missed its end (a crash,
+    or the agent reconnected before the old socket's close arrived); it ends at the worker's last heartbeat,
+    the last moment the site knew the agent was there."""
+    with transaction.atomic():
+        stale = WorkerSession.objects.select_related("worker").filter(worker_id=worker_id, ended_at=None).first()
+        if stale is not None:
+            _session_close(worker_id, at=stale.worker.last_heartbeat or stale.started_at)
+        return WorkerSession.objects.create(worker_id=worker_id, started_at=at)
+
+
+def _session_close(worker_id: int, *, at: datetime) -> None:
+    """End the worker's open session at ``at`` (never before it started)."""
+    for session in WorkerSession.objects.filter(worker_id=worker_id, ended_at=None):
+        session.ended_at = max(at, session.started_at)
+        session.save(update_fields=["ended_at"])
+
+
 def worker_connected(*, worker: Worker, installed_version: int | None) -> list[m._Msg]:
-    """An agent said hello: mark it live; re-send its assignment if it is active in a job."""
+    """An agent said hello: mark it live and open its session; re-send its assignment if it is active in a job."""
     activation = selectors.active_activation(worker=worker)
+    now = timezone.now()
+    _session_open(worker.pk, at=now)
     worker.status = Worker.Status.ACTIVE if activation else Worker.Status.IDLE
-    worker.last_heartbeat = timezone.now()
+    worker.last_heartbeat = now
     worker.installed_version = installed_version
     worker.save(update_fields=["status", "last_heartbeat", "installed_version"])
     replies: list[m._Msg] = [m.Welcome(worker_id=worker.pk, heartbeat_interval=settings.ECHO2["HEARTBEAT_INTERVAL_S"])]
@@ -158,19 +179,31 @@ def worker_connected(*, worker: Worker, installed_version: int | None) -> list[m
 
 
 def worker_heartbeat(*, worker: Worker, throughput: float | None, installed_version: int | None) -> None:
+    """Refresh the worker's liveness and throughput; a heartbeat from a worker marked offline brings it back.
+
+    Whether it was offline is asked of the database, not of ``worker``: the consumer's copy is as old as the
+    socket, and expiry may have marked the worker offline since (the agent stalled, then resumed).
+    """
     now = timezone.now()
     telemetry.record_heartbeat(worker.pk, at=now.timestamp(), throughput=throughput)
     fields = {"last_heartbeat": now, "installed_version": installed_version}
     if throughput is not None:
         fields["throughput"] = throughput
-    if worker.status == Worker.Status.OFFLINE:
-        fields["status"] = Worker.Status.ACTIVE if selectors.active_activation(worker=worker) else Worker.Status.IDLE
-    Worker.objects.filter(pk=worker.pk).update(**fields)
+    with transaction.atomic():
+        if Worker.objects.filter(pk=worker.pk, status=Worker.Status.OFFLINE).exists():
+            active = selectors.active_activation(worker=worker) is not None
+            fields["status"] = Worker.Status.ACTIVE if active else Worker.Status.IDLE
+            _session_open(worker.pk, at=now)
+        Worker.objects.filter(pk=worker.pk).update(**fields)
 
 
 def worker_disconnected(*, worker: Worker) -> None:
-    """The socket closed. The activation stays open for a reconnect until the worker times out."""
-    Worker.objects.filter(pk=worker.pk).update(status=Worker.Status.OFFLINE)
+    """The socket closed: the session ends now. The activation stays open for a reconnect until the worker
+    times out. (When the agent already said hello on a new socket, this ends that session too and marks the
+    worker offline; its next heartbeat brings both back.)"""
+    with transaction.atomic():
+        Worker.objects.filter(pk=worker.pk).update(status=Worker.Status.OFFLINE)
+        _session_close(worker.pk, at=timezone.now())
 
 
 def worker_activate(*, worker: Worker, job: Job, push_job: bool = True) -> Activation:
@@ -196,7 +229,7 @@ def worker_release(*, activation: Activation, reason: str, push_job: bool = True
 
 
 def expire_silent_workers() -> int:
-    """Mark workers silent for longer than WORKER_TIMEOUT_S offline and end their activations."""
+    """Mark workers silent for longer than WORKER_TIMEOUT_S offline and end their sessions and activations."""
     cutoff = timezone.now() - timezone.timedelta(seconds=settings.ECHO2["WORKER_TIMEOUT_S"])
     silent = Worker.objects.exclude(status=Worker.Status.OFFLINE).filter(last_heartbeat__lt=cutoff)
     count = 0
@@ -204,6 +237,7 @@ def expire_silent_workers() -> int:
         with transaction.atomic():
             worker.status = Worker.Status.OFFLINE
             worker.save(update_fields=["status"])
+            _session_close(worker.pk, at=worker.last_heartbeat)  # it went silent then, not now
             for activation in Activation.objects.filter(worker=worker, ended_at=None):
                 worker_release(activation=activation, reason="worker stopped sending heartbeats")
         count += 1
@@ -418,10 +452,7 @@ def broadcast_plan(*, job: Job, workers: list[Worker], now: float) -> chains.Cha
         return chains.ChainPlan(chains=(), rollout_only=tuple(w.pk for w in workers))
     n_ch = chains.n_chains(job.learner_uplink_bps, statistics.median(w.bandwidth_bps for w in workers))
     relays = [w for w in workers if w.relay_address]
-    stats = [chains.WorkerStats(
-        worker_id=w.pk, bandwidth_bps=float(w.bandwidth_bps), successes=w.relay_successes, failures=w.relay_failures,
-        last_seen=w.last_heartbeat.timestamp() if w.last_heartbeat else now,
-        last_failure_at=w.relay_last_failure_at.timestamp() if w.relay_last_failure_at else None) for w in relays]
+    stats = selectors.chain_stats(relays, now=now)
     plan = chains.assemble_chains(stats, n_ch=n_ch, now=now) if stats else chains.ChainPlan(chains=())
     built = [list(c) for c in plan.chains]
     rollout_only = list(plan.rollout_only)

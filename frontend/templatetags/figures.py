@@ -1,0 +1,13 @@
+"""Template filters for the figures the pages show."""
+
+from __future__ import annotations
+
+from django import template
+
+register = template.Library()
+
+
+@register.filter
+def percent(share: float | None) -> str:
+    """A share in [0, 1] as a percentage with one decimal ("99.5 %"); a dash where there is none yet."""
+    return "—" if share is None else f"{share * 100:.1f} %"

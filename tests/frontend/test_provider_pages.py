@@ -1,0 +1,72 @@
+"""The provider page and the staff marketplace page show each worker's relay score, uptime and utilization."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from marketplace.models import Activation, Worker, WorkerSession
+
+from ..marketplace import factories
+
+pytestmark = pytest.mark.django_db
+
+
+def signed_in(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def row(page: str, name: str) -> str:
+    """The table row of worker ``name``."""
+    return re.search(rf'<tr data-worker="{name}">(.*?)</tr>', page, re.S).group(1)
+
+
+def cell(page: str, name: str, css_class: str) -> str:
+    return re.search(rf'<td class="{css_class}">(.*?)</td>', row(page, name), re.S).group(1)
+
+
+@pytest.fixture
+def fleet():
+    """A provider with a relay online for the last day of its two (registered two days ago), and a worker
+    without a relay address that never connected."""
+    now = timezone.now()
+    provider = factories.user("prov")
+    relay, _ = factories.worker(provider, name="relay-rig")
+    plain, _ = factories.worker(provider, name="plain-rig")
+    Worker.objects.filter(pk=relay.pk).update(relay_address="10.0.0.1:7000", status=Worker.Status.IDLE,
+                                              last_heartbeat=now, created_at=now - timedelta(days=2))
+    Worker.objects.filter(pk=plain.pk).update(created_at=now - timedelta(days=2))
+    WorkerSession.objects.create(worker=relay, started_at=now - timedelta(days=1))
+    return provider, relay, plain
+
+
+def test_provider_page_shows_score_uptime_and_online_since(fleet):
+    provider, relay, _ = fleet
+    page = signed_in(provider).get("/provider/").content.decode()
+    assert ">Score</th>" in page and ">Uptime (7 d)</th>" in page and ">Online since</th>" in page
+    assert cell(page, "relay-rig", "score") == "0.65"  # the fleet's only relay: full Speed, no history yet
+    assert cell(page, "relay-rig", "uptime") == "50.0 %"
+    since = WorkerSession.objects.get(worker=relay).started_at
+    assert cell(page, "relay-rig", "online-since") == timezone.localtime(since).strftime("%b %-d, %H:%M")
+    assert "No relay address" in cell(page, "plain-rig", "score")
+    assert (cell(page, "plain-rig", "uptime"), cell(page, "plain-rig", "online-since")) == ("0.0 %", "—")
+    assert "Score: the rank (0 to 1) the scheduler gives a worker" in page  # what the score means
+
+
+def test_marketplace_page_shows_uptime_and_utilization_per_worker(fleet):
+    _, relay, plain = fleet
+    job = factories.job(factories.user())
+    Activation.objects.create(job=job, worker=relay, price_per_hour=relay.price_per_hour,
+                              started_at=timezone.now() - timedelta(hours=12))
+    page = signed_in(factories.user(is_staff=True)).get("/marketplace/").content.decode()
+    assert ">Uptime (7 d)</th>" in page and ">Utilization (7 d)</th>" in page and ">Score</th>" in page
+    assert cell(page, "relay-rig", "uptime") == "50.0 %"
+    assert cell(page, "relay-rig", "utilization") == "25.0 %"  # half a day of two
+    assert cell(page, "plain-rig", "utilization") == "0.0 %"
+    assert cell(page, "relay-rig", "score") == "0.65"
