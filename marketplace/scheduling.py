@@ -196,6 +196,12 @@ def capacity_plan(config: Job | JobSpec, *, t_train: Estimate, t_bcast: Estimate
     return out
 
 
+def available_workers() -> dict:
+    """Everyone a new job could start on, before its model is known (so with the throughput each last
+    measured on anything), cheapest first: the launch page's panel until a plan is previewed."""
+    return _calibration(candidate_pool(model_dir="", task_name=""))
+
+
 def _calibration(pool: Pool) -> dict:
     """Everyone the calibration phase activates, cheapest first, and what that costs while ``T_train`` is measured."""
     rows = [(c.price_per_hour, c.worker_id, c.throughput) for c in pool.active + pool.standby]
