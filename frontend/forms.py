@@ -3,17 +3,36 @@
 from __future__ import annotations
 
 import json
+import typing
 
 from django import forms
 
-from dataplane.jobs import JobSpec, JobSpecError, parse_job_spec
+from dataplane.jobs import JobSpec, JobSpecError, LossConfig, parse_job_spec
 from dataplane.tasks import available_tasks
 
 _FIELDS = JobSpec.model_fields
+_LOSS = LossConfig.model_fields
+LOSS_PREFIX = "loss_"  # the form field of LossConfig's ``kl_beta`` is ``loss_kl_beta`` (JobSpecError: "loss.kl_beta")
 
 
 def _help(name: str) -> str:
     return _FIELDS[name].description or ""
+
+
+def _literal_choices(annotation: object) -> list[tuple[str, str]]:
+    """The values of a ``Literal[...]`` (or ``Literal[...] | None``) pydantic field, as form choices."""
+    if typing.get_origin(annotation) is typing.Literal:
+        return [(value, value) for value in typing.get_args(annotation)]
+    return [choice for arg in typing.get_args(annotation) for choice in _literal_choices(arg)]
+
+
+def _loss_field(name: str, field_class: type[forms.Field], label: str, **kwargs) -> forms.Field:
+    """A LossConfig setting: optional (blank keeps LossConfig's default), shown with its default and its doc."""
+    spec = _LOSS[name]
+    if field_class is forms.ChoiceField:
+        choices = _literal_choices(spec.annotation)
+        kwargs["choices"] = choices if spec.default is not None else [("", "default"), *choices]
+    return field_class(label=label, required=False, initial=spec.default, help_text=spec.description or "", **kwargs)
 
 
 class JobLaunchForm(forms.Form):
@@ -31,19 +50,59 @@ class JobLaunchForm(forms.Form):
     gamma = forms.FloatField(label="γ (safety factor)", initial=1.1, help_text=_help("gamma"))
     learner_uplink_mbps = forms.FloatField(label="B0 (learner uplink, Mbit/s)", initial=1000.0,
                                            help_text="Learner uplink; stored in bytes/s.")
+    broadcast_strategy = forms.ChoiceField(label="Snapshot broadcast", required=False,
+                                           choices=_literal_choices(_FIELDS["broadcast_strategy"].annotation),
+                                           initial=_FIELDS["broadcast_strategy"].default,
+                                           help_text=_help("broadcast_strategy"))
     learning_rate = forms.FloatField(initial=1e-3, help_text=_help("learning_rate"))
     clip_eps = forms.FloatField(label="clip ε", initial=0.2, help_text=_help("clip_eps"))
     max_steps = forms.IntegerField(initial=300, help_text=_help("max_steps"))
+    target_reward = forms.FloatField(required=False, help_text=_help("target_reward"))
     max_new_tokens = forms.IntegerField(initial=8, help_text=_help("max_new_tokens"))
     temperature = forms.FloatField(initial=1.0, help_text=_help("temperature"))
     top_p = forms.FloatField(initial=1.0, help_text=_help("top_p"))
     seed = forms.IntegerField(initial=0, help_text=_help("seed"))
-    target_reward = forms.FloatField(required=False, help_text=_help("target_reward"))
+    loss_type = _loss_field("type", forms.ChoiceField, "Loss")
+    loss_advantage = _loss_field("advantage", forms.ChoiceField, "Advantage")
+    loss_advantage_eps = _loss_field("advantage_eps", forms.FloatField, "Advantage ε")
+    loss_clip_eps_low = _loss_field("clip_eps_low", forms.FloatField, "clip ε low")
+    loss_clip_eps_high = _loss_field("clip_eps_high", forms.FloatField, "clip ε high")
+    loss_kl_beta = _loss_field("kl_beta", forms.FloatField, "KL β")
+    loss_aggregation = _loss_field("aggregation", forms.ChoiceField, "Aggregation")
+    loss_norm_length = _loss_field("norm_length", forms.IntegerField, "Length normalizer")
+    loss_off_policy = _loss_field("off_policy", forms.ChoiceField, "Off-policy correction")
+    loss_is_cap = _loss_field("is_cap", forms.FloatField, "IS cap C")
+    t_train_s = forms.FloatField(label="Expected T_train (s)", required=False,
+                                 help_text="Seconds per learner step, for the plan only; blank: what an earlier "
+                                           "job of this model and task measured, else the calibration phase.")
+    t_bcast_s = forms.FloatField(label="Expected T_bcast (s)", required=False, min_value=0,
+                                 help_text="Seconds per snapshot broadcast, for the plan only; blank: what an "
+                                           "earlier job of this model and task measured, else 0.")
     start_now = forms.BooleanField(required=False, initial=True, label="Start right away")
+
+    fieldsets = (
+        ("Job", ("name", "model_dir", "task_name", "task_options", "start_now")),
+        ("Staleness and capacity", ("staleness", "kappa", "batch_trajectories", "group_size", "gamma",
+                                    "learner_uplink_mbps", "broadcast_strategy")),
+        ("Training", ("learning_rate", "clip_eps", "max_steps", "target_reward")),
+        ("Sampling", ("max_new_tokens", "temperature", "top_p", "seed")),
+        ("Loss", tuple(LOSS_PREFIX + name for name in _LOSS)),
+        ("Plan estimates (not saved with the job)", ("t_train_s", "t_bcast_s")),
+    )
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.fields["task_name"].choices = [(name, name) for name in sorted(available_tasks())]
+
+    def grouped(self) -> list[tuple[str, list[forms.BoundField]]]:
+        """The fields by fieldset, as the template draws them."""
+        return [(title, [self[name] for name in names]) for title, names in self.fieldsets]
+
+    def clean_t_train_s(self) -> float | None:
+        value = self.cleaned_data["t_train_s"]
+        if value is not None and value <= 0:
+            raise forms.ValidationError("must be a positive number of seconds")
+        return value
 
     def clean(self):
         data = super().clean()
@@ -57,12 +116,15 @@ class JobLaunchForm(forms.Form):
         if not isinstance(options, dict):
             self.add_error("task_options", "must be a JSON object")
             return data
-        raw = {k: v for k, v in data.items() if k in _FIELDS and v is not None}
+        blank = (None, "")  # left blank: the JobSpec default
+        raw = {k: v for k, v in data.items() if k in _FIELDS and v not in blank}
         raw["task"] = {"name": data["task_name"], **options}
         raw["learner_uplink_bps"] = int(data["learner_uplink_mbps"] * 1e6 / 8)
+        raw["loss"] = {name: data[LOSS_PREFIX + name] for name in _LOSS if data[LOSS_PREFIX + name] not in blank}
         try:
             self.spec = parse_job_spec(raw)
         except JobSpecError as err:
-            field = {"task": "task_options", "learner_uplink_bps": "learner_uplink_mbps"}.get(err.field, err.field)
+            field = {"task": "task_options", "learner_uplink_bps": "learner_uplink_mbps"}.get(
+                err.field, err.field.replace("loss.", LOSS_PREFIX))
             self.add_error(field if field in self.fields else None, err.message)
         return data

@@ -9,7 +9,7 @@ from django.db import transaction
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from marketplace import selectors, services
+from marketplace import scheduling, selectors, services
 from marketplace.models import Job, Worker
 
 from .forms import JobLaunchForm
@@ -71,22 +71,25 @@ def marketplace_overview(request):
 
 @login_required
 def job_launch(request):
-    """The launch form, with the pool a new job would start on (calibration phase: every idle worker)."""
+    """The launch form and, beside it, the capacity plan for the form's values.
+
+    "Preview plan" (a second submit button, so it works without JavaScript) validates the form like a
+    launch, shows the plan (``scheduling.spec_plan``) and creates nothing. Until then, and while the form
+    has errors, the panel lists the workers available now.
+    """
     form = JobLaunchForm(request.POST or None)
+    plan = None
     if request.method == "POST" and form.is_valid():
-        with transaction.atomic():
-            job = services.job_create(owner=request.user, spec=form.spec)
-            if form.cleaned_data["start_now"]:
-                services.job_start(job=job)
-        return redirect("frontend:job-detail", job_id=job.pk)
-    idle = list(Worker.objects.filter(status=Worker.Status.IDLE).order_by("price_per_hour"))
-    pool = {
-        "workers": idle,
-        "price_per_hour": sum(float(w.price_per_hour) for w in idle),
-        "throughput": sum(w.throughput or 0.0 for w in idle),
-        "unmeasured": sum(1 for w in idle if not w.throughput),
-    }
-    return render(request, "frontend/job_launch.html", {"form": form, "pool": pool})
+        if "preview" not in request.POST:
+            with transaction.atomic():
+                job = services.job_create(owner=request.user, spec=form.spec)
+                if form.cleaned_data["start_now"]:
+                    services.job_start(job=job)
+            return redirect("frontend:job-detail", job_id=job.pk)
+        plan = scheduling.spec_plan(form.spec, user=request.user, t_train=form.cleaned_data["t_train_s"],
+                                    t_bcast=form.cleaned_data["t_bcast_s"])
+    available = None if plan else scheduling.available_workers()
+    return render(request, "frontend/job_launch.html", {"form": form, "plan": plan, "available": available})
 
 
 @login_required

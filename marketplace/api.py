@@ -136,7 +136,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         metric = _service_call(services.metrics_record, job=job, step=step, values=values)
         return Response(s.MetricSerializer(metric).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(responses=dict)
+    @extend_schema(responses=s.CapacityPlanSerializer)
     @action(detail=True, methods=["get"])
     def plan(self, request, pk=None):
         """The capacity plan: feasibility of (S, kappa) against measured T_train and T_bcast, the expected
@@ -145,6 +145,22 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         job = self.get_object()
         try:
             return Response(scheduling.job_plan(job))
+        except provisioning.ProvisioningInputError as err:
+            raise ValidationError({err.field: [err.message]}) from None
+
+    @extend_schema(request=s.JobPlanRequestSerializer, responses=s.CapacityPlanSerializer)
+    @action(detail=False, methods=["post"], url_path="plan", url_name="plan-preview")
+    def plan_preview(self, request):
+        """The capacity plan of a job before it exists; creates nothing. The body is that of creating the job
+        plus optional estimates ``t_train_s`` and ``t_bcast_s``. Without them the figures the newest earlier
+        job of the same model and task measured are used (``measurements.sources`` names it); without those
+        the plan is the calibration phase: every available worker, listed under ``calibration``."""
+        form = s.JobPlanRequestSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        try:
+            return Response(scheduling.spec_plan(form.validated_data["spec"], user=request.user,
+                                                 t_train=form.validated_data["t_train_s"],
+                                                 t_bcast=form.validated_data["t_bcast_s"]))
         except provisioning.ProvisioningInputError as err:
             raise ValidationError({err.field: [err.message]}) from None
 

@@ -9,15 +9,18 @@ the next re-plan.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 
 from django.conf import settings
 from django.db import transaction
 
+from dataplane.jobs import JobSpec
+
 from . import controller as ctl
 from . import provisioning as p
-from . import services, stream, telemetry
-from .models import Activation, Job, Worker, WorkerCalibration
+from . import selectors, services, stream, telemetry
+from .models import Activation, Job, Snapshot, Worker, WorkerCalibration
 
 WINDOW_S = 60.0
 
@@ -34,24 +37,32 @@ class Pool:
     standby: list[p.Candidate]
     unmeasured: list[Worker]  # standby workers with no figure for this job's model and task
     workers: dict[int, Worker]
+    sources: dict[int, str]  # where each candidate's mu_i comes from: "live", "calibration" or "last measured"
 
     @property
     def capacity(self) -> float:
         return p.pool_capacity(self.active)
 
 
-def job_pool(job: Job, *, now: float | None = None) -> Pool:
-    """Active workers carry their live ``a_i mu_i`` (heartbeat windows); standby ones their calibration."""
+def candidate_pool(*, model_dir: str, task_name: str, job: Job | None = None, now: float | None = None) -> Pool:
+    """Everyone ``job`` (or a job not created yet, ``job=None``) could use: its own active workers and every
+    online worker not busy in another job, each with the ``mu_i`` the scheduler plans with.
+
+    ``mu_i`` is, most trusted first: the live ``a_i mu_i`` of a worker active in this job (heartbeat
+    windows); its calibration for this model and task (``echo2-agent bench --report``); the throughput it
+    last measured on whatever it ran (``Worker.throughput``), a rougher figure but better than leaving a
+    capable machine out of every plan; else the worker is unmeasured and only the calibration phase uses it.
+    """
     now = time.time() if now is None else now
-    active_ids = set(job.activations.filter(ended_at=None).values_list("worker_id", flat=True))
-    busy = Activation.objects.filter(ended_at=None).exclude(job=job).values("worker_id")
+    active_ids = set(job.activations.filter(ended_at=None).values_list("worker_id", flat=True)) if job else set()
+    busy = Activation.objects.filter(ended_at=None)
+    busy = (busy.exclude(job=job) if job else busy).values("worker_id")
     workers = {w.pk: w for w in Worker.objects.exclude(status=Worker.Status.OFFLINE).exclude(pk__in=busy)}
     workers.update({w.pk: w for w in Worker.objects.filter(pk__in=active_ids)})
     beats = telemetry.recent_heartbeats(list(workers))
-    calibrated = dict(WorkerCalibration.objects.filter(worker_id__in=list(workers), model_dir=job.model_dir,
-                                                       task_name=job.task.get("name", "")).values_list("worker_id",
-                                                                                                      "throughput"))
-    active, standby, unmeasured = [], [], []
+    calibrated = dict(WorkerCalibration.objects.filter(worker_id__in=list(workers), model_dir=model_dir,
+                                                       task_name=task_name).values_list("worker_id", "throughput"))
+    active, standby, unmeasured, sources = [], [], [], {}
     for wid, worker in workers.items():
         interval = telemetry.heartbeat_interval()
         window = ctl.HeartbeatWindow(window_s=max(WINDOW_S, 3 * interval), interval_s=interval)
@@ -59,38 +70,118 @@ def job_pool(job: Job, *, now: float | None = None) -> Pool:
             window.add(at, mu)
         availability = window.availability(now) if beats[wid] else 1.0
         live = window.throughput(now) if wid in active_ids else None
-        mu = live or calibrated.get(wid)
+        figures = (("live", live), ("calibration", calibrated.get(wid)), ("last measured", worker.throughput))
+        source, mu = next(((name, mu) for name, mu in figures if mu), (None, None))
         candidate = p.Candidate(wid, float(worker.price_per_hour), mu, availability)
+        if source:
+            sources[wid] = source
         if wid in active_ids:
             active.append(candidate)
         elif mu is None:
             unmeasured.append(worker)
         else:
             standby.append(candidate)
-    return Pool(active=active, standby=standby, unmeasured=unmeasured, workers=workers)
+    return Pool(active=active, standby=standby, unmeasured=unmeasured, workers=workers, sources=sources)
+
+
+def job_pool(job: Job, *, now: float | None = None) -> Pool:
+    """The pool of a saved job: its active workers and everyone available (``candidate_pool``)."""
+    return candidate_pool(model_dir=job.model_dir, task_name=job.task.get("name", ""), job=job, now=now)
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """A figure the plan rests on, and where it came from, so that a person can judge how far to trust it."""
+
+    value: float | None
+    source: str  # "learner", "snapshot", "given", "earlier job" or "none"
+    note: str
+    job: Job | None = None  # the earlier job it was measured in
+
+    def as_dict(self) -> dict:
+        return {"value": self.value, "source": self.source, "note": self.note,
+                "job": None if self.job is None else {"id": self.job.pk, "name": self.job.name}}
+
+
+def _last_snapshot_with_t_bcast(job: Job) -> Snapshot | None:
+    return job.snapshots.exclude(t_bcast=None).order_by("-version").first()
 
 
 def _t_bcast(job: Job) -> float:
-    snap = job.snapshots.exclude(t_bcast=None).order_by("-version").first()
+    snap = _last_snapshot_with_t_bcast(job)
     return snap.t_bcast if snap else 0.0
 
 
 def job_plan(job: Job) -> dict:
     """What ``GET /api/jobs/{id}/plan/`` shows: the feasibility report, the exact plan and the greedy's."""
-    pool = job_pool(job)
-    t_train, t_bcast = job.learner_t_train, _t_bcast(job)
+    t_train = Estimate(None, "none", "the learner has not measured T_train yet")
+    if job.learner_t_train:
+        t_train = Estimate(job.learner_t_train, "learner", "measured by this job's learner")
+    t_bcast = Estimate(0.0, "none", "no broadcast measured yet: 0 assumed")
+    if snap := _last_snapshot_with_t_bcast(job):
+        t_bcast = Estimate(snap.t_bcast, "snapshot", f"measured on snapshot v{snap.version}")
+    return capacity_plan(job, t_train=t_train, t_bcast=t_bcast, pool=job_pool(job))
+
+
+def _earlier_job(spec: JobSpec, user) -> Job | None:
+    """The newest job of ``user``'s (all jobs for staff) with the same model and task whose learner measured
+    ``T_train``: the best guess for a new job's, since ``T_train`` depends on the model, R and the learner."""
+    return (selectors.jobs_visible_to(user).filter(model_dir=spec.model_dir, task__name=spec.task.get("name"),
+                                                   learner_t_train__gt=0).order_by("-pk").first())
+
+
+def spec_plan(spec: JobSpec, *, user, t_train: float | None = None, t_bcast: float | None = None) -> dict:
+    """The plan of a job not created yet (``POST /api/jobs/plan/``, the launch form's preview).
+
+    ``T_train`` is the one given, else the one an earlier job of the same model and task measured (which
+    job is named), else unknown: the job would start in the calibration phase, with every available
+    worker. ``T_bcast`` is the one given, else that earlier job's last measured broadcast, else 0 (the
+    broadcast is then assumed free, which makes ``mu_min`` and the lag a lower bound).
+    """
+    earlier = _earlier_job(spec, user)
+    snap = _last_snapshot_with_t_bcast(earlier) if earlier else None
+    if t_train is not None:
+        train = Estimate(t_train, "given", "given by you")
+    elif earlier is not None:
+        train = Estimate(earlier.learner_t_train, "earlier job", f"measured by job #{earlier.pk} "
+                         f"\"{earlier.name}\" (same model and task, R = {earlier.batch_trajectories})", earlier)
+    else:
+        train = Estimate(None, "none", "no T_train entered, and no earlier job with this model and task measured one")
+    if t_bcast is not None:
+        bcast = Estimate(t_bcast, "given", "given by you")
+    elif snap is not None:
+        bcast = Estimate(snap.t_bcast, "earlier job", f"measured on snapshot v{snap.version} of job #{earlier.pk} "
+                         f"\"{earlier.name}\"", earlier)
+    else:
+        bcast = Estimate(0.0, "none", "no T_bcast entered or measured before: 0 assumed, so the target and the lag "
+                         "are lower bounds")
+    pool = candidate_pool(model_dir=spec.model_dir, task_name=spec.task.get("name", ""))
+    return capacity_plan(spec, t_train=train, t_bcast=bcast, pool=pool)
+
+
+def capacity_plan(config: Job | JobSpec, *, t_train: Estimate, t_bcast: Estimate, pool: Pool) -> dict:
+    """The feasibility report of ``config``'s (S, kappa, R, gamma) for these estimates, the cheapest worker set
+    of ``pool`` meeting the target (exact solver) and the set the paper's greedy by unit cost would take.
+
+    Without ``T_train`` there is no target: the plan is the calibration phase, every available worker
+    (``services.job_provision``), listed under ``calibration``.
+    """
     out: dict = {
-        "measurements": {"t_train": t_train, "t_bcast": t_bcast, "mu_pool": pool.capacity},
+        "measurements": {"t_train": t_train.value, "t_bcast": t_bcast.value, "mu_pool": pool.capacity,
+                         "sources": {"t_train": t_train.as_dict(), "t_bcast": t_bcast.as_dict()}},
         "active": sorted(c.worker_id for c in pool.active),
-        "unmeasured": [{"id": w.pk, "name": w.name} for w in pool.unmeasured],
+        "unmeasured": [{"id": w.pk, "name": w.name, "price_per_hour": float(w.price_per_hour)}
+                       for w in pool.unmeasured],
+        "calibration": None,
     }
-    if not t_train:
-        out["report"] = {"feasible": None, "reason": "calibrating: the learner has not measured T_train yet; "
-                                                     "every available worker is used meanwhile"}
+    if not t_train.value:
+        out["report"] = {"feasible": None, "reason": "calibrating: T_train is not known yet (the learner measures it "
+                                                     "in its first steps); every available worker is used meanwhile"}
         out["plan"] = out["greedy"] = None
+        out["calibration"] = _calibration(pool)
         return out
-    args = {"staleness": job.staleness, "kappa": job.kappa, "t_train": t_train, "t_bcast": t_bcast,
-            "batch": job.batch_trajectories, "gamma": job.gamma}
+    args = {"staleness": config.staleness, "kappa": config.kappa, "t_train": t_train.value,
+            "t_bcast": t_bcast.value, "batch": config.batch_trajectories, "gamma": config.gamma}
     report = p.feasibility(**args)
     out["report"] = dataclasses.asdict(report)
     if report.target is None:
@@ -105,6 +196,22 @@ def job_plan(job: Job) -> dict:
     return out
 
 
+def available_workers() -> dict:
+    """Everyone a new job could start on, before its model is known (so with the throughput each last
+    measured on anything), cheapest first: the launch page's panel until a plan is previewed."""
+    return _calibration(candidate_pool(model_dir="", task_name=""))
+
+
+def _calibration(pool: Pool) -> dict:
+    """Everyone the calibration phase activates, cheapest first, and what that costs while ``T_train`` is measured."""
+    rows = [(c.price_per_hour, c.worker_id, c.throughput) for c in pool.active + pool.standby]
+    rows += [(float(w.price_per_hour), w.pk, None) for w in pool.unmeasured]
+    workers = [{"id": wid, "name": pool.workers[wid].name, "price_per_hour": price, "throughput": mu,
+                "source": pool.sources.get(wid)} for price, wid, mu in sorted(rows)]
+    return {"workers": workers, "price_per_hour": math.fsum(w["price_per_hour"] for w in workers),
+            "throughput": math.fsum(c.effective_throughput for c in pool.active + pool.standby)}
+
+
 def _selection(sel: p.Selection, pool: Pool) -> dict:
     candidates = {c.worker_id: c for c in pool.active + pool.standby}
     return {
@@ -112,7 +219,8 @@ def _selection(sel: p.Selection, pool: Pool) -> dict:
         "price_per_hour": sel.price_per_hour, "throughput": sel.throughput, "shortfall": sel.shortfall,
         "workers": [{"id": wid, "name": pool.workers[wid].name, "price_per_hour": candidates[wid].price_per_hour,
                      "throughput": candidates[wid].throughput, "availability": candidates[wid].availability,
-                     "unit_cost": candidates[wid].price_per_hour / candidates[wid].effective_throughput}
+                     "unit_cost": candidates[wid].price_per_hour / candidates[wid].effective_throughput,
+                     "source": pool.sources[wid]}
                     for wid in sel.worker_ids],
     }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from decimal import Decimal
 
 from rest_framework import serializers
@@ -84,6 +85,114 @@ class JobSerializer(serializers.ModelSerializer):
             raise serializers.ValidationError({err.field: [err.message]}) from None
         attrs["spec"] = spec
         return attrs
+
+
+class JobPlanRequestSerializer(JobSerializer):
+    """A job's settings as for creating it, plus estimates of what only a running job measures."""
+
+    t_train_s = serializers.FloatField(required=False, allow_null=True, default=None,
+                                       help_text="Expected T_train, seconds per learner step (> 0); default: "
+                                                 "measured by an earlier job of the same model and task.")
+    t_bcast_s = serializers.FloatField(required=False, allow_null=True, default=None,
+                                       help_text="Expected T_bcast, seconds per snapshot broadcast (>= 0); "
+                                                 "default: measured by that earlier job, else 0.")
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "t_train_s", "t_bcast_s"]
+
+    def validate_t_train_s(self, value: float | None) -> float | None:
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise serializers.ValidationError("must be a positive number of seconds")
+        return value
+
+    def validate_t_bcast_s(self, value: float | None) -> float | None:
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise serializers.ValidationError("must be a number of seconds >= 0")
+        return value
+
+
+# The capacity plan's shape (scheduling.capacity_plan), for the OpenAPI schema only.
+
+
+class PlanJobRefSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+
+
+class PlanEstimateSerializer(serializers.Serializer):
+    value = serializers.FloatField(allow_null=True, help_text="Seconds; null when unknown.")
+    source = serializers.ChoiceField(choices=["learner", "snapshot", "given", "earlier job", "none"])
+    note = serializers.CharField(help_text="Where the figure comes from, for a person.")
+    job = PlanJobRefSerializer(allow_null=True, help_text="The earlier job it was measured in, if any.")
+
+
+class PlanSourcesSerializer(serializers.Serializer):
+    t_train = PlanEstimateSerializer()
+    t_bcast = PlanEstimateSerializer()
+
+
+class PlanMeasurementsSerializer(serializers.Serializer):
+    t_train = serializers.FloatField(allow_null=True, help_text="T_train the plan uses, seconds per step.")
+    t_bcast = serializers.FloatField(help_text="T_bcast the plan uses, seconds per broadcast.")
+    mu_pool = serializers.FloatField(help_text="Live capacity of the job's active workers, trajectories/s.")
+    sources = PlanSourcesSerializer()
+
+
+class PlanReportSerializer(serializers.Serializer):
+    feasible = serializers.BooleanField(allow_null=True, help_text="null while T_train is unknown (calibration).")
+    reason = serializers.CharField()
+    staleness = serializers.IntegerField(required=False)
+    kappa = serializers.IntegerField(required=False)
+    mu_min = serializers.FloatField(required=False, allow_null=True, help_text="kappa*R / (kappa*T_train - T_bcast).")
+    target = serializers.FloatField(required=False, allow_null=True, help_text="Needed throughput gamma * mu_min.")
+    overlap = serializers.BooleanField(required=False, allow_null=True)
+    max_lag = serializers.IntegerField(required=False, allow_null=True, help_text="Expected largest version lag.")
+    lag_bound = serializers.CharField(required=False)
+    lag_within_budget = serializers.BooleanField(required=False, allow_null=True)
+
+
+class PlanWorkerSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    price_per_hour = serializers.FloatField(help_text="c_i, USD/h.")
+    throughput = serializers.FloatField(allow_null=True, help_text="mu_i, trajectories/s; null if unmeasured.")
+    availability = serializers.FloatField(required=False, help_text="a_i in [0, 1].")
+    unit_cost = serializers.FloatField(required=False, help_text="rho_i = c_i / (a_i mu_i).")
+    source = serializers.CharField(allow_null=True, help_text="Where mu_i comes from: live, calibration or last "
+                                                              "measured.")
+
+
+class PlanSelectionSerializer(serializers.Serializer):
+    method = serializers.CharField()
+    optimal = serializers.BooleanField()
+    note = serializers.CharField(allow_blank=True)
+    target = serializers.FloatField()
+    price_per_hour = serializers.FloatField(help_text="Total USD/h of the chosen workers.")
+    throughput = serializers.FloatField()
+    shortfall = serializers.FloatField(help_text="target - throughput when the whole pool falls short, else 0.")
+    workers = PlanWorkerSerializer(many=True)
+
+
+class PlanCalibrationSerializer(serializers.Serializer):
+    workers = PlanWorkerSerializer(many=True)
+    price_per_hour = serializers.FloatField()
+    throughput = serializers.FloatField(help_text="Measured part only.")
+
+
+class PlanUnmeasuredSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    price_per_hour = serializers.FloatField()
+
+
+class CapacityPlanSerializer(serializers.Serializer):
+    measurements = PlanMeasurementsSerializer()
+    active = serializers.ListField(child=serializers.IntegerField(), help_text="Ids of the job's active workers.")
+    unmeasured = PlanUnmeasuredSerializer(many=True, help_text="Available workers with no throughput figure.")
+    report = PlanReportSerializer()
+    plan = PlanSelectionSerializer(allow_null=True, help_text="Cheapest set meeting the target (exact solver).")
+    greedy = PlanSelectionSerializer(allow_null=True, help_text="The paper's greedy by unit cost, for comparison.")
+    calibration = PlanCalibrationSerializer(allow_null=True, help_text="Without T_train: every available worker.")
 
 
 class MetricSerializer(serializers.ModelSerializer):
