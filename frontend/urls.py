@@ -9,5 +9,6 @@ urlpatterns = [
     path("jobs/<int:job_id>/", views.job_detail, name="job-detail"),
     re_path(r"^jobs/(?P<job_id>\d+)/(?P<verb>start|pause|resume|cancel)/$", views.job_control, name="job-control"),
     path("provider/", views.provider_workers, name="provider-workers"),
+    path("provider/token/", views.api_token, name="api-token"),
     path("marketplace/", views.marketplace_overview, name="marketplace"),
 ]

@@ -8,6 +8,7 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
+from rest_framework.authtoken.models import Token
 
 from marketplace import scheduling, selectors, services
 from marketplace.models import Job, Worker
@@ -47,8 +48,21 @@ def provider_workers(request):
     earnings = selectors.worker_earnings(workers)
     for worker in workers:
         worker.earnings = earnings.get(worker.pk, {"hours": 0.0, "earned_usd": 0.0})
-    return render(request, "frontend/provider_workers.html", {"workers": workers,
+    token = Token.objects.filter(user=request.user).values_list("key", flat=True).first()
+    return render(request, "frontend/provider_workers.html", {"workers": workers, "token": token,
                                                               "server": request.build_absolute_uri("/")})
+
+
+@login_required
+@require_POST
+def api_token(request):
+    """Create the user's API token (the one ``echo2-agent register`` and the REST API take), or replace it:
+    the old one stops working at once."""
+    with transaction.atomic():
+        Token.objects.filter(user=request.user).delete()
+        Token.objects.create(user=request.user)
+    messages.success(request, "A new API token was created; commands using the old one must be updated.")
+    return redirect("frontend:provider-workers")
 
 
 @login_required

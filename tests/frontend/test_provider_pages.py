@@ -70,3 +70,21 @@ def test_marketplace_page_shows_uptime_and_utilization_per_worker(fleet):
     assert cell(page, "relay-rig", "utilization") == "25.0 %"  # half a day of two
     assert cell(page, "plain-rig", "utilization") == "0.0 %"
     assert cell(page, "relay-rig", "score") == "0.65"
+
+
+def test_provider_creates_and_replaces_the_api_token_shown_in_the_register_command():
+    from rest_framework.authtoken.models import Token
+
+    provider = factories.user()
+    client = signed_in(provider)
+    page = client.get("/provider/").content.decode()
+    assert "Create my API token" in page and "--token YOUR_API_TOKEN" in page
+    assert client.get("/provider/token/").status_code == 405  # creating it is a POST
+
+    page = client.post("/provider/token/", follow=True).content.decode()
+    first = Token.objects.get(user=provider).key
+    assert f"--token {first} --name my-gpu" in page and "A new API token was created" in page
+    client.post("/provider/token/")
+    second = Token.objects.get(user=provider).key
+    assert second != first and f"--token {second}" in client.get("/provider/").content.decode()
+    assert first not in signed_in(factories.user()).get("/provider/").content.decode()
