@@ -33,13 +33,14 @@ class StepResult:
     tokens: int  # learning tokens in the batch
     sequences: int
     stats: LossStats = field(default_factory=LossStats)
+    grad_norm: float = 0.0  # global L2 norm of the update's gradient, before clipping
 
     @property
     def clip_fraction(self) -> float:
         return self.stats.summary()["clip_fraction"]
 
     def metrics(self) -> dict[str, float]:
-        return self.stats.summary()
+        return {**self.stats.summary(), "grad_norm": self.grad_norm}
 
 
 @dataclass
@@ -53,12 +54,14 @@ class PolicyTrainer:
     """Owns the policy (DDP-wrapped when parallel), its optimizer and the frozen reference model.
 
     ``micro_batch`` rows per forward/backward (None: the whole slice at once); ``bf16`` runs the
-    forward passes under CUDA bf16 autocast (the loss and the parameters stay fp32).
+    forward passes under CUDA bf16 autocast (the loss and the parameters stay fp32); ``max_grad_norm``
+    rescales a gradient whose global L2 norm exceeds it (None: no clipping). Clipping happens after DDP's
+    all-reduce, so every rank sees the same norm and takes the same step.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, settings: LossSettings, *,
                  pad_id: int, reference: torch.nn.Module | None = None, micro_batch: int | None = None,
-                 bf16: bool = False, ctx: DistContext | None = None) -> None:
+                 bf16: bool = False, ctx: DistContext | None = None, max_grad_norm: float | None = None) -> None:
         self.ctx = ctx or DistContext()
         if bf16 and not self.ctx.device.startswith("cuda"):
             raise ValueError("bf16 autocast needs a CUDA device")
@@ -66,6 +69,10 @@ class PolicyTrainer:
             raise ValueError("kl_beta > 0 needs a reference model")
         self.module, self.optimizer, self.settings = model, optimizer, settings
         self.pad_id, self.reference, self.micro_batch, self.bf16 = pad_id, reference, micro_batch, bf16
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm must be > 0 or None, got {max_grad_norm!r}")
+        self.max_grad_norm = max_grad_norm
+        self.last_grad_norm = 0.0
         self.model: torch.nn.Module = model
         if self.ctx.parallel:
             cuda = self.ctx.device.startswith("cuda")
@@ -88,7 +95,7 @@ class PolicyTrainer:
         stats = sum(distributed.gather(self.ctx, self._train(mine)), LossStats())
         return StepResult(loss=stats.pg + stats.kl_term, reward_mean=float(batch.rewards.mean()),
                           reward_std=float(batch.rewards.std(unbiased=False)), tokens=int(batch.token_mask.sum()),
-                          sequences=len(batch), stats=stats)
+                          sequences=len(batch), stats=stats, grad_norm=self.last_grad_norm)
 
     def load_state(self, model_state: dict | None, optimizer_state: dict | None) -> None:
         """Load a checkpoint's state on every rank (rank 0 passes it; the others receive it)."""
@@ -153,5 +160,12 @@ class PolicyTrainer:
                                     self.settings, ref_logp=ref, denominator=shard.denominator)
                 (terms.loss * self.ctx.world).backward()
             stats = stats + terms.stats
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        if self.max_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+        else:
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params])) \
+                if params else torch.zeros(())
+        self.last_grad_norm = float(norm)
         self.optimizer.step()
         return stats

@@ -109,6 +109,34 @@ def test_gradient_accumulation_equals_the_whole_batch(policy, tiny_model_dir) ->
         torch.testing.assert_close(accumulated, whole, rtol=0, atol=1e-6)
 
 
+def test_gradient_norm_is_reported_and_clipping_rescales_the_update(policy, tiny_model_dir) -> None:
+    # With SGD the parameter change is lr * gradient: a clipped step is the unclipped one scaled by c / |g|.
+    _, tokenizer = policy
+    pad = tokenizer.pad_token_id
+    records = on_policy(copy_model(tiny_model_dir), [*make_group(tokenizer, "a", "3+4=", {"7": 1.0, "5": 0.0}),
+                                                     *make_group(tokenizer, "b", "2+2=", {"1": 0.0, "4": 1.0})], pad)
+    initial = [p.detach().clone() for p in copy_model(tiny_model_dir).parameters()]
+    deltas, norms = {}, {}
+    for clip in (None, "half"):
+        fresh = copy_model(tiny_model_dir)
+        max_norm = None if clip is None else norms[None] / 2
+        trainer = PolicyTrainer(fresh, torch.optim.SGD(fresh.parameters(), lr=0.1), LossSettings(), pad_id=pad,
+                                max_grad_norm=max_norm)
+        result = trainer.step(records)
+        norms[clip] = result.grad_norm
+        assert result.metrics()["grad_norm"] == result.grad_norm
+        deltas[clip] = [after.detach() - before for after, before in zip(fresh.parameters(), initial, strict=True)]
+
+    assert norms[None] > 0 and norms["half"] == pytest.approx(norms[None], rel=1e-6)  # reported before clipping
+    moved = torch.cat([d.flatten() for d in deltas[None]])
+    assert float(torch.linalg.vector_norm(moved)) == pytest.approx(0.1 * norms[None], rel=1e-4)
+    for full, clipped in zip(deltas[None], deltas["half"], strict=True):
+        torch.testing.assert_close(clipped, full / 2, rtol=1e-4, atol=1e-7)
+    with pytest.raises(ValueError, match="max_grad_norm"):
+        PolicyTrainer(copy_model(tiny_model_dir), torch.optim.SGD(initial, lr=0.1), LossSettings(), pad_id=pad,
+                      max_grad_norm=0.0)
+
+
 def test_kl_to_the_reference_is_zero_first_then_pulls_back(policy, tiny_model_dir) -> None:
     model, tokenizer = policy
     pad = tokenizer.pad_token_id
