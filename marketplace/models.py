@@ -40,6 +40,9 @@ class Worker(models.Model):
     relay_successes = models.PositiveIntegerField(default=0, help_text="Snapshots received over a relay link.")
     relay_failures = models.PositiveIntegerField(default=0, help_text="Relay links this worker broke (as parent).")
     relay_last_failure_at = models.DateTimeField(null=True, blank=True)
+    measured_bandwidth_bps = models.FloatField(
+        null=True, blank=True, help_text="Bw_hat, bytes/s: moving average of the snapshot rate its chain children "
+                                         "received through it; None until it has relayed one.")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.OFFLINE)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     throughput = models.FloatField(null=True, blank=True, help_text="mu_i, trajectories/s (measured).")
@@ -53,6 +56,11 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.provider})"
+
+    @property
+    def relay_bandwidth_bps(self) -> float:
+        """The bandwidth the chain planner uses: measured once it has relayed, else the registered figure."""
+        return self.measured_bandwidth_bps or float(self.bandwidth_bps)
 
     @property
     def unit_cost(self) -> float | None:

@@ -7,7 +7,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
-from django.db.models import Max, Q, QuerySet
+from django.db.models import FloatField, Max, Q, QuerySet
+from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
 
 from . import chains, provisioning, telemetry
@@ -170,7 +171,7 @@ def chain_stats(workers: Iterable[Worker], *, now: float) -> list[chains.WorkerS
     not faded out before it could report.
     """
     return [chains.WorkerStats(
-        worker_id=w.pk, bandwidth_bps=float(w.bandwidth_bps), successes=w.relay_successes, failures=w.relay_failures,
+        worker_id=w.pk, bandwidth_bps=w.relay_bandwidth_bps, successes=w.relay_successes, failures=w.relay_failures,
         last_seen=w.last_heartbeat.timestamp() if w.last_heartbeat else now,
         last_failure_at=w.relay_last_failure_at.timestamp() if w.relay_last_failure_at else None) for w in workers]
 
@@ -183,8 +184,10 @@ def worker_scores(workers: Iterable[Worker], *, now: datetime | None = None) -> 
     workers = list(workers)
     now_s = (now or timezone.now()).timestamp()
     relays = [w for w in workers if w.relay_address]
-    best = Worker.objects.exclude(relay_address="").aggregate(best=Max("bandwidth_bps"))["best"] if relays else 0
-    ranked = chains.scores(chain_stats(relays, now=now_s), now=now_s, best_bandwidth_bps=float(best or 0))
+    # Worker.relay_bandwidth_bps in SQL: measured, else registered.
+    fleet_best = Max(Coalesce("measured_bandwidth_bps", Cast("bandwidth_bps", FloatField())))
+    best = Worker.objects.exclude(relay_address="").aggregate(best=fleet_best)["best"] if relays else 0.0
+    ranked = chains.scores(chain_stats(relays, now=now_s), now=now_s, best_bandwidth_bps=float(best or 0.0))
     return {w.pk: ranked.get(w.pk) for w in workers}
 
 

@@ -29,10 +29,11 @@ class WorkerSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Worker
-        fields = ["id", "provider", "name", "gpu", "price_per_hour", "bandwidth_bps", "relay_address", "status",
-                  "last_heartbeat", "throughput", "unit_cost", "score", "uptime", "online_since",
-                  "installed_version", "created_at"]
-        read_only_fields = ["status", "last_heartbeat", "throughput", "installed_version", "created_at"]
+        fields = ["id", "provider", "name", "gpu", "price_per_hour", "bandwidth_bps", "measured_bandwidth_bps",
+                  "relay_address", "status", "last_heartbeat", "throughput", "unit_cost", "score", "uptime",
+                  "online_since", "installed_version", "created_at"]
+        read_only_fields = ["status", "last_heartbeat", "throughput", "measured_bandwidth_bps", "installed_version",
+                            "created_at"]
 
 
 class CalibrationSerializer(serializers.ModelSerializer):

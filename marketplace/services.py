@@ -450,13 +450,13 @@ def broadcast_plan(*, job: Job, workers: list[Worker], now: float) -> chains.Cha
     """
     if not _relaying(job) or not workers:
         return chains.ChainPlan(chains=(), rollout_only=tuple(w.pk for w in workers))
-    n_ch = chains.n_chains(job.learner_uplink_bps, statistics.median(w.bandwidth_bps for w in workers))
+    n_ch = chains.n_chains(job.learner_uplink_bps, statistics.median(w.relay_bandwidth_bps for w in workers))
     relays = [w for w in workers if w.relay_address]
     stats = selectors.chain_stats(relays, now=now)
     plan = chains.assemble_chains(stats, n_ch=n_ch, now=now) if stats else chains.ChainPlan(chains=())
     built = [list(c) for c in plan.chains]
     rollout_only = list(plan.rollout_only)
-    for worker in sorted((w for w in workers if not w.relay_address), key=lambda w: (-w.bandwidth_bps, w.pk)):
+    for worker in sorted((w for w in workers if not w.relay_address), key=lambda w: (-w.relay_bandwidth_bps, w.pk)):
         open_chain = next((c for c in sorted(built, key=len) if not c or c[-1] in {r.pk for r in relays}), None)
         if open_chain is not None:
             open_chain.append(worker.pk)
@@ -522,8 +522,29 @@ def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: fl
         plan = telemetry.load_chain_plan(job_id, version)
         route = _route(plan, worker.pk) if plan else None
         if route is not None and route[0] is not None:
-            Worker.objects.filter(pk=route[0]).update(relay_successes=F("relay_successes") + 1)
+            _relay_succeeded(route[0], total_bytes=int(snap.manifest.get("total_bytes") or 0), seconds=seconds)
     _push_job_update(job_id)  # the page shows who has which version
+
+
+BANDWIDTH_EWMA = 0.3  # weight of the newest transfer in a relay's measured bandwidth
+
+
+def _relay_succeeded(parent_id: int, *, total_bytes: int, seconds: float) -> None:
+    """A child installed a snapshot through ``parent_id``: one more success (the score's Success term), and
+    the rate the child saw, ``bytes / seconds since publication``, folded into the parent's Bw_hat. Pipelining
+    makes that rate a slight under-estimate of the link further down a chain, never an over-estimate."""
+    with transaction.atomic():
+        parent = Worker.objects.select_for_update().filter(pk=parent_id).first()
+        if parent is None:
+            return
+        parent.relay_successes += 1
+        fields = ["relay_successes"]
+        if total_bytes > 0 and seconds > 0:
+            rate = total_bytes / seconds
+            old = parent.measured_bandwidth_bps
+            parent.measured_bandwidth_bps = rate if old is None else (1 - BANDWIDTH_EWMA) * old + BANDWIDTH_EWMA * rate
+            fields.append("measured_bandwidth_bps")
+        parent.save(update_fields=fields)
 
 
 def _learner_may_report(job: Job) -> None:

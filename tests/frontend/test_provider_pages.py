@@ -57,6 +57,11 @@ def test_provider_page_shows_score_uptime_and_online_since(fleet):
     assert "No relay address" in cell(page, "plain-rig", "score")
     assert (cell(page, "plain-rig", "uptime"), cell(page, "plain-rig", "online-since")) == ("0.0 %", "—")
     assert "Score: the rank (0 to 1) the scheduler gives a worker" in page  # what the score means
+    # factories register 12.5 MB/s = 100 Mbit/s; nothing measured until a chain child installs through it
+    assert cell(page, "relay-rig", "link") == "100.0 / —"
+    Worker.objects.filter(pk=relay.pk).update(measured_bandwidth_bps=5e6)
+    page = signed_in(provider).get("/provider/").content.decode()
+    assert cell(page, "relay-rig", "link") == "100.0 / 40.0"
 
 
 def test_marketplace_page_shows_uptime_and_utilization_per_worker(fleet):

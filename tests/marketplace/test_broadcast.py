@@ -105,3 +105,32 @@ def test_install_via_parent_is_counted_and_credits_the_parent(pushes):
     snap = job.snapshots.get(version=1)
     assert (snap.installs, snap.installs_via_parent) == (2, 2)
     assert Worker.objects.get(pk=seed).relay_successes == 1
+
+
+def test_installs_through_a_relay_measure_its_bandwidth_and_the_planner_uses_it(pushes):
+    workers = make_workers(2, bw=1000)
+    job = running_job(workers, b0=1000)  # one chain: seed -> tail
+    manifest = {**MANIFEST, "total_bytes": 4000}
+    services.snapshot_publish(job=job, version=1, url="http://l/v1/", manifest=manifest)
+    seed, tail = telemetry.load_chain_plan(job.pk, 1).chains[0]
+    services.snapshot_installed(worker=Worker.objects.get(pk=tail), job_id=job.pk, version=1, seconds=2.0,
+                                source="parent")
+    assert Worker.objects.get(pk=seed).measured_bandwidth_bps == pytest.approx(2000.0)  # 4000 B in 2 s
+    assert Worker.objects.get(pk=tail).measured_bandwidth_bps is None  # it relayed nothing
+    services.snapshot_publish(job=job, version=2, url="http://l/v2/", manifest={**manifest, "version": 2})
+    assert telemetry.load_chain_plan(job.pk, 2).chains[0] == (seed, tail)
+    services.snapshot_installed(worker=Worker.objects.get(pk=tail), job_id=job.pk, version=2, seconds=1.0,
+                                source="parent")
+    seed_row = Worker.objects.get(pk=seed)
+    assert seed_row.measured_bandwidth_bps == pytest.approx(0.7 * 2000 + 0.3 * 4000)  # moving average
+    assert seed_row.relay_successes == 2 and seed_row.relay_bandwidth_bps == seed_row.measured_bandwidth_bps
+
+    # n_ch = floor(B0 / median Bw): registered 1000 B/s gives 2 chains of 2 at B0 = 2000; measured at
+    # 2000 B/s each, the same four workers need only one.
+    four = make_workers(4, bw=1000)
+    job = running_job([], b0=2000)
+    for w in four:
+        services.worker_activate(worker=w, job=job)
+    assert services.snapshot_publish(job=job, version=1, url="http://l/v1/", manifest=MANIFEST).n_chains == 2
+    Worker.objects.filter(pk__in=[w.pk for w in four]).update(measured_bandwidth_bps=2000.0)
+    assert services.snapshot_publish(job=job, version=2, url="http://l/v2/", manifest=MANIFEST).n_chains == 1
