@@ -58,6 +58,10 @@ class LossConfig(BaseModel):
         "none: records treated as on-policy (ablation).")
     is_cap: float = Field(default=2.0, ge=1.0, le=1000.0, description="C: cap of the TIS weight, "
                           "threshold of the MIS mask.")
+    max_grad_norm: float | None = Field(
+        default=1.0, gt=0.0, le=1e6, description="Rescale an update whose global gradient L2 norm exceeds this "
+        "(the usual 1.0 of TRL and verl; it stops one noisy batch from wrecking a small policy); null: no "
+        "clipping.")
 
 
 class JobSpec(BaseModel):

@@ -72,6 +72,7 @@ class JobLaunchForm(forms.Form):
     loss_norm_length = _loss_field("norm_length", forms.IntegerField, "Length normalizer")
     loss_off_policy = _loss_field("off_policy", forms.ChoiceField, "Off-policy correction")
     loss_is_cap = _loss_field("is_cap", forms.FloatField, "IS cap C")
+    loss_max_grad_norm = _loss_field("max_grad_norm", forms.FloatField, "Max gradient norm")
     t_train_s = forms.FloatField(label="Expected T_train (s)", required=False,
                                  help_text="Seconds per learner step, for the plan only; blank: what an earlier "
                                            "job of this model and task measured, else the calibration phase.")

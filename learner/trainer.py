@@ -85,7 +85,8 @@ def build_policy(spec: JobSpec, *, device: str, ctx: distributed.DistContext | N
         reference = AutoModelForCausalLM.from_pretrained(spec.model_dir).to(device).eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate)
     trainer = PolicyTrainer(model, optimizer, settings, pad_id=tokenizer.pad_token_id, reference=reference,
-                            micro_batch=micro_batch, bf16=bf16, ctx=ctx or distributed.DistContext(device=device))
+                            micro_batch=micro_batch, bf16=bf16, ctx=ctx or distributed.DistContext(device=device),
+                            max_grad_norm=spec.loss.max_grad_norm)
     return trainer, tokenizer
 
 
@@ -172,7 +173,7 @@ def _lead(site: SiteClient, job_id: int, raw: dict, spec: JobSpec, trainer: Poli
         feeder.top_up()
         log.info("job %s: %s on %s, S=%d kappa=%d R=%d n=%d, loss %s, %d rank(s); snapshots at %s; %s", job_id,
                  spec.task["name"], spec.model_dir, spec.staleness, spec.kappa, spec.batch_trajectories,
-                 spec.group_size, _loss_line(trainer.settings), ctx.world,
+                 spec.group_size, _loss_line(trainer.settings) + f" max_grad_norm={trainer.max_grad_norm}", ctx.world,
                  server.url_for(0) + (f" and relay {relay.address}" if relay else ""),
                  f"resumed at v{loop.version}" if ckpt else "fresh start")
         if ckpt is not None and loop.version % spec.kappa == 0 and raw.get("published_version", 0) < loop.version:
@@ -277,8 +278,9 @@ def _report(site: SiteClient, job_id: int, loop: LearnerLoop, outcome: StepOutco
         },
     })
     m = result.metrics()
-    log.info("step %d reward=%.3f loss=%.4f kl=%.4f clip=%.3f max_lag=%d dropped=%d t_train=%.3fs wait=%.3fs%s",
-             version, result.reward_mean, result.loss, m["kl"], m["clip_fraction"], max(outcome.lags),
+    log.info("step %d reward=%.3f loss=%.4f kl=%.4f clip=%.3f |g|=%.3f max_lag=%d dropped=%d t_train=%.3fs "
+             "wait=%.3fs%s", version, result.reward_mean, result.loss, m["kl"], m["clip_fraction"], result.grad_norm,
+             max(outcome.lags),
              loop.consumer.dropped_total, outcome.t_train, outcome.wait_s, " (checkpoint)" if outcome.checkpointed
              else "")
 

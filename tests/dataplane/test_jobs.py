@@ -70,6 +70,7 @@ def test_unknown_keys_are_ignored() -> None:
         ({"clip_eps": 0}, "clip_eps", "greater than 0"),
         ({"top_p": 0}, "top_p", "greater than 0"),
         ({"name": ""}, "name", "at least 1 character"),
+        ({"loss": {"max_grad_norm": 0}}, "loss.max_grad_norm", "greater than 0"),
     ],
 )
 def test_bad_field_is_named(changes: dict[str, Any], field: str, words: str) -> None:
@@ -91,3 +92,9 @@ def test_missing_required_field_is_named() -> None:
 
     assert err.value.field == "model_dir"
     assert err.value.message == "Field required"
+
+
+def test_gradient_clipping_defaults_to_one_and_can_be_turned_off() -> None:
+    assert parse_job_spec(job()).loss.max_grad_norm == 1.0
+    assert parse_job_spec(job(loss={"max_grad_norm": None})).loss.max_grad_norm is None
+    assert parse_job_spec(job(loss={"max_grad_norm": 0.5})).loss.max_grad_norm == 0.5
