@@ -130,18 +130,21 @@ def job_broadcast(job: Job, workers: list[Worker]) -> dict:
             "chains": chains, "http": http}
 
 
-def job_live(job: Job) -> dict:
-    """Everything the job page draws, as pushed over its websocket after each change: the headline
-    summary, the newest learner step (with its staleness histogram), recent snapshots (T_bcast), the
-    active workers with their installed versions, and the forwarding chains."""
+LIVE_METRICS = 1000  # at most this many new steps per live update (a page far behind reloads the rest)
+
+
+def job_live(job: Job, *, since_step: int = 0) -> dict:
+    """Everything the job page draws, as pushed over its websocket: the headline summary, the learner
+    steps after ``since_step`` (each with its staleness histogram), recent snapshots (T_bcast), the active
+    workers with their installed versions, and the forwarding chains."""
     active = list(job.activations.filter(ended_at=None).select_related("worker").order_by("worker_id"))
     workers = [a.worker for a in active]
-    last = JobMetric.objects.filter(job=job).order_by("-step").first()
+    metrics = JobMetric.objects.filter(job=job, step__gt=since_step).order_by("step")[:LIVE_METRICS]
     published = job.published_version
     return {
         "summary": job_summary(job),
-        "metric": metric_point(last) if last else None,
-        "snapshots": [snapshot_point(s) for s in job.snapshots.order_by("-version")[:5]][::-1],
+        "metrics": [metric_point(m) for m in metrics],
+        "snapshots": [snapshot_point(s) for s in job.snapshots.order_by("-version")[:20]][::-1],
         "workers": [{"id": w.pk, "name": w.name, "gpu": w.gpu, "price_per_hour": float(w.price_per_hour),
                      "throughput": w.throughput, "status": w.status, "installed_version": w.installed_version,
                      "behind": published - (w.installed_version or 0) if published else 0} for w in workers],

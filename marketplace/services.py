@@ -58,17 +58,12 @@ def _push_to_worker(worker_id: int, message: m._Msg) -> None:
 
 
 def _push_job_update(job: Job | int) -> None:
-    """Push the job page's live state after the transaction commits (computed then, so it is current)."""
+    """Tell the job's dashboards that it changed (after the transaction commits). The event carries no
+    state: each open job page computes the live view itself, at most twice a second
+    (``frontend.consumers.JobLiveConsumer``), so a burst of installs costs one query round per viewer and
+    a job nobody watches costs nothing."""
     job_id = job if isinstance(job, int) else job.pk
-
-    def live() -> None:
-        fresh = Job.objects.filter(pk=job_id).first()
-        layer = get_channel_layer()
-        if fresh is not None and layer is not None:
-            event = {"type": "job.update", "live": selectors.job_live(fresh)}
-            async_to_sync(layer.group_send)(job_group(job_id), event)
-
-    transaction.on_commit(live)
+    _push(job_group(job_id), {"type": "job.changed", "job_id": job_id})
 
 
 # ---- providers and workers --------------------------------------------------------------------

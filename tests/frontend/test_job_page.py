@@ -44,3 +44,36 @@ def test_controls_follow_the_status_and_a_refused_verb_says_why(settings):
     services.job_finish(job=Job.objects.get(pk=job.pk), status="cancelled")
     assert visible_controls(client.get(f"/jobs/{job.pk}/").content.decode()) == set()
     assert signed_in(factories.user()).post(f"/jobs/{job.pk}/pause/").status_code == 404
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_live_socket_coalesces_bursts_and_sends_every_step_once(settings):
+    from channels.db import database_sync_to_async
+    from channels.testing import WebsocketCommunicator
+
+    from echo2_site.asgi import application
+
+    from .test_pages import session_headers
+
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    owner = await database_sync_to_async(factories.user)()
+    job = await database_sync_to_async(factories.job)(owner)
+    await database_sync_to_async(services.job_start)(job=job)
+    record = database_sync_to_async(lambda step: services.metrics_record(
+        job=Job.objects.get(pk=job.pk), step=step, values={"reward_mean": step / 10}))
+    await record(1)  # before the page connects: it was rendered with step 1
+    live = WebsocketCommunicator(application, f"/ws/jobs/{job.pk}/?since=1",
+                                 headers=await database_sync_to_async(session_headers)(owner))
+    assert (await live.connect())[0]
+
+    await record(2)
+    first = await live.receive_json_from(timeout=5)  # the first change goes out at once
+    assert [m["step"] for m in first["metrics"]] == [2]
+    for step in (3, 4, 5):  # a burst inside the interval: one more update, with all three steps
+        await record(step)
+    updates = [await live.receive_json_from(timeout=5)]
+    while not await live.receive_nothing(timeout=1.2):
+        updates.append(await live.receive_json_from(timeout=1))
+    assert [m["step"] for u in updates for m in u["metrics"]] == [3, 4, 5]  # each step once, in order
+    assert len(updates) < 3 and updates[-1]["summary"]["step"] == 5  # coalesced, ending on the current state
+    await live.disconnect()

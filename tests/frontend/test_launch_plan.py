@@ -97,7 +97,7 @@ def test_the_broadcast_and_loss_settings_reach_the_job():
     assert reply.status_code == 302 and job.broadcast_strategy == "star-limited"
     assert job.loss == {"type": "gspo", "advantage": "mean", "advantage_eps": 1e-6, "clip_eps_low": 0.2,
                         "clip_eps_high": 0.28, "kl_beta": 0.05, "aggregation": "seq-mean-token-sum",
-                        "norm_length": 16, "off_policy": "tis", "is_cap": 3.0}
+                        "norm_length": 16, "off_policy": "tis", "is_cap": 3.0, "max_grad_norm": 1.0}
 
 
 @pytest.mark.parametrize(("change", "field", "message"), [

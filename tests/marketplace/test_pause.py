@@ -114,7 +114,8 @@ def test_live_payload_has_workers_versions_chains_and_the_latest_histogram(eager
 
     live = selectors.job_live(Job.objects.get(pk=job.pk))
     assert live["summary"]["step"] == 1 and live["summary"]["published_version"] == 1
-    assert live["metric"]["staleness_histogram"] == {"0": 3, "2": 1}
+    assert [m["staleness_histogram"] for m in live["metrics"]] == [{"0": 3, "2": 1}]
+    assert selectors.job_live(Job.objects.get(pk=job.pk), since_step=1)["metrics"] == []
     assert live["snapshots"] == [{"version": 1, "t_bcast": None, "installs": 1, "installs_via_parent": 0}]
     versions = {w["id"]: (w["installed_version"], w["behind"]) for w in live["workers"]}
     assert versions == {relays[0].pk: (1, 0), relays[1].pk: (None, 1), relays[2].pk: (None, 1)}

@@ -1,5 +1,6 @@
 // Job page: draws the charts and the forwarding chains from the rendered state, then applies each live
-// update the site pushes over the job's websocket (marketplace.selectors.job_live). No libraries.
+// update the site pushes over the job's websocket (frontend.consumers, marketplace.selectors.job_live).
+// No libraries.
 (function () {
   "use strict";
   const script = document.currentScript;
@@ -138,7 +139,7 @@
   function apply(update) {
     live = update;
     applySummary(update.summary);
-    if (update.metric) metrics.set(update.metric.step, update.metric);
+    for (const m of update.metrics || []) metrics.set(m.step, m);
     for (const s of update.snapshots || []) snapshots.set(s.version, s);
     drawAll();
   }
@@ -147,7 +148,9 @@
 
   function connect(delay) {
     const proto = location.protocol === "https:" ? "wss" : "ws";
-    const ws = new WebSocket(`${proto}://${location.host}/ws/jobs/${jobId}/`);
+    // The site sends the learner steps after the newest one this page has (none twice, none skipped).
+    const since = Math.max(0, ...metrics.keys());
+    const ws = new WebSocket(`${proto}://${location.host}/ws/jobs/${jobId}/?since=${since}`);
     ws.onmessage = (ev) => { const msg = JSON.parse(ev.data); if (msg.type === "update") apply(msg); };
     ws.onopen = () => { delay = 1000; document.body.dataset.live = "connected"; };
     ws.onclose = () => { document.body.dataset.live = "reconnecting"; setTimeout(() => connect(Math.min(delay * 2, 15000)), delay); };
