@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db import transaction
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied, ValidationError
@@ -170,6 +170,19 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         """Headline figures: step, reward, staleness, T_train, T_bcast, active workers, cost so far."""
         job = self.get_object()
         return Response(selectors.job_summary(job) | {"counters": stream.counters(job.pk)})
+
+    @extend_schema(responses=dict, parameters=[OpenApiParameter(
+        "since", int, description="Send the learner steps after this one (default 0: all, up to 1000).")])
+    @action(detail=True, methods=["get"])
+    def live(self, request, pk=None):
+        """What the job page draws: the summary, learner steps after ``since`` (with staleness histograms),
+        recent snapshots (T_bcast), active workers with their installed versions, and the forwarding chains
+        of the newest snapshot (who feeds whom, who is behind)."""
+        job = self.get_object()
+        since = request.query_params.get("since", "0")
+        if not since.isdigit():
+            raise ValidationError({"since": ["must be a non-negative integer"]})
+        return Response(selectors.job_live(job, since_step=int(since)))
 
     @extend_schema(methods=["get"], responses=s.SnapshotSerializer(many=True))
     @extend_schema(methods=["post"], request=s.SnapshotSerializer, responses={201: s.SnapshotSerializer})

@@ -417,7 +417,10 @@ def snapshot_publish(*, job: Job, version: int, url: str, manifest: dict) -> Sna
         raise ServiceError(f"version: {version} is not newer than the published {job.published_version}")
     snap = Snapshot.objects.create(job=job, version=version, url=url, manifest=manifest)
     Job.objects.filter(pk=job.pk).update(published_version=version)
-    active = list(Worker.objects.filter(activations__job=job, activations__ended_at=None).order_by("pk"))
+    # A worker whose socket closed keeps its activation until it times out (it may reconnect), but it cannot
+    # relay meanwhile: it is left out of the plan and gets the newest snapshot when it says hello again.
+    active = list(Worker.objects.filter(activations__job=job, activations__ended_at=None)
+                  .exclude(status=Worker.Status.OFFLINE).order_by("pk"))
     plan = broadcast_plan(job=job, workers=active, now=time.time())
     telemetry.save_chain_plan(job.pk, version, plan)
     snap.n_chains = len(plan.chains)  # the learner sizes its relay's fan-out from this (API reply)

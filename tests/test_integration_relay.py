@@ -63,3 +63,59 @@ def test_snapshots_travel_down_a_relay_chain(stack, tmp_path, tiny_model_dir):
     # per version, middle and tail pull from a worker (the score may reorder the chain between versions)
     assert len(relayed_from_worker) >= 2, logs
     assert any("via parent" in logs[n] for n in relayed_from_worker), logs
+
+
+def test_a_relay_killed_mid_job_drops_out_of_the_chain_and_the_job_completes(stack, tmp_path, tiny_model_dir):
+    steps = 30
+    tokens = create_users(stack, "own", "prov")
+    server = start_site(stack)
+    agents = {}
+    for name in ("a", "b", "c"):
+        cfg = tmp_path / f"agent-{name}.json"
+        relay = f"127.0.0.1:{free_port()}"
+        stack.run(str(BIN / "echo2-agent"), "register", "--server", server, "--token", tokens["prov"], "--name", name,
+                  "--price", "0.3", "--bandwidth-mbps", "100", "--relay-address", relay, "--config", str(cfg))
+        agents[name] = stack.start(f"agent-{name}", str(BIN / "echo2-agent"), "run", "--config", str(cfg),
+                                   "--threads", "1", "--relay-listen", relay)
+    owner, provider = api(server, tokens["own"]), api(server, tokens["prov"])
+    wait_for(lambda: sum(w["status"] == "idle" for w in provider.get("workers/").json()["results"]) == 3,
+             "three idle workers", 60)
+    names = {w["id"]: w["name"] for w in provider.get("workers/").json()["results"]}
+    job = owner.post("jobs/", json={
+        "name": "relay-kill", "model_dir": str(tiny_model_dir), "task": {"name": "arithmetic", "max_operand": 4},
+        "staleness": 2, "batch_trajectories": 8, "group_size": 4, "max_steps": steps, "max_new_tokens": 2,
+        "learner_uplink_bps": 12_500_000,  # = Bw of every agent: one chain of three
+    }).raise_for_status().json()
+    url = f"jobs/{job['id']}/"
+    owner.post(url + "start/").raise_for_status()
+    stack.start("learner", str(BIN / "echo2-learner"), "--server", server, "--job", str(job["id"]), "--token",
+                tokens["own"], "--redis", stack.env["REDIS_URL"], "--snapshot-dir", str(tmp_path / "snapshots"),
+                "--data-timeout", "60")
+
+    # Once snapshots travel down the chain, SIGKILL its middle relay.
+    def chain_of_three() -> list[int] | None:
+        live = owner.get(url + "live/").json()
+        chains = live["broadcast"]["chains"]
+        relayed = sum(s["installs_via_parent"] for s in live["snapshots"])
+        return [n["id"] for n in chains[0]] if len(chains) == 1 and len(chains[0]) == 3 and relayed >= 2 else None
+
+    seen: list[list[int]] = []
+    wait_for(lambda: bool(seen.append(chain_of_three()) or seen[-1]), "a chain of three relaying snapshots", 120)
+    middle = seen[-1][1]
+    agents[names[middle]].kill()
+    killed_at = owner.get(url).json()["published_version"]
+
+    wait_for(lambda: owner.get(url).json()["status"] != "running", "the job to finish", 240)
+    final = owner.get(url).json()
+    assert final["status"] == "completed", final["status_reason"]
+    assert killed_at + 4 <= steps, "the job finished before the kill could matter"
+
+    # Every later version reached both survivors; they kept relaying to each other without the dead one.
+    # (The last two are left out: installs reported after the job completed are not counted.)
+    later = [s for s in owner.get(url + "snapshots/").json() if killed_at + 1 < s["version"] <= steps - 2]
+    assert later and all(s["installs"] >= 2 for s in later), later
+    assert sum(s["installs_via_parent"] for s in later) >= len(later) // 2, later
+    chain = [n["id"] for c in owner.get(url + "live/").json()["broadcast"]["chains"] for n in c]
+    assert middle not in chain and len(chain) == 2
+    dead = next(w for w in provider.get("workers/").json()["results"] if w["id"] == middle)
+    assert dead["status"] == "offline" and (dead["installed_version"] or 0) <= killed_at + 1

@@ -56,6 +56,9 @@ class RelayTimeouts:
     """Bad copies of one chunk from the parent before it comes from the fallback (if any)."""
     give_up: float = 300.0
     """Seconds without progress, no parent and no fallback, before :meth:`SnapshotRelay.receive` raises."""
+    assign_wait: float = 5.0
+    """Seconds a child that is not (yet) assigned to this relay is held before it is refused. The site tells
+    parent and child about a (re)assignment at about the same time, so the child often knocks first."""
 
 
 @dataclass
@@ -96,6 +99,7 @@ class SnapshotRelay:
         self._corrupt = dict(corrupt or {})
         self._chunks: dict[int, bytes] = {}
         self._sessions: dict[int, _Session] = {}
+        self._waiters: set[asyncio.Future] = set()  # children held until their assignment arrives
         self._assigned: set[int] | None = None
         self._parent: tuple[str, int] | None = None
         self._parent_changed = asyncio.Event()
@@ -156,6 +160,7 @@ class SnapshotRelay:
         for worker_id, session in list(self._sessions.items()):
             if self._assigned is not None and worker_id not in self._assigned:
                 session.writer.close()
+        _notify(self._waiters)
 
     # ---- source side ---------------------------------------------------------------------------
 
@@ -163,6 +168,9 @@ class SnapshotRelay:
         """Stream the chunks the child lacks, each as soon as this relay has it. Called by :class:`RelayHub`."""
         peer = transfer.peer_name(writer)
         child = hello.header["worker_id"]
+        # Not assigned (yet): wait a little for the site's word to reach this relay too.
+        await _wait_until(lambda: self._assigned is None or child in self._assigned, self._waiters,
+                          self.timeouts.assign_wait)
         reason = self._admission(child)
         if reason:
             await _refuse(writer, reason, peer=peer, timeout=self.timeouts.connect)
@@ -356,6 +364,31 @@ class SnapshotRelay:
             self._store(index, data, source="fallback")
 
 
+def _notify(waiters: set[asyncio.Future]) -> None:
+    """Wake everyone waiting in :func:`_wait_until` to look again."""
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_result(None)
+
+
+async def _wait_until(ready, waiters: set[asyncio.Future], timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for ``ready()``, re-checked whenever ``_notify(waiters)`` runs."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not ready():
+        left = deadline - loop.time()
+        if left <= 0:
+            return False
+        waiter = loop.create_future()
+        waiters.add(waiter)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiter, left)
+        finally:
+            waiters.discard(waiter)
+    return True
+
+
 async def _refuse(writer: asyncio.StreamWriter, reason: str, *, peer: str, timeout: float) -> None:
     with contextlib.suppress(TransferError):
         await transfer.write_frame(writer, transfer.refuse(reason), peer=peer, timeout=timeout)
@@ -365,13 +398,16 @@ async def _refuse(writer: asyncio.StreamWriter, reason: str, *, peer: str, timeo
 class RelayHub:
     """One listening port serving every registered (job, version) relay of this agent or learner."""
 
-    def __init__(self, *, handshake_timeout: float = 10.0) -> None:
+    def __init__(self, *, handshake_timeout: float = 10.0, assign_wait: float = 5.0) -> None:
         self.relays: dict[tuple[int, int], SnapshotRelay] = {}
         self.handshake_timeout = handshake_timeout
+        self.assign_wait = assign_wait  # a child asking for a version not served yet waits this long for it
         self._server: asyncio.AbstractServer | None = None
+        self._waiters: set[asyncio.Future] = set()
 
     def register(self, relay: SnapshotRelay) -> None:
         self.relays[(relay.job_id, relay.version)] = relay
+        _notify(self._waiters)
 
     def unregister(self, job_id: int, version: int) -> None:
         self.relays.pop((job_id, version), None)
@@ -398,6 +434,8 @@ class RelayHub:
             await _refuse(writer, f"expected hello, got {frame.type}", peer=peer, timeout=self.handshake_timeout)
             return
         key = (frame.header["job_id"], frame.header["version"])
+        # The site tells this agent to serve the version and the child to pull it at about the same time.
+        await _wait_until(lambda: key in self.relays, self._waiters, self.assign_wait)
         relay = self.relays.get(key)
         if relay is None:
             offered = ", ".join(f"job {j} version {v}" for j, v in sorted(self.relays)) or "nothing"
@@ -441,6 +479,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--fallback-url", help="learner HTTP base for missing/bad chunks, e.g. http://h:p/v3/")
     p.add_argument("--stall-timeout", type=float, default=10.0)
     p.add_argument("--give-up", type=float, default=300.0)
+    p.add_argument("--assign-wait", type=float, default=5.0,
+                   help="hold an unassigned child (or one asking for a version not served yet) this long")
     p.add_argument("--out", type=Path, help="write the installed payload here")
     p.add_argument("--progress", action="store_true", help="emit an event per chunk")
     p.add_argument("--corrupt-chunk", type=int, action="append", default=[], help="TEST ONLY: flip a byte")
@@ -457,7 +497,8 @@ async def _main(args: argparse.Namespace) -> int:
     common = dict(worker_id=args.worker_id, max_children=args.max_children,
                   uplink=transfer.bucket(args.uplink_bps), downlink=transfer.bucket(args.downlink_bps),
                   fallback_url=args.fallback_url, on_event=emit,
-                  timeouts=RelayTimeouts(stall=args.stall_timeout, give_up=args.give_up),
+                  timeouts=RelayTimeouts(stall=args.stall_timeout, give_up=args.give_up,
+                                         assign_wait=args.assign_wait),
                   corrupt={i: args.corrupt_times for i in args.corrupt_chunk})
     if args.from_dir:
         relay = SnapshotRelay.from_directory(args.from_dir, **common)
@@ -465,7 +506,7 @@ async def _main(args: argparse.Namespace) -> int:
         relay = SnapshotRelay(parse_manifest(json.loads(args.manifest.read_text())), **common)
     if args.child:
         relay.assign_children(set(args.child))
-    hub = RelayHub()
+    hub = RelayHub(assign_wait=args.assign_wait)
     hub.register(relay)
     port = None if args.listen == "none" else await hub.start(*_split_addr(args.listen))
     emit({"event": "listening", "worker_id": args.worker_id, "port": port})

@@ -134,3 +134,16 @@ def test_installs_through_a_relay_measure_its_bandwidth_and_the_planner_uses_it(
     assert services.snapshot_publish(job=job, version=1, url="http://l/v1/", manifest=MANIFEST).n_chains == 2
     Worker.objects.filter(pk__in=[w.pk for w in four]).update(measured_bandwidth_bps=2000.0)
     assert services.snapshot_publish(job=job, version=2, url="http://l/v2/", manifest=MANIFEST).n_chains == 1
+
+
+def test_a_disconnected_worker_is_left_out_of_the_next_plan(pushes):
+    workers = make_workers(3)
+    job = running_job(workers, b0=1000)  # one chain of three
+    services.snapshot_publish(job=job, version=1, url="http://l/v1/", manifest=MANIFEST)
+    middle = telemetry.load_chain_plan(job.pk, 1).chains[0][1]
+    services.worker_disconnected(worker=Worker.objects.get(pk=middle))  # its activation stays open for a while
+    assert job.activations.filter(worker_id=middle, ended_at=None).exists()
+    services.snapshot_publish(job=job, version=2, url="http://l/v2/", manifest=MANIFEST)
+    plan = telemetry.load_chain_plan(job.pk, 2)
+    assert middle not in {w for chain in plan.chains for w in chain} | set(plan.rollout_only)
+    assert sorted(w for chain in plan.chains for w in chain) == sorted(w.pk for w in workers if w.pk != middle)

@@ -131,3 +131,18 @@ def test_live_payload_has_workers_versions_chains_and_the_latest_histogram(eager
     assert live["workers"] == [] and live["summary"]["status"] == "paused"
     assert {n["active"] for n in live["broadcast"]["chains"][0]} == {False}
     assert Activation.objects.filter(job=job, ended_at=None).count() == 0
+
+
+def test_live_endpoint_serves_the_page_payload_to_the_owner_only(eager):
+    owner = factories.user()
+    job = factories.job(owner)
+    services.job_start(job=job)
+    for step in (1, 2):
+        services.metrics_record(job=Job.objects.get(pk=job.pk), step=step, values={"reward_mean": 0.1 * step})
+    api = client_for(owner)
+    body = api.get(f"/api/jobs/{job.pk}/live/?since=1").json()
+    assert [m["step"] for m in body["metrics"]] == [2] and body["summary"]["step"] == 2
+    assert set(body) == {"summary", "metrics", "snapshots", "workers", "broadcast"}
+    assert api.get(f"/api/jobs/{job.pk}/live/?since=-1").json()["errors"] == {
+        "since": ["must be a non-negative integer"]}
+    assert client_for(factories.user()).get(f"/api/jobs/{job.pk}/live/").status_code == 404

@@ -168,8 +168,50 @@ def test_relay_that_keeps_corrupting_is_bypassed_through_the_learner_fallback(sn
         server.server_close()
 
 
+def ask_relay(port: int, version: int, worker_id: int) -> transfer.Frame:
+    """Say hello to the relay on ``port`` as ``worker_id`` asking for ``version``; its first reply."""
+    async def hello() -> transfer.Frame:
+        reader, writer = await transfer.open_peer("127.0.0.1", port, timeout=5)
+        await transfer.write_frame(writer, transfer.hello(job_id=JOB, version=version, worker_id=worker_id, have=[]),
+                                   peer="relay", timeout=5)
+        frame = await transfer.read_frame(reader, peer="relay", timeout=10)
+        writer.close()
+        return frame
+
+    return asyncio.run(hello())
+
+
+def test_a_child_that_knocks_before_its_parent_is_told_is_served_once_it_is(snapshot, procs):
+    # The site pushes "serve child 2" to the parent and "pull from worker 1" to the child at the same
+    # time; the child may arrive first. The parent holds it until the assignment lands.
+    w1 = procs("--from-dir", str(snapshot["dir"]), "--worker-id", "1", "--child", "3")
+    threading.Timer(0.5, lambda: w1.send(cmd="children", worker_ids=[2])).start()
+    started = time.monotonic()
+    assert ask_relay(w1.port, VERSION, 2).type == "accept"
+    assert 0.4 < time.monotonic() - started < 5
+
+
+def test_hub_holds_a_child_asking_for_a_version_until_it_is_registered(snapshot):
+    from worker_agent.relay import RelayHub, SnapshotRelay
+
+    async def main() -> transfer.Frame:
+        hub = RelayHub(assign_wait=5.0)
+        port = await hub.start()
+        relay = SnapshotRelay.from_directory(snapshot["dir"], worker_id=1)
+        asyncio.get_running_loop().call_later(0.3, hub.register, relay)  # the site's message lands later
+        reader, writer = await transfer.open_peer("127.0.0.1", port, timeout=5)
+        await transfer.write_frame(writer, transfer.hello(job_id=JOB, version=VERSION, worker_id=2, have=[]),
+                                   peer="hub", timeout=5)
+        frame = await transfer.read_frame(reader, peer="hub", timeout=10)
+        writer.close()
+        await hub.close()
+        return frame
+
+    assert asyncio.run(main()).type == "accept"
+
+
 def test_peer_asking_for_an_unassigned_version_or_not_its_child_is_refused(snapshot, procs):
-    w1 = procs("--from-dir", str(snapshot["dir"]), "--worker-id", "1", "--child", "2")
+    w1 = procs("--from-dir", str(snapshot["dir"]), "--worker-id", "1", "--child", "2", "--assign-wait", "0.2")
 
     async def ask(version: int, worker_id: int) -> str:
         reader, writer = await transfer.open_peer("127.0.0.1", w1.port, timeout=5)
