@@ -29,10 +29,10 @@ JOB, VERSION = 1, 3
 
 
 class RelayProc:
-    """``python -m worker_agent.relay`` with its stdout events in a queue and commands on stdin."""
+    """``python -m worker_agent.relay_process`` with its stdout events in a queue and commands on stdin."""
 
     def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "worker_agent.relay", *args], cwd=ROOT, text=True,
+        self.proc = subprocess.Popen([sys.executable, "-m", "worker_agent.relay_process", *args], cwd=ROOT, text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.events: queue.Queue[dict] = queue.Queue()
         self.seen: list[dict] = []

@@ -1,0 +1,126 @@
+"""One snapshot relay as a process, for the relay tests and ``bench/broadcast.py``.
+
+``python -m worker_agent.relay_process --help``: events go to stdout as JSON lines, commands
+(``parent``, ``children``, ``exit``) come on stdin. The agent itself runs relays in its own event loop
+(``worker_agent.session``); this wrapper only exposes one to a test harness.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from dataplane import transfer
+from dataplane.snapshot import SnapshotError, parse_manifest
+from dataplane.transfer import TransferError
+
+from .relay import Event, RelayHub, RelayTimeouts, SnapshotRelay
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m worker_agent.relay_process",
+        description="Run one snapshot relay. Events: JSON lines on stdout. Commands: JSON lines on stdin, "
+                    '{"cmd": "parent", "host": H, "port": P} | {"cmd": "children", "worker_ids": [..]} | '
+                    '{"cmd": "exit"}; stdin EOF also exits.',
+        epilog="example: python -m worker_agent.relay --from-dir /snap/v3 --max-children 4 --uplink-bps 8e6")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--from-dir", type=Path, help="origin: serve a published version directory")
+    src.add_argument("--manifest", type=Path, help="relay/tail: the manifest JSON of the version to receive")
+    p.add_argument("--worker-id", type=int, default=0)
+    p.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT to serve children on ('none': tail only)")
+    p.add_argument("--parent", help="HOST:PORT to pull from")
+    p.add_argument("--max-children", type=int, default=1)
+    p.add_argument("--child", type=int, action="append", help="assigned child worker id (repeatable)")
+    p.add_argument("--uplink-bps", type=float, help="cap on bytes/s sent to children")
+    p.add_argument("--downlink-bps", type=float, help="cap on bytes/s received")
+    p.add_argument("--fallback-url", help="learner HTTP base for missing/bad chunks, e.g. http://h:p/v3/")
+    p.add_argument("--stall-timeout", type=float, default=10.0)
+    p.add_argument("--give-up", type=float, default=300.0)
+    p.add_argument("--assign-wait", type=float, default=5.0,
+                   help="hold an unassigned child (or one asking for a version not served yet) this long")
+    p.add_argument("--out", type=Path, help="write the installed payload here")
+    p.add_argument("--progress", action="store_true", help="emit an event per chunk")
+    p.add_argument("--corrupt-chunk", type=int, action="append", default=[], help="TEST ONLY: flip a byte")
+    p.add_argument("--corrupt-times", type=int, default=1, help="TEST ONLY: how many sends to corrupt")
+    return p.parse_args(argv)
+
+
+async def _main(args: argparse.Namespace) -> int:
+    def emit(event: Event) -> None:
+        if event["event"] != "chunk" or args.progress:
+            sys.stdout.write(json.dumps(event) + "\n")
+            sys.stdout.flush()
+
+    common = dict(worker_id=args.worker_id, max_children=args.max_children,
+                  uplink=transfer.bucket(args.uplink_bps), downlink=transfer.bucket(args.downlink_bps),
+                  fallback_url=args.fallback_url, on_event=emit,
+                  timeouts=RelayTimeouts(stall=args.stall_timeout, give_up=args.give_up,
+                                         assign_wait=args.assign_wait),
+                  corrupt={i: args.corrupt_times for i in args.corrupt_chunk})
+    if args.from_dir:
+        relay = SnapshotRelay.from_directory(args.from_dir, **common)
+    else:
+        relay = SnapshotRelay(parse_manifest(json.loads(args.manifest.read_text())), **common)
+    if args.child:
+        relay.assign_children(set(args.child))
+    hub = RelayHub(assign_wait=args.assign_wait)
+    hub.register(relay)
+    port = None if args.listen == "none" else await hub.start(*_split_addr(args.listen))
+    emit({"event": "listening", "worker_id": args.worker_id, "port": port})
+    if args.parent:
+        relay.set_parent(*_split_addr(args.parent))
+    started = time.monotonic()
+
+    async def install() -> None:
+        try:
+            payload = await relay.receive()
+        except (TransferError, SnapshotError) as err:
+            emit({"event": "error", "worker_id": args.worker_id, "reason": str(err)})
+            return
+        if args.out:
+            args.out.write_bytes(payload)
+        emit({"event": "installed", "worker_id": args.worker_id, "t": time.time(),
+              "seconds": time.monotonic() - started, "sha256": hashlib.sha256(payload).hexdigest(),
+              "stats": asdict(relay.stats)})
+
+    receiving = asyncio.create_task(install()) if not relay.complete else None
+    loop = asyncio.get_running_loop()
+    stdin = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
+    while line := await stdin.readline():
+        try:
+            cmd = json.loads(line)
+        except json.JSONDecodeError:
+            emit({"event": "error", "worker_id": args.worker_id, "reason": f"bad command {line!r}"})
+            continue
+        if cmd.get("cmd") == "parent":
+            relay.set_parent(cmd.get("host"), cmd.get("port"))
+        elif cmd.get("cmd") == "children":
+            ids = cmd.get("worker_ids")
+            relay.assign_children(None if ids is None else set(ids))
+        elif cmd.get("cmd") == "exit":
+            break
+    if receiving is not None:
+        receiving.cancel()
+    await hub.close()
+    return 0
+
+
+def _split_addr(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    return host, int(port)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return asyncio.run(_main(_parse_args(argv)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
