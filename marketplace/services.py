@@ -199,6 +199,7 @@ def worker_disconnected(*, worker: Worker) -> None:
     with transaction.atomic():
         Worker.objects.filter(pk=worker.pk).update(status=Worker.Status.OFFLINE)
         _session_close(worker.pk, at=timezone.now())
+        _repair_without(worker.pk)
 
 
 def worker_activate(*, worker: Worker, job: Job, push_job: bool = True) -> Activation:
@@ -233,6 +234,7 @@ def expire_silent_workers() -> int:
             worker.status = Worker.Status.OFFLINE
             worker.save(update_fields=["status"])
             _session_close(worker.pk, at=worker.last_heartbeat)  # it went silent then, not now
+            _repair_without(worker.pk)  # before the release ends the activation that names its job
             for activation in Activation.objects.filter(worker=worker, ended_at=None):
                 worker_release(activation=activation, reason="worker stopped sending heartbeats")
         count += 1
@@ -480,21 +482,41 @@ def relay_failed(*, worker: Worker, job_id: int, version: int, culprit_worker_id
         raise ServiceError(f"culprit_worker_id: worker {culprit_worker_id} is not your parent for version {version}")
     Worker.objects.filter(pk=culprit_worker_id).update(relay_failures=F("relay_failures") + 1,
                                                        relay_last_failure_at=timezone.now())
-    new_plan, moves = chains.repair(plan, culprit_worker_id)
-    telemetry.save_chain_plan(job_id, version, new_plan)
-    _push_job_update(job_id)
-    snap = Snapshot.objects.filter(job_id=job_id, version=version).first()
+    _excise(job, version, plan, culprit_worker_id)
+
+
+def _excise(job: Job, version: int, plan: chains.ChainPlan, gone: int) -> None:
+    """Take worker ``gone`` out of the chain plan of ``version`` (``chains.repair``) and re-point whoever
+    pulled from it (telling each new parent which child to serve)."""
+    new_plan, moves = chains.repair(plan, gone)
+    telemetry.save_chain_plan(job.pk, version, new_plan)
+    _push_job_update(job.pk)
+    snap = Snapshot.objects.filter(job_id=job.pk, version=version).first()
     if snap is None:
         return
     ids = {c for c, _ in moves} | {p for _, p in moves if p is not None}
     addresses = dict(Worker.objects.filter(pk__in=ids).values_list("pk", "relay_address"))
     for child, new_parent in moves:
-        log.info("job %s v%s: repair: worker %s now pulls from %s", job_id, version, child,
+        log.info("job %s v%s: repair: worker %s now pulls from %s", job.pk, version, child,
                  new_parent if new_parent is not None else "the learner")
         for target in (child, new_parent):
             if target is not None:
                 _push_to_worker(target, _snapshot_message(snap, job=job, route=_route(new_plan, target),
                                                           addresses=addresses))
+
+
+def _repair_without(worker_id: int) -> None:
+    """A worker went away (socket closed, or silent past the timeout): take it out of the newest chain plan
+    of its running job at once, rather than when its orphaned child's transfer stalls (paper appendix D).
+    Not counted as a relay failure: it may just be restarting."""
+    activation = Activation.objects.select_related("job").filter(worker_id=worker_id, ended_at=None).first()
+    job = activation.job if activation else None
+    if job is None or job.status != Job.Status.RUNNING or not job.published_version:
+        return
+    plan = telemetry.load_chain_plan(job.pk, job.published_version)
+    if plan is not None and any(worker_id in chain for chain in plan.chains):
+        log.info("job %s v%s: worker %s went away; repairing its chain", job.pk, job.published_version, worker_id)
+        _excise(job, job.published_version, plan, worker_id)
 
 
 def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: float, source: str = "http") -> None:

@@ -147,3 +147,26 @@ def test_a_disconnected_worker_is_left_out_of_the_next_plan(pushes):
     plan = telemetry.load_chain_plan(job.pk, 2)
     assert middle not in {w for chain in plan.chains for w in chain} | set(plan.rollout_only)
     assert sorted(w for chain in plan.chains for w in chain) == sorted(w.pk for w in workers if w.pk != middle)
+
+
+@pytest.mark.parametrize("how", ["socket closed", "silent past the timeout"])
+def test_a_worker_that_goes_away_is_cut_out_of_the_current_chain_at_once(pushes, settings, how):
+    from django.utils import timezone
+
+    workers = make_workers(3)
+    job = running_job(workers, b0=1000)  # one chain of three
+    services.snapshot_publish(job=job, version=1, url="http://l/v1/", manifest=MANIFEST)
+    seed, middle, tail = telemetry.load_chain_plan(job.pk, 1).chains[0]
+    gone = Worker.objects.get(pk=middle)
+    if how == "socket closed":
+        services.worker_disconnected(worker=gone)
+    else:
+        Worker.objects.filter(pk=middle).update(
+            status=Worker.Status.ACTIVE,
+            last_heartbeat=timezone.now() - timezone.timedelta(seconds=settings.ECHO2["WORKER_TIMEOUT_S"] + 5))
+        assert services.expire_silent_workers() == 1
+
+    assert telemetry.load_chain_plan(job.pk, 1).chains == ((seed, tail),)
+    assert pushes[tail][-1].parent == Worker.objects.get(pk=seed).relay_address  # re-pointed to the seed
+    assert pushes[tail][-1].parent_worker_id == seed and pushes[seed][-1].children == [tail]
+    assert Worker.objects.get(pk=middle).relay_failures == 0  # going away is not a relay failure
