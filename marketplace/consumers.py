@@ -12,6 +12,7 @@ from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.utils import timezone
 
 from dataplane import messages as m
 
@@ -34,6 +35,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
     worker = None
 
     async def connect(self) -> None:
+        self.hello_at = None  # when this socket's session began: its close must not end a newer socket's
         await self.accept()
         self.worker = await database_sync_to_async(selectors.worker_by_key)(_agent_key(self.scope))
         if self.worker is None:
@@ -45,7 +47,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
     async def disconnect(self, code) -> None:
         if self.worker is not None:
             await self.channel_layer.group_discard(services.worker_group(self.worker.pk), self.channel_name)
-            await database_sync_to_async(services.worker_disconnected)(worker=self.worker)
+            await database_sync_to_async(services.worker_disconnected)(worker=self.worker, since=self.hello_at)
 
     async def receive_json(self, content, **kwargs) -> None:
         if self.worker is None:
@@ -81,7 +83,9 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         worker = self.worker
         match message:
             case m.Hello():
-                return services.worker_connected(worker=worker, installed_version=message.installed_version)
+                self.hello_at = timezone.now()
+                return services.worker_connected(worker=worker, installed_version=message.installed_version,
+                                                 at=self.hello_at)
             case m.Heartbeat():
                 services.worker_heartbeat(worker=worker, throughput=message.throughput,
                                           installed_version=message.installed_version)

@@ -154,10 +154,11 @@ def _session_close(worker_id: int, *, at: datetime) -> None:
         session.save(update_fields=["ended_at"])
 
 
-def worker_connected(*, worker: Worker, installed_version: int | None) -> list[m._Msg]:
-    """An agent said hello: mark it live and open its session; re-send its assignment if it is active in a job."""
+def worker_connected(*, worker: Worker, installed_version: int | None, at: datetime | None = None) -> list[m._Msg]:
+    """An agent said hello (at ``at``, default now): mark it live and open its session; re-send its assignment
+    if it is active in a job."""
     activation = selectors.active_activation(worker=worker)
-    now = timezone.now()
+    now = at or timezone.now()
     _session_open(worker.pk, at=now)
     worker.status = Worker.Status.ACTIVE if activation else Worker.Status.IDLE
     worker.last_heartbeat = now
@@ -192,11 +193,15 @@ def worker_heartbeat(*, worker: Worker, throughput: float | None, installed_vers
         Worker.objects.filter(pk=worker.pk).update(**fields)
 
 
-def worker_disconnected(*, worker: Worker) -> None:
-    """The socket closed: the session ends now. The activation stays open for a reconnect until the worker
-    times out. (When the agent already said hello on a new socket, this ends that session too and marks the
-    worker offline; its next heartbeat brings both back.)"""
+def worker_disconnected(*, worker: Worker, since: datetime | None = None) -> None:
+    """The socket whose session began at ``since`` (its hello) closed: the session ends now and the worker
+    leaves the chains. The activation stays open for a reconnect until the worker times out. When the agent
+    has already said hello on a newer socket (an open session began after ``since``), this close is old
+    news and changes nothing."""
     with transaction.atomic():
+        if since is not None and WorkerSession.objects.filter(
+                worker_id=worker.pk, ended_at=None, started_at__gt=since).exists():
+            return
         Worker.objects.filter(pk=worker.pk).update(status=Worker.Status.OFFLINE)
         _session_close(worker.pk, at=timezone.now())
         _repair_without(worker.pk)

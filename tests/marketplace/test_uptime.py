@@ -177,3 +177,25 @@ def test_worker_api_shows_score_and_uptime_without_a_query_per_worker():
     with CaptureQueriesContext(connection) as five:
         assert len(api.get("/api/workers/").json()["results"]) == 5
     assert len(five) == len(one)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("redis_url")
+async def test_the_close_of_an_old_socket_does_not_end_the_newer_one(settings):
+    # The agent reconnected (new socket, hello) before the site saw its old socket close.
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    worker, key = await database_sync_to_async(factories.worker)(await database_sync_to_async(factories.user)())
+    headers = [(b"authorization", f"Bearer {key}".encode())]
+    old, new = (WebsocketCommunicator(application, "/ws/agent/", headers=headers) for _ in range(2))
+    for comm in (old, new):
+        assert (await comm.connect())[0]
+        await comm.send_json_to({"type": "hello", "agent_version": "test"})
+        assert (await comm.receive_json_from())["type"] == "welcome"
+
+    await old.disconnect()
+    fresh = await database_sync_to_async(Worker.objects.get)(pk=worker.pk)
+    open_sessions = await database_sync_to_async(lambda: WorkerSession.objects.filter(worker=worker,
+                                                                                      ended_at=None).count())()
+    assert fresh.status == Worker.Status.IDLE and open_sessions == 1
+    await new.disconnect()
+    assert (await database_sync_to_async(Worker.objects.get)(pk=worker.pk)).status == Worker.Status.OFFLINE
