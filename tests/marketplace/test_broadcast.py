@@ -123,7 +123,12 @@ def test_installs_through_a_relay_measure_its_bandwidth_and_the_planner_uses_it(
                                 source="parent")
     seed_row = Worker.objects.get(pk=seed)
     assert seed_row.measured_bandwidth_bps == pytest.approx(0.7 * 2000 + 0.3 * 4000)  # moving average
-    assert seed_row.relay_successes == 2 and seed_row.relay_bandwidth_bps == seed_row.measured_bandwidth_bps
+    services.snapshot_publish(job=job, version=3, url="http://l/v3/", manifest={**manifest, "version": 3})
+    services.snapshot_installed(worker=Worker.objects.get(pk=tail), job_id=job.pk, version=3, seconds=0.05,
+                                source="parent")
+    seed_row = Worker.objects.get(pk=seed)  # 50 ms measures latency, not bandwidth: counted, not averaged in
+    assert seed_row.measured_bandwidth_bps == pytest.approx(0.7 * 2000 + 0.3 * 4000)
+    assert seed_row.relay_successes == 3 and seed_row.relay_bandwidth_bps == seed_row.measured_bandwidth_bps
 
     # n_ch = floor(B0 / median Bw): registered 1000 B/s gives 2 chains of 2 at B0 = 2000; measured at
     # 2000 B/s each, the same four workers need only one.
