@@ -143,8 +143,11 @@ def spec_plan(spec: JobSpec, *, user, t_train: float | None = None, t_bcast: flo
     if t_train is not None:
         train = Estimate(t_train, "given", "given by you")
     elif earlier is not None:
-        train = Estimate(earlier.learner_t_train, "earlier job", f"measured by job #{earlier.pk} "
-                         f"\"{earlier.name}\" (same model and task, R = {earlier.batch_trajectories})", earlier)
+        # An update's cost grows about linearly with the trajectories it trains on.
+        scale = spec.batch_trajectories / earlier.batch_trajectories
+        scaled = f", scaled to R = {spec.batch_trajectories}" if scale != 1 else ""
+        train = Estimate(earlier.learner_t_train * scale, "earlier job", f"measured by job #{earlier.pk} "
+                         f"\"{earlier.name}\" (same model and task, R = {earlier.batch_trajectories}{scaled})", earlier)
     else:
         train = Estimate(None, "none", "no T_train entered, and no earlier job with this model and task measured one")
     if t_bcast is not None:

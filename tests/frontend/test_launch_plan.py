@@ -68,7 +68,7 @@ def test_preview_without_t_train_is_the_calibration_phase_then_uses_an_earlier_j
     assert "Calibration phase" in text_of(html, "plan-calibration")
     assert text_of(html, "plan-workers") == "3" and text_of(html, "plan-price") == "10.20 USD/h"
 
-    earlier = factories.job(owner, staleness=3, name="last week")
+    earlier = factories.job(owner, staleness=3, name="last week", batch_trajectories=64)
     Job.objects.filter(pk=earlier.pk).update(learner_t_train=10.0)
     html = signed_in(owner).post("/jobs/new/", body).content.decode()
     assert f'job #{earlier.pk} "last week"' in text_of(html, "plan-t-train").replace("&quot;", '"')

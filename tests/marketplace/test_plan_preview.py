@@ -84,9 +84,9 @@ def test_a_worker_without_calibration_is_planned_with_its_last_measured_throughp
 
 def test_estimates_come_from_the_newest_earlier_job_of_the_same_model_and_task(fleet):
     owner, stranger = factories.user(), factories.user()
-    older = factories.job(owner, staleness=3)
+    older = factories.job(owner, staleness=3, batch_trajectories=64)
     Job.objects.filter(pk=older.pk).update(learner_t_train=5.0)
-    earlier = factories.job(owner, staleness=3, name="yesterday")
+    earlier = factories.job(owner, staleness=3, name="yesterday", batch_trajectories=64)
     Job.objects.filter(pk=earlier.pk).update(learner_t_train=10.0)
     earlier.snapshots.create(version=1, url="http://x/v1/", manifest={}, t_bcast=1.0)
     earlier.snapshots.create(version=2, url="http://x/v2/", manifest={}, t_bcast=4.0)
@@ -103,6 +103,10 @@ def test_estimates_come_from_the_newest_earlier_job_of_the_same_model_and_task(f
     assert (bcast["value"], bcast["source"], bcast["job"]["id"]) == (4.0, "earlier job", earlier.pk)
     assert "snapshot v2" in bcast["note"]
     assert plan["report"]["target"] == pytest.approx(8.8) and plan["plan"]["price_per_hour"] == pytest.approx(5.0)
+
+    # Twice the trajectories per update: the earlier job's T_train, scaled to the new R.
+    bigger = scheduling.spec_plan(spec(batch_trajectories=128), user=owner)["measurements"]["sources"]["t_train"]
+    assert bigger["value"] == pytest.approx(20.0) and "scaled to R = 128" in bigger["note"]
 
     given = scheduling.spec_plan(spec(), user=owner, t_train=20.0)  # a given T_train wins; T_bcast still measured
     assert given["measurements"]["t_train"] == 20.0 and given["measurements"]["sources"]["t_bcast"]["value"] == 4.0
