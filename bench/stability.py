@@ -28,6 +28,8 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# bench/staleness.py; appended, so that bench/learner.py does not shadow the learner package
+sys.path.append(str(Path(__file__).resolve().parent))
 
 TASK = {"name": "arithmetic", "max_operand": 4}
 GROUPS, N, LR, MAX_NEW, LAGS, TARGET = 16, 8, 1e-3, 2, 3, 0.8
@@ -37,16 +39,15 @@ def run(model_dir: str, seed: int, clip: float | None, max_steps: int) -> tuple[
     """Train until the 10-step mean reward reaches TARGET; returns (steps or None, final 10-step mean,
     max grad norm, median grad norm)."""
     import torch
+    from staleness import snapshot, stale_batch  # the same simulated pool as bench/staleness.py
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from dataplane.records import validate_record
     from dataplane.tasks import build_task
     from learner.grpo import LossSettings
     from learner.step import PolicyTrainer
     from worker_agent.engines.base import SamplingParams
     from worker_agent.engines.hf import HFEngine
-    from worker_agent.rollout import GroupLease, rollout_groups
 
     hf_logging.disable_progress_bar()
     torch.set_num_threads(1)
@@ -57,28 +58,16 @@ def run(model_dir: str, seed: int, clip: float | None, max_steps: int) -> tuple[
     trainer = PolicyTrainer(model, torch.optim.AdamW(model.parameters(), lr=LR), LossSettings(),
                             pad_id=engine.tokenizer.pad_token_id, max_grad_norm=clip)
 
-    def snapshot() -> dict:
-        return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
-    history = collections.deque([snapshot()], maxlen=LAGS)  # history[-1 - lag]: the policy lag updates ago
+    history = collections.deque([snapshot(model)], maxlen=LAGS)  # history[-1 - lag]: the policy lag updates ago
     rng = random.Random(seed)
     params = SamplingParams(max_new_tokens=MAX_NEW)
     rewards: collections.deque[float] = collections.deque(maxlen=10)
     norms = []
     for t in range(1, max_steps + 1):
-        by_lag: dict[int, list[str]] = collections.defaultdict(list)
-        for prompt in task.sample_prompts(rng, GROUPS):
-            by_lag[rng.randint(0, len(history) - 1)].append(prompt.text)
-        records = []
-        for lag, prompts in sorted(by_lag.items()):
-            engine.load_weights(history[-1 - lag])
-            leases = [GroupLease(f"{t}-{lag}-{i}", f"{t}-{lag}-{i}", p) for i, p in enumerate(prompts)]
-            for group in rollout_groups(engine, task, leases, job_id=1, n=N, params=params, version=t - lag):
-                records.extend(validate_record(r) for r in group)
-        result = trainer.step(records)
+        result = trainer.step(stale_batch(engine, task, history, rng, t=t, groups=GROUPS, n=N, params=params))
         rewards.append(result.reward_mean)
         norms.append(result.grad_norm)
-        history.append(snapshot())
+        history.append(snapshot(model))
         if len(rewards) == 10 and statistics.fmean(rewards) >= TARGET:
             return t, statistics.fmean(rewards), max(norms), statistics.median(norms)
     return None, statistics.fmean(rewards), max(norms), statistics.median(norms)

@@ -54,26 +54,34 @@ def run(model_dir: Path, *, staleness: int, correction: str, steps: int, seed: i
     settings = LossSettings(off_policy=correction, is_cap=2.0)
     trainer = PolicyTrainer(model, torch.optim.AdamW(model.parameters(), lr=LR), settings,
                             pad_id=engine.tokenizer.pad_token_id)
-    history = collections.deque([_snapshot(model)], maxlen=staleness + 1)  # history[-1 - lag]: v_t - lag
+    history = collections.deque([snapshot(model)], maxlen=staleness + 1)  # history[-1 - lag]: v_t - lag
     rng = random.Random(seed)
     params = SamplingParams(max_new_tokens=MAX_NEW)
     rewards = []
     for t in range(steps):
-        by_lag: dict[int, list[str]] = collections.defaultdict(list)
-        for prompt in task.sample_prompts(rng, GROUPS):
-            by_lag[rng.randint(0, len(history) - 1)].append(prompt.text)
-        records = []
-        for lag, prompts in sorted(by_lag.items()):
-            engine.load_weights(history[-1 - lag])
-            leases = [GroupLease(f"{t}-{lag}-{i}", f"{t}-{lag}-{i}", p) for i, p in enumerate(prompts)]
-            for group in rollout_groups(engine, task, leases, job_id=1, n=N, params=params, version=t - lag):
-                records.extend(validate_record(r) for r in group)
+        records = stale_batch(engine, task, history, rng, t=t, groups=GROUPS, n=N, params=params)
         rewards.append(trainer.step(records).reward_mean)
-        history.append(_snapshot(model))
+        history.append(snapshot(model))
     return rewards, _evaluate(engine, task, history[-1], params)
 
 
-def _snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def stale_batch(engine: HFEngine, task, history, rng: random.Random, *, t: int, groups: int, n: int,
+                params: SamplingParams) -> list:
+    """One update's records from a simulated pool: ``groups`` prompt groups of ``n``, each sampled under a
+    policy ``lag`` updates old (``history[-1 - lag]``, lag uniform over what ``history`` holds)."""
+    by_lag: dict[int, list[str]] = collections.defaultdict(list)
+    for prompt in task.sample_prompts(rng, groups):
+        by_lag[rng.randint(0, len(history) - 1)].append(prompt.text)
+    records = []
+    for lag, prompts in sorted(by_lag.items()):
+        engine.load_weights(history[-1 - lag])
+        leases = [GroupLease(f"{t}-{lag}-{i}", f"{t}-{lag}-{i}", p) for i, p in enumerate(prompts)]
+        for group in rollout_groups(engine, task, leases, job_id=1, n=n, params=params, version=t - lag):
+            records.extend(validate_record(r) for r in group)
+    return records
+
+
+def snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
