@@ -65,11 +65,21 @@ def throughput_target(job: Job, t_bcast: float) -> float | None:
         return None
 
 
-def job_summary(job: Job) -> dict:
-    """The figures the dashboard and the demo show for a job."""
+def _open_activations(job: Job) -> list[Activation]:
+    return list(job.activations.filter(ended_at=None).select_related("worker").order_by("worker_id"))
+
+
+def _behind(published: int, installed: int | None) -> int:
+    """Versions a worker lags the newest published snapshot (base weights count as version 0)."""
+    return published - (installed or 0) if published else 0
+
+
+def job_summary(job: Job, *, active: list[Activation] | None = None) -> dict:
+    """The figures the dashboard and the demo show for a job (``active``: its open activations, if the
+    caller has them already)."""
     last = JobMetric.objects.filter(job=job).order_by("-step").first()
     snap = job.snapshots.exclude(t_bcast=None).order_by("-version").first()
-    active = list(job.activations.filter(ended_at=None).select_related("worker"))
+    active = _open_activations(job) if active is None else active
     cost = job_cost_usd(job)
     return {
         "id": job.pk,
@@ -121,7 +131,7 @@ def job_broadcast(job: Job, workers: list[Worker]) -> dict:
         installed = worker.installed_version if worker is not None else None
         return {"id": worker_id, "name": worker.name if worker is not None else f"worker {worker_id}",
                 "installed_version": installed, "active": worker_id in active,
-                "behind": version - (installed or 0) if version else 0}
+                "behind": _behind(version, installed)}
 
     chains = [[node(w) for w in chain] for chain in plan.chains] if plan else []
     placed = {n["id"] for chain in chains for n in chain}
@@ -137,17 +147,16 @@ def job_live(job: Job, *, since_step: int = 0) -> dict:
     """Everything the job page draws, as pushed over its websocket: the headline summary, the learner
     steps after ``since_step`` (each with its staleness histogram), recent snapshots (T_bcast), the active
     workers with their installed versions, and the forwarding chains."""
-    active = list(job.activations.filter(ended_at=None).select_related("worker").order_by("worker_id"))
+    active = _open_activations(job)
     workers = [a.worker for a in active]
     metrics = JobMetric.objects.filter(job=job, step__gt=since_step).order_by("step")[:LIVE_METRICS]
-    published = job.published_version
     return {
-        "summary": job_summary(job),
+        "summary": job_summary(job, active=active),
         "metrics": [metric_point(m) for m in metrics],
         "snapshots": [snapshot_point(s) for s in job.snapshots.order_by("-version")[:20]][::-1],
         "workers": [{"id": w.pk, "name": w.name, "gpu": w.gpu, "price_per_hour": float(w.price_per_hour),
                      "throughput": w.throughput, "status": w.status, "installed_version": w.installed_version,
-                     "behind": published - (w.installed_version or 0) if published else 0} for w in workers],
+                     "behind": _behind(job.published_version, w.installed_version)} for w in workers],
         "broadcast": job_broadcast(job, workers),
     }
 

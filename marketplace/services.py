@@ -204,29 +204,26 @@ def worker_disconnected(*, worker: Worker, since: datetime | None = None) -> Non
             return
         Worker.objects.filter(pk=worker.pk).update(status=Worker.Status.OFFLINE)
         _session_close(worker.pk, at=timezone.now())
-        _repair_without(worker.pk)
+        _repair_without(worker)
 
 
-def worker_activate(*, worker: Worker, job: Job, push_job: bool = True) -> Activation:
-    """Start billing ``worker`` for ``job`` and send it the assignment (``push_job``: refresh the job page;
-    a caller that changes many workers at once pushes once itself)."""
+def worker_activate(*, worker: Worker, job: Job) -> Activation:
+    """Start billing ``worker`` for ``job`` and send it the assignment."""
     activation = Activation.objects.create(job=job, worker=worker, price_per_hour=worker.price_per_hour)
     Worker.objects.filter(pk=worker.pk).update(status=Worker.Status.ACTIVE)
     _push_to_worker(worker.pk, _assign_message(job))
-    if push_job:
-        _push_job_update(job.pk)
+    _push_job_update(job.pk)
     log.info("job %s: activated worker %s at $%s/h", job.pk, worker.name, worker.price_per_hour)
     return activation
 
 
-def worker_release(*, activation: Activation, reason: str, push_job: bool = True) -> None:
+def worker_release(*, activation: Activation, reason: str) -> None:
     activation.ended_at = timezone.now()
     activation.end_reason = reason
     activation.save(update_fields=["ended_at", "end_reason"])
     Worker.objects.filter(pk=activation.worker_id, status=Worker.Status.ACTIVE).update(status=Worker.Status.IDLE)
     _push_to_worker(activation.worker_id, m.Release(job_id=activation.job_id, reason=reason))
-    if push_job:
-        _push_job_update(activation.job_id)
+    _push_job_update(activation.job_id)
 
 
 def expire_silent_workers() -> int:
@@ -239,7 +236,7 @@ def expire_silent_workers() -> int:
             worker.status = Worker.Status.OFFLINE
             worker.save(update_fields=["status"])
             _session_close(worker.pk, at=worker.last_heartbeat)  # it went silent then, not now
-            _repair_without(worker.pk)  # before the release ends the activation that names its job
+            _repair_without(worker)  # before the release ends the activation that names its job
             for activation in Activation.objects.filter(worker=worker, ended_at=None):
                 worker_release(activation=activation, reason="worker stopped sending heartbeats")
         count += 1
@@ -282,7 +279,7 @@ def job_finish(*, job: Job, status: str, reason: str = "") -> Job:
     job.finished_at = timezone.now()
     job.save(update_fields=["status", "status_reason", "finished_at"])
     for activation in job.activations.filter(ended_at=None):
-        worker_release(activation=activation, reason=f"job {status}", push_job=False)
+        worker_release(activation=activation, reason=f"job {status}")
     transaction.on_commit(lambda: stream.drop_job(job.pk))
     _push_job_update(job)
     return job
@@ -301,7 +298,7 @@ def job_pause(*, job: Job, by: str = "") -> Job:
     job.status_reason = f"paused by {by}" if by else "paused"
     job.save(update_fields=["status", "status_reason"])
     for activation in job.activations.filter(ended_at=None):
-        worker_release(activation=activation, reason="job paused", push_job=False)
+        worker_release(activation=activation, reason="job paused")
     _push_job_update(job)
     return job
 
@@ -334,9 +331,7 @@ def job_provision(*, job: Job) -> list[Activation]:
     activations = []
     for worker in Worker.objects.filter(status=Worker.Status.IDLE).exclude(pk__in=busy):
         with transaction.atomic():
-            activations.append(worker_activate(worker=worker, job=job, push_job=False))
-    if activations:
-        _push_job_update(job)
+            activations.append(worker_activate(worker=worker, job=job))
     return activations
 
 
@@ -510,18 +505,18 @@ def _excise(job: Job, version: int, plan: chains.ChainPlan, gone: int) -> None:
                                                           addresses=addresses))
 
 
-def _repair_without(worker_id: int) -> None:
+def _repair_without(worker: Worker) -> None:
     """A worker went away (socket closed, or silent past the timeout): take it out of the newest chain plan
     of its running job at once, rather than when its orphaned child's transfer stalls (paper appendix D).
     Not counted as a relay failure: it may just be restarting."""
-    activation = Activation.objects.select_related("job").filter(worker_id=worker_id, ended_at=None).first()
+    activation = selectors.active_activation(worker=worker)
     job = activation.job if activation else None
     if job is None or job.status != Job.Status.RUNNING or not job.published_version:
         return
     plan = telemetry.load_chain_plan(job.pk, job.published_version)
-    if plan is not None and any(worker_id in chain for chain in plan.chains):
-        log.info("job %s v%s: worker %s went away; repairing its chain", job.pk, job.published_version, worker_id)
-        _excise(job, job.published_version, plan, worker_id)
+    if plan is not None and any(worker.pk in chain for chain in plan.chains):
+        log.info("job %s v%s: worker %s went away; repairing its chain", job.pk, job.published_version, worker.pk)
+        _excise(job, job.published_version, plan, worker.pk)
 
 
 def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: float, source: str = "http") -> None:
