@@ -31,7 +31,7 @@ CONTROLS = [("start", "Start", "draft"), ("pause", "Pause", "running"), ("resume
 def job_detail(request, job_id: int):
     """The job page: rendered with the current state and history; job.js keeps it live over the socket."""
     job = get_object_or_404(selectors.jobs_visible_to(request.user), pk=job_id)
-    live = selectors.job_live(job)
+    live = selectors.job_live(job, since_step=job.learner_step)  # the steps themselves come in ``history``
     history = {
         "metrics": [selectors.metric_point(m) for m in job.metrics.order_by("step")],
         "snapshots": [selectors.snapshot_point(s) for s in job.snapshots.order_by("version")],
