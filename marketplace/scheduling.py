@@ -20,7 +20,7 @@ from dataplane.jobs import JobSpec
 from . import controller as ctl
 from . import provisioning as p
 from . import selectors, services, stream, telemetry
-from .models import Activation, Job, Snapshot, Worker, WorkerCalibration
+from .models import Activation, Job, Worker, WorkerCalibration
 
 WINDOW_S = 60.0
 
@@ -103,12 +103,8 @@ class Estimate:
                 "job": None if self.job is None else {"id": self.job.pk, "name": self.job.name}}
 
 
-def _last_snapshot_with_t_bcast(job: Job) -> Snapshot | None:
-    return job.snapshots.exclude(t_bcast=None).order_by("-version").first()
-
-
 def _t_bcast(job: Job) -> float:
-    snap = _last_snapshot_with_t_bcast(job)
+    snap = selectors.last_broadcast(job)
     return snap.t_bcast if snap else 0.0
 
 
@@ -118,7 +114,7 @@ def job_plan(job: Job) -> dict:
     if job.learner_t_train:
         t_train = Estimate(job.learner_t_train, "learner", "measured by this job's learner")
     t_bcast = Estimate(0.0, "none", "no broadcast measured yet: 0 assumed")
-    if snap := _last_snapshot_with_t_bcast(job):
+    if snap := selectors.last_broadcast(job):
         t_bcast = Estimate(snap.t_bcast, "snapshot", f"measured on snapshot v{snap.version}")
     return capacity_plan(job, t_train=t_train, t_bcast=t_bcast, pool=job_pool(job))
 
@@ -139,7 +135,7 @@ def spec_plan(spec: JobSpec, *, user, t_train: float | None = None, t_bcast: flo
     broadcast is then assumed free, which makes ``mu_min`` and the lag a lower bound).
     """
     earlier = _earlier_job(spec, user)
-    snap = _last_snapshot_with_t_bcast(earlier) if earlier else None
+    snap = selectors.last_broadcast(earlier) if earlier else None
     if t_train is not None:
         train = Estimate(t_train, "given", "given by you")
     elif earlier is not None:
@@ -238,14 +234,7 @@ def job_replan(job: Job, *, now: float | None = None) -> ctl.Decision | None:
     if job.status != Job.Status.RUNNING:
         return None
     now = time.time() if now is None else now
-    t_train = job.learner_t_train
-    target = None
-    if t_train:
-        try:
-            target = p.mu_target(kappa=job.kappa, batch=job.batch_trajectories, t_train=t_train,
-                                 t_bcast=_t_bcast(job), gamma=job.gamma)
-        except p.InfeasibleError:
-            target = None
+    target = selectors.throughput_target(job, _t_bcast(job))
     if target is None:
         services.job_provision(job=job)
         return None

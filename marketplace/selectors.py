@@ -54,6 +54,11 @@ def latest_snapshot(job: Job) -> Snapshot | None:
     return job.snapshots.order_by("-version").first()
 
 
+def last_broadcast(job: Job) -> Snapshot | None:
+    """The newest snapshot whose T_bcast is known (enough workers installed it)."""
+    return job.snapshots.exclude(t_bcast=None).order_by("-version").first()
+
+
 def throughput_target(job: Job, t_bcast: float) -> float | None:
     """gamma * mu_min once the learner has measured T_train; None before, or when (S, kappa) is infeasible."""
     if not job.learner_t_train:
@@ -78,7 +83,7 @@ def job_summary(job: Job, *, active: list[Activation] | None = None) -> dict:
     """The figures the dashboard and the demo show for a job (``active``: its open activations, if the
     caller has them already)."""
     last = JobMetric.objects.filter(job=job).order_by("-step").first()
-    snap = job.snapshots.exclude(t_bcast=None).order_by("-version").first()
+    snap = last_broadcast(job)
     active = _open_activations(job) if active is None else active
     cost = job_cost_usd(job)
     return {
