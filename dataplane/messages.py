@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from .records import TrajectoryGroup, error_reason
+
 
 class MessageError(ValueError):
     """A frame that is not a valid message; ``str(err)`` is the reason sent back."""
@@ -41,11 +43,19 @@ class LeaseRequest(_Msg):
     groups: int = Field(default=1, ge=1, le=64, description="How many prompt groups to lease.")
 
 
-class TrajectoryBatch(_Msg):
+class Trajectories(_Msg):
+    """A leased prompt answered: its group of ``n`` records (parsed and checked by ``TrajectoryGroup``)."""
+
     type: Literal["trajectories"] = "trajectories"
-    job_id: int = Field(ge=1)
-    lease_id: str = Field(min_length=1, max_length=64)
-    records: list[dict[str, Any]] = Field(min_length=1, max_length=4096)
+    group: TrajectoryGroup
+
+    @property
+    def job_id(self) -> int:
+        return self.group.job_id
+
+    @property
+    def lease_id(self) -> str:
+        return self.group.lease_id
 
 
 class SnapshotInstalled(_Msg):
@@ -71,7 +81,7 @@ class RelayFailed(_Msg):
 
 
 AgentMessage = Annotated[
-    Hello | Heartbeat | LeaseRequest | TrajectoryBatch | SnapshotInstalled | RelayFailed, Field(discriminator="type")
+    Hello | Heartbeat | LeaseRequest | Trajectories | SnapshotInstalled | RelayFailed, Field(discriminator="type")
 ]
 
 # ---- site -> agent -------------------------------------------------------------------------
@@ -172,11 +182,9 @@ def _parse(adapter: TypeAdapter, raw: Any) -> Any:
     try:
         return adapter.validate_python(raw)
     except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        if first["type"] == "union_tag_invalid":
+        if err.errors()[0]["type"] == "union_tag_invalid":
             raise MessageError(f"unknown message type {raw.get('type')!r}") from None
-        raise MessageError(f"{where}: {first['msg']}") from None
+        raise MessageError(error_reason(err, default="message")) from None
 
 
 def parse_agent_message(raw: Any) -> AgentMessage:

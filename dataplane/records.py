@@ -3,8 +3,13 @@
 A record is what a worker returns for one sampled completion: the prompt ``x`` (text and token ids),
 the completion ``y`` (token ids and the behaviour policy's per-token log-probs), the scalar reward
 ``r``, the snapshot version ``v`` the worker really generated under, and task metadata ``Omega``
-(group id, lease id, optional loss mask). The site validates every record before it reaches the
-learner's stream; a malformed one is rejected with a reason, never silently dropped.
+(group id, lease id, optional loss mask).
+
+A worker returns the ``n`` records of one leased prompt together, as one :class:`TrajectoryGroup`: GRPO
+learns from whole groups. The group is the one shape a trajectory has on its whole way: the agent builds
+it, the websocket message carries it, the site validates it once (its schema and group rules here, then
+against the job and the lease), the replay buffer stores it as JSON, and the learner reads it back with
+``TrajectoryGroup.model_validate_json``. A malformed group is rejected with a reason, never silently dropped.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 MAX_TOKENS = 65_536
+MAX_GROUP = 4096
 
 
 class RecordError(ValueError):
@@ -58,20 +64,56 @@ class Trajectory(BaseModel):
         return self
 
 
-def validate_record(raw: Any, *, job_id: int | None = None, max_version: int | None = None) -> Trajectory:
-    """Parse and check one record; raise :class:`RecordError` with a one-line reason.
+class TrajectoryGroup(BaseModel):
+    """The ``n`` completions of one leased prompt, all generated under one installed snapshot version.
 
-    ``max_version`` rejects records claiming a version the learner has not published yet (a worker
-    cannot have generated under a snapshot that does not exist).
+    The group rules: at least one record; every record names the group's job, lease and group and
+    carries its version (a worker never mixes versions within a group); every record answers the same
+    prompt. Whether the group is the right size, the version was published and the lease is still the
+    worker's is checked against the job and the lease by the site (``check_for_job`` and the replay buffer).
     """
-    try:
-        record = Trajectory.model_validate(raw)
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "record"
-        raise RecordError(f"{where}: {first['msg']}") from None
-    if job_id is not None and record.job_id != job_id:
-        raise RecordError(f"job_id: record is for job {record.job_id}, not job {job_id}")
-    if max_version is not None and record.version > max_version:
-        raise RecordError(f"version: {record.version} was never published (latest is {max_version})")
-    return record
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job_id: int = Field(ge=1, description="Job the group belongs to.")
+    lease_id: str = Field(min_length=1, max_length=64, description="Prompt lease the group answers.")
+    group_id: str = Field(min_length=1, max_length=64, description="GRPO group id of the leased prompt.")
+    version: int = Field(ge=0, description="v: snapshot version installed while the group was generated.")
+    records: list[Trajectory] = Field(min_length=1, max_length=MAX_GROUP, description="The n completions.")
+
+    @model_validator(mode="after")
+    def _one_group(self) -> TrajectoryGroup:
+        first = self.records[0]
+        for i, rec in enumerate(self.records):
+            for name in ("job_id", "lease_id", "group_id", "version"):
+                if getattr(rec, name) != getattr(self, name):
+                    raise ValueError(f"records.{i}.{name}: {getattr(rec, name)!r} differs from the group's "
+                                     f"{getattr(self, name)!r}")
+            if rec.prompt_ids != first.prompt_ids or rec.prompt != first.prompt:
+                raise ValueError(f"records.{i}.prompt: differs from the rest of the group")
+        return self
+
+    @classmethod
+    def of(cls, records: list[Trajectory]) -> TrajectoryGroup:
+        """The group of ``records`` (its job, lease, group and version read off the first)."""
+        if not records:
+            raise RecordError("records: a group needs at least one record")
+        first = records[0]
+        return cls(job_id=first.job_id, lease_id=first.lease_id, group_id=first.group_id, version=first.version,
+                   records=records)
+
+    def check_for_job(self, *, job_id: int, group_size: int, max_version: int) -> None:
+        """Raise :class:`RecordError` unless the group fits the job: its id, its ``n``, a published version."""
+        if self.job_id != job_id:
+            raise RecordError(f"job_id: group is for job {self.job_id}, not job {job_id}")
+        if len(self.records) != group_size:
+            raise RecordError(f"records: a group needs {group_size} records, got {len(self.records)}")
+        if self.version > max_version:
+            raise RecordError(f"version: {self.version} was never published (latest is {max_version})")
+
+
+def error_reason(err: ValidationError, *, default: str = "record") -> str:
+    """Pydantic's first error as one line, ``where: why``."""
+    first = err.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or default
+    return f"{where}: {first['msg'].removeprefix('Value error, ')}"

@@ -9,24 +9,14 @@ Within one process, entries are read once (``>``); pending entries are read back
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 
 import redis
 
-from dataplane import streams
-from dataplane.records import Trajectory
+from dataplane.replay import ReplayBuffer, StoredGroup
 
-
-@dataclass
-class Group:
-    entry_id: str
-    records: list[Trajectory]
-
-    @property
-    def version(self) -> int:
-        return min(r.version for r in self.records)
+Group = StoredGroup  # one GRPO group read from the stream, with the entry id that acknowledges it
 
 
 @dataclass
@@ -47,12 +37,8 @@ class StalenessGatedConsumer:
     _resumed: bool = False
 
     def __post_init__(self) -> None:
-        self.key = streams.trajectories_key(self.job_id)
-        try:
-            self.client.xgroup_create(self.key, streams.LEARNER_GROUP, id="0", mkstream=True)
-        except redis.ResponseError as err:
-            if "BUSYGROUP" not in str(err):
-                raise
+        self.replay = ReplayBuffer(self.client, self.job_id)
+        self.replay.ensure_groups()
 
     def admissible(self, group: Group, learner_version: int) -> bool:
         return group.version >= learner_version - self.staleness
@@ -61,13 +47,15 @@ class StalenessGatedConsumer:
         """Wait up to ``timeout_s`` for ``groups`` admissible groups; None if they did not come."""
         start = time.monotonic()
         if not self._resumed:
-            self._resume_pending()
+            self.buffer.extend(self.replay.read_pending(self.consumer))  # read before a crash, never acknowledged
+            self._resumed = True
         dropped = self._drop_stale(learner_version)
         while len(self.buffer) < groups:
             left = timeout_s - (time.monotonic() - start)
             if left <= 0:
                 return None
-            for group in self._read(block_ms=int(min(left, 1.0) * 1000), count=groups - len(self.buffer)):
+            for group in self.replay.read(self.consumer, count=groups - len(self.buffer),
+                                          block_ms=int(min(left, 1.0) * 1000)):
                 if self.admissible(group, learner_version):
                     self.buffer.append(group)
                 else:
@@ -77,15 +65,11 @@ class StalenessGatedConsumer:
 
     def ack(self, groups: list[Group]) -> None:
         """Acknowledge trained groups (and delete them: the stream is a queue, not an archive)."""
-        self.ack_ids([g.entry_id for g in groups])
+        self.replay.ack([g.entry_id for g in groups])
 
     def ack_ids(self, ids: list[str]) -> None:
         """Acknowledge and delete entries by id; ids already acknowledged are ignored."""
-        if ids:
-            pipe = self.client.pipeline()
-            pipe.xack(self.key, streams.LEARNER_GROUP, *ids)
-            pipe.xdel(self.key, *ids)
-            pipe.execute()
+        self.replay.ack(ids)
 
     def _drop_stale(self, learner_version: int) -> int:
         stale = [g for g in self.buffer if not self.admissible(g, learner_version)]
@@ -97,31 +81,3 @@ class StalenessGatedConsumer:
         n = sum(len(g.records) for g in groups)
         self.dropped_total += n
         return n
-
-    def _resume_pending(self) -> None:
-        """Buffer the entries this consumer read before a crash and never acknowledged."""
-        last = "0"
-        while True:
-            reply = self.client.xreadgroup(streams.LEARNER_GROUP, self.consumer, {self.key: last}, count=256)
-            entries = reply[0][1] if reply else []
-            if not entries:
-                break
-            self.buffer.extend(self._parse(reply))
-            last = entries[-1][0]
-        self._resumed = True
-
-    def _read(self, *, block_ms: int, count: int) -> list[Group]:
-        return self._parse(self.client.xreadgroup(streams.LEARNER_GROUP, self.consumer, {self.key: ">"},
-                                                  count=max(count, 1), block=max(block_ms, 1)))
-
-    def _parse(self, reply) -> list[Group]:
-        entries = reply[0][1] if reply else []
-        out = []
-        for entry_id, fields in entries:
-            entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-            if not fields:  # deleted while still pending: nothing to train on, so acknowledge it
-                self.client.xack(self.key, streams.LEARNER_GROUP, entry_id)
-                continue
-            data = fields.get("data") or fields.get(b"data")
-            out.append(Group(entry_id, [Trajectory.model_validate(r) for r in json.loads(data)]))
-        return out

@@ -169,7 +169,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
     def summary(self, request, pk=None):
         """Headline figures: step, reward, staleness, T_train, T_bcast, active workers, cost so far."""
         job = self.get_object()
-        return Response(selectors.job_summary(job) | {"counters": stream.counters(job.pk)})
+        return Response(selectors.job_summary(job) | {"counters": stream.replay(job.pk).counters()})
 
     @extend_schema(responses=dict, parameters=[OpenApiParameter(
         "since", int, description="Send the learner steps after this one (default 0: all, up to 1000).")])

@@ -56,6 +56,10 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             message = m.parse_agent_message(content)
         except m.MessageError as err:
             ref = content.get("type") if isinstance(content, dict) else None
+            if ref == "trajectories" and isinstance(content.get("group"), dict):
+                group = content["group"]
+                await database_sync_to_async(services.trajectories_malformed)(
+                    worker=self.worker, job_id=group.get("job_id"), records=group.get("records"))
             await self.send_json(m.Rejected(reason=str(err), ref=ref if isinstance(ref, str) else None).model_dump())
             return
         try:
@@ -92,9 +96,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                 return []
             case m.LeaseRequest():
                 return [services.prompts_lease(worker=worker, job_id=message.job_id, groups=message.groups)]
-            case m.TrajectoryBatch():
-                return [services.trajectories_submit(worker=worker, job_id=message.job_id,
-                                                     lease_id=message.lease_id, records=message.records)]
+            case m.Trajectories():
+                return [services.trajectories_submit(worker=worker, group=message.group)]
             case m.SnapshotInstalled():
                 services.snapshot_installed(worker=worker, job_id=message.job_id, version=message.version,
                                             seconds=message.seconds, source=message.source)

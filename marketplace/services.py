@@ -20,7 +20,8 @@ from django.utils import timezone
 
 from dataplane import messages as m
 from dataplane.jobs import JobSpec
-from dataplane.records import RecordError, validate_record
+from dataplane.records import RecordError, TrajectoryGroup
+from dataplane.replay import LeaseError
 from dataplane.tasks import TaskSpecError, build_task
 
 from . import chains, selectors, stream, telemetry
@@ -260,7 +261,7 @@ def job_start(*, job: Job) -> Job:
     job.status = Job.Status.RUNNING
     job.started_at = timezone.now()
     job.save(update_fields=["status", "started_at"])
-    stream.ensure_groups(job.pk)
+    stream.replay(job.pk).ensure_groups()
     from .tasks import provision_job
 
     transaction.on_commit(lambda: provision_job.delay(job.pk))
@@ -280,7 +281,7 @@ def job_finish(*, job: Job, status: str, reason: str = "") -> Job:
     job.save(update_fields=["status", "status_reason", "finished_at"])
     for activation in job.activations.filter(ended_at=None):
         worker_release(activation=activation, reason=f"job {status}")
-    transaction.on_commit(lambda: stream.drop_job(job.pk))
+    transaction.on_commit(lambda: stream.replay(job.pk).drop())
     _push_job_update(job)
     return job
 
@@ -310,7 +311,7 @@ def job_resume(*, job: Job) -> Job:
     job.status = Job.Status.RUNNING
     job.status_reason = ""
     job.save(update_fields=["status", "status_reason"])
-    stream.ensure_groups(job.pk)
+    stream.replay(job.pk).ensure_groups()
     from .tasks import provision_job
 
     transaction.on_commit(lambda: provision_job.delay(job.pk))
@@ -350,7 +351,7 @@ def _running_activation(worker: Worker, job_id: int) -> Activation:
 def prompts_lease(*, worker: Worker, job_id: int, groups: int) -> m.Lease | m.NoWork:
     _running_activation(worker, job_id)
     timeout = settings.ECHO2["LEASE_TIMEOUT_S"]
-    leased = stream.lease_groups(job_id=job_id, worker_id=worker.pk, count=groups, timeout_s=timeout)
+    leased = stream.replay(job_id).lease(worker_id=worker.pk, count=groups, timeout_s=timeout)
     if not leased:
         return m.NoWork(job_id=job_id, retry_after=0.2)
     return m.Lease(job_id=job_id, timeout=timeout, leases=[
@@ -358,41 +359,32 @@ def prompts_lease(*, worker: Worker, job_id: int, groups: int) -> m.Lease | m.No
     ])
 
 
-def trajectories_submit(*, worker: Worker, job_id: int, lease_id: str, records: list[dict]) -> m.Accepted:
-    """Validate a returned group and append it to the learner's stream, all or nothing.
+def trajectories_submit(*, worker: Worker, group: TrajectoryGroup) -> m.Accepted:
+    """Check a returned group against its job and lease and append it to the learner's stream, all or nothing.
 
-    A group with any malformed record is refused whole (GRPO needs whole groups); its lease stays
-    open, so the prompt is re-leased after the timeout and nothing is lost.
+    The group's schema and group rules were checked when its message was parsed (``TrajectoryGroup``).
+    A group that does not fit is refused whole (GRPO needs whole groups); its lease stays open, so the
+    prompt is re-leased after the timeout and nothing is lost.
     """
-    activation = _running_activation(worker, job_id)
+    activation = _running_activation(worker, group.job_id)
     job = activation.job
-    reasons: list[str] = []
-    valid = []
-    for i, raw in enumerate(records):
-        try:
-            rec = validate_record(raw, job_id=job_id, max_version=job.published_version)
-        except RecordError as err:
-            reasons.append(f"record {i}: {err}")
-            continue
-        if rec.lease_id != lease_id:
-            reasons.append(f"record {i}: lease_id {rec.lease_id!r} differs from the batch's {lease_id!r}")
-        elif valid and rec.group_id != valid[0].group_id:
-            reasons.append(f"record {i}: group_id differs from the rest of the group")
-        else:
-            valid.append(rec)
-    if not reasons and len(valid) != job.group_size:
-        reasons.append(f"records: a group needs {job.group_size} records, got {len(valid)}")
-    if not reasons:
-        try:
-            stream.submit_group(job_id=job_id, worker_id=worker.pk, lease_id=lease_id, group_id=valid[0].group_id,
-                                records=[r.model_dump(mode="json") for r in valid])
-        except stream.LeaseError as err:
-            reasons.append(str(err))
-    if reasons:
-        stream.count(job_id, "rejected_records", len(records))
-        return m.Accepted(job_id=job_id, lease_id=lease_id, accepted=0, rejected=len(records), reasons=reasons[:10])
-    stream.count(job_id, "accepted_records", len(valid))
-    return m.Accepted(job_id=job_id, lease_id=lease_id, accepted=len(valid), rejected=0)
+    buffer = stream.replay(group.job_id)
+    n = len(group.records)
+    try:
+        group.check_for_job(job_id=job.pk, group_size=job.group_size, max_version=job.published_version)
+        buffer.return_group(worker_id=worker.pk, group=group)
+    except (RecordError, LeaseError) as err:
+        buffer.count("rejected_records", n)
+        return m.Accepted(job_id=group.job_id, lease_id=group.lease_id, accepted=0, rejected=n, reasons=[str(err)])
+    return m.Accepted(job_id=group.job_id, lease_id=group.lease_id, accepted=n, rejected=0)
+
+
+def trajectories_malformed(*, worker: Worker, job_id: object, records: object) -> None:
+    """Count the records of a ``trajectories`` message whose group failed its schema, when it names a job
+    this worker is running (the reply is the parse error)."""
+    if not isinstance(job_id, int) or selectors.active_activation(worker=worker, job_id=job_id) is None:
+        return
+    stream.replay(job_id).count("rejected_records", len(records) if isinstance(records, list) else 1)
 
 
 # ---- learner reports -----------------------------------------------------------------------------

@@ -77,8 +77,9 @@ def test_jobs_train_end_to_end_and_drop_stale_records(stack, tmp_path, tiny_mode
         stale = [{"job_id": job["id"], "lease_id": lease["lease_id"], "group_id": lease["group_id"],
                   "prompt": lease["prompt"], "prompt_ids": [1, 5], "completion": "1", "completion_ids": [4, 2],
                   "logprobs": [-2.0, -1.0], "reward": 0.0, "version": 0} for _ in range(N)]
-        ws.send(json.dumps({"type": "trajectories", "job_id": job["id"], "lease_id": lease["lease_id"],
-                            "records": stale}))
+        ws.send(json.dumps({"type": "trajectories", "group": {
+            "job_id": job["id"], "lease_id": lease["lease_id"], "group_id": lease["group_id"], "version": 0,
+            "records": stale}}))
         assert recv(ws, "accepted")["accepted"] == N
 
         wait_for(lambda: owner.get(f"jobs/{job['id']}/").json()["status"] != "running", "the job to finish", 180)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dataplane.records import Trajectory, TrajectoryGroup
 from dataplane.tasks import TaskAdapter
 from dataplane.tasks.sandbox import SandboxTask, Turn, run_episodes
 
@@ -18,7 +19,7 @@ class GroupLease:
 
 
 def rollout_groups(engine: Engine, task: TaskAdapter, leases: list[GroupLease], *, job_id: int, n: int,
-                   params: SamplingParams, version: int) -> list[list[dict]]:
+                   params: SamplingParams, version: int) -> list[TrajectoryGroup]:
     """Sample ``n`` completions of every leased prompt in one batch and score them.
 
     Every record carries ``version``, the snapshot the engine held for the whole batch. Multi-turn tasks
@@ -28,20 +29,18 @@ def rollout_groups(engine: Engine, task: TaskAdapter, leases: list[GroupLease], 
         return rollout_episodes(engine, task, leases, job_id=job_id, n=n, params=params, version=version)
     completions = engine.generate([lease.prompt for lease in leases], n=n, params=params)
     return [
-        [
-            {
-                "job_id": job_id, "lease_id": lease.lease_id, "group_id": lease.group_id, "prompt": lease.prompt,
-                "prompt_ids": c.prompt_ids, "completion": c.text, "completion_ids": c.completion_ids,
-                "logprobs": c.logprobs, "reward": task.reward(lease.prompt, c.text), "version": version,
-            }
+        TrajectoryGroup.of([
+            Trajectory(job_id=job_id, lease_id=lease.lease_id, group_id=lease.group_id, prompt=lease.prompt,
+                       prompt_ids=c.prompt_ids, completion=c.text, completion_ids=c.completion_ids,
+                       logprobs=c.logprobs, reward=task.reward(lease.prompt, c.text), version=version)
             for c in group
-        ]
+        ])
         for lease, group in zip(leases, completions, strict=True)
     ]
 
 
 def rollout_episodes(engine: Engine, task: SandboxTask, leases: list[GroupLease], *, job_id: int, n: int,
-                     params: SamplingParams, version: int) -> list[list[dict]]:
+                     params: SamplingParams, version: int) -> list[TrajectoryGroup]:
     """Play ``n`` episodes per leased prompt, all in lockstep (one engine call per turn).
 
     The record's completion is every turn after the prompt: assistant turns learn (loss mask 1), the
@@ -58,7 +57,8 @@ def rollout_episodes(engine: Engine, task: SandboxTask, leases: list[GroupLease]
     episodes = run_episodes(task, prompts, generate=generate, prompt_ids=prompt_ids,
                             encode=lambda text: engine.tokenizer(text, add_special_tokens=False)["input_ids"])
     return [
-        [episodes[i * n + k].record(job_id=job_id, lease_id=lease.lease_id, group_id=lease.group_id, version=version)
-         for k in range(n)]
+        TrajectoryGroup.of([episodes[i * n + k].record(job_id=job_id, lease_id=lease.lease_id,
+                                                       group_id=lease.group_id, version=version)
+                            for k in range(n)])
         for i, lease in enumerate(leases)
     ]

@@ -317,8 +317,8 @@ class AgentSession:
                 leases = [GroupLease(x.lease_id, x.group_id, x.prompt) for x in reply.leases]
                 groups = await asyncio.to_thread(rollout_groups, engine, task, leases, job_id=assign.job_id,
                                                  n=assign.group_size, params=params, version=version)
-            for lease, records in zip(reply.leases, groups, strict=True):
-                await self.send(m.TrajectoryBatch(job_id=assign.job_id, lease_id=lease.lease_id, records=records))
+            for lease, group in zip(reply.leases, groups, strict=True):
+                await self.send(m.Trajectories(group=group))
                 answer = await self._reply()
                 if isinstance(answer, m.Accepted) and answer.accepted:
                     self.meter.add(answer.accepted)

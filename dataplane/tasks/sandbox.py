@@ -37,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..records import Trajectory
 from .base import Prompt, TaskAdapter, TaskSpecError
 
 SYSTEM = "You play a turn-based game. Give each move as <answer>move</answer>."
@@ -176,12 +177,12 @@ class Episode:
     turns: int = 0
     done: bool = False
 
-    def record(self, *, job_id: int, lease_id: str, group_id: str, version: int) -> dict[str, Any]:
+    def record(self, *, job_id: int, lease_id: str, group_id: str, version: int) -> Trajectory:
         """A trajectory record tau = (x, y, r, v, Omega) with the turn-aware loss mask."""
-        return {"job_id": job_id, "lease_id": lease_id, "group_id": group_id, "prompt": self.prompt,
-                "prompt_ids": self.prompt_ids, "completion": self.text, "completion_ids": self.completion_ids,
-                "logprobs": self.logprobs, "reward": self.reward, "version": version, "loss_mask": self.loss_mask,
-                "metadata": {"turns": self.turns}}
+        return Trajectory(job_id=job_id, lease_id=lease_id, group_id=group_id, prompt=self.prompt,
+                          prompt_ids=self.prompt_ids, completion=self.text, completion_ids=self.completion_ids,
+                          logprobs=self.logprobs, reward=self.reward, version=version, loss_mask=self.loss_mask,
+                          metadata={"turns": self.turns})
 
 
 class SandboxTask(TaskAdapter):

@@ -21,11 +21,12 @@ from dataplane.messages import (
     Release,
     SnapshotAvailable,
     SnapshotInstalled,
-    TrajectoryBatch,
+    Trajectories,
     Welcome,
     parse_agent_message,
     parse_site_message,
 )
+from dataplane.records import Trajectory, TrajectoryGroup
 
 AGENT_MESSAGES = [
     Hello(agent_version="0.1.0", installed_version=4),
@@ -33,7 +34,9 @@ AGENT_MESSAGES = [
     Heartbeat(throughput=12.5, installed_version=3, job_id=7),
     Heartbeat(),
     LeaseRequest(job_id=7, groups=4),
-    TrajectoryBatch(job_id=7, lease_id="1-0", records=[{"reward": 1.0, "completion_ids": [3, 2]}]),
+    Trajectories(group=TrajectoryGroup.of([Trajectory(
+        job_id=7, lease_id="1-0", group_id="g1", prompt="3+4=", prompt_ids=[1, 5], completion="7",
+        completion_ids=[3, 2], logprobs=[-0.5, -0.1], reward=1.0, version=2)])),
     SnapshotInstalled(job_id=7, version=6, seconds=0.75),
 ]
 
@@ -110,8 +113,11 @@ def test_each_side_refuses_the_other_sides_messages() -> None:
         ({"type": "lease_request", "job_id": 7, "groups": 65}, "lease_request.groups"),
         ({"type": "heartbeat", "throughput": -1.0}, "heartbeat.throughput"),
         ({"type": "heartbeat", "throughput": "fast"}, "heartbeat.throughput"),
-        ({"type": "trajectories", "job_id": 7, "lease_id": "1-0", "records": []}, "trajectories.records"),
-        ({"type": "trajectories", "job_id": 7, "lease_id": "1-0", "records": "all"}, "trajectories.records"),
+        ({"type": "trajectories", "group": {"job_id": 7, "lease_id": "1-0", "group_id": "g", "version": 0,
+                                            "records": []}}, "trajectories.group.records"),
+        ({"type": "trajectories", "group": {"job_id": 7, "lease_id": "1-0", "group_id": "g", "version": 0,
+                                            "records": "all"}}, "trajectories.group.records"),
+        ({"type": "trajectories", "job_id": 7, "lease_id": "1-0", "records": []}, "trajectories.group"),
         ({"type": "hello"}, "hello.agent_version"),
         ({"type": "hello", "agent_version": "1", "colour": "blue"}, "hello.colour"),
     ],

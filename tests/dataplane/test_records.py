@@ -1,4 +1,4 @@
-"""Trajectory records: a well-formed record is accepted; each malformed one is refused with a reason."""
+"""Trajectory records and groups: a well-formed one is accepted; each malformed one is refused with a reason."""
 
 from __future__ import annotations
 
@@ -6,8 +6,16 @@ import math
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
-from dataplane.records import RecordError, Trajectory, validate_record
+from dataplane.records import RecordError, Trajectory, TrajectoryGroup, error_reason
+
+
+def validate_record(raw: Any) -> Trajectory:
+    try:
+        return Trajectory.model_validate(raw)
+    except ValidationError as err:
+        raise RecordError(error_reason(err)) from None
 
 
 def record(**changes: Any) -> dict[str, Any]:
@@ -21,7 +29,7 @@ def record(**changes: Any) -> dict[str, Any]:
 
 
 def test_valid_record_is_accepted_with_its_fields() -> None:
-    rec = validate_record(record(), job_id=1, max_version=3)
+    rec = validate_record(record())
 
     assert isinstance(rec, Trajectory)
     assert rec.completion_ids == [14, 2]
@@ -86,16 +94,50 @@ def test_non_object_is_refused() -> None:
         validate_record(["not", "a", "record"])
 
 
-def test_record_for_another_job_is_refused() -> None:
-    with pytest.raises(RecordError, match=r"^job_id: record is for job 1, not job 2$"):
-        validate_record(record(), job_id=2)
+def group(rows: list[dict[str, Any]], **changes: Any) -> dict[str, Any]:
+    first = rows[0]
+    return {"job_id": first["job_id"], "lease_id": first["lease_id"], "group_id": first["group_id"],
+            "version": first["version"], "records": rows, **changes}
 
 
-def test_version_never_published_is_refused() -> None:
-    assert validate_record(record(version=4), max_version=4).version == 4
+def test_group_round_trips_as_the_learner_reads_it() -> None:
+    built = TrajectoryGroup.of([Trajectory.model_validate(record(reward=float(i))) for i in range(3)])
 
-    with pytest.raises(RecordError, match=r"^version: 5 was never published \(latest is 4\)$"):
-        validate_record(record(version=5), max_version=4)
+    back = TrajectoryGroup.model_validate_json(built.model_dump_json())
+
+    assert back == built
+    assert back.version == 3 and [r.reward for r in back.records] == [0.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize(
+    ("records", "changes", "reason"),
+    [
+        ([record(), record(lease_id="other")], {}, "records.1.lease_id: 'other' differs from the group's"),
+        ([record(), record(group_id="g-2")], {}, "records.1.group_id"),
+        ([record(), record(job_id=2)], {}, "records.1.job_id"),
+        ([record(), record(version=2)], {}, "records.1.version: 2 differs from the group's 3"),
+        ([record(), record(prompt="5+5=")], {}, "records.1.prompt: differs from the rest of the group"),
+        ([record()], {"records": []}, "records: List should have at least 1 item"),
+        ([record()], {"lease_id": "x"}, "records.0.lease_id"),
+    ],
+)
+def test_group_rules_refuse_a_mixed_group(records, changes, reason) -> None:
+    with pytest.raises(ValidationError) as err:
+        TrajectoryGroup.model_validate(group(records, **changes))
+
+    assert reason in error_reason(err.value)
+
+
+def test_group_is_checked_against_its_job() -> None:
+    built = TrajectoryGroup.of([Trajectory.model_validate(record()) for _ in range(2)])
+    built.check_for_job(job_id=1, group_size=2, max_version=3)
+
+    with pytest.raises(RecordError, match=r"^job_id: group is for job 1, not job 2$"):
+        built.check_for_job(job_id=2, group_size=2, max_version=3)
+    with pytest.raises(RecordError, match=r"^records: a group needs 4 records, got 2$"):
+        built.check_for_job(job_id=1, group_size=4, max_version=3)
+    with pytest.raises(RecordError, match=r"^version: 3 was never published \(latest is 2\)$"):
+        built.check_for_job(job_id=1, group_size=2, max_version=2)
 
 
 def test_reason_is_one_line() -> None:

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from dataplane.records import validate_record
+from dataplane.records import Trajectory
 from dataplane.tasks import TaskSpecError, available_tasks, build_task
 from dataplane.tasks.sandbox import SandboxTask, Turn, render_reply, run_episode, run_episodes
 
@@ -77,7 +77,8 @@ def test_episode_becomes_a_valid_record(task: SandboxTask) -> None:
     prompt = prompt_with(task, 14)
     episode = run_episode(task, prompt, generate=optimal, encode=encode, prompt_ids=[1, *encode(prompt)])
 
-    record = validate_record(episode.record(job_id=5, lease_id="9-0", group_id="g", version=3), job_id=5)
+    built = episode.record(job_id=5, lease_id="9-0", group_id="g", version=3)
+    record = Trajectory.model_validate_json(built.model_dump_json())  # as the site parses it
 
     assert record.loss_mask == episode.loss_mask
     assert record.prompt_ids[0] == 1  # the engine's own prompt encoding (here with a BOS) is kept

@@ -3,14 +3,15 @@ unacknowledged ones found again after a restart, and a timeout when data does no
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 import redis
 
-from dataplane import streams
+from dataplane import replay
 from learner.consumer import StalenessGatedConsumer
+
+from ..groups import stream_fields
 
 JOB = 7
 
@@ -26,8 +27,7 @@ def group_records(group_id: str, versions: list[int]) -> list[dict]:
 
 def append_group(client: redis.Redis, group_id: str, versions: list[int]) -> str:
     """Append one accepted group the way the site does (marketplace/stream.py: field ``data``)."""
-    return client.xadd(streams.trajectories_key(JOB),
-                       {"lease_id": f"lease-{group_id}", "data": json.dumps(group_records(group_id, versions))})
+    return client.xadd(replay.trajectories_key(JOB), stream_fields(group_records(group_id, versions)))
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def learner_client(redis_url):
 
 
 def pending(client: redis.Redis) -> int:
-    return client.xpending(streams.trajectories_key(JOB), streams.LEARNER_GROUP)["pending"]
+    return client.xpending(replay.trajectories_key(JOB), replay.LEARNER_GROUP)["pending"]
 
 
 def test_groups_are_returned_whole_in_order(learner_client, redis_client) -> None:
@@ -69,19 +69,19 @@ def test_only_the_requested_number_of_groups_is_returned(learner_client, redis_c
 
 
 def test_stale_groups_are_dropped_counted_and_acknowledged(learner_client, redis_client) -> None:
-    # learner at v_t = 5 with S = 2: admissible iff v >= 3; a group is as old as its oldest record
+    # learner at v_t = 5 with S = 2: admissible iff v >= 3 (a group is generated under one version)
     consumer = StalenessGatedConsumer(learner_client, JOB, staleness=2)
     append_group(redis_client, "old", [2, 2, 2])
-    append_group(redis_client, "mixed", [4, 2])
+    append_group(redis_client, "older", [1, 1])
     edge = append_group(redis_client, "edge", [3, 3])
-    fresh = append_group(redis_client, "fresh", [5, 4])
+    fresh = append_group(redis_client, "fresh", [5, 5])
 
     wait = consumer.next_batch(groups=2, learner_version=5, timeout_s=2.0)
 
     assert [g.entry_id for g in wait.groups] == [edge, fresh]
     assert wait.dropped == 5  # 3 + 2 records
     assert consumer.dropped_total == 5
-    key = streams.trajectories_key(JOB)
+    key = replay.trajectories_key(JOB)
     assert pending(redis_client) == 2  # only the two returned groups await their training step
     assert [e[0] for e in redis_client.xrange(key)] == [edge, fresh]  # dropped entries acknowledged and gone
 
@@ -98,7 +98,7 @@ def test_buffered_group_that_turns_stale_is_dropped(learner_client, redis_client
     assert wait.dropped == 2
     assert consumer.dropped_total == 2
     assert wait.groups[0].entry_id == later
-    assert redis_client.xlen(streams.trajectories_key(JOB)) == 2
+    assert redis_client.xlen(replay.trajectories_key(JOB)) == 2
 
 
 def test_acknowledged_groups_are_deleted(learner_client, redis_client) -> None:
@@ -110,7 +110,7 @@ def test_acknowledged_groups_are_deleted(learner_client, redis_client) -> None:
     consumer.ack(wait.groups)
 
     assert pending(redis_client) == 0
-    assert redis_client.xlen(streams.trajectories_key(JOB)) == 0
+    assert redis_client.xlen(replay.trajectories_key(JOB)) == 0
 
 
 def test_restart_finds_unacknowledged_groups_but_not_acknowledged_ones(learner_client, redis_client) -> None:

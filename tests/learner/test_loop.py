@@ -12,7 +12,7 @@ import pytest
 import redis
 import torch
 
-from dataplane import streams
+from dataplane import replay
 from dataplane.jobs import JobSpec
 from dataplane.tasks import build_task
 from learner.checkpoint import CheckpointStore, capture_rng, restore_rng
@@ -20,6 +20,8 @@ from learner.consumer import StalenessGatedConsumer
 from learner.loop import LearnerLoop, ResumeError, check_resume
 from learner.prompts import PromptFeeder
 from learner.trainer import build_policy, resolve_loss
+
+from ..groups import stream_fields
 
 JOB = 9
 
@@ -29,7 +31,7 @@ def append_group(client, group: int, version: int = 0) -> str:
                 "prompt_ids": [1, 10, 5, 11, 17], "completion": answer, "completion_ids": [7 + int(answer), 2],
                 "logprobs": [-2.0, -1.0], "reward": reward, "version": version}
                for answer, reward in (("7", 1.0), ("5", 0.0))]
-    return client.xadd(streams.trajectories_key(JOB), {"lease_id": f"l{group}", "data": json.dumps(records)})
+    return client.xadd(replay.trajectories_key(JOB), stream_fields(records))
 
 
 def make_loop(redis_url: str, model_dir: Path, root: Path, *, staleness: int = 50, identity: dict | None = None):
@@ -42,7 +44,7 @@ def make_loop(redis_url: str, model_dir: Path, root: Path, *, staleness: int = 5
 
 
 def stream_ids(client) -> list[str]:
-    return [entry_id for entry_id, _ in client.xrange(streams.trajectories_key(JOB))]
+    return [entry_id for entry_id, _ in client.xrange(replay.trajectories_key(JOB))]
 
 
 def test_acknowledgement_waits_for_the_checkpoint(redis_url, redis_client, tiny_model_dir, tmp_path) -> None:
@@ -144,7 +146,7 @@ def test_feeder_does_not_count_trained_groups_awaiting_the_checkpoint(redis_url,
 
     assert feeder.top_up() == 0
     assert feeder.top_up(trained=4) == 4
-    assert redis_client.xlen(streams.prompts_key(JOB)) == 4
+    assert redis_client.xlen(replay.prompts_key(JOB)) == 4
 
 
 def test_resolved_loss_defaults_are_todays_behaviour() -> None:

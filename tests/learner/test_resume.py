@@ -16,7 +16,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dataplane import streams
+from dataplane import replay
+
+from ..groups import stream_fields
 
 pytestmark = pytest.mark.slow
 
@@ -35,8 +37,7 @@ def append_groups(client, job_id: int) -> list[str]:
                     "completion_ids": [DIGIT + int(answer), 2], "logprobs": [-2.3, -1.0], "reward": reward,
                     "version": 0}
                    for answer, reward in ((str((a + b) % 10), 1.0), (str((a + b + 1) % 10), 0.0))]
-        ids.append(client.xadd(streams.trajectories_key(job_id), {"lease_id": f"lease-{g}",
-                                                                  "data": json.dumps(records)}))
+        ids.append(client.xadd(replay.trajectories_key(job_id), stream_fields(records)))
     return ids
 
 
@@ -67,7 +68,7 @@ def test_killed_loop_resumes_without_losing_or_repeating_records(tmp_path, redis
                                                                    tiny_model_dir) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     ids = append_groups(redis_client, KILLED)
-    key = streams.trajectories_key(KILLED)
+    key = replay.trajectories_key(KILLED)
 
     # --- first run: checkpoint v2 commits, update 3 is trained, then SIGKILL before its checkpoint
     proc = subprocess.Popen(worker_argv(redis_url, KILLED, tmp_path, tiny_model_dir, "--pause-after", "3"), env=env,
@@ -87,7 +88,7 @@ def test_killed_loop_resumes_without_losing_or_repeating_records(tmp_path, redis
     left = {entry_id for entry_id, _ in redis_client.xrange(key)}
     acknowledged = set(ids) - left
     assert acknowledged == set(first[0]["ids"] + first[1]["ids"])  # exactly what checkpoint v2 holds
-    assert redis_client.xpending(key, streams.LEARNER_GROUP)["pending"] == 2  # update 3's groups, lost with it
+    assert redis_client.xpending(key, replay.LEARNER_GROUP)["pending"] == 2  # update 3's groups, lost with it
 
     # --- restart: resumes at v2, trains update 3 again on the same groups, goes on to the end
     done = run(worker_argv(redis_url, KILLED, tmp_path, tiny_model_dir), env)
@@ -101,7 +102,7 @@ def test_killed_loop_resumes_without_losing_or_repeating_records(tmp_path, redis
     assert len(lineage) == len(set(lineage)) == 2 * MAX_STEPS  # none trained twice
     assert lineage == ids[: 2 * MAX_STEPS]  # in stream order, none skipped
     assert [entry_id for entry_id, _ in redis_client.xrange(key)] == ids[2 * MAX_STEPS:]  # the rest untouched
-    assert redis_client.xpending(key, streams.LEARNER_GROUP)["pending"] == 0
+    assert redis_client.xpending(key, replay.LEARNER_GROUP)["pending"] == 0
 
     # --- an uninterrupted run over the same records takes the same updates
     append_groups(redis_client, CLEAN)

@@ -5,7 +5,6 @@ one process, once as two data-parallel CPU ranks under torchrun (rank 0 talks to
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -15,9 +14,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from dataplane import streams
+from dataplane import replay
 from echo2_site.demo import wait_for
 
+from ..groups import stream_fields
 from ..live import BIN, api, create_users, start_site
 
 pytestmark = pytest.mark.slow
@@ -32,7 +32,7 @@ def push_groups(client: redis.Redis, job_id: int, first: int, count: int) -> Non
                     "prompt_ids": [1, 10, 5, 11, 17], "completion": answer, "completion_ids": [7 + int(answer), 2],
                     "logprobs": [-2.0, -1.0], "reward": reward, "version": 0}
                    for answer, reward in (("7", 1.0), ("5", 0.0))]
-        client.xadd(streams.trajectories_key(job_id), {"lease_id": f"l{g}", "data": json.dumps(records)})
+        client.xadd(replay.trajectories_key(job_id), stream_fields(records))
 
 
 def kill_tree(pid: int) -> None:

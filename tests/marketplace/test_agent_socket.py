@@ -6,7 +6,8 @@ import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
-from dataplane import streams
+from dataplane import replay
+from dataplane.records import TrajectoryGroup
 from dataplane.tasks import build_task
 from echo2_site.asgi import application
 from learner.prompts import PromptFeeder
@@ -30,6 +31,12 @@ def record(job_id: int, lease: dict, **overrides) -> dict:
     return {"job_id": job_id, "lease_id": lease["lease_id"], "group_id": lease["group_id"], "prompt": lease["prompt"],
             "prompt_ids": [1, 5, 6], "completion": "7", "completion_ids": [12, 2], "logprobs": [-1.5, -0.2],
             "reward": 1.0, "version": 0, **overrides}
+
+
+def group(job_id: int, lease: dict, records: list[dict], version: int = 0) -> dict:
+    """A ``trajectories`` message as the agent sends it: one group of records."""
+    return {"type": "trajectories", "group": {"job_id": job_id, "lease_id": lease["lease_id"],
+                                              "group_id": lease["group_id"], "version": version, "records": records}}
 
 
 @pytest.fixture
@@ -93,31 +100,42 @@ async def test_lease_submit_and_bad_records_lose_nothing(settings_eager, redis_c
 
     # A group with one malformed record is refused whole, with the reason; the lease stays open.
     bad = [record(job.pk, first) for _ in range(3)] + [record(job.pk, first, logprobs=[-1.0])]
-    await comm.send_json_to({"type": "trajectories", "job_id": job.pk, "lease_id": first["lease_id"], "records": bad})
+    await comm.send_json_to(group(job.pk, first, bad))
     reply = await comm.receive_json_from()
-    assert (reply["accepted"], reply["rejected"]) == (0, 4)
-    assert "logprobs has 1 entries for 2 completion tokens" in reply["reasons"][0]
-    assert redis_client.xlen(streams.trajectories_key(job.pk)) == 0
+    assert reply["type"] == "rejected" and reply["ref"] == "trajectories"
+    assert reply["reason"].startswith("trajectories.group.records.3: ")
+    assert "logprobs has 1 entries for 2 completion tokens" in reply["reason"]
+    assert redis_client.xlen(replay.trajectories_key(job.pk)) == 0
+    # A record that names another lease breaks the group rules.
+    mixed = [record(job.pk, first) for _ in range(3)] + [record(job.pk, second)]
+    await comm.send_json_to(group(job.pk, first, mixed))
+    assert "records.3.lease_id" in (await comm.receive_json_from())["reason"]
 
-    # A version the learner never published is refused too.
+    # A version the learner never published is refused, and so is a group of the wrong size.
     future = [record(job.pk, second, version=5) for _ in range(4)]
-    await comm.send_json_to({"type": "trajectories", "job_id": job.pk, "lease_id": second["lease_id"],
-                             "records": future})
+    await comm.send_json_to(group(job.pk, second, future, version=5))
     assert "was never published" in (await comm.receive_json_from())["reasons"][0]
+    await comm.send_json_to(group(job.pk, second, [record(job.pk, second)] * 3))
+    assert "a group needs 4 records, got 3" in (await comm.receive_json_from())["reasons"][0]
 
     # The same lease answered correctly is accepted, exactly once.
     good = [record(job.pk, first, reward=float(i % 2)) for i in range(4)]
-    message = {"type": "trajectories", "job_id": job.pk, "lease_id": first["lease_id"], "records": good}
+    message = group(job.pk, first, good)
     await comm.send_json_to(message)
     assert (await comm.receive_json_from())["accepted"] == 4
     await comm.send_json_to(message)
     again = await comm.receive_json_from()
     assert again["accepted"] == 0 and "lease expired or unknown" in again["reasons"][0]
 
-    entries = redis_client.xrange(streams.trajectories_key(job.pk))
+    entries = redis_client.xrange(replay.trajectories_key(job.pk))
     assert len(entries) == 1 and entries[0][1]["lease_id"] == first["lease_id"]
+    stored = TrajectoryGroup.model_validate_json(entries[0][1]["data"])  # as the learner reads it
+    assert [r.reward for r in stored.records] == [0.0, 1.0, 0.0, 1.0] and stored.version == 0
+    counters = replay.ReplayBuffer(redis_client, job.pk).counters()
+    assert counters["accepted_groups"] == 1 and counters["accepted_records"] == 4
+    assert counters["rejected_records"] == 4 + 4 + 4 + 3 + 4  # malformed, mixed, unpublished, short, repeated
     # The refused second lease is still pending: it will be leased again, nothing is lost.
-    assert redis_client.xpending(streams.prompts_key(job.pk), streams.PROMPT_GROUP)["pending"] == 1
+    assert redis_client.xpending(replay.prompts_key(job.pk), replay.PROMPT_GROUP)["pending"] == 1
     await comm.disconnect()
 
 
@@ -142,8 +160,7 @@ async def test_expired_lease_goes_to_another_worker(settings_eager, redis_client
     assert reclaimed["lease_id"] == stolen["lease_id"]  # timed out, handed to the next worker
 
     late = [record(job.pk, stolen) for _ in range(4)]
-    await comms[0].send_json_to({"type": "trajectories", "job_id": job.pk, "lease_id": stolen["lease_id"],
-                                 "records": late})
+    await comms[0].send_json_to(group(job.pk, stolen, late))
     assert "another worker" in (await comms[0].receive_json_from())["reasons"][0]
     for comm in comms:
         await comm.disconnect()

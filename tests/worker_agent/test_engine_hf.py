@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dataplane.records import validate_record
+from dataplane.records import TrajectoryGroup
 from dataplane.tasks import build_task
 from worker_agent.engines.base import SamplingParams
 from worker_agent.engines.hf import HFEngine
@@ -61,9 +61,9 @@ def test_rollout_records_validate(engine: HFEngine) -> None:
 
     assert len(groups) == 3
     for lease, group in zip(leases, groups, strict=True):
-        assert len(group) == 4
-        for raw in group:
-            rec = validate_record(raw, job_id=3, max_version=2)
+        group = TrajectoryGroup.model_validate_json(group.model_dump_json())  # as the site parses it
+        group.check_for_job(job_id=3, group_size=4, max_version=2)
+        for rec in group.records:
             assert (rec.lease_id, rec.group_id, rec.prompt, rec.version) == (lease.lease_id, lease.group_id,
                                                                              lease.prompt, 2)
             assert rec.reward == task.reward(lease.prompt, rec.completion)

@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 import torch
 
-from dataplane.records import validate_record
+from dataplane.records import TrajectoryGroup
 from dataplane.tasks import build_task
 from worker_agent.engines import make_engine
 from worker_agent.engines.base import SamplingParams
@@ -55,10 +55,11 @@ def test_records_from_both_engines_validate(engine_name: str, vllm_model_dir, re
 
     groups = rollout_groups(engine, task, leases, job_id=1, n=4, params=SamplingParams(max_new_tokens=6), version=0)
 
-    assert [len(g) for g in groups] == [4, 4, 4]
+    assert [len(g.records) for g in groups] == [4, 4, 4]
     for lease, group in zip(leases, groups, strict=True):
-        for raw in group:
-            record = validate_record(raw, job_id=1, max_version=0)
+        group = TrajectoryGroup.model_validate_json(group.model_dump_json())  # as the site parses it
+        group.check_for_job(job_id=1, group_size=4, max_version=0)
+        for record in group.records:
             assert record.prompt_ids == engine.encode_prompt(lease.prompt)
             assert 1 <= len(record.completion_ids) <= 6
 

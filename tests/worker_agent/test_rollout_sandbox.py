@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dataplane.records import validate_record
+from dataplane.records import TrajectoryGroup
 from dataplane.tasks import build_task
 from learner.tiny import build_tiny_model
 from worker_agent.engines.base import SamplingParams
@@ -27,10 +27,11 @@ def test_episodes_become_valid_records_whose_mask_covers_only_assistant_turns(sa
     prompts = task.sample_prompts(random.Random(0), 2)
     leases = [GroupLease(f"{i}-0", f"g{i}", p.text) for i, p in enumerate(prompts)]
     groups = rollout_groups(engine, task, leases, job_id=1, n=3, params=SamplingParams(max_new_tokens=6), version=4)
-    assert [len(g) for g in groups] == [3, 3]
+    assert [len(g.records) for g in groups] == [3, 3]
     for lease, group in zip(leases, groups, strict=True):
-        for raw in group:
-            record = validate_record(raw, job_id=1, max_version=4)
+        group = TrajectoryGroup.model_validate_json(group.model_dump_json())  # as the site parses it
+        group.check_for_job(job_id=1, group_size=3, max_version=4)
+        for record in group.records:
             assert record.lease_id == lease.lease_id and record.version == 4
             assert record.reward == task.reward(lease.prompt, record.completion)  # the return, replayed from text
             turns = record.metadata["turns"]
