@@ -30,6 +30,9 @@ import redis
 
 from .records import TrajectoryGroup
 
+Client = redis.Redis
+RedisError = redis.RedisError  # what a Redis outage raises: the planes catch it without importing redis
+
 PROMPT_GROUP = "leases"
 LEARNER_GROUP = "learner"
 

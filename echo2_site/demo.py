@@ -114,44 +114,11 @@ def main(argv: list[str] | None = None) -> int:
         stack.start("redis", redis_server, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
                     "--appendonly", "no", "--dir", str(workdir))
         console.print(f"private Redis on 127.0.0.1:{redis_port}")
-        py = str(BIN / "python")
-        stack.run(py, "manage.py", "migrate", "--noinput")
-        tokens = _create_users(stack, py)
-        model_dir = workdir / "tiny-arithmetic"
-        stack.run(str(BIN / "echo2-learner"), "init-model", str(model_dir), "--task", "arithmetic")
-        console.print(f"tiny model built in {model_dir}")
-
-        stack.start("daphne", str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(site_port),
-                    "echo2_site.asgi:application")
-        stack.start("celery-worker", str(BIN / "celery"), "-A", "echo2_site", "worker", "-l", "info", "-P", "solo")
-        stack.start("celery-beat", str(BIN / "celery"), "-A", "echo2_site", "beat", "-l", "info",
-                    "-s", str(workdir / "celerybeat-schedule"))
-        wait_for(lambda: httpx.get(server + "/api/schema/", timeout=2).status_code == 200, "the site", 60)
-        console.print(f"site up at {server}  (dashboard login: demo / demo)")
-
-        for user, gpu, price in PROVIDERS:
-            cfg = workdir / "agents" / f"{user}.json"
-            relay = f"127.0.0.1:{free_port()}"  # chain peers pull snapshot chunks from here
-            stack.run(str(BIN / "echo2-agent"), "register", "--server", server, "--token", tokens[user],
-                      "--name", f"{user}-{gpu}", "--gpu", gpu, "--price", str(price), "--config", str(cfg),
-                      "--bandwidth-mbps", "100", "--relay-address", relay)
-            stack.start(f"agent-{user}", str(BIN / "echo2-agent"), "run", "--config", str(cfg), "--threads", "1",
-                        "--relay-listen", relay)
-            console.print(f"agent {user}-{gpu} registered at ${price}/h and running (relay {relay})")
-
+        tokens, model_dir = _start_site(console, stack, server, site_port, workdir)
+        _start_agents(console, stack, server, tokens, workdir)
         api = httpx.Client(base_url=server + "/api/", headers={"Authorization": f"Token {tokens['demo']}"},
                            timeout=30)
-        job = api.post("jobs/", json={
-            "name": "demo: arithmetic from scratch", "model_dir": str(model_dir),
-            "task": {"name": "arithmetic", "max_operand": 4}, "staleness": 3, "batch_trajectories": 128,
-            "group_size": 8, "learning_rate": 1e-3, "max_steps": args.steps, "max_new_tokens": 2,
-            "target_reward": args.target,
-        }).raise_for_status().json()
-        api.post(f"jobs/{job['id']}/start/").raise_for_status()
-        stack.start("learner", str(BIN / "echo2-learner"), "--server", server, "--job", str(job["id"]),
-                    "--token", tokens["demo"], "--redis", env["REDIS_URL"],
-                    "--snapshot-dir", str(workdir / "snapshots"))
-        console.print(f"job {job['id']} started; dashboard: {server}/jobs/{job['id']}/")
+        job = _launch_job(console, stack, api, server, tokens["demo"], model_dir, args, env["REDIS_URL"], workdir)
         code = _watch(console, api, stack, job["id"], args.target, server)
         if args.keep_running:
             console.print(f"the site stays up at {server} (login demo / demo); Ctrl-C stops everything")
@@ -168,6 +135,52 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stack.stop()
         console.print(f"all demo processes stopped; logs in {stack.logs}")
+
+
+def _start_site(console, stack: Stack, server: str, site_port: int, workdir: Path) -> tuple[dict[str, str], Path]:
+    """Migrate, create the users, build the tiny model, start daphne and Celery; returns (tokens, model dir)."""
+    py = str(BIN / "python")
+    stack.run(py, "manage.py", "migrate", "--noinput")
+    tokens = _create_users(stack, py)
+    model_dir = workdir / "tiny-arithmetic"
+    stack.run(str(BIN / "echo2-learner"), "init-model", str(model_dir), "--task", "arithmetic")
+    console.print(f"tiny model built in {model_dir}")
+    stack.start("daphne", str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(site_port), "echo2_site.asgi:application")
+    stack.start("celery-worker", str(BIN / "celery"), "-A", "echo2_site", "worker", "-l", "info", "-P", "solo")
+    stack.start("celery-beat", str(BIN / "celery"), "-A", "echo2_site", "beat", "-l", "info",
+                "-s", str(workdir / "celerybeat-schedule"))
+    wait_for(lambda: httpx.get(server + "/api/schema/", timeout=2).status_code == 200, "the site", 60)
+    console.print(f"site up at {server}  (dashboard login: demo / demo)")
+    return tokens, model_dir
+
+
+def _start_agents(console, stack: Stack, server: str, tokens: dict[str, str], workdir: Path) -> None:
+    """Register and run one agent per provider, each relaying snapshot chunks to its chain peer."""
+    for user, gpu, price in PROVIDERS:
+        cfg = workdir / "agents" / f"{user}.json"
+        relay = f"127.0.0.1:{free_port()}"  # chain peers pull snapshot chunks from here
+        stack.run(str(BIN / "echo2-agent"), "register", "--server", server, "--token", tokens[user],
+                  "--name", f"{user}-{gpu}", "--gpu", gpu, "--price", str(price), "--config", str(cfg),
+                  "--bandwidth-mbps", "100", "--relay-address", relay)
+        stack.start(f"agent-{user}", str(BIN / "echo2-agent"), "run", "--config", str(cfg), "--threads", "1",
+                    "--relay-listen", relay)
+        console.print(f"agent {user}-{gpu} registered at ${price}/h and running (relay {relay})")
+
+
+def _launch_job(console, stack: Stack, api: httpx.Client, server: str, token: str, model_dir: Path, args,
+                redis_url: str, workdir: Path) -> dict:
+    """Create and start the demo job, then its learner; returns the job."""
+    job = api.post("jobs/", json={
+        "name": "demo: arithmetic from scratch", "model_dir": str(model_dir),
+        "task": {"name": "arithmetic", "max_operand": 4}, "staleness": 3, "batch_trajectories": 128,
+        "group_size": 8, "learning_rate": 1e-3, "max_steps": args.steps, "max_new_tokens": 2,
+        "target_reward": args.target,
+    }).raise_for_status().json()
+    api.post(f"jobs/{job['id']}/start/").raise_for_status()
+    stack.start("learner", str(BIN / "echo2-learner"), "--server", server, "--job", str(job["id"]),
+                "--token", token, "--redis", redis_url, "--snapshot-dir", str(workdir / "snapshots"))
+    console.print(f"job {job['id']} started; dashboard: {server}/jobs/{job['id']}/")
+    return job
 
 
 def _create_users(stack: Stack, py: str) -> dict[str, str]:

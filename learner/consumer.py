@@ -12,9 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import redis
-
-from dataplane.replay import ReplayBuffer, StoredGroup
+from dataplane.replay import Client, ReplayBuffer, StoredGroup
 
 Group = StoredGroup  # one GRPO group read from the stream, with the entry id that acknowledges it
 
@@ -28,7 +26,7 @@ class BatchWait:
 
 @dataclass
 class StalenessGatedConsumer:
-    client: redis.Redis
+    client: Client
     job_id: int
     staleness: int
     consumer: str = "learner-0"

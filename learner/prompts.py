@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import random
 
-import redis
-
-from dataplane.replay import ReplayBuffer
+from dataplane.replay import Client, ReplayBuffer
 from dataplane.tasks import TaskAdapter
 
 
 class PromptFeeder:
-    def __init__(self, client: redis.Redis, *, job_id: int, task: TaskAdapter, seed: int, backlog: int) -> None:
+    def __init__(self, client: Client, *, job_id: int, task: TaskAdapter, seed: int, backlog: int) -> None:
         self.job_id, self.task, self.backlog = job_id, task, backlog
         self.replay = ReplayBuffer(client, job_id)
         self.replay.ensure_groups()

@@ -351,12 +351,7 @@ def exact_min_cost(candidates: Sequence[Candidate], target: float, *, time_limit
     mu = np.array([c.effective_throughput for c in ranked])
     k = _greedy_cut(mu, target)
     best = _local_search(price, mu, target, np.arange(mu.size) < k)
-    with np.errstate(all="ignore"):
-        lam = price[k - 1] / mu[k - 1]
-        reduced = price - lam * mu
-        lower = lam * target + math.fsum(reduced[reduced < 0])
-    if not math.isfinite(lower):  # throughputs near the float floor (1e-300 traj/s): no bound, no reductions
-        reduced, lower = np.zeros_like(price), -math.inf
+    reduced, lower = _lp_bound(price, mu, target, k)
     method, size, note = "exact-timeout-greedy", 128, "time limit"
     while True:
         upper = math.fsum(price[best])
@@ -382,6 +377,19 @@ def exact_min_cost(candidates: Sequence[Candidate], target: float, *, time_limit
         size *= 4
     gap = (math.fsum(price[best]) - lower) / math.fsum(price[best])
     return _pick(ranked, best, target, method, False, f"{note}; within {gap:.2e} of the LP bound")
+
+
+def _lp_bound(price: np.ndarray, mu: np.ndarray, target: float, k: int) -> tuple[np.ndarray, float]:
+    """Reduced costs ``c_i - lambda mu_i`` at the greedy's critical unit cost ``lambda`` (the LP dual, ``k``
+    the greedy's cut) and the LP lower bound ``L``. Throughputs near the float floor (1e-300 traj/s) give
+    no bound and no reductions."""
+    with np.errstate(all="ignore"):
+        lam = price[k - 1] / mu[k - 1]
+        reduced = price - lam * mu
+        lower = lam * target + math.fsum(reduced[reduced < 0])
+    if not math.isfinite(lower):
+        return np.zeros_like(price), -math.inf
+    return reduced, lower
 
 
 def _pick(ranked: list[Candidate], chosen: np.ndarray, target: float, method: str, optimal: bool,

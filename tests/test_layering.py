@@ -1,30 +1,166 @@
-"""The agent and learner install and run without the site: importing them must not pull in Django."""
+"""The planes stay apart (docs/architecture.md, DESIGN.md): every import of every module, inside functions
+too, is read from the source and checked against the layering rules; the import graph of our packages has
+no cycle; modules and functions stay small enough to read. A second check imports the agent and the
+learner for real and looks at what they pulled in."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("dataplane", "learner", "worker_agent", "marketplace", "frontend", "echo2_site")
+SITE_ONLY = {"django", "rest_framework", "drf_spectacular", "channels", "channels_redis", "celery", "daphne",
+             "marketplace", "frontend", "echo2_site"}
+
+# package -> top-level names its modules may never import
+FORBIDDEN: dict[str, set[str]] = {
+    "dataplane": {"learner", "worker_agent", *SITE_ONLY, "torch", "transformers", "safetensors"},
+    "learner": {"worker_agent", *SITE_ONLY},
+    "worker_agent": {"learner", "redis", *SITE_ONLY},
+    "marketplace": {"learner", "worker_agent", "frontend", "torch", "transformers"},
+    "frontend": {"learner", "worker_agent", "torch", "transformers"},
+}
+# Agents never talk to Redis, and redis-py is a dependency of the replay buffer alone among the planes.
+REDIS_ALLOWED = {"dataplane.replay"}
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 500, 60
 
 
-def test_agent_and_learner_do_not_import_django():
-    code = (
-        "import sys\n"
-        "import worker_agent.cli, worker_agent.session, worker_agent.engines.hf, learner.cli, learner.trainer\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in {'django', 'rest_framework', 'channels', 'celery',"
-        " 'marketplace', 'echo2_site', 'frontend'})\n"
-        "print(','.join(bad))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == ""
+def modules(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> Iterator[tuple[str, Path]]:
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            if "migrations" in path.parts:
+                continue
+            parts = path.relative_to(root).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            yield name, path
 
 
-def test_dataplane_imports_nothing_of_ours_but_itself():
-    code = (
-        "import sys, dataplane.records, dataplane.messages, dataplane.jobs, dataplane.snapshot, dataplane.tasks\n"
-        "print(','.join(sorted({m.split('.')[0] for m in sys.modules} & "
-        "{'marketplace', 'learner', 'worker_agent', 'frontend', 'echo2_site', 'django', 'torch'})))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+def imports_of(name: str, path: Path) -> set[str]:
+    """Every module ``name`` imports, anywhere in its source (functions and ``if`` blocks too), absolute."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)  # `from pkg import module`
+    return found
+
+
+def violations(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> list[str]:
+    out = []
+    for name, path in modules(root, packages):
+        plane = name.split(".")[0]
+        for target in sorted(imports_of(name, path)):
+            top = target.split(".")[0]
+            if top in FORBIDDEN.get(plane, set()):
+                out.append(f"{name} imports {target}")
+            elif top == "redis" and plane in ("dataplane", "learner", "worker_agent") and name not in REDIS_ALLOWED:
+                out.append(f"{name} imports {target} (only {', '.join(sorted(REDIS_ALLOWED))} may)")
+    return out
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports (a ``from package import name`` edge goes to the package
+    unless ``name`` is a module)."""
+    ours = dict(modules(root))
+    return {name: {t for t in imports_of(name, path) if t in ours and t != name} for name, path in ours.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph`` as a path (first == last), or None. Packages importing their own
+    submodules (``__init__`` re-exports) are not cycles of the design and are left out."""
+    edges = {a: {b for b in bs if not b.startswith(a + ".") and not a.startswith(b + ".")} for a, bs in graph.items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt):], nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_no_plane_imports_what_it_must_not() -> None:
+    assert violations() == []
+
+
+def test_a_planted_import_from_learner_into_the_agent_is_caught(tmp_path: Path) -> None:
+    (tmp_path / "learner").mkdir()
+    (tmp_path / "learner" / "__init__.py").write_text("")
+    (tmp_path / "learner" / "sneaky.py").write_text(
+        "import torch\n\n\ndef helper():\n    if True:\n        from worker_agent.relay import SnapshotRelay\n"
+        "    return SnapshotRelay\n")
+    (tmp_path / "learner" / "relative.py").write_text("def f():\n    from ..worker_agent import session\n")
+    (tmp_path / "learner" / "cache.py").write_text("import redis\n")
+
+    found = violations(tmp_path, ("learner",))
+
+    assert "learner.sneaky imports worker_agent.relay" in found
+    assert "learner.relative imports worker_agent.session" in found
+    assert any(v.startswith("learner.cache imports redis") for v in found)
+
+
+def test_the_import_graph_of_our_packages_has_no_cycle() -> None:
+    graph = import_graph()
+    assert len(graph) > 50  # it really read the packages
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_the_cycle_finder_finds_a_planted_cycle() -> None:
+    graph = {"a.services": {"a.tasks"}, "a.tasks": {"a.scheduling"}, "a.scheduling": {"a.services"}, "a": {"a.tasks"}}
+    assert find_cycle(graph) == ["a.scheduling", "a.services", "a.tasks", "a.scheduling"]
+    assert find_cycle({"a": {"a.b"}, "a.b": set()}) is None
+
+
+def test_modules_and_functions_stay_readable() -> None:
+    too_long = []
+    for name, path in modules():
+        source = path.read_text()
+        if len(source.splitlines()) > MAX_MODULE_LINES:
+            too_long.append(f"module {name}: {len(source.splitlines())} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    too_long.append(f"function {name}.{node.name}: {length} lines")
+    assert too_long == [], f"over {MAX_MODULE_LINES} lines a module / {MAX_FUNCTION_LINES} a function"
+
+
+@pytest.mark.parametrize(("imports", "banned"), [
+    ("worker_agent.cli, worker_agent.session, worker_agent.engines.hf", SITE_ONLY | {"learner", "redis"}),
+    ("learner.cli, learner.trainer", SITE_ONLY | {"worker_agent"}),
+    ("dataplane.records, dataplane.messages, dataplane.jobs, dataplane.snapshot, dataplane.tasks",
+     SITE_ONLY | {"learner", "worker_agent", "torch", "redis"}),
+])
+def test_what_each_plane_pulls_in_when_imported(imports: str, banned: set[str]) -> None:
+    """The agent installs and runs without the site or Redis; the learner without the agent or the site."""
+    code = (f"import sys\nimport {imports}\n"
+            f"print(','.join(sorted({{m.split('.')[0] for m in sys.modules}} & set({sorted(banned)!r}))))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == ""

@@ -138,8 +138,6 @@ def bench(
     json_output: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Measure mu_i (trajectories/s) for a model and task; --report tells the scheduler."""
-    import httpx
-
     from dataplane.tasks import TaskSpecError, build_task
 
     try:
@@ -173,15 +171,7 @@ def bench(
     out = {"model": model, "task": adapter.spec(), "trajectories": result.trajectories, "seconds": result.seconds,
            "throughput": result.throughput, "tokens_per_s": result.tokens_per_s}
     if cfg is not None:
-        try:
-            response = httpx.post(f"{cfg.server.rstrip('/')}/api/workers/{cfg.worker_id}/calibrations/", timeout=30,
-                                  headers={"Authorization": f"Bearer {cfg.agent_key}"},
-                                  json={"model_dir": model, "task": adapter.spec(), "throughput": result.throughput,
-                                        "tokens_per_s": result.tokens_per_s})
-        except httpx.HTTPError as err:
-            _fail(f"cannot reach {cfg.server}: {err}")
-        if response.status_code >= 400:
-            _fail(f"calibration refused ({response.status_code}): {_reason(response)}")
+        _report_calibration(cfg, model, adapter.spec(), result)
         out["reported"] = True
     if json_output:
         typer.echo(json.dumps(out))
@@ -189,6 +179,21 @@ def bench(
         typer.echo(f"mu = {result.throughput:.2f} trajectories/s ({result.tokens_per_s:.0f} tokens/s, "
                    f"{result.trajectories} trajectories in {result.seconds:.1f}s on {engine.device})"
                    + ("; reported to the site" if cfg else ""))
+
+
+def _report_calibration(cfg: AgentConfig, model: str, task: dict, result) -> None:
+    """Send a measured throughput to the site as this worker's calibration for (model, task)."""
+    import httpx
+
+    try:
+        response = httpx.post(f"{cfg.server.rstrip('/')}/api/workers/{cfg.worker_id}/calibrations/", timeout=30,
+                              headers={"Authorization": f"Bearer {cfg.agent_key}"},
+                              json={"model_dir": model, "task": task, "throughput": result.throughput,
+                                    "tokens_per_s": result.tokens_per_s})
+    except httpx.HTTPError as err:
+        _fail(f"cannot reach {cfg.server}: {err}")
+    if response.status_code >= 400:
+        _fail(f"calibration refused ({response.status_code}): {_reason(response)}")
 
 
 def _reason(response) -> str:
