@@ -17,8 +17,12 @@ class MessageError(ValueError):
     """A frame that is not a valid message; ``str(err)`` is the reason sent back."""
 
 
+MAX_VERSION = 2**31 - 1  # versions and ids fit the site's integer columns
+MAX_THROUGHPUT = 1e6  # trajectories/s: far beyond any one machine, so a larger figure is a lie or a bug
+
+
 class _Msg(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # Infinity and NaN are never a figure
 
 
 # ---- agent -> site -------------------------------------------------------------------------
@@ -27,13 +31,15 @@ class _Msg(BaseModel):
 class Hello(_Msg):
     type: Literal["hello"] = "hello"
     agent_version: str = Field(max_length=32)
-    installed_version: int | None = Field(default=None, ge=0, description="Snapshot version loaded, if any.")
+    installed_version: int | None = Field(default=None, ge=0, le=MAX_VERSION, description="Snapshot version loaded, "
+                                          "if any.")
 
 
 class Heartbeat(_Msg):
     type: Literal["heartbeat"] = "heartbeat"
-    throughput: float | None = Field(default=None, ge=0, description="mu_i, trajectories/s over a window.")
-    installed_version: int | None = Field(default=None, ge=0)
+    throughput: float | None = Field(default=None, ge=0, le=MAX_THROUGHPUT,
+                                     description="mu_i, trajectories/s over a window.")
+    installed_version: int | None = Field(default=None, ge=0, le=MAX_VERSION)
     job_id: int | None = Field(default=None, ge=1)
 
 
