@@ -4,7 +4,7 @@ section 5.5.1) with real relay processes on loopback and token-bucket caps emula
 Run: ``.venv/bin/python bench/broadcast.py [--sizes 4 8 16 32 64] [--mb 4] [--bw-mbit 8] [--ratio 4]
 [--chunk-kb 32] [--png broadcast.png]``
 
-Each of the N workers is one ``python -m worker_agent.relay_process`` process capped at ``Bw`` down and up; the
+Each of the N workers is one ``python -m dataplane.broadcast.process`` process capped at ``Bw`` down and up; the
 learner is one more, capped at ``B0 = ratio * Bw`` shared by its children (not capped for star-unlimited).
 Chains: ``N_ch = floor(B0/Bw)`` (marketplace.chains). ``T_bcast`` is publication until a fraction q = 1/1.1
 of the workers installed (section 5.5.1); ``T_all`` until every worker did. Theory beside it: star-limited
@@ -30,9 +30,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from dataplane.broadcast.relay import STRATEGIES, write_snapshot_dir  # noqa: E402
 from dataplane.snapshot import build_manifest  # noqa: E402
 from marketplace.chains import WorkerStats, assemble_chains, n_chains, parents  # noqa: E402
-from worker_agent.relay import STRATEGIES, write_snapshot_dir  # noqa: E402
 
 Q = 1 / 1.1
 JOB, VERSION = 1, 1
@@ -40,7 +40,7 @@ JOB, VERSION = 1, 1
 
 class Proc:
     def __init__(self, args: list[str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "worker_agent.relay_process", *args], cwd=ROOT, text=True,
+        self.proc = subprocess.Popen([sys.executable, "-m", "dataplane.broadcast.process", *args], cwd=ROOT, text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.port: int | None = None
         self.installed_at: float | None = None

@@ -19,6 +19,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save
 
+from dataplane.broadcast.hub import RelayHub
+from dataplane.broadcast.ratelimit import bucket
+from dataplane.broadcast.relay import SnapshotRelay
 from dataplane.snapshot import DEFAULT_CHUNK_BYTES, Manifest, build_manifest, split
 
 
@@ -104,9 +107,6 @@ class LearnerRelay:
 
     def __init__(self, store: SnapshotStore, *, uplink_bps: float | None, host: str = "127.0.0.1", port: int = 0,
                  advertise_host: str | None = None) -> None:
-        from dataplane import transfer
-        from worker_agent.relay import RelayHub
-
         self.store, self.max_children = store, 64
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="snapshot-relay", daemon=True)
@@ -114,7 +114,7 @@ class LearnerRelay:
         self.hub = RelayHub()
 
         async def make_bucket():  # the bucket's lock belongs to the relay loop
-            return transfer.bucket(uplink_bps)
+            return bucket(uplink_bps)
 
         self.uplink = self._call(make_bucket())
         self.port = self._call(self.hub.start(host, port))
@@ -129,8 +129,6 @@ class LearnerRelay:
 
     def serve(self, version: int) -> None:
         """Register version ``version`` (already written by the store) and drop the versions the store pruned."""
-        from worker_agent.relay import SnapshotRelay
-
         async def register() -> None:
             relay = SnapshotRelay.from_directory(self.store.root / f"v{version}", worker_id=0,
                                                  max_children=self.max_children, uplink=self.uplink)

@@ -20,14 +20,15 @@ from urllib.parse import urlsplit, urlunsplit
 import websockets
 
 from dataplane import messages as m
-from dataplane import transfer
+from dataplane.broadcast.hub import RelayHub
+from dataplane.broadcast.ratelimit import bucket
+from dataplane.broadcast.relay import SnapshotRelay
 from dataplane.snapshot import parse_manifest
 from dataplane.tasks import build_task
 
 from . import __version__
 from .config import AgentConfig
 from .engines.base import Engine, SamplingParams
-from .relay import RelayHub, SnapshotRelay
 from .rollout import GroupLease, rollout_groups
 from .snapshots import fetch_snapshot
 
@@ -227,7 +228,7 @@ class AgentSession:
         await self._start_hub()
         bw = self.config.bandwidth_bps
         relay = SnapshotRelay(manifest, worker_id=self.config.worker_id, fallback_url=snap.url,
-                              uplink=transfer.bucket(bw), downlink=transfer.bucket(bw), on_event=self._relay_event)
+                              uplink=bucket(bw), downlink=bucket(bw), on_event=self._relay_event)
         key = (snap.job_id, snap.version)
         self.relays[key] = relay
         if self.hub is not None:

@@ -1,8 +1,8 @@
 """One snapshot relay as a process, for the relay tests and ``bench/broadcast.py``.
 
-``python -m worker_agent.relay_process --help``: events go to stdout as JSON lines, commands
-(``parent``, ``children``, ``exit``) come on stdin. The agent itself runs relays in its own event loop
-(``worker_agent.session``); this wrapper only exposes one to a test harness.
+``python -m dataplane.broadcast.process --help``: events go to stdout as JSON lines, commands
+(``parent``, ``children``, ``exit``) come on stdin. The agent (``worker_agent.session``) and the learner
+(``learner.publisher``) run relays in their own event loops; this wrapper only exposes one to a harness.
 """
 
 from __future__ import annotations
@@ -16,20 +16,20 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from dataplane import transfer
-from dataplane.snapshot import SnapshotError, parse_manifest
-from dataplane.transfer import TransferError
-
-from .relay import Event, RelayHub, RelayTimeouts, SnapshotRelay
+from ..snapshot import SnapshotError, parse_manifest
+from .framing import TransferError
+from .hub import RelayHub
+from .ratelimit import bucket
+from .relay import Event, RelayTimeouts, SnapshotRelay
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m worker_agent.relay_process",
+        prog="python -m dataplane.broadcast.process",
         description="Run one snapshot relay. Events: JSON lines on stdout. Commands: JSON lines on stdin, "
                     '{"cmd": "parent", "host": H, "port": P} | {"cmd": "children", "worker_ids": [..]} | '
                     '{"cmd": "exit"}; stdin EOF also exits.',
-        epilog="example: python -m worker_agent.relay --from-dir /snap/v3 --max-children 4 --uplink-bps 8e6")
+        epilog="example: python -m dataplane.broadcast.process --from-dir /snap/v3 --max-children 4 --uplink-bps 8e6")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--from-dir", type=Path, help="origin: serve a published version directory")
     src.add_argument("--manifest", type=Path, help="relay/tail: the manifest JSON of the version to receive")
@@ -59,7 +59,7 @@ async def _main(args: argparse.Namespace) -> int:
             sys.stdout.flush()
 
     common = dict(worker_id=args.worker_id, max_children=args.max_children,
-                  uplink=transfer.bucket(args.uplink_bps), downlink=transfer.bucket(args.downlink_bps),
+                  uplink=bucket(args.uplink_bps), downlink=bucket(args.downlink_bps),
                   fallback_url=args.fallback_url, on_event=emit,
                   timeouts=RelayTimeouts(stall=args.stall_timeout, give_up=args.give_up,
                                          assign_wait=args.assign_wait),
