@@ -30,7 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dataplane.broadcast.relay import STRATEGIES, write_snapshot_dir  # noqa: E402
+from dataplane.broadcast.relay import STRATEGIES  # noqa: E402
+from dataplane.broadcast.store import write_version  # noqa: E402
 from dataplane.snapshot import build_manifest  # noqa: E402
 from marketplace.chains import WorkerStats, assemble_chains, n_chains, parents  # noqa: E402
 
@@ -174,7 +175,7 @@ def main() -> int:
     manifest = build_manifest(payload, job_id=JOB, version=VERSION, chunk_bytes=c)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        snap_dir = write_snapshot_dir(Path(tmp), manifest, payload)
+        snap_dir = write_version(Path(tmp), manifest, payload)
         manifest_path = Path(tmp) / "manifest.json"
         manifest_path.write_text(manifest.model_dump_json())
         print(f"M = {m / 1e6:g} MB, c = {c // 1024} KiB, Bw = {args.bw_mbit:g} Mbit/s, B0 = {args.ratio:g} x Bw, "

@@ -21,6 +21,7 @@ from .framing import TransferError
 from .hub import RelayHub
 from .ratelimit import bucket
 from .relay import Event, RelayTimeouts, SnapshotRelay
+from .store import read_version
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -31,7 +32,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                     '{"cmd": "exit"}; stdin EOF also exits.',
         epilog="example: python -m dataplane.broadcast.process --from-dir /snap/v3 --max-children 4 --uplink-bps 8e6")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--from-dir", type=Path, help="origin: serve a published version directory")
+    src.add_argument("--from-dir", type=Path, help="origin: serve a published version directory (v<N>/ of a store)")
     src.add_argument("--manifest", type=Path, help="relay/tail: the manifest JSON of the version to receive")
     p.add_argument("--worker-id", type=int, default=0)
     p.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT to serve children on ('none': tail only)")
@@ -65,7 +66,8 @@ async def _main(args: argparse.Namespace) -> int:
                                          assign_wait=args.assign_wait),
                   corrupt={i: args.corrupt_times for i in args.corrupt_chunk})
     if args.from_dir:
-        relay = SnapshotRelay.from_directory(args.from_dir, **common)
+        manifest, chunks = read_version(args.from_dir)
+        relay = SnapshotRelay(manifest, chunks=chunks, **common)
     else:
         relay = SnapshotRelay(parse_manifest(json.loads(args.manifest.read_text())), **common)
     if args.child:

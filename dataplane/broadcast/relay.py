@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
-from ..snapshot import Manifest, SnapshotError, assemble, fetch_chunk, parse_manifest, verify_chunk
+from ..snapshot import Manifest, SnapshotError, assemble, fetch_chunk, verify_chunk
 from . import framing
 from .framing import Frame, PeerRefused, TransferError
 from .ratelimit import TokenBucket
@@ -132,14 +130,6 @@ class SnapshotRelay:
         for index, data in (chunks or {}).items():
             verify_chunk(manifest, index, data)
             self._store(index, data, quiet=True)
-
-    @classmethod
-    def from_directory(cls, path: Path, **kwargs: Any) -> SnapshotRelay:
-        """An origin over a published version directory (``manifest.json`` + ``chunks/<i>``, as SnapshotStore)."""
-        path = Path(path)
-        manifest = parse_manifest(json.loads((path / "manifest.json").read_text()))
-        chunks = {c.index: (path / "chunks" / str(c.index)).read_bytes() for c in manifest.chunks}
-        return cls(manifest, chunks=chunks, **kwargs)
 
     # ---- state ---------------------------------------------------------------------------------
 
@@ -387,14 +377,3 @@ class SnapshotRelay:
                 await self.downlink.acquire(len(data))
             self.stats.from_fallback += 1
             self._store(index, data, source="fallback")
-
-
-def write_snapshot_dir(root: Path, manifest: Manifest, payload: bytes) -> Path:
-    """Lay out a version as SnapshotStore does (``v<version>/manifest.json``, ``chunks/<i>``); returns the dir."""
-    path = Path(root) / f"v{manifest.version}"
-    (path / "chunks").mkdir(parents=True, exist_ok=True)
-    for info in manifest.chunks:
-        start = info.index * manifest.chunk_bytes
-        (path / "chunks" / str(info.index)).write_bytes(payload[start : start + info.size])
-    (path / "manifest.json").write_text(manifest.model_dump_json())
-    return path

@@ -21,7 +21,8 @@ import pytest
 
 from dataplane.broadcast import framing
 from dataplane.broadcast.hub import RelayHub
-from dataplane.broadcast.relay import SnapshotRelay, write_snapshot_dir
+from dataplane.broadcast.relay import SnapshotRelay
+from dataplane.broadcast.store import read_version, write_version
 from dataplane.snapshot import build_manifest
 from marketplace.chains import ChainPlan, repair
 
@@ -79,7 +80,7 @@ class RelayProc:
 def snapshot(tmp_path):
     payload = os.urandom(1_500_000)
     manifest = build_manifest(payload, job_id=JOB, version=VERSION, chunk_bytes=50_000)
-    directory = write_snapshot_dir(tmp_path / "snap", manifest, payload)
+    directory = write_version(tmp_path / "snap", manifest, payload)
     (tmp_path / "manifest.json").write_text(manifest.model_dump_json())
     return {"payload": payload, "dir": directory, "manifest": tmp_path / "manifest.json", "tmp": tmp_path}
 
@@ -196,7 +197,8 @@ def test_hub_holds_a_child_asking_for_a_version_until_it_is_registered(snapshot)
     async def main() -> framing.Frame:
         hub = RelayHub(assign_wait=5.0)
         port = await hub.start()
-        relay = SnapshotRelay.from_directory(snapshot["dir"], worker_id=1)
+        manifest, chunks = read_version(snapshot["dir"])
+        relay = SnapshotRelay(manifest, chunks=chunks, worker_id=1)
         asyncio.get_running_loop().call_later(0.3, hub.register, relay)  # the site's message lands later
         reader, writer = await framing.open_peer("127.0.0.1", port, timeout=5)
         await framing.write_frame(writer, framing.hello(job_id=JOB, version=VERSION, worker_id=2, have=[]),
