@@ -13,6 +13,7 @@ import hashlib
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -48,51 +49,54 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="hold an unassigned child (or one asking for a version not served yet) this long")
     p.add_argument("--out", type=Path, help="write the installed payload here")
     p.add_argument("--progress", action="store_true", help="emit an event per chunk")
-    p.add_argument("--corrupt-chunk", type=int, action="append", default=[], help="TEST ONLY: flip a byte")
-    p.add_argument("--corrupt-times", type=int, default=1, help="TEST ONLY: how many sends to corrupt")
     return p.parse_args(argv)
 
 
-async def _main(args: argparse.Namespace) -> int:
+RelayFactory = Callable[..., SnapshotRelay]
+"""Builds the relay from a manifest and keyword arguments: :class:`SnapshotRelay` itself, or a subclass."""
+
+
+def _emitter(args: argparse.Namespace) -> Callable[[Event], None]:
     def emit(event: Event) -> None:
         if event["event"] != "chunk" or args.progress:
             sys.stdout.write(json.dumps(event) + "\n")
             sys.stdout.flush()
 
-    common = dict(worker_id=args.worker_id, max_children=args.max_children,
-                  uplink=bucket(args.uplink_bps), downlink=bucket(args.downlink_bps),
-                  fallback_url=args.fallback_url, on_event=emit,
-                  timeouts=RelayTimeouts(stall=args.stall_timeout, give_up=args.give_up,
-                                         assign_wait=args.assign_wait),
-                  corrupt={i: args.corrupt_times for i in args.corrupt_chunk})
+    return emit
+
+
+def _build_relay(args: argparse.Namespace, emit: Callable[[Event], None], make_relay: RelayFactory) -> SnapshotRelay:
     if args.from_dir:
         manifest, chunks = read_version(args.from_dir)
-        relay = SnapshotRelay(manifest, chunks=chunks, **common)
     else:
-        relay = SnapshotRelay(parse_manifest(json.loads(args.manifest.read_text())), **common)
+        manifest, chunks = parse_manifest(json.loads(args.manifest.read_text())), None
+    relay = make_relay(manifest, chunks=chunks, worker_id=args.worker_id, max_children=args.max_children,
+                       uplink=bucket(args.uplink_bps), downlink=bucket(args.downlink_bps),
+                       fallback_url=args.fallback_url, on_event=emit,
+                       timeouts=RelayTimeouts(stall=args.stall_timeout, give_up=args.give_up,
+                                              assign_wait=args.assign_wait))
     if args.child:
         relay.assign_children(set(args.child))
-    hub = RelayHub(assign_wait=args.assign_wait)
-    hub.register(relay)
-    port = None if args.listen == "none" else await hub.start(*_split_addr(args.listen))
-    emit({"event": "listening", "worker_id": args.worker_id, "port": port})
-    if args.parent:
-        relay.set_parent(*_split_addr(args.parent))
+    return relay
+
+
+async def _install(relay: SnapshotRelay, args: argparse.Namespace, emit: Callable[[Event], None]) -> None:
+    """Receive the whole snapshot; report ``installed`` (with the relay's stats) or ``error``."""
     started = time.monotonic()
+    try:
+        payload = await relay.receive()
+    except (TransferError, SnapshotError) as err:
+        emit({"event": "error", "worker_id": args.worker_id, "reason": str(err)})
+        return
+    if args.out:
+        args.out.write_bytes(payload)
+    emit({"event": "installed", "worker_id": args.worker_id, "t": time.time(),
+          "seconds": time.monotonic() - started, "sha256": hashlib.sha256(payload).hexdigest(),
+          "stats": asdict(relay.stats)})
 
-    async def install() -> None:
-        try:
-            payload = await relay.receive()
-        except (TransferError, SnapshotError) as err:
-            emit({"event": "error", "worker_id": args.worker_id, "reason": str(err)})
-            return
-        if args.out:
-            args.out.write_bytes(payload)
-        emit({"event": "installed", "worker_id": args.worker_id, "t": time.time(),
-              "seconds": time.monotonic() - started, "sha256": hashlib.sha256(payload).hexdigest(),
-              "stats": asdict(relay.stats)})
 
-    receiving = asyncio.create_task(install()) if not relay.complete else None
+async def _obey(relay: SnapshotRelay, worker_id: int, emit: Callable[[Event], None]) -> None:
+    """Apply the commands read from stdin until ``exit`` or EOF."""
     loop = asyncio.get_running_loop()
     stdin = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
@@ -100,7 +104,7 @@ async def _main(args: argparse.Namespace) -> int:
         try:
             cmd = json.loads(line)
         except json.JSONDecodeError:
-            emit({"event": "error", "worker_id": args.worker_id, "reason": f"bad command {line!r}"})
+            emit({"event": "error", "worker_id": worker_id, "reason": f"bad command {line!r}"})
             continue
         if cmd.get("cmd") == "parent":
             relay.set_parent(cmd.get("host"), cmd.get("port"))
@@ -108,10 +112,25 @@ async def _main(args: argparse.Namespace) -> int:
             ids = cmd.get("worker_ids")
             relay.assign_children(None if ids is None else set(ids))
         elif cmd.get("cmd") == "exit":
-            break
-    if receiving is not None:
-        receiving.cancel()
-    await hub.close()
+            return
+
+
+async def _main(args: argparse.Namespace, make_relay: RelayFactory) -> int:
+    emit = _emitter(args)
+    relay = _build_relay(args, emit, make_relay)
+    hub = RelayHub(assign_wait=args.assign_wait)
+    hub.register(relay)
+    port = None if args.listen == "none" else await hub.start(*_split_addr(args.listen))
+    emit({"event": "listening", "worker_id": args.worker_id, "port": port})
+    if args.parent:
+        relay.set_parent(*_split_addr(args.parent))
+    receiving = asyncio.create_task(_install(relay, args, emit)) if not relay.complete else None
+    try:
+        await _obey(relay, args.worker_id, emit)
+    finally:
+        if receiving is not None:
+            receiving.cancel()
+        await hub.close()
     return 0
 
 
@@ -120,8 +139,9 @@ def _split_addr(addr: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def main(argv: list[str] | None = None) -> int:
-    return asyncio.run(_main(_parse_args(argv)))
+def main(argv: list[str] | None = None, *, make_relay: RelayFactory = SnapshotRelay) -> int:
+    """Run until ``exit`` or stdin EOF; ``make_relay`` lets a harness run a subclass (tests/dataplane/broadcast)."""
+    return asyncio.run(_main(_parse_args(argv), make_relay))
 
 
 if __name__ == "__main__":

@@ -110,16 +110,14 @@ class SnapshotRelay:
     def __init__(self, manifest: Manifest, *, worker_id: int, chunks: dict[int, bytes] | None = None,
                  max_children: int = 1, uplink: TokenBucket | None = None, downlink: TokenBucket | None = None,
                  fallback_url: str | None = None, timeouts: RelayTimeouts | None = None,
-                 on_event: Callable[[Event], None] | None = None, corrupt: dict[int, int] | None = None) -> None:
-        """``chunks`` given in full makes an origin (the learner); ``corrupt`` maps chunk index to how many
-        times this relay flips a byte when sending it (tests only)."""
+                 on_event: Callable[[Event], None] | None = None) -> None:
+        """``chunks`` given in full makes an origin (the learner)."""
         self.manifest, self.worker_id, self.max_children = manifest, worker_id, max_children
         self.job_id, self.version = manifest.job_id, manifest.version
         self.uplink, self.downlink, self.fallback_url = uplink, downlink, fallback_url
         self.timeouts = timeouts or RelayTimeouts()
         self.stats = RelayStats()
         self._on_event = on_event or (lambda event: None)
-        self._corrupt = dict(corrupt or {})
         self._chunks: dict[int, bytes] = {}
         self._sessions: dict[int, _Session] = {}
         self._waiters = Waiters()  # children held until their assignment arrives
@@ -199,7 +197,7 @@ class SnapshotRelay:
         listener = asyncio.create_task(self._listen(reader, session, wants, peer))
         try:
             await framing.write_frame(writer, framing.accept(job_id=self.job_id, version=self.version,
-                                                               chunks=len(self.manifest.chunks)),
+                                                             chunks=len(self.manifest.chunks)),
                                        peer=peer, timeout=self.timeouts.stall)
             self.stats.children_served += 1
             await self._stream(writer, session, listener, wants, set(hello.header["have"]), peer)
@@ -252,15 +250,13 @@ class SnapshotRelay:
                     await asyncio.wait_for(session.wake.wait(), self.timeouts.give_up)
                     continue
                 raise TransferError(f"child {peer}: nothing to send or hear for {self.timeouts.give_up:g} s")
-            data = self._chunks[index]
-            info = self.manifest.chunks[index]
-            if self._corrupt.get(index, 0) > 0:
-                self._corrupt[index] -= 1
-                data = bytes([data[0] ^ 0xFF]) + data[1:] if data else b"\0"
-            header = framing.chunk(job_id=self.job_id, version=self.version, index=index, size=len(data),
-                                    sha256=info.sha256)
-            await framing.write_frame(writer, header, data, peer=peer, timeout=self.timeouts.stall,
-                                       uplink=self.uplink)
+            await self._send_chunk(writer, index, self._chunks[index], peer=peer)
+
+    async def _send_chunk(self, writer: asyncio.StreamWriter, index: int, data: bytes, *, peer: str) -> None:
+        """Send one held chunk under the manifest's sha256 (the one place bytes leave for a child)."""
+        header = framing.chunk(job_id=self.job_id, version=self.version, index=index, size=len(data),
+                               sha256=self.manifest.chunks[index].sha256)
+        await framing.write_frame(writer, header, data, peer=peer, timeout=self.timeouts.stall, uplink=self.uplink)
 
     # ---- child side ----------------------------------------------------------------------------
 
@@ -312,7 +308,7 @@ class SnapshotRelay:
         reader, writer = await framing.open_peer(*parent, timeout=self.timeouts.connect)
         try:
             await framing.write_frame(writer, framing.hello(job_id=self.job_id, version=self.version,
-                                                              worker_id=self.worker_id, have=self.have),
+                                                            worker_id=self.worker_id, have=self.have),
                                        peer=peer, timeout=self.timeouts.stall)
             frame = await framing.read_frame(reader, peer=peer, timeout=self.timeouts.stall)
             if frame.type == "refuse":
@@ -323,7 +319,7 @@ class SnapshotRelay:
             bad: Counter[int] = Counter()
             while not self.complete:
                 frame = await framing.read_frame(reader, peer=peer, timeout=self.timeouts.stall,
-                                                  downlink=self.downlink)
+                                                 downlink=self.downlink)
                 if frame.type == "refuse":
                     raise PeerRefused(peer, frame.header["reason"])
                 await self._check_assignment(writer, frame, peer)
@@ -338,7 +334,7 @@ class SnapshotRelay:
                     self._emit("bad_chunk", index=index, parent=peer, reason=str(err), copies=bad[index])
                     if bad[index] <= self.timeouts.bad_chunk_retries:
                         await framing.write_frame(writer, framing.want([index]), peer=peer,
-                                                   timeout=self.timeouts.stall)
+                                                  timeout=self.timeouts.stall)
                     elif self.fallback_url:
                         await self._fetch_fallback([index])
                     else:

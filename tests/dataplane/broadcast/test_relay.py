@@ -28,13 +28,15 @@ from marketplace.chains import ChainPlan, repair
 
 ROOT = Path(__file__).resolve().parents[3]
 JOB, VERSION = 1, 3
+RELAY = "dataplane.broadcast.process"
+CORRUPTING_RELAY = "tests.dataplane.broadcast.corrupting_relay"  # the same process, its relay flips bytes
 
 
 class RelayProc:
     """``python -m dataplane.broadcast.process`` with its stdout events in a queue and commands on stdin."""
 
-    def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "dataplane.broadcast.process", *args], cwd=ROOT, text=True,
+    def __init__(self, *args: str, module: str = RELAY) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.events: queue.Queue[dict] = queue.Queue()
         self.seen: list[dict] = []
@@ -88,7 +90,12 @@ def snapshot(tmp_path):
 @pytest.fixture
 def procs():
     started: list[RelayProc] = []
-    yield lambda *args: started.append(RelayProc(*args)) or started[-1]
+
+    def start(*args: str, module: str = RELAY) -> RelayProc:
+        started.append(RelayProc(*args, module=module))
+        return started[-1]
+
+    yield start
     for proc in started:
         proc.stop()
 
@@ -143,7 +150,7 @@ def test_killed_middle_relay_is_repaired_and_every_survivor_installs(snapshot, p
 
 def test_corrupted_chunk_is_detected_and_fetched_again_from_the_parent(snapshot, procs):
     origin = procs("--from-dir", str(snapshot["dir"]))
-    w1 = procs(*relay_args(snapshot, 1, origin.port, "--corrupt-chunk", "3"))
+    w1 = procs(*relay_args(snapshot, 1, origin.port), "--corrupt-chunk", "3", module=CORRUPTING_RELAY)
     w2 = procs(*relay_args(snapshot, 2, w1.port))
     bad = w2.wait("bad_chunk")
     assert bad["index"] == 3 and "sha256 mismatch" in bad["reason"]
@@ -159,7 +166,8 @@ def test_relay_that_keeps_corrupting_is_bypassed_through_the_learner_fallback(sn
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         origin = procs("--from-dir", str(snapshot["dir"]))
-        w1 = procs(*relay_args(snapshot, 1, origin.port, "--corrupt-chunk", "3", "--corrupt-times", "100"))
+        w1 = procs(*relay_args(snapshot, 1, origin.port), "--corrupt-chunk", "3", "--corrupt-times", "100",
+                   module=CORRUPTING_RELAY)
         url = f"http://127.0.0.1:{server.server_address[1]}/v{VERSION}/"
         w2 = procs(*relay_args(snapshot, 2, w1.port, "--fallback-url", url))
         installed = w2.wait("installed")
@@ -175,7 +183,7 @@ def ask_relay(port: int, version: int, worker_id: int) -> framing.Frame:
     async def hello() -> framing.Frame:
         reader, writer = await framing.open_peer("127.0.0.1", port, timeout=5)
         await framing.write_frame(writer, framing.hello(job_id=JOB, version=version, worker_id=worker_id, have=[]),
-                                   peer="relay", timeout=5)
+                                  peer="relay", timeout=5)
         frame = await framing.read_frame(reader, peer="relay", timeout=10)
         writer.close()
         return frame
@@ -202,7 +210,7 @@ def test_hub_holds_a_child_asking_for_a_version_until_it_is_registered(snapshot)
         asyncio.get_running_loop().call_later(0.3, hub.register, relay)  # the site's message lands later
         reader, writer = await framing.open_peer("127.0.0.1", port, timeout=5)
         await framing.write_frame(writer, framing.hello(job_id=JOB, version=VERSION, worker_id=2, have=[]),
-                                   peer="hub", timeout=5)
+                                  peer="hub", timeout=5)
         frame = await framing.read_frame(reader, peer="hub", timeout=10)
         writer.close()
         await hub.close()
@@ -217,7 +225,7 @@ def test_peer_asking_for_an_unassigned_version_or_not_its_child_is_refused(snaps
     async def ask(version: int, worker_id: int) -> str:
         reader, writer = await framing.open_peer("127.0.0.1", w1.port, timeout=5)
         await framing.write_frame(writer, framing.hello(job_id=JOB, version=version, worker_id=worker_id, have=[]),
-                                   peer="w1", timeout=5)
+                                  peer="w1", timeout=5)
         frame = await framing.read_frame(reader, peer="w1", timeout=5)
         with pytest.raises(framing.PeerClosed):  # the refuser hangs up after giving its reason
             await framing.read_frame(reader, peer="w1", timeout=5)
@@ -240,10 +248,10 @@ def test_child_refuses_a_parent_that_sends_another_version(snapshot, procs):
                 return
             await framing.read_frame(reader, peer="child", timeout=10)
             await framing.write_frame(writer, framing.accept(job_id=JOB, version=VERSION, chunks=30),
-                                       peer="child", timeout=5)
+                                      peer="child", timeout=5)
             data = b"x" * 10
             await framing.write_frame(writer, framing.chunk(job_id=JOB, version=VERSION + 7, index=0, size=10,
-                                                              sha256=hashlib.sha256(data).hexdigest()),
+                                                            sha256=hashlib.sha256(data).hexdigest()),
                                        data, peer="child", timeout=5)
             reasons.append((await framing.read_frame(reader, peer="child", timeout=10)).header["reason"])
             writer.close()
