@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dataplane.broadcast.relay import STRATEGIES  # noqa: E402
+from dataplane.broadcast import BROADCAST_STRATEGIES  # noqa: E402
 from dataplane.broadcast.store import write_version  # noqa: E402
 from dataplane.snapshot import build_manifest  # noqa: E402
 from marketplace.chains import WorkerStats, assemble_chains, n_chains, parents  # noqa: E402
@@ -140,7 +140,7 @@ def plot(rows: list[dict], path: Path, *, m_over_bw: float) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for strategy, style in zip(STRATEGIES, ("o-", "s-", "^-"), strict=True):
+    for strategy, style in zip(BROADCAST_STRATEGIES, ("o-", "s-", "^-"), strict=True):
         pts = [(r["n"], r["t_q"]) for r in rows if r["strategy"] == strategy]
         if pts:
             ax.plot(*zip(*pts, strict=True), style, label=strategy)
@@ -160,7 +160,7 @@ def plot(rows: list[dict], path: Path, *, m_over_bw: float) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16, 32, 64])
-    parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES))
+    parser.add_argument("--strategies", nargs="+", choices=BROADCAST_STRATEGIES, default=list(BROADCAST_STRATEGIES))
     parser.add_argument("--mb", type=float, default=4.0, help="snapshot size M in MB (10^6 bytes)")
     parser.add_argument("--bw-mbit", type=float, default=8.0, help="per-worker cap Bw in Mbit/s")
     parser.add_argument("--ratio", type=float, default=4.0, help="B0 / Bw")

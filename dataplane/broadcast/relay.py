@@ -26,15 +26,13 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from ..snapshot import Manifest, SnapshotError, assemble, fetch_chunk, verify_chunk
 from . import framing
 from .framing import Frame, PeerRefused, TransferError
 from .ratelimit import TokenBucket
 
-Strategy = Literal["star-unlimited", "star-limited", "chain"]
-STRATEGIES: tuple[Strategy, ...] = ("star-unlimited", "star-limited", "chain")
 Event = dict[str, Any]
 
 
