@@ -4,7 +4,7 @@ section 5.5.1) with real relay processes on loopback and token-bucket caps emula
 Run: ``.venv/bin/python bench/broadcast.py [--sizes 4 8 16 32 64] [--mb 4] [--bw-mbit 8] [--ratio 4]
 [--chunk-kb 32] [--png broadcast.png]``
 
-Each of the N workers is one ``python -m worker_agent.relay_process`` process capped at ``Bw`` down and up; the
+Each of the N workers is one ``python -m dataplane.broadcast.process`` process capped at ``Bw`` down and up; the
 learner is one more, capped at ``B0 = ratio * Bw`` shared by its children (not capped for star-unlimited).
 Chains: ``N_ch = floor(B0/Bw)`` (marketplace.chains). ``T_bcast`` is publication until a fraction q = 1/1.1
 of the workers installed (section 5.5.1); ``T_all`` until every worker did. Theory beside it: star-limited
@@ -30,9 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from dataplane.broadcast import BROADCAST_STRATEGIES  # noqa: E402
+from dataplane.broadcast.store import write_version  # noqa: E402
 from dataplane.snapshot import build_manifest  # noqa: E402
 from marketplace.chains import WorkerStats, assemble_chains, n_chains, parents  # noqa: E402
-from worker_agent.relay import STRATEGIES, write_snapshot_dir  # noqa: E402
 
 Q = 1 / 1.1
 JOB, VERSION = 1, 1
@@ -40,7 +41,7 @@ JOB, VERSION = 1, 1
 
 class Proc:
     def __init__(self, args: list[str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "worker_agent.relay_process", *args], cwd=ROOT, text=True,
+        self.proc = subprocess.Popen([sys.executable, "-m", "dataplane.broadcast.process", *args], cwd=ROOT, text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.port: int | None = None
         self.installed_at: float | None = None
@@ -139,7 +140,7 @@ def plot(rows: list[dict], path: Path, *, m_over_bw: float) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for strategy, style in zip(STRATEGIES, ("o-", "s-", "^-"), strict=True):
+    for strategy, style in zip(BROADCAST_STRATEGIES, ("o-", "s-", "^-"), strict=True):
         pts = [(r["n"], r["t_q"]) for r in rows if r["strategy"] == strategy]
         if pts:
             ax.plot(*zip(*pts, strict=True), style, label=strategy)
@@ -159,7 +160,7 @@ def plot(rows: list[dict], path: Path, *, m_over_bw: float) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[4, 8, 16, 32, 64])
-    parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES))
+    parser.add_argument("--strategies", nargs="+", choices=BROADCAST_STRATEGIES, default=list(BROADCAST_STRATEGIES))
     parser.add_argument("--mb", type=float, default=4.0, help="snapshot size M in MB (10^6 bytes)")
     parser.add_argument("--bw-mbit", type=float, default=8.0, help="per-worker cap Bw in Mbit/s")
     parser.add_argument("--ratio", type=float, default=4.0, help="B0 / Bw")
@@ -174,7 +175,7 @@ def main() -> int:
     manifest = build_manifest(payload, job_id=JOB, version=VERSION, chunk_bytes=c)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        snap_dir = write_snapshot_dir(Path(tmp), manifest, payload)
+        snap_dir = write_version(Path(tmp), manifest, payload)
         manifest_path = Path(tmp) / "manifest.json"
         manifest_path.write_text(manifest.model_dump_json())
         print(f"M = {m / 1e6:g} MB, c = {c // 1024} KiB, Bw = {args.bw_mbit:g} Mbit/s, B0 = {args.ratio:g} x Bw, "

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .broadcast import BroadcastStrategy
 from .tasks import TaskSpecError, build_task
 
 
@@ -86,7 +87,7 @@ class JobSpec(BaseModel):
     target_reward: float | None = Field(default=None, description="Complete early once the 10-step mean reward "
                                         "reaches this value.")
     loss: LossConfig = Field(default_factory=LossConfig, description="GRPO loss variant and its settings.")
-    broadcast_strategy: Literal["chain", "star-limited", "star-unlimited"] = Field(
+    broadcast_strategy: BroadcastStrategy = Field(
         default="chain", description="Snapshot broadcast: chain (learner -> seeds -> chains, section 4.2), or "
         "every worker pulls from the learner (star-limited: B0 shared; star-unlimited: no cap).")
 

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from .broadcast import BroadcastStrategy
 from .records import TrajectoryGroup, error_reason
 
 
@@ -151,7 +152,7 @@ class SnapshotAvailable(_Msg):
                                "from; None: fetch over HTTP from ``url``.")
     parent_worker_id: int | None = Field(default=None, description="The parent's worker id (None: the learner).")
     children: list[int] = Field(default_factory=list, description="Worker ids this agent's relay must serve.")
-    strategy: Literal["chain", "star-limited", "star-unlimited"] = "chain"
+    strategy: BroadcastStrategy = "chain"
 
 
 class Accepted(_Msg):

@@ -91,3 +91,12 @@ def fetch_chunk(base_url: str, manifest: Manifest, index: int, *, timeout: float
             if attempt == retries:
                 raise SnapshotError(f"chunk {index} of version {manifest.version} from {url}: {err}") from None
     raise AssertionError("unreachable")
+
+
+def fetch_payload(base_url: str, manifest: Manifest, *, timeout: float = 30.0, retries: int = 3) -> bytes:
+    """Every chunk of ``manifest`` from a snapshot server (:func:`fetch_chunk`), joined and checked whole: the
+    path of an agent without a chain parent. Nothing is returned unless every chunk verified; turning the
+    bytes into tensors is the receiver's business (this plane imports no torch)."""
+    chunks = {info.index: fetch_chunk(base_url, manifest, info.index, timeout=timeout, retries=retries)
+              for info in manifest.chunks}
+    return assemble(manifest, chunks)

@@ -1,8 +1,8 @@
-"""Snapshot publication: write the policy as safetensors chunks and serve them over HTTP.
+"""Snapshot publication: write the policy as safetensors chunks and serve them over HTTP and the relay.
 
-Each version lives in its own directory (manifest.json + chunks/<i>) and is never modified, so a
-slow agent can keep downloading an old version while newer ones appear. The newest ``keep``
-versions are kept on disk.
+Each version lives in its own directory (manifest.json + chunks/<i>, :mod:`dataplane.broadcast.store`) and
+is never modified, so a slow agent can keep downloading an old version while newer ones appear. The newest
+``keep`` versions are kept on disk.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import shutil
 import threading
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -19,7 +18,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save
 
-from dataplane.snapshot import DEFAULT_CHUNK_BYTES, Manifest, build_manifest, split
+from dataplane.broadcast.hub import RelayHub
+from dataplane.broadcast.ratelimit import bucket
+from dataplane.broadcast.relay import SnapshotRelay
+from dataplane.broadcast.store import list_versions, prune_versions, read_version, version_dir, write_version
+from dataplane.snapshot import DEFAULT_CHUNK_BYTES, Manifest, build_manifest
 
 
 def state_dict_bytes(model: torch.nn.Module) -> bytes:
@@ -36,6 +39,9 @@ def state_dict_bytes(model: torch.nn.Module) -> bytes:
 
 
 class SnapshotStore:
+    """The learner's published versions: the policy serialised to safetensors bytes, laid out on disk by
+    :mod:`dataplane.broadcast.store` (the one writer and reader of that layout); the newest ``keep`` stay."""
+
     def __init__(self, root: Path, *, job_id: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES, keep: int = 4) -> None:
         self.root, self.job_id, self.chunk_bytes, self.keep = Path(root), job_id, chunk_bytes, keep
         self.root.mkdir(parents=True, exist_ok=True)
@@ -43,22 +49,9 @@ class SnapshotStore:
     def write(self, model: torch.nn.Module, version: int) -> Manifest:
         payload = state_dict_bytes(model)
         manifest = build_manifest(payload, job_id=self.job_id, version=version, chunk_bytes=self.chunk_bytes)
-        tmp = self.root / f".v{version}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        (tmp / "chunks").mkdir(parents=True)
-        for i, part in enumerate(split(payload, self.chunk_bytes)):
-            (tmp / "chunks" / str(i)).write_bytes(part)
-        (tmp / "manifest.json").write_text(manifest.model_dump_json())
-        final = self.root / f"v{version}"
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)  # appears whole or not at all
-        self._prune()
+        write_version(self.root, manifest, payload)
+        prune_versions(self.root, keep=self.keep)
         return manifest
-
-    def _prune(self) -> None:
-        versions = sorted((int(p.name[1:]) for p in self.root.glob("v*") if p.name[1:].isdigit()), reverse=True)
-        for old in versions[self.keep:]:
-            shutil.rmtree(self.root / f"v{old}", ignore_errors=True)
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):
@@ -104,9 +97,6 @@ class LearnerRelay:
 
     def __init__(self, store: SnapshotStore, *, uplink_bps: float | None, host: str = "127.0.0.1", port: int = 0,
                  advertise_host: str | None = None) -> None:
-        from dataplane import transfer
-        from worker_agent.relay import RelayHub
-
         self.store, self.max_children = store, 64
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="snapshot-relay", daemon=True)
@@ -114,7 +104,7 @@ class LearnerRelay:
         self.hub = RelayHub()
 
         async def make_bucket():  # the bucket's lock belongs to the relay loop
-            return transfer.bucket(uplink_bps)
+            return bucket(uplink_bps)
 
         self.uplink = self._call(make_bucket())
         self.port = self._call(self.hub.start(host, port))
@@ -129,14 +119,15 @@ class LearnerRelay:
 
     def serve(self, version: int) -> None:
         """Register version ``version`` (already written by the store) and drop the versions the store pruned."""
-        from worker_agent.relay import SnapshotRelay
+        manifest, chunks = read_version(version_dir(self.store.root, version))
+        published = set(list_versions(self.store.root))
 
         async def register() -> None:
-            relay = SnapshotRelay.from_directory(self.store.root / f"v{version}", worker_id=0,
-                                                 max_children=self.max_children, uplink=self.uplink)
+            relay = SnapshotRelay(manifest, chunks=chunks, worker_id=0, max_children=self.max_children,
+                                  uplink=self.uplink)
             self.hub.register(relay)
             for job_id, old in list(self.hub.relays):
-                if not (self.store.root / f"v{old}").is_dir():
+                if old not in published:
                     self.hub.unregister(job_id, old)
 
         self._call(register())

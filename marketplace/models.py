@@ -9,6 +9,8 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
+from dataplane.broadcast import BROADCAST_STRATEGIES
+
 
 class Provider(models.Model):
     """A user who offers GPU machines (workers) to the marketplace."""
@@ -138,7 +140,7 @@ class Job(models.Model):
     target_reward = models.FloatField(null=True, blank=True, help_text="Complete once the 10-step mean reaches it.")
     loss = models.JSONField(default=dict, blank=True, help_text="GRPO loss settings (dataplane.jobs.LossConfig).")
     broadcast_strategy = models.CharField(
-        max_length=16, default="chain", choices=[(s, s) for s in ("chain", "star-limited", "star-unlimited")],
+        max_length=16, default="chain", choices=[(s, s) for s in BROADCAST_STRATEGIES],
         help_text="Snapshot broadcast: relay chains, or every worker pulls from the learner (docs/broadcast.md).")
 
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.DRAFT)

@@ -18,18 +18,19 @@ from collections.abc import Callable
 from urllib.parse import urlsplit, urlunsplit
 
 import websockets
+from safetensors.torch import load
 
 from dataplane import messages as m
-from dataplane import transfer
-from dataplane.snapshot import parse_manifest
+from dataplane.broadcast.hub import RelayHub
+from dataplane.broadcast.ratelimit import bucket
+from dataplane.broadcast.relay import SnapshotRelay
+from dataplane.snapshot import fetch_payload, parse_manifest
 from dataplane.tasks import build_task
 
 from . import __version__
 from .config import AgentConfig
 from .engines.base import Engine, SamplingParams
-from .relay import RelayHub, SnapshotRelay
 from .rollout import GroupLease, rollout_groups
-from .snapshots import fetch_snapshot
 
 log = logging.getLogger("echo2.agent")
 
@@ -194,7 +195,9 @@ class AgentSession:
             if snap.parent:
                 manifest, tensors, source = await self._receive_relayed(snap)
             else:
-                manifest, tensors = await asyncio.to_thread(fetch_snapshot, snap.url, snap.manifest)
+                manifest = parse_manifest(snap.manifest)
+                payload = await asyncio.to_thread(fetch_payload, snap.url, manifest)
+                tensors = await asyncio.to_thread(load, payload)
         except Exception as err:  # a failed download leaves the old snapshot in place
             log.error("snapshot %s of job %s: download failed: %s", snap.version, snap.job_id, err)
             return
@@ -221,13 +224,11 @@ class AgentSession:
     async def _receive_relayed(self, snap: m.SnapshotAvailable) -> tuple:
         """Pull the version from the chain parent (forwarding to our child as chunks arrive); the relay
         fetches what its parent cannot give from the learner's HTTP server. Returns (manifest, tensors, source)."""
-        from safetensors.torch import load
-
         manifest = parse_manifest(snap.manifest)
         await self._start_hub()
         bw = self.config.bandwidth_bps
         relay = SnapshotRelay(manifest, worker_id=self.config.worker_id, fallback_url=snap.url,
-                              uplink=transfer.bucket(bw), downlink=transfer.bucket(bw), on_event=self._relay_event)
+                              uplink=bucket(bw), downlink=bucket(bw), on_event=self._relay_event)
         key = (snap.job_id, snap.version)
         self.relays[key] = relay
         if self.hub is not None:

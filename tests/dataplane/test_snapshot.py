@@ -122,3 +122,30 @@ def test_fetch_chunk_refetches_a_bad_copy_and_names_the_chunk_when_it_stays_bad(
         assert sum(p.endswith("/chunks/2") for p in served) == 3  # the first try and two re-fetches
     finally:
         server.shutdown()
+
+
+def test_fetch_payload_returns_the_whole_verified_snapshot_and_nothing_when_a_chunk_stays_bad(tmp_path):
+    import threading
+    from functools import partial
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    from dataplane.broadcast.store import write_version
+    from dataplane.snapshot import fetch_payload
+
+    manifest = build_manifest(PAYLOAD, job_id=7, version=3, chunk_bytes=1000)
+    write_version(tmp_path, manifest, PAYLOAD)
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Quiet, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}/v3/"
+    try:
+        assert fetch_payload(base, manifest, timeout=5) == PAYLOAD
+        (tmp_path / "v3" / "chunks" / "1").write_bytes(b"x" * 1000)
+        with pytest.raises(SnapshotError, match="chunk 1 of version 3"):
+            fetch_payload(base, manifest, timeout=5, retries=1)
+    finally:
+        server.shutdown()
+        server.server_close()

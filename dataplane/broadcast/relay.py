@@ -13,31 +13,26 @@ A :class:`SnapshotRelay` holds one snapshot version of one job. It is both ends 
   only once every chunk verified and the whole payload hashes right. :meth:`set_parent` switches the
   parent mid-transfer (repair); the transfer resumes from the chunks already held.
 
-A :class:`RelayHub` is the one listening port of an agent or learner; it hands each ``hello`` to the relay
-registered for its (job, version) and refuses, with the reason, a peer asking for anything else.
-
-``python -m worker_agent.relay_process --help`` runs one relay as a process (tests and
-``bench/broadcast.py``).
+A :class:`~dataplane.broadcast.hub.RelayHub` is the one listening port of an agent or learner; it hands each
+``hello`` to the relay registered for its (job, version). ``python -m dataplane.broadcast.process --help`` runs
+one relay as a process (tests and ``bench/broadcast.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from dataplane import transfer
-from dataplane.snapshot import Manifest, SnapshotError, assemble, fetch_chunk, parse_manifest, verify_chunk
-from dataplane.transfer import Frame, PeerRefused, TokenBucket, TransferError
+from ..snapshot import Manifest, SnapshotError, assemble, fetch_chunk, verify_chunk
+from . import framing
+from .framing import Frame, PeerRefused, TransferError
+from .ratelimit import TokenBucket
 
-Strategy = Literal["star-unlimited", "star-limited", "chain"]
-STRATEGIES: tuple[Strategy, ...] = ("star-unlimited", "star-limited", "chain")
 Event = dict[str, Any]
 
 
@@ -73,6 +68,35 @@ class RelayStats:
     child_failures: int = 0
 
 
+class Waiters:
+    """Coroutines waiting for a condition on state this event loop owns; :meth:`notify` makes them look again."""
+
+    def __init__(self) -> None:
+        self._futures: set[asyncio.Future] = set()
+
+    def notify(self) -> None:
+        for waiter in self._futures:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait_until(self, ready: Callable[[], bool], timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for ``ready()``, re-checked whenever :meth:`notify` runs."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not ready():
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            waiter = loop.create_future()
+            self._futures.add(waiter)
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(waiter, left)
+            finally:
+                self._futures.discard(waiter)
+        return True
+
+
 @dataclass
 class _Session:
     worker_id: int
@@ -84,19 +108,17 @@ class SnapshotRelay:
     def __init__(self, manifest: Manifest, *, worker_id: int, chunks: dict[int, bytes] | None = None,
                  max_children: int = 1, uplink: TokenBucket | None = None, downlink: TokenBucket | None = None,
                  fallback_url: str | None = None, timeouts: RelayTimeouts | None = None,
-                 on_event: Callable[[Event], None] | None = None, corrupt: dict[int, int] | None = None) -> None:
-        """``chunks`` given in full makes an origin (the learner); ``corrupt`` maps chunk index to how many
-        times this relay flips a byte when sending it (tests only)."""
+                 on_event: Callable[[Event], None] | None = None) -> None:
+        """``chunks`` given in full makes an origin (the learner)."""
         self.manifest, self.worker_id, self.max_children = manifest, worker_id, max_children
         self.job_id, self.version = manifest.job_id, manifest.version
         self.uplink, self.downlink, self.fallback_url = uplink, downlink, fallback_url
         self.timeouts = timeouts or RelayTimeouts()
         self.stats = RelayStats()
         self._on_event = on_event or (lambda event: None)
-        self._corrupt = dict(corrupt or {})
         self._chunks: dict[int, bytes] = {}
         self._sessions: dict[int, _Session] = {}
-        self._waiters: set[asyncio.Future] = set()  # children held until their assignment arrives
+        self._waiters = Waiters()  # children held until their assignment arrives
         self._assigned: set[int] | None = None
         self._parent: tuple[str, int] | None = None
         self._parent_changed = asyncio.Event()
@@ -104,14 +126,6 @@ class SnapshotRelay:
         for index, data in (chunks or {}).items():
             verify_chunk(manifest, index, data)
             self._store(index, data, quiet=True)
-
-    @classmethod
-    def from_directory(cls, path: Path, **kwargs: Any) -> SnapshotRelay:
-        """An origin over a published version directory (``manifest.json`` + ``chunks/<i>``, as SnapshotStore)."""
-        path = Path(path)
-        manifest = parse_manifest(json.loads((path / "manifest.json").read_text()))
-        chunks = {c.index: (path / "chunks" / str(c.index)).read_bytes() for c in manifest.chunks}
-        return cls(manifest, chunks=chunks, **kwargs)
 
     # ---- state ---------------------------------------------------------------------------------
 
@@ -157,20 +171,20 @@ class SnapshotRelay:
         for worker_id, session in list(self._sessions.items()):
             if self._assigned is not None and worker_id not in self._assigned:
                 session.writer.close()
-        _notify(self._waiters)
+        self._waiters.notify()
 
     # ---- source side ---------------------------------------------------------------------------
 
     async def serve_child(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hello: Frame) -> None:
         """Stream the chunks the child lacks, each as soon as this relay has it. Called by :class:`RelayHub`."""
-        peer = transfer.peer_name(writer)
+        peer = framing.peer_name(writer)
         child = hello.header["worker_id"]
         # Not assigned (yet): wait a little for the site's word to reach this relay too.
-        await _wait_until(lambda: self._assigned is None or child in self._assigned, self._waiters,
-                          self.timeouts.assign_wait)
+        await self._waiters.wait_until(lambda: self._assigned is None or child in self._assigned,
+                                       self.timeouts.assign_wait)
         reason = self._admission(child)
         if reason:
-            await _refuse(writer, reason, peer=peer, timeout=self.timeouts.connect)
+            await framing.refuse_and_close(writer, reason, peer=peer, timeout=self.timeouts.connect)
             self._emit("refused", peer=peer, child=child, reason=reason)
             return
         old = self._sessions.pop(child, None)
@@ -180,8 +194,8 @@ class SnapshotRelay:
         wants: deque[int] = deque()
         listener = asyncio.create_task(self._listen(reader, session, wants, peer))
         try:
-            await transfer.write_frame(writer, transfer.accept(job_id=self.job_id, version=self.version,
-                                                               chunks=len(self.manifest.chunks)),
+            await framing.write_frame(writer, framing.accept(job_id=self.job_id, version=self.version,
+                                                             chunks=len(self.manifest.chunks)),
                                        peer=peer, timeout=self.timeouts.stall)
             self.stats.children_served += 1
             await self._stream(writer, session, listener, wants, set(hello.header["have"]), peer)
@@ -206,7 +220,7 @@ class SnapshotRelay:
         """Read the child's ``want``/``bye`` frames; returning (EOF, bye, error) ends the session."""
         try:
             while True:
-                frame = await transfer.read_frame(reader, peer=peer, timeout=self.timeouts.give_up)
+                frame = await framing.read_frame(reader, peer=peer, timeout=self.timeouts.give_up)
                 if frame.type == "want":
                     wants.extend(i for i in frame.header["indices"] if i < len(self.manifest.chunks))
                 elif frame.type == "bye":
@@ -234,15 +248,13 @@ class SnapshotRelay:
                     await asyncio.wait_for(session.wake.wait(), self.timeouts.give_up)
                     continue
                 raise TransferError(f"child {peer}: nothing to send or hear for {self.timeouts.give_up:g} s")
-            data = self._chunks[index]
-            info = self.manifest.chunks[index]
-            if self._corrupt.get(index, 0) > 0:
-                self._corrupt[index] -= 1
-                data = bytes([data[0] ^ 0xFF]) + data[1:] if data else b"\0"
-            header = transfer.chunk(job_id=self.job_id, version=self.version, index=index, size=len(data),
-                                    sha256=info.sha256)
-            await transfer.write_frame(writer, header, data, peer=peer, timeout=self.timeouts.stall,
-                                       uplink=self.uplink)
+            await self._send_chunk(writer, index, self._chunks[index], peer=peer)
+
+    async def _send_chunk(self, writer: asyncio.StreamWriter, index: int, data: bytes, *, peer: str) -> None:
+        """Send one held chunk under the manifest's sha256 (the one place bytes leave for a child)."""
+        header = framing.chunk(job_id=self.job_id, version=self.version, index=index, size=len(data),
+                               sha256=self.manifest.chunks[index].sha256)
+        await framing.write_frame(writer, header, data, peer=peer, timeout=self.timeouts.stall, uplink=self.uplink)
 
     # ---- child side ----------------------------------------------------------------------------
 
@@ -291,12 +303,12 @@ class SnapshotRelay:
 
     async def _pull(self, parent: tuple[str, int]) -> None:
         peer = f"parent {parent[0]}:{parent[1]}"
-        reader, writer = await transfer.open_peer(*parent, timeout=self.timeouts.connect)
+        reader, writer = await framing.open_peer(*parent, timeout=self.timeouts.connect)
         try:
-            await transfer.write_frame(writer, transfer.hello(job_id=self.job_id, version=self.version,
-                                                              worker_id=self.worker_id, have=self.have),
+            await framing.write_frame(writer, framing.hello(job_id=self.job_id, version=self.version,
+                                                            worker_id=self.worker_id, have=self.have),
                                        peer=peer, timeout=self.timeouts.stall)
-            frame = await transfer.read_frame(reader, peer=peer, timeout=self.timeouts.stall)
+            frame = await framing.read_frame(reader, peer=peer, timeout=self.timeouts.stall)
             if frame.type == "refuse":
                 raise PeerRefused(peer, frame.header["reason"])
             await self._check_assignment(writer, frame, peer)
@@ -304,8 +316,8 @@ class SnapshotRelay:
             self._emit("accepted", parent=peer, resumed_with=len(self._chunks))
             bad: Counter[int] = Counter()
             while not self.complete:
-                frame = await transfer.read_frame(reader, peer=peer, timeout=self.timeouts.stall,
-                                                  downlink=self.downlink)
+                frame = await framing.read_frame(reader, peer=peer, timeout=self.timeouts.stall,
+                                                 downlink=self.downlink)
                 if frame.type == "refuse":
                     raise PeerRefused(peer, frame.header["reason"])
                 await self._check_assignment(writer, frame, peer)
@@ -319,8 +331,8 @@ class SnapshotRelay:
                     self.stats.bad_chunks += 1
                     self._emit("bad_chunk", index=index, parent=peer, reason=str(err), copies=bad[index])
                     if bad[index] <= self.timeouts.bad_chunk_retries:
-                        await transfer.write_frame(writer, transfer.want([index]), peer=peer,
-                                                   timeout=self.timeouts.stall)
+                        await framing.write_frame(writer, framing.want([index]), peer=peer,
+                                                  timeout=self.timeouts.stall)
                     elif self.fallback_url:
                         await self._fetch_fallback([index])
                     else:
@@ -329,7 +341,7 @@ class SnapshotRelay:
                 self.stats.from_parent += 1
                 self._store(index, frame.payload, source="parent")
             with contextlib.suppress(TransferError):
-                await transfer.write_frame(writer, transfer.bye(), peer=peer, timeout=self.timeouts.connect)
+                await framing.write_frame(writer, framing.bye(), peer=peer, timeout=self.timeouts.connect)
         finally:
             writer.close()
 
@@ -343,7 +355,7 @@ class SnapshotRelay:
             reason = (f"worker {self.worker_id} was assigned job {self.job_id} version {self.version}, "
                       f"not job {h['job_id']} version {h['version']}")
         if reason:
-            await _refuse(writer, reason, peer=peer, timeout=self.timeouts.connect)
+            await framing.refuse_and_close(writer, reason, peer=peer, timeout=self.timeouts.connect)
             raise TransferError(f"{peer}: refused: {reason}")
 
     async def _fetch_fallback(self, indices: list[int]) -> None:
@@ -359,95 +371,3 @@ class SnapshotRelay:
                 await self.downlink.acquire(len(data))
             self.stats.from_fallback += 1
             self._store(index, data, source="fallback")
-
-
-def _notify(waiters: set[asyncio.Future]) -> None:
-    """Wake everyone waiting in :func:`_wait_until` to look again."""
-    for waiter in waiters:
-        if not waiter.done():
-            waiter.set_result(None)
-
-
-async def _wait_until(ready, waiters: set[asyncio.Future], timeout: float) -> bool:
-    """Wait up to ``timeout`` seconds for ``ready()``, re-checked whenever ``_notify(waiters)`` runs."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not ready():
-        left = deadline - loop.time()
-        if left <= 0:
-            return False
-        waiter = loop.create_future()
-        waiters.add(waiter)
-        try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(waiter, left)
-        finally:
-            waiters.discard(waiter)
-    return True
-
-
-async def _refuse(writer: asyncio.StreamWriter, reason: str, *, peer: str, timeout: float) -> None:
-    with contextlib.suppress(TransferError):
-        await transfer.write_frame(writer, transfer.refuse(reason), peer=peer, timeout=timeout)
-    writer.close()
-
-
-class RelayHub:
-    """One listening port serving every registered (job, version) relay of this agent or learner."""
-
-    def __init__(self, *, handshake_timeout: float = 10.0, assign_wait: float = 5.0) -> None:
-        self.relays: dict[tuple[int, int], SnapshotRelay] = {}
-        self.handshake_timeout = handshake_timeout
-        self.assign_wait = assign_wait  # a child asking for a version not served yet waits this long for it
-        self._server: asyncio.AbstractServer | None = None
-        self._waiters: set[asyncio.Future] = set()
-
-    def register(self, relay: SnapshotRelay) -> None:
-        self.relays[(relay.job_id, relay.version)] = relay
-        _notify(self._waiters)
-
-    def unregister(self, job_id: int, version: int) -> None:
-        self.relays.pop((job_id, version), None)
-
-    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        """Listen; returns the port (advertise it to the site, which tells the children)."""
-        self._server = await asyncio.start_server(self._handle, host, port)
-        return self._server.sockets[0].getsockname()[1]
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 1.0)
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = transfer.peer_name(writer)
-        try:
-            frame = await transfer.read_frame(reader, peer=peer, timeout=self.handshake_timeout)
-        except TransferError:
-            writer.close()
-            return
-        if frame.type != "hello":
-            await _refuse(writer, f"expected hello, got {frame.type}", peer=peer, timeout=self.handshake_timeout)
-            return
-        key = (frame.header["job_id"], frame.header["version"])
-        # The site tells this agent to serve the version and the child to pull it at about the same time.
-        await _wait_until(lambda: key in self.relays, self._waiters, self.assign_wait)
-        relay = self.relays.get(key)
-        if relay is None:
-            offered = ", ".join(f"job {j} version {v}" for j, v in sorted(self.relays)) or "nothing"
-            await _refuse(writer, f"not assigned job {key[0]} version {key[1]}; this relay serves {offered}",
-                          peer=peer, timeout=self.handshake_timeout)
-            return
-        await relay.serve_child(reader, writer, frame)
-
-
-def write_snapshot_dir(root: Path, manifest: Manifest, payload: bytes) -> Path:
-    """Lay out a version as SnapshotStore does (``v<version>/manifest.json``, ``chunks/<i>``); returns the dir."""
-    path = Path(root) / f"v{manifest.version}"
-    (path / "chunks").mkdir(parents=True, exist_ok=True)
-    for info in manifest.chunks:
-        start = info.index * manifest.chunk_bytes
-        (path / "chunks" / str(info.index)).write_bytes(payload[start : start + info.size])
-    (path / "manifest.json").write_text(manifest.model_dump_json())
-    return path

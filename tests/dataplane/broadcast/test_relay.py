@@ -19,20 +19,24 @@ from pathlib import Path
 
 import pytest
 
-from dataplane import transfer
+from dataplane.broadcast import framing
+from dataplane.broadcast.hub import RelayHub
+from dataplane.broadcast.relay import SnapshotRelay
+from dataplane.broadcast.store import read_version, write_version
 from dataplane.snapshot import build_manifest
 from marketplace.chains import ChainPlan, repair
-from worker_agent.relay import write_snapshot_dir
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 JOB, VERSION = 1, 3
+RELAY = "dataplane.broadcast.process"
+CORRUPTING_RELAY = "tests.dataplane.broadcast.corrupting_relay"  # the same process, its relay flips bytes
 
 
 class RelayProc:
-    """``python -m worker_agent.relay_process`` with its stdout events in a queue and commands on stdin."""
+    """``python -m dataplane.broadcast.process`` with its stdout events in a queue and commands on stdin."""
 
-    def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "worker_agent.relay_process", *args], cwd=ROOT, text=True,
+    def __init__(self, *args: str, module: str = RELAY) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, text=True,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.events: queue.Queue[dict] = queue.Queue()
         self.seen: list[dict] = []
@@ -78,7 +82,7 @@ class RelayProc:
 def snapshot(tmp_path):
     payload = os.urandom(1_500_000)
     manifest = build_manifest(payload, job_id=JOB, version=VERSION, chunk_bytes=50_000)
-    directory = write_snapshot_dir(tmp_path / "snap", manifest, payload)
+    directory = write_version(tmp_path / "snap", manifest, payload)
     (tmp_path / "manifest.json").write_text(manifest.model_dump_json())
     return {"payload": payload, "dir": directory, "manifest": tmp_path / "manifest.json", "tmp": tmp_path}
 
@@ -86,7 +90,12 @@ def snapshot(tmp_path):
 @pytest.fixture
 def procs():
     started: list[RelayProc] = []
-    yield lambda *args: started.append(RelayProc(*args)) or started[-1]
+
+    def start(*args: str, module: str = RELAY) -> RelayProc:
+        started.append(RelayProc(*args, module=module))
+        return started[-1]
+
+    yield start
     for proc in started:
         proc.stop()
 
@@ -141,7 +150,7 @@ def test_killed_middle_relay_is_repaired_and_every_survivor_installs(snapshot, p
 
 def test_corrupted_chunk_is_detected_and_fetched_again_from_the_parent(snapshot, procs):
     origin = procs("--from-dir", str(snapshot["dir"]))
-    w1 = procs(*relay_args(snapshot, 1, origin.port, "--corrupt-chunk", "3"))
+    w1 = procs(*relay_args(snapshot, 1, origin.port), "--corrupt-chunk", "3", module=CORRUPTING_RELAY)
     w2 = procs(*relay_args(snapshot, 2, w1.port))
     bad = w2.wait("bad_chunk")
     assert bad["index"] == 3 and "sha256 mismatch" in bad["reason"]
@@ -157,7 +166,8 @@ def test_relay_that_keeps_corrupting_is_bypassed_through_the_learner_fallback(sn
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         origin = procs("--from-dir", str(snapshot["dir"]))
-        w1 = procs(*relay_args(snapshot, 1, origin.port, "--corrupt-chunk", "3", "--corrupt-times", "100"))
+        w1 = procs(*relay_args(snapshot, 1, origin.port), "--corrupt-chunk", "3", "--corrupt-times", "100",
+                   module=CORRUPTING_RELAY)
         url = f"http://127.0.0.1:{server.server_address[1]}/v{VERSION}/"
         w2 = procs(*relay_args(snapshot, 2, w1.port, "--fallback-url", url))
         installed = w2.wait("installed")
@@ -168,13 +178,13 @@ def test_relay_that_keeps_corrupting_is_bypassed_through_the_learner_fallback(sn
         server.server_close()
 
 
-def ask_relay(port: int, version: int, worker_id: int) -> transfer.Frame:
+def ask_relay(port: int, version: int, worker_id: int) -> framing.Frame:
     """Say hello to the relay on ``port`` as ``worker_id`` asking for ``version``; its first reply."""
-    async def hello() -> transfer.Frame:
-        reader, writer = await transfer.open_peer("127.0.0.1", port, timeout=5)
-        await transfer.write_frame(writer, transfer.hello(job_id=JOB, version=version, worker_id=worker_id, have=[]),
-                                   peer="relay", timeout=5)
-        frame = await transfer.read_frame(reader, peer="relay", timeout=10)
+    async def hello() -> framing.Frame:
+        reader, writer = await framing.open_peer("127.0.0.1", port, timeout=5)
+        await framing.write_frame(writer, framing.hello(job_id=JOB, version=version, worker_id=worker_id, have=[]),
+                                  peer="relay", timeout=5)
+        frame = await framing.read_frame(reader, peer="relay", timeout=10)
         writer.close()
         return frame
 
@@ -192,17 +202,16 @@ def test_a_child_that_knocks_before_its_parent_is_told_is_served_once_it_is(snap
 
 
 def test_hub_holds_a_child_asking_for_a_version_until_it_is_registered(snapshot):
-    from worker_agent.relay import RelayHub, SnapshotRelay
-
-    async def main() -> transfer.Frame:
+    async def main() -> framing.Frame:
         hub = RelayHub(assign_wait=5.0)
         port = await hub.start()
-        relay = SnapshotRelay.from_directory(snapshot["dir"], worker_id=1)
+        manifest, chunks = read_version(snapshot["dir"])
+        relay = SnapshotRelay(manifest, chunks=chunks, worker_id=1)
         asyncio.get_running_loop().call_later(0.3, hub.register, relay)  # the site's message lands later
-        reader, writer = await transfer.open_peer("127.0.0.1", port, timeout=5)
-        await transfer.write_frame(writer, transfer.hello(job_id=JOB, version=VERSION, worker_id=2, have=[]),
-                                   peer="hub", timeout=5)
-        frame = await transfer.read_frame(reader, peer="hub", timeout=10)
+        reader, writer = await framing.open_peer("127.0.0.1", port, timeout=5)
+        await framing.write_frame(writer, framing.hello(job_id=JOB, version=VERSION, worker_id=2, have=[]),
+                                  peer="hub", timeout=5)
+        frame = await framing.read_frame(reader, peer="hub", timeout=10)
         writer.close()
         await hub.close()
         return frame
@@ -214,12 +223,12 @@ def test_peer_asking_for_an_unassigned_version_or_not_its_child_is_refused(snaps
     w1 = procs("--from-dir", str(snapshot["dir"]), "--worker-id", "1", "--child", "2", "--assign-wait", "0.2")
 
     async def ask(version: int, worker_id: int) -> str:
-        reader, writer = await transfer.open_peer("127.0.0.1", w1.port, timeout=5)
-        await transfer.write_frame(writer, transfer.hello(job_id=JOB, version=version, worker_id=worker_id, have=[]),
-                                   peer="w1", timeout=5)
-        frame = await transfer.read_frame(reader, peer="w1", timeout=5)
-        with pytest.raises(transfer.PeerClosed):  # the refuser hangs up after giving its reason
-            await transfer.read_frame(reader, peer="w1", timeout=5)
+        reader, writer = await framing.open_peer("127.0.0.1", w1.port, timeout=5)
+        await framing.write_frame(writer, framing.hello(job_id=JOB, version=version, worker_id=worker_id, have=[]),
+                                  peer="w1", timeout=5)
+        frame = await framing.read_frame(reader, peer="w1", timeout=5)
+        with pytest.raises(framing.PeerClosed):  # the refuser hangs up after giving its reason
+            await framing.read_frame(reader, peer="w1", timeout=5)
         writer.close()
         assert frame.type == "refuse"
         return frame.header["reason"]
@@ -237,14 +246,14 @@ def test_child_refuses_a_parent_that_sends_another_version(snapshot, procs):
             if done.is_set():  # the child retries after refusing us; one conversation is enough
                 writer.close()
                 return
-            await transfer.read_frame(reader, peer="child", timeout=10)
-            await transfer.write_frame(writer, transfer.accept(job_id=JOB, version=VERSION, chunks=30),
-                                       peer="child", timeout=5)
+            await framing.read_frame(reader, peer="child", timeout=10)
+            await framing.write_frame(writer, framing.accept(job_id=JOB, version=VERSION, chunks=30),
+                                      peer="child", timeout=5)
             data = b"x" * 10
-            await transfer.write_frame(writer, transfer.chunk(job_id=JOB, version=VERSION + 7, index=0, size=10,
-                                                              sha256=hashlib.sha256(data).hexdigest()),
+            await framing.write_frame(writer, framing.chunk(job_id=JOB, version=VERSION + 7, index=0, size=10,
+                                                            sha256=hashlib.sha256(data).hexdigest()),
                                        data, peer="child", timeout=5)
-            reasons.append((await transfer.read_frame(reader, peer="child", timeout=10)).header["reason"])
+            reasons.append((await framing.read_frame(reader, peer="child", timeout=10)).header["reason"])
             writer.close()
             done.set()
 

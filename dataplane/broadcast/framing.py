@@ -1,4 +1,4 @@
-"""Framed chunk streams between snapshot relays, and token-bucket rate caps (paper section 4.2).
+"""Framed chunk streams between snapshot relays (paper section 4.2).
 
 A frame is ``MAGIC | u32 header length | u64 payload length | header JSON | payload``. Frame types:
 
@@ -11,28 +11,28 @@ A frame is ``MAGIC | u32 header length | u64 payload length | header JSON | payl
 - ``bye``    (child -> parent): the child holds every chunk; the parent may close.
 
 Every read, write and connect has a timeout; a stalled or vanished peer raises a :class:`TransferError`
-whose message names the peer. :class:`TokenBucket` caps a link (the learner uplink ``B0``, a worker's
-``Bw``) so a wide-area network can be emulated on one machine. Bandwidth is in bytes per second.
-No Django, no torch: the agent, the learner and the benchmark all use this module.
+whose message names the peer. Reads and writes take an optional
+:class:`~dataplane.broadcast.ratelimit.TokenBucket` that caps the link. No Django, no torch: the agent, the
+learner and the benchmark all use this module.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import struct
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from .ratelimit import PIECE_BYTES, TokenBucket
 
 MAGIC = b"E2SF"
 _PREFIX = struct.Struct(">4sIQ")
 MAX_HEADER_BYTES = 1 << 20
 """A ``hello`` lists the chunks a child has: 1 MiB holds ~150k indices (a 600 GB snapshot in 4 MiB chunks)."""
 MAX_PAYLOAD_BYTES = 256 << 20
-PIECE_BYTES = 64 << 10
-"""Payloads are written and rate-limited in pieces this big, so links sharing one bucket interleave fairly."""
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _REQUIRED: dict[str, dict[str, type | tuple[type, ...]]] = {
@@ -189,6 +189,13 @@ def peer_name(writer: asyncio.StreamWriter) -> str:
     return f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
 
 
+async def refuse_and_close(writer: asyncio.StreamWriter, reason: str, *, peer: str, timeout: float) -> None:
+    """Tell the peer why (best effort: it may be gone already), then hang up."""
+    with contextlib.suppress(TransferError):
+        await write_frame(writer, refuse(reason), peer=peer, timeout=timeout)
+    writer.close()
+
+
 # ---- frame constructors -------------------------------------------------------------------------
 
 
@@ -214,50 +221,3 @@ def refuse(reason: str) -> dict[str, Any]:
 
 def bye() -> dict[str, Any]:
     return {"type": "bye"}
-
-
-# ---- rate caps ----------------------------------------------------------------------------------
-
-
-@dataclass
-class TokenBucket:
-    """At most ``rate_bps`` bytes per second on average, bursts up to ``burst`` bytes.
-
-    One bucket may be shared by many streams (the learner's ``B0`` across its seeds); waiters are served
-    first come, first served, so streams writing equal pieces share the rate evenly.
-    """
-
-    rate_bps: float
-    burst: float
-    _tokens: float = field(init=False)
-    _stamp: float = field(init=False)
-    _lock: asyncio.Lock = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if not self.rate_bps > 0 or not self.burst > 0:
-            raise ValueError(f"TokenBucket needs rate_bps > 0 and burst > 0, got {self.rate_bps}, {self.burst}")
-        self._tokens, self._stamp, self._lock = float(self.burst), time.monotonic(), asyncio.Lock()
-
-    async def acquire(self, n: int) -> None:
-        """Wait until ``n`` bytes may pass; requests above ``burst`` pass in burst-sized slices."""
-        async with self._lock:
-            while n > 0:
-                take = min(n, self.burst)
-                self._refill()
-                if self._tokens < take:
-                    await asyncio.sleep((take - self._tokens) / self.rate_bps)
-                    self._refill()
-                self._tokens -= take
-                n -= take
-
-    def _refill(self) -> None:
-        now = time.monotonic()
-        self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate_bps)
-        self._stamp = now
-
-
-def bucket(rate_bps: float | None, *, burst: float | None = None) -> TokenBucket | None:
-    """A bucket for ``rate_bps`` (None: uncapped); the default burst is 1/20 s of traffic, at least a piece."""
-    if rate_bps is None:
-        return None
-    return TokenBucket(rate_bps, burst if burst is not None else max(PIECE_BYTES, rate_bps / 20))

@@ -1,0 +1,148 @@
+"""One snapshot relay as a process, for the relay tests and ``bench/broadcast.py``.
+
+``python -m dataplane.broadcast.process --help``: events go to stdout as JSON lines, commands
+(``parent``, ``children``, ``exit``) come on stdin. The agent (``worker_agent.session``) and the learner
+(``learner.publisher``) run relays in their own event loops; this wrapper only exposes one to a harness.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+from ..snapshot import SnapshotError, parse_manifest
+from .framing import TransferError
+from .hub import RelayHub
+from .ratelimit import bucket
+from .relay import Event, RelayTimeouts, SnapshotRelay
+from .store import read_version
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m dataplane.broadcast.process",
+        description="Run one snapshot relay. Events: JSON lines on stdout. Commands: JSON lines on stdin, "
+                    '{"cmd": "parent", "host": H, "port": P} | {"cmd": "children", "worker_ids": [..]} | '
+                    '{"cmd": "exit"}; stdin EOF also exits.',
+        epilog="example: python -m dataplane.broadcast.process --from-dir /snap/v3 --max-children 4 --uplink-bps 8e6")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--from-dir", type=Path, help="origin: serve a published version directory (v<N>/ of a store)")
+    src.add_argument("--manifest", type=Path, help="relay/tail: the manifest JSON of the version to receive")
+    p.add_argument("--worker-id", type=int, default=0)
+    p.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT to serve children on ('none': tail only)")
+    p.add_argument("--parent", help="HOST:PORT to pull from")
+    p.add_argument("--max-children", type=int, default=1)
+    p.add_argument("--child", type=int, action="append", help="assigned child worker id (repeatable)")
+    p.add_argument("--uplink-bps", type=float, help="cap on bytes/s sent to children")
+    p.add_argument("--downlink-bps", type=float, help="cap on bytes/s received")
+    p.add_argument("--fallback-url", help="learner HTTP base for missing/bad chunks, e.g. http://h:p/v3/")
+    p.add_argument("--stall-timeout", type=float, default=10.0)
+    p.add_argument("--give-up", type=float, default=300.0)
+    p.add_argument("--assign-wait", type=float, default=5.0,
+                   help="hold an unassigned child (or one asking for a version not served yet) this long")
+    p.add_argument("--out", type=Path, help="write the installed payload here")
+    p.add_argument("--progress", action="store_true", help="emit an event per chunk")
+    return p.parse_args(argv)
+
+
+RelayFactory = Callable[..., SnapshotRelay]
+"""Builds the relay from a manifest and keyword arguments: :class:`SnapshotRelay` itself, or a subclass."""
+
+
+def _emitter(args: argparse.Namespace) -> Callable[[Event], None]:
+    def emit(event: Event) -> None:
+        if event["event"] != "chunk" or args.progress:
+            sys.stdout.write(json.dumps(event) + "\n")
+            sys.stdout.flush()
+
+    return emit
+
+
+def _build_relay(args: argparse.Namespace, emit: Callable[[Event], None], make_relay: RelayFactory) -> SnapshotRelay:
+    if args.from_dir:
+        manifest, chunks = read_version(args.from_dir)
+    else:
+        manifest, chunks = parse_manifest(json.loads(args.manifest.read_text())), None
+    relay = make_relay(manifest, chunks=chunks, worker_id=args.worker_id, max_children=args.max_children,
+                       uplink=bucket(args.uplink_bps), downlink=bucket(args.downlink_bps),
+                       fallback_url=args.fallback_url, on_event=emit,
+                       timeouts=RelayTimeouts(stall=args.stall_timeout, give_up=args.give_up,
+                                              assign_wait=args.assign_wait))
+    if args.child:
+        relay.assign_children(set(args.child))
+    return relay
+
+
+async def _install(relay: SnapshotRelay, args: argparse.Namespace, emit: Callable[[Event], None]) -> None:
+    """Receive the whole snapshot; report ``installed`` (with the relay's stats) or ``error``."""
+    started = time.monotonic()
+    try:
+        payload = await relay.receive()
+    except (TransferError, SnapshotError) as err:
+        emit({"event": "error", "worker_id": args.worker_id, "reason": str(err)})
+        return
+    if args.out:
+        args.out.write_bytes(payload)
+    emit({"event": "installed", "worker_id": args.worker_id, "t": time.time(),
+          "seconds": time.monotonic() - started, "sha256": hashlib.sha256(payload).hexdigest(),
+          "stats": asdict(relay.stats)})
+
+
+async def _obey(relay: SnapshotRelay, worker_id: int, emit: Callable[[Event], None]) -> None:
+    """Apply the commands read from stdin until ``exit`` or EOF."""
+    loop = asyncio.get_running_loop()
+    stdin = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(stdin), sys.stdin)
+    while line := await stdin.readline():
+        try:
+            cmd = json.loads(line)
+        except json.JSONDecodeError:
+            emit({"event": "error", "worker_id": worker_id, "reason": f"bad command {line!r}"})
+            continue
+        if cmd.get("cmd") == "parent":
+            relay.set_parent(cmd.get("host"), cmd.get("port"))
+        elif cmd.get("cmd") == "children":
+            ids = cmd.get("worker_ids")
+            relay.assign_children(None if ids is None else set(ids))
+        elif cmd.get("cmd") == "exit":
+            return
+
+
+async def _main(args: argparse.Namespace, make_relay: RelayFactory) -> int:
+    emit = _emitter(args)
+    relay = _build_relay(args, emit, make_relay)
+    hub = RelayHub(assign_wait=args.assign_wait)
+    hub.register(relay)
+    port = None if args.listen == "none" else await hub.start(*_split_addr(args.listen))
+    emit({"event": "listening", "worker_id": args.worker_id, "port": port})
+    if args.parent:
+        relay.set_parent(*_split_addr(args.parent))
+    receiving = asyncio.create_task(_install(relay, args, emit)) if not relay.complete else None
+    try:
+        await _obey(relay, args.worker_id, emit)
+    finally:
+        if receiving is not None:
+            receiving.cancel()
+        await hub.close()
+    return 0
+
+
+def _split_addr(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    return host, int(port)
+
+
+def main(argv: list[str] | None = None, *, make_relay: RelayFactory = SnapshotRelay) -> int:
+    """Run until ``exit`` or stdin EOF; ``make_relay`` lets a harness run a subclass (tests/dataplane/broadcast)."""
+    return asyncio.run(_main(_parse_args(argv), make_relay))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
