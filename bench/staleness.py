@@ -30,7 +30,6 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dataplane.records import validate_record  # noqa: E402
 from dataplane.tasks import build_task  # noqa: E402
 from learner.grpo import LossSettings  # noqa: E402
 from learner.step import PolicyTrainer  # noqa: E402
@@ -77,7 +76,7 @@ def stale_batch(engine: HFEngine, task, history, rng: random.Random, *, t: int, 
         engine.load_weights(history[-1 - lag])
         leases = [GroupLease(f"{t}-{lag}-{i}", f"{t}-{lag}-{i}", p) for i, p in enumerate(prompts)]
         for group in rollout_groups(engine, task, leases, job_id=1, n=n, params=params, version=t - lag):
-            records.extend(validate_record(r) for r in group)
+            records.extend(group.records)
     return records
 
 

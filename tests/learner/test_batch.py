@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dataplane.records import Trajectory, validate_record
+from dataplane.records import Trajectory
 from dataplane.tasks import build_task
 from learner.batch import collate, token_logprobs
 from worker_agent.engines.base import SamplingParams
@@ -70,7 +70,7 @@ def test_learner_logprobs_equal_engine_logprobs_on_policy(engine: HFEngine, tiny
               for i, p in enumerate(["3+4=", "12+57=", "100+1="])]
     groups = rollout_groups(engine, task, leases, job_id=1, n=4, params=SamplingParams(max_new_tokens=6),
                             version=0)
-    records = [validate_record(r) for g in groups for r in g]
+    records = [Trajectory.model_validate(r) for g in groups for r in g]
     lengths = {len(r.completion_ids) for r in records}
     assert len(lengths) > 1, "want completions of several lengths (some stop early at eos)"
 
