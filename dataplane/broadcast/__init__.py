@@ -5,7 +5,7 @@
 - :mod:`.relay`: :class:`~.relay.SnapshotRelay`, one version of one job, parent and child side.
 - :mod:`.hub`: :class:`~.hub.RelayHub`, the one listening port of an agent or the learner.
 - :mod:`.process`: one relay as a process (``python -m dataplane.broadcast.process``), for tests and
-  ``bench/broadcast.py``.
+  ``bench/bench_broadcast.py``.
 
 This ``__init__`` holds only :data:`BroadcastStrategy` (the job spec, the site's messages and its model use
 it) and imports nothing but ``typing``, so importing them does not pull in the relay.

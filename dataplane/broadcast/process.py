@@ -1,4 +1,4 @@
-"""One snapshot relay as a process, for the relay tests and ``bench/broadcast.py``.
+"""One snapshot relay as a process, for the relay tests and ``bench/bench_broadcast.py``.
 
 ``python -m dataplane.broadcast.process --help``: events go to stdout as JSON lines, commands
 (``parent``, ``children``, ``exit``) come on stdin. The agent (``worker_agent.session``) and the learner

@@ -15,7 +15,7 @@ A :class:`SnapshotRelay` holds one snapshot version of one job. It is both ends 
 
 A :class:`~dataplane.broadcast.hub.RelayHub` is the one listening port of an agent or learner; it hands each
 ``hello`` to the relay registered for its (job, version). ``python -m dataplane.broadcast.process --help`` runs
-one relay as a process (tests and ``bench/broadcast.py``).
+one relay as a process (tests and ``bench/bench_broadcast.py``).
 """
 
 from __future__ import annotations

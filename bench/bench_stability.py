@@ -1,7 +1,7 @@
 """GRPO stability on the demo's configuration: how many updates until the 10-step mean reward reaches the
 target, per seed, with and without clipping the gradient's global norm (``loss.max_grad_norm``).
 
-Run: ``.venv/bin/python bench/stability.py [--seeds 1 2 3 4 5 6 7 8] [--clip none 1.0] [--max-steps 1000]
+Run: ``.venv/bin/python bench/bench_stability.py [--seeds 1 2 3 4 5 6 7 8] [--clip none 1.0] [--max-steps 1000]
 [--jobs 2]`` (about 15 minutes on 2 cores with the defaults).
 
 In-process, no site or Redis, the ``make demo`` job: the tiny model (hidden 64, 2 layers, init seed 0),
@@ -28,8 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-# bench/staleness.py; appended, so that bench/learner.py does not shadow the learner package
-sys.path.append(str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parent))  # bench/bench_staleness.py (bench_* names shadow no package)
 
 TASK = {"name": "arithmetic", "max_operand": 4}
 GROUPS, N, LR, MAX_NEW, LAGS, TARGET = 16, 8, 1e-3, 2, 3, 0.8
@@ -39,7 +38,7 @@ def run(model_dir: str, seed: int, clip: float | None, max_steps: int) -> tuple[
     """Train until the 10-step mean reward reaches TARGET; returns (steps or None, final 10-step mean,
     max grad norm, median grad norm)."""
     import torch
-    from staleness import snapshot, stale_batch  # the same simulated pool as bench/staleness.py
+    from bench_staleness import snapshot, stale_batch  # the same simulated pool as bench/bench_staleness.py
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 

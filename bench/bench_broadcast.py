@@ -1,7 +1,7 @@
 """Broadcast time vs fleet size for star-unlimited, star-limited and chain (the shape of the paper's Figure 4,
 section 5.5.1) with real relay processes on loopback and token-bucket caps emulating the WAN.
 
-Run: ``.venv/bin/python bench/broadcast.py [--sizes 4 8 16 32 64] [--mb 4] [--bw-mbit 8] [--ratio 4]
+Run: ``.venv/bin/python bench/bench_broadcast.py [--sizes 4 8 16 32 64] [--mb 4] [--bw-mbit 8] [--ratio 4]
 [--chunk-kb 32] [--png broadcast.png]``
 
 Each of the N workers is one ``python -m dataplane.broadcast.process`` process capped at ``Bw`` down and up; the

@@ -1,6 +1,6 @@
 """Learner step throughput: tokens per second of one GRPO update, against a plain torch loop on the same batch.
 
-Run: ``.venv/bin/python bench/learner.py [--groups 16] [--n 8] [--completion 8] [--repeats 10] [--threads 1]``
+Run: ``.venv/bin/python bench/bench_learner.py [--groups 16] [--n 8] [--completion 8] [--repeats 10] [--threads 1]``
 
 The learner's step (:meth:`learner.step.PolicyTrainer.step`) collates the records, computes group
 advantages and the configured loss with its statistics, and takes an AdamW update. The reference is the

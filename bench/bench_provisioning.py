@@ -1,6 +1,6 @@
 """Greedy vs exact cost-aware activation on mixed GPU pools (paper section 3.4, 5.5.2 "mixed-price pool").
 
-Run: ``.venv/bin/python bench/provisioning.py [--seed 0] [--fraction 0.3] [--sizes 10 100 1000 10000]``
+Run: ``.venv/bin/python bench/bench_provisioning.py [--seed 0] [--fraction 0.3] [--sizes 10 100 1000 10000]``
 
 Pools are drawn like the paper's mixed-price pool. Prices: RTX 5090 $0.35/h and A100 80GB $3.06/h
 (Table 1), H100 $2.90/h (appendix E.3); RTX 4090 $0.30/h is our assumption (a typical marketplace

@@ -1,6 +1,6 @@
 """Rollout speed: the HF engine against a plain ``model.generate()`` loop on the same tiny model and prompts.
 
-Run: ``.venv/bin/python bench/rollout.py [--prompts 32] [--n 8] [--max-new-tokens 32] [--repeats 5]``
+Run: ``.venv/bin/python bench/bench_rollout.py [--prompts 32] [--n 8] [--max-new-tokens 32] [--repeats 5]``
 
 Both sides sample ``n`` completions of every prompt in one batch, up to ``max_new_tokens`` tokens at
 temperature 1, and return per-token log-probs of the sampled tokens under the raw policy (the baseline

@@ -1,6 +1,6 @@
 """Staleness sweep: GRPO on the arithmetic task with the tiny model, records lagging by up to S versions.
 
-Run: ``.venv/bin/python bench/staleness.py [--staleness 1 3 6 11] [--corrections none behaviour tis]
+Run: ``.venv/bin/python bench/bench_staleness.py [--staleness 1 3 6 11] [--corrections none behaviour tis]
 [--steps 150] [--png var/bench/staleness.png]``
 
 In-process, no site or Redis: a simulated rollout pool samples every prompt group under a snapshot of
