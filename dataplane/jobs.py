@@ -1,16 +1,33 @@
 """The job specification: GRPO hyper-parameters and system knobs, validated the same way everywhere.
 
 The site validates a job with it before saving (a bad field is a 400 naming the field) and the learner
-parses the job it is given into it, so both read one definition of every field and its bounds.
+parses the job it is given into it, so both read one definition of every field and its bounds. The
+job's statuses live here too: the site stores them, the learner reads them to pause, resume or stop.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .tasks import TaskSpecError, build_task
+
+
+class JobStatus(StrEnum):
+    """Where a job is in its life; the site's ``Job.Status`` is built from it."""
+
+    DRAFT = "draft"  # created, not started
+    RUNNING = "running"
+    PAUSED = "paused"  # no generation (and no billing); the learner waits, and trains what is queued
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL: frozenset[JobStatus] = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
+"""The final statuses: nothing trains or generates for the job again."""
 
 
 class JobSpecError(ValueError):

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 import torch
 
-from dataplane.jobs import JobSpec
+from dataplane.jobs import TERMINAL, JobSpec, JobStatus
 from dataplane.records import Trajectory
 from dataplane.tasks import build_task
 
@@ -33,8 +33,6 @@ from .loop import LearnerLoop, ResumeError, StepOutcome, check_resume
 from .prompts import PromptFeeder
 from .publisher import LearnerRelay, SnapshotServer, SnapshotStore, manifest_json
 from .step import PolicyTrainer, StepResult
-
-TERMINAL = frozenset({"completed", "failed", "cancelled"})  # the site's final job states
 
 log = logging.getLogger("echo2.learner")
 
@@ -122,7 +120,7 @@ def run_job(site: SiteClient, job_id: int, options: LearnerOptions) -> str:
         if not ctx.is_main:
             trainer.serve()  # until rank 0 releases us
             return distributed.broadcast(ctx, None)
-        status = "failed"
+        status = JobStatus.FAILED
         try:
             status = _lead(site, job_id, raw, spec, trainer, options, ctx)
         finally:
@@ -135,9 +133,9 @@ def run_job(site: SiteClient, job_id: int, options: LearnerOptions) -> str:
 
 def _runnable_job(site: SiteClient, job_id: int) -> dict:
     raw = site.job(job_id)
-    if raw["status"] == "draft":
+    if raw["status"] == JobStatus.DRAFT:
         raise SiteError(f"job {job_id} is a draft; start it first (POST /api/jobs/{job_id}/start/)")
-    if raw["status"] not in ("running", "paused"):
+    if raw["status"] not in (JobStatus.RUNNING, JobStatus.PAUSED):
         raise SiteError(f"job {job_id} is {raw['status']}; only a running (or paused) job can be trained")
     return raw
 
@@ -196,7 +194,7 @@ def _lead(site: SiteClient, job_id: int, raw: dict, spec: JobSpec, trainer: Poli
                 status = _site_status(site, job_id)
                 if status in TERMINAL:
                     return _ended_on_site(site, job_id, loop, status)
-                if status == "paused":
+                if status == JobStatus.PAUSED:
                     if not paused:
                         log.info("job %s paused: waiting for it to resume (v%d)", job_id, loop.version)
                     paused, idle_s = True, 0.0
@@ -235,10 +233,10 @@ def _lead(site: SiteClient, job_id: int, raw: dict, spec: JobSpec, trainer: Poli
                 _commit_pending(loop)
                 reason = f"10-step mean reward {reached:.3f} reached the target {spec.target_reward}"
                 log.info("job %s: %s at step %d", job_id, reason, loop.version)
-                site.finish(job_id, status="completed", reason=reason)
-                return "completed"
-        site.finish(job_id, status="completed", reason=f"reached {spec.max_steps} steps")
-        return "completed"
+                site.finish(job_id, status=JobStatus.COMPLETED, reason=reason)
+                return JobStatus.COMPLETED
+        site.finish(job_id, status=JobStatus.COMPLETED, reason=f"reached {spec.max_steps} steps")
+        return JobStatus.COMPLETED
     finally:
         server.stop()
         if relay is not None:
@@ -313,10 +311,10 @@ def _fail(site: SiteClient, job_id: int, reason: str) -> str:
     """Log ``reason``, mark the job failed on the site (if it answers), and return 'failed'."""
     log.error("job %s: %s; failing the job", job_id, reason)
     try:
-        site.finish(job_id, status="failed", reason=reason)
+        site.finish(job_id, status=JobStatus.FAILED, reason=reason)
     except SiteError as err:
         log.error("job %s: could not tell the site it failed: %s", job_id, err)
-    return "failed"
+    return JobStatus.FAILED
 
 
 def _loss_line(s: LossSettings) -> str:
