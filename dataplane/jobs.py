@@ -43,7 +43,9 @@ class LossConfig(BaseModel):
     """GRPO loss settings; the learner implements them (learner/grpo.py, docs/learner.md).
 
     The defaults are the plain token-level PPO-clip surrogate against the behaviour log-probs the
-    workers returned, clip range ``clip_eps``, token-mean aggregation, no KL term.
+    workers returned, clip range ``clip_eps``, token-mean aggregation, no KL term. Four defaults depend
+    on the job or on ``type``; :class:`JobSpec` fills them in (:meth:`resolved`), so a job's ``loss``
+    always holds the values the learner trains with.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -79,6 +81,23 @@ class LossConfig(BaseModel):
         default=1.0, gt=0.0, le=1e6, description="Rescale an update whose global gradient L2 norm exceeds this "
         "(the usual 1.0 of TRL and verl; it stops one noisy batch from wrecking a small policy); null: no "
         "clipping.")
+
+    @property
+    def is_resolved(self) -> bool:
+        """Every default filled in (see :meth:`resolved`): what the loss code needs."""
+        return None not in (self.clip_eps_low, self.clip_eps_high, self.aggregation, self.norm_length)
+
+    def resolved(self, *, clip_eps: float, max_new_tokens: int) -> LossConfig:
+        """A copy with every default filled in: ``clip_eps_low`` the job's ``clip_eps``, ``clip_eps_high``
+        ``clip_eps_low``, ``aggregation`` by ``type`` (token-mean for grpo, seq-mean-token-mean for gspo),
+        ``norm_length`` the job's ``max_new_tokens``. Values already set are kept."""
+        low = self.clip_eps_low if self.clip_eps_low is not None else clip_eps
+        return self.model_copy(update={
+            "clip_eps_low": low,
+            "clip_eps_high": self.clip_eps_high if self.clip_eps_high is not None else low,
+            "aggregation": self.aggregation or ("seq-mean-token-mean" if self.type == "gspo" else "token-mean"),
+            "norm_length": self.norm_length or max_new_tokens,
+        })
 
 
 class JobSpec(BaseModel):
@@ -125,6 +144,10 @@ class JobSpec(BaseModel):
             raise ValueError(
                 f"batch_trajectories: R={self.batch_trajectories} must be a multiple of group_size n={self.group_size}"
             )
+        if self.loss.clip_eps_low is None and self.clip_eps >= 1.0:
+            raise ValueError(f"clip_eps: {self.clip_eps} is the default of loss.clip_eps_low, which must be < 1; "
+                             "set loss.clip_eps_low, or a clip_eps below 1")
+        self.loss = self.loss.resolved(clip_eps=self.clip_eps, max_new_tokens=self.max_new_tokens)
         return self
 
     @property

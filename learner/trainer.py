@@ -20,19 +20,17 @@ from urllib.parse import urlsplit, urlunsplit
 import redis
 import torch
 
-from dataplane.jobs import TERMINAL, JobSpec, JobStatus
-from dataplane.records import Trajectory
+from dataplane.jobs import TERMINAL, JobSpec, JobStatus, LossConfig
 from dataplane.tasks import build_task
 
 from . import distributed
 from .checkpoint import CheckpointStore
 from .client import SiteClient, SiteError
 from .consumer import StalenessGatedConsumer
-from .grpo import LossSettings
 from .loop import LearnerLoop, ResumeError, StepOutcome, check_resume
 from .prompts import PromptFeeder
 from .publisher import LearnerRelay, SnapshotServer, SnapshotStore, manifest_json
-from .step import PolicyTrainer, StepResult
+from .step import PolicyTrainer
 
 log = logging.getLogger("echo2.learner")
 
@@ -55,18 +53,6 @@ class LearnerOptions:
     bf16: bool = False  # CUDA bf16 autocast of the forward passes
 
 
-def resolve_loss(spec: JobSpec) -> LossSettings:
-    """The job's ``loss`` with every default filled in (dataplane.jobs.LossConfig documents the fields)."""
-    cfg = spec.loss
-    low = cfg.clip_eps_low if cfg.clip_eps_low is not None else spec.clip_eps
-    return LossSettings(
-        type=cfg.type, advantage=cfg.advantage, advantage_eps=cfg.advantage_eps, clip_low=low,
-        clip_high=cfg.clip_eps_high if cfg.clip_eps_high is not None else low, kl_beta=cfg.kl_beta,
-        aggregation=cfg.aggregation or ("seq-mean-token-mean" if cfg.type == "gspo" else "token-mean"),
-        norm_length=cfg.norm_length or spec.max_new_tokens, off_policy=cfg.off_policy, is_cap=cfg.is_cap,
-    )
-
-
 def build_policy(spec: JobSpec, *, device: str, ctx: distributed.DistContext | None = None, micro_batch=None,
                  bf16: bool = False) -> tuple[PolicyTrainer, Any]:
     """Load the job's model (and, with a KL term, a frozen copy as reference); returns (trainer, tokenizer)."""
@@ -77,24 +63,14 @@ def build_policy(spec: JobSpec, *, device: str, ctx: distributed.DistContext | N
     torch.manual_seed(spec.seed)
     tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
     model = AutoModelForCausalLM.from_pretrained(spec.model_dir).to(device)
-    settings = resolve_loss(spec)
     reference = None
-    if settings.kl_beta > 0:
+    if spec.loss.kl_beta > 0:
         reference = AutoModelForCausalLM.from_pretrained(spec.model_dir).to(device).eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate)
-    trainer = PolicyTrainer(model, optimizer, settings, pad_id=tokenizer.pad_token_id, reference=reference,
+    trainer = PolicyTrainer(model, optimizer, spec.loss, pad_id=tokenizer.pad_token_id, reference=reference,
                             micro_batch=micro_batch, bf16=bf16, ctx=ctx or distributed.DistContext(device=device),
                             max_grad_norm=spec.loss.max_grad_norm)
     return trainer, tokenizer
-
-
-def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, records: list[Trajectory], *, pad_id: int,
-              settings: LossSettings | None = None, clip_eps: float = 0.2, device: str = "cpu") -> StepResult:
-    """One optimizer update of the GRPO loss on whole groups, in this process (a convenience for tests and
-    benchmarks; the learner keeps one :class:`PolicyTrainer`)."""
-    settings = settings or LossSettings(clip_low=clip_eps, clip_high=clip_eps)
-    trainer = PolicyTrainer(model, optimizer, settings, pad_id=pad_id, ctx=distributed.DistContext(device=device))
-    return trainer.step(records)
 
 
 def run_job(site: SiteClient, job_id: int, options: LearnerOptions) -> str:
@@ -171,7 +147,7 @@ def _lead(site: SiteClient, job_id: int, raw: dict, spec: JobSpec, trainer: Poli
         feeder.top_up()
         log.info("job %s: %s on %s, S=%d kappa=%d R=%d n=%d, loss %s, %d rank(s); snapshots at %s; %s", job_id,
                  spec.task["name"], spec.model_dir, spec.staleness, spec.kappa, spec.batch_trajectories,
-                 spec.group_size, _loss_line(trainer.settings) + f" max_grad_norm={trainer.max_grad_norm}", ctx.world,
+                 spec.group_size, _loss_line(spec.loss) + f" max_grad_norm={trainer.max_grad_norm}", ctx.world,
                  server.url_for(0) + (f" and relay {relay.address}" if relay else ""),
                  f"resumed at v{loop.version}" if ckpt else "fresh start")
         if ckpt is not None and loop.version % spec.kappa == 0 and raw.get("published_version", 0) < loop.version:
@@ -317,8 +293,8 @@ def _fail(site: SiteClient, job_id: int, reason: str) -> str:
     return JobStatus.FAILED
 
 
-def _loss_line(s: LossSettings) -> str:
-    return (f"{s.type}/{s.aggregation}/{s.off_policy} eps=({s.clip_low},{s.clip_high}) beta={s.kl_beta}"
+def _loss_line(s: LossConfig) -> str:
+    return (f"{s.type}/{s.aggregation}/{s.off_policy} eps=({s.clip_eps_low},{s.clip_eps_high}) beta={s.kl_beta}"
             + (f" C={s.is_cap}" if s.off_policy in ("tis", "mis") else ""))
 
 
@@ -329,5 +305,5 @@ def _resolved_config(spec: JobSpec, trainer: PolicyTrainer, options: LearnerOpti
     url = urlsplit(options.redis_url)
     if url.password:
         learner["redis_url"] = urlunsplit(url._replace(netloc=f"***@{url.hostname}:{url.port or 6379}"))
-    return json.loads(json.dumps({"job": spec.model_dump(mode="json"), "loss": dataclasses.asdict(trainer.settings),
+    return json.loads(json.dumps({"job": spec.model_dump(mode="json"), "loss": trainer.loss.model_dump(mode="json"),
                                   "learner": learner}, default=str))
