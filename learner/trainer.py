@@ -12,10 +12,7 @@ import collections
 import dataclasses
 import json
 import logging
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 import torch
@@ -30,27 +27,10 @@ from .consumer import StalenessGatedConsumer
 from .loop import LearnerLoop, ResumeError, StepOutcome, check_resume
 from .prompts import PromptFeeder
 from .publisher import LearnerRelay, SnapshotServer, SnapshotStore, manifest_json
+from .settings import LearnerSettings
 from .step import PolicyTrainer
 
 log = logging.getLogger("echo2.learner")
-
-
-@dataclass
-class LearnerOptions:
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    snapshot_dir: Path = Path("var/snapshots")
-    snapshot_host: str = "127.0.0.1"
-    snapshot_port: int = 0
-    advertise_host: str | None = None
-    relay: bool = True  # serve snapshots to chain seeds over a relay port (docs/broadcast.md)
-    relay_port: int = 0
-    data_timeout_s: float = 300.0  # fail the job after this long without R admissible records (not while paused)
-    status_poll_s: float = 10.0  # while waiting for data, ask the site this often whether the job was paused/cancelled
-    device: str = "cpu"
-    checkpoint_dir: Path | None = None  # default: <snapshot_dir>/job<id>-checkpoint
-    checkpoint_every: int | None = None  # steps; default kappa (publication steps always checkpoint too)
-    micro_batch: int | None = None  # rows per forward/backward on each rank (gradient accumulation)
-    bf16: bool = False  # CUDA bf16 autocast of the forward passes
 
 
 def build_policy(spec: JobSpec, *, device: str, ctx: distributed.DistContext | None = None, micro_batch=None,
@@ -73,10 +53,11 @@ def build_policy(spec: JobSpec, *, device: str, ctx: distributed.DistContext | N
     return trainer, tokenizer
 
 
-def run_job(site: SiteClient, job_id: int, options: LearnerOptions) -> str:
-    """Train job ``job_id`` to completion; returns the final status ('completed' or 'failed', or 'cancelled'
+def run_job(site: SiteClient, options: LearnerSettings) -> str:
+    """Train job ``options.job`` to completion; returns the final status ('completed' or 'failed', or 'cancelled'
     when the owner cancelled it on the site). A paused job is waited for, not failed."""
     ctx = distributed.init(options.device, timeout_s=options.data_timeout_s + 900)
+    job_id = options.job
     try:
         # --- setup: the job (rank 0 asks the site; every rank gets the answer or the error)
         raw: dict | str | None = None
@@ -117,7 +98,7 @@ def _runnable_job(site: SiteClient, job_id: int) -> dict:
 
 
 def _lead(site: SiteClient, job_id: int, raw: dict, spec: JobSpec, trainer: PolicyTrainer,
-          options: LearnerOptions, ctx: distributed.DistContext) -> str:
+          options: LearnerSettings, ctx: distributed.DistContext) -> str:
     """Rank 0's part: streams, checkpoints, snapshots, and the loop with the site."""
     # --- setup: streams, checkpoints (resume), snapshot server
     client = redis.Redis.from_url(options.redis_url, socket_timeout=30, socket_connect_timeout=10)
@@ -298,12 +279,9 @@ def _loss_line(s: LossConfig) -> str:
             + (f" C={s.is_cap}" if s.off_policy in ("tis", "mis") else ""))
 
 
-def _resolved_config(spec: JobSpec, trainer: PolicyTrainer, options: LearnerOptions,
+def _resolved_config(spec: JobSpec, trainer: PolicyTrainer, options: LearnerSettings,
                      ctx: distributed.DistContext) -> dict[str, Any]:
     """What this run trains with, every default filled in (saved beside the checkpoint; no secrets)."""
-    learner = {**dataclasses.asdict(options), "world_size": ctx.world}
-    url = urlsplit(options.redis_url)
-    if url.password:
-        learner["redis_url"] = urlunsplit(url._replace(netloc=f"***@{url.hostname}:{url.port or 6379}"))
+    learner = {**options.saved(), "world_size": ctx.world}
     return json.loads(json.dumps({"job": spec.model_dump(mode="json"), "loss": trainer.loss.model_dump(mode="json"),
                                   "learner": learner}, default=str))
