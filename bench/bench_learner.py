@@ -26,10 +26,11 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dataplane.jobs import LossConfig  # noqa: E402
 from dataplane.records import Trajectory  # noqa: E402
 from dataplane.tasks import build_task  # noqa: E402
 from learner.batch import collate  # noqa: E402
-from learner.grpo import LossSettings, group_advantages  # noqa: E402
+from learner.grpo import group_advantages  # noqa: E402
 from learner.step import PolicyTrainer  # noqa: E402
 from learner.tiny import build_tiny_model  # noqa: E402
 
@@ -113,7 +114,7 @@ def main() -> None:
         for name, overrides in VARIANTS.items():
             overrides = dict(overrides)
             micro_batch = overrides.pop("micro_batch", None)
-            settings = LossSettings(**overrides)
+            settings = LossConfig(**overrides).resolved(clip_eps=0.2, max_new_tokens=args.completion)
             policy = load()
             reference = load().eval().requires_grad_(False) if settings.kl_beta > 0 else None
             trainer = PolicyTrainer(policy, torch.optim.AdamW(policy.parameters(), lr=1e-4), settings, pad_id=0,

@@ -42,8 +42,8 @@ def run(model_dir: str, seed: int, clip: float | None, max_steps: int) -> tuple[
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
+    from dataplane.jobs import LossConfig
     from dataplane.tasks import build_task
-    from learner.grpo import LossSettings
     from learner.step import PolicyTrainer
     from worker_agent.engines.base import SamplingParams
     from worker_agent.engines.hf import HFEngine
@@ -54,7 +54,8 @@ def run(model_dir: str, seed: int, clip: float | None, max_steps: int) -> tuple[
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     engine = HFEngine(model_dir, device="cpu", seed=seed)
-    trainer = PolicyTrainer(model, torch.optim.AdamW(model.parameters(), lr=LR), LossSettings(),
+    loss = LossConfig().resolved(clip_eps=0.2, max_new_tokens=MAX_NEW)
+    trainer = PolicyTrainer(model, torch.optim.AdamW(model.parameters(), lr=LR), loss,
                             pad_id=engine.tokenizer.pad_token_id, max_grad_norm=clip)
 
     history = collections.deque([snapshot(model)], maxlen=LAGS)  # history[-1 - lag]: the policy lag updates ago

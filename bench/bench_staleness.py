@@ -30,8 +30,8 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dataplane.jobs import LossConfig  # noqa: E402
 from dataplane.tasks import build_task  # noqa: E402
-from learner.grpo import LossSettings  # noqa: E402
 from learner.step import PolicyTrainer  # noqa: E402
 from learner.tiny import build_tiny_model  # noqa: E402
 from worker_agent.engines.base import SamplingParams  # noqa: E402
@@ -50,7 +50,7 @@ def run(model_dir: Path, *, staleness: int, correction: str, steps: int, seed: i
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     engine = HFEngine(str(model_dir), device="cpu", seed=seed)
-    settings = LossSettings(off_policy=correction, is_cap=2.0)
+    settings = LossConfig(off_policy=correction, is_cap=2.0).resolved(clip_eps=0.2, max_new_tokens=MAX_NEW)
     trainer = PolicyTrainer(model, torch.optim.AdamW(model.parameters(), lr=LR), settings,
                             pad_id=engine.tokenizer.pad_token_id)
     history = collections.deque([snapshot(model)], maxlen=staleness + 1)  # history[-1 - lag]: v_t - lag

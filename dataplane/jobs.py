@@ -1,17 +1,34 @@
 """The job specification: GRPO hyper-parameters and system knobs, validated the same way everywhere.
 
 The site validates a job with it before saving (a bad field is a 400 naming the field) and the learner
-parses the job it is given into it, so both read one definition of every field and its bounds.
+parses the job it is given into it, so both read one definition of every field and its bounds. The
+job's statuses live here too: the site stores them, the learner reads them to pause, resume or stop.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .broadcast import BroadcastStrategy
 from .tasks import TaskSpecError, build_task
+
+
+class JobStatus(StrEnum):
+    """Where a job is in its life; the site's ``Job.Status`` is built from it."""
+
+    DRAFT = "draft"  # created, not started
+    RUNNING = "running"
+    PAUSED = "paused"  # no generation (and no billing); the learner waits, and trains what is queued
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL: frozenset[JobStatus] = frozenset({JobStatus.COMPLETED, JobStatus.FAILED, JobStatus.CANCELLED})
+"""The final statuses: nothing trains or generates for the job again."""
 
 
 class JobSpecError(ValueError):
@@ -27,7 +44,9 @@ class LossConfig(BaseModel):
     """GRPO loss settings; the learner implements them (learner/grpo.py, docs/learner.md).
 
     The defaults are the plain token-level PPO-clip surrogate against the behaviour log-probs the
-    workers returned, clip range ``clip_eps``, token-mean aggregation, no KL term.
+    workers returned, clip range ``clip_eps``, token-mean aggregation, no KL term. Four defaults depend
+    on the job or on ``type``; :class:`JobSpec` fills them in (:meth:`resolved`), so a job's ``loss``
+    always holds the values the learner trains with.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -63,6 +82,23 @@ class LossConfig(BaseModel):
         default=1.0, gt=0.0, le=1e6, description="Rescale an update whose global gradient L2 norm exceeds this "
         "(the usual 1.0 of TRL and verl; it stops one noisy batch from wrecking a small policy); null: no "
         "clipping.")
+
+    @property
+    def is_resolved(self) -> bool:
+        """Every default filled in (see :meth:`resolved`): what the loss code needs."""
+        return None not in (self.clip_eps_low, self.clip_eps_high, self.aggregation, self.norm_length)
+
+    def resolved(self, *, clip_eps: float, max_new_tokens: int) -> LossConfig:
+        """A copy with every default filled in: ``clip_eps_low`` the job's ``clip_eps``, ``clip_eps_high``
+        ``clip_eps_low``, ``aggregation`` by ``type`` (token-mean for grpo, seq-mean-token-mean for gspo),
+        ``norm_length`` the job's ``max_new_tokens``. Values already set are kept."""
+        low = self.clip_eps_low if self.clip_eps_low is not None else clip_eps
+        return self.model_copy(update={
+            "clip_eps_low": low,
+            "clip_eps_high": self.clip_eps_high if self.clip_eps_high is not None else low,
+            "aggregation": self.aggregation or ("seq-mean-token-mean" if self.type == "gspo" else "token-mean"),
+            "norm_length": self.norm_length or max_new_tokens,
+        })
 
 
 class JobSpec(BaseModel):
@@ -109,6 +145,10 @@ class JobSpec(BaseModel):
             raise ValueError(
                 f"batch_trajectories: R={self.batch_trajectories} must be a multiple of group_size n={self.group_size}"
             )
+        if self.loss.clip_eps_low is None and self.clip_eps >= 1.0:
+            raise ValueError(f"clip_eps: {self.clip_eps} is the default of loss.clip_eps_low, which must be < 1; "
+                             "set loss.clip_eps_low, or a clip_eps below 1")
+        self.loss = self.loss.resolved(clip_eps=self.clip_eps, max_new_tokens=self.max_new_tokens)
         return self
 
     @property

@@ -8,47 +8,25 @@ Examples:
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
+from pydantic.fields import FieldInfo
+
+from .settings import LearnerSettings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, rich_markup_mode=None)
 
 
-@app.command()
-def run(
-    server: Annotated[str, typer.Option(envvar="ECHO2_SERVER", help="Site URL, e.g. http://127.0.0.1:8000.")],
-    job: Annotated[int, typer.Option(envvar="ECHO2_JOB", help="Job id to train.")],
-    token: Annotated[str, typer.Option(envvar="ECHO2_TOKEN", help="The job owner's API token.")],
-    redis_url: Annotated[str, typer.Option("--redis", envvar="REDIS_URL", help="Redis with the job's streams.")]
-    = "redis://127.0.0.1:6379/0",
-    snapshot_dir: Annotated[Path, typer.Option(help="Where snapshots are written.")] = Path("var/snapshots"),
-    snapshot_host: Annotated[str, typer.Option(help="Address the snapshot server binds.")] = "127.0.0.1",
-    snapshot_port: Annotated[int, typer.Option(help="Port of the snapshot server (0: any free port).")] = 0,
-    advertise_host: Annotated[str | None, typer.Option(help="Host agents use to reach the snapshot server.")] = None,
-    relay: Annotated[bool, typer.Option(help="Serve snapshots to chain seeds over a relay port (strategy chain; "
-                                        "docs/broadcast.md). HTTP stays the fallback.")] = True,
-    relay_port: Annotated[int, typer.Option(help="Port of the relay hub (0: any free port).")] = 0,
-    data_timeout: Annotated[float, typer.Option(help="Fail the job after this many seconds without data.")] = 300.0,
-    device: Annotated[str, typer.Option(help="torch device: cpu, cuda, cuda:1 ... (under torchrun: cpu or cuda; "
-                                         "each rank takes cuda:LOCAL_RANK).")] = "cpu",
-    checkpoint_dir: Annotated[Path | None, typer.Option(help="Where checkpoints go (default: "
-                                                        "<snapshot-dir>/job<ID>-checkpoint); a restart resumes "
-                                                        "from here.")] = None,
-    checkpoint_every: Annotated[int | None, typer.Option(min=1, help="Checkpoint period in steps (default kappa; "
-                                                         "publication steps always checkpoint).")] = None,
-    micro_batch: Annotated[int | None, typer.Option(min=1, help="Rows per forward/backward on each rank "
-                                                    "(gradient accumulation).")] = None,
-    bf16: Annotated[bool, typer.Option(help="bf16 autocast of the forward passes (CUDA only).")] = False,
-    site_timeout: Annotated[float, typer.Option(min=1.0, help="Seconds per site request; 5 retries, then the "
-                                                "learner gives up.")] = 15.0,
-    debug: Annotated[bool, typer.Option(help="Show full tracebacks.")] = False,
-) -> None:
+def run(settings: LearnerSettings) -> None:
     """Train one job: read its trajectories from Redis, take GRPO steps, publish snapshots.
 
     \b
@@ -58,26 +36,57 @@ def run(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s learner: %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     from .client import SiteClient, SiteError
-    from .trainer import LearnerOptions, run_job
+    from .trainer import run_job
 
-    options = LearnerOptions(redis_url=redis_url, snapshot_dir=snapshot_dir, snapshot_host=snapshot_host,
-                             snapshot_port=snapshot_port, advertise_host=advertise_host, relay=relay,
-                             relay_port=relay_port, data_timeout_s=data_timeout,
-                             device=device, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-                             micro_batch=micro_batch, bf16=bf16)
-    site = SiteClient(server, token, timeout=site_timeout)
+    site = SiteClient(settings.server, settings.token, timeout=settings.site_timeout_s)
     try:
-        status = run_job(site, job, options)
+        status = run_job(site, settings)
     except SiteError as err:
-        _fail(str(err), debug)
+        _fail(str(err), settings.debug)
     except KeyboardInterrupt:
-        _fail("interrupted", debug)
+        _fail("interrupted", settings.debug)
     except Exception as err:  # one clear line; the traceback with --debug
-        _fail(f"{type(err).__name__}: {err}", debug)
+        _fail(f"{type(err).__name__}: {err}", settings.debug)
     finally:
         site.close()
     if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for the job
-        typer.echo(f"job {job}: {status}")
+        typer.echo(f"job {settings.job}: {status}")
+
+
+def _settings_command(target: Callable[[LearnerSettings], None]) -> Callable[..., None]:
+    """``target`` as a typer command whose options are :class:`LearnerSettings`' fields: flag, type,
+    default, bounds, help text and environment variable all come from the model."""
+    params = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=_option(name, field),
+                                default=inspect.Parameter.empty if field.is_required() else field.default)
+              for name, field in LearnerSettings.model_fields.items()]
+
+    def command(**values: Any) -> None:
+        try:
+            settings = LearnerSettings(**values)
+        except ValidationError as err:  # a bound click did not check: click's error line, naming the flag
+            first = err.errors()[0]
+            name = str(first["loc"][0]) if first["loc"] else ""
+            hint = f"'{LearnerSettings.flag(name)}'" if name in LearnerSettings.model_fields else None
+            raise typer.BadParameter(first["msg"], param_hint=hint) from None
+        target(settings)
+
+    command.__name__, command.__doc__ = target.__name__, target.__doc__
+    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    return command
+
+
+def _option(name: str, field: FieldInfo) -> Any:
+    """``Annotated[type, typer.Option(...)]`` for one settings field. Inclusive bounds become click's ranges
+    (a bad flag is click's one error line); open ones are left to the model (see ``_settings_command``)."""
+    decls = [] if field.annotation is bool else [LearnerSettings.flag(name)]  # typer makes --x/--no-x of a bool
+    bounds = {key: getattr(m, key) for m in field.metadata for key in ("ge", "le") if hasattr(m, key)}
+    option = typer.Option(*decls, help=field.description, envvar=LearnerSettings.env(name),
+                          min=bounds.get("ge"), max=bounds.get("le"))
+    return Annotated[field.annotation, option]
+
+
+app.command("run")(_settings_command(run))
 
 
 @app.command("init-model")

@@ -15,21 +15,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
-
-@dataclass(frozen=True)
-class LossSettings:
-    """A resolved ``dataplane.jobs.LossConfig`` (every default filled in; see that class for each field)."""
-
-    type: str = "grpo"
-    advantage: str = "std"
-    advantage_eps: float = 1e-6
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    kl_beta: float = 0.0
-    aggregation: str = "token-mean"
-    norm_length: int = 1
-    off_policy: str = "behaviour"
-    is_cap: float = 2.0
+from dataplane.jobs import LossConfig
 
 
 def group_advantages(rewards: torch.Tensor, group_index: torch.Tensor, *, eps: float = 1e-6,
@@ -184,7 +170,7 @@ class LossTerms:
 
 
 def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                settings: LossSettings, *, ref_logp: torch.Tensor | None = None,
+                config: LossConfig, *, ref_logp: torch.Tensor | None = None,
                 denominator: float | None = None) -> LossTerms:
     """The configured GRPO/GSPO objective, per token ``l = -w * surrogate(ratio, A) + beta * k3``.
 
@@ -197,9 +183,10 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: to
     by the sequence's geometric-mean ratio (:func:`sequence_ratio`) and clips it per sequence.
 
     logp, behaviour_logp, mask, ref_logp: [B, T]; advantages: [B]. ``denominator`` is the full batch's
-    ``D`` when this call sees only part of it (micro-batch, rank).
+    ``D`` when this call sees only part of it (micro-batch, rank). ``config`` is resolved (every default
+    filled in: :meth:`LossConfig.resolved`; a job's ``loss`` always is).
     """
-    s = settings
+    s = config
     mask = mask.to(logp.dtype)
     if s.off_policy == "behaviour":
         old, weights, corrected = behaviour_logp, torch.ones_like(logp), torch.zeros_like(mask, dtype=torch.bool)
@@ -215,7 +202,7 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: to
         ratio = torch.exp(logp - old)
     else:
         raise ValueError(f"unknown loss type {s.type!r}")
-    surrogate, low, high = clipped_surrogate(ratio, advantages, clip_low=s.clip_low, clip_high=s.clip_high)
+    surrogate, low, high = clipped_surrogate(ratio, advantages, clip_low=s.clip_eps_low, clip_high=s.clip_eps_high)
     coef, full_denominator = aggregation_weights(mask, mode=s.aggregation, norm_length=s.norm_length)
     denom = full_denominator if denominator is None else denominator
     pg = -(coef * weights * surrogate).sum() / denom

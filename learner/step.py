@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from dataplane.jobs import LossConfig
 from dataplane.records import Trajectory
 
 from . import distributed
 from .batch import Batch, collate, token_logprobs
 from .distributed import DistContext
-from .grpo import LossSettings, LossStats, aggregation_weights, group_advantages, policy_loss
+from .grpo import LossStats, aggregation_weights, group_advantages, policy_loss
 
 log = logging.getLogger("echo2.learner")
 
@@ -53,21 +54,26 @@ class _Shard:
 class PolicyTrainer:
     """Owns the policy (DDP-wrapped when parallel), its optimizer and the frozen reference model.
 
+    ``loss`` is a resolved :class:`LossConfig` (a job's ``loss``, or :meth:`LossConfig.resolved`); its
+    ``max_grad_norm`` is not read here: the caller passes ``max_grad_norm`` (the learner passes the job's).
+
     ``micro_batch`` rows per forward/backward (None: the whole slice at once); ``bf16`` runs the
     forward passes under CUDA bf16 autocast (the loss and the parameters stay fp32); ``max_grad_norm``
     rescales a gradient whose global L2 norm exceeds it (None: no clipping). Clipping happens after DDP's
     all-reduce, so every rank sees the same norm and takes the same step.
     """
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, settings: LossSettings, *,
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: LossConfig, *,
                  pad_id: int, reference: torch.nn.Module | None = None, micro_batch: int | None = None,
                  bf16: bool = False, ctx: DistContext | None = None, max_grad_norm: float | None = None) -> None:
         self.ctx = ctx or DistContext()
         if bf16 and not self.ctx.device.startswith("cuda"):
             raise ValueError("bf16 autocast needs a CUDA device")
-        if settings.kl_beta > 0 and reference is None:
+        if not loss.is_resolved:
+            raise ValueError("the loss settings have unresolved defaults; use a job's loss or LossConfig.resolved()")
+        if loss.kl_beta > 0 and reference is None:
             raise ValueError("kl_beta > 0 needs a reference model")
-        self.module, self.optimizer, self.settings = model, optimizer, settings
+        self.module, self.optimizer, self.loss = model, optimizer, loss
         self.pad_id, self.reference, self.micro_batch, self.bf16 = pad_id, reference, micro_batch, bf16
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0 or None, got {max_grad_norm!r}")
@@ -85,7 +91,7 @@ class PolicyTrainer:
         batch = collate(records, pad_id=self.pad_id)
         if len(batch) < self.ctx.world:
             raise ValueError(f"a batch of {len(batch)} sequences cannot feed {self.ctx.world} ranks")
-        s = self.settings
+        s = self.loss
         advantages = group_advantages(batch.rewards, batch.group_index, eps=s.advantage_eps,
                                       scale=s.advantage == "std")
         _, denominator = aggregation_weights(batch.token_mask, mode=s.aggregation, norm_length=s.norm_length)
@@ -153,11 +159,11 @@ class PolicyTrainer:
                 with self._autocast():
                     logp = token_logprobs(self.model, part)
                     ref = None
-                    if self.settings.kl_beta > 0:
+                    if self.loss.kl_beta > 0:
                         with torch.no_grad():
                             ref = token_logprobs(self.reference, part)
                 terms = policy_loss(logp, part.behaviour_logp, shard.advantages[lo:hi].to(device), part.token_mask,
-                                    self.settings, ref_logp=ref, denominator=shard.denominator)
+                                    self.loss, ref_logp=ref, denominator=shard.denominator)
                 (terms.loss * self.ctx.world).backward()
             stats = stats + terms.stats
         params = [p for p in self.module.parameters() if p.grad is not None]

@@ -1,72 +1,40 @@
 """The learner process: set up, then per step wait for data, train, checkpoint, publish every kappa, report.
 
-Reads top to bottom. The core cycle (consume -> step -> checkpoint -> acknowledge) lives in
-:class:`learner.loop.LearnerLoop`; this module adds the site (job, snapshots, metrics, status) and the
-data-parallel ranks. Under ``torchrun`` every rank runs :func:`run_job`; rank 0 alone talks to the site
-and Redis, the others follow its commands.
+Reads top to bottom in :func:`run_job` and :func:`_train_job`. The core cycle (consume -> step ->
+checkpoint -> acknowledge) lives in :class:`learner.loop.LearnerLoop`; pause, idle and failure are the
+state machine of :mod:`learner.lifecycle`; this module adds the site (job, snapshots, metrics, status)
+and the data-parallel ranks. Under ``torchrun`` every rank runs :func:`run_job`; rank 0 alone talks to
+the site and Redis, the others follow its commands.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import logging
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 import torch
 
-from dataplane.jobs import JobSpec
-from dataplane.records import Trajectory
+from dataplane.jobs import JobSpec, JobStatus, LossConfig
 from dataplane.tasks import build_task
 
 from . import distributed
-from .checkpoint import CheckpointStore
+from .checkpoint import Checkpoint, CheckpointStore
 from .client import SiteClient, SiteError
 from .consumer import StalenessGatedConsumer
-from .grpo import LossSettings
+from .lifecycle import Lifecycle, State
 from .loop import LearnerLoop, ResumeError, StepOutcome, check_resume
 from .prompts import PromptFeeder
 from .publisher import LearnerRelay, SnapshotServer, SnapshotStore, manifest_json
-from .step import PolicyTrainer, StepResult
-
-TERMINAL = frozenset({"completed", "failed", "cancelled"})  # the site's final job states
+from .settings import LearnerSettings
+from .step import PolicyTrainer
 
 log = logging.getLogger("echo2.learner")
-
-
-@dataclass
-class LearnerOptions:
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    snapshot_dir: Path = Path("var/snapshots")
-    snapshot_host: str = "127.0.0.1"
-    snapshot_port: int = 0
-    advertise_host: str | None = None
-    relay: bool = True  # serve snapshots to chain seeds over a relay port (docs/broadcast.md)
-    relay_port: int = 0
-    data_timeout_s: float = 300.0  # fail the job after this long without R admissible records (not while paused)
-    status_poll_s: float = 10.0  # while waiting for data, ask the site this often whether the job was paused/cancelled
-    device: str = "cpu"
-    checkpoint_dir: Path | None = None  # default: <snapshot_dir>/job<id>-checkpoint
-    checkpoint_every: int | None = None  # steps; default kappa (publication steps always checkpoint too)
-    micro_batch: int | None = None  # rows per forward/backward on each rank (gradient accumulation)
-    bf16: bool = False  # CUDA bf16 autocast of the forward passes
-
-
-def resolve_loss(spec: JobSpec) -> LossSettings:
-    """The job's ``loss`` with every default filled in (dataplane.jobs.LossConfig documents the fields)."""
-    cfg = spec.loss
-    low = cfg.clip_eps_low if cfg.clip_eps_low is not None else spec.clip_eps
-    return LossSettings(
-        type=cfg.type, advantage=cfg.advantage, advantage_eps=cfg.advantage_eps, clip_low=low,
-        clip_high=cfg.clip_eps_high if cfg.clip_eps_high is not None else low, kl_beta=cfg.kl_beta,
-        aggregation=cfg.aggregation or ("seq-mean-token-mean" if cfg.type == "gspo" else "token-mean"),
-        norm_length=cfg.norm_length or spec.max_new_tokens, off_policy=cfg.off_policy, is_cap=cfg.is_cap,
-    )
 
 
 def build_policy(spec: JobSpec, *, device: str, ctx: distributed.DistContext | None = None, micro_batch=None,
@@ -79,52 +47,31 @@ def build_policy(spec: JobSpec, *, device: str, ctx: distributed.DistContext | N
     torch.manual_seed(spec.seed)
     tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
     model = AutoModelForCausalLM.from_pretrained(spec.model_dir).to(device)
-    settings = resolve_loss(spec)
     reference = None
-    if settings.kl_beta > 0:
+    if spec.loss.kl_beta > 0:
         reference = AutoModelForCausalLM.from_pretrained(spec.model_dir).to(device).eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate)
-    trainer = PolicyTrainer(model, optimizer, settings, pad_id=tokenizer.pad_token_id, reference=reference,
+    trainer = PolicyTrainer(model, optimizer, spec.loss, pad_id=tokenizer.pad_token_id, reference=reference,
                             micro_batch=micro_batch, bf16=bf16, ctx=ctx or distributed.DistContext(device=device),
                             max_grad_norm=spec.loss.max_grad_norm)
     return trainer, tokenizer
 
 
-def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, records: list[Trajectory], *, pad_id: int,
-              settings: LossSettings | None = None, clip_eps: float = 0.2, device: str = "cpu") -> StepResult:
-    """One optimizer update of the GRPO loss on whole groups, in this process (a convenience for tests and
-    benchmarks; the learner keeps one :class:`PolicyTrainer`)."""
-    settings = settings or LossSettings(clip_low=clip_eps, clip_high=clip_eps)
-    trainer = PolicyTrainer(model, optimizer, settings, pad_id=pad_id, ctx=distributed.DistContext(device=device))
-    return trainer.step(records)
-
-
-def run_job(site: SiteClient, job_id: int, options: LearnerOptions) -> str:
-    """Train job ``job_id`` to completion; returns the final status ('completed' or 'failed', or 'cancelled'
-    when the owner cancelled it on the site). A paused job is waited for, not failed."""
-    ctx = distributed.init(options.device, timeout_s=options.data_timeout_s + 900)
+def run_job(site: SiteClient, settings: LearnerSettings) -> JobStatus:
+    """Train job ``settings.job`` to completion; returns the final status (completed or failed, or the
+    site's when it ended the job: cancelled, say). A paused job is waited for, not failed."""
+    ctx = distributed.init(settings.device, timeout_s=settings.data_timeout_s + 900)
     try:
-        # --- setup: the job (rank 0 asks the site; every rank gets the answer or the error)
-        raw: dict | str | None = None
-        if ctx.is_main:
-            try:
-                raw = _runnable_job(site, job_id)
-            except SiteError as err:
-                raw = str(err)
-        raw = distributed.broadcast(ctx, raw)
-        if isinstance(raw, str):
-            raise SiteError(raw)
-        spec = JobSpec.model_validate(raw)
-        if spec.batch_trajectories < ctx.world:
-            raise SiteError(f"R={spec.batch_trajectories} trajectories cannot feed {ctx.world} ranks")
-        trainer, _ = build_policy(spec, device=ctx.device, ctx=ctx, micro_batch=options.micro_batch,
-                                  bf16=options.bf16)
+        # --- set up: the job (rank 0 asks the site; every rank gets the answer or the error) and the policy
+        raw, spec = _job_on_every_rank(site, settings.job, ctx)
+        trainer, _ = build_policy(spec, device=ctx.device, ctx=ctx, micro_batch=settings.micro_batch,
+                                  bf16=settings.bf16)
         if not ctx.is_main:
             trainer.serve()  # until rank 0 releases us
             return distributed.broadcast(ctx, None)
-        status = "failed"
+        status = JobStatus.FAILED
         try:
-            status = _lead(site, job_id, raw, spec, trainer, options, ctx)
+            status = _train_job(site, settings, raw, spec, trainer, ctx)
         finally:
             trainer.release()
             distributed.broadcast(ctx, status)  # the other ranks return it too, even when rank 0 raised
@@ -133,130 +80,207 @@ def run_job(site: SiteClient, job_id: int, options: LearnerOptions) -> str:
         distributed.shutdown(ctx)
 
 
+def _train_job(site: SiteClient, settings: LearnerSettings, raw: dict, spec: JobSpec, trainer: PolicyTrainer,
+               ctx: distributed.DistContext) -> JobStatus:
+    """Rank 0: set up, then step until the lifecycle is final; each stage is a no-op once it is."""
+    with _JobRun.set_up(site, settings, raw, spec, trainer, ctx) as run:
+        life = Lifecycle(data_timeout_s=settings.data_timeout_s)
+        while not life.final:
+            if run.loop.version >= spec.max_steps:
+                life.complete(f"reached {spec.max_steps} steps")
+                break
+            # --- wait for R admissible records (whole groups), dropping stale ones; train; checkpoint when due
+            outcome = run.wait_and_train(life)
+            if outcome is None:
+                continue
+            # --- publish every kappa steps (the checkpoint of this version is already committed)
+            run.publish_due(life, outcome.version)
+            # --- report the step's metrics to the site
+            run.report(life, outcome)
+            # --- complete early once the 10-step mean reward reaches the target
+            run.check_target(life)
+        return run.conclude(life)
+
+
+def _job_on_every_rank(site: SiteClient, job_id: int, ctx: distributed.DistContext) -> tuple[dict, JobSpec]:
+    raw: dict | str | None = None
+    if ctx.is_main:
+        try:
+            raw = _runnable_job(site, job_id)
+        except SiteError as err:
+            raw = str(err)
+    raw = distributed.broadcast(ctx, raw)
+    if isinstance(raw, str):
+        raise SiteError(raw)
+    spec = JobSpec.model_validate(raw)
+    if spec.batch_trajectories < ctx.world:
+        raise SiteError(f"R={spec.batch_trajectories} trajectories cannot feed {ctx.world} ranks")
+    return raw, spec
+
+
 def _runnable_job(site: SiteClient, job_id: int) -> dict:
     raw = site.job(job_id)
-    if raw["status"] == "draft":
+    if raw["status"] == JobStatus.DRAFT:
         raise SiteError(f"job {job_id} is a draft; start it first (POST /api/jobs/{job_id}/start/)")
-    if raw["status"] not in ("running", "paused"):
+    if raw["status"] not in (JobStatus.RUNNING, JobStatus.PAUSED):
         raise SiteError(f"job {job_id} is {raw['status']}; only a running (or paused) job can be trained")
     return raw
 
 
-def _lead(site: SiteClient, job_id: int, raw: dict, spec: JobSpec, trainer: PolicyTrainer,
-          options: LearnerOptions, ctx: distributed.DistContext) -> str:
-    """Rank 0's part: streams, checkpoints, snapshots, and the loop with the site."""
-    # --- setup: streams, checkpoints (resume), snapshot server
-    client = redis.Redis.from_url(options.redis_url, socket_timeout=30, socket_connect_timeout=10)
+def _streams(client: redis.Redis, job_id: int, spec: JobSpec) -> tuple[StalenessGatedConsumer, PromptFeeder]:
+    """The job's trajectory reader (the staleness gate) and prompt writer."""
     consumer = StalenessGatedConsumer(client, job_id, spec.staleness)
-    task = build_task(spec.task)
-    feeder = PromptFeeder(client, job_id=job_id, task=task, seed=spec.seed, backlog=2 * spec.groups_per_step)
-    checkpoints = CheckpointStore(options.checkpoint_dir or options.snapshot_dir / f"job{job_id}-checkpoint")
-    identity = {"job_id": job_id, "created_at": raw.get("created_at"), "model_dir": spec.model_dir}
-    loop = LearnerLoop(spec=spec, trainer=trainer, consumer=consumer, checkpoints=checkpoints, identity=identity,
-                       checkpoint_every=options.checkpoint_every, feeder=feeder)
+    feeder = PromptFeeder(client, job_id=job_id, task=build_task(spec.task), seed=spec.seed,
+                          backlog=2 * spec.groups_per_step)
+    return consumer, feeder
+
+
+@dataclasses.dataclass
+class _JobRun:
+    """Rank 0's job: the site, the core loop and the snapshot endpoints; one method per stage."""
+
+    site: SiteClient
+    settings: LearnerSettings
+    spec: JobSpec
+    loop: LearnerLoop
+    store: SnapshotStore
+    server: SnapshotServer
+    relay: LearnerRelay | None
+    ctx: distributed.DistContext
+
+    @property
+    def job_id(self) -> int:
+        return self.settings.job
+
+    @classmethod
+    @contextlib.contextmanager
+    def set_up(cls, site: SiteClient, settings: LearnerSettings, raw: dict, spec: JobSpec, trainer: PolicyTrainer,
+               ctx: distributed.DistContext) -> Iterator[_JobRun]:
+        """Streams, checkpoint (resume), snapshot server and relay, announced to the site; all closed on exit."""
+        job_id = settings.job
+        with contextlib.ExitStack() as stack:
+            client = redis.Redis.from_url(settings.redis_url, socket_timeout=30, socket_connect_timeout=10)
+            stack.callback(client.close)
+            consumer, feeder = _streams(client, job_id, spec)
+            checkpoints = CheckpointStore(settings.checkpoint_dir or settings.snapshot_dir / f"job{job_id}-checkpoint")
+            identity = {"job_id": job_id, "created_at": raw.get("created_at"), "model_dir": spec.model_dir}
+            loop = LearnerLoop(spec=spec, trainer=trainer, consumer=consumer, checkpoints=checkpoints,
+                               identity=identity, checkpoint_every=settings.checkpoint_every, feeder=feeder)
+            ckpt = _resume(loop, raw, job_id)
+            checkpoints.save_config(_resolved_config(spec, settings, ctx))
+            store = SnapshotStore(settings.snapshot_dir / f"job{job_id}", job_id=job_id, keep=spec.staleness + 2)
+            server = SnapshotServer(store, host=settings.snapshot_host, port=settings.snapshot_port,
+                                    advertise_host=settings.advertise_host).start()
+            stack.callback(server.stop)
+            relay = None
+            if settings.relay and spec.broadcast_strategy == "chain":
+                relay = LearnerRelay(store, uplink_bps=spec.learner_uplink_bps, host=settings.snapshot_host,
+                                     port=settings.relay_port, advertise_host=settings.advertise_host)
+                stack.callback(relay.stop)
+            run = cls(site, settings, spec, loop, store, server, relay, ctx)
+            run.announce(resumed=ckpt is not None)
+            if ckpt is not None and loop.version % spec.kappa == 0 and raw.get("published_version", 0) < loop.version:
+                run.publish(loop.version)  # crashed between checkpoint and publish
+            yield run
+
+    def announce(self, *, resumed: bool) -> None:
+        """Tell the site the learner is up (and where its relay is), queue prompts, log the run's shape."""
+        spec, loop, relay = self.spec, self.loop, self.relay
+        self.site.announce(self.job_id, t_train=loop.t_train_avg, relay_address=relay.address if relay else "")
+        if loop.feeder is not None:
+            loop.feeder.top_up()
+        log.info("job %s: %s on %s, S=%d kappa=%d R=%d n=%d, loss %s, %d rank(s); snapshots at %s; %s", self.job_id,
+                 spec.task["name"], spec.model_dir, spec.staleness, spec.kappa, spec.batch_trajectories,
+                 spec.group_size, _loss_line(spec.loss) + f" max_grad_norm={loop.trainer.max_grad_norm}",
+                 self.ctx.world, self.server.url_for(0) + (f" and relay {relay.address}" if relay else ""),
+                 f"resumed at v{loop.version}" if resumed else "fresh start")
+
+    def wait_and_train(self, life: Lifecycle) -> StepOutcome | None:
+        """One poll for data (a short wait, so a pause, resume or cancel on the site is seen within it): the
+        step it trained, its bubble counting the earlier polls while running, or None (see ``life``)."""
+        poll_s = min(self.settings.data_timeout_s, self.settings.status_poll_s)
+        try:
+            outcome = self.loop.step(timeout_s=poll_s)
+        except redis.RedisError as err:  # cancelled: the site dropped the streams
+            life.redis_failed(self.site_status(), f"{type(err).__name__}: {err}")
+            return None
+        if outcome is None:
+            before = life.state
+            life.no_data(self.site_status(), poll_s, waiting_for=f" (waiting for {self.spec.groups_per_step} groups "
+                                                                 f"at v{self.loop.version})")
+            if life.state is State.PAUSED and before is not State.PAUSED:
+                log.info("job %s paused: waiting for it to resume (v%d)", self.job_id, self.loop.version)
+            elif before is State.PAUSED and life.state is not State.PAUSED:
+                log.info("job %s resumed", self.job_id)
+            return None
+        return dataclasses.replace(outcome, wait_s=outcome.wait_s + life.trained())
+
+    def publish_due(self, life: Lifecycle, version: int) -> None:
+        if life.final or version % self.spec.kappa:
+            return
+        try:
+            self.publish(version)
+        except SiteError as err:
+            life.publish_failed(version, str(err))
+
+    def publish(self, version: int) -> None:
+        """Write snapshot ``version``, offer it on the relay, announce it; the site pushes it to the workers."""
+        manifest = self.store.write(self.loop.trainer.module, version)
+        if self.relay is not None:  # before the site tells the seeds to connect
+            self.relay.serve(version)
+        reply = self.site.publish(self.job_id, version=version, url=self.server.url_for(version),
+                                  manifest=manifest_json(manifest))
+        n_chains = (reply or {}).get("n_chains") or 0
+        if self.relay is not None and n_chains:
+            self.relay.set_fan_out(version, n_chains)
+        log.info("published v%d (%d bytes)%s", version, manifest.total_bytes,
+                 f" to {n_chains} chain(s)" if n_chains else " over HTTP")
+
+    def report(self, life: Lifecycle, outcome: StepOutcome) -> None:
+        if life.final:
+            return
+        try:
+            _report(self.site, self.job_id, self.loop, outcome, self.ctx)
+        except SiteError as err:  # cancelled meanwhile is not a failure of ours
+            life.report_failed(self.site_status(), outcome.version, str(err))
+
+    def check_target(self, life: Lifecycle) -> None:
+        reached = None if life.final else self.loop.reward_target_reached()
+        if reached is not None:
+            life.complete(f"10-step mean reward {reached:.3f} reached the target {self.spec.target_reward}")
+            log.info("job %s: %s at step %d", self.job_id, life.reason, self.loop.version)
+
+    def conclude(self, life: Lifecycle) -> JobStatus:
+        """Commit what was trained (unless Redis or the site failed us), tell the site, return the status."""
+        assert life.final and life.status is not None
+        if life.commit and self.loop.uncommitted:
+            self.loop.commit()
+        if life.state is State.ENDED:
+            log.info("job %s was %s on the site; stopping at v%d", self.job_id, life.status, self.loop.version)
+        elif life.state is State.FAILED:
+            _fail(self.site, self.job_id, life.reason)
+        else:
+            self.site.finish(self.job_id, status=JobStatus.COMPLETED, reason=life.reason)
+        return life.status
+
+    def site_status(self) -> str | None:
+        """The job's status on the site, or None when the site does not answer (the caller carries on)."""
+        try:
+            return self.site.job(self.job_id)["status"]
+        except SiteError as err:
+            log.warning("job %s: could not read its status from the site: %s", self.job_id, err)
+            return None
+
+
+def _resume(loop: LearnerLoop, raw: dict, job_id: int) -> Checkpoint | None:
+    """Continue from the checkpoint, if any, when the site agrees with it (``check_resume``)."""
     try:
         ckpt = loop.resume()
         check_resume(job_id, learner_step=raw.get("learner_step", 0), published_version=raw.get("published_version", 0),
-                     checkpoint_version=ckpt.version if ckpt else None, path=checkpoints.path)
+                     checkpoint_version=ckpt.version if ckpt else None, path=loop.checkpoints.path)
     except ResumeError as err:
         raise SiteError(str(err)) from None
-    checkpoints.save_config(_resolved_config(spec, trainer, options, ctx))
-    store = SnapshotStore(options.snapshot_dir / f"job{job_id}", job_id=job_id, keep=spec.staleness + 2)
-    server = SnapshotServer(store, host=options.snapshot_host, port=options.snapshot_port,
-                            advertise_host=options.advertise_host).start()
-    relay = None
-    if options.relay and spec.broadcast_strategy == "chain":
-        relay = LearnerRelay(store, uplink_bps=spec.learner_uplink_bps, host=options.snapshot_host,
-                             port=options.relay_port, advertise_host=options.advertise_host)
-    try:
-        site.announce(job_id, t_train=loop.t_train_avg, relay_address=relay.address if relay else "")
-        feeder.top_up()
-        log.info("job %s: %s on %s, S=%d kappa=%d R=%d n=%d, loss %s, %d rank(s); snapshots at %s; %s", job_id,
-                 spec.task["name"], spec.model_dir, spec.staleness, spec.kappa, spec.batch_trajectories,
-                 spec.group_size, _loss_line(trainer.settings) + f" max_grad_norm={trainer.max_grad_norm}", ctx.world,
-                 server.url_for(0) + (f" and relay {relay.address}" if relay else ""),
-                 f"resumed at v{loop.version}" if ckpt else "fresh start")
-        if ckpt is not None and loop.version % spec.kappa == 0 and raw.get("published_version", 0) < loop.version:
-            # crashed between checkpoint and publish
-            _publish(site, job_id, store, server, relay, trainer, loop.version)
-
-        idle_s, waited_s, paused = 0.0, 0.0, False
-        while loop.version < spec.max_steps:
-            # --- wait for R admissible records (whole groups), dropping stale ones; train; checkpoint when due.
-            # Waits are cut into polls so a pause, resume or cancel on the site is seen within a poll.
-            poll_s = min(options.data_timeout_s, options.status_poll_s)
-            try:
-                outcome = loop.step(timeout_s=poll_s)
-            except redis.RedisError as err:
-                stopped = _ended_on_site(site, job_id, loop)  # cancelled: the site dropped the streams
-                if stopped:
-                    return stopped
-                return _fail(site, job_id, f"Redis failed: {type(err).__name__}: {err}")
-            if outcome is None:
-                status = _site_status(site, job_id)
-                if status in TERMINAL:
-                    return _ended_on_site(site, job_id, loop, status)
-                if status == "paused":
-                    if not paused:
-                        log.info("job %s paused: waiting for it to resume (v%d)", job_id, loop.version)
-                    paused, idle_s = True, 0.0
-                    continue
-                if paused:
-                    log.info("job %s resumed", job_id)
-                paused = False
-                idle_s += poll_s
-                waited_s += poll_s
-                if idle_s >= options.data_timeout_s:
-                    _commit_pending(loop)
-                    return _fail(site, job_id, f"no admissible trajectories for {idle_s:.0f}s "
-                                               f"(waiting for {spec.groups_per_step} groups at v{loop.version})")
-                continue
-            # The bubble counts the whole wait while running (earlier polls too), not time spent paused.
-            outcome = dataclasses.replace(outcome, wait_s=outcome.wait_s + waited_s)
-            idle_s = waited_s = 0.0
-
-            # --- publish every kappa steps (the checkpoint of this version is already committed)
-            if outcome.version % spec.kappa == 0:
-                try:
-                    _publish(site, job_id, store, server, relay, trainer, outcome.version)
-                except SiteError as err:
-                    return _fail(site, job_id, f"publishing v{outcome.version} failed: {err}")
-
-            # --- report
-            try:
-                _report(site, job_id, loop, outcome, ctx)
-            except SiteError as err:
-                stopped = _ended_on_site(site, job_id, loop)  # cancelled meanwhile: not a failure of ours
-                if stopped:
-                    return stopped
-                return _fail(site, job_id, f"reporting step {outcome.version} failed: {err}")
-            reached = loop.reward_target_reached()
-            if reached is not None:
-                _commit_pending(loop)
-                reason = f"10-step mean reward {reached:.3f} reached the target {spec.target_reward}"
-                log.info("job %s: %s at step %d", job_id, reason, loop.version)
-                site.finish(job_id, status="completed", reason=reason)
-                return "completed"
-        site.finish(job_id, status="completed", reason=f"reached {spec.max_steps} steps")
-        return "completed"
-    finally:
-        server.stop()
-        if relay is not None:
-            relay.stop()
-        client.close()
-
-
-def _publish(site: SiteClient, job_id: int, store: SnapshotStore, server: SnapshotServer, relay: LearnerRelay | None,
-             trainer: PolicyTrainer, version: int) -> None:
-    manifest = store.write(trainer.module, version)
-    if relay is not None:  # before the site tells the seeds to connect
-        relay.serve(version)
-    reply = site.publish(job_id, version=version, url=server.url_for(version), manifest=manifest_json(manifest))
-    n_chains = (reply or {}).get("n_chains") or 0
-    if relay is not None and n_chains:
-        relay.set_fan_out(version, n_chains)
-    log.info("published v%d (%d bytes)%s", version, manifest.total_bytes,
-             f" to {n_chains} chain(s)" if n_chains else " over HTTP")
+    return ckpt
 
 
 def _report(site: SiteClient, job_id: int, loop: LearnerLoop, outcome: StepOutcome,
@@ -285,51 +309,22 @@ def _report(site: SiteClient, job_id: int, loop: LearnerLoop, outcome: StepOutco
              else "")
 
 
-def _commit_pending(loop: LearnerLoop) -> None:
-    if loop.uncommitted:
-        loop.commit()
-
-
-def _site_status(site: SiteClient, job_id: int) -> str | None:
-    """The job's status on the site, or None when the site does not answer (the caller carries on)."""
-    try:
-        return site.job(job_id)["status"]
-    except SiteError as err:
-        log.warning("job %s: could not read its status from the site: %s", job_id, err)
-        return None
-
-
-def _ended_on_site(site: SiteClient, job_id: int, loop: LearnerLoop, status: str | None = None) -> str | None:
-    """When the job has ended on the site (cancelled, say), commit what was trained and return its status."""
-    status = status or _site_status(site, job_id)
-    if status not in TERMINAL:
-        return None
-    _commit_pending(loop)
-    log.info("job %s was %s on the site; stopping at v%d", job_id, status, loop.version)
-    return status
-
-
-def _fail(site: SiteClient, job_id: int, reason: str) -> str:
-    """Log ``reason``, mark the job failed on the site (if it answers), and return 'failed'."""
+def _fail(site: SiteClient, job_id: int, reason: str) -> JobStatus:
+    """Log ``reason``, mark the job failed on the site (if it answers), and return failed."""
     log.error("job %s: %s; failing the job", job_id, reason)
     try:
-        site.finish(job_id, status="failed", reason=reason)
+        site.finish(job_id, status=JobStatus.FAILED, reason=reason)
     except SiteError as err:
         log.error("job %s: could not tell the site it failed: %s", job_id, err)
-    return "failed"
+    return JobStatus.FAILED
 
 
-def _loss_line(s: LossSettings) -> str:
-    return (f"{s.type}/{s.aggregation}/{s.off_policy} eps=({s.clip_low},{s.clip_high}) beta={s.kl_beta}"
+def _loss_line(s: LossConfig) -> str:
+    return (f"{s.type}/{s.aggregation}/{s.off_policy} eps=({s.clip_eps_low},{s.clip_eps_high}) beta={s.kl_beta}"
             + (f" C={s.is_cap}" if s.off_policy in ("tis", "mis") else ""))
 
 
-def _resolved_config(spec: JobSpec, trainer: PolicyTrainer, options: LearnerOptions,
-                     ctx: distributed.DistContext) -> dict[str, Any]:
+def _resolved_config(spec: JobSpec, settings: LearnerSettings, ctx: distributed.DistContext) -> dict[str, Any]:
     """What this run trains with, every default filled in (saved beside the checkpoint; no secrets)."""
-    learner = {**dataclasses.asdict(options), "world_size": ctx.world}
-    url = urlsplit(options.redis_url)
-    if url.password:
-        learner["redis_url"] = urlunsplit(url._replace(netloc=f"***@{url.hostname}:{url.port or 6379}"))
-    return json.loads(json.dumps({"job": spec.model_dump(mode="json"), "loss": dataclasses.asdict(trainer.settings),
-                                  "learner": learner}, default=str))
+    return json.loads(json.dumps({"job": spec.model_dump(mode="json"), "loss": spec.loss.model_dump(mode="json"),
+                                  "learner": {**settings.saved(), "world_size": ctx.world}}, default=str))

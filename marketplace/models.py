@@ -10,6 +10,8 @@ from django.db import models
 from django.utils import timezone
 
 from dataplane.broadcast import BROADCAST_STRATEGIES
+from dataplane.jobs import TERMINAL as TERMINAL_STATUSES
+from dataplane.jobs import JobStatus
 
 
 class Provider(models.Model):
@@ -110,15 +112,9 @@ class WorkerCalibration(models.Model):
 class Job(models.Model):
     """A GRPO post-training job and its hyper-parameters (paper section 3.2 notation)."""
 
-    class Status(models.TextChoices):
-        DRAFT = "draft"
-        RUNNING = "running"
-        PAUSED = "paused"
-        COMPLETED = "completed"
-        FAILED = "failed"
-        CANCELLED = "cancelled"
-
-    TERMINAL = {Status.COMPLETED, Status.FAILED, Status.CANCELLED}
+    # The statuses are dataplane's JobStatus (the learner reads them too); labels as before ("Draft", ...).
+    Status = models.TextChoices("Status", [(status.name, status.value) for status in JobStatus])
+    TERMINAL = frozenset(map(Status, TERMINAL_STATUSES))
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
     name = models.CharField(max_length=100)

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dataplane.jobs import JobSpecError, parse_job_spec
+from dataplane.jobs import JobSpec, JobSpecError, parse_job_spec
 
 
 def job(**changes: Any) -> dict[str, Any]:
@@ -98,3 +98,28 @@ def test_gradient_clipping_defaults_to_one_and_can_be_turned_off() -> None:
     assert parse_job_spec(job()).loss.max_grad_norm == 1.0
     assert parse_job_spec(job(loss={"max_grad_norm": None})).loss.max_grad_norm is None
     assert parse_job_spec(job(loss={"max_grad_norm": 0.5})).loss.max_grad_norm == 0.5
+
+
+def test_loss_defaults_are_resolved_from_the_job() -> None:
+    spec = parse_job_spec(job(clip_eps=0.3, max_new_tokens=6))
+    loss = spec.loss
+    assert (loss.type, loss.off_policy, loss.aggregation) == ("grpo", "behaviour", "token-mean")
+    assert (loss.clip_eps_low, loss.clip_eps_high, loss.kl_beta, loss.norm_length) == (0.3, 0.3, 0.0, 6)
+
+    gspo = parse_job_spec(job(clip_eps=0.3, loss={"type": "gspo", "clip_eps_high": 0.4, "norm_length": 16})).loss
+    assert (gspo.aggregation, gspo.clip_eps_low, gspo.clip_eps_high, gspo.norm_length) == (
+        "seq-mean-token-mean", 0.3, 0.4, 16)
+    assert parse_job_spec(job(loss={"clip_eps_low": 0.1})).loss.clip_eps_high == 0.1  # high follows low
+
+
+def test_a_resolved_job_reads_back_the_same() -> None:
+    """The site stores the resolved spec; the learner parses it again and must get the very same job."""
+    spec = parse_job_spec(job(clip_eps=0.25, loss={"type": "gspo"}))
+    assert JobSpec.model_validate(spec.model_dump(mode="json")) == spec
+
+
+def test_a_clip_eps_that_cannot_be_the_lower_clip_range_is_refused() -> None:
+    with pytest.raises(JobSpecError) as err:
+        parse_job_spec(job(clip_eps=1.5))
+    assert err.value.field == "clip_eps" and "loss.clip_eps_low" in err.value.message
+    assert parse_job_spec(job(clip_eps=1.5, loss={"clip_eps_low": 0.2})).loss.clip_eps_high == 0.2

@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from dataplane.jobs import LossConfig
 from dataplane.records import Trajectory
 from learner import distributed
-from learner.grpo import LossSettings
 from learner.step import PolicyTrainer
 
 
@@ -57,8 +57,9 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(args.model_dir)
     # SGD with momentum: the momentum buffer is optimizer state that a reload must restore on every rank
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    trainer = PolicyTrainer(model, optimizer, LossSettings(clip_low=0.2, clip_high=0.28), pad_id=tokenizer.pad_token_id,
-                            micro_batch=args.micro_batch, ctx=ctx)
+    loss = LossConfig(clip_eps_low=0.2, clip_eps_high=0.28).resolved(clip_eps=0.2, max_new_tokens=1)
+    trainer = PolicyTrainer(model, optimizer, loss, pad_id=tokenizer.pad_token_id, micro_batch=args.micro_batch,
+                            ctx=ctx)
     a, b = batches(tokenizer)
     if args.reference:
         trainer.step(a)

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
+from dataplane.jobs import LossConfig
 from learner.grpo import (
-    LossSettings,
     aggregation_weights,
     behaviour_weights,
     group_advantages,
@@ -17,6 +17,8 @@ from learner.grpo import (
     policy_loss,
     sequence_ratio,
 )
+
+from .helpers import loss_config
 
 EPS = 1e-6
 LN2 = math.log(2.0)
@@ -82,7 +84,7 @@ RATIOS = [[1.1, 1.5, 0.5], [0.9, 0.5, 1.5], [1.05, 2.0, 0.1]]
 ADVANTAGES = [1.0, -2.0, 0.5]
 MASK = [[1, 1, 1], [1, 1, 1], [1, 0, 0]]
 BEHAVIOUR = [[-1.0, -2.0, -0.5], [-0.3, -1.2, -2.5], [-0.7, -0.1, -4.0]]
-DEFAULT = LossSettings()  # grpo, token-mean, behaviour ratio, eps 0.2/0.2, no KL
+DEFAULT = loss_config()  # grpo, token-mean, behaviour ratio, eps 0.2/0.2, no KL
 
 
 def inputs():
@@ -91,7 +93,7 @@ def inputs():
     return logp, behaviour, f64(ADVANTAGES), torch.tensor(MASK)
 
 
-def loss_and_grad(settings: LossSettings, **kwargs):
+def loss_and_grad(settings: LossConfig, **kwargs):
     logp, behaviour, adv, mask = inputs()
     terms = policy_loss(logp, behaviour, adv, mask, settings, **kwargs)
     terms.loss.backward()
@@ -127,7 +129,7 @@ def test_default_loss_by_hand() -> None:
 def test_clip_higher_releases_only_the_upper_bound() -> None:
     # eps_high = 0.6: the range is [0.8, 1.6]. Token (0, 1), ratio 1.5 with A = +1, is no longer clipped:
     # its term goes from 1.2 to 1.5, everything else is unchanged. loss = -(3.1 - 6.4 + 0.525) / 7 = 2.775 / 7
-    terms, grad = loss_and_grad(LossSettings(clip_low=0.2, clip_high=0.6))
+    terms, grad = loss_and_grad(loss_config(clip_eps_low=0.2, clip_eps_high=0.6))
 
     assert terms.loss.item() == pytest.approx(2.775 / 7, rel=1e-12)
     assert terms.summary["clip_high_fraction"] == 0.0
@@ -141,7 +143,7 @@ def test_clip_higher_releases_only_the_upper_bound() -> None:
 def test_lower_clip_bound_alone() -> None:
     # eps_low = 0.6, eps_high = 0.2: the range is [0.4, 1.2]. Token (1, 1), ratio 0.5 with A = -2, is no
     # longer clipped: min(-1.0, -1.0) = -1.0 instead of -1.6. loss = -(2.8 - 5.8 + 0.525) / 7 = 2.475 / 7
-    terms, grad = loss_and_grad(LossSettings(clip_low=0.6, clip_high=0.2))
+    terms, grad = loss_and_grad(loss_config(clip_eps_low=0.6, clip_eps_high=0.2))
 
     assert terms.loss.item() == pytest.approx(2.475 / 7, rel=1e-12)
     assert terms.summary["clip_low_fraction"] == 0.0
@@ -168,7 +170,7 @@ def test_fully_masked_batch_gives_zero_loss_not_nan() -> None:
 
     for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
         logp.grad = None
-        terms = policy_loss(logp, behaviour, adv, torch.zeros(3, 3), LossSettings(aggregation=mode))
+        terms = policy_loss(logp, behaviour, adv, torch.zeros(3, 3), loss_config(aggregation=mode))
         terms.loss.backward()
 
         assert terms.loss.item() == 0.0
@@ -180,7 +182,7 @@ def test_fully_masked_batch_gives_zero_loss_not_nan() -> None:
 def test_seq_mean_token_mean_by_hand() -> None:
     # per-sequence means of the same token terms: 2.8 / 3, -6.4 / 3, 0.525 / 1; then the mean of the three:
     # loss = -(0.9333... - 2.1333... + 0.525) / 3 = 0.675 / 3 = 0.225
-    terms, grad = loss_and_grad(LossSettings(aggregation="seq-mean-token-mean"))
+    terms, grad = loss_and_grad(loss_config(aggregation="seq-mean-token-mean"))
 
     assert terms.loss.item() == pytest.approx(0.225, rel=1e-12)
     # a token's gradient is -ratio * A / (n_i * B): the lone learning token of row 2 weighs 3x a row-0 token
@@ -190,7 +192,7 @@ def test_seq_mean_token_mean_by_hand() -> None:
 
 def test_seq_mean_token_sum_uses_a_constant_normalizer() -> None:
     # Dr.GRPO: the token sum over B * norm_length = 3 * 4 = 12, whatever the lengths: 3.075 / 12
-    terms, grad = loss_and_grad(LossSettings(aggregation="seq-mean-token-sum", norm_length=4))
+    terms, grad = loss_and_grad(loss_config(aggregation="seq-mean-token-sum", norm_length=4))
 
     assert terms.loss.item() == pytest.approx(3.075 / 12, rel=1e-12)
     assert grad[2, 0].item() == pytest.approx(-0.525 / 12, rel=1e-12)
@@ -199,7 +201,7 @@ def test_seq_mean_token_sum_uses_a_constant_normalizer() -> None:
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
 def test_splitting_a_batch_with_the_full_denominator_is_exact(mode: str) -> None:
     # micro-batches and data-parallel ranks each see some rows; with the whole batch's D they add up exactly
-    settings = LossSettings(aggregation=mode, norm_length=4, kl_beta=0.1)
+    settings = loss_config(aggregation=mode, norm_length=4, kl_beta=0.1)
     logp, behaviour, adv, mask = inputs()
     ref = logp.detach() - 0.3
     whole = policy_loss(logp, behaviour, adv, mask, settings, ref_logp=ref)
@@ -231,7 +233,7 @@ def test_kl_term_adds_beta_times_k3_per_token() -> None:
     logp, *_ = inputs()
     ref = logp.detach() + deltas
 
-    terms, grad = loss_and_grad(LossSettings(kl_beta=0.1), ref_logp=ref)
+    terms, grad = loss_and_grad(loss_config(kl_beta=0.1), ref_logp=ref)
 
     assert terms.summary["kl"] == pytest.approx(1 / 7, rel=1e-12)
     assert terms.summary["kl_loss"] == pytest.approx(0.1 / 7, rel=1e-12)
@@ -242,11 +244,11 @@ def test_kl_term_adds_beta_times_k3_per_token() -> None:
 
 
 def test_kl_off_needs_no_reference() -> None:
-    terms, _ = loss_and_grad(LossSettings(kl_beta=0.0), ref_logp=None)
+    terms, _ = loss_and_grad(loss_config(kl_beta=0.0), ref_logp=None)
 
     assert terms.loss.item() == pytest.approx(3.075 / 7, rel=1e-12)
     with pytest.raises(ValueError, match="reference"):
-        loss_and_grad(LossSettings(kl_beta=0.1), ref_logp=None)
+        loss_and_grad(loss_config(kl_beta=0.1), ref_logp=None)
 
 
 # ---- off-policy corrections ----------------------------------------------------------------------------
@@ -257,7 +259,7 @@ def test_kl_off_needs_no_reference() -> None:
 def test_tis_truncates_each_token_weight_at_the_cap() -> None:
     # C = 1.2: w = [[1.1, 1.2, 0.5], [0.9, 0.5, 1.2], [1.05, -, -]] (1.5 -> 1.2 twice)
     # loss = -(1 * (1.1 + 1.2 + 0.5) - 2 * (0.9 + 0.5 + 1.2) + 0.5 * 1.05) / 7 = -(2.8 - 5.2 + 0.525) / 7 = 1.875 / 7
-    terms, grad = loss_and_grad(LossSettings(off_policy="tis", is_cap=1.2))
+    terms, grad = loss_and_grad(loss_config(off_policy="tis", is_cap=1.2))
 
     assert terms.loss.item() == pytest.approx(1.875 / 7, rel=1e-12)
     assert terms.summary["is_corrected_fraction"] == pytest.approx(2 / 7)
@@ -271,8 +273,8 @@ def test_tis_truncates_each_token_weight_at_the_cap() -> None:
 def test_tis_truncation_changes_exactly_the_capped_tokens() -> None:
     # a cap above every ratio leaves the true weights: -(3.1 - 5.8 + 0.525) / 7 = 2.175 / 7; capping at 1.2
     # changes (0, 1) by +0.3 (A = +1) and (1, 2) by -0.6 (A = -2): 2.175 / 7 - 0.3 / 7 = 1.875 / 7
-    loose, loose_grad = loss_and_grad(LossSettings(off_policy="tis", is_cap=10.0))
-    tight, tight_grad = loss_and_grad(LossSettings(off_policy="tis", is_cap=1.2))
+    loose, loose_grad = loss_and_grad(loss_config(off_policy="tis", is_cap=10.0))
+    tight, tight_grad = loss_and_grad(loss_config(off_policy="tis", is_cap=1.2))
 
     assert loose.loss.item() == pytest.approx(2.175 / 7, rel=1e-12)
     assert loose.loss.item() - tight.loss.item() == pytest.approx(0.3 / 7, rel=1e-9)
@@ -283,7 +285,7 @@ def test_mis_masks_whole_sequences_whose_ratio_exceeds_the_cap() -> None:
     # geometric-mean weights: row 0 (1.1 * 1.5 * 0.5)^(1/3) = 0.938, row 1 (0.9 * 0.5 * 1.5)^(1/3) = 0.877,
     # row 2 1.05 (one learning token). With C = 1.0 row 2 is rejected; rows 0 and 1 keep their true token
     # weights: loss = -(1 * (1.1 + 1.5 + 0.5) - 2 * (0.9 + 0.5 + 1.5)) / 7 = -(3.1 - 5.8) / 7 = 2.7 / 7
-    terms, grad = loss_and_grad(LossSettings(off_policy="mis", is_cap=1.0))
+    terms, grad = loss_and_grad(loss_config(off_policy="mis", is_cap=1.0))
 
     assert terms.loss.item() == pytest.approx(2.7 / 7, rel=1e-12)
     assert terms.summary["is_corrected_fraction"] == pytest.approx(1 / 7)
@@ -308,7 +310,7 @@ def test_behaviour_weights_functions_directly() -> None:
 
 def test_no_correction_treats_stale_records_as_on_policy() -> None:
     # off_policy = "none": weights 1, ratio 1: loss = -(1 * 3 - 2 * 3 + 0.5 * 1) / 7 = 2.5 / 7, grad -A / 7
-    terms, grad = loss_and_grad(LossSettings(off_policy="none"))
+    terms, grad = loss_and_grad(loss_config(off_policy="none"))
 
     assert terms.loss.item() == pytest.approx(2.5 / 7, rel=1e-12)
     expected = [[-1 / 7] * 3, [2 / 7] * 3, [-0.5 / 7, 0.0, 0.0]]
@@ -329,7 +331,7 @@ def test_sequence_ratio_is_the_geometric_mean_over_learning_tokens() -> None:
 def test_gspo_loss_and_gradient_by_hand() -> None:
     # wide clip (all ratios inside): per-sequence s_i * A_i, mean over 3 sequences (GSPO's default aggregation)
     # loss = -(S0 - 2 * S1 + 0.5 * S2) / 3; d s_i / d logp_t = s_i / n_i, so grad = -A_i * s_i / (n_i * 3)
-    settings = LossSettings(type="gspo", aggregation="seq-mean-token-mean", clip_low=0.5, clip_high=0.5)
+    settings = loss_config(type="gspo", aggregation="seq-mean-token-mean", clip_eps_low=0.5, clip_eps_high=0.5)
     terms, grad = loss_and_grad(settings)
 
     assert terms.loss.item() == pytest.approx(-(S0 - 2 * S1 + 0.5 * S2) / 3, rel=1e-12)
@@ -341,7 +343,7 @@ def test_gspo_clips_whole_sequences() -> None:
     # eps = 0.04: range [0.96, 1.04]. Row 0 (0.938, A > 0): the min keeps s0, gradient flows. Row 1 (0.877,
     # A < 0): clipped to 0.96, no gradient. Row 2 (1.05, A > 0): clipped to 1.04, no gradient.
     # loss = -(S0 - 2 * 0.96 + 0.5 * 1.04) / 3
-    settings = LossSettings(type="gspo", aggregation="seq-mean-token-mean", clip_low=0.04, clip_high=0.04)
+    settings = loss_config(type="gspo", aggregation="seq-mean-token-mean", clip_eps_low=0.04, clip_eps_high=0.04)
     terms, grad = loss_and_grad(settings)
 
     assert terms.loss.item() == pytest.approx(-(S0 - 2 * 0.96 + 0.5 * 1.04) / 3, rel=1e-12)

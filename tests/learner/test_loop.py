@@ -19,7 +19,7 @@ from learner.checkpoint import CheckpointStore, capture_rng, restore_rng
 from learner.consumer import StalenessGatedConsumer
 from learner.loop import LearnerLoop, ResumeError, check_resume
 from learner.prompts import PromptFeeder
-from learner.trainer import build_policy, resolve_loss
+from learner.trainer import build_policy
 
 from ..groups import stream_fields
 
@@ -147,17 +147,6 @@ def test_feeder_does_not_count_trained_groups_awaiting_the_checkpoint(redis_url,
     assert feeder.top_up() == 0
     assert feeder.top_up(trained=4) == 4
     assert redis_client.xlen(replay.prompts_key(JOB)) == 4
-
-
-def test_resolved_loss_defaults_are_todays_behaviour() -> None:
-    spec = JobSpec(name="j", model_dir="m", task={"name": "arithmetic"}, clip_eps=0.3, max_new_tokens=6)
-    settings = resolve_loss(spec)
-    assert (settings.type, settings.off_policy, settings.aggregation) == ("grpo", "behaviour", "token-mean")
-    assert (settings.clip_low, settings.clip_high, settings.kl_beta, settings.norm_length) == (0.3, 0.3, 0.0, 6)
-
-    gspo = resolve_loss(spec.model_copy(update={"loss": spec.loss.model_copy(update={
-        "type": "gspo", "clip_eps_high": 0.4, "norm_length": 16})}))
-    assert (gspo.aggregation, gspo.clip_low, gspo.clip_high, gspo.norm_length) == ("seq-mean-token-mean", 0.3, 0.4, 16)
 
 
 @pytest.mark.parametrize("field, value", [("is_cap", 0.5), ("kl_beta", -0.1), ("clip_eps_low", 0.0),

@@ -9,9 +9,9 @@ import torch
 from dataplane.records import Trajectory
 from learner.batch import collate, token_logprobs
 from learner.distributed import DistContext
-from learner.grpo import LossSettings
 from learner.step import PolicyTrainer
-from learner.trainer import grpo_step
+
+from .helpers import grpo_step, loss_config
 
 
 @pytest.fixture
@@ -91,7 +91,7 @@ def test_gradient_accumulation_equals_the_whole_batch(policy, tiny_model_dir) ->
     pad = tokenizer.pad_token_id
     records = on_policy(model, [*make_group(tokenizer, "a", "3+4=", {"7": 1.0, "55": 0.0, "1": 0.0}),
                                 *make_group(tokenizer, "b", "2+2=", {"1": 0.0, "4": 1.0, "44": 1.0})], pad)
-    settings = LossSettings(aggregation="seq-mean-token-mean")
+    settings = loss_config(aggregation="seq-mean-token-mean")
     results, params = [], []
     for micro_batch in (None, 1):
         fresh = copy_model(tiny_model_dir)
@@ -120,7 +120,7 @@ def test_gradient_norm_is_reported_and_clipping_rescales_the_update(policy, tiny
     for clip in (None, "half"):
         fresh = copy_model(tiny_model_dir)
         max_norm = None if clip is None else norms[None] / 2
-        trainer = PolicyTrainer(fresh, torch.optim.SGD(fresh.parameters(), lr=0.1), LossSettings(), pad_id=pad,
+        trainer = PolicyTrainer(fresh, torch.optim.SGD(fresh.parameters(), lr=0.1), loss_config(), pad_id=pad,
                                 max_grad_norm=max_norm)
         result = trainer.step(records)
         norms[clip] = result.grad_norm
@@ -133,7 +133,7 @@ def test_gradient_norm_is_reported_and_clipping_rescales_the_update(policy, tiny
     for full, clipped in zip(deltas[None], deltas["half"], strict=True):
         torch.testing.assert_close(clipped, full / 2, rtol=1e-4, atol=1e-7)
     with pytest.raises(ValueError, match="max_grad_norm"):
-        PolicyTrainer(copy_model(tiny_model_dir), torch.optim.SGD(initial, lr=0.1), LossSettings(), pad_id=pad,
+        PolicyTrainer(copy_model(tiny_model_dir), torch.optim.SGD(initial, lr=0.1), loss_config(), pad_id=pad,
                       max_grad_norm=0.0)
 
 
@@ -142,7 +142,7 @@ def test_kl_to_the_reference_is_zero_first_then_pulls_back(policy, tiny_model_di
     pad = tokenizer.pad_token_id
     records = on_policy(model, make_group(tokenizer, "a", "3+4=", {"7": 1.0, "5": 0.0}), pad)
     reference = copy_model(tiny_model_dir).eval().requires_grad_(False)
-    trainer = PolicyTrainer(model, torch.optim.AdamW(model.parameters(), lr=1e-2), LossSettings(kl_beta=0.5),
+    trainer = PolicyTrainer(model, torch.optim.AdamW(model.parameters(), lr=1e-2), loss_config(kl_beta=0.5),
                             pad_id=pad, reference=reference)
 
     first = trainer.step(records)
@@ -157,7 +157,7 @@ def test_kl_to_the_reference_is_zero_first_then_pulls_back(policy, tiny_model_di
 def test_bf16_is_refused_without_cuda(policy) -> None:
     model, tokenizer = policy
     with pytest.raises(ValueError, match="CUDA"):
-        PolicyTrainer(model, torch.optim.AdamW(model.parameters()), LossSettings(), pad_id=0, bf16=True)
+        PolicyTrainer(model, torch.optim.AdamW(model.parameters()), loss_config(), pad_id=0, bf16=True)
 
 
 @pytest.mark.gpu
@@ -171,7 +171,7 @@ def test_bf16_micro_batched_step_on_gpu_matches_fp32(policy, tiny_model_dir) -> 
     results = {}
     for bf16 in (False, True):
         model = copy_model(tiny_model_dir).to("cuda")
-        trainer = PolicyTrainer(model, torch.optim.AdamW(model.parameters(), lr=1e-2), LossSettings(), pad_id=pad,
+        trainer = PolicyTrainer(model, torch.optim.AdamW(model.parameters(), lr=1e-2), loss_config(), pad_id=pad,
                                 micro_batch=2, bf16=bf16, ctx=DistContext(device="cuda"))
         results[bf16] = (trainer.step(records), completion_logprobs(model.cpu(), records, pad))
 

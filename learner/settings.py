@@ -1,0 +1,107 @@
+"""The learner's options: one typed model, read from keyword arguments or the environment.
+
+``echo2-learner run`` builds its flags from these fields (learner/cli.py): the flag is ``--`` and the
+field name in kebab case unless the field names another (``flag=``), ``--x/--no-x`` for a bool; the
+help text, default, bounds and environment variable come from here too. A field reads the one
+environment variable it declares (``env=``) and no other, so an unrelated ``DEBUG`` or ``DEVICE`` in
+the environment changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+
+def option(default: Any = ..., *, help: str, flag: str | None = None, env: str | None = None,  # noqa: A002
+           **bounds: Any) -> Any:
+    """A field of :class:`LearnerSettings`: ``help`` is its one-line doc, ``bounds`` pydantic's (``ge=1``)."""
+    extra = {key: value for key, value in (("flag", flag), ("env", env)) if value}
+    return Field(default, description=help, json_schema_extra=extra or None, **bounds)
+
+
+class LearnerSettings(BaseSettings):
+    """What ``echo2-learner run`` needs: the site and job, Redis, snapshots, checkpoints, devices."""
+
+    model_config = SettingsConfigDict(frozen=True, extra="forbid")
+
+    server: str = option(help="Site URL, e.g. http://127.0.0.1:8000.", env="ECHO2_SERVER")
+    job: int = option(help="Job id to train.", env="ECHO2_JOB")
+    token: str = option(help="The job owner's API token.", env="ECHO2_TOKEN", repr=False)
+    redis_url: str = option("redis://127.0.0.1:6379/0", help="Redis with the job's streams.", flag="--redis",
+                            env="REDIS_URL")
+    snapshot_dir: Path = option(Path("var/snapshots"), help="Where snapshots are written.")
+    snapshot_host: str = option("127.0.0.1", help="Address the snapshot server binds.")
+    snapshot_port: int = option(0, help="Port of the snapshot server (0: any free port).")
+    advertise_host: str | None = option(None, help="Host agents use to reach the snapshot server.")
+    relay: bool = option(True, help="Serve snapshots to chain seeds over a relay port (strategy chain; "
+                         "docs/broadcast.md). HTTP stays the fallback.")
+    relay_port: int = option(0, help="Port of the relay hub (0: any free port).")
+    data_timeout_s: float = option(300.0, help="Fail the job after this many seconds without data (not while "
+                                   "it is paused).", flag="--data-timeout")
+    status_poll_s: float = option(10.0, gt=0, help="While waiting for data, ask the site this often (seconds) "
+                                  "whether the job was paused, resumed or cancelled.", flag="--status-poll")
+    device: str = option("cpu", help="torch device: cpu, cuda, cuda:1 ... (under torchrun: cpu or cuda; each rank "
+                         "takes cuda:LOCAL_RANK).")
+    checkpoint_dir: Path | None = option(None, help="Where checkpoints go (default: <snapshot-dir>/job<ID>-checkpoint);"
+                                         " a restart resumes from here.")
+    checkpoint_every: int | None = option(None, ge=1, help="Checkpoint period in steps (default kappa; publication "
+                                          "steps always checkpoint).")
+    micro_batch: int | None = option(None, ge=1, help="Rows per forward/backward on each rank (gradient "
+                                     "accumulation).")
+    bf16: bool = option(False, help="bf16 autocast of the forward passes (CUDA only).")
+    site_timeout_s: float = option(15.0, ge=1.0, help="Seconds per site request; 5 retries, then the learner gives "
+                                   "up.", flag="--site-timeout")
+    debug: bool = option(False, help="Show full tracebacks.")
+
+    @classmethod
+    def flag(cls, name: str) -> str:
+        """The command-line flag of field ``name`` (``--redis`` for ``redis_url``)."""
+        return _extra(cls.model_fields[name]).get("flag") or "--" + name.replace("_", "-")
+
+    @classmethod
+    def env(cls, name: str) -> str | None:
+        """The environment variable field ``name`` reads, if any."""
+        return _extra(cls.model_fields[name]).get("env")
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   **_: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, _DeclaredEnvironment(settings_cls)
+
+    def saved(self) -> dict[str, Any]:
+        """The options as JSON values for the run's config.json: no token, no Redis password."""
+        out = self.model_dump(mode="json", exclude={"token"})
+        out["redis_url"] = _masked(self.redis_url)
+        return out
+
+
+def _extra(field: FieldInfo) -> dict[str, Any]:
+    extra = field.json_schema_extra
+    return extra if isinstance(extra, dict) else {}
+
+
+class _DeclaredEnvironment(PydanticBaseSettingsSource):
+    """Each field from the environment variable it declares (an empty value counts as unset, as in click)."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        name = _extra(field).get("env")
+        return (os.environ.get(name) or None) if name else None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        values = {name: self.get_field_value(field, name)[0] for name, field in self.settings_cls.model_fields.items()}
+        return {name: value for name, value in values.items() if value is not None}
+
+
+def _masked(url: str) -> str:
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    return urlunsplit(parts._replace(netloc=f"***@{parts.hostname}:{parts.port or 6379}"))

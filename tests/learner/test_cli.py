@@ -1,0 +1,103 @@
+"""``echo2-learner run``'s options are LearnerSettings' fields: the flags and variables users and deployments
+type reach the settings, a bad value is one error line and a non-zero exit, and `--server ...` means `run`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from dataplane.jobs import JobStatus
+from learner import cli
+from learner.settings import LearnerSettings
+
+FLAGS = ["--server", "--job", "--token", "--redis", "--snapshot-dir", "--snapshot-host", "--snapshot-port",
+         "--advertise-host", "--relay", "--no-relay", "--relay-port", "--data-timeout", "--device",
+         "--checkpoint-dir", "--checkpoint-every", "--micro-batch", "--bf16", "--site-timeout", "--debug"]
+REQUIRED = ["--server", "http://site", "--job", "3", "--token", "tok"]
+
+
+@pytest.fixture
+def trained(monkeypatch) -> list[LearnerSettings]:
+    """The settings ``run`` hands to the trainer (which trains nothing here)."""
+    seen: list[LearnerSettings] = []
+
+    def run_job(site, settings: LearnerSettings) -> JobStatus:
+        seen.append(settings)
+        return JobStatus.COMPLETED
+
+    monkeypatch.setattr("learner.trainer.run_job", run_job)
+    for name in ("ECHO2_SERVER", "ECHO2_JOB", "ECHO2_TOKEN", "REDIS_URL"):
+        monkeypatch.delenv(name, raising=False)
+    return seen
+
+
+def invoke(*args: str, env: dict[str, str] | None = None):
+    return CliRunner().invoke(cli.app, ["run", *args], env=env)
+
+
+def test_every_setting_is_an_option_of_run_with_its_variable() -> None:
+    run = typer.main.get_command(cli.app).commands["run"]
+    options = {opt for param in run.params for opt in [*param.opts, *param.secondary_opts]}
+    assert set(FLAGS) <= options
+    envvars = {param.name: param.envvar for param in run.params if param.envvar}
+    assert envvars == {"server": "ECHO2_SERVER", "job": "ECHO2_JOB", "token": "ECHO2_TOKEN", "redis_url": "REDIS_URL"}
+    assert {param.name for param in run.params} - {"help"} == set(LearnerSettings.model_fields)
+
+
+def test_flags_reach_the_settings(trained) -> None:
+    result = invoke(*REQUIRED, "--redis", "redis://r:6379/2", "--snapshot-dir", "/tmp/s", "--no-relay",
+                    "--data-timeout", "4", "--checkpoint-every", "2", "--micro-batch", "8", "--site-timeout", "3")
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().endswith("job 3: completed")
+    [s] = trained
+    assert (s.server, s.job, s.token, s.redis_url) == ("http://site", 3, "tok", "redis://r:6379/2")
+    assert (s.snapshot_dir, s.relay, s.data_timeout_s, s.checkpoint_every, s.micro_batch, s.site_timeout_s) == (
+        Path("/tmp/s"), False, 4.0, 2, 8, 3.0)
+    assert (s.device, s.bf16, s.checkpoint_dir, s.status_poll_s) == ("cpu", False, None, 10.0)  # the defaults
+
+
+def test_environment_variables_reach_the_settings(trained) -> None:
+    env = {"ECHO2_SERVER": "http://env", "ECHO2_JOB": "7", "ECHO2_TOKEN": "t", "REDIS_URL": "redis://e/1"}
+    assert invoke(env=env).exit_code == 0
+    assert (trained[0].server, trained[0].job, trained[0].redis_url) == ("http://env", 7, "redis://e/1")
+    assert invoke("--job", "8", env=env).exit_code == 0 and trained[1].job == 8  # a flag beats the variable
+
+
+def test_the_model_reads_only_the_variables_it_declares(monkeypatch) -> None:
+    monkeypatch.setenv("ECHO2_SERVER", "http://env")
+    monkeypatch.setenv("ECHO2_JOB", "5")
+    monkeypatch.setenv("ECHO2_TOKEN", "s3cret")
+    monkeypatch.setenv("DEVICE", "cuda")
+    monkeypatch.setenv("DEBUG", "true")
+    settings = LearnerSettings()
+    assert (settings.server, settings.job, settings.device, settings.debug) == ("http://env", 5, "cpu", False)
+    assert settings.token == "s3cret" and "s3cret" not in repr(settings) and "token" not in settings.saved()
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--job", "x"], "Invalid value for '--job'"),
+    (["--checkpoint-every", "0"], "Invalid value for '--checkpoint-every'"),
+    (["--status-poll", "0"], "Invalid value for '--status-poll': Input should be greater than 0"),
+    (["--colour", "blue"], "No such option: --colour"),
+])
+def test_a_bad_flag_is_one_error_line_and_a_non_zero_exit(trained, args: list[str], words: str) -> None:
+    result = invoke(*REQUIRED, *args)
+    assert result.exit_code == 2 and not trained
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and words in errors[0], result.output
+
+
+def test_a_missing_option_is_named(trained) -> None:
+    result = invoke("--server", "http://site", "--token", "t")
+    assert result.exit_code == 2 and "Missing option '--job'" in result.output
+
+
+def test_options_without_a_command_mean_run(trained, monkeypatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["echo2-learner", *REQUIRED, "--device", "cpu"])
+    with pytest.raises(SystemExit) as done:
+        cli.main()
+    assert done.value.code == 0 and trained[0].job == 3
