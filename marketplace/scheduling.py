@@ -163,7 +163,7 @@ def capacity_plan(config: Job | JobSpec, *, t_train: Estimate, t_bcast: Estimate
     of ``pool`` meeting the target (exact solver) and the set the paper's greedy by unit cost would take.
 
     Without ``T_train`` there is no target: the plan is the calibration phase, every available worker
-    (``services.job_provision``), listed under ``calibration``.
+    (``services.job_activate_idle_workers``), listed under ``calibration``.
     """
     out: dict = {
         "measurements": {"t_train": t_train.value, "t_bcast": t_bcast.value, "mu_pool": pool.capacity,
@@ -228,7 +228,7 @@ def job_replan(job: Job, *, now: float | None = None) -> ctl.Decision | None:
     """One low-frequency adjustment (C.2.1) for a running job; returns what was decided.
 
     Before the learner has measured ``T_train``, or when no pool can keep up, every available worker is
-    used (``services.job_provision``). Otherwise the hysteresis controller activates the cheapest
+    used (``services.job_activate_idle_workers``). Otherwise the hysteresis controller activates the cheapest
     standby capacity after a sustained deficit and releases the priciest after a sustained surplus.
     """
     if job.status != Job.Status.RUNNING:
@@ -236,7 +236,7 @@ def job_replan(job: Job, *, now: float | None = None) -> ctl.Decision | None:
     now = time.time() if now is None else now
     target = selectors.throughput_target(job, _t_bcast(job))
     if target is None:
-        services.job_provision(job=job)
+        services.job_activate_idle_workers(job=job)
         return None
     pool = job_pool(job, now=now)
     controller = _load_controller(job.pk)
@@ -245,7 +245,7 @@ def job_replan(job: Job, *, now: float | None = None) -> ctl.Decision | None:
         # the cheapest cover of the target now, or everyone available when nobody is measured yet.
         pick = p.exact_min_cost([c for c in pool.standby if c.throughput], target)
         if not pick.worker_ids:
-            services.job_provision(job=job)
+            services.job_activate_idle_workers(job=job)
             return None
         controller.restore(below_since=None, above_since=None)
         decision = ctl.Decision(pick.worker_ids, (), f"no active worker: activating the cheapest cover of "

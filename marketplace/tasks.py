@@ -1,4 +1,7 @@
-"""Celery tasks: another interface onto services. They take ids, load, call one service."""
+"""Celery tasks: another interface onto services. They take ids, load, call one service.
+
+Services enqueue these tasks by name (``services.base.enqueue_task``), never importing this module.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +16,8 @@ log = logging.getLogger(__name__)
 
 
 @shared_task
-def provision_job(job_id: int) -> int:
-    """A job started: plan its pool now rather than at the next beat."""
+def replan_job(job_id: int) -> int:
+    """A job started or resumed: plan its pool now rather than at the next beat."""
     job = Job.objects.filter(pk=job_id).first()
     return 0 if job is None else _replan(job)
 

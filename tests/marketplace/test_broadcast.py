@@ -8,6 +8,7 @@ import pytest
 
 from marketplace import services, telemetry
 from marketplace.models import Worker
+from marketplace.services import base
 
 from . import factories
 
@@ -18,7 +19,7 @@ MANIFEST = {"job_id": 1, "version": 1, "total_bytes": 0, "chunk_bytes": 1, "chun
 @pytest.fixture
 def pushes(monkeypatch):
     sent: dict[int, list] = {}
-    monkeypatch.setattr(services, "_push_to_worker", lambda wid, msg: sent.setdefault(wid, []).append(msg))
+    monkeypatch.setattr(base, "push_to_worker", lambda wid, msg: sent.setdefault(wid, []).append(msg))
     return sent
 
 
