@@ -5,7 +5,7 @@ transaction it joins it), and its pushes and enqueued tasks leave only once that
 
 - ``base``: ``ServiceError``, channel groups, the push helpers, tasks enqueued by name, shared checks.
 - ``workers``: register, calibrate, hello, heartbeat, close, activate, release, expire the silent.
-- ``jobs``: create, start, pause, resume, finish; the calibration phase (every idle worker).
+- ``jobs``: create, start, pause, resume, finish; the calibration phase and the scheduler's decisions applied.
 - ``rollouts``: prompt leases and trajectory submissions.
 - ``broadcast``: snapshot publication, chain plans, relay failures and repair, installs.
 - ``learner``: the learner's announcement and step metrics.
@@ -22,6 +22,7 @@ from .jobs import (
     job_create,
     job_finish,
     job_pause,
+    job_replan_apply,
     job_resume,
     job_start,
 )
@@ -40,7 +41,7 @@ from .workers import (
 
 __all__ = [
     "ServiceError", "broadcast_plan", "expire_silent_workers", "job_activate_idle_workers", "job_create",
-    "job_finish", "job_group", "job_pause", "job_resume", "job_start", "learner_announce",
+    "job_finish", "job_group", "job_pause", "job_replan_apply", "job_resume", "job_start", "learner_announce",
     "metrics_record", "prompts_lease", "relay_failed", "snapshot_installed", "snapshot_publish",
     "trajectories_submit", "worker_activate", "worker_calibrate", "worker_connected", "worker_disconnected",
     "worker_group", "worker_heartbeat", "worker_register", "worker_release",

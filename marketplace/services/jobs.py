@@ -1,6 +1,9 @@
-"""A job's life (create, start, pause, resume, finish) and the calibration phase's pool: every idle worker."""
+"""A job's life (create, start, pause, resume, finish) and its pool of workers: the calibration phase's
+"every idle worker", and the scheduler's decisions (``scheduling.job_replan``) carried out."""
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 from django.db import transaction
 from django.utils import timezone
@@ -98,3 +101,26 @@ def job_activate_idle_workers(*, job: Job) -> list[Activation]:
     return [worker_activate(worker=worker, job=job)
             for worker in Worker.objects.filter(status=Worker.Status.IDLE).exclude(pk__in=busy)]
 
+
+@transaction.atomic
+def job_replan_apply(*, job: Job, activate: Collection[int] = (), release: Collection[int] = (), reason: str = "",
+                     calibrate: bool = False, hysteresis: tuple[float | None, float | None] | None = None) -> None:
+    """Carry out one re-plan that ``scheduling.job_replan`` decided, in one transaction: the activations
+    (``activate``, or with ``calibrate`` every idle worker), the releases, and the scheduler's hysteresis
+    clocks ``(below_since, above_since)`` that the decision moved (None: unchanged). The decision was read
+    outside this transaction: nothing is done when the job stopped running since, and a worker another job
+    took meanwhile is skipped.
+    """
+    job = Job.objects.select_for_update().get(pk=job.pk)
+    if job.status != Job.Status.RUNNING:
+        return
+    if hysteresis is not None:
+        job.hysteresis_below_since, job.hysteresis_above_since = hysteresis
+        job.save(update_fields=["hysteresis_below_since", "hysteresis_above_since"])
+    if calibrate:
+        job_activate_idle_workers(job=job)
+    busy = Activation.objects.filter(ended_at=None).values("worker_id")
+    for worker in Worker.objects.filter(pk__in=list(activate)).exclude(pk__in=busy).order_by("pk"):
+        worker_activate(worker=worker, job=job)
+    for activation in job.activations.filter(ended_at=None, worker_id__in=list(release)):
+        worker_release(activation=activation, reason=f"capacity above target: {reason}")
