@@ -156,7 +156,9 @@ def repair_without(worker: Worker) -> None:
 @transaction.atomic
 def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: float, source: str = "http") -> None:
     """Count an install; T_bcast is fixed once ceil(active/gamma) workers have the snapshot. An install
-    received from a relay parent counts as a success for that parent (the chain score's Success term)."""
+    received from a relay parent counts as a success for that parent (the chain score's Success term).
+
+    With the agent's hello, the one place that sets ``Worker.installed_version``."""
     activation = running_activation(worker, job_id)
     Worker.objects.filter(pk=worker.pk).update(installed_version=version)
     snap = Snapshot.objects.select_for_update().filter(job_id=job_id, version=version).first()

@@ -81,7 +81,7 @@ def _session_close(worker_id: int, *, at: datetime) -> None:
 @transaction.atomic
 def worker_connected(*, worker: Worker, installed_version: int | None, at: datetime | None = None) -> list[m._Msg]:
     """An agent said hello (at ``at``, default now): mark it live and open its session; re-send its assignment
-    if it is active in a job."""
+    if it is active in a job. With the install report, the one place that sets ``installed_version``."""
     activation = selectors.active_activation(worker=worker)
     now = at or timezone.now()
     _session_open(worker.pk, at=now)
@@ -98,15 +98,17 @@ def worker_connected(*, worker: Worker, installed_version: int | None, at: datet
 
 
 @transaction.atomic
-def worker_heartbeat(*, worker: Worker, throughput: float | None, installed_version: int | None) -> None:
+def worker_heartbeat(*, worker: Worker, throughput: float | None) -> None:
     """Refresh the worker's liveness and throughput; a heartbeat from a worker marked offline brings it back.
 
     Whether it was offline is asked of the database, not of ``worker``: the consumer's copy is as old as the
-    socket, and expiry may have marked the worker offline since (the agent stalled, then resumed).
+    socket, and expiry may have marked the worker offline since (the agent stalled, then resumed). The
+    version the agent says it has installed is not taken from heartbeats: only the hello and the install
+    report set it, so a heartbeat sent just after a release cannot erase the record of what was installed.
     """
     now = timezone.now()
     telemetry.record_heartbeat(worker.pk, at=now.timestamp(), throughput=throughput)
-    fields = {"last_heartbeat": now, "installed_version": installed_version}
+    fields = {"last_heartbeat": now}
     if throughput is not None:
         fields["throughput"] = throughput
     if Worker.objects.filter(pk=worker.pk, status=Worker.Status.OFFLINE).exists():
