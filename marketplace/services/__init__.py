@@ -10,9 +10,10 @@ transaction it joins it), and its pushes and enqueued tasks leave only once that
 - ``broadcast``: snapshot publication, chain plans, relay failures and repair, installs.
 - ``learner``: the learner's announcement and step metrics.
 
-Imports only go down this list's dependency order (``base`` <- ``broadcast`` <- ``workers`` <- ``jobs``), and
-none reaches ``marketplace.tasks``: tasks call services, services enqueue tasks by name. The public names
-are re-exported here, so callers write ``services.job_start(...)``.
+Siblings import one way only: ``base`` imports none of them; ``broadcast``, ``rollouts`` and ``learner`` import
+``base``; ``workers`` imports ``broadcast`` (assignments, chain repair); ``jobs`` imports ``workers``. None
+imports ``marketplace.tasks``: tasks call services, services enqueue tasks by name (``base.enqueue_task``).
+The public names are re-exported here, so callers write ``services.job_start(...)``.
 """
 
 from .base import ServiceError, job_group, worker_group

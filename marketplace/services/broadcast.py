@@ -21,8 +21,7 @@ from dataplane import messages as m
 
 from .. import chains, selectors, telemetry
 from ..models import Job, Snapshot, Worker
-from . import base
-from .base import ServiceError, learner_may_report, running_activation
+from .base import ServiceError, learner_may_report, push_job_update, push_to_worker, running_activation
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +74,9 @@ def snapshot_publish(*, job: Job, version: int, url: str, manifest: dict) -> Sna
     snap.n_chains = len(plan.chains)  # the learner sizes its relay's fan-out from this (API reply)
     addresses = {w.pk: w.relay_address for w in active}
     for worker in active:
-        base.push_to_worker(worker.pk, snapshot_message(snap, job=job, route=chains.route(plan, worker.pk),
+        push_to_worker(worker.pk, snapshot_message(snap, job=job, route=chains.route(plan, worker.pk),
                                                         addresses=addresses))
-    base.push_job_update(job.pk)
+    push_job_update(job.pk)
     return snap
 
 
@@ -124,7 +123,7 @@ def _excise(job: Job, version: int, plan: chains.ChainPlan, gone: int) -> None:
     pulled from it (telling each new parent which child to serve)."""
     new_plan, moves = chains.repair(plan, gone)
     telemetry.save_chain_plan(job.pk, version, new_plan)
-    base.push_job_update(job.pk)
+    push_job_update(job.pk)
     snap = Snapshot.objects.filter(job_id=job.pk, version=version).first()
     if snap is None:
         return
@@ -135,7 +134,7 @@ def _excise(job: Job, version: int, plan: chains.ChainPlan, gone: int) -> None:
                  new_parent if new_parent is not None else "the learner")
         for target in (child, new_parent):
             if target is not None:
-                base.push_to_worker(target, snapshot_message(snap, job=job, route=chains.route(new_plan, target),
+                push_to_worker(target, snapshot_message(snap, job=job, route=chains.route(new_plan, target),
                                                              addresses=addresses))
 
 
@@ -179,7 +178,7 @@ def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: fl
         route = chains.route(plan, worker.pk) if plan else None
         if route is not None and route[0] is not None:
             _relay_succeeded(route[0], total_bytes=int(snap.manifest.get("total_bytes") or 0), seconds=seconds)
-    base.push_job_update(job_id)  # the page shows who has which version
+    push_job_update(job_id)  # the page shows who has which version
 
 
 def _relay_succeeded(parent_id: int, *, total_bytes: int, seconds: float) -> None:

@@ -12,8 +12,7 @@ from dataplane.jobs import JobSpec
 
 from .. import stream
 from ..models import Activation, Job, Worker
-from . import base
-from .base import ServiceError
+from .base import ServiceError, enqueue_task, push_job_update
 from .workers import worker_activate, worker_release
 
 
@@ -31,8 +30,8 @@ def job_start(*, job: Job) -> Job:
     job.started_at = timezone.now()
     job.save(update_fields=["status", "started_at"])
     stream.ensure_groups(job.pk)
-    base.enqueue_task("replan_job", job.pk)
-    base.push_job_update(job)
+    enqueue_task("replan_job", job.pk)
+    push_job_update(job)
     return job
 
 
@@ -50,7 +49,7 @@ def job_finish(*, job: Job, status: str, reason: str = "") -> Job:
     for activation in job.activations.filter(ended_at=None):
         worker_release(activation=activation, reason=f"job {status}")
     transaction.on_commit(lambda: stream.drop_job(job.pk))
-    base.push_job_update(job)
+    push_job_update(job)
     return job
 
 
@@ -69,7 +68,7 @@ def job_pause(*, job: Job, by: str = "") -> Job:
     job.save(update_fields=["status", "status_reason"])
     for activation in job.activations.filter(ended_at=None):
         worker_release(activation=activation, reason="job paused")
-    base.push_job_update(job)
+    push_job_update(job)
     return job
 
 
@@ -82,8 +81,8 @@ def job_resume(*, job: Job) -> Job:
     job.status_reason = ""
     job.save(update_fields=["status", "status_reason"])
     stream.ensure_groups(job.pk)
-    base.enqueue_task("replan_job", job.pk)
-    base.push_job_update(job)
+    enqueue_task("replan_job", job.pk)
+    push_job_update(job)
     return job
 
 

@@ -9,8 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from ..models import Job, JobMetric
-from . import base
-from .base import learner_may_report
+from .base import learner_may_report, push_job_update
 
 
 @transaction.atomic
@@ -38,5 +37,5 @@ def metrics_record(*, job: Job, step: int, values: dict[str, Any]) -> JobMetric:
     )
     Job.objects.filter(pk=job.pk).update(learner_step=step, learner_seen_at=timezone.now())
     job.refresh_from_db()
-    base.push_job_update(job)
+    push_job_update(job)
     return metric

@@ -17,8 +17,7 @@ from dataplane.tasks import TaskSpecError, build_task
 
 from .. import selectors, telemetry
 from ..models import Activation, Job, Provider, Worker, WorkerCalibration, WorkerSession
-from . import base
-from .base import ServiceError
+from .base import ServiceError, enqueue_task, push_job_update, push_to_worker
 from .broadcast import assign_message, repair_without
 
 log = logging.getLogger(__name__)
@@ -93,7 +92,7 @@ def worker_connected(*, worker: Worker, installed_version: int | None, at: datet
     if activation:
         replies.append(assign_message(activation.job))
     else:
-        base.enqueue_task("provision_waiting_jobs")  # a new idle worker may be what a running job waits for
+        enqueue_task("provision_waiting_jobs")  # a new idle worker may be what a running job waits for
     return replies
 
 
@@ -137,8 +136,8 @@ def worker_activate(*, worker: Worker, job: Job) -> Activation:
     """Start billing ``worker`` for ``job`` and send it the assignment."""
     activation = Activation.objects.create(job=job, worker=worker, price_per_hour=worker.price_per_hour)
     Worker.objects.filter(pk=worker.pk).update(status=Worker.Status.ACTIVE)
-    base.push_to_worker(worker.pk, assign_message(job))
-    base.push_job_update(job.pk)
+    push_to_worker(worker.pk, assign_message(job))
+    push_job_update(job.pk)
     log.info("job %s: activated worker %s at $%s/h", job.pk, worker.name, worker.price_per_hour)
     return activation
 
@@ -150,8 +149,8 @@ def worker_release(*, activation: Activation, reason: str) -> None:
     activation.end_reason = reason
     activation.save(update_fields=["ended_at", "end_reason"])
     Worker.objects.filter(pk=activation.worker_id, status=Worker.Status.ACTIVE).update(status=Worker.Status.IDLE)
-    base.push_to_worker(activation.worker_id, m.Release(job_id=activation.job_id, reason=reason))
-    base.push_job_update(activation.job_id)
+    push_to_worker(activation.worker_id, m.Release(job_id=activation.job_id, reason=reason))
+    push_job_update(activation.job_id)
 
 
 def expire_silent_workers() -> int:
