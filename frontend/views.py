@@ -119,8 +119,7 @@ def job_control(request, job_id: int, verb: str):
         "cancel": lambda: services.job_finish(job=job, status=Job.Status.CANCELLED, reason=f"cancelled by {user}"),
     }
     try:
-        with transaction.atomic():
-            actions[verb]()
+        actions[verb]()  # each service runs in its own transaction
     except services.ServiceError as err:
         messages.error(request, f"Cannot {verb}: {str(err).partition(': ')[2] or err}")
     return redirect("frontend:job-detail", job_id=job.pk)

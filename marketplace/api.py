@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from django.db import transaction
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
@@ -16,10 +15,9 @@ from .models import Job, Worker
 
 
 def _service_call(fn, **kwargs):
-    """Run a service; turn its ServiceError into a 400 whose detail names the field."""
+    """Run a service (it owns its transaction); turn its ServiceError into a 400 whose detail names the field."""
     try:
-        with transaction.atomic():
-            return fn(**kwargs)
+        return fn(**kwargs)
     except services.ServiceError as err:
         field, _, reason = str(err).partition(": ")
         raise ValidationError({field: [reason or str(err)]}) from None

@@ -23,7 +23,7 @@ in no chain, listed in :attr:`ChainPlan.rollout_only`, fetching from the learner
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 LEARNER = None
@@ -126,6 +126,27 @@ def assemble_chains(workers: Sequence[WorkerStats], *, n_ch: int, now: float,
     return ChainPlan(chains=tuple(tuple(c) for c in chains), rollout_only=dropped)
 
 
+def place_tails(plan: ChainPlan, tails: Sequence[int], *, relays: Collection[int], n_ch: int) -> ChainPlan:
+    """Add workers that cannot serve a child (no relay address, so no listening relay) to ``plan``.
+
+    Such a worker may only end a chain, after its relays (docs/broadcast.md "Enabling relaying"). ``tails``
+    come best first (the caller orders them by bandwidth); each ends the shortest chain whose tail is still
+    one of ``relays``; when every chain has its tail, it starts a new chain while there are fewer than
+    ``n_ch``, else it is rollout-only and fetches over HTTP.
+    """
+    built = [list(c) for c in plan.chains]
+    rollout_only = list(plan.rollout_only)
+    for worker_id in tails:
+        open_chain = next((c for c in sorted(built, key=len) if not c or c[-1] in relays), None)
+        if open_chain is not None:
+            open_chain.append(worker_id)
+        elif len(built) < n_ch:
+            built.append([worker_id])
+        else:
+            rollout_only.append(worker_id)
+    return ChainPlan(chains=tuple(tuple(c) for c in built if c), rollout_only=tuple(rollout_only))
+
+
 def star_plan(worker_ids: Sequence[int]) -> ChainPlan:
     """Every worker pulls from the learner (strategies ``star-unlimited`` and ``star-limited``)."""
     return ChainPlan(chains=tuple((w,) for w in worker_ids))
@@ -149,6 +170,16 @@ def children(plan: ChainPlan) -> dict[int, int | None]:
     return out
 
 
+def route(plan: ChainPlan, worker_id: int) -> tuple[int | None, int | None] | None:
+    """``(parent, child)`` of a worker in one of the plan's chains (parent ``LEARNER`` for a seed, child None for
+    a tail): what its relay dials and whom it serves. None when it is rollout-only or not in the plan."""
+    for chain in plan.chains:
+        if worker_id in chain:
+            i = chain.index(worker_id)
+            return (chain[i - 1] if i else LEARNER), (chain[i + 1] if i + 1 < len(chain) else None)
+    return None
+
+
 def repair(plan: ChainPlan, dead_worker_id: int) -> tuple[ChainPlan, list[tuple[int, int | None]]]:
     """Excise a dead or stalled relay; its downstream tail re-attaches to the nearest healthy parent, its own
     parent (the learner if it was a seed). Returns the new plan and the ``(child, new_parent)`` moves.
@@ -165,3 +196,25 @@ def repair(plan: ChainPlan, dead_worker_id: int) -> tuple[ChainPlan, list[tuple[
             chains.append(chain)
     rollout_only = tuple(w for w in plan.rollout_only if w != dead_worker_id)
     return ChainPlan(chains=tuple(chains), rollout_only=rollout_only), moves
+
+
+BANDWIDTH_EWMA = 0.3
+"""Weight of the newest transfer in a relay's measured bandwidth ``Bw_hat``."""
+BANDWIDTH_MIN_SECONDS = 1.0
+"""Shorter transfers measure latency more than bandwidth: not taken."""
+
+
+def measured_bandwidth(old_bps: float | None, *, total_bytes: int, seconds: float) -> float | None:
+    """A relay's ``Bw_hat`` after a child installed ``total_bytes`` through it ``seconds`` after publication.
+
+    The rate ``total_bytes / seconds`` is folded into ``old_bps`` (a moving average, weight
+    ``BANDWIDTH_EWMA`` for the newest; the first measurement is taken as is) only when the transfer took at
+    least ``BANDWIDTH_MIN_SECONDS``: a 40 KB snapshot delivered in 20 ms "measures" 2 MB/s on a 100 MB/s link,
+    and would split the fleet into needlessly many chains (``n_chains`` divides by the median). Pipelining
+    makes the rate a slight under-estimate of the link further down a chain, never an over-estimate.
+    Otherwise ``old_bps`` is returned unchanged (None while never measured).
+    """
+    if total_bytes <= 0 or seconds < BANDWIDTH_MIN_SECONDS:
+        return old_bps
+    rate = total_bytes / seconds
+    return rate if old_bps is None else (1 - BANDWIDTH_EWMA) * old_bps + BANDWIDTH_EWMA * rate

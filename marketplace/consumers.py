@@ -91,8 +91,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                 return services.worker_connected(worker=worker, installed_version=message.installed_version,
                                                  at=self.hello_at)
             case m.Heartbeat():
-                services.worker_heartbeat(worker=worker, throughput=message.throughput,
-                                          installed_version=message.installed_version)
+                # The installed version it carries is not recorded: only hello and install reports set it.
+                services.worker_heartbeat(worker=worker, throughput=message.throughput)
                 return []
             case m.LeaseRequest():
                 return [services.prompts_lease(worker=worker, job_id=message.job_id, groups=message.groups)]

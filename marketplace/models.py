@@ -150,6 +150,12 @@ class Job(models.Model):
     learner_t_train = models.FloatField(null=True, blank=True, help_text="Calibrated T_train, seconds.")
     learner_seen_at = models.DateTimeField(null=True, blank=True)
     learner_relay = models.CharField(max_length=200, blank=True, help_text="host:port of the learner's relay hub.")
+    # The scheduler's hysteresis clocks (controller.HysteresisController.state()), saved in the transaction that
+    # applies the activations and releases they led to (services.job_replan_apply).
+    hysteresis_below_since = models.FloatField(
+        null=True, blank=True, help_text="Since when (Unix time, s) the pool's capacity has been below the target.")
+    hysteresis_above_since = models.FloatField(
+        null=True, blank=True, help_text="Since when (Unix time, s) the pool's capacity has been above the margin.")
 
     class Meta:
         ordering = ["-id"]

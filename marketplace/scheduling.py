@@ -1,9 +1,9 @@
-"""The scheduler's service layer (paper sections 3.3-3.4, 4.3, appendix C.2.1).
+"""The scheduler's reads and decisions (paper sections 3.3-3.4, 4.3, appendix C.2.1).
 
-It turns the database and the heartbeat history into plain candidates, asks the pure core
-(``provisioning``) what to do, and applies the answer through ``services`` (activations, releases and
-their pushes to agents). The hysteresis clock of each job lives in Redis, so any Celery worker can run
-the next re-plan.
+It turns the database and the heartbeat history into plain candidates and asks the pure cores
+(``provisioning``, ``controller``) what to do. It writes nothing: a re-plan's decision (``Replan``) is carried
+out by ``services.job_replan_apply`` (called from ``tasks``), which saves the hysteresis clocks on the job in
+the same transaction as the activations and releases, so any Celery worker can run the next re-plan.
 """
 
 from __future__ import annotations
@@ -13,20 +13,15 @@ import math
 import time
 
 from django.conf import settings
-from django.db import transaction
 
 from dataplane.jobs import JobSpec
 
 from . import controller as ctl
 from . import provisioning as p
-from . import selectors, services, stream, telemetry
+from . import selectors, telemetry
 from .models import Activation, Job, Worker, WorkerCalibration
 
 WINDOW_S = 60.0
-
-
-def _hysteresis_key(job_id: int) -> str:
-    return f"echo2:job:{job_id}:hysteresis"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,7 +158,7 @@ def capacity_plan(config: Job | JobSpec, *, t_train: Estimate, t_bcast: Estimate
     of ``pool`` meeting the target (exact solver) and the set the paper's greedy by unit cost would take.
 
     Without ``T_train`` there is no target: the plan is the calibration phase, every available worker
-    (``services.job_provision``), listed under ``calibration``.
+    (``services.job_activate_idle_workers``), listed under ``calibration``.
     """
     out: dict = {
         "measurements": {"t_train": t_train.value, "t_bcast": t_bcast.value, "mu_pool": pool.capacity,
@@ -224,20 +219,32 @@ def _selection(sel: p.Selection, pool: Pool) -> dict:
     }
 
 
-def job_replan(job: Job, *, now: float | None = None) -> ctl.Decision | None:
-    """One low-frequency adjustment (C.2.1) for a running job; returns what was decided.
+@dataclasses.dataclass(frozen=True)
+class Replan:
+    """What one re-plan of a job decided, for ``services.job_replan_apply`` to carry out in one transaction."""
+
+    activate: tuple[int, ...] = ()
+    release: tuple[int, ...] = ()
+    reason: str = ""
+    calibrate: bool = False
+    """No target yet, or nobody measured covers it: every idle worker (``services.job_activate_idle_workers``)."""
+    hysteresis: tuple[float | None, float | None] | None = None
+    """The controller's clocks ``(below_since, above_since)`` after deciding; None leaves the saved ones."""
+
+
+def job_replan(job: Job, *, now: float | None = None) -> Replan | None:
+    """One low-frequency adjustment (C.2.1) for a running job: what to do, not done yet (None: not running).
 
     Before the learner has measured ``T_train``, or when no pool can keep up, every available worker is
-    used (``services.job_provision``). Otherwise the hysteresis controller activates the cheapest
-    standby capacity after a sustained deficit and releases the priciest after a sustained surplus.
+    used (``calibrate``). Otherwise the hysteresis controller activates the cheapest standby capacity after a
+    sustained deficit and releases the priciest after a sustained surplus.
     """
     if job.status != Job.Status.RUNNING:
         return None
     now = time.time() if now is None else now
     target = selectors.throughput_target(job, _t_bcast(job))
     if target is None:
-        services.job_provision(job=job)
-        return None
+        return Replan(calibrate=True, reason="no throughput target yet: every idle worker")
     pool = job_pool(job, now=now)
     controller = _load_controller(job.pk)
     if not pool.active:
@@ -245,45 +252,22 @@ def job_replan(job: Job, *, now: float | None = None) -> ctl.Decision | None:
         # the cheapest cover of the target now, or everyone available when nobody is measured yet.
         pick = p.exact_min_cost([c for c in pool.standby if c.throughput], target)
         if not pick.worker_ids:
-            services.job_provision(job=job)
-            return None
+            return Replan(calibrate=True, reason="no active worker and nobody measured: every idle worker")
         controller.restore(below_since=None, above_since=None)
         decision = ctl.Decision(pick.worker_ids, (), f"no active worker: activating the cheapest cover of "
                                                      f"{target:.4g} traj/s ({len(pick.worker_ids)} workers)")
     else:
         decision = controller.decide(now, pool.capacity, target, pool.standby, pool.active)
-    _save_controller(job.pk, controller)
-    with transaction.atomic():
-        for wid in decision.activate:
-            services.worker_activate(worker=pool.workers[wid], job=job)
-        for activation in job.activations.filter(ended_at=None, worker_id__in=decision.release):
-            services.worker_release(activation=activation, reason=f"capacity above target: {decision.reason}")
-    return decision
-
-
-def _controller_settings() -> tuple[float, float]:
-    return float(settings.ECHO2["REPLAN_INTERVAL_S"]), float(settings.ECHO2["RELEASE_MARGIN"])
+    state = controller.state()
+    return Replan(activate=tuple(decision.activate), release=tuple(decision.release), reason=decision.reason,
+                  hysteresis=(state["below_since"], state["above_since"]))
 
 
 def _load_controller(job_id: int) -> ctl.HysteresisController:
-    interval, margin = _controller_settings()
-    controller = ctl.HysteresisController(interval, margin)
-    saved = stream.client().hgetall(_hysteresis_key(job_id))
-    controller.restore(below_since=_float(saved.get("below_since")), above_since=_float(saved.get("above_since")))
+    """The job's controller with the clocks the last applied re-plan saved (read afresh: the caller's ``Job``
+    may be older than that re-plan)."""
+    controller = ctl.HysteresisController(float(settings.ECHO2["REPLAN_INTERVAL_S"]),
+                                          float(settings.ECHO2["RELEASE_MARGIN"]))
+    below, above = Job.objects.filter(pk=job_id).values_list("hysteresis_below_since", "hysteresis_above_since").get()
+    controller.restore(below_since=below, above_since=above)
     return controller
-
-
-def _save_controller(job_id: int, controller: ctl.HysteresisController) -> None:
-    state = controller.state()
-    key = _hysteresis_key(job_id)
-    pipe = stream.client().pipeline()
-    pipe.delete(key)
-    values = {k: v for k, v in state.items() if v is not None}
-    if values:
-        pipe.hset(key, mapping=values)
-        pipe.expire(key, 24 * 3600)
-    pipe.execute()
-
-
-def _float(value: str | None) -> float | None:
-    return None if value is None else float(value)

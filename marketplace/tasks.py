@@ -1,4 +1,8 @@
-"""Celery tasks: another interface onto services. They take ids, load, call one service."""
+"""Celery tasks: another interface onto services. They take ids, load, call one service.
+
+The only module of the asynchronous side that imports ``services``: services enqueue these tasks by name
+(``services.base.enqueue_task``), and the scheduler (``scheduling``) only reads and decides.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +10,15 @@ import logging
 
 from celery import shared_task
 
-from . import services
+from . import scheduling, services
 from .models import Job
 
 log = logging.getLogger(__name__)
 
 
 @shared_task
-def provision_job(job_id: int) -> int:
-    """A job started: plan its pool now rather than at the next beat."""
+def replan_job(job_id: int) -> int:
+    """A job started or resumed: plan its pool now rather than at the next beat."""
     job = Job.objects.filter(pk=job_id).first()
     return 0 if job is None else _replan(job)
 
@@ -31,13 +35,21 @@ def replan_running_jobs() -> int:
     return sum(_replan(job) for job in Job.objects.filter(status=Job.Status.RUNNING).order_by("started_at"))
 
 
-def _replan(job: Job) -> int:
-    from . import scheduling
-
-    before = job.activations.filter(ended_at=None).count()
-    decision = scheduling.job_replan(job)
-    if decision is not None and (decision.activate or decision.release):
+def replan(job: Job, *, now: float | None = None) -> scheduling.Replan | None:
+    """Decide one re-plan of ``job`` (``scheduling.job_replan``) and carry it out (``services.job_replan_apply``)."""
+    decision = scheduling.job_replan(job, now=now)
+    if decision is None:
+        return None
+    services.job_replan_apply(job=job, activate=decision.activate, release=decision.release, reason=decision.reason,
+                              calibrate=decision.calibrate, hysteresis=decision.hysteresis)
+    if decision.activate or decision.release:
         log.info("job %s: %s", job.pk, decision.reason)
+    return decision
+
+
+def _replan(job: Job) -> int:
+    before = job.activations.filter(ended_at=None).count()
+    replan(job)
     return abs(job.activations.filter(ended_at=None).count() - before)
 
 

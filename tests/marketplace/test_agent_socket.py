@@ -164,3 +164,30 @@ async def test_expired_lease_goes_to_another_worker(settings_eager, redis_client
     assert "another worker" in (await comms[0].receive_json_from())["reasons"][0]
     for comm in comms:
         await comm.disconnect()
+
+
+async def test_a_heartbeat_after_the_release_keeps_the_recorded_install(settings_eager):
+    # Released, the agent's heartbeats carry no installed version; what it installed stays on record.
+    job, worker, key = await setup_job_and_worker()
+    comm = await connect(key)
+    await comm.send_json_to({"type": "hello", "agent_version": "test"})
+    assert (await comm.receive_json_from())["type"] == "welcome"
+    await database_sync_to_async(services.job_start)(job=await database_sync_to_async(Job.objects.get)(pk=job.pk))
+    assert (await comm.receive_json_from(timeout=5))["type"] == "assign"
+    fresh = database_sync_to_async(lambda: Job.objects.get(pk=job.pk))
+    await database_sync_to_async(services.snapshot_publish)(job=await fresh(), version=1, url="http://l/v1/",
+                                                            manifest={})
+    assert (await comm.receive_json_from(timeout=5))["type"] == "snapshot"
+    await comm.send_json_to({"type": "snapshot_installed", "job_id": job.pk, "version": 1, "seconds": 0.5})
+    await comm.send_json_to({"type": "heartbeat", "throughput": 1.0, "installed_version": 1, "job_id": job.pk})
+    await comm.send_json_to({"type": "lease_request", "job_id": job.pk})  # answered once both are handled
+    assert (await comm.receive_json_from())["type"] == "no_work"
+    await database_sync_to_async(services.job_finish)(job=await fresh(), status="completed")
+    assert (await comm.receive_json_from(timeout=5))["type"] == "release"
+
+    await comm.send_json_to({"type": "heartbeat", "throughput": 0.0, "installed_version": None})
+    await comm.send_json_to({"type": "lease_request", "job_id": job.pk})
+    assert (await comm.receive_json_from())["type"] == "rejected"  # the job is over
+    assert (await database_sync_to_async(Worker.objects.get)(pk=worker.pk)).installed_version == 1
+    assert (await database_sync_to_async(lambda: job.snapshots.get(version=1).installs)()) == 1
+    await comm.disconnect()

@@ -6,8 +6,10 @@ from decimal import Decimal
 
 import pytest
 
+from dataplane import messages as m
 from marketplace import services, telemetry
 from marketplace.models import Worker
+from marketplace.services import base
 
 from . import factories
 
@@ -17,8 +19,15 @@ MANIFEST = {"job_id": 1, "version": 1, "total_bytes": 0, "chunk_bytes": 1, "chun
 
 @pytest.fixture
 def pushes(monkeypatch):
+    """Every message pushed to an agent, per worker id, parsed as its agent parses it (taken before the commit
+    these tests never reach)."""
     sent: dict[int, list] = {}
-    monkeypatch.setattr(services, "_push_to_worker", lambda wid, msg: sent.setdefault(wid, []).append(msg))
+
+    def capture(group: str, event: dict) -> None:
+        if event["type"] == "agent.message":
+            sent.setdefault(int(group.removeprefix("worker.")), []).append(m.parse_site_message(event["message"]))
+
+    monkeypatch.setattr(base, "_push", capture)
     return sent
 
 

@@ -1,19 +1,24 @@
-"""Chain scoring, assembly and repair (appendix C.3), against hand-computed values."""
+"""Chain scoring, assembly, tails, routes and repair (appendix C.3), and the relay bandwidth average, against
+hand-computed values."""
 
 from __future__ import annotations
 
 import pytest
 
 from marketplace.chains import (
+    BANDWIDTH_EWMA,
     LEARNER,
     ChainPlan,
     ScoreParams,
     WorkerStats,
     assemble_chains,
     children,
+    measured_bandwidth,
     n_chains,
     parents,
+    place_tails,
     repair,
+    route,
     score_terms,
     scores,
     star_plan,
@@ -99,3 +104,33 @@ def test_repair_excises_the_dead_relay_and_reattaches_its_tail_to_its_parent():
 def test_star_plan_puts_everyone_under_the_learner():
     plan = star_plan([3, 1, 2])
     assert parents(plan) == {3: LEARNER, 1: LEARNER, 2: LEARNER}
+
+
+def test_route_names_parent_and_child_and_nothing_for_rollout_only_workers():
+    plan = ChainPlan(chains=((8, 5, 2), (7,)), rollout_only=(9,))
+    assert route(plan, 8) == (LEARNER, 5) and route(plan, 5) == (8, 2) and route(plan, 2) == (5, None)
+    assert route(plan, 7) == (LEARNER, None)
+    assert route(plan, 9) is None and route(plan, 42) is None
+
+
+def test_tails_end_the_shortest_relay_chains_then_start_chains_then_fetch_over_http():
+    relays = {1, 2, 3}
+    plan = ChainPlan(chains=((1, 2), (3,)), rollout_only=(6,))
+    # One tail per chain, shortest chain first; the third finds every chain capped and n_ch reached.
+    placed = place_tails(plan, [10, 11, 12], relays=relays, n_ch=2)
+    assert placed.chains == ((1, 2, 11), (3, 10)) and placed.rollout_only == (6, 12)
+    # With room for more chains, a tail left over starts one of its own (it pulls from the learner).
+    assert place_tails(plan, [10, 11, 12], relays=relays, n_ch=3).chains == ((1, 2, 11), (3, 10), (12,))
+    # No relay at all: each tail is a one-worker chain, up to n_ch.
+    alone = place_tails(ChainPlan(chains=()), [10, 11, 12], relays=set(), n_ch=2)
+    assert alone.chains == ((10,), (11,)) and alone.rollout_only == (12,)
+
+
+def test_bandwidth_average_takes_only_transfers_long_enough_to_measure():
+    assert measured_bandwidth(None, total_bytes=10_000_000, seconds=2.0) == pytest.approx(5e6)  # first: as is
+    # 0.7 * 5e6 + 0.3 * 10e6 = 6.5e6
+    assert BANDWIDTH_EWMA == 0.3
+    assert measured_bandwidth(5e6, total_bytes=10_000_000, seconds=1.0) == pytest.approx(6.5e6)
+    assert measured_bandwidth(5e6, total_bytes=40_000, seconds=0.02) == 5e6  # latency, not bandwidth
+    assert measured_bandwidth(None, total_bytes=40_000, seconds=0.02) is None
+    assert measured_bandwidth(5e6, total_bytes=0, seconds=3.0) == 5e6  # a manifest without a size

@@ -7,8 +7,8 @@ import time
 import pytest
 from rest_framework.test import APIClient
 
-from marketplace import scheduling, services, telemetry
-from marketplace.models import Activation, Worker, WorkerCalibration
+from marketplace import scheduling, services, tasks, telemetry
+from marketplace.models import Activation, Job, Worker, WorkerCalibration
 
 from . import factories
 
@@ -93,11 +93,11 @@ def test_replan_acts_only_on_a_sustained_deficit_then_releases_surplus(eager, dj
     now = time.time()
 
     beat(active, 4.0, until=now)  # live capacity 4 < target 7.04
-    assert scheduling.job_replan(job, now=now).activate == ()  # the deficit has to last
+    assert tasks.replan(job, now=now).activate == ()  # the deficit has to last
     beat(active, 4.0, until=now + 20, seconds=20)
-    assert scheduling.job_replan(job, now=now + 20).activate == ()
+    assert tasks.replan(job, now=now + 20).activate == ()
     beat(active, 4.0, until=now + 31, seconds=11)
-    decision = scheduling.job_replan(job, now=now + 31)
+    decision = tasks.replan(job, now=now + 31)
     assert decision.activate == (cheap.pk,)  # cheapest unit cost covering the deficit of 3.04
     assert Activation.objects.get(worker=cheap, ended_at=None).job_id == job.pk
 
@@ -105,13 +105,49 @@ def test_replan_acts_only_on_a_sustained_deficit_then_releases_surplus(eager, dj
     services.worker_activate(worker=pricey, job=job)
     for worker in (active, cheap, pricey):
         beat(worker, 20.0, until=now + 100, seconds=60)
-    assert scheduling.job_replan(job, now=now + 100).release == ()
+    assert tasks.replan(job, now=now + 100).release == ()
     for worker in (active, cheap, pricey):
         beat(worker, 20.0, until=now + 131, seconds=31)
-    decision = scheduling.job_replan(job, now=now + 131)
+    decision = tasks.replan(job, now=now + 131)
     assert pricey.pk in decision.release and cheap.pk not in decision.release
     assert not Activation.objects.filter(worker=pricey, ended_at=None).exists()
     assert Worker.objects.get(pk=pricey.pk).status == Worker.Status.IDLE
+
+
+def test_the_clocks_are_saved_on_the_job_with_the_changes_they_led_to(eager, django_capture_on_commit_callbacks,
+                                                                       redis_client):
+    owner, provider = factories.user(), factories.user()
+    job = factories.job(owner, staleness=3, batch_trajectories=64, group_size=8)
+    active = idle_worker(provider, "1.0", calibrated=None)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.job_start(job=job)
+    cheap = idle_worker(provider, "0.5", calibrated=5.0)
+    Job.objects.filter(pk=job.pk).update(learner_t_train=10.0)  # target 7.04 traj/s
+    job.refresh_from_db()
+    clocks = Job.objects.filter(pk=job.pk).values_list("hysteresis_below_since", "hysteresis_above_since")
+    now = time.time()
+    beat(active, 4.0, until=now)
+    tasks.replan(job, now=now)  # below the target: the deficit's clock starts, kept on the job
+    assert clocks.get() == (now, None) and not redis_client.keys("*hysteresis*")
+
+    # A decision read before the job was paused is not carried out, and its clocks are not saved either.
+    beat(active, 4.0, until=now + 31, seconds=31)
+    decision = scheduling.job_replan(job, now=now + 31)
+    assert decision.activate == (cheap.pk,) and decision.hysteresis == (now + 31, None)
+    services.job_pause(job=job)
+    services.job_replan_apply(job=job, activate=decision.activate, reason=decision.reason,
+                              hysteresis=decision.hysteresis)
+    assert not Activation.objects.filter(worker=cheap).exists() and clocks.get() == (now, None)
+
+    # Resumed, a decision naming a worker another job took meanwhile skips it.
+    Job.objects.filter(pk=job.pk).update(status=Job.Status.RUNNING)
+    other = factories.job(owner)
+    Job.objects.filter(pk=other.pk).update(status=Job.Status.RUNNING)
+    services.worker_activate(worker=cheap, job=other)
+    services.job_replan_apply(job=job, activate=decision.activate, reason=decision.reason,
+                              hysteresis=decision.hysteresis)
+    assert Activation.objects.get(worker=cheap, ended_at=None).job_id == other.pk
+    assert clocks.get() == (now + 31, None)
 
 
 def test_infeasible_configuration_uses_every_worker(eager, django_capture_on_commit_callbacks):
@@ -123,6 +159,6 @@ def test_infeasible_configuration_uses_every_worker(eager, django_capture_on_com
     job.save()
     job.snapshots.create(version=1, url="http://x/v1/", manifest={}, t_bcast=0.2)
     late = idle_worker(provider, "9.0", calibrated=1.0)
-    assert scheduling.job_replan(job) is None
+    assert tasks.replan(job).calibrate
     assert Activation.objects.filter(worker=late, job=job, ended_at=None).exists()
     assert "no pool can keep up" in scheduling.job_plan(job)["report"]["reason"]

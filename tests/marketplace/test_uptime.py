@@ -94,7 +94,7 @@ def test_expiry_ends_the_session_at_the_last_heartbeat_and_a_heartbeat_reopens_i
     assert session.ended_at == silent_since  # it went silent then, not when expiry noticed
 
     # The agent resumes on the same socket; its consumer's copy of the worker still says "idle".
-    services.worker_heartbeat(worker=worker, throughput=1.5, installed_version=None)
+    services.worker_heartbeat(worker=worker, throughput=1.5)
     assert Worker.objects.get(pk=worker.pk).status == Worker.Status.IDLE
     assert WorkerSession.objects.filter(worker=worker, ended_at=None).count() == 1
 

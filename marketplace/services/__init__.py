@@ -1,0 +1,50 @@
+"""Writes, by sub-domain, and every push to agents and dashboards (sent after the transaction commits).
+
+Every public service that writes runs in its own transaction (``transaction.atomic``; inside a caller's
+transaction it joins it), and its pushes and enqueued tasks leave only once that commits.
+
+- ``base``: ``ServiceError``, channel groups, the push helpers, tasks enqueued by name, shared checks.
+- ``workers``: register, calibrate, hello, heartbeat, close, activate, release, expire the silent.
+- ``jobs``: create, start, pause, resume, finish; the calibration phase and the scheduler's decisions applied.
+- ``rollouts``: prompt leases and trajectory submissions.
+- ``broadcast``: snapshot publication, chain plans, relay failures and repair, installs.
+- ``learner``: the learner's announcement and step metrics.
+
+Siblings import one way only: ``base`` imports none of them; ``broadcast``, ``rollouts`` and ``learner`` import
+``base``; ``workers`` imports ``broadcast`` (assignments, chain repair); ``jobs`` imports ``workers``. None
+imports ``marketplace.tasks``: tasks call services, services enqueue tasks by name (``base.enqueue_task``).
+The public names are re-exported here, so callers write ``services.job_start(...)``.
+"""
+
+from .base import ServiceError, job_group, worker_group
+from .broadcast import broadcast_plan, relay_failed, snapshot_installed, snapshot_publish
+from .jobs import (
+    job_activate_idle_workers,
+    job_create,
+    job_finish,
+    job_pause,
+    job_replan_apply,
+    job_resume,
+    job_start,
+)
+from .learner import learner_announce, metrics_record
+from .rollouts import prompts_lease, trajectories_malformed, trajectories_submit
+from .workers import (
+    expire_silent_workers,
+    worker_activate,
+    worker_calibrate,
+    worker_connected,
+    worker_disconnected,
+    worker_heartbeat,
+    worker_register,
+    worker_release,
+)
+
+__all__ = [
+    "ServiceError", "broadcast_plan", "expire_silent_workers", "job_activate_idle_workers", "job_create",
+    "job_finish", "job_group", "job_pause", "job_replan_apply", "job_resume", "job_start", "learner_announce",
+    "metrics_record", "prompts_lease", "relay_failed", "snapshot_installed", "snapshot_publish",
+    "trajectories_malformed", "trajectories_submit", "worker_activate", "worker_calibrate", "worker_connected",
+    "worker_disconnected",
+    "worker_group", "worker_heartbeat", "worker_register", "worker_release",
+]

@@ -1,0 +1,90 @@
+"""What every service module shares: the error callers show, the channel groups, the pushes (sent after the
+transaction commits), tasks enqueued by name, and the checks several sub-domains make.
+
+This module imports no sibling, so each sub-domain may import it without closing a circle.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from celery import current_app
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+from dataplane import messages as m
+
+from .. import selectors
+from ..models import Activation, Job, Worker
+
+
+class ServiceError(ValueError):
+    """A request that cannot be carried out; ``str(err)`` is the reason shown to the caller."""
+
+
+def worker_group(worker_id: int) -> str:
+    return f"worker.{worker_id}"
+
+
+def job_group(job_id: int) -> str:
+    return f"job.{job_id}"
+
+
+def _push(group: str, event: dict[str, Any]) -> None:
+    def send() -> None:
+        layer = get_channel_layer()
+        if layer is not None:
+            async_to_sync(layer.group_send)(group, event)
+
+    transaction.on_commit(send)
+
+
+def push_to_worker(worker_id: int, message: m._Msg) -> None:
+    """Send ``message`` to the worker's agent socket once the transaction commits."""
+    _push(worker_group(worker_id), {"type": "agent.message", "message": message.model_dump(mode="json")})
+
+
+def push_job_update(job: Job | int) -> None:
+    """Tell the job's dashboards that it changed (after the transaction commits). The event carries no
+    state: each open job page computes the live view itself, at most twice a second
+    (``frontend.consumers.JobLiveConsumer``), so a burst of installs costs one query round per viewer and
+    a job nobody watches costs nothing."""
+    job_id = job if isinstance(job, int) else job.pk
+    _push(job_group(job_id), {"type": "job.changed", "job_id": job_id})
+
+
+def enqueue_task(name: str, *args: Any) -> None:
+    """Run the Celery task ``marketplace.tasks.<name>`` with ``args`` once the transaction commits.
+
+    By name, because services never import the tasks module: its tasks call services (and the scheduler),
+    so importing it here would close a circle. Under ``CELERY_TASK_ALWAYS_EAGER`` (tests, the browser-test
+    site) the task runs here and now, as ``delay`` would; ``send_task`` alone ignores that setting.
+    """
+    task_name = f"marketplace.tasks.{name}"
+
+    def send() -> None:
+        if current_app.conf.task_always_eager:
+            current_app.loader.import_default_modules()  # registers the discovered tasks, as a worker does
+            current_app.tasks[task_name].delay(*args)
+        else:
+            current_app.send_task(task_name, args=list(args))
+
+    transaction.on_commit(send)
+
+
+def running_activation(worker: Worker, job_id: int) -> Activation:
+    """The worker's open activation in ``job_id``, which must be running: what an agent's rollout and
+    broadcast reports are checked against."""
+    activation = selectors.active_activation(worker=worker, job_id=job_id)
+    if activation is None:
+        raise ServiceError(f"job_id: this worker is not active in job {job_id}")
+    if activation.job.status != Job.Status.RUNNING:
+        raise ServiceError(f"job_id: job {job_id} is {activation.job.status}")
+    return activation
+
+
+def learner_may_report(job: Job) -> None:
+    """The learner reports and publishes while the job runs or is paused (it trains what is queued)."""
+    if job.status not in (Job.Status.RUNNING, Job.Status.PAUSED):
+        raise ServiceError(f"status: job is {job.status}")

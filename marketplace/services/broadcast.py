@@ -1,0 +1,193 @@
+"""Snapshot broadcast (paper section 4.2, appendix C.3 and D; docs/broadcast.md): publication, the chain plan
+and each worker's place in it, relay failures and repair, installs and the relay statistics they feed.
+
+The planning itself (score, assembly, tails, repair, bandwidth average) is the pure core ``chains``; this
+module loads its inputs, saves the plan (``telemetry``) and tells each agent where to pull from.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+import time
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from dataplane import messages as m
+
+from .. import chains, selectors, telemetry
+from ..models import Job, Snapshot, Worker
+from .base import ServiceError, learner_may_report, push_job_update, push_to_worker, running_activation
+
+log = logging.getLogger(__name__)
+
+
+def relaying(job: Job) -> bool:
+    """Snapshots travel down relay chains: strategy ``chain`` and a learner relay to seed them."""
+    return job.broadcast_strategy == "chain" and bool(job.learner_relay)
+
+
+def assign_message(job: Job) -> m.Assign:
+    """A worker's assignment to ``job``, with the newest snapshot (fetched over HTTP: it joins the chains at
+    the next publication)."""
+    snap = selectors.latest_snapshot(job)
+    return m.Assign(
+        job_id=job.pk, model=job.model_dir, task=job.task, group_size=job.group_size,
+        max_new_tokens=job.max_new_tokens, temperature=job.temperature, top_p=job.top_p,
+        snapshot=snapshot_message(snap).model_dump(mode="json") if snap else None,
+    )
+
+
+def snapshot_message(snap: Snapshot, *, job: Job | None = None, route: tuple[int | None, int | None] | None = None,
+                     addresses: dict[int, str] | None = None) -> m.SnapshotAvailable:
+    """The snapshot for one worker. ``route`` is its (parent, child) in the chain plan (parent None: the
+    learner's relay); without a route it fetches over HTTP from ``snap.url``."""
+    relay: dict[str, Any] = {"strategy": job.broadcast_strategy} if job is not None else {}
+    if job is not None and route is not None and relaying(job):
+        parent, child = route
+        address = job.learner_relay if parent is None else (addresses or {}).get(parent, "")
+        if address:
+            relay.update(parent=address, parent_worker_id=parent, children=[child] if child is not None else [])
+    return m.SnapshotAvailable(job_id=snap.job_id, version=snap.version, url=snap.url, manifest=snap.manifest,
+                               published_at=snap.published_at.timestamp(), **relay)
+
+
+@transaction.atomic
+def snapshot_publish(*, job: Job, version: int, url: str, manifest: dict) -> Snapshot:
+    """Record a version and tell every active worker where to get it: its chain parent (or the learner's
+    HTTP server), and which child its relay serves (docs/broadcast.md)."""
+    learner_may_report(job)
+    if version <= job.published_version:
+        raise ServiceError(f"version: {version} is not newer than the published {job.published_version}")
+    snap = Snapshot.objects.create(job=job, version=version, url=url, manifest=manifest)
+    Job.objects.filter(pk=job.pk).update(published_version=version)
+    # A worker whose socket closed keeps its activation until it times out (it may reconnect), but it cannot
+    # relay meanwhile: it is left out of the plan and gets the newest snapshot when it says hello again.
+    active = list(Worker.objects.filter(activations__job=job, activations__ended_at=None)
+                  .exclude(status=Worker.Status.OFFLINE).order_by("pk"))
+    plan = broadcast_plan(job=job, workers=active, now=time.time())
+    telemetry.save_chain_plan(job.pk, version, plan)
+    snap.n_chains = len(plan.chains)  # the learner sizes its relay's fan-out from this (API reply)
+    addresses = {w.pk: w.relay_address for w in active}
+    for worker in active:
+        push_to_worker(worker.pk, snapshot_message(snap, job=job, route=chains.route(plan, worker.pk),
+                                                        addresses=addresses))
+    push_job_update(job.pk)
+    return snap
+
+
+def broadcast_plan(*, job: Job, workers: list[Worker], now: float) -> chains.ChainPlan:
+    """The chain plan for ``workers`` (docs/broadcast.md "Chain assignment").
+
+    Strategy ``chain`` with a learner relay: workers with a ``relay_address`` are scored and assembled into
+    ``n_ch = n_chains(B0, median Bw)`` chains (``chains.assemble_chains``); a worker without one cannot serve
+    a child, so it may only be a chain's tail (``chains.place_tails``, fastest first); those left over, and
+    workers the score drops, are rollout-only and fetch over HTTP. Star strategies, or no learner relay:
+    everyone is rollout-only (HTTP).
+    """
+    if not relaying(job) or not workers:
+        return chains.ChainPlan(chains=(), rollout_only=tuple(w.pk for w in workers))
+    n_ch = chains.n_chains(job.learner_uplink_bps, statistics.median(w.relay_bandwidth_bps for w in workers))
+    relays = [w for w in workers if w.relay_address]
+    stats = selectors.chain_stats(relays, now=now)
+    plan = chains.assemble_chains(stats, n_ch=n_ch, now=now) if stats else chains.ChainPlan(chains=())
+    tails = sorted((w for w in workers if not w.relay_address), key=lambda w: (-w.relay_bandwidth_bps, w.pk))
+    return chains.place_tails(plan, [w.pk for w in tails], relays={w.pk for w in relays}, n_ch=n_ch)
+
+
+@transaction.atomic
+def relay_failed(*, worker: Worker, job_id: int, version: int, culprit_worker_id: int | None, reason: str) -> None:
+    """An agent's relay parent failed: count the failure against the parent, excise it from the plan
+    (``chains.repair``) and re-point its orphaned child (and tell the new parent to serve it)."""
+    activation = running_activation(worker, job_id)
+    job = activation.job
+    plan = telemetry.load_chain_plan(job_id, version)
+    log.warning("job %s v%s: worker %s reports relay parent %s failed: %s", job_id, version, worker.pk,
+                culprit_worker_id if culprit_worker_id is not None else "learner", reason[:200])
+    if plan is None or culprit_worker_id is None:
+        return  # the learner's relay or an old plan: the agent falls back to HTTP on its own
+    route = chains.route(plan, worker.pk)
+    if route is None or route[0] != culprit_worker_id:
+        raise ServiceError(f"culprit_worker_id: worker {culprit_worker_id} is not your parent for version {version}")
+    Worker.objects.filter(pk=culprit_worker_id).update(relay_failures=F("relay_failures") + 1,
+                                                       relay_last_failure_at=timezone.now())
+    _excise(job, version, plan, culprit_worker_id)
+
+
+def _excise(job: Job, version: int, plan: chains.ChainPlan, gone: int) -> None:
+    """Take worker ``gone`` out of the chain plan of ``version`` (``chains.repair``) and re-point whoever
+    pulled from it (telling each new parent which child to serve)."""
+    new_plan, moves = chains.repair(plan, gone)
+    telemetry.save_chain_plan(job.pk, version, new_plan)
+    push_job_update(job.pk)
+    snap = Snapshot.objects.filter(job_id=job.pk, version=version).first()
+    if snap is None:
+        return
+    ids = {c for c, _ in moves} | {p for _, p in moves if p is not None}
+    addresses = dict(Worker.objects.filter(pk__in=ids).values_list("pk", "relay_address"))
+    for child, new_parent in moves:
+        log.info("job %s v%s: repair: worker %s now pulls from %s", job.pk, version, child,
+                 new_parent if new_parent is not None else "the learner")
+        for target in (child, new_parent):
+            if target is not None:
+                push_to_worker(target, snapshot_message(snap, job=job, route=chains.route(new_plan, target),
+                                                             addresses=addresses))
+
+
+def repair_without(worker: Worker) -> None:
+    """A worker went away (socket closed, or silent past the timeout): take it out of the newest chain plan
+    of its running job at once, rather than when its orphaned child's transfer stalls (paper appendix D).
+    Not counted as a relay failure: it may just be restarting. Runs inside the caller's transaction."""
+    activation = selectors.active_activation(worker=worker)
+    job = activation.job if activation else None
+    if job is None or job.status != Job.Status.RUNNING or not job.published_version:
+        return
+    plan = telemetry.load_chain_plan(job.pk, job.published_version)
+    if plan is not None and any(worker.pk in chain for chain in plan.chains):
+        log.info("job %s v%s: worker %s went away; repairing its chain", job.pk, job.published_version, worker.pk)
+        _excise(job, job.published_version, plan, worker.pk)
+
+
+@transaction.atomic
+def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: float, source: str = "http") -> None:
+    """Count an install; T_bcast is fixed once ceil(active/gamma) workers have the snapshot. An install
+    received from a relay parent counts as a success for that parent (the chain score's Success term).
+
+    With the agent's hello, the one place that sets ``Worker.installed_version``."""
+    activation = running_activation(worker, job_id)
+    Worker.objects.filter(pk=worker.pk).update(installed_version=version)
+    snap = Snapshot.objects.select_for_update().filter(job_id=job_id, version=version).first()
+    if snap is None:
+        raise ServiceError(f"version: snapshot {version} of job {job_id} was never published")
+    snap.installs += 1
+    fields = ["installs"]
+    if source == "parent":
+        snap.installs_via_parent += 1
+        fields.append("installs_via_parent")
+    active = activation.job.activations.filter(ended_at=None).count()
+    if snap.t_bcast is None and snap.installs >= math.ceil(active / activation.job.gamma):
+        snap.t_bcast = (timezone.now() - snap.published_at).total_seconds()
+        fields.append("t_bcast")
+    snap.save(update_fields=fields)
+    if source == "parent":
+        plan = telemetry.load_chain_plan(job_id, version)
+        route = chains.route(plan, worker.pk) if plan else None
+        if route is not None and route[0] is not None:
+            _relay_succeeded(route[0], total_bytes=int(snap.manifest.get("total_bytes") or 0), seconds=seconds)
+    push_job_update(job_id)  # the page shows who has which version
+
+
+def _relay_succeeded(parent_id: int, *, total_bytes: int, seconds: float) -> None:
+    """A child installed a snapshot through ``parent_id``: one more success (the score's Success term), and
+    the rate the child saw folded into the parent's ``Bw_hat`` (``chains.measured_bandwidth``)."""
+    parent = Worker.objects.select_for_update().filter(pk=parent_id).first()
+    if parent is None:
+        return
+    parent.relay_successes += 1
+    parent.measured_bandwidth_bps = chains.measured_bandwidth(parent.measured_bandwidth_bps,
+                                                              total_bytes=total_bytes, seconds=seconds)
+    parent.save(update_fields=["relay_successes", "measured_bandwidth_bps"])

@@ -1,0 +1,125 @@
+"""A job's life (create, start, pause, resume, finish) and its pool of workers: the calibration phase's
+"every idle worker", and the scheduler's decisions (``scheduling.job_replan``) carried out."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from django.db import transaction
+from django.utils import timezone
+
+from dataplane.jobs import JobSpec
+
+from .. import stream
+from ..models import Activation, Job, Worker
+from .base import ServiceError, enqueue_task, push_job_update
+from .workers import worker_activate, worker_release
+
+
+@transaction.atomic
+def job_create(*, owner, spec: JobSpec) -> Job:
+    return Job.objects.create(owner=owner, **spec.model_dump())
+
+
+@transaction.atomic
+def job_start(*, job: Job) -> Job:
+    """Start a draft job; its pool is planned at once (task ``replan_job``) rather than at the next beat."""
+    if job.status != Job.Status.DRAFT:
+        raise ServiceError(f"status: job is {job.status}; only a draft job can be started")
+    job.status = Job.Status.RUNNING
+    job.started_at = timezone.now()
+    job.save(update_fields=["status", "started_at"])
+    stream.replay(job.pk).ensure_groups()
+    enqueue_task("replan_job", job.pk)
+    push_job_update(job)
+    return job
+
+
+@transaction.atomic
+def job_finish(*, job: Job, status: str, reason: str = "") -> Job:
+    """End a job (completed, failed or cancelled), release its workers and drop its streams."""
+    if status not in Job.TERMINAL:
+        raise ServiceError(f"status: must be one of {', '.join(sorted(Job.TERMINAL))}")
+    if job.is_terminal:
+        raise ServiceError(f"status: job already {job.status}")
+    job.status = status
+    job.status_reason = reason[:500]
+    job.finished_at = timezone.now()
+    job.save(update_fields=["status", "status_reason", "finished_at"])
+    for activation in job.activations.filter(ended_at=None):
+        worker_release(activation=activation, reason=f"job {status}")
+    transaction.on_commit(lambda: stream.replay(job.pk).drop())
+    push_job_update(job)
+    return job
+
+
+@transaction.atomic
+def job_pause(*, job: Job, by: str = "") -> Job:
+    """Stop generation (and billing) for a running job without losing anything.
+
+    Its workers are released; the prompt and trajectory streams stay. Trajectories already queued are
+    still trained (the learner keeps reporting while paused), leases in flight expire and their prompts
+    are re-leased after :func:`job_resume`. The learner waits instead of failing for lack of data.
+    """
+    if job.status != Job.Status.RUNNING:
+        raise ServiceError(f"status: job is {job.status}; only a running job can be paused")
+    job.status = Job.Status.PAUSED
+    job.status_reason = f"paused by {by}" if by else "paused"
+    job.save(update_fields=["status", "status_reason"])
+    for activation in job.activations.filter(ended_at=None):
+        worker_release(activation=activation, reason="job paused")
+    push_job_update(job)
+    return job
+
+
+@transaction.atomic
+def job_resume(*, job: Job) -> Job:
+    """Back to running: the scheduler activates a pool at once (task ``replan_job``)."""
+    if job.status != Job.Status.PAUSED:
+        raise ServiceError(f"status: job is {job.status}; only a paused job can be resumed")
+    job.status = Job.Status.RUNNING
+    job.status_reason = ""
+    job.save(update_fields=["status", "status_reason"])
+    stream.replay(job.pk).ensure_groups()
+    enqueue_task("replan_job", job.pk)
+    push_job_update(job)
+    return job
+
+
+@transaction.atomic
+def job_activate_idle_workers(*, job: Job) -> list[Activation]:
+    """Activate every idle worker for a running job.
+
+    This is the calibration phase (the learner has not measured ``T_train`` yet, so no target exists and
+    every worker's ``mu_i`` for this model gets measured) and the answer when no pool can keep up. Once
+    a target exists, ``scheduling.job_replan`` decides with hysteresis instead.
+    """
+    if job.status != Job.Status.RUNNING:
+        return []
+    busy = Activation.objects.filter(ended_at=None).values("worker_id")
+    return [worker_activate(worker=worker, job=job)
+            for worker in Worker.objects.filter(status=Worker.Status.IDLE).exclude(pk__in=busy)]
+
+
+@transaction.atomic
+def job_replan_apply(*, job: Job, activate: Collection[int] = (), release: Collection[int] = (), reason: str = "",
+                     calibrate: bool = False, hysteresis: tuple[float | None, float | None] | None = None) -> None:
+    """Carry out one re-plan that ``scheduling.job_replan`` decided, in one transaction: the activations
+    (``activate``, or with ``calibrate`` every idle worker), the releases, and the scheduler's hysteresis
+    clocks ``(below_since, above_since)`` that the decision moved (None: unchanged). The decision was read
+    outside this transaction: nothing is done when the job stopped running since, and a worker another job
+    took meanwhile is skipped.
+    """
+    job = Job.objects.select_for_update().get(pk=job.pk)
+    if job.status != Job.Status.RUNNING:
+        return
+    if hysteresis is not None:
+        job.hysteresis_below_since, job.hysteresis_above_since = hysteresis
+        job.save(update_fields=["hysteresis_below_since", "hysteresis_above_since"])
+    if calibrate:
+        job_activate_idle_workers(job=job)
+    busy = Activation.objects.filter(ended_at=None).values("worker_id")
+    for worker in Worker.objects.filter(pk__in=list(activate)).exclude(pk__in=busy).order_by("pk"):
+        worker_activate(worker=worker, job=job)
+    for activation in job.activations.filter(ended_at=None, worker_id__in=list(release)):
+        worker_release(activation=activation, reason=f"capacity above target: {reason}")
