@@ -17,9 +17,9 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-import redis
 import torch
 
+from dataplane import replay
 from dataplane.jobs import JobSpec, JobStatus, LossConfig
 from dataplane.tasks import build_task
 
@@ -127,7 +127,7 @@ def _runnable_job(site: SiteClient, job_id: int) -> dict:
     return raw
 
 
-def _streams(client: redis.Redis, job_id: int, spec: JobSpec) -> tuple[StalenessGatedConsumer, PromptFeeder]:
+def _streams(client: replay.Client, job_id: int, spec: JobSpec) -> tuple[StalenessGatedConsumer, PromptFeeder]:
     """The job's trajectory reader (the staleness gate) and prompt writer."""
     consumer = StalenessGatedConsumer(client, job_id, spec.staleness)
     feeder = PromptFeeder(client, job_id=job_id, task=build_task(spec.task), seed=spec.seed,
@@ -159,7 +159,7 @@ class _JobRun:
         """Streams, checkpoint (resume), snapshot server and relay, announced to the site; all closed on exit."""
         job_id = settings.job
         with contextlib.ExitStack() as stack:
-            client = redis.Redis.from_url(settings.redis_url, socket_timeout=30, socket_connect_timeout=10)
+            client = replay.connect(settings.redis_url, decode_responses=False, socket_timeout=30)
             stack.callback(client.close)
             consumer, feeder = _streams(client, job_id, spec)
             checkpoints = CheckpointStore(settings.checkpoint_dir or settings.snapshot_dir / f"job{job_id}-checkpoint")
@@ -201,7 +201,7 @@ class _JobRun:
         poll_s = min(self.settings.data_timeout_s, self.settings.status_poll_s)
         try:
             outcome = self.loop.step(timeout_s=poll_s)
-        except redis.RedisError as err:  # cancelled: the site dropped the streams
+        except replay.RedisError as err:  # cancelled: the site dropped the streams
             life.redis_failed(self.site_status(), f"{type(err).__name__}: {err}")
             return None
         if outcome is None:
