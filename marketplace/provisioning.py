@@ -336,9 +336,8 @@ def exact_min_cost(candidates: Sequence[Candidate], target: float, *, time_limit
     HiGHS solves a slight relaxation (cover row loosened by 1e-6, residual rounded) so that its tolerances
     never exclude a set that truly meets the target; each answer is checked in exact arithmetic (``fsum``), a
     near miss is excluded by a no-good cut and the MILP solved again, so the optimum of a relaxation that
-    passes the check is the optimum of the problem. When time runs out the cheapest verified set is kept:
-    HiGHS's (``method="exact"``) or the greedy after local search (``"exact-timeout-greedy"``), with
-    ``optimal=False`` and the proven gap to ``L`` in ``note``.
+    passes the check is the optimum of the problem. Out of time, the cheapest verified set is kept: HiGHS's
+    (``"exact"``) or the greedy's (``"exact-timeout-greedy"``), ``optimal=False``, the gap to ``L`` in ``note``.
     """
     _positive("time_limit_s", time_limit_s)
     greedy = greedy_by_unit_cost(candidates, target)  # validates
