@@ -65,6 +65,23 @@ class HeartbeatWindow:
         return min(1.0, seen / max(1, math.floor(span / self.interval_s + 1e-9)))
 
 
+def accepted_rate(events: Sequence[tuple[float, int]], *, now: float, window_s: float, since: float,
+                  min_span_s: float) -> float | None:
+    """``mu_i(t)`` as the site measures it: trajectories accepted from the worker per second over the window
+    ``(max(now - window_s, since), now]``, ``since`` being when it started on the job. ``events`` are
+    ``(time, records accepted)``. None while the span is shorter than ``min_span_s`` or nothing was accepted
+    in it: a worker's own figure (its heartbeats, its calibration) stands in until then.
+    """
+    _positive("window_s", window_s)
+    _non_negative("min_span_s", min_span_s)
+    start = max(now - window_s, since)
+    span = now - start
+    accepted = sum(n for t, n in events if start < t <= now)
+    if span < min_span_s or accepted <= 0:
+        return None
+    return accepted / span
+
+
 @dataclass(frozen=True)
 class Decision:
     activate: tuple[int, ...]

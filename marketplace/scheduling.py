@@ -21,8 +21,6 @@ from . import provisioning as p
 from . import selectors, telemetry
 from .models import Activation, Job, Worker, WorkerCalibration
 
-WINDOW_S = 60.0
-
 
 @dataclasses.dataclass(frozen=True)
 class Pool:
@@ -32,7 +30,7 @@ class Pool:
     standby: list[p.Candidate]
     unmeasured: list[Worker]  # standby workers with no figure for this job's model and task
     workers: dict[int, Worker]
-    sources: dict[int, str]  # where each candidate's mu_i comes from: "live", "calibration" or "last measured"
+    sources: dict[int, str]  # where each mu_i comes from: measured, reported, calibration or last measured
 
     @property
     def capacity(self) -> float:
@@ -43,40 +41,52 @@ def candidate_pool(*, model_dir: str, task_name: str, job: Job | None = None, no
     """Everyone ``job`` (or a job not created yet, ``job=None``) could use: its own active workers and every
     online worker not busy in another job, each with the ``mu_i`` the scheduler plans with.
 
-    ``mu_i`` is, most trusted first: the live ``a_i mu_i`` of a worker active in this job (heartbeat
-    windows); its calibration for this model and task (``echo2-agent bench --report``); the throughput it
-    last measured on whatever it ran (``Worker.throughput``), a rougher figure but better than leaving a
-    capable machine out of every plan; else the worker is unmeasured and only the calibration phase uses it.
+    ``mu_i`` is, most trusted first: ``measured``, the trajectories the site accepted from a worker active in
+    this job per second over the window (``controller.accepted_rate``); until that exists, ``reported``, the
+    mean its heartbeats claimed (bounded by the message schema); its ``calibration`` for this model and
+    task (``echo2-agent bench --report``, bounded too); ``last measured``, what the site measured on whatever
+    it ran before (``Worker.throughput``); else the worker is unmeasured and only the calibration phase uses
+    it. Availability ``a_i`` is always the site's own count of heartbeats received.
     """
     now = time.time() if now is None else now
-    active_ids = set(job.activations.filter(ended_at=None).values_list("worker_id", flat=True)) if job else set()
+    started = dict(job.activations.filter(ended_at=None).values_list("worker_id", "started_at")) if job else {}
     busy = Activation.objects.filter(ended_at=None)
     busy = (busy.exclude(job=job) if job else busy).values("worker_id")
     workers = {w.pk: w for w in Worker.objects.exclude(status=Worker.Status.OFFLINE).exclude(pk__in=busy)}
-    workers.update({w.pk: w for w in Worker.objects.filter(pk__in=active_ids)})
+    workers.update({w.pk: w for w in Worker.objects.filter(pk__in=list(started))})
     beats = telemetry.recent_heartbeats(list(workers))
+    accepted = telemetry.recent_accepted(list(started), job_id=job.pk) if job else {}
     calibrated = dict(WorkerCalibration.objects.filter(worker_id__in=list(workers), model_dir=model_dir,
                                                        task_name=task_name).values_list("worker_id", "throughput"))
     active, standby, unmeasured, sources = [], [], [], {}
     for wid, worker in workers.items():
-        interval = telemetry.heartbeat_interval()
-        window = ctl.HeartbeatWindow(window_s=max(WINDOW_S, 3 * interval), interval_s=interval)
-        for at, mu in beats[wid]:
-            window.add(at, mu)
+        window = _heartbeat_window(beats[wid])
         availability = window.availability(now) if beats[wid] else 1.0
-        live = window.throughput(now) if wid in active_ids else None
-        figures = (("live", live), ("calibration", calibrated.get(wid)), ("last measured", worker.throughput))
+        measured = reported = None
+        if wid in started:
+            measured = telemetry.measured_throughput(accepted[wid], since=started[wid].timestamp(), now=now)
+            reported = window.throughput(now)
+        figures = (("measured", measured), ("reported", reported), ("calibration", calibrated.get(wid)),
+                   ("last measured", worker.throughput))
         source, mu = next(((name, mu) for name, mu in figures if mu), (None, None))
         candidate = p.Candidate(wid, float(worker.price_per_hour), mu, availability)
         if source:
             sources[wid] = source
-        if wid in active_ids:
+        if wid in started:
             active.append(candidate)
         elif mu is None:
             unmeasured.append(worker)
         else:
             standby.append(candidate)
     return Pool(active=active, standby=standby, unmeasured=unmeasured, workers=workers, sources=sources)
+
+
+def _heartbeat_window(beats: list[tuple[float, float | None]]) -> ctl.HeartbeatWindow:
+    interval = telemetry.heartbeat_interval()
+    window = ctl.HeartbeatWindow(window_s=telemetry.window_s(), interval_s=interval)
+    for at, mu in beats:
+        window.add(at, mu)
+    return window
 
 
 def job_pool(job: Job, *, now: float | None = None) -> Pool:

@@ -8,6 +8,7 @@ from decimal import Decimal
 from rest_framework import serializers
 
 from dataplane.jobs import JobSpec, JobSpecError, parse_job_spec
+from dataplane.messages import MAX_THROUGHPUT
 
 from .models import Job, JobMetric, Snapshot, Worker, WorkerCalibration
 
@@ -43,7 +44,15 @@ class CalibrationSerializer(serializers.ModelSerializer):
         model = WorkerCalibration
         fields = ["model_dir", "task", "task_name", "throughput", "tokens_per_s", "measured_at"]
         read_only_fields = ["task_name", "measured_at"]
-        extra_kwargs = {"throughput": {"min_value": 1e-9}, "tokens_per_s": {"min_value": 0}}
+        extra_kwargs = {"throughput": {"min_value": 1e-9, "max_value": MAX_THROUGHPUT},
+                        "tokens_per_s": {"min_value": 0, "max_value": 1e12}}
+
+    def validate(self, attrs):
+        for name in ("throughput", "tokens_per_s"):  # NaN passes every min/max comparison
+            value = attrs.get(name)
+            if value is not None and not math.isfinite(value):
+                raise serializers.ValidationError({name: "must be a finite number"})
+        return attrs
 
 
 class WorkerRegisterSerializer(serializers.Serializer):

@@ -12,9 +12,10 @@ import json
 
 from django.conf import settings
 
-from . import chains, stream
+from . import chains, controller, stream
 
 KEEP = 512  # heartbeats kept per worker: minutes of history at the default interval
+KEEP_ACCEPTED = 4096  # accepted groups kept per worker: enough for the window at any realistic rate
 
 
 def heartbeats_key(worker_id: int) -> str:
@@ -37,8 +38,53 @@ def recent_heartbeats(worker_ids: list[int]) -> dict[int, list[tuple[float, floa
                                                                                        strict=True)}
 
 
+def accepted_key(worker_id: int) -> str:
+    return f"echo2:worker:{worker_id}:accepted"
+
+
+def record_accepted(worker_id: int, *, job_id: int, at: float, records: int) -> None:
+    """The site accepted ``records`` trajectories of ``job_id`` from the worker: the evidence its measured
+    throughput is computed from (never the worker's own figures)."""
+    pipe = stream.client().pipeline()
+    pipe.lpush(accepted_key(worker_id), json.dumps([at, records, job_id]))
+    pipe.ltrim(accepted_key(worker_id), 0, KEEP_ACCEPTED - 1)
+    pipe.execute()
+
+
+def recent_accepted(worker_ids: list[int], *, job_id: int) -> dict[int, list[tuple[float, int]]]:
+    """``(time, records)`` of each worker's accepted groups of ``job_id``, oldest first."""
+    pipe = stream.client().pipeline()
+    for wid in worker_ids:
+        pipe.lrange(accepted_key(wid), 0, KEEP_ACCEPTED - 1)
+    out = {}
+    for wid, rows in zip(worker_ids, pipe.execute(), strict=True):
+        events = [json.loads(x) for x in reversed(rows)]
+        out[wid] = [(at, n) for at, n, job in events if job == job_id]
+    return out
+
+
 def heartbeat_interval() -> float:
     return float(settings.ECHO2["HEARTBEAT_INTERVAL_S"])
+
+
+WINDOW_S = 60.0  # the sliding window of mu_i(t) and a_i(t) (paper section 4.3)
+
+
+def window_s() -> float:
+    """The window of the throughput and availability estimates: a minute, and at least three heartbeats."""
+    return max(WINDOW_S, 3 * heartbeat_interval())
+
+
+def measured_throughput(events: list[tuple[float, int]], *, since: float, now: float) -> float | None:
+    """The site's measurement of one worker's ``mu_i`` in a job it started at ``since``, from the groups it
+    accepted (``recent_accepted``); None until two heartbeat intervals have passed and a group came."""
+    return controller.accepted_rate(events, now=now, window_s=window_s(), since=since,
+                                    min_span_s=2 * heartbeat_interval())
+
+
+def measure_worker(worker_id: int, *, job_id: int, since: float, now: float) -> float | None:
+    """``measured_throughput`` of one worker in ``job_id``, read from Redis."""
+    return measured_throughput(recent_accepted([worker_id], job_id=job_id)[worker_id], since=since, now=now)
 
 
 def _chain_plan_key(job_id: int, version: int) -> str:

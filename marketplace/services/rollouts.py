@@ -3,13 +3,15 @@ which goes to the learner's stream whole or not at all (``dataplane.replay``).""
 
 from __future__ import annotations
 
+import time
+
 from django.conf import settings
 
 from dataplane import messages as m
 from dataplane.records import RecordError, TrajectoryGroup
 from dataplane.replay import LeaseError
 
-from .. import selectors, stream
+from .. import selectors, stream, telemetry
 from ..models import Worker
 from .base import running_activation
 
@@ -41,6 +43,7 @@ def trajectories_submit(*, worker: Worker, group: TrajectoryGroup) -> m.Accepted
     except (RecordError, LeaseError) as err:
         buffer.count("rejected_records", n)
         return m.Accepted(job_id=group.job_id, lease_id=group.lease_id, accepted=0, rejected=n, reasons=[str(err)])
+    telemetry.record_accepted(worker.pk, job_id=job.pk, at=time.time(), records=n)  # the measured mu_i
     return m.Accepted(job_id=group.job_id, lease_id=group.lease_id, accepted=n, rejected=0)
 
 

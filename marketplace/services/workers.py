@@ -55,8 +55,6 @@ def worker_calibrate(*, worker: Worker, model_dir: str, task: dict, throughput: 
         worker=worker, model_dir=model_dir, task_name=task_name,
         defaults={"throughput": throughput, "tokens_per_s": tokens_per_s, "measured_at": timezone.now()},
     )
-    if worker.throughput is None:
-        Worker.objects.filter(pk=worker.pk).update(throughput=throughput)
     return calibration
 
 
@@ -107,12 +105,15 @@ def worker_heartbeat(*, worker: Worker, throughput: float | None) -> None:
     """
     now = timezone.now()
     telemetry.record_heartbeat(worker.pk, at=now.timestamp(), throughput=throughput)
-    fields = {"last_heartbeat": now}
-    if throughput is not None:
-        fields["throughput"] = throughput
+    fields: dict = {"last_heartbeat": now}
+    activation = selectors.active_activation(worker=worker)
+    if activation is not None:  # mu_i is what the site accepted from it, never the figure it claims
+        measured = telemetry.measure_worker(worker.pk, job_id=activation.job_id,
+                                            since=activation.started_at.timestamp(), now=now.timestamp())
+        if measured is not None:
+            fields["throughput"] = measured
     if Worker.objects.filter(pk=worker.pk, status=Worker.Status.OFFLINE).exists():
-        active = selectors.active_activation(worker=worker) is not None
-        fields["status"] = Worker.Status.ACTIVE if active else Worker.Status.IDLE
+        fields["status"] = Worker.Status.ACTIVE if activation is not None else Worker.Status.IDLE
         _session_open(worker.pk, at=now)
     Worker.objects.filter(pk=worker.pk).update(**fields)
 

@@ -137,10 +137,18 @@ def test_agent_reports_its_calibration_with_its_key_and_only_its_own():
     assert reply.status_code == 201, reply.content
     assert reply.json()["task_name"] == "arithmetic"
     worker.refresh_from_db()
-    assert worker.throughput == 12.5  # first figure the scheduler has for this machine
+    assert worker.throughput is None  # a claim, not a measurement: the scheduler uses it only for this model
     assert agent.post(f"/api/workers/{other.pk}/calibrations/", body, format="json").status_code == 403
     bad = agent.post(f"/api/workers/{worker.pk}/calibrations/", {**body, "throughput": 0}, format="json")
     assert bad.status_code == 400 and bad.json()["detail"].startswith("throughput:")
+    for lie in (1e300, 2e6):  # a calibration of 10^300 traj/s would make the machine look free
+        huge = agent.post(f"/api/workers/{worker.pk}/calibrations/", {**body, "throughput": lie}, format="json")
+        assert huge.status_code == 400 and huge.json()["detail"].startswith("throughput:")
+    for raw in ('"throughput": Infinity', '"throughput": NaN'):
+        text = '{"model_dir": "/models/tiny", "task": {"name": "arithmetic"}, ' + raw + "}"
+        refused = agent.post(f"/api/workers/{worker.pk}/calibrations/", text, content_type="application/json")
+        assert refused.status_code == 400
+    assert [c.throughput for c in worker.calibrations.all()] == [12.5]
     unknown = agent.post(f"/api/workers/{worker.pk}/calibrations/", {**body, "task": {"name": "zzz"}}, format="json")
     assert unknown.status_code == 400 and "unknown task 'zzz'" in unknown.json()["detail"]
     stranger = APIClient()
