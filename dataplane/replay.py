@@ -15,6 +15,12 @@ trajectories  ``echo2:job:j:trajectories``: stream of accepted groups (fields ``
               the trainer, which acknowledges (and deletes) an entry only once trained or dropped as stale.
 counters      ``echo2:job:j:counters``: hash of per-job counters (accepted_groups, accepted_records, ...).
 
+Every operation rides out a Redis restart: a connection error is retried with exponential backoff and
+jitter for up to ``retry_for_s`` seconds, and a consumer group lost with the data (a Redis without
+persistence) is created again. With AOF (``appendfsync everysec``) a restart loses at most the last second;
+without persistence it loses the streams: leased prompts come back from the learner's top-up, and groups not
+yet trained are gone (counted by nobody) -- run Redis with AOF.
+
 Returning a group is one Lua script (loaded once, then called by its SHA): check the lease is still
 this worker's and names this group, append the group, acknowledge and delete the prompt, count it. So a
 group is accepted at most once and a prompt is never lost.
@@ -22,13 +28,23 @@ group is accepted at most once and a prompt is never lost.
 
 from __future__ import annotations
 
+import logging
+import random
+import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from .records import TrajectoryGroup
+
+log = logging.getLogger("echo2.replay")
+T = TypeVar("T")
+TRANSIENT = (redis.ConnectionError, redis.TimeoutError)  # a restart, an outage, a server still loading its AOF
 
 Client = redis.Redis
 RedisError = redis.RedisError  # what a Redis outage raises: the planes catch it without importing redis
@@ -55,9 +71,11 @@ def consumer_name(worker_id: int) -> str:
 
 
 def connect(url: str, *, decode_responses: bool = True, socket_timeout: float = 10.0) -> redis.Redis:
-    """A client for ``url``; every call on it times out (no wait without a limit)."""
+    """A client for ``url``; every call on it times out (no wait without a limit). redis-py's own silent
+    retries are off: a command re-sent after its reply was lost must be seen by :class:`ReplayBuffer`, which
+    retries itself and then re-reads what such a lost reply may have delivered."""
     return redis.Redis.from_url(url, decode_responses=decode_responses, socket_timeout=socket_timeout,
-                                socket_connect_timeout=min(socket_timeout, 10.0))
+                                socket_connect_timeout=min(socket_timeout, 10.0), retry=Retry(NoBackoff(), 0))
 
 
 class LeaseError(ValueError):
@@ -127,13 +145,19 @@ def _return_script(client: redis.Redis):
 class ReplayBuffer:
     """The streams of one job, over a Redis client (decoded or not: both are handled)."""
 
-    def __init__(self, client: redis.Redis, job_id: int) -> None:
-        self.client, self.job_id = client, job_id
+    def __init__(self, client: redis.Redis, job_id: int, *, retry_for_s: float = 0.0) -> None:
+        """``retry_for_s``: how long one operation keeps retrying through a Redis outage before it raises
+        (the learner waits minutes; a site request a few seconds)."""
+        self.client, self.job_id, self.retry_for_s = client, job_id, retry_for_s
         self.prompts, self.trajectories = prompts_key(job_id), trajectories_key(job_id)
         self.counters_key = counters_key(job_id)
+        self.reconnects = 0  # operations that succeeded only after a connection error: a reader re-reads pending
 
     def ensure_groups(self) -> None:
         """Create both streams' consumer groups (idempotent); the streams start empty."""
+        self._retrying(self._create_groups, regroup=False)
+
+    def _create_groups(self) -> None:
         for key, group in ((self.prompts, PROMPT_GROUP), (self.trajectories, LEARNER_GROUP)):
             try:
                 self.client.xgroup_create(key, group, id="0", mkstream=True)
@@ -141,36 +165,74 @@ class ReplayBuffer:
                 if "BUSYGROUP" not in str(err):
                     raise
 
+    def _retrying(self, op: Callable[[], T], *, regroup: bool = True) -> T:
+        """Run ``op``; retry it through connection errors (backoff 0.1 s doubling to 5 s, +-50% jitter) for up
+        to ``retry_for_s``, and once after re-creating consumer groups a data-losing restart dropped."""
+        deadline, delay, failed = time.monotonic() + self.retry_for_s, 0.1, False
+        while True:
+            try:
+                result = op()
+            except redis.ResponseError as err:
+                if not regroup or "NOGROUP" not in str(err):
+                    raise
+                log.warning("job %s: consumer groups missing (Redis lost its data?); creating them again",
+                            self.job_id)
+                self._create_groups()
+                regroup, failed = False, True
+                continue
+            except TRANSIENT as err:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                if not failed:
+                    log.warning("job %s: Redis unreachable (%s); retrying for up to %.0f s", self.job_id, err,
+                                left)
+                failed = True
+                time.sleep(min(left, delay * random.uniform(0.5, 1.5)))
+                delay = min(delay * 2, 5.0)
+                continue
+            if failed:
+                self.reconnects += 1
+                log.info("job %s: Redis is back", self.job_id)
+            return result
+
     # ---- prompts (the learner tops them up) ----------------------------------------------------
 
     def add_prompts(self, prompts: Iterable[str]) -> int:
         """Append one prompt group per prompt (a fresh group id each); returns how many."""
-        pipe = self.client.pipeline()
-        n = 0
-        for prompt in prompts:
-            pipe.xadd(self.prompts, {"group_id": uuid.uuid4().hex[:16], "prompt": prompt})
-            n += 1
-        pipe.execute()
-        return n
+        fields = [{"group_id": uuid.uuid4().hex[:16], "prompt": prompt} for prompt in prompts]
+
+        def add() -> None:
+            pipe = self.client.pipeline()
+            for entry in fields:
+                pipe.xadd(self.prompts, entry)
+            pipe.execute()
+
+        self._retrying(add)
+        return len(fields)
 
     def outstanding(self) -> int:
         """Groups not yet trained: prompts waiting or leased, plus returned groups not yet acknowledged
         (both streams delete what is done, so their lengths count what is not)."""
-        pipe = self.client.pipeline()
-        pipe.xlen(self.prompts)
-        pipe.xlen(self.trajectories)
-        return sum(pipe.execute())
+        def lengths() -> int:
+            pipe = self.client.pipeline()
+            pipe.xlen(self.prompts)
+            pipe.xlen(self.trajectories)
+            return sum(pipe.execute())
+
+        return self._retrying(lengths)
 
     # ---- leases (the site, for a worker) --------------------------------------------------------
 
     def lease(self, *, worker_id: int, count: int, timeout_s: float) -> list[LeasedPrompt]:
         """Lease up to ``count`` prompt groups to ``worker_id``: expired leases first, then fresh prompts."""
         consumer = consumer_name(worker_id)
-        _, claimed, _ = self.client.xautoclaim(self.prompts, PROMPT_GROUP, consumer,
-                                               min_idle_time=int(timeout_s * 1000), start_id="0-0", count=count)
+        _, claimed, _ = self._retrying(lambda: self.client.xautoclaim(
+            self.prompts, PROMPT_GROUP, consumer, min_idle_time=int(timeout_s * 1000), start_id="0-0", count=count))
         entries = [e for e in claimed if e[1]]
         if len(entries) < count:
-            fresh = self.client.xreadgroup(PROMPT_GROUP, consumer, {self.prompts: ">"}, count=count - len(entries))
+            fresh = self._retrying(lambda: self.client.xreadgroup(PROMPT_GROUP, consumer, {self.prompts: ">"},
+                                                                  count=count - len(entries)))
             for _stream, items in fresh or []:
                 entries.extend(items)
         return [LeasedPrompt(lease_id=_text(eid), group_id=_text(_field(f, "group_id")),
@@ -185,7 +247,7 @@ class ReplayBuffer:
         args = [group.lease_id, consumer_name(worker_id), group.group_id, group.model_dump_json(), PROMPT_GROUP,
                 len(group.records)]
         try:
-            result = _text(_return_script(self.client)(keys=keys, args=args))
+            result = _text(self._retrying(lambda: _return_script(self.client)(keys=keys, args=args)))
         except redis.ResponseError as err:  # e.g. a lease id that is not a stream id
             raise LeaseError(f"lease_id: {group.lease_id!r} is not a lease ({err})") from None
         if result in _RETURN_ERRORS:
@@ -195,21 +257,21 @@ class ReplayBuffer:
     # ---- counters and end of job ----------------------------------------------------------------
 
     def count(self, name: str, amount: int = 1) -> None:
-        self.client.hincrby(self.counters_key, name, amount)
+        self._retrying(lambda: self.client.hincrby(self.counters_key, name, amount))
 
     def counters(self) -> dict[str, int]:
-        return {_text(k): int(v) for k, v in self.client.hgetall(self.counters_key).items()}
+        return {_text(k): int(v) for k, v in self._retrying(lambda: self.client.hgetall(self.counters_key)).items()}
 
     def drop(self) -> None:
         """Forget a finished job's streams (prompts no one will answer, groups no one will train on)."""
-        self.client.delete(self.prompts, self.trajectories)
+        self._retrying(lambda: self.client.delete(self.prompts, self.trajectories))
 
     # ---- the learner's reader --------------------------------------------------------------------
 
     def read(self, consumer: str, *, count: int, block_ms: int) -> list[StoredGroup]:
         """New groups for the learner's ``consumer`` (each delivered once), waiting up to ``block_ms``."""
-        reply = self.client.xreadgroup(LEARNER_GROUP, consumer, {self.trajectories: ">"}, count=max(count, 1),
-                                       block=max(block_ms, 1))
+        reply = self._retrying(lambda: self.client.xreadgroup(LEARNER_GROUP, consumer, {self.trajectories: ">"},
+                                                              count=max(count, 1), block=max(block_ms, 1)))
         return self._parse(reply)
 
     def read_pending(self, consumer: str) -> list[StoredGroup]:
@@ -217,7 +279,8 @@ class ReplayBuffer:
         out: list[StoredGroup] = []
         last = "0"
         while True:
-            reply = self.client.xreadgroup(LEARNER_GROUP, consumer, {self.trajectories: last}, count=256)
+            reply = self._retrying(lambda last=last: self.client.xreadgroup(
+                LEARNER_GROUP, consumer, {self.trajectories: last}, count=256))
             entries = reply[0][1] if reply else []
             if not entries:
                 return out
@@ -227,17 +290,20 @@ class ReplayBuffer:
     def ack(self, entry_ids: list[str]) -> None:
         """Acknowledge and delete entries (the stream is a queue, not an archive); repeats are harmless."""
         if entry_ids:
-            pipe = self.client.pipeline()
-            pipe.xack(self.trajectories, LEARNER_GROUP, *entry_ids)
-            pipe.xdel(self.trajectories, *entry_ids)
-            pipe.execute()
+            def ack() -> None:
+                pipe = self.client.pipeline()
+                pipe.xack(self.trajectories, LEARNER_GROUP, *entry_ids)
+                pipe.xdel(self.trajectories, *entry_ids)
+                pipe.execute()
+
+            self._retrying(ack)
 
     def _parse(self, reply) -> list[StoredGroup]:
         out = []
         for entry_id, fields in (reply[0][1] if reply else []):
             entry_id = _text(entry_id)
             if not fields:  # deleted while still pending: nothing to train on, so acknowledge it
-                self.client.xack(self.trajectories, LEARNER_GROUP, entry_id)
+                self._retrying(lambda entry_id=entry_id: self.client.xack(self.trajectories, LEARNER_GROUP, entry_id))
                 continue
             out.append(StoredGroup(entry_id, TrajectoryGroup.model_validate_json(_field(fields, "data"))))
         return out

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         console.rule("ECHO-2 demo")
         stack.start("redis", redis_server, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
-                    "--appendonly", "no", "--dir", str(workdir))
+                    "--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(workdir))
         console.print(f"private Redis on 127.0.0.1:{redis_port}")
         tokens, model_dir = _start_site(console, stack, server, site_port, workdir)
         _start_agents(console, stack, server, tokens, workdir)

@@ -161,6 +161,8 @@ ECHO2 = {
     # this long; release only while capacity exceeds the target by this fraction.
     "REPLAN_INTERVAL_S": float(os.environ.get("ECHO2_REPLAN_INTERVAL_S", "60.0")),
     "RELEASE_MARGIN": float(os.environ.get("ECHO2_RELEASE_MARGIN", "0.25")),
+    # A site request rides out a Redis outage this long (retrying with backoff) before it answers an error.
+    "REDIS_RETRY_S": float(os.environ.get("ECHO2_REDIS_RETRY_S", "5.0")),
 }
 
 LOGGING = {

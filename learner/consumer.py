@@ -9,11 +9,13 @@ Within one process, entries are read once (``>``); pending entries are read back
 
 from __future__ import annotations
 
+import collections
 import time
 from dataclasses import dataclass, field
 
 from dataplane.replay import Client, ReplayBuffer, StoredGroup
 
+ACKED_MEMORY = 100_000  # acknowledged entry ids remembered (a few MB)
 Group = StoredGroup  # one GRPO group read from the stream, with the entry id that acknowledges it
 
 
@@ -32,11 +34,17 @@ class StalenessGatedConsumer:
     consumer: str = "learner-0"
     buffer: list[Group] = field(default_factory=list)
     dropped_total: int = 0
+    retry_for_s: float = 0.0  # ride out a Redis outage this long per operation (ReplayBuffer)
     _resumed: bool = False
 
     def __post_init__(self) -> None:
-        self.replay = ReplayBuffer(self.client, self.job_id)
+        self.replay = ReplayBuffer(self.client, self.job_id, retry_for_s=self.retry_for_s)
         self.replay.ensure_groups()
+        self.held: set[str] = set()  # read and not yet acknowledged: buffered, or handed out and training
+        # Acknowledged ids, newest last: a Redis restarted from its AOF may have lost the last second of
+        # acknowledgements, and such an entry must be acknowledged again, not trained again.
+        self.acked: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._reconnects = 0
 
     def admissible(self, group: Group, learner_version: int) -> bool:
         return group.version >= learner_version - self.staleness
@@ -45,29 +53,46 @@ class StalenessGatedConsumer:
         """Wait up to ``timeout_s`` for ``groups`` admissible groups; None if they did not come."""
         start = time.monotonic()
         if not self._resumed:
-            self.buffer.extend(self.replay.read_pending(self.consumer))  # read before a crash, never acknowledged
+            self._take(self.replay.read_pending(self.consumer))  # read before a crash, never acknowledged
             self._resumed = True
         dropped = self._drop_stale(learner_version)
         while len(self.buffer) < groups:
             left = timeout_s - (time.monotonic() - start)
             if left <= 0:
                 return None
-            for group in self.replay.read(self.consumer, count=groups - len(self.buffer),
-                                          block_ms=int(min(left, 1.0) * 1000)):
-                if self.admissible(group, learner_version):
-                    self.buffer.append(group)
-                else:
-                    dropped += self._drop([group])
+            self._take(self.replay.read(self.consumer, count=groups - len(self.buffer),
+                                        block_ms=int(min(left, 1.0) * 1000)))
+            if self.replay.reconnects != self._reconnects:
+                # A read whose reply was lost with the connection delivered entries we never saw: they are
+                # pending under our name, so take every pending entry we do not hold yet.
+                self._reconnects = self.replay.reconnects
+                self._take(self.replay.read_pending(self.consumer))
+            dropped += self._drop_stale(learner_version)
         batch, self.buffer = self.buffer[:groups], self.buffer[groups:]
         return BatchWait(groups=batch, dropped=dropped, wait_s=time.monotonic() - start)
 
     def ack(self, groups: list[Group]) -> None:
         """Acknowledge trained groups (and delete them: the stream is a queue, not an archive)."""
-        self.replay.ack([g.entry_id for g in groups])
+        self.ack_ids([g.entry_id for g in groups])
 
     def ack_ids(self, ids: list[str]) -> None:
         """Acknowledge and delete entries by id; ids already acknowledged are ignored."""
         self.replay.ack(ids)
+        self.held.difference_update(ids)
+        for entry_id in ids:
+            self.acked[entry_id] = None
+        while len(self.acked) > ACKED_MEMORY:
+            self.acked.popitem(last=False)
+
+    def _take(self, groups: list[Group]) -> None:
+        """Buffer groups not already held (a pending entry re-read after a reconnect may be one we hold)."""
+        again = [g.entry_id for g in groups if g.entry_id in self.acked]
+        if again:
+            self.replay.ack(again)
+        for group in groups:
+            if group.entry_id not in self.held and group.entry_id not in self.acked:
+                self.held.add(group.entry_id)
+                self.buffer.append(group)
 
     def _drop_stale(self, learner_version: int) -> int:
         stale = [g for g in self.buffer if not self.admissible(g, learner_version)]

@@ -9,9 +9,10 @@ from dataplane.tasks import TaskAdapter
 
 
 class PromptFeeder:
-    def __init__(self, client: Client, *, job_id: int, task: TaskAdapter, seed: int, backlog: int) -> None:
+    def __init__(self, client: Client, *, job_id: int, task: TaskAdapter, seed: int, backlog: int,
+                 retry_for_s: float = 0.0) -> None:
         self.job_id, self.task, self.backlog = job_id, task, backlog
-        self.replay = ReplayBuffer(client, job_id)
+        self.replay = ReplayBuffer(client, job_id, retry_for_s=retry_for_s)
         self.replay.ensure_groups()
         self.rng = random.Random(seed)
 

@@ -35,6 +35,8 @@ class LearnerSettings(BaseSettings):
     token: str = option(help="The job owner's API token.", env="ECHO2_TOKEN", repr=False)
     redis_url: str = option("redis://127.0.0.1:6379/0", help="Redis with the job's streams.", flag="--redis",
                             env="REDIS_URL")
+    redis_retry_s: float = option(300.0, ge=0, help="Ride out a Redis outage (a restart) this long per operation, "
+                                  "retrying with backoff, before the job fails.", flag="--redis-retry")
     snapshot_dir: Path = option(Path("var/snapshots"), help="Where snapshots are written.")
     snapshot_host: str = option("127.0.0.1", help="Address the snapshot server binds.")
     snapshot_port: int = option(0, help="Port of the snapshot server (0: any free port).")

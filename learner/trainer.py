@@ -127,11 +127,12 @@ def _runnable_job(site: SiteClient, job_id: int) -> dict:
     return raw
 
 
-def _streams(client: replay.Client, job_id: int, spec: JobSpec) -> tuple[StalenessGatedConsumer, PromptFeeder]:
-    """The job's trajectory reader (the staleness gate) and prompt writer."""
-    consumer = StalenessGatedConsumer(client, job_id, spec.staleness)
+def _streams(client: replay.Client, job_id: int, spec: JobSpec,
+             retry_for_s: float) -> tuple[StalenessGatedConsumer, PromptFeeder]:
+    """The job's trajectory reader (the staleness gate) and prompt writer, both riding out Redis restarts."""
+    consumer = StalenessGatedConsumer(client, job_id, spec.staleness, retry_for_s=retry_for_s)
     feeder = PromptFeeder(client, job_id=job_id, task=build_task(spec.task), seed=spec.seed,
-                          backlog=2 * spec.groups_per_step)
+                          backlog=2 * spec.groups_per_step, retry_for_s=retry_for_s)
     return consumer, feeder
 
 
@@ -161,7 +162,7 @@ class _JobRun:
         with contextlib.ExitStack() as stack:
             client = replay.connect(settings.redis_url, decode_responses=False, socket_timeout=30)
             stack.callback(client.close)
-            consumer, feeder = _streams(client, job_id, spec)
+            consumer, feeder = _streams(client, job_id, spec, settings.redis_retry_s)
             checkpoints = CheckpointStore(settings.checkpoint_dir or settings.snapshot_dir / f"job{job_id}-checkpoint")
             identity = {"job_id": job_id, "created_at": raw.get("created_at"), "model_dir": spec.model_dir}
             loop = LearnerLoop(spec=spec, trainer=trainer, consumer=consumer, checkpoints=checkpoints,

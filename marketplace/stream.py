@@ -19,5 +19,6 @@ def client() -> redis.Redis:
 
 
 def replay(job_id: int) -> ReplayBuffer:
-    """Job ``job_id``'s streams: leases, returned groups, counters."""
-    return ReplayBuffer(client(), job_id)
+    """Job ``job_id``'s streams: leases, returned groups, counters. A site request rides out a short Redis
+    outage (``ECHO2_REDIS_RETRY_S``, default 5 s) and then answers with an error the agent retries."""
+    return ReplayBuffer(client(), job_id, retry_for_s=float(settings.ECHO2["REDIS_RETRY_S"]))

@@ -1,0 +1,91 @@
+"""The replay buffer rides out a Redis restart: a private redis-server (AOF, everysec) is SIGKILLed under a
+reading learner and a leasing site and started again on the same port one second later. Every group is
+read exactly once and nothing is lost; without persistence the consumer groups come back by themselves."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from dataplane.records import Trajectory, TrajectoryGroup
+from dataplane.replay import ReplayBuffer, connect
+from learner.consumer import StalenessGatedConsumer
+
+from ..private_redis import PrivateRedis
+
+JOB = 3
+
+
+def group(i: int) -> str:
+    records = [Trajectory(job_id=JOB, lease_id=f"{i}-0", group_id=f"g{i}", prompt="1+1=", prompt_ids=[1, 2],
+                          completion="2", completion_ids=[3], logprobs=[-0.5], reward=1.0, version=0)] * 2
+    return TrajectoryGroup.of(records).model_dump_json()
+
+
+@pytest.fixture
+def private_redis(tmp_path):
+    server = PrivateRedis(tmp_path).start()
+    yield server
+    server.stop()
+
+
+def test_a_reader_loses_nothing_and_reads_nothing_twice_across_a_restart(private_redis) -> None:
+    writer = connect(private_redis.url, socket_timeout=2)
+    reader = StalenessGatedConsumer(connect(private_redis.url, decode_responses=False, socket_timeout=2), JOB,
+                                    staleness=5, retry_for_s=30.0)
+    total, seen, half_read = 40, [], threading.Event()
+
+    def produce() -> None:
+        buffer = ReplayBuffer(writer, JOB, retry_for_s=30.0)
+        for i in range(total):
+            if i == total // 2:  # pause: the reader blocks in XREADGROUP, and Redis dies under it
+                half_read.wait(30)
+                time.sleep(0.5)
+                private_redis.kill()
+                time.sleep(1.0)
+                private_redis.start()
+            buffer._retrying(lambda i=i: writer.xadd(f"echo2:job:{JOB}:trajectories",
+                                                     {"lease_id": f"{i}-0", "data": group(i)}))
+            time.sleep(0.02)
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    while len(seen) < total:
+        batch = reader.next_batch(groups=1, learner_version=0, timeout_s=20.0)
+        assert batch is not None, f"no data after {len(seen)} groups"
+        seen.extend(g.group.group_id for g in batch.groups)
+        reader.ack(batch.groups)
+        if len(seen) == total // 2:
+            half_read.set()
+    producer.join(30)
+    assert seen == [f"g{i}" for i in range(total)]  # each once, in order, none lost
+    assert reader.replay.reconnects >= 1  # the blocked read saw the restart and came back
+
+
+def test_without_persistence_the_groups_are_created_again(tmp_path) -> None:
+    server = PrivateRedis(tmp_path, aof=False).start()
+    try:
+        client = connect(server.url, socket_timeout=2)
+        buffer = ReplayBuffer(client, JOB, retry_for_s=30.0)
+        buffer.ensure_groups()
+        buffer.add_prompts(["1+1="])
+        server.kill()
+        server.start()  # empty: streams and consumer groups are gone
+        assert buffer.lease(worker_id=1, count=1, timeout_s=30.0) == []  # no NOGROUP error: groups re-created
+        buffer.add_prompts(["2+2="])
+        assert [p.prompt for p in buffer.lease(worker_id=1, count=1, timeout_s=30.0)] == ["2+2="]
+    finally:
+        server.stop()
+
+
+def test_an_outage_longer_than_the_budget_raises(tmp_path) -> None:
+    server = PrivateRedis(tmp_path).start()
+    buffer = ReplayBuffer(connect(server.url, socket_timeout=1), JOB, retry_for_s=1.0)
+    buffer.ensure_groups()
+    server.kill()
+    started = time.monotonic()
+    with pytest.raises(Exception, match="(?i)connect"):
+        buffer.counters()
+    assert 0.9 < time.monotonic() - started < 10
