@@ -22,7 +22,7 @@ Group = StoredGroup  # one GRPO group read from the stream, with the entry id th
 @dataclass
 class BatchWait:
     groups: list[Group]
-    dropped: int  # records dropped as stale while waiting
+    dropped: int  # records dropped as stale since the previous batch (timed-out waits included)
     wait_s: float
 
 
@@ -45,6 +45,7 @@ class StalenessGatedConsumer:
         # acknowledgements, and such an entry must be acknowledged again, not trained again.
         self.acked: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._reconnects = 0
+        self._dropped_waiting = 0  # records dropped since the last batch, over waits that timed out too
 
     def admissible(self, group: Group, learner_version: int) -> bool:
         return group.version >= learner_version - self.staleness
@@ -55,11 +56,11 @@ class StalenessGatedConsumer:
         if not self._resumed:
             self._take(self.replay.read_pending(self.consumer))  # read before a crash, never acknowledged
             self._resumed = True
-        dropped = self._drop_stale(learner_version)
+        self._dropped_waiting += self._drop_stale(learner_version)
         while len(self.buffer) < groups:
             left = timeout_s - (time.monotonic() - start)
             if left <= 0:
-                return None
+                return None  # what was dropped meanwhile is reported with the step that ends the wait
             self._take(self.replay.read(self.consumer, count=groups - len(self.buffer),
                                         block_ms=int(min(left, 1.0) * 1000)))
             if self.replay.reconnects != self._reconnects:
@@ -67,8 +68,9 @@ class StalenessGatedConsumer:
                 # pending under our name, so take every pending entry we do not hold yet.
                 self._reconnects = self.replay.reconnects
                 self._take(self.replay.read_pending(self.consumer))
-            dropped += self._drop_stale(learner_version)
+            self._dropped_waiting += self._drop_stale(learner_version)
         batch, self.buffer = self.buffer[:groups], self.buffer[groups:]
+        dropped, self._dropped_waiting = self._dropped_waiting, 0
         return BatchWait(groups=batch, dropped=dropped, wait_s=time.monotonic() - start)
 
     def ack(self, groups: list[Group]) -> None:

@@ -94,7 +94,8 @@ def job_summary(job: Job, *, active: list[Activation] | None = None) -> dict:
         "max_steps": job.max_steps,
         "published_version": job.published_version,
         "reward_mean": last.reward_mean if last else None,
-        "max_staleness": last.max_staleness if last else None,
+        # the largest lag trained on over the whole run (a step's own is in its metrics)
+        "max_staleness": JobMetric.objects.filter(job=job).aggregate(m=Max("max_staleness"))["m"],
         "dropped_stale": last.dropped_stale if last else 0,
         "t_train": last.t_train if last else None,
         "wait_s": last.wait_s if last else None,

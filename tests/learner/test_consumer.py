@@ -171,3 +171,19 @@ def test_next_batch_on_an_empty_stream_times_out(learner_client) -> None:
     consumer = StalenessGatedConsumer(learner_client, JOB, staleness=2)
 
     assert consumer.next_batch(groups=1, learner_version=0, timeout_s=0.2) is None
+
+
+def test_drops_during_a_wait_that_timed_out_are_reported_with_the_next_batch(learner_client, redis_client) -> None:
+    consumer = StalenessGatedConsumer(learner_client, JOB, staleness=2)
+    append_group(redis_client, "old", [0, 0, 0])  # v_t = 5, S = 2: stale
+
+    assert consumer.next_batch(groups=1, learner_version=5, timeout_s=0.3) is None
+    assert consumer.dropped_total == 3
+    fresh = append_group(redis_client, "fresh", [5, 5])
+    wait = consumer.next_batch(groups=1, learner_version=5, timeout_s=2.0)
+
+    assert [g.entry_id for g in wait.groups] == [fresh]
+    assert wait.dropped == 3  # counted in the step that ended the wait, not lost with the timed-out one
+    assert consumer.next_batch(groups=1, learner_version=5, timeout_s=0.2) is None
+    append_group(redis_client, "next", [5, 5])
+    assert consumer.next_batch(groups=1, learner_version=5, timeout_s=2.0).dropped == 0

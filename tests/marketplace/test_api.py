@@ -164,3 +164,16 @@ def test_learner_extra_metrics_are_stored_flat(redis_url, settings):
     api.post(f"/api/jobs/{job.pk}/start/")
     api.post(f"/api/jobs/{job.pk}/metrics/", {"step": 1, "reward_mean": 0.5, "extra": {"kl": 0.01}}, format="json")
     assert api.get(f"/api/jobs/{job.pk}/metrics/").json()[0]["extra"] == {"kl": 0.01}
+
+
+def test_summary_max_staleness_is_the_runs_not_the_last_steps(redis_url, settings):
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    owner = factories.user()
+    api = client_for(owner)
+    job = factories.job(owner)
+    api.post(f"/api/jobs/{job.pk}/start/")
+    for step, lag in ((1, 0), (2, 3), (3, 2)):
+        api.post(f"/api/jobs/{job.pk}/metrics/", {"step": step, "reward_mean": 0.5, "max_staleness": lag},
+                 format="json")
+    summary = api.get(f"/api/jobs/{job.pk}/summary/").json()
+    assert summary["max_staleness"] == 3  # the run trained on a lag of 3, though its last step's was 2
