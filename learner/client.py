@@ -12,20 +12,27 @@ class SiteError(RuntimeError):
     """The site refused a request (4xx): ``str(err)`` carries its reason."""
 
 
+class SiteUnreachable(SiteError):
+    """The site did not answer (connection refused, timeouts, 5xx) after the retries: an outage, not a refusal."""
+
+
 class SiteClient:
     def __init__(self, server: str, token: str, *, timeout: float = 15.0, retries: int = 5) -> None:
         self.http = httpx.Client(base_url=server.rstrip("/") + "/api/", timeout=timeout,
                                  headers={"Authorization": f"Token {token}"})
         self.retries = retries
 
-    def _request(self, method: str, path: str, **kwargs) -> Any:
+    def _request(self, method: str, path: str, *, retries: int | None = None, **kwargs) -> Any:
+        """One request, retried (``retries``, default the client's) with backoff through outages.
+        Raises :class:`SiteError` for a refusal, :class:`SiteUnreachable` when the site never answered."""
         delay = 0.5
-        for attempt in range(self.retries + 1):
+        retries = self.retries if retries is None else retries
+        for attempt in range(retries + 1):
             try:
                 response = self.http.request(method, path, **kwargs)
             except httpx.TransportError as err:
-                if attempt == self.retries:
-                    raise SiteError(f"{method} {path}: site unreachable ({err})") from None
+                if attempt == retries:
+                    raise SiteUnreachable(f"{method} {path}: site unreachable ({err})") from None
             else:
                 if response.status_code < 400:
                     return response.json() if response.content else None
@@ -35,8 +42,8 @@ class SiteClient:
                     except ValueError:
                         reason = response.text
                     raise SiteError(f"{method} {path}: {response.status_code} {reason}")
-                if attempt == self.retries:
-                    raise SiteError(f"{method} {path}: {response.status_code} from the site")
+                if attempt == retries:
+                    raise SiteUnreachable(f"{method} {path}: {response.status_code} from the site")
             time.sleep(delay)
             delay = min(delay * 2, 8.0)
         raise AssertionError("unreachable")
@@ -50,12 +57,12 @@ class SiteClient:
             body["relay_address"] = relay_address
         return self._request("POST", f"jobs/{job_id}/learner/", json=body)
 
-    def report(self, job_id: int, metrics: dict) -> dict:
-        return self._request("POST", f"jobs/{job_id}/metrics/", json=metrics)
+    def report(self, job_id: int, metrics: dict, *, retries: int | None = None) -> dict:
+        return self._request("POST", f"jobs/{job_id}/metrics/", json=metrics, retries=retries)
 
-    def publish(self, job_id: int, *, version: int, url: str, manifest: dict) -> dict:
+    def publish(self, job_id: int, *, version: int, url: str, manifest: dict, retries: int | None = None) -> dict:
         return self._request("POST", f"jobs/{job_id}/snapshots/", json={"version": version, "url": url,
-                                                                         "manifest": manifest})
+                                                                         "manifest": manifest}, retries=retries)
 
     def finish(self, job_id: int, *, status: str, reason: str = "") -> dict:
         return self._request("POST", f"jobs/{job_id}/finish/", json={"status": status, "reason": reason})

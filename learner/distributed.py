@@ -7,6 +7,7 @@ per step over one collective (:func:`exchange`), and DDP averages their gradient
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -53,7 +54,12 @@ def init(device: str, *, timeout_s: float) -> DistContext:
 
 
 def shutdown(ctx: DistContext) -> None:
+    """Leave the process group together: a rank that tears down its gloo connections while a peer still
+    uses them can abort the peer ("terminate called without an active exception"), so every rank first
+    meets the others at a barrier (skipped when a peer is gone: the barrier's error is not ours to raise)."""
     if ctx.parallel and dist.is_initialized():
+        with contextlib.suppress(RuntimeError, dist.DistBackendError):
+            dist.barrier()
         dist.destroy_process_group()
 
 

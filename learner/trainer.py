@@ -25,10 +25,11 @@ from dataplane.tasks import build_task
 
 from . import distributed
 from .checkpoint import Checkpoint, CheckpointStore
-from .client import SiteClient, SiteError
+from .client import SiteClient, SiteError, SiteUnreachable
 from .consumer import StalenessGatedConsumer
 from .lifecycle import Lifecycle, State
 from .loop import LearnerLoop, ResumeError, StepOutcome, check_resume
+from .outbox import Outbox, Publication
 from .prompts import PromptFeeder
 from .publisher import LearnerRelay, SnapshotServer, SnapshotStore, manifest_json
 from .settings import LearnerSettings
@@ -148,6 +149,10 @@ class _JobRun:
     server: SnapshotServer
     relay: LearnerRelay | None
     ctx: distributed.DistContext
+    outbox: Outbox = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.outbox = Outbox(self.site, self.job_id, on_published=self._published)
 
     @property
     def job_id(self) -> int:
@@ -225,24 +230,29 @@ class _JobRun:
             life.publish_failed(version, str(err))
 
     def publish(self, version: int) -> None:
-        """Write snapshot ``version``, offer it on the relay, announce it; the site pushes it to the workers."""
+        """Write snapshot ``version``, offer it on the relay, announce it (now, or once the site answers again);
+        the site pushes it to the workers."""
         manifest = self.store.write(self.loop.trainer.module, version)
         if self.relay is not None:  # before the site tells the seeds to connect
             self.relay.serve(version)
-        reply = self.site.publish(self.job_id, version=version, url=self.server.url_for(version),
-                                  manifest=manifest_json(manifest))
-        n_chains = (reply or {}).get("n_chains") or 0
+        self.outbox.publish(Publication(version, self.server.url_for(version), manifest_json(manifest)))
+
+    def _published(self, pub: Publication, reply: dict) -> None:
+        n_chains = reply.get("n_chains") or 0
         if self.relay is not None and n_chains:
-            self.relay.set_fan_out(version, n_chains)
-        log.info("published v%d (%d bytes)%s", version, manifest.total_bytes,
+            self.relay.set_fan_out(pub.version, n_chains)
+        log.info("published v%d (%d bytes)%s", pub.version, pub.manifest.get("total_bytes", 0),
                  f" to {n_chains} chain(s)" if n_chains else " over HTTP")
 
     def report(self, life: Lifecycle, outcome: StepOutcome) -> None:
         if life.final:
             return
         try:
-            _report(self.site, self.job_id, self.loop, outcome, self.ctx)
-        except SiteError as err:  # cancelled meanwhile is not a failure of ours
+            if outcome.version == 1 or outcome.version % 10 == 0:
+                with contextlib.suppress(SiteUnreachable):  # T_train again; the next one will do when down
+                    self.site.announce(self.job_id, t_train=self.loop.t_train_avg)
+            self.outbox.report(_metrics(self.loop, outcome, self.ctx))  # queued while the site is down
+        except SiteError as err:  # a refusal; cancelled meanwhile is not a failure of ours
             life.report_failed(self.site_status(), outcome.version, str(err))
 
     def check_target(self, life: Lifecycle) -> None:
@@ -256,6 +266,9 @@ class _JobRun:
         assert life.final and life.status is not None
         if life.commit and self.loop.uncommitted:
             self.loop.commit()
+        if self.outbox.pending and not self.outbox.drain(within_s=self.settings.site_outage_s):
+            log.error("job %s: the site did not answer for %.0f s; %d reports were not delivered", self.job_id,
+                      self.settings.site_outage_s, self.outbox.pending)
         if life.state is State.ENDED:
             log.info("job %s was %s on the site; stopping at v%d", self.job_id, life.status, self.loop.version)
         elif life.state is State.FAILED:
@@ -284,13 +297,11 @@ def _resume(loop: LearnerLoop, raw: dict, job_id: int) -> Checkpoint | None:
     return ckpt
 
 
-def _report(site: SiteClient, job_id: int, loop: LearnerLoop, outcome: StepOutcome,
-            ctx: distributed.DistContext) -> None:
+def _metrics(loop: LearnerLoop, outcome: StepOutcome, ctx: distributed.DistContext) -> dict:
+    """The step's report to the site (``POST /api/jobs/<id>/metrics/``), logged as one line."""
     result, version = outcome.result, outcome.version
-    if version == 1 or version % 10 == 0:
-        site.announce(job_id, t_train=loop.t_train_avg)
     histogram = collections.Counter(outcome.lags)
-    site.report(job_id, {
+    metrics = {
         "step": version, "reward_mean": result.reward_mean, "reward_std": result.reward_std, "loss": result.loss,
         "max_staleness": max(outcome.lags), "dropped_stale": loop.consumer.dropped_total,
         "t_train": outcome.t_train, "wait_s": outcome.wait_s,
@@ -301,13 +312,14 @@ def _report(site: SiteClient, job_id: int, loop: LearnerLoop, outcome: StepOutco
                                                                                    1e-9),
             "checkpointed": outcome.checkpointed, "ranks": ctx.world,
         },
-    })
+    }
     m = result.metrics()
     log.info("step %d reward=%.3f loss=%.4f kl=%.4f clip=%.3f |g|=%.3f max_lag=%d dropped=%d t_train=%.3fs "
              "wait=%.3fs%s", version, result.reward_mean, result.loss, m["kl"], m["clip_fraction"], result.grad_norm,
              max(outcome.lags),
              loop.consumer.dropped_total, outcome.t_train, outcome.wait_s, " (checkpoint)" if outcome.checkpointed
              else "")
+    return metrics
 
 
 def _fail(site: SiteClient, job_id: int, reason: str) -> JobStatus:
