@@ -23,8 +23,9 @@ def job_list(request):
 
 
 # (verb, button, the statuses it shows in); job.js shows and hides them as the status changes.
-CONTROLS = [("start", "Start", "draft"), ("pause", "Pause", "running"), ("resume", "Resume", "paused"),
-            ("cancel", "Cancel", "draft running paused")]
+# A failed job resumes from its learner's last checkpoint (restart the learner after resuming).
+CONTROLS = [("start", "Start", "draft"), ("pause", "Pause", "running"), ("resume", "Resume", "paused failed"),
+            ("cancel", "Cancel", "draft running paused failed")]
 
 
 @login_required

@@ -102,7 +102,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
     @extend_schema(request=None, responses=s.JobSerializer)
     @action(detail=True, methods=["post"])
     def resume(self, request, pk=None):
-        """Run a paused job again; the scheduler activates a pool at once."""
+        """Run a paused job again (or a failed one: its learner, restarted, continues from its checkpoint);
+        the scheduler activates a pool at once."""
         job = _service_call(services.job_resume, job=self.get_object())
         return Response(s.JobSerializer(job).data)
 

@@ -3,17 +3,21 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection
 
 from django.db import transaction
 from django.utils import timezone
 
 from dataplane.jobs import JobSpec
+from dataplane.replay import RedisError
 
 from .. import stream
 from ..models import Activation, Job, Worker
 from .base import ServiceError, enqueue_task, push_job_update
 from .workers import worker_activate, worker_release
+
+log = logging.getLogger(__name__)
 
 
 @transaction.atomic
@@ -37,10 +41,15 @@ def job_start(*, job: Job) -> Job:
 
 @transaction.atomic
 def job_finish(*, job: Job, status: str, reason: str = "") -> Job:
-    """End a job (completed, failed or cancelled), release its workers and drop its streams."""
+    """End a job (completed, failed or cancelled) and release its workers.
+
+    A failed job is not final: it keeps its streams (groups returned and not yet trained, entries trained
+    since the last checkpoint) so that :func:`job_resume` can continue it from the learner's checkpoint, and
+    it can still be cancelled. A completed or cancelled job's streams are dropped.
+    """
     if status not in Job.TERMINAL:
         raise ServiceError(f"status: must be one of {', '.join(sorted(Job.TERMINAL))}")
-    if job.is_terminal:
+    if job.is_terminal and not (job.status == Job.Status.FAILED and status == Job.Status.CANCELLED):
         raise ServiceError(f"status: job already {job.status}")
     job.status = status
     job.status_reason = reason[:500]
@@ -48,7 +57,8 @@ def job_finish(*, job: Job, status: str, reason: str = "") -> Job:
     job.save(update_fields=["status", "status_reason", "finished_at"])
     for activation in job.activations.filter(ended_at=None):
         worker_release(activation=activation, reason=f"job {status}")
-    transaction.on_commit(lambda: stream.replay(job.pk).drop())
+    if status != Job.Status.FAILED:
+        transaction.on_commit(lambda: _drop_streams(job.pk))
     push_job_update(job)
     return job
 
@@ -74,12 +84,17 @@ def job_pause(*, job: Job, by: str = "") -> Job:
 
 @transaction.atomic
 def job_resume(*, job: Job) -> Job:
-    """Back to running: the scheduler activates a pool at once (task ``replan_job``)."""
-    if job.status != Job.Status.PAUSED:
-        raise ServiceError(f"status: job is {job.status}; only a paused job can be resumed")
+    """Back to running: the scheduler activates a pool at once (task ``replan_job``).
+
+    A failed job (its learner gave up: Redis or the site gone too long, no data) resumes too: its learner,
+    started again, continues from its last checkpoint and the streams the job kept.
+    """
+    if job.status not in (Job.Status.PAUSED, Job.Status.FAILED):
+        raise ServiceError(f"status: job is {job.status}; only a paused or failed job can be resumed")
     job.status = Job.Status.RUNNING
     job.status_reason = ""
-    job.save(update_fields=["status", "status_reason"])
+    job.finished_at = None
+    job.save(update_fields=["status", "status_reason", "finished_at"])
     stream.replay(job.pk).ensure_groups()
     enqueue_task("replan_job", job.pk)
     push_job_update(job)
@@ -123,3 +138,12 @@ def job_replan_apply(*, job: Job, activate: Collection[int] = (), release: Colle
         worker_activate(worker=worker, job=job)
     for activation in job.activations.filter(ended_at=None, worker_id__in=list(release)):
         worker_release(activation=activation, reason=f"capacity above target: {reason}")
+
+
+def _drop_streams(job_id: int) -> None:
+    """Forget an ended job's streams, after the commit; Redis being away must not turn the finished job
+    into an error for the caller (the streams then stay until someone deletes them)."""
+    try:
+        stream.replay(job_id).drop()
+    except RedisError as err:
+        log.warning("job %s: could not drop its streams (Redis: %s); they stay in Redis", job_id, err)

@@ -91,7 +91,7 @@ def test_pause_and_resume_need_the_right_state_and_owner(eager):
     assert api.post(f"/api/jobs/{job.pk}/pause/").json()["errors"] == {
         "status": ["job is draft; only a running job can be paused"]}
     assert api.post(f"/api/jobs/{job.pk}/resume/").json()["errors"] == {
-        "status": ["job is draft; only a paused job can be resumed"]}
+        "status": ["job is draft; only a paused or failed job can be resumed"]}
     services.job_start(job=job)
     assert client_for(factories.user()).post(f"/api/jobs/{job.pk}/pause/").status_code == 404
     assert APIClient().post(f"/api/jobs/{job.pk}/pause/").status_code in (401, 403)
@@ -147,3 +147,32 @@ def test_live_endpoint_serves_the_page_payload_to_the_owner_only(eager):
     assert api.get(f"/api/jobs/{job.pk}/live/?since=-1").json()["errors"] == {
         "since": ["must be a non-negative integer"]}
     assert client_for(factories.user()).get(f"/api/jobs/{job.pk}/live/").status_code == 404
+
+
+def test_a_failed_job_keeps_its_streams_and_resumes(eager, redis_client):
+    from dataplane import replay
+
+    owner, provider = factories.user(), factories.user()
+    worker = online(provider, "1.0")
+    job = factories.job(owner)
+    api = client_for(owner)
+    assert api.post(f"/api/jobs/{job.pk}/start/").status_code == 200
+    replay.ReplayBuffer(redis_client, job.pk).add_prompts(["1+1="])
+    failed = api.post(f"/api/jobs/{job.pk}/finish/", {"status": "failed", "reason": "Redis gone for 300 s"},
+                      format="json")
+    assert failed.status_code == 200 and failed.json()["status"] == "failed"
+    assert not Activation.objects.filter(job=job, ended_at=None).exists()  # billing stopped
+    assert redis_client.xlen(replay.prompts_key(job.pk)) == 1  # kept for the resume
+
+    resumed = api.post(f"/api/jobs/{job.pk}/resume/")
+    assert resumed.status_code == 200, resumed.content
+    job.refresh_from_db()
+    assert (job.status, job.status_reason, job.finished_at) == ("running", "", None)
+    assert Activation.objects.filter(job=job, worker=worker, ended_at=None).exists()  # a pool at once
+
+    api.post(f"/api/jobs/{job.pk}/finish/", {"status": "failed", "reason": "again"}, format="json")
+    cancelled = api.post(f"/api/jobs/{job.pk}/cancel/")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    assert redis_client.exists(replay.prompts_key(job.pk)) == 0  # a cancelled job's streams go
+    again = api.post(f"/api/jobs/{job.pk}/resume/")
+    assert again.status_code == 400 and "only a paused or failed job" in str(again.json())
