@@ -22,6 +22,7 @@ class JobStatus(StrEnum):
     DRAFT = "draft"  # created, not started
     RUNNING = "running"
     PAUSED = "paused"  # no generation (and no billing); the learner waits, and trains what is queued
+    STALLED = "stalled"  # the learner went silent: workers released (no billing) until it comes back
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"

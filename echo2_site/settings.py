@@ -109,6 +109,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
     "replan-running-jobs": {"task": "marketplace.tasks.replan_running_jobs", "schedule": 5.0},
     "expire-silent-workers": {"task": "marketplace.tasks.expire_silent_workers", "schedule": 10.0},
+    "stall-silent-learners": {"task": "marketplace.tasks.stall_silent_learners", "schedule": 10.0},
 }
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -163,6 +164,8 @@ ECHO2 = {
     "RELEASE_MARGIN": float(os.environ.get("ECHO2_RELEASE_MARGIN", "0.25")),
     # A site request rides out a Redis outage this long (retrying with backoff) before it answers an error.
     "REDIS_RETRY_S": float(os.environ.get("ECHO2_REDIS_RETRY_S", "5.0")),
+    # A running job whose learner is silent this long turns "stalled" and its workers are released.
+    "LEARNER_TIMEOUT_S": float(os.environ.get("ECHO2_LEARNER_TIMEOUT_S", "90.0")),
 }
 
 LOGGING = {

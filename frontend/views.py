@@ -25,7 +25,7 @@ def job_list(request):
 # (verb, button, the statuses it shows in); job.js shows and hides them as the status changes.
 # A failed job resumes from its learner's last checkpoint (restart the learner after resuming).
 CONTROLS = [("start", "Start", "draft"), ("pause", "Pause", "running"), ("resume", "Resume", "paused failed"),
-            ("cancel", "Cancel", "draft running paused failed")]
+            ("cancel", "Cancel", "draft running paused stalled failed")]
 
 
 @login_required

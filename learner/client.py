@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from typing import Any
 
 import httpx
+
+log = logging.getLogger("echo2.learner")
 
 
 class SiteError(RuntimeError):
@@ -69,3 +73,31 @@ class SiteClient:
 
     def close(self) -> None:
         self.http.close()
+
+
+class Heartbeat:
+    """Tells the site every ``interval_s`` that the learner is alive, from a thread of its own, so a long
+    step or a long wait for data never looks like a dead learner (the site stalls a job whose learner is
+    silent and releases its workers). Its own HTTP client; a beat the site does not take is just missed."""
+
+    def __init__(self, server: str, token: str, job_id: int, *, interval_s: float, timeout: float) -> None:
+        self.client = SiteClient(server, token, timeout=min(timeout, interval_s), retries=0)
+        self.job_id, self.interval_s = job_id, interval_s
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="learner-heartbeat", daemon=True)
+
+    def start(self) -> Heartbeat:
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.interval_s):
+            try:
+                self.client.announce(self.job_id, t_train=None)
+            except SiteError as err:
+                log.debug("job %s: heartbeat not taken: %s", self.job_id, err)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(self.interval_s + 1)
+        self.client.close()

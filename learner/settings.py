@@ -59,6 +59,9 @@ class LearnerSettings(BaseSettings):
     bf16: bool = option(False, help="bf16 autocast of the forward passes (CUDA only).")
     site_timeout_s: float = option(15.0, ge=1.0, help="Seconds per site request; 5 retries, then the learner gives "
                                    "up.", flag="--site-timeout")
+    heartbeat_s: float = option(15.0, gt=0, help="Tell the site this often (seconds) that the learner is alive; the "
+                                "site stalls a job whose learner is silent for ECHO2_LEARNER_TIMEOUT_S (90 s).",
+                                flag="--heartbeat")
     site_outage_s: float = option(600.0, ge=0, help="At the end of the job, keep trying this long to deliver "
                                   "reports queued while the site was down (training never waits for the site).",
                                   flag="--site-outage")

@@ -25,7 +25,7 @@ from dataplane.tasks import build_task
 
 from . import distributed
 from .checkpoint import Checkpoint, CheckpointStore
-from .client import SiteClient, SiteError, SiteUnreachable
+from .client import Heartbeat, SiteClient, SiteError, SiteUnreachable
 from .consumer import StalenessGatedConsumer
 from .lifecycle import Lifecycle, State
 from .loop import LearnerLoop, ResumeError, StepOutcome, check_resume
@@ -123,7 +123,7 @@ def _runnable_job(site: SiteClient, job_id: int) -> dict:
     raw = site.job(job_id)
     if raw["status"] == JobStatus.DRAFT:
         raise SiteError(f"job {job_id} is a draft; start it first (POST /api/jobs/{job_id}/start/)")
-    if raw["status"] not in (JobStatus.RUNNING, JobStatus.PAUSED):
+    if raw["status"] not in (JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.STALLED):  # stalled: we are back
         raise SiteError(f"job {job_id} is {raw['status']}; only a running (or paused) job can be trained")
     return raw
 
@@ -183,6 +183,9 @@ class _JobRun:
                 relay = LearnerRelay(store, uplink_bps=spec.learner_uplink_bps, host=settings.snapshot_host,
                                      port=settings.relay_port, advertise_host=settings.advertise_host)
                 stack.callback(relay.stop)
+            heartbeat = Heartbeat(settings.server, settings.token, job_id, interval_s=settings.heartbeat_s,
+                                  timeout=settings.site_timeout_s).start()
+            stack.callback(heartbeat.stop)
             run = cls(site, settings, spec, loop, store, server, relay, ctx)
             run.announce(resumed=ckpt is not None)
             if ckpt is not None and loop.version % spec.kappa == 0 and raw.get("published_version", 0) < loop.version:

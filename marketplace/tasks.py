@@ -56,3 +56,9 @@ def _replan(job: Job) -> int:
 @shared_task
 def expire_silent_workers() -> int:
     return services.expire_silent_workers()
+
+
+@shared_task
+def stall_silent_learners() -> int:
+    """Jobs whose learner went silent stop billing their workers (status ``stalled``)."""
+    return services.jobs_stall_silent_learners()

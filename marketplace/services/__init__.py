@@ -8,11 +8,12 @@ transaction it joins it), and its pushes and enqueued tasks leave only once that
 - ``jobs``: create, start, pause, resume, finish; the calibration phase and the scheduler's decisions applied.
 - ``rollouts``: prompt leases and trajectory submissions.
 - ``broadcast``: snapshot publication, chain plans, relay failures and repair, installs.
-- ``learner``: the learner's announcement and step metrics.
+- ``learner``: the learner's announcement, heartbeat and step metrics; jobs whose learner went silent.
 
-Siblings import one way only: ``base`` imports none of them; ``broadcast``, ``rollouts`` and ``learner`` import
-``base``; ``workers`` imports ``broadcast`` (assignments, chain repair); ``jobs`` imports ``workers``. None
-imports ``marketplace.tasks``: tasks call services, services enqueue tasks by name (``base.enqueue_task``).
+Siblings import one way only: ``base`` imports none of them; ``broadcast`` and ``rollouts`` import ``base``;
+``workers`` imports ``broadcast`` (assignments, chain repair); ``jobs`` and ``learner`` (stalled jobs) import
+``workers``. None imports ``marketplace.tasks``: tasks call services, services enqueue tasks by name
+(``base.enqueue_task``).
 The public names are re-exported here, so callers write ``services.job_start(...)``.
 """
 
@@ -27,7 +28,7 @@ from .jobs import (
     job_resume,
     job_start,
 )
-from .learner import learner_announce, metrics_record
+from .learner import jobs_stall_silent_learners, learner_announce, metrics_record
 from .rollouts import prompts_lease, trajectories_malformed, trajectories_submit
 from .workers import (
     expire_silent_workers,
@@ -42,9 +43,9 @@ from .workers import (
 
 __all__ = [
     "ServiceError", "broadcast_plan", "expire_silent_workers", "job_activate_idle_workers", "job_create",
-    "job_finish", "job_group", "job_pause", "job_replan_apply", "job_resume", "job_start", "learner_announce",
-    "metrics_record", "prompts_lease", "relay_failed", "snapshot_installed", "snapshot_publish",
-    "trajectories_malformed", "trajectories_submit", "worker_activate", "worker_calibrate", "worker_connected",
-    "worker_disconnected",
-    "worker_group", "worker_heartbeat", "worker_register", "worker_release",
+    "job_finish", "job_group", "job_pause", "job_replan_apply", "job_resume", "job_start",
+    "jobs_stall_silent_learners", "learner_announce", "metrics_record", "prompts_lease", "relay_failed",
+    "snapshot_installed", "snapshot_publish", "trajectories_malformed", "trajectories_submit", "worker_activate",
+    "worker_calibrate", "worker_connected", "worker_disconnected", "worker_group", "worker_heartbeat",
+    "worker_register", "worker_release",
 ]

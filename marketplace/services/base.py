@@ -85,6 +85,7 @@ def running_activation(worker: Worker, job_id: int) -> Activation:
 
 
 def learner_may_report(job: Job) -> None:
-    """The learner reports and publishes while the job runs or is paused (it trains what is queued)."""
-    if job.status not in (Job.Status.RUNNING, Job.Status.PAUSED):
+    """The learner reports and publishes while the job runs or is paused (it trains what is queued), and
+    when it comes back to a job it had stalled."""
+    if job.status not in (Job.Status.RUNNING, Job.Status.PAUSED, Job.Status.STALLED):
         raise ServiceError(f"status: job is {job.status}")

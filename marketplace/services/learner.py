@@ -3,19 +3,27 @@ Its snapshot publications are broadcast's (``broadcast.snapshot_publish``)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from ..models import Job, JobMetric
-from .base import learner_may_report, push_job_update
+from .base import enqueue_task, learner_may_report, push_job_update
+from .workers import worker_release
+
+log = logging.getLogger(__name__)
 
 
 @transaction.atomic
 def learner_announce(*, job: Job, t_train: float | None, relay_address: str | None = None) -> Job:
+    """The learner is alive (its announcement and its periodic heartbeat): a job it had stalled runs again."""
     job.learner_seen_at = timezone.now()
     fields = ["learner_seen_at"]
+    _unstall(job, fields)
     if t_train is not None:
         job.learner_t_train = t_train
         fields.append("learner_t_train")
@@ -37,5 +45,42 @@ def metrics_record(*, job: Job, step: int, values: dict[str, Any]) -> JobMetric:
     )
     Job.objects.filter(pk=job.pk).update(learner_step=step, learner_seen_at=timezone.now())
     job.refresh_from_db()
+    if job.status == Job.Status.STALLED:
+        fields: list[str] = []
+        _unstall(job, fields)
+        job.save(update_fields=fields)
     push_job_update(job)
     return metric
+
+
+def _unstall(job: Job, fields: list[str]) -> None:
+    """A stalled job whose learner is heard from again runs again; the scheduler activates a pool at once."""
+    if job.status != Job.Status.STALLED:
+        return
+    job.status, job.status_reason = Job.Status.RUNNING, ""
+    fields += ["status", "status_reason"]
+    log.info("job %s: its learner is back; running again", job.pk)
+    enqueue_task("replan_job", job.pk)
+    push_job_update(job)
+
+
+@transaction.atomic
+def jobs_stall_silent_learners() -> int:
+    """Running jobs whose learner has not been heard from for ``LEARNER_TIMEOUT_S`` (since the job started,
+    if it never was) turn ``stalled``: their workers are released, so nobody is billed for rollouts no
+    learner will train. The learner's next announcement, heartbeat or report runs the job again."""
+    cutoff = timezone.now() - timezone.timedelta(seconds=settings.ECHO2["LEARNER_TIMEOUT_S"])
+    silent = Job.objects.select_for_update().filter(status=Job.Status.RUNNING).filter(
+        Q(learner_seen_at__lt=cutoff) | Q(learner_seen_at=None, started_at__lt=cutoff))
+    count = 0
+    for job in silent:
+        since = job.learner_seen_at or job.started_at
+        job.status = Job.Status.STALLED
+        job.status_reason = f"the learner has been silent since {since:%Y-%m-%d %H:%M:%S} UTC"
+        job.save(update_fields=["status", "status_reason"])
+        for activation in job.activations.filter(ended_at=None):
+            worker_release(activation=activation, reason="the job's learner is silent")
+        log.warning("job %s: stalled: %s", job.pk, job.status_reason)
+        push_job_update(job)
+        count += 1
+    return count

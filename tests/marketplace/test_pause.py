@@ -176,3 +176,47 @@ def test_a_failed_job_keeps_its_streams_and_resumes(eager, redis_client):
     assert redis_client.exists(replay.prompts_key(job.pk)) == 0  # a cancelled job's streams go
     again = api.post(f"/api/jobs/{job.pk}/resume/")
     assert again.status_code == 400 and "only a paused or failed job" in str(again.json())
+
+
+def test_a_job_whose_learner_is_silent_stalls_and_runs_again_when_it_returns(eager):
+    from django.utils import timezone
+
+    from marketplace import tasks
+
+    eager.ECHO2 = {**eager.ECHO2, "LEARNER_TIMEOUT_S": 60.0}
+    owner, provider = factories.user(), factories.user()
+    worker = online(provider, "1.0")
+    job = factories.job(owner)
+    api = client_for(owner)
+    assert api.post(f"/api/jobs/{job.pk}/start/").status_code == 200
+    assert Activation.objects.filter(job=job, ended_at=None).count() == 1
+    api.post(f"/api/jobs/{job.pk}/learner/", {"t_train": 1.0}, format="json")
+    assert tasks.stall_silent_learners() == 0  # heard from just now
+
+    Job.objects.filter(pk=job.pk).update(learner_seen_at=timezone.now() - timezone.timedelta(seconds=61))
+    assert tasks.stall_silent_learners() == 1
+    job.refresh_from_db()
+    assert job.status == "stalled" and "learner has been silent since" in job.status_reason
+    assert not Activation.objects.filter(job=job, ended_at=None).exists()  # nobody billed for it
+    assert api.get(f"/api/jobs/{job.pk}/").json()["status"] == "stalled"
+
+    beat = api.post(f"/api/jobs/{job.pk}/learner/", {"t_train": None}, format="json")  # the learner's heartbeat
+    assert beat.status_code == 200, beat.content
+    job.refresh_from_db()
+    assert (job.status, job.status_reason) == ("running", "")
+    assert Activation.objects.filter(job=job, worker=worker, ended_at=None).exists()  # a pool again at once
+
+
+def test_a_job_whose_learner_never_started_stalls(eager):
+    from django.utils import timezone
+
+    from marketplace import tasks
+
+    eager.ECHO2 = {**eager.ECHO2, "LEARNER_TIMEOUT_S": 60.0}
+    owner = factories.user()
+    job = factories.job(owner)
+    services.job_start(job=job)
+    assert tasks.stall_silent_learners() == 0
+    Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timezone.timedelta(seconds=61))
+    assert tasks.stall_silent_learners() == 1
+    assert Job.objects.get(pk=job.pk).status == "stalled"
