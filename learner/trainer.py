@@ -314,6 +314,7 @@ def _metrics(loop: LearnerLoop, outcome: StepOutcome, ctx: distributed.DistConte
             "dropped_this_step": outcome.dropped, "bubble": outcome.wait_s / max(outcome.wait_s + outcome.t_train,
                                                                                    1e-9),
             "checkpointed": outcome.checkpointed, "ranks": ctx.world,
+            "entries": outcome.entry_ids,  # the replay-buffer entries trained: audits find losses and repeats
         },
     }
     m = result.metrics()
