@@ -9,7 +9,8 @@ Keys of job ``j``:
 prompts       ``echo2:job:j:prompts``: stream of prompt groups (fields ``group_id``, ``prompt``). The
               consumer group ``leases`` hands one entry per lease to a worker's consumer; the entry stays
               pending until its group returns, and one idle past the lease timeout is claimed by the next
-              worker that asks (XAUTOCLAIM), so no prompt is lost.
+              worker that asks (XAUTOCLAIM), so no prompt is lost. A released worker's leases are handed
+              back at once (``return_leases``).
 trajectories  ``echo2:job:j:trajectories``: stream of accepted groups (fields ``lease_id``, ``data``: the
               :class:`~dataplane.records.TrajectoryGroup` as JSON). The consumer group ``learner`` feeds
               the trainer, which acknowledges (and deletes) an entry only once trained or dropped as stale.
@@ -237,6 +238,20 @@ class ReplayBuffer:
                 entries.extend(items)
         return [LeasedPrompt(lease_id=_text(eid), group_id=_text(_field(f, "group_id")),
                              prompt=_text(_field(f, "prompt"))) for eid, f in entries]
+
+    def return_leases(self, *, worker_id: int) -> int:
+        """Hand every prompt leased to ``worker_id`` back at once (it was released or reassigned): each is
+        claimed by a ``returned`` consumer as if idle for a day, so the next lease of any worker takes it
+        without waiting out the lease timeout. A late answer from the old worker is refused ("taken")."""
+        def give_back() -> int:
+            pending = self.client.xpending_range(self.prompts, PROMPT_GROUP, min="-", max="+", count=10_000,
+                                                 consumername=consumer_name(worker_id))
+            ids = [p["message_id"] for p in pending]
+            if ids:
+                self.client.xclaim(self.prompts, PROMPT_GROUP, "returned", 0, ids, idle=86_400_000, justid=True)
+            return len(ids)
+
+        return self._retrying(give_back)
 
     def return_group(self, *, worker_id: int, group: TrajectoryGroup) -> str:
         """Append a validated group for its lease, at most once; returns its trajectory stream id.

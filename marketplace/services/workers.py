@@ -13,9 +13,10 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from dataplane import messages as m
+from dataplane.replay import RedisError
 from dataplane.tasks import TaskSpecError, build_task
 
-from .. import selectors, telemetry
+from .. import selectors, stream, telemetry
 from ..models import Activation, Job, Provider, Worker, WorkerCalibration, WorkerSession
 from .base import ServiceError, enqueue_task, push_job_update, push_to_worker
 from .broadcast import assign_message, repair_without
@@ -152,6 +153,19 @@ def worker_release(*, activation: Activation, reason: str) -> None:
     Worker.objects.filter(pk=activation.worker_id, status=Worker.Status.ACTIVE).update(status=Worker.Status.IDLE)
     push_to_worker(activation.worker_id, m.Release(job_id=activation.job_id, reason=reason))
     push_job_update(activation.job_id)
+    transaction.on_commit(lambda: _return_leases(activation.job_id, activation.worker_id))
+
+
+def _return_leases(job_id: int, worker_id: int) -> None:
+    """A released worker's leases go back to the pool at once, not after the lease timeout (best effort:
+    with Redis away they still come back when they time out)."""
+    try:
+        returned = stream.replay(job_id).return_leases(worker_id=worker_id)
+    except RedisError as err:
+        log.warning("job %s: worker %s's leases not returned now (Redis: %s); they expire", job_id, worker_id, err)
+        return
+    if returned:
+        log.info("job %s: worker %s released; %d leased prompts returned", job_id, worker_id, returned)
 
 
 def expire_silent_workers() -> int:

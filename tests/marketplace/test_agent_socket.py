@@ -191,3 +191,31 @@ async def test_a_heartbeat_after_the_release_keeps_the_recorded_install(settings
     assert (await database_sync_to_async(Worker.objects.get)(pk=worker.pk)).installed_version == 1
     assert (await database_sync_to_async(lambda: job.snapshots.get(version=1).installs)()) == 1
     await comm.disconnect()
+
+
+async def test_a_released_workers_leases_go_back_at_once(settings_eager, redis_client):
+    job, worker, key = await setup_job_and_worker()
+    comm = await connect(key)
+    await comm.send_json_to({"type": "hello", "agent_version": "test"})
+    await comm.receive_json_from()
+    await database_sync_to_async(services.job_start)(job=await database_sync_to_async(Job.objects.get)(pk=job.pk))
+    assert (await comm.receive_json_from(timeout=5))["type"] == "assign"
+    PromptFeeder(redis_client, job_id=job.pk, task=build_task({"name": "arithmetic"}), seed=0, backlog=2).top_up()
+    await comm.send_json_to({"type": "lease_request", "job_id": job.pk, "groups": 2})
+    held = {x["lease_id"] for x in (await comm.receive_json_from())["leases"]}
+
+    other, _ = await database_sync_to_async(factories.worker)(await database_sync_to_async(factories.user)())
+    await database_sync_to_async(_release_all)(job.pk)
+    assert (await comm.receive_json_from(timeout=5))["type"] == "release"
+    # the lease timeout is 30 s, yet the next worker to ask gets both prompts now
+    again = await database_sync_to_async(lambda: replay.ReplayBuffer(redis_client, job.pk).lease(
+        worker_id=other.pk, count=2, timeout_s=30.0))()
+    assert {x.lease_id for x in again} == held
+    await comm.disconnect()
+
+
+def _release_all(job_id: int) -> None:
+    from marketplace.models import Activation
+
+    for activation in Activation.objects.filter(job_id=job_id, ended_at=None):
+        services.worker_release(activation=activation, reason="test")
