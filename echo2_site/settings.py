@@ -161,6 +161,10 @@ ECHO2 = {
     # this long; release only while capacity exceeds the target by this fraction.
     "REPLAN_INTERVAL_S": float(os.environ.get("ECHO2_REPLAN_INTERVAL_S", "60.0")),
     "RELEASE_MARGIN": float(os.environ.get("ECHO2_RELEASE_MARGIN", "0.25")),
+    # Lifetime of a weight-transfer credential (docs/trust.md), re-issued with every snapshot message (publication,
+    # repair, assignment). It must outlast a whole download at the slowest link: the learner's HTTP server checks
+    # it on every chunk, a relay at each hello.
+    "TRANSFER_CREDENTIAL_TTL_S": float(os.environ.get("ECHO2_TRANSFER_CREDENTIAL_TTL_S", "900")),
 }
 
 LOGGING = {
