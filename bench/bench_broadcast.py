@@ -11,7 +11,9 @@ of the workers installed (section 5.5.1); ``T_all`` until every worker did. Theo
 ``max(M/Bw, N*M/B0)``, chain ``M/Bw + (L-1)*c/Bw`` with ``L`` the longest chain and ``c`` the chunk.
 Prints PASS when chain ``T_bcast`` at the largest N is within 1.25x of ``M/Bw`` (exit 1 otherwise). The
 ``cpu`` column is the relays' CPU seconds over the run's wall time: near the core count means the machine,
-not the caps, set the pace, and the numbers are not to be trusted.
+not the caps, set the pace, and the numbers are not to be trusted. Credentials are on, as in production
+(docs/trust.md): the learner verifies with a job secret made up here, each worker shows the token it was
+"issued", and each parent knows the sha256 of its child's token.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from dataplane.broadcast import BROADCAST_STRATEGIES  # noqa: E402
 from dataplane.broadcast.store import write_version  # noqa: E402
+from dataplane.credentials import fingerprint, issue, new_secret  # noqa: E402
 from dataplane.snapshot import build_manifest  # noqa: E402
 from marketplace.chains import WorkerStats, assemble_chains, n_chains, parents  # noqa: E402
 
@@ -40,9 +43,10 @@ JOB, VERSION = 1, 1
 
 
 class Proc:
-    def __init__(self, args: list[str]) -> None:
+    def __init__(self, args: list[str], *, secret: str | None = None) -> None:
+        env = dict(os.environ, ECHO2_JOB_SECRET=secret) if secret else None  # not on the command line
         self.proc = subprocess.Popen([sys.executable, "-m", "dataplane.broadcast.process", *args], cwd=ROOT, text=True,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         self.port: int | None = None
         self.installed_at: float | None = None
         self.error: str | None = None
@@ -89,15 +93,19 @@ def run_once(strategy: str, n: int, *, snap_dir: Path, manifest_path: Path, bw: 
     learner_args = ["--from-dir", str(snap_dir), "--max-children", str(n_ch if strategy == "chain" else n)]
     if strategy != "star-unlimited":
         learner_args += ["--uplink-bps", str(b0)]
-    learner = Proc(learner_args)
+    secret = new_secret()
+    tokens = {w: issue(secret, job_id=JOB, worker_id=w, lowest=VERSION, highest=VERSION,
+                       expires=int(time.time()) + 3600) for w in parent_of}
+    learner = Proc(learner_args, secret=secret)
     workers = {w: Proc(["--manifest", str(manifest_path), "--worker-id", str(w), "--downlink-bps", str(bw),
-                        "--uplink-bps", str(bw), "--stall-timeout", "60"]) for w in parent_of}
+                        "--uplink-bps", str(bw), "--stall-timeout", "60", "--credential", tokens[w]])
+               for w in parent_of}
     for proc in [learner, *workers.values()]:
         if not proc.ready.wait(120) or proc.port is None:
             raise SystemExit(f"{strategy} N={n}: a relay did not start")
-    for w, p in parent_of.items():  # tell each parent relay which child it serves (fan-out 1)
+    for w, p in parent_of.items():  # tell each parent relay which child it serves (fan-out 1), and its token's sha256
         if p is not None:
-            workers[p].send(cmd="children", worker_ids=[w])
+            workers[p].send(cmd="children", worker_ids=[w], sha256={str(w): fingerprint(tokens[w])})
     procs = [learner, *workers.values()]
     cpu_before = sum(cpu_seconds(proc.proc.pid) for proc in procs)
     start = time.time()

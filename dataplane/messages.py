@@ -153,6 +153,12 @@ class SnapshotAvailable(_Msg):
     parent_worker_id: int | None = Field(default=None, description="The parent's worker id (None: the learner).")
     children: list[int] = Field(default_factory=list, description="Worker ids this agent's relay must serve.")
     strategy: BroadcastStrategy = "chain"
+    credential: str | None = Field(default=None, max_length=200, description="This worker's transfer credential "
+                                   "for this version (dataplane.credentials): shown to its relay parent in the hello, "
+                                   "and to the learner's HTTP server as `Authorization: Bearer`. Short-lived.")
+    child_credential_sha256: dict[int, Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]] = Field(
+        default_factory=dict, description="For each child in `children`, the sha256 of the credential the site gave "
+        "it: the relay admits that child only with that credential, whatever id a peer claims.")
 
 
 class Accepted(_Msg):

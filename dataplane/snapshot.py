@@ -1,16 +1,21 @@
 """Policy snapshots: safetensors bytes cut into chunks, described by an immutable manifest.
 
-The manifest carries the version, total size and each chunk's sha256, so a receiver verifies every
-chunk on arrival and installs only a complete, verified snapshot.
+The manifest carries the version, total size, each chunk's sha256 and the learner's digest of the whole payload
+(``sha256``), so a receiver verifies every chunk on arrival and installs only a complete snapshot whose bytes
+hash to the learner's digest. The manifest reaches agents from the site (which checked its shape with
+:func:`parse_manifest`), never from a peer. Chunks come over HTTP with the worker's transfer credential
+(``Authorization: Bearer``, :mod:`dataplane.credentials`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
+import urllib.error
 import urllib.request
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
 
@@ -19,20 +24,40 @@ class SnapshotError(ValueError):
     pass
 
 
+SHA256_HEX = r"^[0-9a-f]{64}$"
+
+
 class ChunkInfo(BaseModel):
     index: int = Field(ge=0)
     size: int = Field(ge=0)
-    sha256: str = Field(min_length=64, max_length=64)
+    sha256: str = Field(pattern=SHA256_HEX)
 
 
 class Manifest(BaseModel):
-    job_id: int
+    """A snapshot's description. Its shape is checked: chunks ``0..n-1`` in order, each ``chunk_bytes`` but the
+    last, adding up to ``total_bytes`` (exactly how :func:`build_manifest` cuts a payload)."""
+
+    job_id: int = Field(ge=1)
     version: int = Field(ge=0)
-    format: str = "safetensors"
+    format: str = Field(default="safetensors", max_length=32)
     total_bytes: int = Field(ge=0)
     chunk_bytes: int = Field(ge=1)
-    chunks: list[ChunkInfo]
-    sha256: str = Field(description="sha256 of the whole payload.")
+    chunks: list[ChunkInfo] = Field(min_length=1)
+    sha256: str = Field(pattern=SHA256_HEX, description="The learner's sha256 of the whole payload: a receiver "
+                        "installs only bytes that hash to it.")
+
+    @model_validator(mode="after")
+    def _cut_as_built(self) -> Manifest:
+        expected = max(1, math.ceil(self.total_bytes / self.chunk_bytes))
+        if len(self.chunks) != expected:
+            raise ValueError(f"{len(self.chunks)} chunks, but {self.total_bytes} bytes in chunks of {self.chunk_bytes} "
+                             f"make {expected}")
+        for position, info in enumerate(self.chunks):
+            size = min(self.chunk_bytes, self.total_bytes - position * self.chunk_bytes)
+            if info.index != position or info.size != size:
+                raise ValueError(f"chunk {position} must have index {position} and size {size}, not index "
+                                 f"{info.index} and size {info.size}")
+        return self
 
 
 def build_manifest(payload: bytes, *, job_id: int, version: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Manifest:
@@ -67,36 +92,52 @@ def assemble(manifest: Manifest, chunks: dict[int, bytes]) -> bytes:
     return payload
 
 
-def parse_manifest(raw: dict[str, Any]) -> Manifest:
+def parse_manifest(raw: Any) -> Manifest:
+    """A manifest, or one line naming the field: ``manifest: chunks.0.sha256: String should match ...``."""
+    if not isinstance(raw, dict):
+        raise SnapshotError("manifest: must be a JSON object")
     try:
         return Manifest.model_validate(raw)
-    except Exception as err:  # pydantic's error is long; the first line is the reason
-        raise SnapshotError(f"manifest: {str(err).splitlines()[0]}") from None
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = "".join(f"{p}: " if i == len(first["loc"]) - 1 else f"{p}." for i, p in enumerate(first["loc"]))
+        raise SnapshotError(f"manifest: {where}{first['msg'].removeprefix('Value error, ')}") from None
 
 
-def fetch_chunk(base_url: str, manifest: Manifest, index: int, *, timeout: float, retries: int = 3) -> bytes:
-    """GET ``{base_url}chunks/{index}`` from a snapshot server and verify it, re-fetching a bad or failed
-    copy up to ``retries`` times; raise SnapshotError naming the chunk when every attempt failed.
+def fetch_chunk(base_url: str, manifest: Manifest, index: int, *, timeout: float, retries: int = 3,
+                credential: str | None = None) -> bytes:
+    """GET ``{base_url}chunks/{index}`` from a snapshot server (with ``Authorization: Bearer <credential>``) and
+    verify it, re-fetching a bad or failed copy up to ``retries`` times; raise SnapshotError naming the chunk
+    when every attempt failed. A refusal (4xx: no or a bad credential, a version gone) is not retried.
 
     The one HTTP path for chunks: agents without a chain parent, and relays falling back to the learner.
     """
     url = f"{base_url.rstrip('/')}/chunks/{index}"
+    headers = {"Authorization": f"Bearer {credential}"} if credential else {}
     for attempt in range(retries + 1):
         try:
-            with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - the site hands out the URL
+            request = urllib.request.Request(url, headers=headers)  # noqa: S310 - the site hands out the URL
+            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
                 data = response.read()
             verify_chunk(manifest, index, data)
             return data
+        except urllib.error.HTTPError as err:
+            if 400 <= err.code < 500 or attempt == retries:
+                reason = err.read(500).decode(errors="replace").strip() or err.reason
+                raise SnapshotError(f"chunk {index} of version {manifest.version} from {url}: {err.code} "
+                                    f"{reason}") from None
         except (OSError, SnapshotError) as err:
             if attempt == retries:
                 raise SnapshotError(f"chunk {index} of version {manifest.version} from {url}: {err}") from None
     raise AssertionError("unreachable")
 
 
-def fetch_payload(base_url: str, manifest: Manifest, *, timeout: float = 30.0, retries: int = 3) -> bytes:
-    """Every chunk of ``manifest`` from a snapshot server (:func:`fetch_chunk`), joined and checked whole: the
-    path of an agent without a chain parent. Nothing is returned unless every chunk verified; turning the
-    bytes into tensors is the receiver's business (this plane imports no torch)."""
-    chunks = {info.index: fetch_chunk(base_url, manifest, info.index, timeout=timeout, retries=retries)
+def fetch_payload(base_url: str, manifest: Manifest, *, timeout: float = 30.0, retries: int = 3,
+                  credential: str | None = None) -> bytes:
+    """Every chunk of ``manifest`` from a snapshot server (:func:`fetch_chunk`), joined and checked whole against
+    the learner's digest: the path of an agent without a chain parent. Nothing is returned unless every chunk
+    verified; turning the bytes into tensors is the receiver's business (this plane imports no torch)."""
+    chunks = {info.index: fetch_chunk(base_url, manifest, info.index, timeout=timeout, retries=retries,
+                                      credential=credential)
               for info in manifest.chunks}
     return assemble(manifest, chunks)

@@ -166,6 +166,10 @@ ECHO2 = {
     "REDIS_RETRY_S": float(os.environ.get("ECHO2_REDIS_RETRY_S", "5.0")),
     # A running job whose learner is silent this long turns "stalled" and its workers are released.
     "LEARNER_TIMEOUT_S": float(os.environ.get("ECHO2_LEARNER_TIMEOUT_S", "90.0")),
+    # Lifetime of a weight-transfer credential (docs/trust.md), re-issued with every snapshot message (publication,
+    # repair, assignment). It must outlast a whole download at the slowest link: the learner's HTTP server checks
+    # it on every chunk, a relay at each hello.
+    "TRANSFER_CREDENTIAL_TTL_S": float(os.environ.get("ECHO2_TRANSFER_CREDENTIAL_TTL_S", "900")),
 }
 
 LOGGING = {

@@ -56,6 +56,7 @@ class SiteClient:
         return self._request("GET", f"jobs/{job_id}/")
 
     def announce(self, job_id: int, *, t_train: float | None, relay_address: str | None = None) -> dict:
+        """Tell the site the learner is up; the reply is the job and its ``transfer_secret`` (docs/trust.md)."""
         body: dict[str, Any] = {"t_train": t_train}
         if relay_address is not None:
             body["relay_address"] = relay_address

@@ -3,6 +3,10 @@
 Each version lives in its own directory (manifest.json + chunks/<i>, :mod:`dataplane.broadcast.store`) and
 is never modified, so a slow agent can keep downloading an old version while newer ones appear. The newest
 ``keep`` versions are kept on disk.
+
+Both doors check the worker's transfer credential (docs/trust.md) with the job's secret, which the learner
+learns from the site's reply to its announcement (:meth:`SnapshotServer.set_secret`,
+:meth:`LearnerRelay.set_secret`); until then they refuse everyone.
 """
 
 from __future__ import annotations
@@ -10,9 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import re
 import threading
-from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import torch
@@ -21,8 +28,19 @@ from safetensors.torch import save
 from dataplane.broadcast.hub import RelayHub
 from dataplane.broadcast.ratelimit import bucket
 from dataplane.broadcast.relay import SnapshotRelay
-from dataplane.broadcast.store import list_versions, prune_versions, read_version, version_dir, write_version
+from dataplane.broadcast.store import (
+    CHUNKS,
+    MANIFEST,
+    list_versions,
+    prune_versions,
+    read_version,
+    version_dir,
+    write_version,
+)
+from dataplane.credentials import CredentialError, verify
 from dataplane.snapshot import DEFAULT_CHUNK_BYTES, Manifest, build_manifest
+
+log = logging.getLogger(__name__)
 
 
 def state_dict_bytes(model: torch.nn.Module) -> bytes:
@@ -54,21 +72,82 @@ class SnapshotStore:
         return manifest
 
 
-class _QuietHandler(SimpleHTTPRequestHandler):
+_SNAPSHOT_PATH = re.compile(rf"^/v(\d{{1,10}})/(?:{re.escape(MANIFEST)}|{re.escape(CHUNKS)}/(\d{{1,10}}))$")
+
+
+class _SnapshotHandler(BaseHTTPRequestHandler):
+    """GET ``/v<version>/manifest.json`` and ``/v<version>/chunks/<i>`` with ``Authorization: Bearer <credential>``
+    valid for this job and version; nothing else, and never a listing. 401 without a credential, 403 with one
+    that does not admit (the reason in a plain body), 404 for a version or chunk not on disk."""
+
+    server: _SnapshotHTTPServer
+
+    def do_GET(self) -> None:  # noqa: N802 - the name is http.server's
+        gate = self.server.gate
+        scheme, _, token = self.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            self._refuse(401, "a transfer credential is required (Authorization: Bearer <credential>)")
+            return
+        match = _SNAPSHOT_PATH.match(self.path.split("?", 1)[0])
+        if match is None:
+            self._reply(404, b"not found\n")
+            return
+        try:
+            verify(gate.secret, token.strip(), job_id=gate.store.job_id, version=int(match.group(1)),
+                   now=time.time())
+        except CredentialError as err:
+            self._refuse(403, str(err))
+            return
+        version, chunk = int(match.group(1)), match.group(2)
+        path = version_dir(gate.store.root, version) / (MANIFEST if chunk is None else f"{CHUNKS}/{int(chunk)}")
+        try:
+            body = path.read_bytes()
+        except OSError:
+            self._reply(404, f"{self.path}: no such version or chunk (pruned?)\n".encode())
+            return
+        self._reply(200, body, content_type="application/octet-stream")
+
+    def _refuse(self, code: int, reason: str) -> None:
+        self.server.gate.refused[code] += 1
+        log.warning("snapshot server refused %s %s from %s:%s: %s", code, self.path[:100], *self.client_address[:2],
+                    reason)
+        self._reply(code, f"{reason}\n".encode(), bearer=code == 401)
+
+    def _reply(self, code: int, body: bytes, *, content_type: str = "text/plain; charset=utf-8",
+               bearer: bool = False) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        if bearer:
+            self.send_header("WWW-Authenticate", 'Bearer realm="echo2-snapshots"')
+        self.end_headers()
+        self.wfile.write(body)
+
     def log_message(self, format, *args):  # noqa: A002 - signature fixed by the base class
         pass
 
 
+class _SnapshotHTTPServer(ThreadingHTTPServer):
+    gate: SnapshotServer
+
+
 class SnapshotServer:
-    """Serves the store's directory: GET /v<version>/manifest.json and /v<version>/chunks/<i>."""
+    """Serves the store's versions to credential holders: GET /v<version>/manifest.json and /v<version>/chunks/<i>.
+    ``refused`` counts refusals by status (401, 403)."""
 
     def __init__(self, store: SnapshotStore, *, host: str = "127.0.0.1", port: int = 0,
-                 advertise_host: str | None = None) -> None:
-        handler = partial(_QuietHandler, directory=str(store.root))
-        self.httpd = ThreadingHTTPServer((host, port), handler)
+                 advertise_host: str | None = None, secret: str | None = None) -> None:
+        self.store, self.secret = store, secret
+        self.refused: Counter[int] = Counter()
+        self.httpd = _SnapshotHTTPServer((host, port), _SnapshotHandler)
+        self.httpd.gate = self
         self.httpd.daemon_threads = True
         self.host = advertise_host or (host if host not in ("0.0.0.0", "") else "127.0.0.1")
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="snapshot-server", daemon=True)
+
+    def set_secret(self, secret: str | None) -> None:
+        """The job's transfer secret (from the site's reply to the announcement): credentials verify from now on."""
+        self.secret = secret
 
     @property
     def port(self) -> int:
@@ -96,8 +175,8 @@ class LearnerRelay:
     :class:`SnapshotServer` stays the HTTP fallback and the whole path of the star strategies."""
 
     def __init__(self, store: SnapshotStore, *, uplink_bps: float | None, host: str = "127.0.0.1", port: int = 0,
-                 advertise_host: str | None = None) -> None:
-        self.store, self.max_children = store, 64
+                 advertise_host: str | None = None, secret: str | None = None) -> None:
+        self.store, self.max_children, self.secret = store, 64, secret
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="snapshot-relay", daemon=True)
         self.thread.start()
@@ -124,13 +203,23 @@ class LearnerRelay:
 
         async def register() -> None:
             relay = SnapshotRelay(manifest, chunks=chunks, worker_id=0, max_children=self.max_children,
-                                  uplink=self.uplink)
+                                  uplink=self.uplink, secret=self.secret)
             self.hub.register(relay)
             for job_id, old in list(self.hub.relays):
                 if old not in published:
                     self.hub.unregister(job_id, old)
 
         self._call(register())
+
+    def set_secret(self, secret: str | None) -> None:
+        """The job's transfer secret: the hub verifies seeds' credentials with it (served versions included)."""
+        self.secret = secret
+
+        async def apply() -> None:
+            for relay in self.hub.relays.values():
+                relay.secret = secret
+
+        self._call(apply())
 
     def set_fan_out(self, version: int, n_chains: int) -> None:
         """The site's plan has ``n_chains`` seeds; one extra slot takes a repaired orphan of a dead seed."""

@@ -195,7 +195,14 @@ class _JobRun:
     def announce(self, *, resumed: bool) -> None:
         """Tell the site the learner is up (and where its relay is), queue prompts, log the run's shape."""
         spec, loop, relay = self.spec, self.loop, self.relay
-        self.site.announce(self.job_id, t_train=loop.t_train_avg, relay_address=relay.address if relay else "")
+        reply = self.site.announce(self.job_id, t_train=loop.t_train_avg, relay_address=relay.address if relay else "")
+        # The reply alone carries the job's transfer secret: from now on both doors admit credential holders.
+        secret = (reply or {}).get("transfer_secret")
+        if not secret:
+            log.warning("job %s: the site sent no transfer secret; every worker will be refused", self.job_id)
+        for door in (self.server, relay):
+            if door is not None:
+                door.set_secret(secret)
         if loop.feeder is not None:
             loop.feeder.top_up()
         log.info("job %s: %s on %s, S=%d kappa=%d R=%d n=%d, loss %s, %d rank(s); snapshots at %s; %s", self.job_id,

@@ -196,12 +196,15 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         snap = _service_call(services.snapshot_publish, job=job, **form.validated_data)
         return Response(s.SnapshotSerializer(snap).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=s.LearnerAnnounceSerializer, responses=s.JobSerializer)
+    @extend_schema(request=s.LearnerAnnounceSerializer, responses=s.LearnerAnnouncedSerializer)
     @action(detail=True, methods=["post"])
     def learner(self, request, pk=None):
-        """The learner announces itself and its calibrated T_train."""
+        """The learner announces itself and its calibrated T_train. The reply carries the job's transfer secret
+        (the learner checks workers' credentials with it), so it takes the owner's token, not an agent key."""
+        if isinstance(request.auth, Worker):
+            raise PermissionDenied("the learner announces itself with the job owner's token, not an agent key")
         job = get_object_or_404(self.get_queryset(), pk=pk)
         form = s.LearnerAnnounceSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         job = _service_call(services.learner_announce, job=job, **form.validated_data)
-        return Response(s.JobSerializer(job).data)
+        return Response(s.LearnerAnnouncedSerializer(job).data)

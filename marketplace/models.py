@@ -10,6 +10,7 @@ from django.db import models
 from django.utils import timezone
 
 from dataplane.broadcast import BROADCAST_STRATEGIES
+from dataplane.credentials import new_secret
 from dataplane.jobs import TERMINAL as TERMINAL_STATUSES
 from dataplane.jobs import JobStatus
 
@@ -150,6 +151,10 @@ class Job(models.Model):
     learner_t_train = models.FloatField(null=True, blank=True, help_text="Calibrated T_train, seconds.")
     learner_seen_at = models.DateTimeField(null=True, blank=True)
     learner_relay = models.CharField(max_length=200, blank=True, help_text="host:port of the learner's relay hub.")
+    # Signs the job's transfer credentials (docs/trust.md). Only the site and the job's learner (in the reply to
+    # its announcement) know it: no serializer, page or agent message carries it.
+    transfer_secret = models.CharField(max_length=64, default=new_secret, editable=False,
+                                       help_text="Signs this job's weight-transfer credentials; never shown.")
     # The scheduler's hysteresis clocks (controller.HysteresisController.state()), saved in the transaction that
     # applies the activations and releases they led to (services.job_replan_apply).
     hysteresis_below_since = models.FloatField(

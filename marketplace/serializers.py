@@ -244,6 +244,17 @@ class LearnerAnnounceSerializer(serializers.Serializer):
                                           help_text="host:port of the learner's relay hub (chain broadcast).")
 
 
+class LearnerAnnouncedSerializer(JobSerializer):
+    """The reply to the learner's announcement: the job, and the secret its credentials are signed with."""
+
+    transfer_secret = serializers.CharField(read_only=True, help_text=(
+        "The job's transfer secret: the learner verifies workers' credentials with it (docs/trust.md). Only in "
+        "this reply, to the job's owner."))
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "transfer_secret"]
+
+
 class JobFinishSerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=["completed", "failed"])
     reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=500)

@@ -196,7 +196,7 @@ class AgentSession:
                 manifest, tensors, source = await self._receive_relayed(snap)
             else:
                 manifest = parse_manifest(snap.manifest)
-                payload = await asyncio.to_thread(fetch_payload, snap.url, manifest)
+                payload = await asyncio.to_thread(fetch_payload, snap.url, manifest, credential=snap.credential)
                 tensors = await asyncio.to_thread(load, payload)
         except Exception as err:  # a failed download leaves the old snapshot in place
             log.error("snapshot %s of job %s: download failed: %s", snap.version, snap.job_id, err)
@@ -228,7 +228,8 @@ class AgentSession:
         await self._start_hub()
         bw = self.config.bandwidth_bps
         relay = SnapshotRelay(manifest, worker_id=self.config.worker_id, fallback_url=snap.url,
-                              uplink=bucket(bw), downlink=bucket(bw), on_event=self._relay_event)
+                              uplink=bucket(bw), downlink=bucket(bw), on_event=self._relay_event,
+                              credential=snap.credential)  # shown to the parent, the hub and the HTTP fallback
         key = (snap.job_id, snap.version)
         self.relays[key] = relay
         if self.hub is not None:
@@ -253,10 +254,11 @@ class AgentSession:
     def _reroute(self, relay: SnapshotRelay, snap: m.SnapshotAvailable) -> None:
         key = (snap.job_id, snap.version)
         self.relay_parents[key] = snap.parent_worker_id
-        relay.assign_children(set(snap.children))
+        # Our relay serves a child only with the credential the site gave it (its sha256 comes with the child).
+        relay.assign_children({c: snap.child_credential_sha256.get(c) for c in snap.children})
         if snap.parent and not relay.complete:
             host, _, port = snap.parent.rpartition(":")
-            relay.set_parent(host, int(port))
+            relay.set_parent(host, int(port), credential=snap.credential)
             log.info("snapshot v%d of job %d: pulling from %s (%s), serving %s", snap.version, snap.job_id,
                      snap.parent, f"worker {snap.parent_worker_id}" if snap.parent_worker_id else "learner",
                      snap.children or "no child")

@@ -3,7 +3,8 @@
 A frame is ``MAGIC | u32 header length | u64 payload length | header JSON | payload``. Frame types:
 
 - ``hello``  (child -> parent): ``job_id, version, worker_id, have`` (chunk indices it already holds, so a
-  transfer resumes after a parent switch or a reconnect).
+  transfer resumes after a parent switch or a reconnect) and ``credential``, the child's transfer credential
+  (:mod:`dataplane.credentials`); a hello without one is refused by the relay, with the reason.
 - ``accept`` (parent -> child): ``job_id, version, chunks``.
 - ``chunk``  (parent -> child): ``job_id, version, index, size, sha256``; the payload is the chunk.
 - ``want``   (child -> parent): ``indices`` to send again (a chunk that failed its hash).
@@ -43,6 +44,7 @@ _REQUIRED: dict[str, dict[str, type | tuple[type, ...]]] = {
     "refuse": {"reason": str},
     "bye": {},
 }
+_OPTIONAL: dict[str, dict[str, type]] = {"hello": {"credential": str}}
 
 
 class TransferError(Exception):
@@ -95,6 +97,9 @@ def validate_header(header: Any, payload_len: int) -> None:
         value = header.get(key)
         if not isinstance(value, kind) or isinstance(value, bool):
             raise FrameError(f"{header['type']} frame: field {key!r} missing or not {kind.__name__}")
+    for key, kind in _OPTIONAL.get(header["type"], {}).items():
+        if header.get(key) is not None and not isinstance(header[key], kind):
+            raise FrameError(f"{header['type']} frame: field {key!r} is not {kind.__name__}")
     if header["type"] == "chunk":
         if header["size"] != payload_len or header["index"] < 0:
             raise FrameError(f"chunk frame: size {header['size']} but payload has {payload_len} bytes")
@@ -199,8 +204,10 @@ async def refuse_and_close(writer: asyncio.StreamWriter, reason: str, *, peer: s
 # ---- frame constructors -------------------------------------------------------------------------
 
 
-def hello(*, job_id: int, version: int, worker_id: int, have: list[int]) -> dict[str, Any]:
-    return {"type": "hello", "job_id": job_id, "version": version, "worker_id": worker_id, "have": sorted(have)}
+def hello(*, job_id: int, version: int, worker_id: int, have: list[int],
+          credential: str | None = None) -> dict[str, Any]:
+    header = {"type": "hello", "job_id": job_id, "version": version, "worker_id": worker_id, "have": sorted(have)}
+    return header | ({"credential": credential} if credential else {})
 
 
 def accept(*, job_id: int, version: int, chunks: int) -> dict[str, Any]:

@@ -2,17 +2,21 @@
 
 A :class:`RelayHub` reads each child's ``hello`` and hands the stream to the
 :class:`~dataplane.broadcast.relay.SnapshotRelay` registered for its (job, version); a peer asking for
-anything else is refused with the reason.
+anything else is refused with the reason (counted in :attr:`RelayHub.refused` and logged with the peer). The
+relay then checks the child's credential (docs/trust.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 from . import framing
 from .framing import TransferError
 from .relay import SnapshotRelay, Waiters
+
+log = logging.getLogger("echo2.relay")
 
 
 class RelayHub:
@@ -22,6 +26,8 @@ class RelayHub:
         self.relays: dict[tuple[int, int], SnapshotRelay] = {}
         self.handshake_timeout = handshake_timeout
         self.assign_wait = assign_wait  # a child asking for a version not served yet waits this long for it
+        self.refused = 0
+        """Peers refused before reaching a relay: a first frame that is not a hello, or a version not served."""
         self._server: asyncio.AbstractServer | None = None
         self._waiters = Waiters()
 
@@ -51,8 +57,7 @@ class RelayHub:
             writer.close()
             return
         if frame.type != "hello":
-            await framing.refuse_and_close(writer, f"expected hello, got {frame.type}", peer=peer,
-                                           timeout=self.handshake_timeout)
+            await self._refuse(writer, peer, f"expected hello, got {frame.type}")
             return
         key = (frame.header["job_id"], frame.header["version"])
         # The site tells this agent to serve the version and the child to pull it at about the same time.
@@ -60,7 +65,11 @@ class RelayHub:
         relay = self.relays.get(key)
         if relay is None:
             offered = ", ".join(f"job {j} version {v}" for j, v in sorted(self.relays)) or "nothing"
-            reason = f"not assigned job {key[0]} version {key[1]}; this relay serves {offered}"
-            await framing.refuse_and_close(writer, reason, peer=peer, timeout=self.handshake_timeout)
+            await self._refuse(writer, peer, f"not assigned job {key[0]} version {key[1]}; this relay serves {offered}")
             return
         await relay.serve_child(reader, writer, frame)
+
+    async def _refuse(self, writer: asyncio.StreamWriter, peer: str, reason: str) -> None:
+        self.refused += 1
+        log.warning("relay hub refused %s: %s", peer, reason)
+        await framing.refuse_and_close(writer, reason, peer=peer, timeout=self.handshake_timeout)

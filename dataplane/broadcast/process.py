@@ -1,8 +1,12 @@
 """One snapshot relay as a process, for the relay tests and ``bench/bench_broadcast.py``.
 
 ``python -m dataplane.broadcast.process --help``: events go to stdout as JSON lines, commands
-(``parent``, ``children``, ``exit``) come on stdin. The agent (``worker_agent.session``) and the learner
-(``learner.publisher``) run relays in their own event loops; this wrapper only exposes one to a harness.
+(``parent``, ``children``, ``exit``) come on stdin. Credentials (docs/trust.md) as the site would hand them
+out: ``--job-secret`` (or ``ECHO2_JOB_SECRET``) for a relay that verifies its children's credentials itself
+(the learner's origin), ``--credential`` for the token this relay shows its parent, and the sha256 of each
+assigned child's token with ``--child ID=SHA256`` (or the ``children`` command's ``sha256``). The agent
+(``worker_agent.session``) and the learner (``learner.publisher``) run relays in their own event loops; this
+wrapper only exposes one to a harness.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import argparse
 import asyncio
 import hashlib
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -29,9 +34,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m dataplane.broadcast.process",
         description="Run one snapshot relay. Events: JSON lines on stdout. Commands: JSON lines on stdin, "
-                    '{"cmd": "parent", "host": H, "port": P} | {"cmd": "children", "worker_ids": [..]} | '
+                    '{"cmd": "parent", "host": H, "port": P, "credential": TOKEN} | '
+                    '{"cmd": "children", "worker_ids": [..], "sha256": {"ID": SHA256}} | '
                     '{"cmd": "exit"}; stdin EOF also exits.',
-        epilog="example: python -m dataplane.broadcast.process --from-dir /snap/v3 --max-children 4 --uplink-bps 8e6")
+        epilog="example: ECHO2_JOB_SECRET=... python -m dataplane.broadcast.process --from-dir /snap/v3 "
+               "--max-children 4 --uplink-bps 8e6")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--from-dir", type=Path, help="origin: serve a published version directory (v<N>/ of a store)")
     src.add_argument("--manifest", type=Path, help="relay/tail: the manifest JSON of the version to receive")
@@ -39,7 +46,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT to serve children on ('none': tail only)")
     p.add_argument("--parent", help="HOST:PORT to pull from")
     p.add_argument("--max-children", type=int, default=1)
-    p.add_argument("--child", type=int, action="append", help="assigned child worker id (repeatable)")
+    p.add_argument("--child", type=_child, action="append",
+                   help="assigned child: ID, or ID=SHA256 of the credential the site issued it (repeatable)")
+    p.add_argument("--job-secret", default=os.environ.get("ECHO2_JOB_SECRET"),
+                   help="the job's transfer secret: verify children's credentials with it (default $ECHO2_JOB_SECRET)")
+    p.add_argument("--credential", help="this relay's transfer credential, shown to its parent and the fallback")
     p.add_argument("--uplink-bps", type=float, help="cap on bytes/s sent to children")
     p.add_argument("--downlink-bps", type=float, help="cap on bytes/s received")
     p.add_argument("--fallback-url", help="learner HTTP base for missing/bad chunks, e.g. http://h:p/v3/")
@@ -50,6 +61,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="write the installed payload here")
     p.add_argument("--progress", action="store_true", help="emit an event per chunk")
     return p.parse_args(argv)
+
+
+def _child(text: str) -> tuple[int, str | None]:
+    worker, _, sha = text.partition("=")
+    return int(worker), sha or None
 
 
 RelayFactory = Callable[..., SnapshotRelay]
@@ -72,11 +88,12 @@ def _build_relay(args: argparse.Namespace, emit: Callable[[Event], None], make_r
         manifest, chunks = parse_manifest(json.loads(args.manifest.read_text())), None
     relay = make_relay(manifest, chunks=chunks, worker_id=args.worker_id, max_children=args.max_children,
                        uplink=bucket(args.uplink_bps), downlink=bucket(args.downlink_bps),
-                       fallback_url=args.fallback_url, on_event=emit,
+                       fallback_url=args.fallback_url, on_event=emit, secret=args.job_secret,
+                       credential=args.credential,
                        timeouts=RelayTimeouts(stall=args.stall_timeout, give_up=args.give_up,
                                               assign_wait=args.assign_wait))
     if args.child:
-        relay.assign_children(set(args.child))
+        relay.assign_children(dict(args.child))
     return relay
 
 
@@ -107,10 +124,10 @@ async def _obey(relay: SnapshotRelay, worker_id: int, emit: Callable[[Event], No
             emit({"event": "error", "worker_id": worker_id, "reason": f"bad command {line!r}"})
             continue
         if cmd.get("cmd") == "parent":
-            relay.set_parent(cmd.get("host"), cmd.get("port"))
+            relay.set_parent(cmd.get("host"), cmd.get("port"), credential=cmd.get("credential"))
         elif cmd.get("cmd") == "children":
-            ids = cmd.get("worker_ids")
-            relay.assign_children(None if ids is None else set(ids))
+            ids, prints = cmd.get("worker_ids"), cmd.get("sha256") or {}
+            relay.assign_children(None if ids is None else {i: prints.get(str(i)) for i in ids})
         elif cmd.get("cmd") == "exit":
             return
 

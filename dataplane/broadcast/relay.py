@@ -13,6 +13,12 @@ A :class:`SnapshotRelay` holds one snapshot version of one job. It is both ends 
   only once every chunk verified and the whole payload hashes right. :meth:`set_parent` switches the
   parent mid-transfer (repair); the transfer resumes from the chunks already held.
 
+Admission (docs/trust.md): a child's ``hello`` carries its transfer credential (:mod:`dataplane.credentials`). A
+relay that holds the job's secret (the learner's origin) verifies it; an agent relay, which does not, admits a
+child only with the very credential the site issued to it (the site sends the relay its sha256 with the
+assignment). A claimed worker id alone admits nobody, and a refused hello never touches a session in progress.
+Refusals are counted (:attr:`RelayStats.refused`), reported as ``refused`` events and logged with the peer.
+
 A :class:`~dataplane.broadcast.hub.RelayHub` is the one listening port of an agent or learner; it hands each
 ``hello`` to the relay registered for its (job, version). ``python -m dataplane.broadcast.process --help`` runs
 one relay as a process (tests and ``bench/bench_broadcast.py``).
@@ -22,18 +28,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import credentials
+from ..credentials import CredentialError
 from ..snapshot import Manifest, SnapshotError, assemble, fetch_chunk, verify_chunk
 from . import framing
 from .framing import Frame, PeerRefused, TransferError
 from .ratelimit import TokenBucket
 
 Event = dict[str, Any]
+log = logging.getLogger("echo2.relay")
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,8 @@ class RelayStats:
     """Chunks already held when the latest parent accepted us (non-zero after a resume)."""
     children_served: int = 0
     child_failures: int = 0
+    refused: int = 0
+    """Hellos refused: no, a wrong, an expired or another's credential, an unassigned child, or busy."""
 
 
 class Waiters:
@@ -108,9 +120,15 @@ class SnapshotRelay:
     def __init__(self, manifest: Manifest, *, worker_id: int, chunks: dict[int, bytes] | None = None,
                  max_children: int = 1, uplink: TokenBucket | None = None, downlink: TokenBucket | None = None,
                  fallback_url: str | None = None, timeouts: RelayTimeouts | None = None,
-                 on_event: Callable[[Event], None] | None = None) -> None:
-        """``chunks`` given in full makes an origin (the learner)."""
+                 on_event: Callable[[Event], None] | None = None, secret: str | None = None,
+                 credential: str | None = None) -> None:
+        """``chunks`` given in full makes an origin (the learner). ``secret``: the job's transfer secret, to verify
+        children's credentials with (the learner); without it only children the site assigned with the
+        sha256 of their credential are admitted. ``credential``: ours, shown to the parent and the fallback."""
         self.manifest, self.worker_id, self.max_children = manifest, worker_id, max_children
+        self.secret = secret
+        self.credential = credential  # presented to the current parent: the one the site sent with it
+        self.fallback_credential = credential  # the newest the site sent: the learner's server verifies any
         self.job_id, self.version = manifest.job_id, manifest.version
         self.uplink, self.downlink, self.fallback_url = uplink, downlink, fallback_url
         self.timeouts = timeouts or RelayTimeouts()
@@ -119,7 +137,7 @@ class SnapshotRelay:
         self._chunks: dict[int, bytes] = {}
         self._sessions: dict[int, _Session] = {}
         self._waiters = Waiters()  # children held until their assignment arrives
-        self._assigned: set[int] | None = None
+        self._assigned: dict[int, set[str]] | None = None  # child -> sha256 of credentials the site issued it
         self._parent: tuple[str, int] | None = None
         self._parent_changed = asyncio.Event()
         self._complete = asyncio.Event()
@@ -155,9 +173,16 @@ class SnapshotRelay:
 
     # ---- control (called by the agent when the site says so) -----------------------------------
 
-    def set_parent(self, host: str | None, port: int | None = None) -> None:
-        """Pull from ``host:port`` from now on (``None``: no parent, fallback only); resumes where it is."""
+    def set_parent(self, host: str | None, port: int | None = None, *, credential: str | None = None) -> None:
+        """Pull from ``host:port`` from now on (``None``: no parent, fallback only); resumes where it is.
+
+        ``credential`` is the one the site sent with this assignment. It replaces ours for the parent link only
+        when the parent changes: an unchanged parent was told the fingerprint of the credential we had."""
         new = (host, int(port)) if host is not None and port is not None else None
+        if credential:
+            self.fallback_credential = credential
+            if new != self._parent or self.credential is None:
+                self.credential = credential
         if new != self._parent:
             if self._parent is not None:
                 self.stats.parent_switches += 1
@@ -165,9 +190,16 @@ class SnapshotRelay:
             self._parent_changed.set()
             self._emit("parent", parent=f"{host}:{port}" if new else None)
 
-    def assign_children(self, worker_ids: set[int] | None) -> None:
-        """Only these workers may pull (``None``: anyone, up to ``max_children``); others are dropped."""
-        self._assigned = None if worker_ids is None else set(worker_ids)
+    def assign_children(self, children: Mapping[int, str | None] | Iterable[int] | None) -> None:
+        """Only these workers may pull (``None``: anyone the secret admits, up to ``max_children``); others are
+        dropped. A mapping gives the sha256 of the credential the site issued each child; a child assigned again
+        keeps the fingerprints it had (it may still hold the earlier credential), a child left out loses them."""
+        if children is None:
+            self._assigned = None
+        else:
+            given = children if isinstance(children, Mapping) else dict.fromkeys(children)
+            old = self._assigned or {}
+            self._assigned = {int(c): old.get(int(c), set()) | ({fp} if fp else set()) for c, fp in given.items()}
         for worker_id, session in list(self._sessions.items()):
             if self._assigned is not None and worker_id not in self._assigned:
                 session.writer.close()
@@ -182,13 +214,17 @@ class SnapshotRelay:
         # Not assigned (yet): wait a little for the site's word to reach this relay too.
         await self._waiters.wait_until(lambda: self._assigned is None or child in self._assigned,
                                        self.timeouts.assign_wait)
-        reason = self._admission(child)
+        reason = self._admission(child, hello.header.get("credential"))
         if reason:
+            # Nothing of a refused hello touches the sessions: an impostor cannot close the real child's stream.
+            self.stats.refused += 1
+            log.warning("relay of worker %s (job %s v%s) refused %s claiming worker %s: %s", self.worker_id,
+                        self.job_id, self.version, peer, child, reason)
             await framing.refuse_and_close(writer, reason, peer=peer, timeout=self.timeouts.connect)
             self._emit("refused", peer=peer, child=child, reason=reason)
             return
         old = self._sessions.pop(child, None)
-        if old is not None:  # the same child reconnected: its old stream is dead to it
+        if old is not None:  # the same child (its credential proves it) reconnected: its old stream is dead to it
             old.writer.close()
         session = self._sessions[child] = _Session(child, writer)
         wants: deque[int] = deque()
@@ -208,13 +244,29 @@ class SnapshotRelay:
                 del self._sessions[child]
             writer.close()
 
-    def _admission(self, child: int) -> str | None:
+    def _admission(self, child: int, credential: str | None) -> str | None:
         if self._assigned is not None and child not in self._assigned:
             return f"worker {child} is not an assigned child of worker {self.worker_id}"
+        try:
+            self._check_credential(child, credential)
+        except CredentialError as err:
+            return f"worker {child}: {err}"
         others = [w for w in self._sessions if w != child]
         if self._assigned is None and len(others) >= self.max_children:
             return f"busy: worker {self.worker_id} already serves {others} (fan-out {self.max_children})"
         return None
+
+    def _check_credential(self, child: int, credential: str | None) -> None:
+        """With the job's secret: any valid credential of ``child`` for this version. Without: one whose sha256
+        the site gave us for ``child``. Raises :class:`CredentialError` with the reason."""
+        scope = {"job_id": self.job_id, "version": self.version, "worker_id": child, "now": time.time()}
+        if self.secret:
+            credentials.verify(self.secret, credential, **scope)
+        elif self._assigned and self._assigned.get(child):
+            credentials.verify_issued(credential, self._assigned[child], **scope)
+        else:
+            credentials.parse(credential)  # "no credential" / "malformed" before "nothing to check against"
+            raise CredentialError(f"worker {self.worker_id} holds no credential of worker {child} to check against")
 
     async def _listen(self, reader: asyncio.StreamReader, session: _Session, wants: deque[int], peer: str) -> None:
         """Read the child's ``want``/``bye`` frames; returning (EOF, bye, error) ends the session."""
@@ -306,7 +358,8 @@ class SnapshotRelay:
         reader, writer = await framing.open_peer(*parent, timeout=self.timeouts.connect)
         try:
             await framing.write_frame(writer, framing.hello(job_id=self.job_id, version=self.version,
-                                                            worker_id=self.worker_id, have=self.have),
+                                                            worker_id=self.worker_id, have=self.have,
+                                                            credential=self.credential),
                                        peer=peer, timeout=self.timeouts.stall)
             frame = await framing.read_frame(reader, peer=peer, timeout=self.timeouts.stall)
             if frame.type == "refuse":
@@ -364,7 +417,8 @@ class SnapshotRelay:
             if index in self._chunks:
                 continue
             try:
-                data = await asyncio.to_thread(fetch_chunk, base, self.manifest, index, timeout=self.timeouts.stall)
+                data = await asyncio.to_thread(fetch_chunk, base, self.manifest, index, timeout=self.timeouts.stall,
+                                               credential=self.fallback_credential)
             except SnapshotError as err:
                 raise TransferError(f"fallback: {err}") from None
             if self.downlink is not None:

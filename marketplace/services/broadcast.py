@@ -2,7 +2,9 @@
 and each worker's place in it, relay failures and repair, installs and the relay statistics they feed.
 
 The planning itself (score, assembly, tails, repair, bandwidth average) is the pure core ``chains``; this
-module loads its inputs, saves the plan (``telemetry``) and tells each agent where to pull from.
+module loads its inputs, saves the plan (``telemetry``) and tells each agent where to pull from, with the
+transfer credential that lets it (docs/trust.md): every snapshot message carries a fresh one for its worker
+and, for a relay parent, the sha256 of its child's.
 """
 
 from __future__ import annotations
@@ -13,11 +15,14 @@ import statistics
 import time
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from dataplane import credentials
 from dataplane import messages as m
+from dataplane.snapshot import SnapshotError, parse_manifest
 
 from .. import chains, selectors, telemetry
 from ..models import Job, Snapshot, Worker
@@ -31,29 +36,61 @@ def relaying(job: Job) -> bool:
     return job.broadcast_strategy == "chain" and bool(job.learner_relay)
 
 
-def assign_message(job: Job) -> m.Assign:
-    """A worker's assignment to ``job``, with the newest snapshot (fetched over HTTP: it joins the chains at
-    the next publication)."""
+def assign_message(job: Job, *, worker_id: int) -> m.Assign:
+    """Worker ``worker_id``'s assignment to ``job``, with the newest snapshot (fetched over HTTP: it joins the
+    chains at the next publication)."""
     snap = selectors.latest_snapshot(job)
+    snapshot = snapshot_message(snap, job=job, worker_id=worker_id, expires=credential_expiry()) if snap else None
     return m.Assign(
         job_id=job.pk, model=job.model_dir, task=job.task, group_size=job.group_size,
         max_new_tokens=job.max_new_tokens, temperature=job.temperature, top_p=job.top_p,
-        snapshot=snapshot_message(snap).model_dump(mode="json") if snap else None,
+        snapshot=snapshot.model_dump(mode="json") if snapshot else None,
     )
 
 
-def snapshot_message(snap: Snapshot, *, job: Job | None = None, route: tuple[int | None, int | None] | None = None,
+def credential_expiry() -> int:
+    """When credentials issued now expire (Unix s): ``ECHO2["TRANSFER_CREDENTIAL_TTL_S"]`` from now. Computed
+    once per publication or repair, so the token a child gets and the fingerprint its parent gets agree."""
+    return int(time.time() + settings.ECHO2["TRANSFER_CREDENTIAL_TTL_S"])
+
+
+def transfer_credential(job: Job, version: int, worker_id: int, *, expires: int) -> str:
+    """The token letting ``worker_id`` fetch ``version`` of ``job`` until ``expires`` (dataplane.credentials)."""
+    return credentials.issue(job.transfer_secret, job_id=job.pk, worker_id=worker_id, lowest=version,
+                             highest=version, expires=expires)
+
+
+def snapshot_message(snap: Snapshot, *, job: Job, worker_id: int, expires: int,
+                     route: tuple[int | None, int | None] | None = None,
                      addresses: dict[int, str] | None = None) -> m.SnapshotAvailable:
-    """The snapshot for one worker. ``route`` is its (parent, child) in the chain plan (parent None: the
-    learner's relay); without a route it fetches over HTTP from ``snap.url``."""
-    relay: dict[str, Any] = {"strategy": job.broadcast_strategy} if job is not None else {}
-    if job is not None and route is not None and relaying(job):
+    """The snapshot for worker ``worker_id``, with its transfer credential. ``route`` is its (parent, child) in
+    the chain plan (parent None: the learner's relay); without a route it fetches over HTTP from ``snap.url``.
+    A relay parent also gets the sha256 of its child's credential, the only child it will then serve."""
+    relay: dict[str, Any] = {"strategy": job.broadcast_strategy}
+    if route is not None and relaying(job):
         parent, child = route
         address = job.learner_relay if parent is None else (addresses or {}).get(parent, "")
         if address:
-            relay.update(parent=address, parent_worker_id=parent, children=[child] if child is not None else [])
+            children = [child] if child is not None else []
+            prints = {c: credentials.fingerprint(transfer_credential(job, snap.version, c, expires=expires))
+                      for c in children}
+            relay.update(parent=address, parent_worker_id=parent, children=children, child_credential_sha256=prints)
     return m.SnapshotAvailable(job_id=snap.job_id, version=snap.version, url=snap.url, manifest=snap.manifest,
-                               published_at=snap.published_at.timestamp(), **relay)
+                               published_at=snap.published_at.timestamp(),
+                               credential=transfer_credential(job, snap.version, worker_id, expires=expires), **relay)
+
+
+def _checked_manifest(job: Job, version: int, manifest: Any) -> dict:
+    """The learner's manifest, its shape checked (``dataplane.snapshot.parse_manifest``): agents verify every
+    chunk and the whole payload against it, so a malformed one is refused here, naming the field."""
+    try:
+        parsed = parse_manifest(manifest)
+    except SnapshotError as err:
+        raise ServiceError(str(err)) from None
+    if (parsed.job_id, parsed.version) != (job.pk, version):
+        raise ServiceError(f"manifest: describes job {parsed.job_id} version {parsed.version}, "
+                           f"not job {job.pk} version {version}")
+    return parsed.model_dump(mode="json")
 
 
 @transaction.atomic
@@ -63,6 +100,7 @@ def snapshot_publish(*, job: Job, version: int, url: str, manifest: dict) -> Sna
     learner_may_report(job)
     if version <= job.published_version:
         raise ServiceError(f"version: {version} is not newer than the published {job.published_version}")
+    manifest = _checked_manifest(job, version, manifest)
     snap = Snapshot.objects.create(job=job, version=version, url=url, manifest=manifest)
     Job.objects.filter(pk=job.pk).update(published_version=version)
     # A worker whose socket closed keeps its activation until it times out (it may reconnect), but it cannot
@@ -73,9 +111,10 @@ def snapshot_publish(*, job: Job, version: int, url: str, manifest: dict) -> Sna
     telemetry.save_chain_plan(job.pk, version, plan)
     snap.n_chains = len(plan.chains)  # the learner sizes its relay's fan-out from this (API reply)
     addresses = {w.pk: w.relay_address for w in active}
+    expires = credential_expiry()
     for worker in active:
-        push_to_worker(worker.pk, snapshot_message(snap, job=job, route=chains.route(plan, worker.pk),
-                                                        addresses=addresses))
+        push_to_worker(worker.pk, snapshot_message(snap, job=job, worker_id=worker.pk, expires=expires,
+                                                   route=chains.route(plan, worker.pk), addresses=addresses))
     push_job_update(job.pk)
     return snap
 
@@ -129,13 +168,14 @@ def _excise(job: Job, version: int, plan: chains.ChainPlan, gone: int) -> None:
         return
     ids = {c for c, _ in moves} | {p for _, p in moves if p is not None}
     addresses = dict(Worker.objects.filter(pk__in=ids).values_list("pk", "relay_address"))
+    expires = credential_expiry()  # re-issued: the repair may come late in a long transfer
     for child, new_parent in moves:
         log.info("job %s v%s: repair: worker %s now pulls from %s", job.pk, version, child,
                  new_parent if new_parent is not None else "the learner")
         for target in (child, new_parent):
             if target is not None:
-                push_to_worker(target, snapshot_message(snap, job=job, route=chains.route(new_plan, target),
-                                                             addresses=addresses))
+                push_to_worker(target, snapshot_message(snap, job=job, worker_id=target, expires=expires,
+                                                        route=chains.route(new_plan, target), addresses=addresses))
 
 
 def repair_without(worker: Worker) -> None:

@@ -89,7 +89,7 @@ def worker_connected(*, worker: Worker, installed_version: int | None, at: datet
     worker.save(update_fields=["status", "last_heartbeat", "installed_version"])
     replies: list[m._Msg] = [m.Welcome(worker_id=worker.pk, heartbeat_interval=settings.ECHO2["HEARTBEAT_INTERVAL_S"])]
     if activation:
-        replies.append(assign_message(activation.job))
+        replies.append(assign_message(activation.job, worker_id=worker.pk))
     else:
         enqueue_task("provision_waiting_jobs")  # a new idle worker may be what a running job waits for
     return replies
@@ -138,7 +138,7 @@ def worker_activate(*, worker: Worker, job: Job) -> Activation:
     """Start billing ``worker`` for ``job`` and send it the assignment."""
     activation = Activation.objects.create(job=job, worker=worker, price_per_hour=worker.price_per_hour)
     Worker.objects.filter(pk=worker.pk).update(status=Worker.Status.ACTIVE)
-    push_to_worker(worker.pk, assign_message(job))
+    push_to_worker(worker.pk, assign_message(job, worker_id=worker.pk))
     push_job_update(job.pk)
     log.info("job %s: activated worker %s at $%s/h", job.pk, worker.name, worker.price_per_hour)
     return activation

@@ -49,7 +49,8 @@ SITE_MESSAGES = [
                             LeasedPrompt(lease_id="1-1", group_id="g2", prompt="5+5=")], timeout=30.0),
     NoWork(job_id=7, retry_after=1.5),
     SnapshotAvailable(job_id=7, version=2, url="http://10.0.0.1:8000/v2/", manifest={"version": 2},
-                      published_at=1700000000.5),
+                      published_at=1700000000.5, parent="10.0.0.2:7001", parent_worker_id=4, children=[9],
+                      credential="e2t1.7.3.2.2.1700000600." + "a" * 64, child_credential_sha256={9: "b" * 64}),
     Accepted(job_id=7, lease_id="1-0", accepted=7, rejected=1, reasons=["logprobs must be finite and <= 0"]),
     Rejected(reason="unknown message type 'hi'", ref="hi"),
 ]
@@ -143,6 +144,8 @@ def test_agent_message_with_bad_field_is_refused_naming_it(raw: dict[str, Any], 
         ({"type": "assign", "job_id": 7}, "assign.model"),
         ({"type": "accepted", "job_id": 7, "lease_id": "x", "accepted": 1, "rejected": 0, "reasons": "no"},
          "accepted.reasons"),
+        ({"type": "snapshot", "job_id": 7, "version": 2, "url": "u", "manifest": {}, "published_at": 1.0,
+          "child_credential_sha256": {"9": "not a digest"}}, "snapshot.child_credential_sha256.9"),
     ],
 )
 def test_site_message_with_bad_field_is_refused_naming_it(raw: dict[str, Any], where: str) -> None:

@@ -149,3 +149,66 @@ def test_fetch_payload_returns_the_whole_verified_snapshot_and_nothing_when_a_ch
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    (lambda raw: raw.update(total_bytes=3001), "manifest: 3 chunks, but 3001 bytes in chunks of 1000 make 4"),
+    (lambda raw: raw["chunks"].reverse(), "manifest: chunk 0 must have index 0 and size 1000, not index 2"),
+    (lambda raw: raw["chunks"][1].update(size=999), "manifest: chunk 1 must have index 1 and size 1000"),
+    (lambda raw: raw.update(sha256="A" * 64), "manifest: sha256: String should match pattern"),
+    (lambda raw: raw["chunks"][2].update(sha256="g" * 64), "manifest: chunks.2.sha256: String should match pattern"),
+    (lambda raw: raw.update(chunks=[]), "manifest: chunks: List should have at least 1 item"),
+    (lambda raw: raw.pop("job_id"), "manifest: job_id: Field required"),
+])
+def test_a_manifest_of_the_wrong_shape_is_refused_naming_the_field(change, reason) -> None:
+    raw = build_manifest(PAYLOAD, job_id=7, version=3, chunk_bytes=1000).model_dump(mode="json")
+    change(raw)
+    with pytest.raises(SnapshotError) as err:
+        parse_manifest(raw)
+    assert str(err.value).startswith(reason) and "\n" not in str(err.value)
+
+
+def test_the_learners_whole_payload_digest_is_what_a_receiver_checks() -> None:
+    # Every chunk matches its own hash, but the learner's digest of the whole payload does not: refused.
+    manifest = build_manifest(PAYLOAD, job_id=7, version=3, chunk_bytes=1000)
+    other = parse_manifest(manifest.model_dump(mode="json") | {"sha256": hashlib.sha256(b"other").hexdigest()})
+    chunks = dict(enumerate(split(PAYLOAD, 1000)))
+    for index, data in chunks.items():
+        verify_chunk(other, index, data)
+    with pytest.raises(SnapshotError, match=r"^version 3: payload sha256 mismatch$"):
+        assemble(other, chunks)
+    assert hashlib.sha256(assemble(manifest, chunks)).hexdigest() == manifest.sha256
+
+
+def test_fetch_chunk_shows_its_credential_and_takes_a_refusal_as_final(tmp_path):
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from dataplane.snapshot import fetch_chunk
+
+    manifest = build_manifest(PAYLOAD, job_id=7, version=3, chunk_bytes=1000)
+    seen: list[str | None] = []
+
+    class Gate(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            seen.append(self.headers.get("Authorization"))
+            ok = self.headers.get("Authorization") == "Bearer good"
+            body = split(PAYLOAD, 1000)[0] if ok else b"credential expired 3 s ago\n"
+            self.send_response(200 if ok else 403)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Gate)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}/v3/"
+    try:
+        assert fetch_chunk(base, manifest, 0, timeout=5, credential="good") == PAYLOAD[:1000]
+        with pytest.raises(SnapshotError, match=r"chunk 0 of version 3 from .*: 403 credential expired 3 s ago$"):
+            fetch_chunk(base, manifest, 0, timeout=5, retries=3, credential="stale")
+        assert seen == ["Bearer good", "Bearer stale"]  # shown every time; the refusal was not asked again
+    finally:
+        server.shutdown()

@@ -18,6 +18,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 SETUP = """
 from decimal import Decimal
 from dataplane.jobs import parse_job_spec
+from dataplane.snapshot import build_manifest
 from marketplace import services
 from marketplace.models import Worker
 prov = User.objects.get(username='prov')
@@ -32,7 +33,8 @@ services.learner_announce(job=job, t_train=None, relay_address='127.0.0.1:6999')
 for step in (1, 2):
     services.metrics_record(job=job, step=step, values={'reward_mean': 0.1 * step, 't_train': 0.05, 'wait_s': 0.01,
                             'max_staleness': 1, 'extra': {'staleness_histogram': {'0': 6, '1': 2}}})
-services.snapshot_publish(job=job, version=2, url='http://127.0.0.1:1/snapshots/2/', manifest={'chunks': []})
+services.snapshot_publish(job=job, version=2, url='http://127.0.0.1:1/snapshots/2/',
+                          manifest=build_manifest(bytes(16), job_id=job.pk, version=2).model_dump(mode='json'))
 """
 
 

@@ -1,35 +1,125 @@
-"""The learner publishes a model as a snapshot a chain seed can pull from its relay, and keeps the newest few."""
+"""The learner publishes a model as a snapshot a chain seed can pull from its relay, and keeps the newest few; its
+HTTP server and relay hub hand weights only to holders of a valid transfer credential, never a listing."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+import time
 
+import httpx
+import pytest
 import torch
 from safetensors.torch import load
 
+from dataplane.broadcast import framing
 from dataplane.broadcast.relay import SnapshotRelay
 from dataplane.broadcast.store import list_versions
-from dataplane.snapshot import parse_manifest
-from learner.publisher import LearnerRelay, SnapshotStore, manifest_json
+from dataplane.credentials import issue, new_secret
+from dataplane.snapshot import SnapshotError, fetch_payload, parse_manifest
+from learner.publisher import LearnerRelay, SnapshotServer, SnapshotStore, manifest_json
+
+JOB = 5
+SECRET = new_secret()
+
+
+def cred(version: int, *, worker_id: int = 9, job_id: int = JOB, ttl: int = 600, secret: str = SECRET) -> str:
+    return issue(secret, job_id=job_id, worker_id=worker_id, lowest=version, highest=version,
+                 expires=int(time.time()) + ttl)
 
 
 def test_a_published_version_reaches_a_seed_through_the_learner_relay(tmp_path):
     model = torch.nn.Linear(64, 32)
-    store = SnapshotStore(tmp_path, job_id=5, chunk_bytes=1024, keep=2)
+    store = SnapshotStore(tmp_path, job_id=JOB, chunk_bytes=1024, keep=2)
     relay = LearnerRelay(store, uplink_bps=None)
     try:
+        relay.set_secret(SECRET)  # what the site's reply to the announcement carries
         for version in (1, 2, 3):
             manifest = store.write(model, version)
             relay.serve(version)  # and stops serving what the store pruned
-        assert list_versions(tmp_path) == [2, 3] and set(relay.hub.relays) == {(5, 2), (5, 3)}
+        assert list_versions(tmp_path) == [2, 3] and set(relay.hub.relays) == {(JOB, 2), (JOB, 3)}
         host, _, port = relay.address.rpartition(":")
 
-        async def seed() -> bytes:
-            child = SnapshotRelay(parse_manifest(manifest_json(manifest)), worker_id=9)
+        async def seed(credential: str | None) -> bytes:
+            child = SnapshotRelay(parse_manifest(manifest_json(manifest)), worker_id=9, credential=credential)
             child.set_parent(host, int(port))
             return await asyncio.wait_for(child.receive(), 30)
 
-        tensors = load(asyncio.run(seed()))
+        async def knock(credential: str | None) -> framing.Frame:
+            reader, writer = await framing.open_peer(host, int(port), timeout=5)
+            await framing.write_frame(writer, framing.hello(job_id=JOB, version=3, worker_id=9, have=[],
+                                                            credential=credential), peer="hub", timeout=5)
+            frame = await framing.read_frame(reader, peer="hub", timeout=10)
+            writer.close()
+            return frame
+
+        tensors = load(asyncio.run(seed(cred(3))))
+        refused = asyncio.run(knock(None))
+        assert refused.type == "refuse" and refused.header["reason"] == "worker 9: no credential"
+        assert asyncio.run(knock(cred(3, ttl=-1))).header["reason"].startswith("worker 9: credential expired")
+        assert relay.hub.relays[(JOB, 3)].stats.refused == 2
     finally:
         relay.stop()
     assert torch.equal(tensors["weight"], model.weight.detach()) and torch.equal(tensors["bias"], model.bias.detach())
+
+
+@pytest.fixture
+def served(tmp_path):
+    store = SnapshotStore(tmp_path, job_id=JOB, chunk_bytes=1024, keep=4)
+    manifest = store.write(torch.nn.Linear(64, 32), 1)
+    server = SnapshotServer(store).start()
+    yield server, manifest
+    server.stop()
+
+
+def test_the_snapshot_server_refuses_without_a_credential_and_never_lists(served, caplog):
+    caplog.set_level(logging.WARNING, logger="learner.publisher")
+    server, _ = served
+    server.set_secret(SECRET)
+    base = f"http://127.0.0.1:{server.port}"
+    for path in ("/", "/v1/", "/v1/chunks/", "/v1/manifest.json", "/v1/chunks/0", "/../", "/job5/"):
+        reply = httpx.get(base + path)
+        assert reply.status_code == 401, path
+        assert reply.headers["WWW-Authenticate"].startswith("Bearer")
+        assert reply.text == "a transfer credential is required (Authorization: Bearer <credential>)\n"
+    for path in ("/", "/v1/", "/v1/chunks/", "/v1/chunks/%2e%2e/manifest.json", "/v1/chunks/0/"):  # never a listing
+        reply = httpx.get(base + path, headers={"Authorization": f"Bearer {cred(1)}"})
+        assert reply.status_code == 404 and reply.text == "not found\n", path
+    assert server.refused[401] == 7
+    refusals = [r.getMessage() for r in caplog.records if r.name == "learner.publisher"]
+    assert len(refusals) == 7 and all("from 127.0.0.1:" in line for line in refusals)
+
+
+@pytest.mark.parametrize(("credential", "reason"), [
+    ("nonsense", "malformed credential"),
+    (cred(1, secret="another secret"), "bad credential signature"),
+    (cred(1, ttl=-10), "credential expired"),
+    (cred(1, job_id=JOB + 1), f"credential for job {JOB + 1}, not job {JOB}"),
+    (cred(2), "credential covers versions 2..2, not 1"),
+])
+def test_a_wrong_credential_is_forbidden_with_its_reason(served, credential, reason):
+    server, _ = served
+    server.set_secret(SECRET)
+    for path in ("/v1/manifest.json", "/v1/chunks/0"):
+        reply = httpx.get(f"http://127.0.0.1:{server.port}{path}", headers={"Authorization": f"Bearer {credential}"})
+        assert reply.status_code == 403 and reply.text.startswith(reason), reply.text
+    assert server.refused[403] == 2
+
+
+def test_a_valid_credential_fetches_the_whole_verified_snapshot(served):
+    server, manifest = served
+    url = server.url_for(1)
+    with pytest.raises(SnapshotError, match="403 this server does not hold the job's transfer secret yet"):
+        fetch_payload(url, manifest, credential=cred(1))  # before the announcement's reply
+    server.set_secret(SECRET)
+    payload = fetch_payload(url, manifest, credential=cred(1))
+    assert load(payload)["weight"].shape == (32, 64)
+    reply = httpx.get(url + "manifest.json", headers={"Authorization": f"Bearer {cred(1)}"})
+    assert reply.status_code == 200 and parse_manifest(json.loads(reply.content)) == manifest
+    missing = httpx.get(server.url_for(7) + "chunks/0", headers={"Authorization": f"Bearer {cred(7)}"})
+    assert missing.status_code == 404 and "pruned?" in missing.text
+    started = time.monotonic()
+    with pytest.raises(SnapshotError, match=r"chunk 0 of version 1 from .*: 401 a transfer credential is required"):
+        fetch_payload(url, manifest, retries=50)  # a refusal is final: not retried 50 times
+    assert time.monotonic() - started < 5

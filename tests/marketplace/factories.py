@@ -32,3 +32,10 @@ def job(owner: User, model_dir: str = "/models/tiny", **fields):
     spec = parse_job_spec({"name": "test job", "model_dir": model_dir, "task": {"name": "arithmetic"},
                            "batch_trajectories": 8, "group_size": 4, **fields})
     return services.job_create(owner=owner, spec=spec)
+
+
+def manifest(job, version: int, *, total_bytes: int = 16) -> dict:
+    """A well-formed manifest of ``version`` of ``job``, as its learner publishes it (the site checks the shape)."""
+    from dataplane.snapshot import build_manifest
+
+    return build_manifest(bytes(total_bytes), job_id=job.pk, version=version).model_dump(mode="json")

@@ -176,7 +176,7 @@ async def test_a_heartbeat_after_the_release_keeps_the_recorded_install(settings
     assert (await comm.receive_json_from(timeout=5))["type"] == "assign"
     fresh = database_sync_to_async(lambda: Job.objects.get(pk=job.pk))
     await database_sync_to_async(services.snapshot_publish)(job=await fresh(), version=1, url="http://l/v1/",
-                                                            manifest={})
+                                                            manifest=factories.manifest(job, 1))
     assert (await comm.receive_json_from(timeout=5))["type"] == "snapshot"
     await comm.send_json_to({"type": "snapshot_installed", "job_id": job.pk, "version": 1, "seconds": 0.5})
     await comm.send_json_to({"type": "heartbeat", "throughput": 1.0, "installed_version": 1, "job_id": job.pk})

@@ -166,6 +166,67 @@ def test_learner_extra_metrics_are_stored_flat(redis_url, settings):
     assert api.get(f"/api/jobs/{job.pk}/metrics/").json()[0]["extra"] == {"kl": 0.01}
 
 
+def test_the_transfer_secret_reaches_only_the_learner_in_the_reply_to_its_announcement(redis_url, settings):
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    owner, provider = factories.user(), factories.user()
+    api = client_for(owner)
+    job = factories.job(owner)
+    other = factories.job(owner)
+    secret = Job.objects.get(pk=job.pk).transfer_secret
+    assert len(secret) >= 40 and secret != Job.objects.get(pk=other.pk).transfer_secret  # one per job
+    api.post(f"/api/jobs/{job.pk}/start/")
+
+    announced = api.post(f"/api/jobs/{job.pk}/learner/", {"t_train": 1.5, "relay_address": "127.0.0.1:7000"},
+                         format="json")
+    assert announced.status_code == 200 and announced.json()["transfer_secret"] == secret
+    for path in ("/api/jobs/", f"/api/jobs/{job.pk}/", f"/api/jobs/{job.pk}/summary/", f"/api/jobs/{job.pk}/live/",
+                 f"/api/jobs/{job.pk}/snapshots/", f"/api/jobs/{job.pk}/plan/", "/api/schema/"):
+        reply = api.get(path)
+        assert reply.status_code == 200 and secret.encode() not in reply.content, path
+    api.force_login(owner)
+    page = api.get(f"/jobs/{job.pk}/")
+    assert page.status_code == 200 and secret.encode() not in page.content
+
+    _, key = factories.worker(provider)
+    agent = APIClient()
+    agent.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    refused = agent.post(f"/api/jobs/{job.pk}/learner/", {"t_train": 1.0}, format="json")
+    assert refused.status_code == 403 and secret.encode() not in refused.content
+    stranger = client_for(provider).post(f"/api/jobs/{job.pk}/learner/", {"t_train": 1.0}, format="json")
+    assert stranger.status_code == 404
+
+
+def test_a_malformed_manifest_is_a_400_naming_the_field(redis_url, settings):
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    owner = factories.user()
+    api = client_for(owner)
+    job = factories.job(owner)
+    api.post(f"/api/jobs/{job.pk}/start/")
+    manifest = factories.manifest(job, 1)
+    manifest["total_bytes"] = 10**9
+    url = "http://127.0.0.1:8001/v1/"
+    reply = api.post(f"/api/jobs/{job.pk}/snapshots/", {"version": 1, "url": url, "manifest": manifest}, format="json")
+    assert reply.status_code == 400
+    assert reply.json()["detail"].startswith("manifest: 1 chunks, but 1000000000 bytes in chunks of")
+    good = api.post(f"/api/jobs/{job.pk}/snapshots/", {"version": 1, "url": url,
+                                                      "manifest": factories.manifest(job, 1)}, format="json")
+    assert good.status_code == 201 and good.json()["manifest"]["sha256"] == factories.manifest(job, 1)["sha256"]
+
+
+def test_the_secret_migration_gives_every_existing_job_its_own(settings):
+    import importlib
+
+    from django.apps import apps
+
+    migration = importlib.import_module("marketplace.migrations.0009_job_transfer_secret")
+    owner = factories.user()
+    jobs = [factories.job(owner) for _ in range(3)]
+    Job.objects.filter(pk__in=[j.pk for j in jobs]).update(transfer_secret="")  # rows from before the field
+    migration.fill_secrets(apps, None)
+    secrets = set(Job.objects.values_list("transfer_secret", flat=True))
+    assert len(secrets) == 3 and all(len(s) >= 40 for s in secrets)
+
+
 def test_summary_max_staleness_is_the_runs_not_the_last_steps(redis_url, settings):
     settings.CELERY_TASK_ALWAYS_EAGER = True
     owner = factories.user()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from decimal import Decimal
 
 import pytest
 
+from dataplane import credentials
 from dataplane import messages as m
 from marketplace import services, telemetry
 from marketplace.models import Worker
@@ -14,7 +16,6 @@ from marketplace.services import base
 from . import factories
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("redis_url")]
-MANIFEST = {"job_id": 1, "version": 1, "total_bytes": 0, "chunk_bytes": 1, "chunks": [], "sha256": "0" * 64}
 
 
 @pytest.fixture
@@ -29,6 +30,12 @@ def pushes(monkeypatch):
 
     monkeypatch.setattr(base, "_push", capture)
     return sent
+
+
+def publish(job, version: int, **manifest):
+    """The learner publishes ``version`` (a well-formed manifest; the site checks it)."""
+    return services.snapshot_publish(job=job, version=version, url=f"http://l/v{version}/",
+                                     manifest=factories.manifest(job, version, **manifest))
 
 
 def running_job(workers, *, b0: int, strategy: str = "chain", learner_relay: str = "10.0.0.1:7000"):
@@ -54,7 +61,7 @@ def make_workers(n: int, *, relay: bool = True, bw: int = 1000) -> list[Worker]:
 def test_publish_sends_each_worker_its_parent_and_child(pushes):
     workers = make_workers(4)
     job = running_job(workers, b0=2000)  # n_ch = floor(2000 / 1000) = 2 chains of 2
-    snap = services.snapshot_publish(job=job, version=1, url="http://l/v1/", manifest=MANIFEST)
+    snap = publish(job, 1)
     assert snap.n_chains == 2
     msgs = {wid: pushes[wid][-1] for wid in (w.pk for w in workers)}
     seeds = [w for w in workers if msgs[w.pk].parent == "10.0.0.1:7000"]
@@ -69,7 +76,7 @@ def test_publish_sends_each_worker_its_parent_and_child(pushes):
 def test_workers_without_relay_address_are_tails_only(pushes):
     relays, plain = make_workers(1), make_workers(3, relay=False)
     job = running_job([*relays, *plain], b0=1000)  # one chain
-    services.snapshot_publish(job=job, version=1, url="http://l/v1/", manifest=MANIFEST)
+    publish(job, 1)
     plan = telemetry.load_chain_plan(job.pk, 1)
     assert plan.chains == ((relays[0].pk, plain[0].pk),)  # the plain worker with the lowest id is the tail
     assert set(plan.rollout_only) == {plain[1].pk, plain[2].pk}
@@ -82,14 +89,14 @@ def test_workers_without_relay_address_are_tails_only(pushes):
 def test_star_or_no_learner_relay_means_http_for_everyone(pushes, strategy, relay):
     workers = make_workers(3)
     job = running_job(workers, b0=1000, strategy=strategy, learner_relay=relay)
-    services.snapshot_publish(job=job, version=1, url="http://l/v1/", manifest=MANIFEST)
+    publish(job, 1)
     assert all(pushes[w.pk][-1].parent is None and pushes[w.pk][-1].strategy == strategy for w in workers)
 
 
 def test_relay_failed_repairs_the_chain_and_counts_the_culprit(pushes):
     workers = make_workers(3)
     job = running_job(workers, b0=1000)  # one chain of 3
-    services.snapshot_publish(job=job, version=1, url="http://l/v1/", manifest=MANIFEST)
+    publish(job, 1)
     seed, middle, tail = telemetry.load_chain_plan(job.pk, 1).chains[0]
     by_id = {w.pk: w for w in workers}
     with pytest.raises(services.ServiceError, match="not your parent"):
@@ -105,7 +112,7 @@ def test_relay_failed_repairs_the_chain_and_counts_the_culprit(pushes):
 def test_install_via_parent_is_counted_and_credits_the_parent(pushes):
     workers = make_workers(2)
     job = running_job(workers, b0=1000)
-    services.snapshot_publish(job=job, version=1, url="http://l/v1/", manifest=MANIFEST)
+    publish(job, 1)
     seed, tail = telemetry.load_chain_plan(job.pk, 1).chains[0]
     services.snapshot_installed(worker=Worker.objects.get(pk=tail), job_id=job.pk, version=1, seconds=0.1,
                                 source="parent")
@@ -119,20 +126,19 @@ def test_install_via_parent_is_counted_and_credits_the_parent(pushes):
 def test_installs_through_a_relay_measure_its_bandwidth_and_the_planner_uses_it(pushes):
     workers = make_workers(2, bw=1000)
     job = running_job(workers, b0=1000)  # one chain: seed -> tail
-    manifest = {**MANIFEST, "total_bytes": 4000}
-    services.snapshot_publish(job=job, version=1, url="http://l/v1/", manifest=manifest)
+    publish(job, 1, total_bytes=4000)
     seed, tail = telemetry.load_chain_plan(job.pk, 1).chains[0]
     services.snapshot_installed(worker=Worker.objects.get(pk=tail), job_id=job.pk, version=1, seconds=2.0,
                                 source="parent")
     assert Worker.objects.get(pk=seed).measured_bandwidth_bps == pytest.approx(2000.0)  # 4000 B in 2 s
     assert Worker.objects.get(pk=tail).measured_bandwidth_bps is None  # it relayed nothing
-    services.snapshot_publish(job=job, version=2, url="http://l/v2/", manifest={**manifest, "version": 2})
+    publish(job, 2, total_bytes=4000)
     assert telemetry.load_chain_plan(job.pk, 2).chains[0] == (seed, tail)
     services.snapshot_installed(worker=Worker.objects.get(pk=tail), job_id=job.pk, version=2, seconds=1.0,
                                 source="parent")
     seed_row = Worker.objects.get(pk=seed)
     assert seed_row.measured_bandwidth_bps == pytest.approx(0.7 * 2000 + 0.3 * 4000)  # moving average
-    services.snapshot_publish(job=job, version=3, url="http://l/v3/", manifest={**manifest, "version": 3})
+    publish(job, 3, total_bytes=4000)
     services.snapshot_installed(worker=Worker.objects.get(pk=tail), job_id=job.pk, version=3, seconds=0.05,
                                 source="parent")
     seed_row = Worker.objects.get(pk=seed)  # 50 ms measures latency, not bandwidth: counted, not averaged in
@@ -145,19 +151,19 @@ def test_installs_through_a_relay_measure_its_bandwidth_and_the_planner_uses_it(
     job = running_job([], b0=2000)
     for w in four:
         services.worker_activate(worker=w, job=job)
-    assert services.snapshot_publish(job=job, version=1, url="http://l/v1/", manifest=MANIFEST).n_chains == 2
+    assert publish(job, 1).n_chains == 2
     Worker.objects.filter(pk__in=[w.pk for w in four]).update(measured_bandwidth_bps=2000.0)
-    assert services.snapshot_publish(job=job, version=2, url="http://l/v2/", manifest=MANIFEST).n_chains == 1
+    assert publish(job, 2).n_chains == 1
 
 
 def test_a_disconnected_worker_is_left_out_of_the_next_plan(pushes):
     workers = make_workers(3)
     job = running_job(workers, b0=1000)  # one chain of three
-    services.snapshot_publish(job=job, version=1, url="http://l/v1/", manifest=MANIFEST)
+    publish(job, 1)
     middle = telemetry.load_chain_plan(job.pk, 1).chains[0][1]
     services.worker_disconnected(worker=Worker.objects.get(pk=middle))  # its activation stays open for a while
     assert job.activations.filter(worker_id=middle, ended_at=None).exists()
-    services.snapshot_publish(job=job, version=2, url="http://l/v2/", manifest=MANIFEST)
+    publish(job, 2)
     plan = telemetry.load_chain_plan(job.pk, 2)
     assert middle not in {w for chain in plan.chains for w in chain} | set(plan.rollout_only)
     assert sorted(w for chain in plan.chains for w in chain) == sorted(w.pk for w in workers if w.pk != middle)
@@ -169,7 +175,7 @@ def test_a_worker_that_goes_away_is_cut_out_of_the_current_chain_at_once(pushes,
 
     workers = make_workers(3)
     job = running_job(workers, b0=1000)  # one chain of three
-    services.snapshot_publish(job=job, version=1, url="http://l/v1/", manifest=MANIFEST)
+    publish(job, 1)
     seed, middle, tail = telemetry.load_chain_plan(job.pk, 1).chains[0]
     gone = Worker.objects.get(pk=middle)
     if how == "socket closed":
@@ -184,3 +190,64 @@ def test_a_worker_that_goes_away_is_cut_out_of_the_current_chain_at_once(pushes,
     assert pushes[tail][-1].parent == Worker.objects.get(pk=seed).relay_address  # re-pointed to the seed
     assert pushes[tail][-1].parent_worker_id == seed and pushes[seed][-1].children == [tail]
     assert Worker.objects.get(pk=middle).relay_failures == 0  # going away is not a relay failure
+
+
+def test_every_snapshot_message_carries_its_workers_credential_and_its_childs_fingerprint(pushes, settings):
+    settings.ECHO2 = {**settings.ECHO2, "TRANSFER_CREDENTIAL_TTL_S": 120.0}
+    workers = make_workers(3)
+    job = running_job(workers, b0=1000)  # one chain of three
+    before = time.time()
+    publish(job, 1)
+    seed, middle, tail = telemetry.load_chain_plan(job.pk, 1).chains[0]
+    msgs = {w: pushes[w][-1] for w in (seed, middle, tail)}
+    for worker_id, msg in msgs.items():
+        grant = credentials.verify(job.transfer_secret, msg.credential, job_id=job.pk, version=1, now=time.time(),
+                                   worker_id=worker_id)
+        assert (grant.lowest, grant.highest) == (1, 1) and before + 119 <= grant.expires <= time.time() + 121
+        with pytest.raises(credentials.CredentialError):  # good for this version only
+            credentials.verify(job.transfer_secret, msg.credential, job_id=job.pk, version=2, now=time.time())
+    assert msgs[seed].child_credential_sha256 == {middle: credentials.fingerprint(msgs[middle].credential)}
+    assert msgs[middle].child_credential_sha256 == {tail: credentials.fingerprint(msgs[tail].credential)}
+    assert msgs[tail].child_credential_sha256 == {}
+
+
+def test_a_repair_reissues_the_orphans_credential_and_tells_its_new_parent(pushes):
+    workers = make_workers(3)
+    job = running_job(workers, b0=1000)
+    publish(job, 1)
+    seed, middle, tail = telemetry.load_chain_plan(job.pk, 1).chains[0]
+    services.relay_failed(worker=Worker.objects.get(pk=tail), job_id=job.pk, version=1, culprit_worker_id=middle,
+                          reason="stalled")
+    orphan, new_parent = pushes[tail][-1], pushes[seed][-1]
+    assert new_parent.child_credential_sha256 == {tail: credentials.fingerprint(orphan.credential)}
+    grant = credentials.verify(job.transfer_secret, orphan.credential, job_id=job.pk, version=1, now=time.time(),
+                               worker_id=tail)
+    first = next(msg for msg in pushes[tail] if msg.type == "snapshot")
+    assert grant.expires >= credentials.parse(first.credential)[0].expires
+
+
+def test_a_worker_assigned_after_a_publication_gets_a_credential_for_the_newest_snapshot(pushes):
+    job = running_job(make_workers(1), b0=1000)
+    publish(job, 1)
+    late = make_workers(1)[0]
+    services.worker_activate(worker=late, job=job)
+    assign = next(msg for msg in pushes[late.pk] if msg.type == "assign")
+    snapshot = m.SnapshotAvailable.model_validate(assign.snapshot)
+    assert credentials.verify(job.transfer_secret, snapshot.credential, job_id=job.pk, version=1, now=time.time(),
+                              worker_id=late.pk)
+
+
+def test_a_published_manifest_must_have_its_shape_and_describe_that_version(pushes):
+    job = running_job(make_workers(1), b0=1000)
+    bad = factories.manifest(job, 1)
+    bad["chunks"][0]["sha256"] = "abc"
+    with pytest.raises(services.ServiceError, match=r"^manifest: chunks\.0\.sha256: String should match pattern"):
+        services.snapshot_publish(job=job, version=1, url="http://l/v1/", manifest=bad)
+    with pytest.raises(services.ServiceError, match=f"^manifest: describes job {job.pk} version 2, not job "
+                                                    f"{job.pk} version 1$"):
+        services.snapshot_publish(job=job, version=1, url="http://l/v1/", manifest=factories.manifest(job, 2))
+    assert not job.snapshots.exists()
+    good = factories.manifest(job, 1, total_bytes=5000)
+    publish(job, 1, total_bytes=5000)
+    # What the agents verify against is the learner's digest, as published.
+    assert pushes[job.activations.get().worker_id][-1].manifest["sha256"] == good["sha256"]

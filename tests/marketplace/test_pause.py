@@ -110,7 +110,7 @@ def test_live_payload_has_workers_versions_chains_and_the_latest_histogram(eager
     services.learner_announce(job=job, t_train=None, relay_address="127.0.0.1:6999")
     services.metrics_record(job=job, step=1, values={
         "reward_mean": 0.25, "t_train": 0.1, "extra": {"staleness_histogram": {"0": 3, "2": 1}}})
-    services.snapshot_publish(job=job, version=1, url="http://x/v1/", manifest={})
+    services.snapshot_publish(job=job, version=1, url="http://x/v1/", manifest=factories.manifest(job, 1))
     services.snapshot_installed(worker=relays[0], job_id=job.pk, version=1, seconds=0.1)
 
     live = selectors.job_live(Job.objects.get(pk=job.pk))

@@ -23,12 +23,13 @@ def reader_of(data: bytes, *, eof: bool = True) -> asyncio.StreamReader:
 async def test_chunk_and_hello_frames_round_trip():
     data = bytes(range(256)) * 1000
     header = framing.chunk(job_id=7, version=2, index=5, size=len(data), sha256=hashlib.sha256(data).hexdigest())
-    hello = framing.hello(job_id=7, version=2, worker_id=11, have=[3, 1, 2])
+    hello = framing.hello(job_id=7, version=2, worker_id=11, have=[3, 1, 2], credential="e2t1.token")
     reader = reader_of(framing.encode_frame(header, data) + framing.encode_frame(hello))
     frame = await framing.read_frame(reader, peer="p", timeout=1)
     assert frame.header == header and frame.payload == data
     frame = await framing.read_frame(reader, peer="p", timeout=1)
     assert frame.type == "hello" and frame.header["have"] == [1, 2, 3] and frame.payload == b""
+    assert frame.header["credential"] == "e2t1.token"
     with pytest.raises(PeerClosed, match="p closed the stream"):
         await framing.read_frame(reader, peer="p", timeout=1)
 
@@ -56,6 +57,7 @@ async def test_garbage_and_oversized_frames_are_rejected():
 @pytest.mark.parametrize("header, payload, match", [
     ({"type": "launch"}, b"", "unknown frame type"),
     ({"type": "hello", "job_id": 1, "version": 1, "have": []}, b"", "worker_id"),
+    ({"type": "hello", "job_id": 1, "version": 1, "worker_id": 2, "have": [], "credential": 42}, b"", "credential"),
     ({"type": "chunk", "job_id": 1, "version": 1, "index": 0, "size": 9, "sha256": "0" * 64}, b"abc", "size 9"),
     ({"type": "chunk", "job_id": 1, "version": 1, "index": 0, "size": 3, "sha256": "zz"}, b"abc", "sha256"),
     ({"type": "want", "indices": [-1]}, b"", "indices"),

@@ -1,5 +1,7 @@
 """Snapshot relays as real processes on loopback: a chain delivers byte-identical snapshots, survives a killed
-middle relay once repaired, re-fetches a corrupted chunk, and refuses peers outside their assignment."""
+middle relay once repaired, re-fetches a corrupted chunk, and refuses peers outside their assignment. Every
+relay holds the credentials the site would hand out (the origin the job's secret, each child its token, each
+parent the sha256 of its child's token)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from dataplane.broadcast import framing
 from dataplane.broadcast.hub import RelayHub
 from dataplane.broadcast.relay import SnapshotRelay
 from dataplane.broadcast.store import read_version, write_version
+from dataplane.credentials import fingerprint, issue, new_secret
 from dataplane.snapshot import build_manifest
 from marketplace.chains import ChainPlan, repair
 
@@ -30,6 +33,17 @@ ROOT = Path(__file__).resolve().parents[3]
 JOB, VERSION = 1, 3
 RELAY = "dataplane.broadcast.process"
 CORRUPTING_RELAY = "tests.dataplane.broadcast.corrupting_relay"  # the same process, its relay flips bytes
+SECRET = new_secret()
+
+
+def cred(worker_id: int, *, ttl: int = 3600) -> str:
+    """The credential the site would give ``worker_id`` for this version (``ttl`` differs: a re-issued one)."""
+    return issue(SECRET, job_id=JOB, worker_id=worker_id, lowest=VERSION, highest=VERSION,
+                 expires=int(time.time()) + ttl)
+
+
+def child_arg(worker_id: int, token: str) -> list[str]:
+    return ["--child", f"{worker_id}={fingerprint(token)}"]
 
 
 class RelayProc:
@@ -100,18 +114,31 @@ def procs():
         proc.stop()
 
 
-def relay_args(snapshot, worker_id: int, parent: int | None, *extra: str) -> list[str]:
+def relay_args(snapshot, worker_id: int, parent: int | None, *extra: str, child: int | None = None,
+               tokens: dict[int, str] | None = None) -> list[str]:
+    """A relay that receives as ``worker_id`` (showing its token from ``tokens``, default :func:`cred`) and
+    serves ``child`` (knowing the sha256 of the child's token)."""
+    tokens = tokens if tokens is not None else {}
+    token = tokens.setdefault(worker_id, cred(worker_id))
     args = ["--manifest", str(snapshot["manifest"]), "--worker-id", str(worker_id), "--stall-timeout", "5",
-            "--out", str(snapshot["tmp"] / f"w{worker_id}.bin"), *extra]
+            "--out", str(snapshot["tmp"] / f"w{worker_id}.bin"), "--credential", token, *extra]
+    if child is not None:
+        args += child_arg(child, tokens.setdefault(child, cred(child)))
     return args + (["--parent", f"127.0.0.1:{parent}"] if parent else [])
 
 
+def origin_args(snapshot, *extra: str) -> list[str]:
+    return ["--from-dir", str(snapshot["dir"]), "--job-secret", SECRET, *extra]
+
+
 def test_chain_of_four_relays_delivers_byte_identical_snapshots(snapshot, procs):
-    origin = procs("--from-dir", str(snapshot["dir"]), "--uplink-bps", "8e6")
+    origin = procs(*origin_args(snapshot, "--uplink-bps", "8e6"))
     parent = origin.port
-    chain = []
+    chain, tokens = [], {}
     for worker_id in (1, 2, 3, 4):
-        chain.append(procs(*relay_args(snapshot, worker_id, parent, "--downlink-bps", "8e6")))
+        child = worker_id + 1 if worker_id < 4 else None
+        chain.append(procs(*relay_args(snapshot, worker_id, parent, "--downlink-bps", "8e6", child=child,
+                                       tokens=tokens)))
         parent = chain[-1].port
     for worker_id, relay in enumerate(chain, start=1):
         installed = relay.wait("installed")
@@ -121,12 +148,13 @@ def test_chain_of_four_relays_delivers_byte_identical_snapshots(snapshot, procs)
 
 
 def test_killed_middle_relay_is_repaired_and_every_survivor_installs(snapshot, procs):
-    origin = procs("--from-dir", str(snapshot["dir"]))
+    origin = procs(*origin_args(snapshot))
     rate = ["--downlink-bps", "1e6", "--uplink-bps", "1e6"]  # 1.5 MB at 1 MB/s: ~1.5 s, time to kill mid-way
-    w1 = procs(*relay_args(snapshot, 1, origin.port, *rate, "--child", "2"))
-    w2 = procs(*relay_args(snapshot, 2, w1.port, *rate))
-    w3 = procs(*relay_args(snapshot, 3, w2.port, *rate, "--progress"))
-    w4 = procs(*relay_args(snapshot, 4, w3.port, *rate))
+    tokens: dict[int, str] = {}
+    w1 = procs(*relay_args(snapshot, 1, origin.port, *rate, child=2, tokens=tokens))
+    w2 = procs(*relay_args(snapshot, 2, w1.port, *rate, child=3, tokens=tokens))
+    w3 = procs(*relay_args(snapshot, 3, w2.port, *rate, "--progress", child=4, tokens=tokens))
+    w4 = procs(*relay_args(snapshot, 4, w3.port, *rate, tokens=tokens))
 
     w3.wait("chunk", when=lambda e: e["have"] >= 3)
     w2.proc.send_signal(signal.SIGKILL)
@@ -136,9 +164,10 @@ def test_killed_middle_relay_is_repaired_and_every_survivor_installs(snapshot, p
     plan, moves = repair(ChainPlan(chains=((1, 2, 3, 4),)), 2)
     assert plan.chains == ((1, 3, 4),) and moves == [(3, 1)]
     ports = {1: w1.port}
-    for child, new_parent in moves:
-        w1.send(cmd="children", worker_ids=[child])
-        w3.send(cmd="parent", host="127.0.0.1", port=ports[new_parent])
+    for child, new_parent in moves:  # the site re-issues the orphan's credential with its new parent
+        fresh = cred(child, ttl=3000)
+        w1.send(cmd="children", worker_ids=[child], sha256={str(child): fingerprint(fresh)})
+        w3.send(cmd="parent", host="127.0.0.1", port=ports[new_parent], credential=fresh)
 
     digest = hashlib.sha256(snapshot["payload"]).hexdigest()
     for worker_id, relay in ((1, w1), (3, w3), (4, w4)):
@@ -149,9 +178,11 @@ def test_killed_middle_relay_is_repaired_and_every_survivor_installs(snapshot, p
 
 
 def test_corrupted_chunk_is_detected_and_fetched_again_from_the_parent(snapshot, procs):
-    origin = procs("--from-dir", str(snapshot["dir"]))
-    w1 = procs(*relay_args(snapshot, 1, origin.port), "--corrupt-chunk", "3", module=CORRUPTING_RELAY)
-    w2 = procs(*relay_args(snapshot, 2, w1.port))
+    origin = procs(*origin_args(snapshot))
+    tokens: dict[int, str] = {}
+    w1 = procs(*relay_args(snapshot, 1, origin.port, child=2, tokens=tokens), "--corrupt-chunk", "3",
+               module=CORRUPTING_RELAY)
+    w2 = procs(*relay_args(snapshot, 2, w1.port, tokens=tokens))
     bad = w2.wait("bad_chunk")
     assert bad["index"] == 3 and "sha256 mismatch" in bad["reason"]
     installed = w2.wait("installed")
@@ -165,11 +196,12 @@ def test_relay_that_keeps_corrupting_is_bypassed_through_the_learner_fallback(sn
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        origin = procs("--from-dir", str(snapshot["dir"]))
-        w1 = procs(*relay_args(snapshot, 1, origin.port), "--corrupt-chunk", "3", "--corrupt-times", "100",
-                   module=CORRUPTING_RELAY)
+        origin = procs(*origin_args(snapshot))
+        tokens: dict[int, str] = {}
+        w1 = procs(*relay_args(snapshot, 1, origin.port, child=2, tokens=tokens), "--corrupt-chunk", "3",
+                   "--corrupt-times", "100", module=CORRUPTING_RELAY)
         url = f"http://127.0.0.1:{server.server_address[1]}/v{VERSION}/"
-        w2 = procs(*relay_args(snapshot, 2, w1.port, "--fallback-url", url))
+        w2 = procs(*relay_args(snapshot, 2, w1.port, "--fallback-url", url, tokens=tokens))
         installed = w2.wait("installed")
         assert (snapshot["tmp"] / "w2.bin").read_bytes() == snapshot["payload"]
         assert installed["stats"]["bad_chunks"] == 3 and installed["stats"]["from_fallback"] == 1
@@ -178,12 +210,12 @@ def test_relay_that_keeps_corrupting_is_bypassed_through_the_learner_fallback(sn
         server.server_close()
 
 
-def ask_relay(port: int, version: int, worker_id: int) -> framing.Frame:
+def ask_relay(port: int, version: int, worker_id: int, credential: str) -> framing.Frame:
     """Say hello to the relay on ``port`` as ``worker_id`` asking for ``version``; its first reply."""
     async def hello() -> framing.Frame:
         reader, writer = await framing.open_peer("127.0.0.1", port, timeout=5)
-        await framing.write_frame(writer, framing.hello(job_id=JOB, version=version, worker_id=worker_id, have=[]),
-                                  peer="relay", timeout=5)
+        await framing.write_frame(writer, framing.hello(job_id=JOB, version=version, worker_id=worker_id, have=[],
+                                                        credential=credential), peer="relay", timeout=5)
         frame = await framing.read_frame(reader, peer="relay", timeout=10)
         writer.close()
         return frame
@@ -194,10 +226,12 @@ def ask_relay(port: int, version: int, worker_id: int) -> framing.Frame:
 def test_a_child_that_knocks_before_its_parent_is_told_is_served_once_it_is(snapshot, procs):
     # The site pushes "serve child 2" to the parent and "pull from worker 1" to the child at the same
     # time; the child may arrive first. The parent holds it until the assignment lands.
-    w1 = procs("--from-dir", str(snapshot["dir"]), "--worker-id", "1", "--child", "3")
-    threading.Timer(0.5, lambda: w1.send(cmd="children", worker_ids=[2])).start()
+    w1 = procs("--from-dir", str(snapshot["dir"]), "--worker-id", "1", *child_arg(3, cred(3)))
+    token = cred(2)
+    threading.Timer(0.5, lambda: w1.send(cmd="children", worker_ids=[2],
+                                         sha256={"2": fingerprint(token)})).start()
     started = time.monotonic()
-    assert ask_relay(w1.port, VERSION, 2).type == "accept"
+    assert ask_relay(w1.port, VERSION, 2, token).type == "accept"
     assert 0.4 < time.monotonic() - started < 5
 
 
@@ -206,11 +240,11 @@ def test_hub_holds_a_child_asking_for_a_version_until_it_is_registered(snapshot)
         hub = RelayHub(assign_wait=5.0)
         port = await hub.start()
         manifest, chunks = read_version(snapshot["dir"])
-        relay = SnapshotRelay(manifest, chunks=chunks, worker_id=1)
+        relay = SnapshotRelay(manifest, chunks=chunks, worker_id=1, secret=SECRET)
         asyncio.get_running_loop().call_later(0.3, hub.register, relay)  # the site's message lands later
         reader, writer = await framing.open_peer("127.0.0.1", port, timeout=5)
-        await framing.write_frame(writer, framing.hello(job_id=JOB, version=VERSION, worker_id=2, have=[]),
-                                  peer="hub", timeout=5)
+        await framing.write_frame(writer, framing.hello(job_id=JOB, version=VERSION, worker_id=2, have=[],
+                                                        credential=cred(2)), peer="hub", timeout=5)
         frame = await framing.read_frame(reader, peer="hub", timeout=10)
         writer.close()
         await hub.close()
@@ -220,12 +254,13 @@ def test_hub_holds_a_child_asking_for_a_version_until_it_is_registered(snapshot)
 
 
 def test_peer_asking_for_an_unassigned_version_or_not_its_child_is_refused(snapshot, procs):
-    w1 = procs("--from-dir", str(snapshot["dir"]), "--worker-id", "1", "--child", "2", "--assign-wait", "0.2")
+    w1 = procs("--from-dir", str(snapshot["dir"]), "--worker-id", "1", *child_arg(2, cred(2)), "--assign-wait",
+               "0.2")
 
     async def ask(version: int, worker_id: int) -> str:
         reader, writer = await framing.open_peer("127.0.0.1", w1.port, timeout=5)
-        await framing.write_frame(writer, framing.hello(job_id=JOB, version=version, worker_id=worker_id, have=[]),
-                                  peer="w1", timeout=5)
+        await framing.write_frame(writer, framing.hello(job_id=JOB, version=version, worker_id=worker_id, have=[],
+                                                        credential=cred(worker_id)), peer="w1", timeout=5)
         frame = await framing.read_frame(reader, peer="w1", timeout=5)
         with pytest.raises(framing.PeerClosed):  # the refuser hangs up after giving its reason
             await framing.read_frame(reader, peer="w1", timeout=5)
