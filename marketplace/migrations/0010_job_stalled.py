@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('marketplace', '0008_job_hysteresis'),
+        ('marketplace', '0009_job_transfer_secret'),
     ]
 
     operations = [
