@@ -43,6 +43,7 @@ _REQUIRED: dict[str, dict[str, type | tuple[type, ...]]] = {
     "want": {"indices": list},
     "refuse": {"reason": str},
     "bye": {},
+    "idle": {},  # the parent is alive and waiting for its own parent: a frozen one sends nothing at all
 }
 _OPTIONAL: dict[str, dict[str, type]] = {"hello": {"credential": str}}
 
@@ -224,6 +225,10 @@ def want(indices: list[int]) -> dict[str, Any]:
 
 def refuse(reason: str) -> dict[str, Any]:
     return {"type": "refuse", "reason": reason}
+
+
+def idle() -> dict[str, Any]:
+    return {"type": "idle"}
 
 
 def bye() -> dict[str, Any]:

@@ -54,7 +54,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--uplink-bps", type=float, help="cap on bytes/s sent to children")
     p.add_argument("--downlink-bps", type=float, help="cap on bytes/s received")
     p.add_argument("--fallback-url", help="learner HTTP base for missing/bad chunks, e.g. http://h:p/v3/")
-    p.add_argument("--stall-timeout", type=float, default=10.0)
+    p.add_argument("--stall-timeout", type=float, default=3.0,
+                   help="seconds of silence from a peer before it counts as stalled (parents send keepalives)")
     p.add_argument("--give-up", type=float, default=300.0)
     p.add_argument("--assign-wait", type=float, default=5.0,
                    help="hold an unassigned child (or one asking for a version not served yet) this long")

@@ -39,19 +39,25 @@ from .. import credentials
 from ..credentials import CredentialError
 from ..snapshot import Manifest, SnapshotError, assemble, fetch_chunk, verify_chunk
 from . import framing
-from .framing import Frame, PeerRefused, TransferError
+from .framing import Frame, PeerRefused, PeerStalled, TransferError
 from .ratelimit import TokenBucket
 
 Event = dict[str, Any]
 log = logging.getLogger("echo2.relay")
 
 
+KEEPALIVE_S = 0.5  # a parent owing chunks it does not have yet says so this often; children's stall must exceed it
+
+
 @dataclass(frozen=True)
 class RelayTimeouts:
     connect: float = 5.0
     """Seconds to open a connection to the parent."""
-    stall: float = 10.0
-    """Seconds without a byte from the parent (or taken by the child) before the peer counts as stalled."""
+    stall: float = 3.0
+    """Seconds without a byte from the parent (or taken by the child) before the peer counts as stalled. A
+    parent waiting for its own parent sends an ``idle`` frame every ``KEEPALIVE_S``, so silence means frozen
+    (SIGSTOP, a hung host): the child then takes what is missing from the fallback at once and reports the
+    parent, rather than retrying it."""
     parent_retries: int = 3
     """Failed connections to one parent before the missing chunks come from the fallback (if any)."""
     bad_chunk_retries: int = 2
@@ -296,11 +302,22 @@ class SnapshotRelay:
                 index = order.popleft()
             else:
                 # Waiting for our own parent (or, all sent, for the child's want/bye): not the child's fault.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(session.wake.wait(), self.timeouts.give_up)
-                    continue
-                raise TransferError(f"child {peer}: nothing to send or hear for {self.timeouts.give_up:g} s")
+                await self._wait_for_chunks(writer, session, keepalive=bool(order), peer=peer)
+                continue
             await self._send_chunk(writer, index, self._chunks[index], peer=peer)
+
+    async def _wait_for_chunks(self, writer: asyncio.StreamWriter, session: _Session, *, keepalive: bool,
+                               peer: str) -> None:
+        """Wait for a chunk to send (or a word from the child), telling a child still owed chunks that we
+        are alive every ``KEEPALIVE_S``; give up after ``give_up`` seconds of nothing."""
+        deadline = time.monotonic() + self.timeouts.give_up
+        while time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(session.wake.wait(), KEEPALIVE_S)
+                return
+            if keepalive:
+                await framing.write_frame(writer, framing.idle(), peer=peer, timeout=self.timeouts.stall)
+        raise TransferError(f"child {peer}: nothing to send or hear for {self.timeouts.give_up:g} s")
 
     async def _send_chunk(self, writer: asyncio.StreamWriter, index: int, data: bytes, *, peer: str) -> None:
         """Send one held chunk under the manifest's sha256 (the one place bytes leave for a child)."""
@@ -336,6 +353,8 @@ class SnapshotRelay:
                     if not isinstance(err, TransferError):
                         raise err
                     failures += 1
+                    if isinstance(err, PeerStalled):  # frozen, not gone: no point knocking again
+                        failures = max(failures, self.timeouts.parent_retries)
                     self.stats.parent_failures += 1
                     self._emit("parent_failed", parent=f"{parent[0]}:{parent[1]}", reason=str(err), failures=failures)
                     await self._wait_parent_change(min(2.0, 0.2 * failures))
@@ -361,7 +380,9 @@ class SnapshotRelay:
                                                             worker_id=self.worker_id, have=self.have,
                                                             credential=self.credential),
                                        peer=peer, timeout=self.timeouts.stall)
-            frame = await framing.read_frame(reader, peer=peer, timeout=self.timeouts.stall)
+            # the parent may hold us until the site's word reaches it (assign_wait)
+            frame = await framing.read_frame(reader, peer=peer,
+                                             timeout=self.timeouts.assign_wait + self.timeouts.stall)
             if frame.type == "refuse":
                 raise PeerRefused(peer, frame.header["reason"])
             await self._check_assignment(writer, frame, peer)
@@ -373,6 +394,8 @@ class SnapshotRelay:
                                                  downlink=self.downlink)
                 if frame.type == "refuse":
                     raise PeerRefused(peer, frame.header["reason"])
+                if frame.type == "idle":
+                    continue
                 await self._check_assignment(writer, frame, peer)
                 index = frame.header["index"]
                 if index in self._chunks:

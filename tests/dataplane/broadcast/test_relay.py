@@ -302,3 +302,53 @@ def test_child_refuses_a_parent_that_sends_another_version(snapshot, procs):
 
     asyncio.run(fake_parent())
     assert reasons == [f"worker 5 was assigned job {JOB} version {VERSION}, not job {JOB} version {VERSION + 7}"]
+
+
+def test_a_frozen_relay_is_bypassed_within_seconds_through_the_fallback(snapshot, procs):
+    """SIGSTOP keeps the parent's socket open but sends nothing: its child notices in ``stall`` seconds
+    (no idle frames either), takes the rest from the learner's HTTP fallback at once, and reports it."""
+    handler = partial(SimpleHTTPRequestHandler, directory=str(snapshot["dir"].parent))
+    handler.log_message = lambda *args: None
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v{VERSION}/"
+    tokens: dict[int, str] = {}
+    origin = procs(*origin_args(snapshot))
+    w1 = procs(*relay_args(snapshot, 1, origin.port, "--uplink-bps", "3e5", child=2, tokens=tokens))
+    stall = ["--stall-timeout", "1.5", "--progress"]
+    w2 = procs(*[a for a in relay_args(snapshot, 2, w1.port, "--fallback-url", url, tokens=tokens)
+                 if a != "--stall-timeout" and a != "5"] + stall)
+    try:
+        w2.wait("chunk", when=lambda e: e["have"] >= 3)
+        w1.proc.send_signal(signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        failed = w2.wait("parent_failed")
+        assert "stalled" in failed["reason"]
+        installed = w2.wait("installed")
+        took = time.monotonic() - frozen_at
+        assert (snapshot["tmp"] / "w2.bin").read_bytes() == snapshot["payload"]
+        assert installed["stats"]["from_fallback"] > 0 and installed["stats"]["from_parent"] >= 3
+        assert installed["stats"]["parent_failures"] == 1  # not knocked on again: straight to the fallback
+        assert took < 15, f"{took:.1f} s to get past a frozen parent"
+    finally:
+        w1.proc.send_signal(signal.SIGCONT)
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_parent_waiting_for_its_own_parent_keeps_its_child_with_idle_frames(tmp_path, procs):
+    """Store-and-forward per chunk: a slow upstream leaves gaps longer than the child's stall timeout
+    between chunks; the idle frames keep the child from taking a live parent for a frozen one."""
+    payload = os.urandom(200_000)
+    manifest = build_manifest(payload, job_id=JOB, version=VERSION, chunk_bytes=50_000)
+    directory = write_version(tmp_path / "snap", manifest, payload)
+    (tmp_path / "manifest.json").write_text(manifest.model_dump_json())
+    small = {"payload": payload, "dir": directory, "manifest": tmp_path / "manifest.json", "tmp": tmp_path}
+    tokens: dict[int, str] = {}
+    origin = procs(*origin_args(small, "--uplink-bps", "25000"))  # a 50 KB chunk every 2 s
+    w1 = procs(*relay_args(small, 1, origin.port, child=2, tokens=tokens))
+    w2 = procs(*[a for a in relay_args(small, 2, w1.port, tokens=tokens) if a not in ("--stall-timeout", "5")],
+               "--stall-timeout", "1.0")
+    installed = w2.wait("installed", timeout=60)
+    assert (tmp_path / "w2.bin").read_bytes() == payload
+    assert installed["stats"]["from_parent"] == 4 and installed["stats"]["parent_failures"] == 0
