@@ -161,6 +161,11 @@ ECHO2 = {
     # this long; release only while capacity exceeds the target by this fraction.
     "REPLAN_INTERVAL_S": float(os.environ.get("ECHO2_REPLAN_INTERVAL_S", "60.0")),
     "RELEASE_MARGIN": float(os.environ.get("ECHO2_RELEASE_MARGIN", "0.25")),
+    # A job's model_dir is a checkpoint directory on the learner's machine. The site refuses a job whose
+    # directory it cannot see when the job is created or started: true where site and learner share the
+    # machine or a mount (the demo, the tests, docker compose); set false where the site cannot see the
+    # learner's disk (then the learner refuses it at start).
+    "CHECK_MODEL_DIR": env_bool("ECHO2_CHECK_MODEL_DIR", True),
 }
 
 LOGGING = {
