@@ -54,9 +54,16 @@ def latest_snapshot(job: Job) -> Snapshot | None:
     return job.snapshots.order_by("-version").first()
 
 
+def base_snapshot(job: Job) -> Snapshot | None:
+    """Version 0: the job's base checkpoint, as the learner published it before training."""
+    return job.snapshots.filter(version=0).first()
+
+
 def last_broadcast(job: Job) -> Snapshot | None:
-    """The newest snapshot whose T_bcast is known (enough workers installed it)."""
-    return job.snapshots.exclude(t_bcast=None).order_by("-version").first()
+    """The newest snapshot after the base whose T_bcast is known (enough workers installed it). The base's time
+    is left out: it carries config and tokenizer too and includes building each worker's engine, so it says
+    nothing of how long the broadcast of one policy update takes."""
+    return job.snapshots.exclude(t_bcast=None).filter(version__gt=0).order_by("-version").first()
 
 
 def throughput_target(job: Job, t_bcast: float) -> float | None:

@@ -191,3 +191,30 @@ async def test_a_heartbeat_after_the_release_keeps_the_recorded_install(settings
     assert (await database_sync_to_async(Worker.objects.get)(pk=worker.pk)).installed_version == 1
     assert (await database_sync_to_async(lambda: job.snapshots.get(version=1).installs)()) == 1
     await comm.disconnect()
+
+
+async def test_an_agent_that_asks_gets_its_jobs_base_then_the_newest_snapshot(settings_eager):
+    job, worker, key = await setup_job_and_worker()
+    comm = await connect(key)
+    await comm.send_json_to({"type": "hello", "agent_version": "test"})
+    assert (await comm.receive_json_from())["type"] == "welcome"
+    await database_sync_to_async(services.job_start)(job=await database_sync_to_async(Job.objects.get)(pk=job.pk))
+    assert (await comm.receive_json_from(timeout=5))["base"] is None  # not published yet
+    await comm.send_json_to({"type": "snapshot_request", "job_id": job.pk, "which": "base"})
+    await comm.send_json_to({"type": "lease_request", "job_id": job.pk})
+    assert (await comm.receive_json_from())["type"] == "no_work"  # nothing to give: no answer to the request
+
+    fresh = database_sync_to_async(lambda: Job.objects.get(pk=job.pk))
+    base = {"job_id": job.pk, "version": 0, "format": "checkpoint-tar", "total_bytes": 0, "chunk_bytes": 1,
+            "chunks": [], "sha256": "cd" * 32}
+    await database_sync_to_async(services.snapshot_publish)(job=await fresh(), version=0, url="http://l/v0/",
+                                                            manifest=base)
+    assert (await comm.receive_json_from(timeout=5))["version"] == 0  # pushed to the active worker
+    await database_sync_to_async(services.snapshot_publish)(job=await fresh(), version=1, url="http://l/v1/",
+                                                            manifest={})
+    assert (await comm.receive_json_from(timeout=5))["version"] == 1
+    for which, version in (("base", 0), ("newest", 1)):
+        await comm.send_json_to({"type": "snapshot_request", "job_id": job.pk, "which": which})
+        reply = await comm.receive_json_from()
+        assert (reply["type"], reply["version"], reply["parent"]) == ("snapshot", version, None)
+    await comm.disconnect()
