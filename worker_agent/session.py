@@ -95,6 +95,7 @@ class AgentSession(SnapshotInstalls):
         self.assignment: m.Assign | None = None
         self.rollout_task: asyncio.Task | None = None
         self.replies: asyncio.Queue = asyncio.Queue()
+        self.unanswered = 0  # requests sent on this socket whose reply has not been taken from ``replies``
         self.ws = None
         self.stopped = asyncio.Event()
         self.generated = 0
@@ -132,6 +133,7 @@ class AgentSession(SnapshotInstalls):
     async def _session(self, ws) -> None:
         self.ws = ws
         self.replies = asyncio.Queue()
+        self.unanswered = 0
         job = self.assignment.job_id if self.assignment else None
         await self.send(m.Hello(agent_version=__version__, installed_version=self.installed_version(job)))
         heartbeat = asyncio.create_task(self._heartbeats())
@@ -190,8 +192,18 @@ class AgentSession(SnapshotInstalls):
             self.rollout_task.cancel()
             self.rollout_task = None
 
-    async def _reply(self) -> m._Msg:
-        return await asyncio.wait_for(self.replies.get(), REPLY_TIMEOUT_S)
+    async def _request(self, message: m.LeaseRequest | m.Trajectories) -> m._Msg:
+        """Send a request and return its reply. The site answers each request once, in order; replies to requests
+        of a rollout loop cancelled while it waited (a release, a job switch) are taken and dropped here, so they
+        are never read as the answer to a newer request."""
+        self.unanswered += 1
+        await self.send(message)
+        while True:
+            reply = await asyncio.wait_for(self.replies.get(), REPLY_TIMEOUT_S)
+            self.unanswered -= 1
+            if self.unanswered == 0:
+                return reply
+            log.debug("dropping a reply to a request of a cancelled rollout: %s", reply.type)
 
     # ---- snapshots: the relay side (the installs themselves: worker_agent/installs.py) -------
 
@@ -272,8 +284,7 @@ class AgentSession(SnapshotInstalls):
                                 top_p=assign.top_p)
         while True:
             await self._until_ready(assign.job_id)
-            await self.send(m.LeaseRequest(job_id=assign.job_id, groups=self.groups_per_lease))
-            reply = await self._reply()
+            reply = await self._request(m.LeaseRequest(job_id=assign.job_id, groups=self.groups_per_lease))
             if isinstance(reply, m.NoWork):
                 await asyncio.sleep(reply.retry_after)
                 continue
@@ -292,8 +303,7 @@ class AgentSession(SnapshotInstalls):
                 groups = await asyncio.to_thread(rollout_groups, job.engine, task, leases, job_id=assign.job_id,
                                                  n=assign.group_size, params=params, version=job.version)
             for lease, group in zip(reply.leases, groups, strict=True):
-                await self.send(m.Trajectories(group=group))
-                answer = await self._reply()
+                answer = await self._request(m.Trajectories(group=group))
                 if isinstance(answer, m.Accepted) and answer.accepted:
                     self.meter.add(answer.accepted)
                     self.generated += answer.accepted
