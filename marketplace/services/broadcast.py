@@ -214,7 +214,9 @@ def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: fl
         plan = telemetry.load_chain_plan(job_id, version)
         route = chains.route(plan, worker.pk) if plan else None
         if route is not None and route[0] is not None:
-            _relay_succeeded(route[0], total_bytes=int(snap.manifest.get("total_bytes") or 0), seconds=seconds)
+            # The base's install time includes building the engine: a success, but no measure of the link.
+            size = int(snap.manifest.get("total_bytes") or 0) if version > 0 else 0
+            _relay_succeeded(route[0], total_bytes=size, seconds=seconds)
     push_job_update(job_id)  # the page shows who has which version
 
 

@@ -237,12 +237,17 @@ def test_an_install_reported_again_counts_once(pushes):
     assert job.snapshots.get(version=1).installs == 2
 
 
-def test_the_base_does_not_count_as_a_broadcast_time(pushes):
+def test_the_base_measures_neither_broadcast_time_nor_bandwidth(pushes):
     from marketplace import selectors
 
-    workers = make_workers(1)
-    job = running_job(workers, b0=1000)
-    services.snapshot_publish(job=job, version=0, url="http://l/v0/", manifest=BASE)
-    services.snapshot_installed(worker=workers[0], job_id=job.pk, version=0, seconds=30.0, source="cache")
+    workers = make_workers(2)
+    job = running_job(workers, b0=1000)  # one chain: seed -> tail
+    services.snapshot_publish(job=job, version=0, url="http://l/v0/", manifest={**BASE, "total_bytes": 4000})
+    seed, tail = telemetry.load_chain_plan(job.pk, 0).chains[0]
+    for worker, source in ((seed, "parent"), (tail, "parent")):
+        services.snapshot_installed(worker=Worker.objects.get(pk=worker), job_id=job.pk, version=0, seconds=30.0,
+                                    source=source)
     assert job.snapshots.get(version=0).t_bcast is not None
     assert selectors.last_broadcast(job) is None  # building an engine is not broadcasting an update
+    relay = Worker.objects.get(pk=seed)
+    assert relay.relay_successes == 1 and relay.measured_bandwidth_bps is None  # 4000 B in 30 s is no link rate
