@@ -132,8 +132,8 @@ def snapshot_point(snap: Snapshot) -> dict:
 def job_broadcast(job: Job, workers: list[Worker]) -> dict:
     """Who feeds whom for the newest snapshot: the chain plan (learner -> seed -> ... -> tail) and the
     workers that fetch over HTTP, each with the version it has installed and how far behind it is."""
-    version = job.published_version
-    plan = telemetry.load_chain_plan(job.pk, version) if version else None
+    version = job.published_version  # 0: the base, once published
+    plan = telemetry.load_chain_plan(job.pk, version) if version or job.base_digest else None
     active = {w.pk for w in workers}
     planned = {w for chain in plan.chains for w in chain} if plan else set()
     by_id = {w.pk: w for w in workers} | {w.pk: w for w in Worker.objects.filter(pk__in=planned - active)}
