@@ -7,7 +7,9 @@ job's statuses live here too: the site stores them, the learner reads them to pa
 
 from __future__ import annotations
 
+import os
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -106,7 +108,8 @@ class JobSpec(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     name: str = Field(min_length=1, max_length=100, description="Human-readable job name.")
-    model_dir: str = Field(min_length=1, max_length=500, description="Checkpoint directory (Hugging Face layout).")
+    model_dir: str = Field(min_length=1, max_length=500, description="Absolute path of the base checkpoint directory "
+                           "(Hugging Face layout) on the learner's machine; workers receive it from the learner.")
     task: dict[str, Any] = Field(description='Task adapter spec, e.g. {"name": "arithmetic"}.')
     staleness: int = Field(default=3, ge=2, le=1000, description="S: largest admissible version lag (>= 2).")
     kappa: int | None = Field(default=None, ge=1, description="Snapshot period in steps; default S-1, must be < S.")
@@ -127,6 +130,14 @@ class JobSpec(BaseModel):
     broadcast_strategy: BroadcastStrategy = Field(
         default="chain", description="Snapshot broadcast: chain (learner -> seeds -> chains, section 4.2), or "
         "every worker pulls from the learner (star-limited: B0 shared; star-unlimited: no cap).")
+
+    @field_validator("model_dir")
+    @classmethod
+    def _model_dir_is_a_path(cls, value: str) -> str:
+        if not os.path.isabs(value):
+            raise ValueError(f"{value!r} is not an absolute path: model_dir is a checkpoint directory on the "
+                             "learner's machine (a hub id is not downloaded; fetch it there first)")
+        return value
 
     @field_validator("task")
     @classmethod
@@ -155,6 +166,20 @@ class JobSpec(BaseModel):
     @property
     def groups_per_step(self) -> int:
         return self.batch_trajectories // self.group_size
+
+
+def model_dir_problem(model_dir: str) -> str | None:
+    """Why ``model_dir`` is not a checkpoint directory on this machine (None: it is one). The learner checks
+    at start; the site checks when a job is created or started, where it sees the learner's paths (same
+    machine, or a shared mount; ``ECHO2_CHECK_MODEL_DIR``)."""
+    path = Path(model_dir)
+    if not path.is_absolute():
+        return f"{model_dir!r} is not an absolute path"
+    if not path.is_dir():
+        return f"no directory {model_dir} on this machine"
+    if not (path / "config.json").is_file():
+        return f"{model_dir} has no config.json (a checkpoint directory in Hugging Face layout is expected)"
+    return None
 
 
 def parse_job_spec(raw: dict[str, Any]) -> JobSpec:

@@ -70,9 +70,10 @@ class SnapshotInstalled(_Msg):
     job_id: int = Field(ge=1)
     version: int = Field(ge=0)
     seconds: float = Field(ge=0, description="Publication-to-install time seen by this agent.")
-    source: Literal["parent", "fallback", "http"] = Field(
+    source: Literal["parent", "fallback", "http", "cache"] = Field(
         default="http", description="Where most chunks came from: a relay parent, the learner's HTTP fallback "
-        "after a relay failed, or plain HTTP (no parent assigned).")
+        "after a relay failed, plain HTTP (no parent assigned), or (version 0 only) the agent's cache of base "
+        "snapshots.")
     from_parent: int = Field(default=0, ge=0, description="Chunks received from the relay parent.")
     from_fallback: int = Field(default=0, ge=0, description="Chunks fetched over HTTP.")
 
@@ -87,8 +88,19 @@ class RelayFailed(_Msg):
     reason: str = Field(default="", max_length=500)
 
 
+class SnapshotRequest(_Msg):
+    """Ask for a snapshot of the agent's job: its base (version 0) or the newest published. The site answers
+    with a ``snapshot`` message (fetched over HTTP), or with nothing while there is none yet. Sent by an agent
+    that joined late, restarted, or failed to install what it was told."""
+
+    type: Literal["snapshot_request"] = "snapshot_request"
+    job_id: int = Field(ge=1)
+    which: Literal["base", "newest"] = "newest"
+
+
 AgentMessage = Annotated[
-    Hello | Heartbeat | LeaseRequest | Trajectories | SnapshotInstalled | RelayFailed, Field(discriminator="type")
+    Hello | Heartbeat | LeaseRequest | Trajectories | SnapshotInstalled | RelayFailed | SnapshotRequest,
+    Field(discriminator="type"),
 ]
 
 # ---- site -> agent -------------------------------------------------------------------------
@@ -101,17 +113,24 @@ class Welcome(_Msg):
 
 
 class Assign(_Msg):
-    """Activate the worker for a job: load the model, then lease and generate."""
+    """Activate the worker for a job: build its engine from the job's base snapshot (version 0), install the
+    newest snapshot, then lease and generate."""
 
     type: Literal["assign"] = "assign"
     job_id: int
-    model: str = Field(description="Checkpoint directory in Hugging Face layout.")
+    model: str = Field(description="The base checkpoint directory on the learner's machine (for logs: the agent "
+                       "builds its engine from the base snapshot, never from this path).")
+    base_digest: str | None = Field(default=None, max_length=64, description="sha256 of the job's base snapshot "
+                                    "payload; None until the learner published version 0.")
+    base: dict[str, Any] | None = Field(default=None, description="The base snapshot (version 0) as a `snapshot` "
+                                        "message, once published.")
     task: dict[str, Any]
     group_size: int
     max_new_tokens: int
     temperature: float
     top_p: float = 1.0
-    snapshot: dict[str, Any] | None = Field(default=None, description="Latest snapshot to install, if any.")
+    snapshot: dict[str, Any] | None = Field(default=None, description="Newest snapshot after the base to install, "
+                                            "if any.")
 
 
 class Release(_Msg):

@@ -39,7 +39,8 @@ class Manifest(BaseModel):
 
     job_id: int = Field(ge=1)
     version: int = Field(ge=0)
-    format: str = Field(default="safetensors", max_length=32)
+    format: str = Field(default="safetensors", max_length=32, description="safetensors (weights), or "
+                        "checkpoint-tar for a job's base, version 0 (dataplane.basemodel).")
     total_bytes: int = Field(ge=0)
     chunk_bytes: int = Field(ge=1)
     chunks: list[ChunkInfo] = Field(min_length=1)
@@ -60,13 +61,14 @@ class Manifest(BaseModel):
         return self
 
 
-def build_manifest(payload: bytes, *, job_id: int, version: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Manifest:
+def build_manifest(payload: bytes, *, job_id: int, version: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                   format: str = "safetensors") -> Manifest:  # noqa: A002 - the manifest's field
     chunks = [
         ChunkInfo(index=i, size=len(part), sha256=hashlib.sha256(part).hexdigest())
         for i, part in enumerate(split(payload, chunk_bytes))
     ]
-    return Manifest(job_id=job_id, version=version, total_bytes=len(payload), chunk_bytes=chunk_bytes, chunks=chunks,
-                    sha256=hashlib.sha256(payload).hexdigest())
+    return Manifest(job_id=job_id, version=version, format=format, total_bytes=len(payload), chunk_bytes=chunk_bytes,
+                    chunks=chunks, sha256=hashlib.sha256(payload).hexdigest())
 
 
 def split(payload: bytes, chunk_bytes: int) -> list[bytes]:

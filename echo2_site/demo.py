@@ -155,7 +155,8 @@ def _start_site(console, stack: Stack, server: str, site_port: int, workdir: Pat
 
 
 def _start_agents(console, stack: Stack, server: str, tokens: dict[str, str], workdir: Path) -> None:
-    """Register and run one agent per provider, each relaying snapshot chunks to its chain peer."""
+    """Register and run one agent per provider, each relaying snapshot chunks to its chain peer. Agents get the job's
+    model from the learner (snapshot version 0) into their own cache: they are never told where it lives."""
     for user, gpu, price in PROVIDERS:
         cfg = workdir / "agents" / f"{user}.json"
         relay = f"127.0.0.1:{free_port()}"  # chain peers pull snapshot chunks from here
@@ -163,7 +164,7 @@ def _start_agents(console, stack: Stack, server: str, tokens: dict[str, str], wo
                   "--name", f"{user}-{gpu}", "--gpu", gpu, "--price", str(price), "--config", str(cfg),
                   "--bandwidth-mbps", "100", "--relay-address", relay)
         stack.start(f"agent-{user}", str(BIN / "echo2-agent"), "run", "--config", str(cfg), "--threads", "1",
-                    "--relay-listen", relay)
+                    "--relay-listen", relay, "--cache-dir", str(workdir / "agents" / f"{user}-cache"))
         console.print(f"agent {user}-{gpu} registered at ${price}/h and running (relay {relay})")
 
 

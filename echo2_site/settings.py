@@ -170,6 +170,11 @@ ECHO2 = {
     # repair, assignment). It must outlast a whole download at the slowest link: the learner's HTTP server checks
     # it on every chunk, a relay at each hello.
     "TRANSFER_CREDENTIAL_TTL_S": float(os.environ.get("ECHO2_TRANSFER_CREDENTIAL_TTL_S", "900")),
+    # A job's model_dir is a checkpoint directory on the learner's machine. The site refuses a job whose
+    # directory it cannot see when the job is created or started: true where site and learner share the
+    # machine or a mount (the demo, the tests, docker compose); set false where the site cannot see the
+    # learner's disk (then the learner refuses it at start).
+    "CHECK_MODEL_DIR": env_bool("ECHO2_CHECK_MODEL_DIR", True),
 }
 
 LOGGING = {

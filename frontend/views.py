@@ -96,13 +96,18 @@ def job_launch(request):
     plan = None
     if request.method == "POST" and form.is_valid():
         if "preview" not in request.POST:
-            with transaction.atomic():
-                job = services.job_create(owner=request.user, spec=form.spec)
-                if form.cleaned_data["start_now"]:
-                    services.job_start(job=job)
-            return redirect("frontend:job-detail", job_id=job.pk)
-        plan = scheduling.spec_plan(form.spec, user=request.user, t_train=form.cleaned_data["t_train_s"],
-                                    t_bcast=form.cleaned_data["t_bcast_s"])
+            try:
+                with transaction.atomic():
+                    job = services.job_create(owner=request.user, spec=form.spec)
+                    if form.cleaned_data["start_now"]:
+                        services.job_start(job=job)
+                return redirect("frontend:job-detail", job_id=job.pk)
+            except services.ServiceError as err:  # the field it names gets the error, as a JobSpec error would
+                field, _, reason = str(err).partition(": ")
+                form.add_error(field if field in form.fields else None, reason or str(err))
+        else:
+            plan = scheduling.spec_plan(form.spec, user=request.user, t_train=form.cleaned_data["t_train_s"],
+                                        t_bcast=form.cleaned_data["t_bcast_s"])
     available = None if plan else scheduling.available_workers()
     return render(request, "frontend/job_launch.html", {"form": form, "plan": plan, "available": available})
 

@@ -1,8 +1,9 @@
 """Snapshot publication: write the policy as safetensors chunks and serve them over HTTP and the relay.
 
 Each version lives in its own directory (manifest.json + chunks/<i>, :mod:`dataplane.broadcast.store`) and
-is never modified, so a slow agent can keep downloading an old version while newer ones appear. The newest
-``keep`` versions are kept on disk.
+is never modified, so a slow agent can keep downloading an old version while newer ones appear. Version 0 is
+the job's base checkpoint directory as one archive (:mod:`dataplane.basemodel`), kept for the whole job; of
+the others the newest ``keep`` stay, and every version published in the last ``retain_s`` seconds.
 
 Both doors check the worker's transfer credential (docs/trust.md) with the job's secret, which the learner
 learns from the site's reply to its announcement (:meth:`SnapshotServer.set_secret`,
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save
 
+from dataplane import basemodel
 from dataplane.broadcast.hub import RelayHub
 from dataplane.broadcast.ratelimit import bucket
 from dataplane.broadcast.relay import SnapshotRelay
@@ -33,6 +35,7 @@ from dataplane.broadcast.store import (
     MANIFEST,
     list_versions,
     prune_versions,
+    read_manifest,
     read_version,
     version_dir,
     write_version,
@@ -57,19 +60,43 @@ def state_dict_bytes(model: torch.nn.Module) -> bytes:
 
 
 class SnapshotStore:
-    """The learner's published versions: the policy serialised to safetensors bytes, laid out on disk by
-    :mod:`dataplane.broadcast.store` (the one writer and reader of that layout); the newest ``keep`` stay."""
+    """The learner's published versions, laid out on disk by :mod:`dataplane.broadcast.store` (the one writer
+    and reader of that layout): the base (version 0) as a checkpoint archive, then the policy as safetensors.
 
-    def __init__(self, root: Path, *, job_id: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES, keep: int = 4) -> None:
+    What an agent may still ask for stays: the base, the newest ``keep`` versions, and every version written
+    in the last ``retain_s`` seconds (one an agent started downloading a while ago, or was told about when it
+    reconnected, is not pulled from under it)."""
+
+    def __init__(self, root: Path, *, job_id: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES, keep: int = 4,
+                 retain_s: float = 0.0) -> None:
         self.root, self.job_id, self.chunk_bytes, self.keep = Path(root), job_id, chunk_bytes, keep
+        self.retain_s = retain_s
         self.root.mkdir(parents=True, exist_ok=True)
 
     def write(self, model: torch.nn.Module, version: int) -> Manifest:
         payload = state_dict_bytes(model)
         manifest = build_manifest(payload, job_id=self.job_id, version=version, chunk_bytes=self.chunk_bytes)
         write_version(self.root, manifest, payload)
-        prune_versions(self.root, keep=self.keep)
+        self.prune()
         return manifest
+
+    def write_base(self, model_dir: str | Path) -> Manifest:
+        """Lay out the checkpoint directory ``model_dir`` as version 0; its sha256 is the job's base digest."""
+        payload = basemodel.pack(model_dir)
+        manifest = build_manifest(payload, job_id=self.job_id, version=0, chunk_bytes=self.chunk_bytes,
+                                  format=basemodel.FORMAT)
+        write_version(self.root, manifest, payload)
+        return manifest
+
+    def base_manifest(self) -> Manifest | None:
+        """The manifest of version 0, if the store has it."""
+        return read_manifest(self.root, 0)
+
+    def prune(self) -> list[int]:
+        """Drop what no agent may still ask for (see the class); returns the versions dropped."""
+        cutoff = time.time() - self.retain_s
+        recent = {v for v in list_versions(self.root) if version_dir(self.root, v).stat().st_mtime >= cutoff}
+        return prune_versions(self.root, keep=self.keep, protect={0} | recent)
 
 
 _SNAPSHOT_PATH = re.compile(rf"^/v(\d{{1,10}})/(?:{re.escape(MANIFEST)}|{re.escape(CHUNKS)}/(\d{{1,10}}))$")

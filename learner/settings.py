@@ -38,6 +38,9 @@ class LearnerSettings(BaseSettings):
     redis_retry_s: float = option(300.0, ge=0, help="Ride out a Redis outage (a restart) this long per operation, "
                                   "retrying with backoff, before the job fails.", flag="--redis-retry")
     snapshot_dir: Path = option(Path("var/snapshots"), help="Where snapshots are written.")
+    snapshot_retain_s: float = option(600.0, ge=0, help="Keep every snapshot published in the last this many "
+                                      "seconds, besides the newest S+2 and the base (version 0, kept for the whole "
+                                      "job), so an agent still downloading one finds it.", flag="--snapshot-retain")
     snapshot_host: str = option("127.0.0.1", help="Address the snapshot server binds.")
     snapshot_port: int = option(0, help="Port of the snapshot server (0: any free port).")
     advertise_host: str | None = option(None, help="Host agents use to reach the snapshot server.")

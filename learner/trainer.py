@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from dataplane import replay
-from dataplane.jobs import JobSpec, JobStatus, LossConfig
+from dataplane.jobs import JobSpec, JobStatus, LossConfig, model_dir_problem
+from dataplane.snapshot import Manifest
 from dataplane.tasks import build_task
 
 from . import distributed
@@ -114,6 +115,9 @@ def _job_on_every_rank(site: SiteClient, job_id: int, ctx: distributed.DistConte
     if isinstance(raw, str):
         raise SiteError(raw)
     spec = JobSpec.model_validate(raw)
+    problem = model_dir_problem(spec.model_dir)
+    if problem:  # before transformers, whose error for a missing path is about the hub
+        raise SiteError(f"model_dir: {problem}")
     if spec.batch_trajectories < ctx.world:
         raise SiteError(f"R={spec.batch_trajectories} trajectories cannot feed {ctx.world} ranks")
     return raw, spec
@@ -174,7 +178,8 @@ class _JobRun:
                                identity=identity, checkpoint_every=settings.checkpoint_every, feeder=feeder)
             ckpt = _resume(loop, raw, job_id)
             checkpoints.save_config(_resolved_config(spec, settings, ctx))
-            store = SnapshotStore(settings.snapshot_dir / f"job{job_id}", job_id=job_id, keep=spec.staleness + 2)
+            store = SnapshotStore(settings.snapshot_dir / f"job{job_id}", job_id=job_id, keep=spec.staleness + 2,
+                                  retain_s=settings.snapshot_retain_s)
             server = SnapshotServer(store, host=settings.snapshot_host, port=settings.snapshot_port,
                                     advertise_host=settings.advertise_host).start()
             stack.callback(server.stop)
@@ -188,6 +193,7 @@ class _JobRun:
             stack.callback(heartbeat.stop)
             run = cls(site, settings, spec, loop, store, server, relay, ctx)
             run.announce(resumed=ckpt is not None)
+            run.publish_base(raw.get("base_digest") or "")
             if ckpt is not None and loop.version % spec.kappa == 0 and raw.get("published_version", 0) < loop.version:
                 run.publish(loop.version)  # crashed between checkpoint and publish
             yield run
@@ -239,10 +245,30 @@ class _JobRun:
         except SiteError as err:
             life.publish_failed(version, str(err))
 
+    def publish_base(self, published_digest: str) -> None:
+        """Publish the job's base checkpoint directory as version 0, before any training, so workers need no
+        copy of their own (dataplane/basemodel.py). Once per job: a restarted learner whose job has its base
+        published only lays it out again when its store lost it, and checks it is still the same files."""
+        manifest = self.store.base_manifest() if published_digest else None
+        if manifest is None or manifest.sha256 != published_digest:
+            manifest = self.store.write_base(self.spec.model_dir)
+        if published_digest and manifest.sha256 != published_digest:
+            raise SiteError(f"model_dir: the files in {self.spec.model_dir} changed since the job's base snapshot "
+                            f"was published (sha256 {manifest.sha256[:12]}..., published {published_digest[:12]}...)")
+        if published_digest:
+            if self.relay is not None:
+                self.relay.serve(0)
+            log.info("base snapshot v0 already published (sha256 %s...)", published_digest[:12])
+            return
+        self._announce_version(manifest)
+
     def publish(self, version: int) -> None:
         """Write snapshot ``version``, offer it on the relay, announce it (now, or once the site answers again);
         the site pushes it to the workers."""
-        manifest = self.store.write(self.loop.trainer.module, version)
+        self._announce_version(self.store.write(self.loop.trainer.module, version))
+
+    def _announce_version(self, manifest: Manifest) -> None:
+        version = manifest.version
         if self.relay is not None:  # before the site tells the seeds to connect
             self.relay.serve(version)
         self.outbox.publish(Publication(version, self.server.url_for(version), manifest_json(manifest)))
@@ -251,7 +277,8 @@ class _JobRun:
         n_chains = reply.get("n_chains") or 0
         if self.relay is not None and n_chains:
             self.relay.set_fan_out(pub.version, n_chains)
-        log.info("published v%d (%d bytes)%s", pub.version, pub.manifest.get("total_bytes", 0),
+        log.info("published v%d (%s, %d bytes)%s", pub.version, pub.manifest.get("format", "safetensors"),
+                 pub.manifest.get("total_bytes", 0),
                  f" to {n_chains} chain(s)" if n_chains else " over HTTP")
 
     def report(self, life: Lifecycle, outcome: StepOutcome) -> None:

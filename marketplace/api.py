@@ -77,7 +77,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
 
     def perform_create(self, serializer):
         spec = serializer.validated_data["spec"]
-        serializer.instance = services.job_create(owner=self.request.user, spec=spec)
+        serializer.instance = _service_call(services.job_create, owner=self.request.user, spec=spec)
 
     @extend_schema(request=None, responses=s.JobSerializer)
     @action(detail=True, methods=["post"])

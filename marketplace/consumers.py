@@ -102,6 +102,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                 services.snapshot_installed(worker=worker, job_id=message.job_id, version=message.version,
                                             seconds=message.seconds, source=message.source)
                 return []
+            case m.SnapshotRequest():
+                return services.snapshot_request(worker=worker, job_id=message.job_id, which=message.which)
             case m.RelayFailed():
                 services.relay_failed(worker=worker, job_id=message.job_id, version=message.version,
                                       culprit_worker_id=message.culprit_worker_id, reason=message.reason)

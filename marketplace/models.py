@@ -155,6 +155,9 @@ class Job(models.Model):
     # its announcement) know it: no serializer, page or agent message carries it.
     transfer_secret = models.CharField(max_length=64, default=new_secret, editable=False,
                                        help_text="Signs this job's weight-transfer credentials; never shown.")
+    base_digest = models.CharField(max_length=64, blank=True, help_text="sha256 of the base snapshot (version 0) "
+                                   "payload: the job's base weights, config and tokenizer as the learner published "
+                                   "them; empty until then.")
     # The scheduler's hysteresis clocks (controller.HysteresisController.state()), saved in the transaction that
     # applies the activations and releases they led to (services.job_replan_apply).
     hysteresis_below_since = models.FloatField(
@@ -228,3 +231,16 @@ class JobMetric(models.Model):
     class Meta:
         constraints = [models.UniqueConstraint(fields=["job", "step"], name="unique_metric_step")]
         ordering = ["step"]
+
+
+class SnapshotInstall(models.Model):
+    """A worker reported it installed a snapshot: counted once per worker and version, however often reported."""
+
+    snapshot = models.ForeignKey(Snapshot, on_delete=models.CASCADE, related_name="install_reports")
+    worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="snapshot_installs")
+    source = models.CharField(max_length=16, help_text="parent, fallback, http or cache (messages.SnapshotInstalled).")
+    seconds = models.FloatField(help_text="Publication to install, as the agent saw it.")
+    installed_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["snapshot", "worker"], name="one_install_per_worker")]

@@ -54,9 +54,16 @@ def latest_snapshot(job: Job) -> Snapshot | None:
     return job.snapshots.order_by("-version").first()
 
 
+def base_snapshot(job: Job) -> Snapshot | None:
+    """Version 0: the job's base checkpoint, as the learner published it before training."""
+    return job.snapshots.filter(version=0).first()
+
+
 def last_broadcast(job: Job) -> Snapshot | None:
-    """The newest snapshot whose T_bcast is known (enough workers installed it)."""
-    return job.snapshots.exclude(t_bcast=None).order_by("-version").first()
+    """The newest snapshot after the base whose T_bcast is known (enough workers installed it). The base's time
+    is left out: it carries config and tokenizer too and includes building each worker's engine, so it says
+    nothing of how long the broadcast of one policy update takes."""
+    return job.snapshots.exclude(t_bcast=None).filter(version__gt=0).order_by("-version").first()
 
 
 def throughput_target(job: Job, t_bcast: float) -> float | None:
@@ -126,8 +133,8 @@ def snapshot_point(snap: Snapshot) -> dict:
 def job_broadcast(job: Job, workers: list[Worker]) -> dict:
     """Who feeds whom for the newest snapshot: the chain plan (learner -> seed -> ... -> tail) and the
     workers that fetch over HTTP, each with the version it has installed and how far behind it is."""
-    version = job.published_version
-    plan = telemetry.load_chain_plan(job.pk, version) if version else None
+    version = job.published_version  # 0: the base, once published
+    plan = telemetry.load_chain_plan(job.pk, version) if version or job.base_digest else None
     active = {w.pk for w in workers}
     planned = {w for chain in plan.chains for w in chain} if plan else set()
     by_id = {w.pk: w for w in workers} | {w.pk: w for w in Worker.objects.filter(pk__in=planned - active)}

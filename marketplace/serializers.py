@@ -81,9 +81,9 @@ class JobSerializer(serializers.ModelSerializer):
                   "max_new_tokens", "temperature", "top_p", "seed", "target_reward", "loss", "broadcast_strategy",
                   "status", "status_reason",
                   "created_at", "started_at", "finished_at", "learner_step", "published_version",
-                  "learner_relay"]
+                  "learner_relay", "base_digest"]
         read_only_fields = ["status", "status_reason", "created_at", "started_at", "finished_at", "learner_step",
-                            "published_version", "learner_relay"]
+                            "published_version", "learner_relay", "base_digest"]
         extra_kwargs = {f: {"required": False} for f in JobSpec.model_fields
                         if f not in {"name", "model_dir", "task"}}
 

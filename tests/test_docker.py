@@ -229,7 +229,8 @@ def test_data_lives_on_declared_named_volumes(raw, services):
             mounts[(name, target)] = source
     assert mounts[("postgres", "/var/lib/postgresql/data")] in declared
     assert mounts[("agent", "/data")] in declared, "the agent's credentials must survive a new container"
-    assert mounts[("learner", "/models")] == mounts[("agent", "/models")], "agents load the job's model_dir"
+    assert mounts[("learner", "/models")] == mounts[("site", "/models")], "the site checks the job's model_dir"
+    assert ("agent", "/models") not in mounts, "agents get a job's base model from its learner, not a volume"
 
 
 def test_build_sections_name_existing_dockerfiles(services):

@@ -3,7 +3,7 @@
 \b
 Examples:
   echo2-agent register --server https://echo2.example --token $API_TOKEN --name rig-1 --price 0.35
-  echo2-agent run
+  echo2-agent run --cache-dir /data/echo2-cache --cache-gb 40
   echo2-agent bench --model /models/qwen3-8b --task '{"name": "math"}' --report
 """
 
@@ -83,9 +83,14 @@ def run(
     relay_listen: Annotated[str | None, typer.Option(help="HOST:PORT to serve snapshot chunks to a chain child "
                                                      "(default: 0.0.0.0 and the port of the registered "
                                                      "--relay-address, if any; 'none': tail only).")] = None,
+    cache_dir: Annotated[Path | None, typer.Option(envvar="ECHO2_CACHE_DIR", help="Where jobs' base models are "
+                                                   "kept, by digest (default ~/.cache/echo2/base-snapshots).")] = None,
+    cache_gb: Annotated[float, typer.Option(min=0, help="Disk for cached base models, GB; the least recently used "
+                                            "are evicted beyond it (the one in use is always kept).")] = 4.0,
     debug: Annotated[bool, typer.Option(help="Verbose logs and full tracebacks.")] = False,
 ) -> None:
-    """Connect to the site and generate rollouts whenever the scheduler activates this machine."""
+    """Connect to the site and generate rollouts whenever the scheduler activates this machine. No model files are
+    needed here: each job's base model comes from its learner (snapshot version 0), cached under --cache-dir."""
     import asyncio
 
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO,
@@ -98,6 +103,7 @@ def run(
         _fail(str(err))
     import torch
 
+    from .cache import BaseCache, default_cache_dir
     from .engines import ENGINES, default_engine, make_engine
     from .session import AgentRejected, AgentSession
 
@@ -113,8 +119,12 @@ def run(
         relay_listen = None
     if relay_listen is not None and not relay_listen.rpartition(":")[2].isdigit():
         _fail(f"--relay-listen: expected HOST:PORT, got {relay_listen!r}")
-    session = AgentSession(cfg, engine_factory=lambda model: make_engine(chosen, model, **options),
-                           groups_per_lease=groups, relay_listen=relay_listen)
+    try:
+        cache = BaseCache(cache_dir or default_cache_dir(), max_bytes=int(cache_gb * 1e9))
+    except OSError as err:
+        _fail(f"--cache-dir: {err}")
+    session = AgentSession(cfg, engine_factory=lambda model_dir: make_engine(chosen, model_dir, **options),
+                           cache=cache, groups_per_lease=groups, relay_listen=relay_listen)
     try:
         asyncio.run(session.run_forever())
     except AgentRejected as err:

@@ -4,6 +4,11 @@ Three coroutines share it: a reader that dispatches site messages, a heartbeat, 
 of the current assignment (lease prompt groups, generate, return records). Snapshots are fetched in
 the background and installed under a lock the rollout loop also holds while generating, so a batch
 is never generated under a partially installed snapshot and its records carry the version really used.
+
+The engine belongs to one job (:class:`~worker_agent.installs.JobEngine`): it is built for that job from the
+job's base snapshot and never serves another job (installs: :mod:`worker_agent.installs`). The rollout loop
+leases nothing until the job's base is installed, nor while a version it was told about (when it joined) or
+failed to install is missing; meanwhile it asks the site for the snapshot it needs (``snapshot_request``).
 """
 
 from __future__ import annotations
@@ -18,18 +23,19 @@ from collections.abc import Callable
 from urllib.parse import urlsplit, urlunsplit
 
 import websockets
-from safetensors.torch import load
 
 from dataplane import messages as m
 from dataplane.broadcast.hub import RelayHub
 from dataplane.broadcast.ratelimit import bucket
 from dataplane.broadcast.relay import SnapshotRelay
-from dataplane.snapshot import fetch_payload, parse_manifest
+from dataplane.snapshot import parse_manifest
 from dataplane.tasks import build_task
 
 from . import __version__
+from .cache import BaseCache
 from .config import AgentConfig
 from .engines.base import Engine, SamplingParams
+from .installs import JobEngine, SnapshotInstalls
 from .rollout import GroupLease, rollout_groups
 
 log = logging.getLogger("echo2.agent")
@@ -68,21 +74,28 @@ class ThroughputMeter:
         return sum(c for _, c in self.events) / max(span, 1e-6)
 
 
-class AgentSession:
-    def __init__(self, config: AgentConfig, *, engine_factory: Callable[[str], Engine], groups_per_lease: int = 2,
-                 max_reconnect_delay: float = 30.0, relay_listen: str | None = None) -> None:
+class AgentSession(SnapshotInstalls):
+    def __init__(self, config: AgentConfig, *, engine_factory: Callable[[str], Engine], cache: BaseCache,
+                 groups_per_lease: int = 2, max_reconnect_delay: float = 30.0, relay_listen: str | None = None,
+                 retry_delay: float = 2.0) -> None:
+        """``engine_factory`` builds an engine from a checkpoint directory (the job's base, unpacked in ``cache``);
+        ``retry_delay``: first wait before asking the site again for a snapshot the agent lacks (doubling, <= 30 s)."""
         self.config = config
         self.engine_factory = engine_factory
+        self.cache = cache
         self.groups_per_lease = groups_per_lease
         self.max_reconnect_delay = max_reconnect_delay
-        self.engines: dict[str, Engine] = {}
-        self.installed: dict[int, int] = {}  # job id -> installed snapshot version (0 = base model)
+        self.retry_delay = retry_delay
+        self.job: JobEngine | None = None
+        self.wanted: dict[int, int] = {}
+        self.installing: dict[tuple[int, int], asyncio.Task] = {}
         self.install_lock = asyncio.Lock()
         self.meter = ThroughputMeter()
         self.heartbeat_interval = 5.0
         self.assignment: m.Assign | None = None
         self.rollout_task: asyncio.Task | None = None
         self.replies: asyncio.Queue = asyncio.Queue()
+        self.unanswered = 0  # requests sent on this socket whose reply has not been taken from ``replies``
         self.ws = None
         self.stopped = asyncio.Event()
         self.generated = 0
@@ -120,8 +133,9 @@ class AgentSession:
     async def _session(self, ws) -> None:
         self.ws = ws
         self.replies = asyncio.Queue()
+        self.unanswered = 0
         job = self.assignment.job_id if self.assignment else None
-        await self.send(m.Hello(agent_version=__version__, installed_version=self.installed.get(job) if job else None))
+        await self.send(m.Hello(agent_version=__version__, installed_version=self.installed_version(job)))
         heartbeat = asyncio.create_task(self._heartbeats())
         try:
             async for frame in ws:
@@ -140,7 +154,7 @@ class AgentSession:
         while True:
             job = self.assignment.job_id if self.assignment else None
             await self.send(m.Heartbeat(throughput=self.meter.rate(), job_id=job,
-                                        installed_version=self.installed.get(job) if job else None))
+                                        installed_version=self.installed_version(job)))
             await asyncio.sleep(self.heartbeat_interval)
 
     # ---- dispatch -------------------------------------------------------------------------
@@ -165,7 +179,7 @@ class AgentSession:
                     self._stop_rollout()
                     self.assignment = None
             case m.SnapshotAvailable():
-                asyncio.create_task(self._install(message))
+                self._install(message)
             case m.Rejected() if message.ref is None and "agent key" in message.reason:
                 raise AgentRejected(message.reason)
             case m.Rejected() if message.ref not in ("lease_request", "trajectories"):
@@ -178,56 +192,29 @@ class AgentSession:
             self.rollout_task.cancel()
             self.rollout_task = None
 
-    async def _reply(self) -> m._Msg:
-        return await asyncio.wait_for(self.replies.get(), REPLY_TIMEOUT_S)
+    async def _request(self, message: m.LeaseRequest | m.Trajectories) -> m._Msg:
+        """Send a request and return its reply. The site answers each request once, in order; replies to requests
+        of a rollout loop cancelled while it waited (a release, a job switch) are taken and dropped here, so they
+        are never read as the answer to a newer request."""
+        self.unanswered += 1
+        await self.send(message)
+        while True:
+            reply = await asyncio.wait_for(self.replies.get(), REPLY_TIMEOUT_S)
+            self.unanswered -= 1
+            if self.unanswered == 0:
+                return reply
+            log.debug("dropping a reply to a request of a cancelled rollout: %s", reply.type)
 
-    # ---- snapshots ------------------------------------------------------------------------
+    # ---- snapshots: the relay side (the installs themselves: worker_agent/installs.py) -------
 
-    async def _install(self, snap: m.SnapshotAvailable) -> None:
-        key = (snap.job_id, snap.version)
-        if key in self.relays:  # a repair: new parent and/or child for a version we already relay
-            self._reroute(self.relays[key], snap)
-            return
-        if snap.version <= self.installed.get(snap.job_id, 0):
-            return
-        source = "http"
-        try:
-            if snap.parent:
-                manifest, tensors, source = await self._receive_relayed(snap)
-            else:
-                manifest = parse_manifest(snap.manifest)
-                payload = await asyncio.to_thread(fetch_payload, snap.url, manifest, credential=snap.credential)
-                tensors = await asyncio.to_thread(load, payload)
-        except Exception as err:  # a failed download leaves the old snapshot in place
-            log.error("snapshot %s of job %s: download failed: %s", snap.version, snap.job_id, err)
-            return
-        assignment = self.assignment
-        if assignment is None or assignment.job_id != snap.job_id:
-            return
-        engine = self.engines.get(assignment.model)
-        async with self.install_lock:
-            if engine is None or snap.version <= self.installed.get(snap.job_id, 0):
-                return
-            await asyncio.to_thread(engine.load_weights, tensors)
-            self.installed[snap.job_id] = manifest.version
-        seconds = max(0.0, time.time() - snap.published_at)
-        relay = self.relays.get(key)
-        stats = relay.stats if relay else None
-        log.info("installed snapshot v%d of job %d (%.2fs after publication, via %s)", manifest.version, snap.job_id,
-                 seconds, source)
-        self._retire_relays(snap.job_id, keep_from=snap.version - 1)
-        with contextlib.suppress(ConnectionError, websockets.WebSocketException):  # reported again on reconnect
-            await self.send(m.SnapshotInstalled(job_id=snap.job_id, version=manifest.version, seconds=seconds,
-                                                source=source, from_parent=stats.from_parent if stats else 0,
-                                                from_fallback=stats.from_fallback if stats else 0))
-
-    async def _receive_relayed(self, snap: m.SnapshotAvailable) -> tuple:
+    async def _receive_relayed(self, snap: m.SnapshotAvailable, chunks: dict[int, bytes] | None = None) -> tuple:
         """Pull the version from the chain parent (forwarding to our child as chunks arrive); the relay
-        fetches what its parent cannot give from the learner's HTTP server. Returns (manifest, tensors, source)."""
+        fetches what its parent cannot give from the learner's HTTP server. ``chunks`` already held (a cached
+        base) make this relay an origin. Returns (manifest, payload, source)."""
         manifest = parse_manifest(snap.manifest)
         await self._start_hub()
         bw = self.config.bandwidth_bps
-        relay = SnapshotRelay(manifest, worker_id=self.config.worker_id, fallback_url=snap.url,
+        relay = SnapshotRelay(manifest, worker_id=self.config.worker_id, fallback_url=snap.url, chunks=chunks,
                               uplink=bucket(bw), downlink=bucket(bw), on_event=self._relay_event,
                               credential=snap.credential)  # shown to the parent, the hub and the HTTP fallback
         key = (snap.job_id, snap.version)
@@ -236,12 +223,11 @@ class AgentSession:
             self.hub.register(relay)
         self._reroute(relay, snap)
         payload = await relay.receive()
-        tensors = await asyncio.to_thread(load, payload)
         stats = relay.stats
         source = "parent" if stats.from_parent and stats.from_parent >= stats.from_fallback else "fallback"
         log.info("snapshot v%d of job %d: %d chunks from parent, %d from fallback", snap.version, snap.job_id,
                  stats.from_parent, stats.from_fallback)
-        return manifest, tensors, source
+        return manifest, payload, source
 
     async def _start_hub(self) -> None:
         if self.hub is None and self.relay_listen:
@@ -283,28 +269,24 @@ class AgentSession:
     def _retire_relays(self, job_id: int, *, keep_from: int) -> None:
         """Stop serving versions older than ``keep_from`` (our child has had time to take the newer one)."""
         for key in [k for k in self.relays if k[0] == job_id and k[1] < keep_from]:
-            del self.relays[key]
-            self.relay_parents.pop(key, None)
-            if self.hub is not None:
-                self.hub.unregister(*key)
+            self._drop_relay(key)
+
+    def _drop_relay(self, key: tuple[int, int]) -> None:
+        self.relays.pop(key, None)
+        self.relay_parents.pop(key, None)
+        if self.hub is not None:
+            self.hub.unregister(*key)
 
     # ---- rollouts --------------------------------------------------------------------------
 
     async def _rollout(self, assign: m.Assign) -> None:
-        engine = self.engines.get(assign.model)
-        if engine is None:
-            log.info("loading %s", assign.model)
-            engine = await asyncio.to_thread(self.engine_factory, assign.model)
-            self.engines[assign.model] = engine
-        self.installed.setdefault(assign.job_id, 0)
-        if assign.snapshot:
-            await self._install(m.SnapshotAvailable.model_validate(assign.snapshot))
+        await self._join(assign)
         task = build_task(assign.task)
         params = SamplingParams(max_new_tokens=assign.max_new_tokens, temperature=assign.temperature,
                                 top_p=assign.top_p)
         while True:
-            await self.send(m.LeaseRequest(job_id=assign.job_id, groups=self.groups_per_lease))
-            reply = await self._reply()
+            await self._until_ready(assign.job_id)
+            reply = await self._request(m.LeaseRequest(job_id=assign.job_id, groups=self.groups_per_lease))
             if isinstance(reply, m.NoWork):
                 await asyncio.sleep(reply.retry_after)
                 continue
@@ -316,16 +298,51 @@ class AgentSession:
                 log.warning("unexpected %s while waiting for a lease", reply.type)
                 continue
             async with self.install_lock:  # no snapshot is installed while we generate
-                version = self.installed[assign.job_id]
+                job = self.engine_for(assign.job_id)
+                if job is None or not self.ready(assign.job_id):
+                    continue  # an install failed meanwhile: the leases expire and are leased again
                 leases = [GroupLease(x.lease_id, x.group_id, x.prompt) for x in reply.leases]
-                groups = await asyncio.to_thread(rollout_groups, engine, task, leases, job_id=assign.job_id,
-                                                 n=assign.group_size, params=params, version=version)
+                groups = await asyncio.to_thread(rollout_groups, job.engine, task, leases, job_id=assign.job_id,
+                                                 n=assign.group_size, params=params, version=job.version)
             for lease, group in zip(reply.leases, groups, strict=True):
-                await self.send(m.Trajectories(group=group))
-                answer = await self._reply()
+                answer = await self._request(m.Trajectories(group=group))
                 if isinstance(answer, m.Accepted) and answer.accepted:
                     self.meter.add(answer.accepted)
                     self.generated += answer.accepted
                 else:
                     log.warning("group %s refused: %s", lease.lease_id,
                                 "; ".join(getattr(answer, "reasons", []) or [getattr(answer, "reason", "")]))
+
+    async def _join(self, assign: m.Assign) -> None:
+        """Start serving ``assign``'s job: another job's engine (or one of another base) is dropped, never reused;
+        the job's base is installed when the assignment names it, and the newest version it names is to be
+        reached before generating (asked for afresh once the base is in: it may be gone by then)."""
+        job = self.engine_for(assign.job_id)
+        if self.job is not None and (job is None or assign.base_digest not in (None, job.base_digest)):
+            log.info("job %d: dropping the engine of job %d; this job starts from its own base", assign.job_id,
+                     self.job.job_id)
+            async with self.install_lock:
+                self.job = None
+        for key, task in list(self.installing.items()):
+            if key[0] != assign.job_id:
+                task.cancel()
+        for key in [k for k in self.relays if k[0] != assign.job_id]:
+            self._drop_relay(key)
+        if assign.snapshot:
+            self.wanted[assign.job_id] = max(self.wanted.get(assign.job_id, 0), int(assign.snapshot["version"]))
+        if assign.base and self.engine_for(assign.job_id) is None:
+            self._install(m.SnapshotAvailable.model_validate(assign.base))
+
+    async def _until_ready(self, job_id: int) -> None:
+        """Wait until :meth:`ready`; meanwhile, when nothing is being installed for the job, ask the site for
+        the snapshot missing (the base, else the newest), again after a doubling delay."""
+        delay, asked_at = self.retry_delay, None
+        while not self.ready(job_id):
+            idle = not any(key[0] == job_id for key in self.installing)
+            if idle and (asked_at is None or time.monotonic() - asked_at >= delay):
+                which = "newest" if self.engine_for(job_id) else "base"
+                log.info("job %d: asking the site for its %s snapshot", job_id, which)
+                await self.send(m.SnapshotRequest(job_id=job_id, which=which))
+                delay = delay if asked_at is None else min(delay * 2, 30.0)
+                asked_at = time.monotonic()
+            await asyncio.sleep(0.1)

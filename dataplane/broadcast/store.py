@@ -4,13 +4,14 @@ Under a root, each version lives in its own directory, ``v<version>/manifest.jso
 ``v<version>/chunks/<i>``, the same paths the learner's HTTP server exposes (``GET {url}chunks/{i}``,
 :func:`dataplane.snapshot.fetch_chunk`). A version appears whole or not at all (written into a hidden temp
 directory, then renamed) and is never modified, so a slow agent can keep downloading an old version while
-newer ones appear; :func:`prune_versions` drops all but the newest few.
+newer ones appear; :func:`prune_versions` drops all but the newest few and those the caller protects.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Collection
 from pathlib import Path
 
 from ..snapshot import Manifest, SnapshotError, parse_manifest, split
@@ -52,14 +53,23 @@ def read_version(path: Path) -> tuple[Manifest, dict[int, bytes]]:
         raise SnapshotError(f"snapshot directory {path}: {err}") from None
 
 
+def read_manifest(root: Path, version: int) -> Manifest | None:
+    """The manifest of ``version`` under ``root``, or None when that version is not there."""
+    try:
+        return parse_manifest(json.loads((version_dir(root, version) / MANIFEST).read_text()))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
 def list_versions(root: Path) -> list[int]:
     """The versions published under ``root``, oldest first."""
     return sorted(int(p.name[1:]) for p in Path(root).glob("v*") if p.name[1:].isdigit() and p.is_dir())
 
 
-def prune_versions(root: Path, *, keep: int) -> list[int]:
-    """Delete all but the newest ``keep`` versions; returns the versions deleted."""
+def prune_versions(root: Path, *, keep: int, protect: Collection[int] = ()) -> list[int]:
+    """Delete all but the newest ``keep`` versions and those in ``protect``; returns the versions deleted."""
     old = list_versions(root)[:-keep] if keep > 0 else list_versions(root)
+    old = [version for version in old if version not in protect]
     for version in old:
         shutil.rmtree(version_dir(root, version), ignore_errors=True)
     return old

@@ -18,7 +18,7 @@ The public names are re-exported here, so callers write ``services.job_start(...
 """
 
 from .base import ServiceError, job_group, worker_group
-from .broadcast import broadcast_plan, relay_failed, snapshot_installed, snapshot_publish
+from .broadcast import broadcast_plan, relay_failed, snapshot_installed, snapshot_publish, snapshot_request
 from .jobs import (
     job_activate_idle_workers,
     job_create,
@@ -45,7 +45,7 @@ __all__ = [
     "ServiceError", "broadcast_plan", "expire_silent_workers", "job_activate_idle_workers", "job_create",
     "job_finish", "job_group", "job_pause", "job_replan_apply", "job_resume", "job_start",
     "jobs_stall_silent_learners", "learner_announce", "metrics_record", "prompts_lease", "relay_failed",
-    "snapshot_installed", "snapshot_publish", "trajectories_malformed", "trajectories_submit", "worker_activate",
-    "worker_calibrate", "worker_connected", "worker_disconnected", "worker_group", "worker_heartbeat",
-    "worker_register", "worker_release",
+    "snapshot_installed", "snapshot_publish", "snapshot_request", "trajectories_malformed", "trajectories_submit",
+    "worker_activate", "worker_calibrate", "worker_connected", "worker_disconnected", "worker_group",
+    "worker_heartbeat", "worker_register", "worker_release",
 ]

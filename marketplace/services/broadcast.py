@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import statistics
 import time
 from typing import Any
@@ -20,12 +21,12 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from dataplane import credentials
+from dataplane import basemodel, credentials
 from dataplane import messages as m
 from dataplane.snapshot import SnapshotError, parse_manifest
 
 from .. import chains, selectors, telemetry
-from ..models import Job, Snapshot, Worker
+from ..models import Job, Snapshot, SnapshotInstall, Worker
 from .base import ServiceError, learner_may_report, push_job_update, push_to_worker, running_activation
 
 log = logging.getLogger(__name__)
@@ -37,14 +38,20 @@ def relaying(job: Job) -> bool:
 
 
 def assign_message(job: Job, *, worker_id: int) -> m.Assign:
-    """Worker ``worker_id``'s assignment to ``job``, with the newest snapshot (fetched over HTTP: it joins the
-    chains at the next publication)."""
-    snap = selectors.latest_snapshot(job)
-    snapshot = snapshot_message(snap, job=job, worker_id=worker_id, expires=credential_expiry()) if snap else None
+    """Worker ``worker_id``'s assignment to ``job``: its base snapshot (version 0, with the digest the agent checks
+    it against) and the newest one, both fetched over HTTP with the worker's credential (it joins the chains at
+    the next publication)."""
+    base, snap = selectors.base_snapshot(job), selectors.latest_snapshot(job)
+    expires = credential_expiry()
+
+    def message(s):
+        return snapshot_message(s, job=job, worker_id=worker_id, expires=expires).model_dump(mode="json")
+
     return m.Assign(
         job_id=job.pk, model=job.model_dir, task=job.task, group_size=job.group_size,
         max_new_tokens=job.max_new_tokens, temperature=job.temperature, top_p=job.top_p,
-        snapshot=snapshot.model_dump(mode="json") if snapshot else None,
+        base_digest=job.base_digest or None, base=message(base) if base else None,
+        snapshot=message(snap) if snap and snap.version > 0 else None,
     )
 
 
@@ -96,13 +103,22 @@ def _checked_manifest(job: Job, version: int, manifest: Any) -> dict:
 @transaction.atomic
 def snapshot_publish(*, job: Job, version: int, url: str, manifest: dict) -> Snapshot:
     """Record a version and tell every active worker where to get it: its chain parent (or the learner's
-    HTTP server), and which child its relay serves (docs/broadcast.md)."""
+    HTTP server), and which child its relay serves (docs/broadcast.md).
+
+    Version 0 is the job's base checkpoint (dataplane/basemodel.py), published once before training; its
+    payload's sha256 becomes ``Job.base_digest``. Every later version must be newer than the last."""
+    job = Job.objects.select_for_update().get(pk=job.pk)
     learner_may_report(job)
-    if version <= job.published_version:
+    if version == 0:
+        _check_base(job, manifest)
+    elif version <= job.published_version:
         raise ServiceError(f"version: {version} is not newer than the published {job.published_version}")
     manifest = _checked_manifest(job, version, manifest)
     snap = Snapshot.objects.create(job=job, version=version, url=url, manifest=manifest)
-    Job.objects.filter(pk=job.pk).update(published_version=version)
+    if version == 0:
+        Job.objects.filter(pk=job.pk).update(base_digest=manifest["sha256"])
+    else:
+        Job.objects.filter(pk=job.pk).update(published_version=version)
     # A worker whose socket closed keeps its activation until it times out (it may reconnect), but it cannot
     # relay meanwhile: it is left out of the plan and gets the newest snapshot when it says hello again.
     active = list(Worker.objects.filter(activations__job=job, activations__ended_at=None)
@@ -117,6 +133,27 @@ def snapshot_publish(*, job: Job, version: int, url: str, manifest: dict) -> Sna
                                                    route=chains.route(plan, worker.pk), addresses=addresses))
     push_job_update(job.pk)
     return snap
+
+
+def _check_base(job: Job, manifest: dict) -> None:
+    if job.base_digest or job.snapshots.filter(version=0).exists():
+        raise ServiceError("version: the base snapshot (version 0) of this job is already published")
+    if manifest.get("format") != basemodel.FORMAT:
+        raise ServiceError(f"manifest: version 0 is the base checkpoint archive, format {basemodel.FORMAT!r}")
+    digest = manifest.get("sha256")
+    if not (isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest)):
+        raise ServiceError("manifest: sha256 must be 64 lowercase hex digits")
+
+
+def snapshot_request(*, worker: Worker, job_id: int, which: str) -> list[m._Msg]:
+    """An agent asks for its job's base or newest snapshot (it joined late, restarted, or failed to install
+    what it was told): that snapshot, fetched over HTTP; nothing while none is published. The learner keeps
+    both on disk (learner/publisher.py)."""
+    job = running_activation(worker, job_id).job
+    snap = selectors.base_snapshot(job) if which == "base" else selectors.latest_snapshot(job)
+    if snap is None:
+        return []
+    return [snapshot_message(snap, job=job, worker_id=worker.pk, expires=credential_expiry())]
 
 
 def broadcast_plan(*, job: Job, workers: list[Worker], now: float) -> chains.ChainPlan:
@@ -184,8 +221,8 @@ def repair_without(worker: Worker) -> None:
     Not counted as a relay failure: it may just be restarting. Runs inside the caller's transaction."""
     activation = selectors.active_activation(worker=worker)
     job = activation.job if activation else None
-    if job is None or job.status != Job.Status.RUNNING or not job.published_version:
-        return
+    if job is None or job.status != Job.Status.RUNNING:
+        return  # (version 0, the base, has a chain plan too once published)
     plan = telemetry.load_chain_plan(job.pk, job.published_version)
     if plan is not None and any(worker.pk in chain for chain in plan.chains):
         log.info("job %s v%s: worker %s went away; repairing its chain", job.pk, job.published_version, worker.pk)
@@ -194,8 +231,9 @@ def repair_without(worker: Worker) -> None:
 
 @transaction.atomic
 def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: float, source: str = "http") -> None:
-    """Count an install; T_bcast is fixed once ceil(active/gamma) workers have the snapshot. An install
-    received from a relay parent counts as a success for that parent (the chain score's Success term).
+    """Count an install, once per worker and version however often it is reported (``SnapshotInstall``);
+    T_bcast is fixed once ceil(active/gamma) workers have the snapshot. An install received from a relay
+    parent counts as a success for that parent (the chain score's Success term).
 
     With the agent's hello, the one place that sets ``Worker.installed_version``."""
     activation = running_activation(worker, job_id)
@@ -203,6 +241,11 @@ def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: fl
     snap = Snapshot.objects.select_for_update().filter(job_id=job_id, version=version).first()
     if snap is None:
         raise ServiceError(f"version: snapshot {version} of job {job_id} was never published")
+    _, first = SnapshotInstall.objects.get_or_create(snapshot=snap, worker=worker,
+                                                     defaults={"source": source, "seconds": seconds})
+    if not first:
+        log.info("job %s v%s: worker %s reported its install again; counted once", job_id, version, worker.pk)
+        return
     snap.installs += 1
     fields = ["installs"]
     if source == "parent":
@@ -217,7 +260,9 @@ def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: fl
         plan = telemetry.load_chain_plan(job_id, version)
         route = chains.route(plan, worker.pk) if plan else None
         if route is not None and route[0] is not None:
-            _relay_succeeded(route[0], total_bytes=int(snap.manifest.get("total_bytes") or 0), seconds=seconds)
+            # The base's install time includes building the engine: a success, but no measure of the link.
+            size = int(snap.manifest.get("total_bytes") or 0) if version > 0 else 0
+            _relay_succeeded(route[0], total_bytes=size, seconds=seconds)
     push_job_update(job_id)  # the page shows who has which version
 
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from dataplane.jobs import JobSpec
+from dataplane.jobs import JobSpec, model_dir_problem
 from dataplane.replay import RedisError
 
 from .. import stream
@@ -20,8 +21,18 @@ from .workers import worker_activate, worker_release
 log = logging.getLogger(__name__)
 
 
+def check_model_dir(model_dir: str) -> None:
+    """Refuse a ``model_dir`` that is not a checkpoint directory where the site can see the learner's paths
+    (``ECHO2_CHECK_MODEL_DIR``; ``JobSpec`` has already refused anything but an absolute path)."""
+    problem = model_dir_problem(model_dir) if settings.ECHO2["CHECK_MODEL_DIR"] else None
+    if problem:
+        raise ServiceError(f"model_dir: {problem} (model_dir is the base checkpoint directory on the learner's "
+                           "machine)")
+
+
 @transaction.atomic
 def job_create(*, owner, spec: JobSpec) -> Job:
+    check_model_dir(spec.model_dir)
     return Job.objects.create(owner=owner, **spec.model_dump())
 
 
@@ -30,6 +41,7 @@ def job_start(*, job: Job) -> Job:
     """Start a draft job; its pool is planned at once (task ``replan_job``) rather than at the next beat."""
     if job.status != Job.Status.DRAFT:
         raise ServiceError(f"status: job is {job.status}; only a draft job can be started")
+    check_model_dir(job.model_dir)
     job.status = Job.Status.RUNNING
     job.started_at = timezone.now()
     job.save(update_fields=["status", "started_at"])

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dataplane.jobs import JobSpec, JobSpecError, parse_job_spec
+from dataplane.jobs import JobSpec, JobSpecError, model_dir_problem, parse_job_spec
 
 
 def job(**changes: Any) -> dict[str, Any]:
@@ -92,6 +92,20 @@ def test_missing_required_field_is_named() -> None:
 
     assert err.value.field == "model_dir"
     assert err.value.message == "Field required"
+
+
+@pytest.mark.parametrize("model_dir", ["meta-llama/Llama-3-8B", "Qwen/Qwen3-8B", "models/tiny", "~/models/tiny"])
+def test_model_dir_is_a_path_on_the_learners_machine_not_a_hub_id(model_dir: str) -> None:
+    with pytest.raises(JobSpecError) as err:
+        parse_job_spec(job(model_dir=model_dir))
+    assert err.value.field == "model_dir" and "is not an absolute path" in err.value.message
+    assert "hub id" in err.value.message
+
+
+def test_a_model_dir_is_checked_for_a_checkpoint_on_this_machine(tmp_path, tiny_model_dir) -> None:
+    assert model_dir_problem(str(tiny_model_dir)) is None
+    assert model_dir_problem(str(tmp_path / "gone")) == f"no directory {tmp_path / 'gone'} on this machine"
+    assert "has no config.json" in model_dir_problem(str(tmp_path))
 
 
 def test_gradient_clipping_defaults_to_one_and_can_be_turned_off() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from ..marketplace import factories
 from .conftest import ARTIFACTS, sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -20,7 +21,7 @@ def test_owner_launches_a_job_and_watches_it_update_live(site, browser):
 
     # A bad value comes back next to its field, and nothing is created.
     page.fill("#id_name", "browser job")
-    page.fill("#id_model_dir", "/models/tiny")
+    page.fill("#id_model_dir", factories.checkpoint_dir())
     page.fill("#id_staleness", "1")
     page.click("button[type=submit]")
     assert "greater than or equal to 2" in page.locator("#error-staleness").inner_text()

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from ..live import BIN, create_users, make_stack, start_site
+from ..marketplace import factories
 from .conftest import ARTIFACTS, CHROMIUM, sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -26,7 +27,7 @@ for i in range(3):
     w, _ = services.worker_register(user=prov, name=f'rig-{i}', gpu='RTX 5090', price_per_hour=Decimal('0.35'),
                                     bandwidth_bps=12_500_000, relay_address=f'127.0.0.1:{7000 + i}')
     Worker.objects.filter(pk=w.pk).update(status='idle')
-spec = parse_job_spec({'name': 'live job', 'model_dir': '/models/tiny', 'task': {'name': 'arithmetic'},
+spec = parse_job_spec({'name': 'live job', 'model_dir': MODEL_DIR, 'task': {'name': 'arithmetic'},
                        'staleness': 3, 'batch_trajectories': 8, 'group_size': 4, 'learner_uplink_bps': 12_500_000})
 job = services.job_start(job=services.job_create(owner=User.objects.get(username='owner'), spec=spec))
 services.learner_announce(job=job, t_train=None, relay_address='127.0.0.1:6999')
@@ -43,7 +44,7 @@ def job_site(tmp_path, redis_url):
     if not Path(CHROMIUM).exists():
         pytest.skip("Debian's chromium is not installed (make test installs it)")
     stack = make_stack(tmp_path, redis_url, CELERY_TASK_ALWAYS_EAGER="true")
-    tokens = create_users(stack, "owner", "prov", setup=SETUP)
+    tokens = create_users(stack, "owner", "prov", setup=f"MODEL_DIR = {factories.checkpoint_dir()!r}\n" + SETUP)
     yield start_site(stack, celery=False, host="localhost"), tokens, stack
     stack.stop()
 

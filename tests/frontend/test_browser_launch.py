@@ -11,6 +11,7 @@ import pytest
 from websockets.sync.client import connect
 
 from ..live import api
+from ..marketplace import factories
 from .conftest import ARTIFACTS, sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -22,7 +23,7 @@ def test_owner_previews_the_capacity_plan_before_launch(site, browser):
     rig = provider.post("workers/", json={"name": "rig-calibrated", "gpu": "RTX 4090", "price_per_hour": "0.5",
                                           "bandwidth_bps": 12_500_000}).json()
     provider.post(f"workers/{rig['id']}/calibrations/", json={
-        "model_dir": "/models/tiny", "task": {"name": "arithmetic"}, "throughput": 20.0}).raise_for_status()
+        "model_dir": factories.checkpoint_dir(), "task": {"name": "arithmetic"}, "throughput": 20.0}).raise_for_status()
     # Its agent connects (and stays connected): the worker is online, idle, a candidate for a new job.
     with connect(url.replace("http://", "ws://") + "/ws/agent/",
                  additional_headers={"Authorization": f"Bearer {rig['agent_key']}"}) as agent:
@@ -57,6 +58,6 @@ def test_owner_previews_the_capacity_plan_before_launch(site, browser):
 
 def fill(page) -> None:
     page.fill("#id_name", "planned job")
-    page.fill("#id_model_dir", "/models/tiny")
+    page.fill("#id_model_dir", factories.checkpoint_dir())
     page.fill("#id_batch_trajectories", "64")
     page.fill("#id_t_train_s", "10")  # kappa = 2, T_bcast 0: mu_min = 2*64/20 = 6.4, target 1.1 x 6.4 = 7.04

@@ -75,7 +75,7 @@ async def test_job_page_socket_pushes_each_learner_step(settings):
     await live.disconnect()
 
 
-LAUNCH = {"name": "from the form", "model_dir": "/models/tiny", "task_name": "arithmetic",
+LAUNCH = {"name": "from the form", "model_dir": factories.checkpoint_dir(), "task_name": "arithmetic",
           "task_options": '{"max_operand": 4}', "staleness": 3, "batch_trajectories": 16, "group_size": 4,
           "gamma": 1.1, "learner_uplink_mbps": 100, "learning_rate": 0.001, "clip_eps": 0.2, "max_steps": 10,
           "max_new_tokens": 2, "temperature": 1.0, "top_p": 1.0, "seed": 0}
@@ -101,6 +101,8 @@ def test_launch_form_creates_a_job_with_every_setting():
     ({"task_options": '{"max_operand": -1}'}, "task_options", "max_operand"),
     ({"task_options": "{oops"}, "task_options", "not valid JSON"),
     ({"batch_trajectories": 10}, "batch_trajectories", "multiple of group_size"),
+    ({"model_dir": "meta-llama/Llama-3-8B"}, "model_dir", "is not an absolute path"),
+    ({"model_dir": "/no/such/checkpoint"}, "model_dir", "no directory /no/such/checkpoint"),
 ])
 def test_launch_form_shows_the_error_next_to_the_field(change, field, message):
     reply = signed_in(factories.user()).post("/jobs/new/", {**LAUNCH, **change})

@@ -101,3 +101,13 @@ def test_options_without_a_command_mean_run(trained, monkeypatch) -> None:
     with pytest.raises(SystemExit) as done:
         cli.main()
     assert done.value.code == 0 and trained[0].job == 3
+
+
+def test_a_missing_model_dir_is_one_error_line_not_a_hub_error(monkeypatch, tmp_path) -> None:
+    job = {"id": 3, "status": "running", "name": "j", "model_dir": str(tmp_path / "not-here"),
+           "task": {"name": "arithmetic"}, "batch_trajectories": 8, "group_size": 4}
+    monkeypatch.setattr("learner.client.SiteClient.job", lambda self, job_id: job)
+    result = invoke(*REQUIRED, "--snapshot-dir", str(tmp_path / "snapshots"))
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        f"echo2-learner: error: model_dir: no directory {tmp_path / 'not-here'} on this machine"]

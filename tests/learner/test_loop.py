@@ -156,5 +156,5 @@ def test_loss_config_rejects_bad_fields(field: str, value) -> None:
     from dataplane.jobs import JobSpecError, parse_job_spec
 
     with pytest.raises(JobSpecError) as err:
-        parse_job_spec({"name": "j", "model_dir": "m", "task": {"name": "arithmetic"}, "loss": {field: value}})
+        parse_job_spec({"name": "j", "model_dir": "/m", "task": {"name": "arithmetic"}, "loss": {field: value}})
     assert err.value.field == f"loss.{field}"

@@ -1,11 +1,13 @@
-"""The learner publishes a model as a snapshot a chain seed can pull from its relay, and keeps the newest few; its
-HTTP server and relay hub hand weights only to holders of a valid transfer credential, never a listing."""
+"""The learner publishes a model as a snapshot a chain seed can pull from its relay, and keeps what agents may ask
+for: its base (version 0), the newest few, and everything recent; its HTTP server and relay hub hand weights only
+to holders of a valid transfer credential, never a listing."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import os
 import time
 
 import httpx
@@ -13,9 +15,10 @@ import pytest
 import torch
 from safetensors.torch import load
 
+from dataplane import basemodel
 from dataplane.broadcast import framing
 from dataplane.broadcast.relay import SnapshotRelay
-from dataplane.broadcast.store import list_versions
+from dataplane.broadcast.store import list_versions, version_dir
 from dataplane.credentials import issue, new_secret
 from dataplane.snapshot import SnapshotError, fetch_payload, parse_manifest
 from learner.publisher import LearnerRelay, SnapshotServer, SnapshotStore, manifest_json
@@ -123,3 +126,25 @@ def test_a_valid_credential_fetches_the_whole_verified_snapshot(served):
     with pytest.raises(SnapshotError, match=r"chunk 0 of version 1 from .*: 401 a transfer credential is required"):
         fetch_payload(url, manifest, retries=50)  # a refusal is final: not retried 50 times
     assert time.monotonic() - started < 5
+
+
+def test_the_base_stays_and_so_does_every_recent_version(tmp_path, tiny_model_dir):
+    model = torch.nn.Linear(8, 4)
+    store = SnapshotStore(tmp_path, job_id=5, chunk_bytes=4096, keep=2, retain_s=60.0)
+    base = store.write_base(tiny_model_dir)
+    assert base.format == basemodel.FORMAT and base.sha256 == basemodel.digest(tiny_model_dir)
+    for version in range(1, 6):
+        store.write(model, version)
+    assert list_versions(tmp_path) == [0, 1, 2, 3, 4, 5]  # all published within the last minute
+    for version in (1, 2, 3):  # as if published ten minutes ago
+        os.utime(version_dir(tmp_path, version), (time.time() - 600, time.time() - 600))
+    store.write(model, 6)
+    assert list_versions(tmp_path) == [0, 4, 5, 6] and store.base_manifest() == base
+
+    server = SnapshotServer(store).start()
+    server.set_secret(SECRET)
+    try:  # the base travels over the learner's HTTP server like any version, every chunk verified
+        payload = fetch_payload(server.url_for(0), parse_manifest(manifest_json(base)), credential=cred(0))
+    finally:
+        server.stop()
+    assert payload == basemodel.pack(tiny_model_dir)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import os
+import tempfile
 from decimal import Decimal
+from pathlib import Path
 
 from django.contrib.auth.models import User
 from rest_framework.authtoken.models import Token
@@ -28,9 +31,17 @@ def worker(owner: User, *, price: str = "0.35", name: str | None = None):
                                     price_per_hour=Decimal(price), bandwidth_bps=12_500_000)
 
 
-def job(owner: User, model_dir: str = "/models/tiny", **fields):
-    spec = parse_job_spec({"name": "test job", "model_dir": model_dir, "task": {"name": "arithmetic"},
-                           "batch_trajectories": 8, "group_size": 4, **fields})
+def checkpoint_dir(name: str = "tiny") -> str:
+    """A checkpoint directory the site can see (it checks a job's ``model_dir`` exists; only the learner loads it)."""
+    path = Path(tempfile.gettempdir()) / f"echo2-test-models-{os.getuid()}" / name
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").touch()
+    return str(path)
+
+
+def job(owner: User, model_dir: str | None = None, **fields):
+    spec = parse_job_spec({"name": "test job", "model_dir": model_dir or checkpoint_dir(),
+                           "task": {"name": "arithmetic"}, "batch_trajectories": 8, "group_size": 4, **fields})
     return services.job_create(owner=owner, spec=spec)
 
 

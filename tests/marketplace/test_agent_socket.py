@@ -219,3 +219,31 @@ def _release_all(job_id: int) -> None:
 
     for activation in Activation.objects.filter(job_id=job_id, ended_at=None):
         services.worker_release(activation=activation, reason="test")
+
+
+async def test_an_agent_that_asks_gets_its_jobs_base_then_the_newest_snapshot(settings_eager):
+    job, worker, key = await setup_job_and_worker()
+    comm = await connect(key)
+    await comm.send_json_to({"type": "hello", "agent_version": "test"})
+    assert (await comm.receive_json_from())["type"] == "welcome"
+    await database_sync_to_async(services.job_start)(job=await database_sync_to_async(Job.objects.get)(pk=job.pk))
+    assert (await comm.receive_json_from(timeout=5))["base"] is None  # not published yet
+    await comm.send_json_to({"type": "snapshot_request", "job_id": job.pk, "which": "base"})
+    await comm.send_json_to({"type": "lease_request", "job_id": job.pk})
+    assert (await comm.receive_json_from())["type"] == "no_work"  # nothing to give: no answer to the request
+
+    fresh = database_sync_to_async(lambda: Job.objects.get(pk=job.pk))
+    from dataplane.snapshot import build_manifest
+
+    base = build_manifest(b"base", job_id=job.pk, version=0, format="checkpoint-tar").model_dump(mode="json")
+    await database_sync_to_async(services.snapshot_publish)(job=await fresh(), version=0, url="http://l/v0/",
+                                                            manifest=base)
+    assert (await comm.receive_json_from(timeout=5))["version"] == 0  # pushed to the active worker
+    await database_sync_to_async(services.snapshot_publish)(job=await fresh(), version=1, url="http://l/v1/",
+                                                            manifest=factories.manifest(job, 1))
+    assert (await comm.receive_json_from(timeout=5))["version"] == 1
+    for which, version in (("base", 0), ("newest", 1)):
+        await comm.send_json_to({"type": "snapshot_request", "job_id": job.pk, "which": which})
+        reply = await comm.receive_json_from()
+        assert (reply["type"], reply["version"], reply["parent"]) == ("snapshot", version, None)
+    await comm.disconnect()

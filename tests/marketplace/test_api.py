@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from rest_framework.test import APIClient
 
@@ -52,7 +54,7 @@ def test_duplicate_worker_name_is_a_400():
 
 
 def test_create_job_applies_defaults():
-    reply = client_for(factories.user()).post("/api/jobs/", {"name": "j", "model_dir": "/m",
+    reply = client_for(factories.user()).post("/api/jobs/", {"name": "j", "model_dir": factories.checkpoint_dir(),
                                                              "task": {"name": "arithmetic"}}, format="json")
     assert reply.status_code == 201, reply.content
     job = reply.json()
@@ -65,9 +67,11 @@ def test_create_job_applies_defaults():
     ({"task": {"name": "no-such-task"}}, "task"),
     ({"batch_trajectories": 10, "group_size": 4}, "batch_trajectories"),
     ({"learning_rate": -0.1}, "learning_rate"),
+    ({"model_dir": "meta-llama/Llama-3-8B"}, "model_dir"),  # a hub id: the learner would have to download it
+    ({"model_dir": "/no/such/checkpoint"}, "model_dir"),
 ])
 def test_create_job_bad_input_names_the_field(extra, field):
-    body = {"name": "j", "model_dir": "/m", "task": {"name": "arithmetic"}, **extra}
+    body = {"name": "j", "model_dir": factories.checkpoint_dir(), "task": {"name": "arithmetic"}, **extra}
     reply = client_for(factories.user()).post("/api/jobs/", body, format="json")
     assert reply.status_code == 400, reply.content
     assert reply.json()["detail"].startswith(f"{field}:")
@@ -238,3 +242,14 @@ def test_summary_max_staleness_is_the_runs_not_the_last_steps(redis_url, setting
                  format="json")
     summary = api.get(f"/api/jobs/{job.pk}/summary/").json()
     assert summary["max_staleness"] == 3  # the run trained on a lag of 3, though its last step's was 2
+
+
+def test_a_job_whose_model_dir_vanished_is_not_started(redis_url, tmp_path):
+    owner = factories.user()
+    job = factories.job(owner, model_dir=factories.checkpoint_dir(f"vanishing-{tmp_path.name}"))
+    (Path(job.model_dir) / "config.json").unlink()
+    Path(job.model_dir).rmdir()
+    reply = client_for(owner).post(f"/api/jobs/{job.pk}/start/")
+    assert reply.status_code == 400
+    assert reply.json()["detail"].startswith(f"model_dir: no directory {job.model_dir}")
+    assert Job.objects.get(pk=job.pk).status == "draft"

@@ -251,3 +251,75 @@ def test_a_published_manifest_must_have_its_shape_and_describe_that_version(push
     publish(job, 1, total_bytes=5000)
     # What the agents verify against is the learner's digest, as published.
     assert pushes[job.activations.get().worker_id][-1].manifest["sha256"] == good["sha256"]
+
+
+def base_manifest(job, *, total_bytes: int = 16) -> dict:
+    """A well-formed base snapshot manifest (version 0, the checkpoint archive) of ``job``."""
+    from dataplane.snapshot import build_manifest
+
+    built = build_manifest(bytes(total_bytes), job_id=job.pk, version=0, format="checkpoint-tar")
+    return built.model_dump(mode="json")
+
+
+def test_the_base_is_published_once_as_version_0_and_assignments_carry_it(pushes):
+    workers = make_workers(2)
+    job = running_job(workers[:1], b0=1000)
+    with pytest.raises(services.ServiceError, match="format 'checkpoint-tar'"):
+        services.snapshot_publish(job=job, version=0, url="http://l/v0/", manifest=factories.manifest(job, 0))
+    services.snapshot_publish(job=job, version=0, url="http://l/v0/", manifest=base_manifest(job))
+    job.refresh_from_db()
+    assert (job.base_digest, job.published_version) == (base_manifest(job)["sha256"], 0)
+    assert pushes[workers[0].pk][-1].version == 0 and pushes[workers[0].pk][-1].parent == "10.0.0.1:7000"
+    with pytest.raises(services.ServiceError, match="already published"):
+        services.snapshot_publish(job=job, version=0, url="http://l/v0/", manifest=base_manifest(job))
+
+    services.snapshot_publish(job=job, version=1, url="http://l/v1/", manifest=factories.manifest(job, 1))
+    services.worker_activate(worker=workers[1], job=job)  # a late joiner: base and newest, over HTTP
+    late = pushes[workers[1].pk][-1]
+    assert isinstance(late, m.Assign) and late.base_digest == base_manifest(job)["sha256"]
+    assert (late.base["version"], late.base["url"], late.snapshot["version"]) == (0, "http://l/v0/", 1)
+
+
+def test_an_agent_asks_for_its_jobs_base_or_newest_snapshot(pushes):
+    workers = make_workers(2)
+    job = running_job(workers[:1], b0=1000)
+    ask = workers[0]
+    assert services.snapshot_request(worker=ask, job_id=job.pk, which="base") == []  # nothing published yet
+    services.snapshot_publish(job=job, version=0, url="http://l/v0/", manifest=base_manifest(job))
+    services.snapshot_publish(job=job, version=1, url="http://l/v1/", manifest=factories.manifest(job, 1))
+    [base] = services.snapshot_request(worker=ask, job_id=job.pk, which="base")
+    [newest] = services.snapshot_request(worker=ask, job_id=job.pk, which="newest")
+    assert (base.version, newest.version, newest.parent) == (0, 1, None)  # fetched over HTTP
+    with pytest.raises(services.ServiceError, match="not active in job"):
+        services.snapshot_request(worker=workers[1], job_id=job.pk, which="newest")
+
+
+def test_an_install_reported_again_counts_once(pushes):
+    workers = make_workers(2)
+    job = running_job(workers, b0=1000)  # one chain: seed -> tail
+    services.snapshot_publish(job=job, version=1, url="http://l/v1/", manifest=factories.manifest(job, 1))
+    seed, tail = telemetry.load_chain_plan(job.pk, 1).chains[0]
+    for _ in range(5):
+        services.snapshot_installed(worker=Worker.objects.get(pk=tail), job_id=job.pk, version=1, seconds=2.0,
+                                    source="parent")
+    snap = job.snapshots.get(version=1)
+    assert (snap.installs, snap.installs_via_parent, snap.install_reports.count()) == (1, 1, 1)
+    assert Worker.objects.get(pk=seed).relay_successes == 1
+    services.snapshot_installed(worker=Worker.objects.get(pk=seed), job_id=job.pk, version=1, seconds=2.0)
+    assert job.snapshots.get(version=1).installs == 2
+
+
+def test_the_base_measures_neither_broadcast_time_nor_bandwidth(pushes):
+    from marketplace import selectors
+
+    workers = make_workers(2)
+    job = running_job(workers, b0=1000)  # one chain: seed -> tail
+    services.snapshot_publish(job=job, version=0, url="http://l/v0/", manifest=base_manifest(job, total_bytes=4000))
+    seed, tail = telemetry.load_chain_plan(job.pk, 0).chains[0]
+    for worker, source in ((seed, "parent"), (tail, "parent")):
+        services.snapshot_installed(worker=Worker.objects.get(pk=worker), job_id=job.pk, version=0, seconds=30.0,
+                                    source=source)
+    assert job.snapshots.get(version=0).t_bcast is not None
+    assert selectors.last_broadcast(job) is None  # building an engine is not broadcasting an update
+    relay = Worker.objects.get(pk=seed)
+    assert relay.relay_successes == 1 and relay.measured_bandwidth_bps is None  # 4000 B in 30 s is no link rate

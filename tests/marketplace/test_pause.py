@@ -29,7 +29,7 @@ def online(provider, price: str, *, calibrated: float | None = None, relay: str 
                                          price_per_hour=price, bandwidth_bps=12_500_000, relay_address=relay)
     Worker.objects.filter(pk=worker.pk).update(status=Worker.Status.IDLE)
     if calibrated is not None:
-        WorkerCalibration.objects.create(worker=worker, model_dir="/models/tiny", task_name="arithmetic",
+        WorkerCalibration.objects.create(worker=worker, model_dir=factories.checkpoint_dir(), task_name="arithmetic",
                                          throughput=calibrated)
     worker.refresh_from_db()
     return worker

@@ -14,7 +14,7 @@ from . import factories
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("redis_url")]
 
-MODEL = "/models/tiny"
+MODEL = factories.checkpoint_dir()
 # S = 3 (kappa = 2), R = 64: with T_train = 10 s and T_bcast = 4 s, mu_min = 2*64/(2*10 - 4) = 8 traj/s and
 # the target is gamma * mu_min = 1.1 * 8 = 8.8 traj/s.
 BODY = {"name": "next run", "model_dir": MODEL, "task": {"name": "arithmetic"}, "staleness": 3,
@@ -76,7 +76,7 @@ def test_given_estimates_give_the_cheapest_cover_and_the_greedy_for_comparison(f
 
 def test_a_worker_without_calibration_is_planned_with_its_last_measured_throughput(fleet):
     provider = factories.user()
-    fast = online(provider, "1.0", measured=20.0, calibrated=1.0, model_dir="/models/other")
+    fast = online(provider, "1.0", measured=20.0, calibrated=1.0, model_dir=factories.checkpoint_dir("other"))
     plan = scheduling.spec_plan(spec(), user=factories.user(), t_train=10.0, t_bcast=4.0)
     [chosen] = plan["plan"]["workers"]
     assert (chosen["id"], chosen["throughput"], chosen["source"]) == (fast.pk, 20.0, "last measured")
@@ -91,7 +91,7 @@ def test_estimates_come_from_the_newest_earlier_job_of_the_same_model_and_task(f
     earlier.snapshots.create(version=1, url="http://x/v1/", manifest={}, t_bcast=1.0)
     earlier.snapshots.create(version=2, url="http://x/v2/", manifest={}, t_bcast=4.0)
     earlier.snapshots.create(version=3, url="http://x/v3/", manifest={})  # not installed widely yet
-    other_model = factories.job(owner, model_dir="/models/other", staleness=3)
+    other_model = factories.job(owner, model_dir=factories.checkpoint_dir("other"), staleness=3)
     Job.objects.filter(pk=other_model.pk).update(learner_t_train=99.0)
     calibrating = factories.job(owner, staleness=3)  # newest, but its learner has measured nothing
 

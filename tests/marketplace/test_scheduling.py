@@ -23,11 +23,12 @@ def eager(settings):
     return settings
 
 
-def idle_worker(provider, price: str, *, calibrated: float | None, model_dir: str = "/models/tiny") -> Worker:
+def idle_worker(provider, price: str, *, calibrated: float | None, model_dir: str | None = None) -> Worker:
     worker, _ = factories.worker(provider, price=price)
     Worker.objects.filter(pk=worker.pk).update(status=Worker.Status.IDLE)
     if calibrated is not None:
-        WorkerCalibration.objects.create(worker=worker, model_dir=model_dir, task_name="arithmetic",
+        WorkerCalibration.objects.create(worker=worker, model_dir=model_dir or factories.checkpoint_dir(),
+                                         task_name="arithmetic",
                                          throughput=calibrated)
     worker.refresh_from_db()
     return worker

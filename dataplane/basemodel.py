@@ -1,0 +1,107 @@
+"""The base snapshot (version 0): a job's checkpoint directory as one deterministic archive.
+
+Version 0 of every job is its base model, published by the learner like any snapshot (manifest, chunks,
+the same relay and HTTP paths, every chunk checked against the manifest), so a provider needs no local copy
+and no hub access. Its payload (manifest ``format`` :data:`FORMAT`) is an uncompressed POSIX (pax) tar of
+the directory's top-level regular files -- config, tokenizer and weights, what ``from_pretrained`` reads;
+hidden files and subdirectories are left out -- with the names sorted and every other header field fixed
+(mtime 0, mode 0644, uid/gid 0, no owner names). The same files always give the same bytes, so the payload's
+sha256 is the job's **base digest**, and an agent can re-pack a cached copy to check it against the digest
+(or to serve it to a chain child) without keeping the archive. Later versions are weights only (safetensors).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO
+
+FORMAT = "checkpoint-tar"
+"""The manifest ``format`` of a base snapshot; later versions are ``safetensors``."""
+_PIECE = 1 << 20
+
+
+class ArchiveError(ValueError):
+    """A checkpoint directory that cannot be packed, or a payload that is not a safe base archive."""
+
+
+def checkpoint_files(directory: str | Path) -> list[Path]:
+    """The files a base snapshot carries: ``directory``'s top-level regular files (symlinks followed, as in a
+    Hugging Face cache), hidden names skipped, sorted by name."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise ArchiveError(f"{root} is not a directory")
+    files = sorted((p for p in root.iterdir() if not p.name.startswith(".") and p.is_file()), key=lambda p: p.name)
+    if not files:
+        raise ArchiveError(f"{root} holds no files")
+    return files
+
+
+def write_archive(directory: str | Path, out: BinaryIO) -> None:
+    """Write the deterministic archive of ``directory`` to ``out`` (anything with ``write`` and ``tell``)."""
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT, encoding="utf-8") as tar:
+        for path in checkpoint_files(directory):
+            info = tarfile.TarInfo(path.name)
+            info.size, info.mtime, info.mode, info.type = path.stat().st_size, 0, 0o644, tarfile.REGTYPE
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            with path.open("rb") as data:
+                tar.addfile(info, data)
+
+
+def pack(directory: str | Path) -> bytes:
+    """The base snapshot payload of ``directory``."""
+    out = io.BytesIO()
+    write_archive(directory, out)
+    return out.getvalue()
+
+
+class _HashingSink:
+    def __init__(self) -> None:
+        self.hash, self.size = hashlib.sha256(), 0
+
+    def write(self, data: bytes) -> int:
+        self.hash.update(data)
+        self.size += len(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self.size
+
+
+def digest(directory: str | Path) -> str:
+    """sha256 of :func:`pack` of ``directory``, computed without holding the archive in memory."""
+    sink = _HashingSink()
+    write_archive(directory, sink)  # type: ignore[arg-type]  # a write-only sink is all tarfile's "w" mode uses
+    return sink.hash.hexdigest()
+
+
+def unpack(payload: bytes, destination: str | Path) -> list[str]:
+    """Write the files of a base archive into ``destination`` (created); returns their names.
+
+    Refuses anything :func:`write_archive` does not produce: links, devices, directories, paths with a
+    separator or a leading dot, duplicate names.
+    """
+    dest = Path(destination)
+    dest.mkdir(parents=True, exist_ok=True)
+    names: list[str] = []
+    try:
+        with tarfile.open(fileobj=io.BytesIO(payload), mode="r:") as tar:
+            for member in tar:
+                name = member.name
+                if (not member.isreg() or not name or name.startswith(".") or len(PurePosixPath(name).parts) != 1
+                        or "\\" in name or name in names):
+                    raise ArchiveError(f"base archive: refusing member {name!r}")
+                source = tar.extractfile(member)
+                assert source is not None  # a regular file
+                with (dest / name).open("wb") as out:
+                    while piece := source.read(_PIECE):
+                        out.write(piece)
+                names.append(name)
+    except tarfile.TarError as err:
+        raise ArchiveError(f"base archive: {err}") from None
+    if not names:
+        raise ArchiveError("base archive: no files")
+    return names

@@ -1,0 +1,188 @@
+"""How the agent installs its job's snapshots (mixed into :class:`~worker_agent.session.AgentSession`).
+
+The engine belongs to one job (:class:`JobEngine`): it is built for that job from the job's base snapshot,
+version 0 (:mod:`dataplane.basemodel`), checked against the job's base digest and kept in the agent's
+:class:`~worker_agent.cache.BaseCache`, through the same ``from_pretrained`` path as any checkpoint directory;
+then each later version's weights are loaded into it. Every version, the base included, arrives the same way:
+from the chain parent (the session's relay, forwarding to our child) or over HTTP, every chunk verified.
+A failed install leaves the old weights and marks the version as one to reach before generating again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import websockets
+from safetensors.torch import load
+
+from dataplane import basemodel
+from dataplane import messages as m
+from dataplane.snapshot import Manifest, SnapshotError, fetch_payload, parse_manifest, split
+
+from .cache import BaseCache
+from .engines.base import Engine
+
+log = logging.getLogger("echo2.agent")
+
+ENGINE_WAIT_S = 600.0  # a version downloaded while the job's base is still being installed waits this long for it
+
+
+@dataclass
+class JobEngine:
+    """The engine of the one job the agent serves: built from that job's base snapshot (``base_digest``), then
+    updated by the job's snapshots; ``version`` is the snapshot whose weights it holds (0: the base)."""
+
+    job_id: int
+    base_digest: str
+    engine: Engine
+    version: int = 0
+
+
+class SnapshotInstalls:
+    """Installs for :class:`~worker_agent.session.AgentSession`, which provides the attributes below, ``send``,
+    and the relay side: ``relays``, ``_receive_relayed``, ``_reroute``, ``_drop_relay``, ``_retire_relays``."""
+
+    assignment: m.Assign | None
+    cache: BaseCache
+    engine_factory: Callable[[str], Engine]
+    job: JobEngine | None
+    wanted: dict[int, int]  # job id -> version to reach before generating (told when joining, or failed)
+    installing: dict[tuple[int, int], asyncio.Task]  # (job, version) -> its install, running
+    install_lock: asyncio.Lock  # held while generating: no install lands in the middle of a batch
+    relays: dict[tuple[int, int], Any]
+
+    def engine_for(self, job_id: int | None) -> JobEngine | None:
+        """The engine of job ``job_id``, if the agent holds one (built from that job's base)."""
+        return self.job if self.job is not None and self.job.job_id == job_id else None
+
+    def installed_version(self, job_id: int | None) -> int | None:
+        job = self.engine_for(job_id)
+        return job.version if job else None
+
+    def ready(self, job_id: int) -> bool:
+        """The job's base is installed, and at least the version the agent must reach before generating."""
+        job = self.engine_for(job_id)
+        return job is not None and job.version >= self.wanted.get(job_id, 0)
+
+    def _install(self, snap: m.SnapshotAvailable) -> None:
+        """Install ``snap`` in the background (a reconnect does not restart a download), unless it is relayed
+        already, being installed, or not wanted."""
+        key = (snap.job_id, snap.version)
+        if key in self.relays:  # a repair: new parent and/or child for a version we already relay
+            if snap.parent:  # (an answer to our snapshot_request carries no route: the relay keeps its own)
+                self._reroute(self.relays[key], snap)
+            return
+        if key in self.installing or not self._wants(snap):
+            return
+        task = self.installing[key] = asyncio.create_task(self._run_install(snap, key))
+        task.add_done_callback(lambda done: self.installing.pop(key) if self.installing.get(key) is done else None)
+
+    async def _run_install(self, snap: m.SnapshotAvailable, key: tuple[int, int]) -> None:
+        try:
+            if snap.version == 0:
+                await self._install_base(snap)
+            else:
+                await self._install_weights(snap)
+        except asyncio.CancelledError:  # the agent left the job
+            self._drop_relay(key)
+            raise
+        except Exception as err:  # the old weights stay; no generation until a version this new is installed
+            log.error("snapshot %s of job %s: install failed: %s", snap.version, snap.job_id, err)
+            self.wanted[snap.job_id] = max(self.wanted.get(snap.job_id, 0), snap.version)
+            self._drop_relay(key)
+
+    def _wants(self, snap: m.SnapshotAvailable) -> bool:
+        if self.assignment is None or self.assignment.job_id != snap.job_id:
+            return False
+        job = self.engine_for(snap.job_id)
+        if snap.version == 0:
+            return job is None
+        return job is None or snap.version > job.version  # before the base is in: fetched, installed after it
+
+    async def _install_base(self, snap: m.SnapshotAvailable) -> None:
+        """Build the job's engine from its base snapshot: from the cache when it holds the digest, else downloaded
+        (relay or HTTP, every chunk verified) and unpacked into the cache."""
+        manifest = parse_manifest(snap.manifest)
+        expected = self.assignment.base_digest if self.assignment else None
+        if manifest.format != basemodel.FORMAT:
+            raise SnapshotError(f"version 0 is a {manifest.format!r} payload, not a base checkpoint archive")
+        if expected and manifest.sha256 != expected:
+            raise SnapshotError(f"base snapshot sha256 {manifest.sha256[:12]}... is not the job's base digest "
+                                f"{expected[:12]}...")
+        path, source = await self._base_directory(snap, manifest)
+        log.info("job %d: building the engine from base snapshot %s... (%s)", snap.job_id, manifest.sha256[:12], path)
+        engine = await asyncio.to_thread(self.engine_factory, str(path))
+        async with self.install_lock:
+            if not self._wants(snap):  # reassigned meanwhile
+                return
+            self.job = JobEngine(job_id=snap.job_id, base_digest=manifest.sha256, engine=engine)
+        await self._report_installed(snap, manifest, source)
+
+    async def _base_directory(self, snap: m.SnapshotAvailable, manifest: Manifest) -> tuple[Path, str]:
+        """The checkpoint directory of the base digest, and where it came from. A relayed base is received
+        through the relay even when cached, so the chain child is served (from the cache's copy)."""
+        digest = manifest.sha256
+        if not snap.parent:
+            path = await asyncio.to_thread(self.cache.get, digest)
+            if path is not None:
+                return path, "cache"
+            payload, source = await self._download(snap, manifest)
+        else:
+            cached = await asyncio.to_thread(self.cache.payload, digest)
+            chunks = dict(enumerate(split(cached, manifest.chunk_bytes))) if cached else None
+            payload, source = await self._download(snap, manifest, chunks=chunks)
+            source = "cache" if cached else source
+        return await asyncio.to_thread(self.cache.put, digest, payload), source
+
+    async def _download(self, snap: m.SnapshotAvailable, manifest: Manifest,
+                        chunks: dict[int, bytes] | None = None) -> tuple[bytes, str]:
+        """The verified payload: from the chain parent (forwarding to our child) or over HTTP; and its source."""
+        if snap.parent:
+            _, payload, source = await self._receive_relayed(snap, chunks=chunks)
+            return payload, source
+        return await asyncio.to_thread(fetch_payload, snap.url, manifest, credential=snap.credential), "http"
+
+    async def _install_weights(self, snap: m.SnapshotAvailable) -> None:
+        manifest = parse_manifest(snap.manifest)
+        payload, source = await self._download(snap, manifest)
+        tensors = await asyncio.to_thread(load, payload)
+        job = await self._engine_when_built(snap.job_id)
+        if job is None:
+            return
+        async with self.install_lock:
+            if self.job is not job or snap.version <= job.version:
+                return
+            await asyncio.to_thread(job.engine.load_weights, tensors)
+            job.version = manifest.version
+        self._retire_relays(snap.job_id, keep_from=snap.version - 1)
+        await self._report_installed(snap, manifest, source)
+
+    async def _engine_when_built(self, job_id: int) -> JobEngine | None:
+        """The job's engine, waiting while its base is being installed; None once the agent left the job."""
+        deadline = time.monotonic() + ENGINE_WAIT_S
+        while self.engine_for(job_id) is None:
+            if self.assignment is None or self.assignment.job_id != job_id:
+                return None
+            if time.monotonic() > deadline:
+                raise SnapshotError(f"the job's base was not installed within {ENGINE_WAIT_S:g} s")
+            await asyncio.sleep(0.2)
+        return self.engine_for(job_id)
+
+    async def _report_installed(self, snap: m.SnapshotAvailable, manifest: Manifest, source: str) -> None:
+        seconds = max(0.0, time.time() - snap.published_at)
+        relay = self.relays.get((snap.job_id, snap.version))
+        stats = relay.stats if relay else None
+        log.info("installed snapshot v%d of job %d (%.2fs after publication, via %s)", manifest.version, snap.job_id,
+                 seconds, source)
+        with contextlib.suppress(ConnectionError, websockets.WebSocketException):  # reported again on reconnect
+            await self.send(m.SnapshotInstalled(job_id=snap.job_id, version=manifest.version, seconds=seconds,
+                                                source=source, from_parent=stats.from_parent if stats else 0,
+                                                from_fallback=stats.from_fallback if stats else 0))
+
