@@ -1,0 +1,493 @@
+"""Fault suite: the paper's Table 4 on our stack (issue 13). One fresh stack and one short job per fault.
+
+Run: ``.venv/bin/python bench/bench_faults.py [--faults none redis-restart ...] [--steps 250] [--outage 60]
+[--seed 0] [--workdir var/bench-faults] [--keep-logs] [--json PATH]``
+
+Each run starts what ``make demo`` starts, on loopback and fresh: a private redis-server (AOF, appendfsync
+everysec, in the run's directory), daphne over a SQLite copy, a Celery worker and beat, three agents relaying
+snapshots to each other (one chain: B0 = Bw), and ``echo2-learner``; it runs one job (S = 3, R = 32, n = 8,
+the tiny model of ``echo2-learner init-model``) and injects one fault once the learner passed an eighth of
+the steps. The bench drives the stack as a user and a provider would: CLIs, the REST API, signals to
+processes it started. It prints one row per run, issue 13's pass criteria per row, and exits 0 unless the
+bench itself broke: a failing row is a finding, not an error. docs/faults.md explains every column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import fault_audit as fa  # noqa: E402
+
+from echo2_site.demo import Stack, free_port, wait_for  # noqa: E402
+
+BIN = Path(sys.executable).parent
+AGENTS = ("a", "b", "c")
+PRICE = 0.36  # USD/h, the same for every worker: the site's bill converts exactly into worker-seconds
+WORKER_TIMEOUT_S, LEASE_TIMEOUT_S, BEAT_S = 10.0, 10.0, 10.0  # site settings of every run; BEAT_S: expiry period
+RELAY_STALL_S = 10.0  # dataplane/broadcast/relay.py RelayTimeouts.stall: a silent parent is given up after it
+REDIS_BACKOFF_S, RECONNECT_CAP_S = 5.0, 30.0  # replay.py retry backoff cap; the agent's reconnect delay cap
+STALENESS, BATCH, GROUP = 3, 32, 8
+FINAL = ("completed", "failed", "cancelled")
+TICK = 0.5
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    about: str
+    target: str  # "relay", "worker", "learner", "redis", "daphne" or "" (the baseline)
+    detect: str  # what detects the fault and bounds recovery (with one training step)
+
+
+FAULTS = {f.name: f for f in [
+    Fault("none", "fault-free baseline", "", ""),
+    Fault("relay-kill", "SIGKILL of a chain relay right after a publication", "relay",
+          f"relay stall {RELAY_STALL_S:g} s"),
+    Fault("worker-kill", "SIGKILL of a worker holding leases, restarted after 3 s", "worker",
+          f"lease timeout {LEASE_TIMEOUT_S:g} s"),
+    Fault("learner-kill", "SIGKILL of the learner, restarted with the same command", "learner",
+          "its restart (kill -> resumed)"),
+    Fault("redis-restart", "SIGKILL of Redis, restarted on the same port 1 s later (AOF)", "redis",
+          f"the outage + backoff {REDIS_BACKOFF_S:g} s"),
+    Fault("site-restart", "SIGKILL of daphne, started again at once", "daphne", "the outage + agent reconnect"),
+    Fault("site-outage", "daphne stopped for --outage seconds", "daphne", "the outage + agent reconnect"),
+    Fault("worker-stop", "SIGSTOP of a worker until the site released it, then SIGCONT", "worker",
+          f"worker timeout {WORKER_TIMEOUT_S:g} s + expiry beat {BEAT_S:g} s"),
+    Fault("relay-stop", "SIGSTOP of a chain relay right after a publication, SIGCONT 20 s later", "relay",
+          f"relay stall {RELAY_STALL_S:g} s"),
+]}
+DEFAULT_FAULTS = list(FAULTS)
+
+
+@dataclass
+class Setup:
+    """What every run shares: the model, a migrated database with users and registered agents, ports."""
+
+    workdir: Path
+    args: argparse.Namespace
+    model_dir: Path
+    site_port: int
+    tokens: dict[str, str]
+    agents: dict[str, tuple[Path, str, int]]  # name -> (config, relay address, worker id)
+
+    @property
+    def server(self) -> str:
+        return f"http://127.0.0.1:{self.site_port}"
+
+
+def fault_step(steps: int) -> int:
+    """The learner step after which the fault is injected: early, so the job runs on long after it."""
+    return max(20, steps // 8)
+
+
+def site_env(directory: Path, redis_port: int) -> dict[str, str]:
+    return dict(os.environ, DATABASE_URL=f"sqlite:///{directory / 'site.sqlite3'}", DEBUG="true",
+                REDIS_URL=f"redis://127.0.0.1:{redis_port}/0", ECHO2_DATA_DIR=str(directory),
+                DJANGO_SETTINGS_MODULE="echo2_site.settings", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT),
+                ECHO2_WORKER_TIMEOUT_S=str(WORKER_TIMEOUT_S), ECHO2_LEASE_TIMEOUT_S=str(LEASE_TIMEOUT_S))
+
+
+def redis_argv(directory: Path, port: int) -> tuple[str, ...]:
+    directory.mkdir(parents=True, exist_ok=True)
+    return (shutil.which("redis-server") or "redis-server", "--port", str(port), "--bind", "127.0.0.1",
+            "--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(directory),
+            "--auto-aof-rewrite-percentage", "0")  # no rewrite: the audit replays the whole history
+
+
+def redis_up(port: int) -> bool:
+    import redis
+
+    client = redis.Redis(port=port, socket_timeout=1, socket_connect_timeout=1)
+    try:
+        return bool(client.ping())
+    finally:
+        client.close()
+
+
+def site_up(server: str) -> bool:
+    return httpx.get(server + "/api/schema/", timeout=2).status_code == 200
+
+
+def prepare(workdir: Path, args: argparse.Namespace) -> Setup:
+    """Build the model once, and a database template: migrated, users, three agents registered."""
+    template = workdir / "template"
+    template.mkdir(parents=True)
+    redis_port, site_port = free_port(), free_port()
+    stack = Stack(template, site_env(template, redis_port))
+    try:
+        model_dir = workdir / "tiny-arithmetic"
+        stack.run(str(BIN / "echo2-learner"), "init-model", str(model_dir), "--task", "arithmetic")
+        stack.start("redis", *redis_argv(template / "redis", redis_port))
+        stack.run(str(BIN / "python"), "manage.py", "migrate", "--noinput")
+        script = ("import json\nfrom django.contrib.auth.models import User\n"
+                  "from rest_framework.authtoken.models import Token\n"
+                  "print(json.dumps({n: Token.objects.create(user=User.objects.create_user(n, password=n)).key "
+                  "for n in ('owner', 'provider')}))\n")
+        out = stack.run(str(BIN / "python"), "manage.py", "shell", "-c", script)
+        tokens = json.loads(out.strip().splitlines()[-1])
+        stack.start("daphne", str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(site_port),
+                    "echo2_site.asgi:application")
+        setup = Setup(workdir, args, model_dir, site_port, tokens, {})
+        wait_for(lambda: site_up(setup.server), "the site", 60)
+        for name in AGENTS:
+            cfg, relay = workdir / "agents" / f"{name}.json", f"127.0.0.1:{free_port()}"
+            out = stack.run(str(BIN / "echo2-agent"), "register", "--server", setup.server, "--token",
+                            tokens["provider"], "--name", f"agent-{name}", "--price", str(PRICE), "--bandwidth-mbps",
+                            "100", "--relay-address", relay, "--config", str(cfg), "--json")
+            setup.agents[name] = (cfg, relay, json.loads(out.strip().splitlines()[-1])["worker_id"])
+        return setup
+    finally:
+        stack.stop()
+
+
+class Run:
+    """One fault on one fresh stack: launch, watch and inject, audit."""
+
+    def __init__(self, setup: Setup, fault: Fault) -> None:
+        self.setup, self.fault, self.args = setup, fault, setup.args
+        self.dir = setup.workdir / f"run-{fault.name}"
+        self.dir.mkdir(parents=True)
+        self.redis_port = free_port()
+        self.stack = Stack(self.dir, site_env(self.dir, self.redis_port))
+        self.argv: dict[str, tuple[str, ...]] = {}
+        self.procs: dict[str, object] = {}
+        self.frozen: set[str] = set()
+        self.t0 = time.monotonic()
+        self.samples: list[fa.Sample] = []
+        self.live: dict = {}
+        self.tail = fa.LogTail(self.stack.logs / "learner.log")
+        self.events: list[tuple[float, str]] = []
+        self.injected_at: float | None = None
+        self.back_at: float | None = None  # the faulted component answering again (or restarted)
+        self.victim: tuple[str, int | None] = ("", None)  # process name, worker id
+        self.notes: list[str] = []
+        self.job_id = 0
+        self.player: threading.Thread | None = None
+        self.ended = threading.Event()
+        self.left: list[str] = []  # the fault's actions not done yet
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def start(self, name: str, *argv: str) -> None:
+        self.argv[name] = argv
+        self.procs[name] = self.stack.start(name, *argv)
+
+    def restart(self, name: str) -> None:
+        self.procs[name] = self.stack.start(name, *self.argv[name])
+
+    def signal(self, name: str, sig: signal.Signals) -> None:
+        proc = self.procs[name]
+        os.killpg(proc.pid, sig)
+        if sig == signal.SIGKILL:
+            proc.wait(10)
+        (self.frozen.add if sig == signal.SIGSTOP else self.frozen.discard)(name)
+
+    def owner(self) -> httpx.Client:
+        return httpx.Client(base_url=self.setup.server + "/api/", timeout=5,
+                            headers={"Authorization": f"Token {self.setup.tokens['owner']}"})
+
+    def launch(self) -> None:
+        """Redis, the site, Celery, the agents, the job and its learner."""
+        shutil.copy(self.setup.workdir / "template" / "site.sqlite3", self.dir / "site.sqlite3")
+        self.start("redis", *redis_argv(self.dir / "redis", self.redis_port))
+        wait_for(lambda: redis_up(self.redis_port), "Redis", 20)
+        self.start("daphne", str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(self.setup.site_port),
+                   "echo2_site.asgi:application")
+        self.start("celery-worker", str(BIN / "celery"), "-A", "echo2_site", "worker", "-l", "info", "-P", "solo")
+        self.start("celery-beat", str(BIN / "celery"), "-A", "echo2_site", "beat", "-l", "info", "-s",
+                   str(self.dir / "celerybeat-schedule"))
+        wait_for(lambda: site_up(self.setup.server), "the site", 90)
+        for name, (cfg, relay, _) in self.setup.agents.items():
+            self.start(f"agent-{name}", str(BIN / "echo2-agent"), "run", "--config", str(cfg), "--threads", "1",
+                       "--relay-listen", relay)
+        provider = httpx.Client(base_url=self.setup.server + "/api/", timeout=10,
+                                headers={"Authorization": f"Token {self.setup.tokens['provider']}"})
+        wait_for(lambda: sum(w["status"] == "idle" for w in provider.get("workers/").json()["results"]) == 3,
+                 "three idle workers", 120)
+        with self.owner() as api:
+            job = api.post("jobs/", json={
+                "name": f"faults: {self.fault.name}", "model_dir": str(self.setup.model_dir),
+                "task": {"name": "arithmetic", "max_operand": 4}, "staleness": STALENESS,
+                "batch_trajectories": BATCH, "group_size": GROUP, "learning_rate": 1e-3,
+                "max_steps": self.args.steps, "max_new_tokens": 2, "seed": self.args.seed,
+                "learner_uplink_bps": 12_500_000}).raise_for_status().json()  # = Bw: one chain of three
+            self.job_id = job["id"]
+            api.post(f"jobs/{self.job_id}/start/").raise_for_status()
+        self.start("learner", str(BIN / "echo2-learner"), "--server", self.setup.server, "--job", str(self.job_id),
+                   "--token", self.setup.tokens["owner"], "--redis", f"redis://127.0.0.1:{self.redis_port}/0",
+                   "--snapshot-dir", str(self.dir / "snapshots"))
+
+    def sample(self, api: httpx.Client) -> fa.Sample | None:
+        try:
+            summary = api.get(f"jobs/{self.job_id}/summary/").raise_for_status().json()
+            self.live = api.get(f"jobs/{self.job_id}/live/").raise_for_status().json()
+        except (httpx.HTTPError, ValueError):
+            return None
+        sample = fa.Sample(self.now(), summary["status"], summary["step"] or 0,
+                           int(summary["counters"].get("accepted_records", 0)),
+                           [w["id"] for w in self.live["workers"]], float(summary["cost_usd"]))
+        self.samples.append(sample)
+        return sample
+
+    def watch(self) -> None:
+        """Poll the site and the learner's log; inject the fault when its moment comes; until the job ends.
+        The fault's actions run on timers, so a site that answers slowly does not delay them."""
+        deadline, published, learner_gone = self.now() + self.args.run_timeout, None, None
+        with self.owner() as api:
+            while self.now() < deadline:
+                sample = self.sample(api)
+                self.tail.poll(self.now())
+                fresh = bool(self.live) and self.live["summary"]["published_version"] != published
+                published = self.live["summary"]["published_version"] if self.live else None
+                if self.injected_at is None and sample is not None and sample.status == "running":
+                    self.inject(sample, fresh)
+                pending = self.player is not None and self.player.is_alive()
+                if sample is not None and sample.status in FINAL:
+                    return
+                exited = self.procs["learner"].poll() is not None and not pending
+                learner_gone = (learner_gone or self.now()) if exited else None
+                if learner_gone is not None and self.now() - learner_gone > 30:
+                    self.notes.append(f"the learner exited (code {self.procs['learner'].returncode}), the job "
+                                      f"stayed {sample.status if sample else 'unknown'}")
+                    return
+                time.sleep(TICK)
+        self.notes.append(f"the job did not end within --run-timeout {self.args.run_timeout:g} s")
+
+    def play(self, plan: list[tuple[float, str, Callable[[], None]]]) -> None:
+        """The fault's actions in order, each ``delay`` seconds after the injection; stops when the run ends."""
+        self.left = [label for _, label, _ in plan]
+        for delay, label, action in plan:
+            if self.ended.wait(max(0.0, self.injected_at + delay - self.now())):
+                return
+            try:
+                action()
+                self.events.append((self.now(), label))
+                self.left.remove(label)
+            except Exception as err:  # noqa: BLE001 - a thread of ours: the row reports it, no traceback
+                self.notes.append(f"{label} failed: {type(err).__name__}: {err}")
+                return
+
+    def inject(self, sample: fa.Sample, fresh: bool) -> None:
+        """Start the fault's actions (delay, label, action) in a thread of their own once its moment came."""
+        if not self.fault.target or sample.step < fault_step(self.args.steps):
+            return
+        victim = self.pick_victim(fresh)
+        if victim is None:
+            return
+        self.victim, name = victim, victim[0]
+        self.injected_at = self.now()
+        plans = {
+            "relay-kill": [(0, f"SIGKILL {name}", lambda: self.signal(name, signal.SIGKILL))],
+            "worker-kill": [(0, f"SIGKILL {name}", lambda: self.signal(name, signal.SIGKILL)),
+                            (3, f"restart {name}", lambda: self.came_back(self.restart, name))],
+            "learner-kill": [(0, "SIGKILL learner", lambda: self.signal(name, signal.SIGKILL)),
+                             (0.5, "restart learner", lambda: self.restart(name))],
+            "redis-restart": [(0, "SIGKILL redis", lambda: self.signal(name, signal.SIGKILL)),
+                              (1, "restart redis", lambda: self.came_back(self.restart_redis))],
+            "site-restart": [(0, "SIGKILL daphne", lambda: self.signal(name, signal.SIGKILL)),
+                             (0, "restart daphne", lambda: self.came_back(self.restart_site))],
+            "site-outage": [(0, "SIGKILL daphne", lambda: self.signal(name, signal.SIGKILL)),
+                            (self.args.outage, "restart daphne", lambda: self.came_back(self.restart_site))],
+            "worker-stop": [(0, f"SIGSTOP {name}", lambda: self.signal(name, signal.SIGSTOP)),
+                            (WORKER_TIMEOUT_S, f"SIGCONT {name} once released", lambda: self.came_back(
+                                self.cont_once_released, name))],
+            "relay-stop": [(0, f"SIGSTOP {name}", lambda: self.signal(name, signal.SIGSTOP)),
+                           (20, f"SIGCONT {name}", lambda: self.came_back(self.signal, name, signal.SIGCONT))],
+        }
+        self.player = threading.Thread(target=self.play, args=(plans[self.fault.name],), daemon=True)
+        self.player.start()
+
+    def pick_victim(self, fresh: bool) -> tuple[str, int | None] | None:
+        """The process to fault: a chain parent (right after a publication) for relay faults, an active worker
+        that relays to nobody for worker faults, else the component itself."""
+        target = self.fault.target
+        if target not in ("relay", "worker"):
+            return (target, None) if target != "learner" or self.tail.steps else None
+        chains = self.live["broadcast"]["chains"]
+        parents = [n["id"] for chain in chains for n in chain[:-1]]
+        if target == "relay":
+            if not fresh or not parents:
+                return None
+            worker = parents[len(parents) // 2]  # the middle of a chain of three
+        else:
+            tails = [w for w in (w["id"] for w in self.live["workers"]) if w not in parents]
+            if not tails:
+                return None
+            worker = tails[-1]
+        name = next((n for n, (_, _, wid) in self.setup.agents.items() if wid == worker), None)
+        return (f"agent-{name}", worker) if name else None
+
+    def came_back(self, action: Callable, *args) -> None:
+        action(*args)
+        self.back_at = self.now()
+
+    def cont_once_released(self, name: str) -> None:
+        """SIGCONT a frozen worker 2 s after the site released it (the job page's active set), or after the
+        longest the site may take (worker timeout + one expiry beat + 5 s)."""
+        deadline = self.injected_at + WORKER_TIMEOUT_S + BEAT_S + 5
+        while self.now() < deadline and self.victim[1] in (self.samples[-1].active if self.samples else ()):
+            time.sleep(TICK)
+        time.sleep(2)
+        self.signal(name, signal.SIGCONT)
+
+    def restart_redis(self) -> None:
+        self.restart("redis")
+        wait_for(lambda: redis_up(self.redis_port), "Redis to restart", 30)
+
+    def restart_site(self) -> None:
+        self.restart("daphne")
+        wait_for(lambda: site_up(self.setup.server), "the site to restart", 90)
+
+    def stop(self) -> None:
+        self.ended.set()
+        if self.player is not None:
+            self.player.join(120)
+        for name in list(self.frozen):
+            self.signal(name, signal.SIGCONT)
+        self.stack.stop()
+
+    def allowed_s(self) -> float | None:
+        """Issue 13's bound on recovery: one training step (the median step period before the fault) plus
+        the timeout that detects the fault (for outages: how long the component was away, plus that)."""
+        period = fa.step_period(self.tail.steps, self.injected_at or 0.0)
+        if self.injected_at is None or period is None:
+            return None
+        down = (self.back_at or self.injected_at) - self.injected_at
+        ready = [t for t in self.tail.ready if t > self.injected_at]
+        detect = {"relay-kill": RELAY_STALL_S, "relay-stop": RELAY_STALL_S, "worker-kill": LEASE_TIMEOUT_S,
+                  "worker-stop": WORKER_TIMEOUT_S + BEAT_S, "redis-restart": down + REDIS_BACKOFF_S,
+                  "site-restart": down + min(down, RECONNECT_CAP_S), "site-outage": down + min(down, RECONNECT_CAP_S),
+                  "learner-kill": (ready[0] if ready else self.injected_at) - self.injected_at}
+        return period + detect[self.fault.name]
+
+    def billed_discarded(self, row: dict) -> tuple[float | None, str]:
+        """Worker-seconds billed for work that was thrown away (estimate; docs/faults.md)."""
+        billed = (self.samples[-1].cost_usd if self.samples else 0.0) * 3600 / PRICE
+        if not billed or not row["accepted"]:
+            return None, "nothing billed or accepted"
+        wasted = max(row["dropped_stale"] + max(row["lost"], 0) + row["trained_twice"], 0) * billed / row["accepted"]
+        idle, start = 0.0, self.injected_at
+        if start is not None and self.fault.target in ("relay", "worker"):
+            idle = fa.billed_while(self.samples, self.victim[1], start, self.back_at or self.now())
+        elif start is not None and self.fault.target in ("redis", "daphne"):
+            before = [s for s in self.samples if s.t <= start]
+            idle = ((self.back_at or start) - start) * (len(before[-1].active) if before else 0)
+        return wasted + idle, f"{wasted:.0f} discarded records + {idle:.0f} billed while unable to deliver"
+
+    def report(self, started: float) -> dict:
+        """The row: the job's end, recovery, and the audit of every record."""
+        with self.owner() as api:
+            metrics = api.get(f"jobs/{self.job_id}/metrics/").raise_for_status().json()
+            summary = api.get(f"jobs/{self.job_id}/summary/").raise_for_status().json()
+        from dataplane.replay import trajectories_key
+
+        aof = self.dir / "redis" / "appendonlydir"
+        stream = fa.stream_audit(fa.aof_commands(aof), trajectories_key(self.job_id)) if aof.exists() else None
+        row = {"fault": self.fault.name, "status": summary["status"], "status_reason": summary["status_reason"],
+               "completed": summary["status"] == "completed", **fa.audit(metrics, summary, stream, GROUP)}
+        t = self.injected_at
+        row["injected_at"] = t
+        row["step_s"] = fa.first_step_after(self.tail.steps, t) if t is not None else None
+        row["pool_s"], row["pool_level"] = fa.throughput_back(self.samples, t) if t is not None else (None, None)
+        row["allowed_s"] = self.allowed_s()
+        row["billed_discarded_ws"], row["billed_note"] = self.billed_discarded(row)
+        row["events"] = [f"{at:.1f}s {label}" for at, label in self.events]
+        row["notes"] += self.notes
+        if self.left:
+            row["notes"].append(f"the job ended before the fault's last action ({', '.join(self.left)})")
+        row["seconds"] = time.monotonic() - started
+        row["logs"] = str(self.stack.logs)
+        return row
+
+
+def run_one(setup: Setup, fault: Fault, console) -> dict:
+    started = time.monotonic()
+    run = Run(setup, fault)
+    try:
+        run.launch()
+        run.watch()
+        return run.report(started)
+    finally:
+        run.stop()
+        console.print(f"  {fault.name}: {time.monotonic() - started:.0f} s; events: "
+                      + (", ".join(f"{at:.1f}s {label}" for at, label in run.events) or "none"))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--faults", nargs="+", choices=list(FAULTS), default=DEFAULT_FAULTS, metavar="FAULT",
+                        help=f"Runs to make, in order (default: all): {', '.join(FAULTS)}. The baseline (none) "
+                             "is what the bubble column compares against.")
+    parser.add_argument("--steps", type=int, default=250, help="Learner steps per job (max_steps); the fault comes "
+                        "after step max(20, steps/8).")
+    parser.add_argument("--outage", type=float, default=60.0, help="Seconds daphne stays down in site-outage.")
+    parser.add_argument("--seed", type=int, default=0, help="Job seed.")
+    parser.add_argument("--run-timeout", type=float, default=240.0, help="Give up on a job after this many seconds "
+                        "(plus --outage).")
+    parser.add_argument("--workdir", type=Path, default=ROOT / "var" / "bench-faults", help="State and logs (wiped).")
+    parser.add_argument("--keep-logs", action="store_true", help="Keep every run's logs and state (default: only "
+                        "the logs of failing rows).")
+    parser.add_argument("--json", type=Path, help="Also write the rows as JSON here.")
+    args = parser.parse_args(argv)
+    args.run_timeout += args.outage
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rich.console import Console
+
+    args, console = parse_args(argv), Console()
+    if not console.is_terminal:
+        console = Console(width=170)  # a log file gets the whole table
+    if shutil.which("redis-server") is None:
+        console.print("[red]redis-server is not installed (apt-get install redis-server)")
+        return 1
+    workdir = args.workdir.resolve()
+    shutil.rmtree(workdir, ignore_errors=True)
+    started, rows = time.monotonic(), []
+    console.rule(f"ECHO-2 fault suite: {', '.join(args.faults)}")
+    try:
+        setup = prepare(workdir, args)
+        for name in args.faults:
+            console.print(f"run {len(rows) + 1}/{len(args.faults)}: {name}: {FAULTS[name].about}")
+            rows.append(run_one(setup, FAULTS[name], console))
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        return 130
+    except (RuntimeError, OSError, httpx.HTTPError) as err:
+        console.print(f"[red]the bench broke: {type(err).__name__}: {err}; logs in {workdir}")
+        return 1
+    title = (f"Faults on a live job (S={STALENESS}, R={BATCH}, n={GROUP}, {args.steps} steps, 3 relaying "
+             "agents); counts are records")
+    console.print(fa.table(rows, title))
+    fa.verdicts(rows, console, STALENESS, {f.name: f.detect for f in FAULTS.values()})
+    if args.outage < 60 and "site-outage" in args.faults:
+        console.print(f"note: site-outage ran with a {args.outage:g} s outage (issue 13 asks for 60 s)")
+    console.print(f"{len(rows)} runs in {time.monotonic() - started:.0f} s; logs of failing rows in {workdir}")
+    if args.json:
+        args.json.write_text(json.dumps({"settings": {k: str(v) for k, v in vars(args).items()}, "rows": rows},
+                                        indent=2))
+    fa.tidy(workdir, rows, args.keep_logs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

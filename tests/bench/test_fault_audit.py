@@ -1,0 +1,68 @@
+"""The fault suite's accounting (bench/fault_audit.py): what it reads from Redis' AOF and the learner's reports."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import fault_audit as fa  # noqa: E402
+
+KEY = "echo2:job:1:trajectories"
+
+
+def resp(*args: str) -> bytes:
+    return f"*{len(args)}\r\n".encode() + b"".join(f"${len(a)}\r\n{a}\r\n".encode() for a in args)
+
+
+def write_aof(directory: Path, *files: bytes) -> Path:
+    aof = directory / "appendonlydir"
+    aof.mkdir()
+    lines = ["file appendonly.aof.1.base.rdb seq 1 type b"]
+    for i, data in enumerate(files, start=1):
+        (aof / f"appendonly.aof.{i}.incr.aof").write_bytes(data)
+        lines.append(f"file appendonly.aof.{i}.incr.aof seq {i} type i")
+    (aof / "appendonly.aof.manifest").write_text("\n".join(lines) + "\n")
+    return aof
+
+
+def test_the_stream_is_replayed_across_a_restart_and_a_torn_tail(tmp_path):
+    before = resp("MULTI") + resp("XADD", KEY, "1-0", "data", "x") + resp("HINCRBY", "c", "accepted_groups", "1") + \
+        resp("EXEC") + resp("XADD", KEY, "2-0", "data", "y") + resp("XADD", "other", "3-0", "a", "b") + \
+        resp("XDEL", KEY, "1-0") + resp("XADD", KEY, "9-0", "data", "torn")[:-7]  # SIGKILL mid-write
+    after = resp("XADD", KEY, "4-0", "data", "z") + resp("DEL", KEY, "echo2:job:1:prompts") + \
+        resp("XADD", KEY, "5-0", "data", "late")
+    stream = fa.stream_audit(fa.aof_commands(write_aof(tmp_path, before, after)), KEY)
+    assert stream.added == {b"1-0", b"2-0", b"4-0", b"5-0"}
+    assert stream.deleted == {b"1-0"}
+    assert stream.leftover == 2  # 2-0 and 4-0 were in the stream when the site dropped it
+
+
+def metric(step: int, entries: list[str], lag: int = 1) -> dict:
+    return {"step": step, "max_staleness": lag, "wait_s": 1.0, "t_train": 1.0,
+            "extra": {"entries": entries, "staleness_histogram": {str(lag): 2 * len(entries)}}}
+
+
+def test_lost_and_twice_trained_groups_are_counted_in_records():
+    metrics = [metric(1, ["1-0", "2-0"]), metric(2, ["2-0", "3-0"], lag=3), metric(4, ["6-0"])]
+    summary = {"counters": {"accepted_groups": 8, "accepted_records": 16}, "dropped_stale": 2}
+    stream = fa.StreamAudit(added={b"1-0", b"2-0", b"3-0", b"4-0", b"5-0", b"6-0", b"7-0", b"8-0"},
+                            deleted={b"1-0", b"2-0", b"3-0", b"4-0", b"5-0", b"6-0"}, leftover=2)
+    row = fa.audit(metrics, summary, stream, group_size=2)
+    assert (row["accepted"], row["trained"], row["trained_twice"], row["max_staleness"]) == (16, 10, 2, 3)
+    # 8 groups: 4 distinct trained, 1 dropped stale, 2 left in the stream -> 1 lost (2 records)
+    assert row["lost"] == 2
+    assert any("step(s) 3" in note for note in row["notes"])
+    assert any("2 groups were deleted from the stream untrained, 1 reported" in note for note in row["notes"])
+
+
+def test_throughput_is_back_when_a_window_after_the_fault_reaches_the_level_before():
+    rates = [10] * 10 + [0] * 6 + [10] * 10  # records per second: 6 s without any after the fault at t = 10
+    samples, total = [], 0
+    for t, rate in enumerate(rates):
+        samples.append(fa.Sample(float(t), "running", t, total, [1], 0.0))
+        total += rate
+    back, level = fa.throughput_back(samples, 10.0, window=3.0, before=5.0)
+    assert level == 10.0 and back == 6.0
+    assert fa.throughput_back(samples[:14], 10.0, window=3.0, before=5.0)[0] is None
