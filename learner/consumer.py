@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dataplane.replay import Client, ReplayBuffer, StoredGroup
@@ -50,8 +51,11 @@ class StalenessGatedConsumer:
     def admissible(self, group: Group, learner_version: int) -> bool:
         return group.version >= learner_version - self.staleness
 
-    def next_batch(self, *, groups: int, learner_version: int, timeout_s: float) -> BatchWait | None:
-        """Wait up to ``timeout_s`` for ``groups`` admissible groups; None if they did not come."""
+    def next_batch(self, *, groups: int, learner_version: int, timeout_s: float,
+                   on_poll: Callable[[], object] | None = None) -> BatchWait | None:
+        """Wait up to ``timeout_s`` for ``groups`` admissible groups; None if they did not come. ``on_poll``
+        runs after each read (at least once a second): the learner tops up prompts there, since dropping a
+        stale group frees room in the backlog while the wait goes on."""
         start = time.monotonic()
         if not self._resumed:
             self._take(self.replay.read_pending(self.consumer))  # read before a crash, never acknowledged
@@ -69,6 +73,8 @@ class StalenessGatedConsumer:
                 self._reconnects = self.replay.reconnects
                 self._take(self.replay.read_pending(self.consumer))
             self._dropped_waiting += self._drop_stale(learner_version)
+            if on_poll is not None:
+                on_poll()
         batch, self.buffer = self.buffer[:groups], self.buffer[groups:]
         dropped, self._dropped_waiting = self._dropped_waiting, 0
         return BatchWait(groups=batch, dropped=dropped, wait_s=time.monotonic() - start)

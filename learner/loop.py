@@ -89,6 +89,7 @@ class LearnerLoop:
         self.uncommitted: list[str] = []  # trained, not yet in a committed checkpoint, so not acknowledged
         self.recent_rewards: collections.deque[float] = collections.deque(maxlen=10)
         self.t_train_avg: float | None = None
+        self.pending_report: dict | None = None  # the report of the checkpointed step, saved with it
 
     @property
     def rng(self) -> random.Random | None:
@@ -117,13 +118,16 @@ class LearnerLoop:
         return version % self.checkpoint_every == 0 or version % self.spec.kappa == 0 or \
             version >= self.spec.max_steps
 
-    def step(self, *, timeout_s: float) -> StepOutcome | None:
+    def step(self, *, timeout_s: float, report: Callable[[StepOutcome], dict] | None = None) -> StepOutcome | None:
         """Wait up to ``timeout_s`` for R admissible records in whole groups, train on them, checkpoint
-        when due; None when the data did not come (trained work since the last checkpoint is kept pending)."""
-        if self.feeder is not None:
-            self.feeder.top_up(trained=len(self.uncommitted))
+        when due; None when the data did not come (trained work since the last checkpoint is kept pending).
+        ``report`` builds the step's report to the site; a checkpoint keeps the report of its own step, so a
+        learner killed between the checkpoint and the report sends it on restart (``pending_report``)."""
+        top_up = (lambda: self.feeder.top_up(trained=len(self.uncommitted))) if self.feeder is not None else None
+        if top_up is not None:
+            top_up()
         wait = self.consumer.next_batch(groups=self.spec.groups_per_step, learner_version=self.version,
-                                        timeout_s=timeout_s)
+                                        timeout_s=timeout_s, on_poll=top_up)
         if wait is None:
             return None
         records = [r for g in wait.groups for r in g.records]
@@ -141,10 +145,12 @@ class LearnerLoop:
             self.on_trained(self.version, ids)
 
         checkpointed = self.due(self.version)
+        outcome = StepOutcome(version=self.version, result=result, entry_ids=ids, lags=lags, wait_s=wait.wait_s,
+                              dropped=wait.dropped, t_train=t_train, checkpointed=checkpointed)
         if checkpointed:
+            self.pending_report = report(outcome) if report is not None else None
             self.commit()
-        return StepOutcome(version=self.version, result=result, entry_ids=ids, lags=lags, wait_s=wait.wait_s,
-                           dropped=wait.dropped, t_train=t_train, checkpointed=checkpointed)
+        return outcome
 
     def commit(self) -> None:
         """Write the checkpoint of the current version, then acknowledge the entries it contains."""
@@ -161,7 +167,7 @@ class LearnerLoop:
             optimizer=optimizer.state_dict(), rng=capture_rng(self.rng), trained_entry_ids=list(self.uncommitted),
             job=dict(self.identity),
             state={"dropped_total": self.consumer.dropped_total, "recent_rewards": list(self.recent_rewards),
-                   "t_train_avg": self.t_train_avg},
+                   "t_train_avg": self.t_train_avg, "report": self.pending_report},
         ))
 
     def reward_target_reached(self) -> float | None:

@@ -196,6 +196,8 @@ class _JobRun:
             run.publish_base(raw.get("base_digest") or "")
             if ckpt is not None and loop.version % spec.kappa == 0 and raw.get("published_version", 0) < loop.version:
                 run.publish(loop.version)  # crashed between checkpoint and publish
+            if ckpt is not None and ckpt.state.get("report") and raw.get("learner_step", 0) < ckpt.version:
+                run.outbox.report(ckpt.state["report"])  # crashed between checkpoint and report
             yield run
 
     def announce(self, *, resumed: bool) -> None:
@@ -222,7 +224,7 @@ class _JobRun:
         step it trained, its bubble counting the earlier polls while running, or None (see ``life``)."""
         poll_s = min(self.settings.data_timeout_s, self.settings.status_poll_s)
         try:
-            outcome = self.loop.step(timeout_s=poll_s)
+            outcome = self.loop.step(timeout_s=poll_s, report=lambda o: _metrics(self.loop, o, self.ctx))
         except replay.RedisError as err:  # cancelled: the site dropped the streams
             life.redis_failed(self.site_status(), f"{type(err).__name__}: {err}")
             return None
@@ -288,6 +290,7 @@ class _JobRun:
             if outcome.version == 1 or outcome.version % 10 == 0:
                 with contextlib.suppress(SiteUnreachable):  # T_train again; the next one will do when down
                     self.site.announce(self.job_id, t_train=self.loop.t_train_avg)
+            _log_step(self.loop, outcome)
             self.outbox.report(_metrics(self.loop, outcome, self.ctx))  # queued while the site is down
         except SiteError as err:  # a refusal; cancelled meanwhile is not a failure of ours
             life.report_failed(self.site_status(), outcome.version, str(err))
@@ -335,7 +338,7 @@ def _resume(loop: LearnerLoop, raw: dict, job_id: int) -> Checkpoint | None:
 
 
 def _metrics(loop: LearnerLoop, outcome: StepOutcome, ctx: distributed.DistContext) -> dict:
-    """The step's report to the site (``POST /api/jobs/<id>/metrics/``), logged as one line."""
+    """The step's report to the site (``POST /api/jobs/<id>/metrics/``)."""
     result, version = outcome.result, outcome.version
     histogram = collections.Counter(outcome.lags)
     metrics = {
@@ -351,13 +354,15 @@ def _metrics(loop: LearnerLoop, outcome: StepOutcome, ctx: distributed.DistConte
             "entries": outcome.entry_ids,  # the replay-buffer entries trained: audits find losses and repeats
         },
     }
-    m = result.metrics()
-    log.info("step %d reward=%.3f loss=%.4f kl=%.4f clip=%.3f |g|=%.3f max_lag=%d dropped=%d t_train=%.3fs "
-             "wait=%.3fs%s", version, result.reward_mean, result.loss, m["kl"], m["clip_fraction"], result.grad_norm,
-             max(outcome.lags),
-             loop.consumer.dropped_total, outcome.t_train, outcome.wait_s, " (checkpoint)" if outcome.checkpointed
-             else "")
     return metrics
+
+
+def _log_step(loop: LearnerLoop, outcome: StepOutcome) -> None:
+    result, m = outcome.result, outcome.result.metrics()
+    log.info("step %d reward=%.3f loss=%.4f kl=%.4f clip=%.3f |g|=%.3f max_lag=%d dropped=%d t_train=%.3fs "
+             "wait=%.3fs%s", outcome.version, result.reward_mean, result.loss, m["kl"], m["clip_fraction"],
+             result.grad_norm, max(outcome.lags), loop.consumer.dropped_total, outcome.t_train, outcome.wait_s,
+             " (checkpoint)" if outcome.checkpointed else "")
 
 
 def _fail(site: SiteClient, job_id: int, reason: str) -> JobStatus:

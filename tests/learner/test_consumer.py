@@ -187,3 +187,13 @@ def test_drops_during_a_wait_that_timed_out_are_reported_with_the_next_batch(lea
     assert consumer.next_batch(groups=1, learner_version=5, timeout_s=0.2) is None
     append_group(redis_client, "next", [5, 5])
     assert consumer.next_batch(groups=1, learner_version=5, timeout_s=2.0).dropped == 0
+
+
+def test_the_wait_calls_back_so_prompts_are_topped_up_while_stale_groups_are_dropped(learner_client,
+                                                                                     redis_client) -> None:
+    consumer = StalenessGatedConsumer(learner_client, JOB, staleness=2)
+    polls = []
+    append_group(redis_client, "old", [0, 0])  # stale at v_t = 5: dropped, which frees backlog mid-wait
+
+    assert consumer.next_batch(groups=1, learner_version=5, timeout_s=1.5, on_poll=lambda: polls.append(1)) is None
+    assert len(polls) >= 1  # the learner's top-up runs within the wait, not only before the next one

@@ -60,6 +60,23 @@ def test_acknowledgement_waits_for_the_checkpoint(redis_url, redis_client, tiny_
     assert CheckpointStore(tmp_path).load().trained_entry_ids == ids
 
 
+def test_a_checkpoint_keeps_its_steps_report_for_a_learner_killed_before_sending_it(redis_url, redis_client,
+                                                                                     tiny_model_dir, tmp_path) -> None:
+    for g in range(4):
+        append_group(redis_client, g)
+    loop = make_loop(redis_url, tiny_model_dir, tmp_path)
+    built = []
+
+    def report(outcome):
+        built.append(outcome.version)
+        return {"step": outcome.version, "entries": outcome.entry_ids}
+
+    loop.step(timeout_s=5, report=report)  # v1: no checkpoint, so nothing to keep
+    second = loop.step(timeout_s=5, report=report)
+    assert built == [2]
+    assert CheckpointStore(tmp_path).load().state["report"] == {"step": 2, "entries": second.entry_ids}
+
+
 def test_crash_between_checkpoint_and_acknowledgement_trains_nothing_twice(redis_url, redis_client, tiny_model_dir,
                                                                             tmp_path) -> None:
     ids = [append_group(redis_client, g) for g in range(6)]
