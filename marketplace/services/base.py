@@ -6,6 +6,7 @@ This module imports no sibling, so each sub-domain may import it without closing
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -17,6 +18,8 @@ from dataplane import messages as m
 
 from .. import selectors
 from ..models import Activation, Job, Worker
+
+log = logging.getLogger(__name__)
 
 
 class ServiceError(ValueError):
@@ -32,10 +35,17 @@ def job_group(job_id: int) -> str:
 
 
 def _push(group: str, event: dict[str, Any]) -> None:
+    """Send ``event`` to a channel group once the transaction commits. Best effort: the write is committed
+    whatever happens to the push, so a channel layer that is away (Redis restarting) is logged, never turned
+    into an error for a request that succeeded (agents catch up on their next hello or snapshot request)."""
     def send() -> None:
         layer = get_channel_layer()
-        if layer is not None:
+        if layer is None:
+            return
+        try:
             async_to_sync(layer.group_send)(group, event)
+        except Exception as err:  # noqa: BLE001 - any transport failure of a best-effort push
+            log.warning("push to %s lost (%s: %s)", group, type(err).__name__, err)
 
     transaction.on_commit(send)
 

@@ -109,16 +109,20 @@ def snapshot_publish(*, job: Job, version: int, url: str, manifest: dict) -> Sna
     payload's sha256 becomes ``Job.base_digest``. Every later version must be newer than the last."""
     job = Job.objects.select_for_update().get(pk=job.pk)
     learner_may_report(job)
-    if version == 0:
+    snap = Snapshot.objects.filter(job=job, version=version).first()
+    if snap is not None and snap.manifest.get("sha256") == manifest.get("sha256") and snap.url == url:
+        pass  # the learner announces again what it published (our reply was lost): plan and push it again
+    elif version == 0:
         _check_base(job, manifest)
     elif version <= job.published_version:
         raise ServiceError(f"version: {version} is not newer than the published {job.published_version}")
-    manifest = _checked_manifest(job, version, manifest)
-    snap = Snapshot.objects.create(job=job, version=version, url=url, manifest=manifest)
-    if version == 0:
-        Job.objects.filter(pk=job.pk).update(base_digest=manifest["sha256"])
-    else:
-        Job.objects.filter(pk=job.pk).update(published_version=version)
+    if snap is None:
+        manifest = _checked_manifest(job, version, manifest)
+        snap = Snapshot.objects.create(job=job, version=version, url=url, manifest=manifest)
+        if version == 0:
+            Job.objects.filter(pk=job.pk).update(base_digest=manifest["sha256"])
+        else:
+            Job.objects.filter(pk=job.pk).update(published_version=version)
     # A worker whose socket closed keeps its activation until it times out (it may reconnect), but it cannot
     # relay meanwhile: it is left out of the plan and gets the newest snapshot when it says hello again.
     active = list(Worker.objects.filter(activations__job=job, activations__ended_at=None)

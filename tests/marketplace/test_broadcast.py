@@ -10,7 +10,7 @@ import pytest
 from dataplane import credentials
 from dataplane import messages as m
 from marketplace import services, telemetry
-from marketplace.models import Worker
+from marketplace.models import Snapshot, Worker
 from marketplace.services import base
 
 from . import factories
@@ -270,8 +270,10 @@ def test_the_base_is_published_once_as_version_0_and_assignments_carry_it(pushes
     job.refresh_from_db()
     assert (job.base_digest, job.published_version) == (base_manifest(job)["sha256"], 0)
     assert pushes[workers[0].pk][-1].version == 0 and pushes[workers[0].pk][-1].parent == "10.0.0.1:7000"
-    with pytest.raises(services.ServiceError, match="already published"):
-        services.snapshot_publish(job=job, version=0, url="http://l/v0/", manifest=base_manifest(job))
+    again = services.snapshot_publish(job=job, version=0, url="http://l/v0/", manifest=base_manifest(job))
+    assert again.version == 0  # the same base announced again (a lost reply) is not an error
+    with pytest.raises(services.ServiceError, match="already published"):  # another base is
+        services.snapshot_publish(job=job, version=0, url="http://l/v0/", manifest=base_manifest(job, total_bytes=8))
 
     services.snapshot_publish(job=job, version=1, url="http://l/v1/", manifest=factories.manifest(job, 1))
     services.worker_activate(worker=workers[1], job=job)  # a late joiner: base and newest, over HTTP
@@ -323,3 +325,17 @@ def test_the_base_measures_neither_broadcast_time_nor_bandwidth(pushes):
     assert selectors.last_broadcast(job) is None  # building an engine is not broadcasting an update
     relay = Worker.objects.get(pk=seed)
     assert relay.relay_successes == 1 and relay.measured_bandwidth_bps is None  # 4000 B in 30 s is no link rate
+
+
+def test_a_publication_announced_again_is_planned_and_pushed_again_not_refused(pushes):
+    """The learner's reply was lost (a restart between commit and reply): it announces the same version
+    again, and gets the snapshot back instead of 'not newer than the published'."""
+    workers = make_workers(2)
+    job = running_job(workers, b0=1000)
+    first = publish(job, 1)
+    pushed = len(pushes[workers[0].pk])
+    again = publish(job, 1)
+    assert again.pk == first.pk and Snapshot.objects.filter(job=job, version=1).count() == 1
+    assert len(pushes[workers[0].pk]) == pushed + 1  # pushed again: the first push may have been lost too
+    with pytest.raises(services.ServiceError, match="not newer"):  # another payload under that version is not
+        publish(job, 1, total_bytes=32)
