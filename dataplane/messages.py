@@ -1,5 +1,9 @@
 """Control messages between the site and an agent, one JSON object per websocket frame.
 
+Every request an agent waits on (``lease_request``, ``trajectories``) carries an ``id`` and its reply (``lease``,
+``no_work``, ``accepted``, or ``rejected``) names it in ``ref_id``: the agent pairs them by id, never by order, so
+a late reply (an agent frozen past its timeout, a request given up on) is recognised and discarded.
+
 Both sides parse with :func:`parse_agent_message` / :func:`parse_site_message`, so a message the other
 side cannot understand is rejected with a reason (a ``rejected`` reply) instead of being ignored.
 """
@@ -48,6 +52,8 @@ class LeaseRequest(_Msg):
     type: Literal["lease_request"] = "lease_request"
     job_id: int = Field(ge=1)
     groups: int = Field(default=1, ge=1, le=64, description="How many prompt groups to lease.")
+    id: str | None = Field(default=None, min_length=1, max_length=64,
+                           description="Names this request; its reply carries it back as ``ref_id``.")
 
 
 class Trajectories(_Msg):
@@ -55,6 +61,8 @@ class Trajectories(_Msg):
 
     type: Literal["trajectories"] = "trajectories"
     group: TrajectoryGroup
+    id: str | None = Field(default=None, min_length=1, max_length=64,
+                           description="Names this request; its reply carries it back as ``ref_id``.")
 
     @property
     def job_id(self) -> int:
@@ -152,12 +160,14 @@ class Lease(_Msg):
     job_id: int
     leases: list[LeasedPrompt]
     timeout: float
+    ref_id: str | None = Field(default=None, max_length=64, description="The ``id`` of the request answered.")
 
 
 class NoWork(_Msg):
     type: Literal["no_work"] = "no_work"
     job_id: int
     retry_after: float = 0.5
+    ref_id: str | None = Field(default=None, max_length=64, description="The ``id`` of the request answered.")
 
 
 class SnapshotAvailable(_Msg):
@@ -187,6 +197,7 @@ class Accepted(_Msg):
     accepted: int
     rejected: int
     reasons: list[str] = Field(default_factory=list)
+    ref_id: str | None = Field(default=None, max_length=64, description="The ``id`` of the request answered.")
 
 
 class Rejected(_Msg):
@@ -195,6 +206,7 @@ class Rejected(_Msg):
     type: Literal["rejected"] = "rejected"
     reason: str
     ref: str | None = Field(default=None, description="The type of the refused message, when known.")
+    ref_id: str | None = Field(default=None, max_length=64, description="The ``id`` of the request answered.")
 
 
 SiteMessage = Annotated[

@@ -60,7 +60,10 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                 group = content["group"]
                 await database_sync_to_async(services.trajectories_malformed)(
                     worker=self.worker, job_id=group.get("job_id"), records=group.get("records"))
-            await self.send_json(m.Rejected(reason=str(err), ref=ref if isinstance(ref, str) else None).model_dump())
+            request_id = content.get("id") if isinstance(content, dict) else None
+            request_id = request_id if isinstance(request_id, str) and 0 < len(request_id) <= 64 else None
+            await self.send_json(m.Rejected(reason=str(err), ref=ref if isinstance(ref, str) else None,
+                                            ref_id=request_id).model_dump())
             return
         try:
             replies = await database_sync_to_async(self._dispatch)(message)
@@ -69,7 +72,10 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         except Exception:  # a bug must not kill the agent's session; it gets a reason, we get the traceback
             log.exception("agent %s: %s failed", self.worker.pk, message.type)
             replies = [m.Rejected(reason="internal error while handling the message", ref=message.type)]
+        request_id = getattr(message, "id", None)
         for reply in replies:
+            if request_id is not None and "ref_id" in type(reply).model_fields:
+                reply = reply.model_copy(update={"ref_id": request_id})  # the agent pairs replies by id
             await self.send_json(reply.model_dump(mode="json"))
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import json
 import logging
 import time
@@ -94,8 +95,9 @@ class AgentSession(SnapshotInstalls):
         self.heartbeat_interval = 5.0
         self.assignment: m.Assign | None = None
         self.rollout_task: asyncio.Task | None = None
-        self.replies: asyncio.Queue = asyncio.Queue()
-        self.unanswered = 0  # requests sent on this socket whose reply has not been taken from ``replies``
+        self.waiting: dict[str, asyncio.Future] = {}  # request id -> its reply, once the site answers
+        self._request_ids = itertools.count(1)
+        self.rollout_failures = 0  # crashes of the rollout loop, each restarted
         self.ws = None
         self.stopped = asyncio.Event()
         self.generated = 0
@@ -132,8 +134,7 @@ class AgentSession(SnapshotInstalls):
 
     async def _session(self, ws) -> None:
         self.ws = ws
-        self.replies = asyncio.Queue()
-        self.unanswered = 0
+        self._forget_requests()
         job = self.assignment.job_id if self.assignment else None
         await self.send(m.Hello(agent_version=__version__, installed_version=self.installed_version(job)))
         heartbeat = asyncio.create_task(self._heartbeats())
@@ -172,7 +173,7 @@ class AgentSession(SnapshotInstalls):
                 log.info("assigned to job %s (%s, task %s)", message.job_id, message.model, message.task.get("name"))
                 self._stop_rollout()
                 self.assignment = message
-                self.rollout_task = asyncio.create_task(self._rollout(message))
+                self.rollout_task = asyncio.create_task(self._supervised(message))
             case m.Release():
                 log.info("released from job %s: %s", message.job_id, message.reason)
                 if self.assignment and self.assignment.job_id == message.job_id:
@@ -182,10 +183,12 @@ class AgentSession(SnapshotInstalls):
                 self._install(message)
             case m.Rejected() if message.ref is None and "agent key" in message.reason:
                 raise AgentRejected(message.reason)
-            case m.Rejected() if message.ref not in ("lease_request", "trajectories"):
+            case m.Lease() | m.NoWork() | m.Accepted() | m.Rejected() if message.ref_id is not None:
+                self._answer(message)
+            case m.Rejected():
                 log.warning("site rejected our %s: %s", message.ref, message.reason)
             case _:
-                await self.replies.put(message)
+                log.warning("discarding a %s that answers no request of ours", message.type)
 
     def _stop_rollout(self) -> None:
         if self.rollout_task is not None:
@@ -193,17 +196,32 @@ class AgentSession(SnapshotInstalls):
             self.rollout_task = None
 
     async def _request(self, message: m.LeaseRequest | m.Trajectories) -> m._Msg:
-        """Send a request and return its reply. The site answers each request once, in order; replies to requests
-        of a rollout loop cancelled while it waited (a release, a job switch) are taken and dropped here, so they
-        are never read as the answer to a newer request."""
-        self.unanswered += 1
-        await self.send(message)
-        while True:
-            reply = await asyncio.wait_for(self.replies.get(), REPLY_TIMEOUT_S)
-            self.unanswered -= 1
-            if self.unanswered == 0:
-                return reply
-            log.debug("dropping a reply to a request of a cancelled rollout: %s", reply.type)
+        """Send a request under a fresh id and return the reply that names it (``REPLY_TIMEOUT_S`` at most:
+        TimeoutError). A reply that comes later, or to a request of a rollout loop cancelled meanwhile (a
+        release, a job switch), names an id no longer waited for and is discarded, never taken as the answer
+        to a newer request."""
+        request_id = f"r{next(self._request_ids)}"
+        future = asyncio.get_running_loop().create_future()
+        self.waiting[request_id] = future
+        try:
+            await self.send(message.model_copy(update={"id": request_id}))
+            return await asyncio.wait_for(future, REPLY_TIMEOUT_S)
+        finally:
+            self.waiting.pop(request_id, None)
+
+    def _answer(self, reply: m.Lease | m.NoWork | m.Accepted | m.Rejected) -> None:
+        future = self.waiting.get(reply.ref_id)
+        if future is None or future.done():
+            log.warning("discarding a late %s for request %s (no longer waited for)", reply.type, reply.ref_id)
+            return
+        future.set_result(reply)
+
+    def _forget_requests(self) -> None:
+        """A new socket: the site will never answer what was asked on the old one."""
+        for future in self.waiting.values():
+            if not future.done():
+                future.set_exception(ConnectionError("the connection was lost before the site answered"))
+        self.waiting.clear()
 
     # ---- snapshots: the relay side (the installs themselves: worker_agent/installs.py) -------
 
@@ -278,6 +296,24 @@ class AgentSession(SnapshotInstalls):
             self.hub.unregister(*key)
 
     # ---- rollouts --------------------------------------------------------------------------
+
+    async def _supervised(self, assign: m.Assign) -> None:
+        """Run the job's rollout loop; when it crashes (a reply that never came, an engine error, a bug) the
+        cause is logged and counted and the loop starts again after a back-off (1 s doubling to 30 s), so the
+        agent never goes on heartbeating while it generates nothing."""
+        delay = 1.0
+        while True:
+            try:
+                await self._rollout(assign)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # noqa: BLE001 - whatever killed it, the loop must come back
+                self.rollout_failures += 1
+                log.error("job %s: the rollout loop failed (%s: %s); restarting it in %.0f s", assign.job_id,
+                          type(err).__name__, err, delay, exc_info=not isinstance(err, TimeoutError | ConnectionError))
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 30.0)
 
     async def _rollout(self, assign: m.Assign) -> None:
         await self._join(assign)

@@ -56,7 +56,7 @@ def setup_job_and_worker():
 async def test_unknown_key_is_rejected_and_closed():
     comm = await connect("e2w_wrong")
     reply = await comm.receive_json_from()
-    assert reply == {"type": "rejected", "reason": "unknown or missing agent key", "ref": None}
+    assert reply == {"type": "rejected", "reason": "unknown or missing agent key", "ref": None, "ref_id": None}
     assert (await comm.receive_output())["code"] == 4401
     anonymous = await connect(None)
     assert (await anonymous.receive_json_from())["type"] == "rejected"
@@ -246,4 +246,22 @@ async def test_an_agent_that_asks_gets_its_jobs_base_then_the_newest_snapshot(se
         await comm.send_json_to({"type": "snapshot_request", "job_id": job.pk, "which": which})
         reply = await comm.receive_json_from()
         assert (reply["type"], reply["version"], reply["parent"]) == ("snapshot", version, None)
+    await comm.disconnect()
+
+
+async def test_every_reply_names_the_request_it_answers(settings_eager, redis_client):
+    job, worker, key = await setup_job_and_worker()
+    comm = await connect(key)
+    await comm.send_json_to({"type": "hello", "agent_version": "test"})
+    await comm.receive_json_from()
+    await database_sync_to_async(services.job_start)(job=await database_sync_to_async(Job.objects.get)(pk=job.pk))
+    assert (await comm.receive_json_from(timeout=5))["type"] == "assign"
+    await comm.send_json_to({"type": "lease_request", "job_id": job.pk, "id": "r7"})
+    assert (await comm.receive_json_from()) | {"retry_after": 0} == {"type": "no_work", "job_id": job.pk,
+                                                                     "retry_after": 0, "ref_id": "r7"}
+    await comm.send_json_to({"type": "lease_request", "job_id": 999, "id": "r8"})  # refused by the service
+    assert (await comm.receive_json_from())["ref_id"] == "r8"
+    await comm.send_json_to({"type": "lease_request", "job_id": "x", "id": "r9"})  # refused by the schema
+    refused = await comm.receive_json_from()
+    assert (refused["type"], refused["ref_id"]) == ("rejected", "r9")
     await comm.disconnect()

@@ -86,6 +86,11 @@ async def push(session: AgentSession, message: m._Msg) -> None:
     await session._dispatch(message.model_dump_json())
 
 
+def answering(socket: RecordingSocket, reply: m._Msg) -> m._Msg:
+    """``reply`` as the site sends it: naming the agent's latest lease request."""
+    return reply.model_copy(update={"ref_id": socket.of("lease_request")[-1]["id"]})
+
+
 def test_nothing_is_leased_before_the_base_is_installed_then_records_carry_version_0(tmp_path, learner_side,
                                                                                        tiny_model_dir):
     store, server = learner_side
@@ -106,8 +111,8 @@ def test_nothing_is_leased_before_the_base_is_installed_then_records_carry_versi
         assert [(r["version"], r["source"]) for r in installed] == [(0, "http")]
         assert built == [str(tmp_path / "cache" / base.sha256)]  # built from the cache, not the learner's path
 
-        await push(session, m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="l1", group_id="g1",
-                                                                                prompt="1+2=")]))
+        lease = m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="l1", group_id="g1", prompt="1+2=")])
+        await push(session, answering(socket, lease))
         await until(lambda: socket.of("trajectories"), "a generated group")
         assert socket.of("trajectories")[0]["group"]["version"] == 0
         session._stop_rollout()
@@ -130,7 +135,7 @@ def test_a_failed_install_blocks_generation_until_the_site_gives_a_version_that_
         await until(lambda: socket.of("lease_request"), "the first lease request")
         await push(session, snapshot(store, server, v1, url="http://127.0.0.1:9/v1/"))  # pruned, or down: fails
         await until(lambda: session.wanted.get(1) == 1, "the failed install to be noted")
-        await push(session, m.NoWork(job_id=1, retry_after=0.05))  # the pending lease request's answer
+        await push(session, answering(socket, m.NoWork(job_id=1, retry_after=0.05)))  # the pending request's answer
         await until(lambda: any(r["which"] == "newest" for r in socket.of("snapshot_request")),
                     "the agent to ask for the newest version")
         leases = len(socket.of("lease_request"))
@@ -139,8 +144,8 @@ def test_a_failed_install_blocks_generation_until_the_site_gives_a_version_that_
 
         await push(session, snapshot(store, server, v1))  # the site's answer: the newest, which exists
         await until(lambda: len(socket.of("lease_request")) > leases, "leasing again once v1 is installed")
-        await push(session, m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="l2", group_id="g2",
-                                                                                prompt="3+4=")]))
+        lease = m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="l2", group_id="g2", prompt="3+4=")])
+        await push(session, answering(socket, lease))
         await until(lambda: socket.of("trajectories"), "a generated group")
         assert socket.of("trajectories")[0]["group"]["version"] == 1
         assert session.job.engine.model.model.norm.weight.detach().equal(model.model.norm.weight.detach())
@@ -189,6 +194,37 @@ def test_a_base_that_is_not_the_jobs_digest_is_refused(tmp_path, learner_side, t
         await push(session, assign(1, snapshot(store, server, base), digest="0" * 64))
         await until(lambda: socket.of("snapshot_request"), "the agent to ask again")
         assert built == [] and socket.of("lease_request") == [] and socket.of("snapshot_installed") == []
+        session._stop_rollout()
+
+    asyncio.run(scenario())
+
+
+def test_a_late_reply_is_discarded_by_id_and_a_dead_rollout_loop_restarts(tmp_path, learner_side, tiny_model_dir,
+                                                                          monkeypatch):
+    """An agent frozen past its reply timeout (SIGSTOP, then SIGCONT): its request is given up, the rollout
+    loop restarts, and the reply that finally comes names the old request: it is discarded, not taken as
+    the answer to the new one (replies were once paired by arrival order)."""
+    import worker_agent.session as session_module
+
+    monkeypatch.setattr(session_module, "REPLY_TIMEOUT_S", 0.5)
+    store, server = learner_side
+    base = store.write_base(tiny_model_dir)
+
+    async def scenario() -> None:
+        session, socket = make_session(tmp_path, [])
+        await push(session, assign(1, snapshot(store, server, base), digest=base.sha256))
+        await until(lambda: socket.of("lease_request"), "the first lease request")
+        first = socket.of("lease_request")[0]["id"]
+        await until(lambda: len(socket.of("lease_request")) >= 2, "the loop to give up and start again", 10)
+        assert session.rollout_failures >= 1
+        second = socket.of("lease_request")[-1]["id"]
+        assert second != first
+        late = m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="old", group_id="g0", prompt="1+1=")])
+        await push(session, late.model_copy(update={"ref_id": first}))  # the answer to the abandoned request
+        fresh = m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="new", group_id="g1", prompt="2+2=")])
+        await push(session, answering(socket, fresh))
+        await until(lambda: socket.of("trajectories"), "a generated group")
+        assert [t["group"]["lease_id"] for t in socket.of("trajectories")] == ["new"]
         session._stop_rollout()
 
     asyncio.run(scenario())
