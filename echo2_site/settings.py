@@ -5,6 +5,9 @@ REDIS_URL     default: redis://127.0.0.1:6379/0 (channel layer, Celery broker, t
 SECRET_KEY    default: an insecure development key (DEBUG only)
 DEBUG         default: true
 ALLOWED_HOSTS default: localhost,127.0.0.1,[::1],testserver
+
+With DEBUG off the HTTPS settings (SECURE_*, *_COOKIE_SECURE) default to secure; the README's "Production"
+section lists every variable, and `manage.py check --deploy` is clean with them.
 """
 
 from __future__ import annotations
@@ -21,6 +24,29 @@ def env_bool(name: str, default: bool) -> bool:
     return default if value is None else value.strip().lower() in {"1", "true", "yes", "on"}
 
 
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    try:
+        return int(value) if value else default
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {value!r}") from None
+
+
+def env_list(name: str, default: str = "") -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+def proxy_ssl_header(value: str) -> tuple[str, str] | None:
+    """``X-Forwarded-Proto: https`` (the header a trusted TLS proxy sets, and its value for HTTPS) as Django's
+    ``("HTTP_X_FORWARDED_PROTO", "https")``; empty: no proxy header is trusted."""
+    if not value.strip():
+        return None
+    header, sep, expected = value.partition(":")
+    if not sep or not header.strip() or not expected.strip():
+        raise ImproperlyConfigured(f"SECURE_PROXY_SSL_HEADER must look like 'X-Forwarded-Proto: https', got {value!r}")
+    return "HTTP_" + header.strip().upper().replace("-", "_"), expected.strip()
+
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("ECHO2_DATA_DIR", BASE_DIR / "var"))
 
@@ -29,7 +55,18 @@ SECRET_KEY = os.environ.get("SECRET_KEY") or ("dev-insecure-key-change-me" if DE
 if not SECRET_KEY:
     raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off")
 ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",")]
-CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+
+# HTTPS (README "Production"): secure by default when DEBUG is off. A plain-HTTP deployment on a trusted network
+# (docker/compose.yaml) turns them off explicitly. Behind a TLS-terminating proxy, name the header it sets.
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
+SECURE_REDIRECT_EXEMPT = env_list("SECURE_REDIRECT_EXEMPT")  # path regexes served over plain HTTP too
+SECURE_PROXY_SSL_HEADER = proxy_ssl_header(os.environ.get("SECURE_PROXY_SSL_HEADER", ""))
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 365 * 24 * 3600)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", not DEBUG)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", not DEBUG)
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
 
 INSTALLED_APPS = [
     "daphne",

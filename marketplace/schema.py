@@ -1,0 +1,15 @@
+"""OpenAPI descriptions of our authentication schemes (drf-spectacular extensions; imported in apps.ready)."""
+
+from __future__ import annotations
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+
+
+class AgentKeyScheme(OpenApiAuthenticationExtension):
+    target_class = "marketplace.auth.AgentKeyAuthentication"
+    name = "agentKey"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer", "bearerFormat": "e2w_...",
+                "description": "A worker's agent key (shown once at registration). It may only report the "
+                               "worker's own calibrations; everything else takes the provider's API token."}
