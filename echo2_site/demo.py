@@ -186,12 +186,12 @@ def _launch_job(console, stack: Stack, api: httpx.Client, server: str, token: st
 def _create_users(stack: Stack, py: str) -> dict[str, str]:
     script = (
         "from django.contrib.auth.models import User\n"
-        "from rest_framework.authtoken.models import Token\n"
+        "from marketplace.services import api_token_issue\n"
         "import json\n"
         "out = {}\n"
         f"for name in ['demo'] + {[p[0] for p in PROVIDERS]!r}:\n"
         "    user = User.objects.create_user(name, password=name, is_staff=(name == 'demo'))\n"
-        "    out[name] = Token.objects.create(user=user).key\n"
+        "    out[name] = api_token_issue(user=user)\n"
         "print(json.dumps(out))\n"
     )
     import json

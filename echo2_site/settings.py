@@ -77,7 +77,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
+    "knox",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
@@ -165,7 +165,7 @@ LOGOUT_REDIRECT_URL = "login"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "marketplace.auth.ApiTokenAuthentication",
         "marketplace.auth.AgentKeyAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
@@ -176,6 +176,9 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 100,
 }
+# API tokens (``Authorization: Token e2u_...``): knox keeps only their sha512 and shows a token once, when it is
+# made (provider page, ``manage.py drf_create_token``). They do not expire; replacing one revokes the old at once.
+REST_KNOX = {"TOKEN_TTL": None, "TOKEN_PREFIX": "e2u_", "AUTH_HEADER_PREFIX": "Token", "AUTO_REFRESH": False}
 SPECTACULAR_SETTINGS = {
     "TITLE": "ECHO-2 marketplace API",
     "DESCRIPTION": "Job control, worker registration and learner reporting for ECHO-2.",

@@ -1,4 +1,5 @@
-"""Agents authenticate HTTP calls with their worker key (``Authorization: Bearer e2w_...``).
+"""Who a request is: people with their API token (``Authorization: Token e2u_...``, stored hashed by knox),
+agents with their worker key (``Authorization: Bearer e2w_...``).
 
 The request then acts as the worker's provider, and ``request.auth`` is the Worker, so views can
 restrict an agent to its own machine. An agent key is scoped: ``NotAgentKey`` (a default permission)
@@ -7,10 +8,25 @@ refuses it everywhere but the few endpoints the agent itself calls, which opt ou
 
 from __future__ import annotations
 
+import re
+
+from knox.auth import TokenAuthentication
 from rest_framework import authentication, exceptions, permissions
 
 from . import selectors
 from .models import Worker
+
+_TOKEN_SHAPE = re.compile(rb"[A-Za-z0-9_-]{20,200}")
+
+
+class ApiTokenAuthentication(TokenAuthentication):
+    """knox's token check (only the token's sha512 is stored), after a shape check: a token that cannot be one
+    (a NUL, non-ASCII bytes) is refused as unknown before it reaches the database."""
+
+    def authenticate_credentials(self, token: bytes):
+        if not _TOKEN_SHAPE.fullmatch(token):
+            raise exceptions.AuthenticationFailed("Invalid token.")
+        return super().authenticate_credentials(token)
 
 
 class AgentKeyAuthentication(authentication.BaseAuthentication):

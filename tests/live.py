@@ -27,8 +27,8 @@ def make_stack(tmp_path: Path, redis_url: str, **env: str) -> Stack:
 def create_users(stack: Stack, *names: str, setup: str = "") -> dict[str, str]:
     """Users (password = their name + '-pass') and their API tokens; ``setup`` runs after, in the same shell."""
     script = (
-        "import json\nfrom django.contrib.auth.models import User\nfrom rest_framework.authtoken.models import Token\n"
-        f"tokens = {{n: Token.objects.create(user=User.objects.create_user(n, password=n + '-pass')).key "
+        "import json\nfrom django.contrib.auth.models import User\nfrom marketplace.services import api_token_issue\n"
+        f"tokens = {{n: api_token_issue(user=User.objects.create_user(n, password=n + '-pass')) "
         f"for n in {list(names)!r}}}\n{setup}\nprint(json.dumps(tokens))\n"
     )
     stack.run(str(BIN / "python"), "manage.py", "migrate", "--noinput")

@@ -3,7 +3,12 @@ calibrations, nothing else; API tokens are stored hashed and shown once; no key 
 
 from __future__ import annotations
 
+import hashlib
+import importlib
+from types import SimpleNamespace
+
 import pytest
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from marketplace.models import Worker
@@ -61,3 +66,44 @@ def test_the_provider_token_still_does_everything_the_key_may_not():
     assert api.post("/api/workers/", REGISTER, format="json").status_code == 201
     assert api.get("/api/workers/").status_code == 200
     assert api.post("/api/jobs/", JOB, format="json").status_code == 201
+
+
+def test_api_tokens_are_stored_hashed():
+    from knox.models import AuthToken
+
+    user = factories.user()
+    token = factories.token(user)
+    row = AuthToken.objects.get(user=user)
+    assert token.startswith("e2u_") and token not in (row.digest, row.token_key)
+    assert row.digest == hashlib.sha512(token.encode()).hexdigest()
+
+
+@pytest.mark.parametrize("header", ["Token e2u_nope", "Token " + "a" * 64, "Token e2u_\x00abcdefghijklmnopqrstuvwxyz",
+                                    "Token e2u_ünïcodeünïcodeünïcode"])
+def test_a_wrong_or_malformed_token_is_a_401_not_a_500(header):
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=header.encode().decode("latin-1"))
+    assert api.get("/api/jobs/").status_code == 401
+
+
+def test_the_migration_hashes_existing_plain_tokens_and_they_keep_working():
+    """A database from before: Django REST framework's authtoken table with plain-text keys."""
+    from django.apps import apps
+    from django.db import connection
+
+    migration = importlib.import_module("marketplace.migrations.0012_api_tokens_hashed")
+    user = factories.user()
+    plain = "3f" * 20  # DRF's keys were 40 hex characters
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE authtoken_token (key varchar(40) PRIMARY KEY, created timestamp with time zone, "
+                       "user_id integer)" if connection.vendor == "postgresql" else
+                       "CREATE TABLE authtoken_token (key varchar(40) PRIMARY KEY, created datetime, user_id integer)")
+        cursor.execute("INSERT INTO authtoken_token VALUES (%s, %s, %s)", [plain, timezone.now(), user.pk])
+    migration.hash_plain_tokens(apps, SimpleNamespace(connection=connection))  # it uses the editor's connection
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM authtoken_token")
+        assert cursor.fetchone()[0] == 0, "no plain-text token is left"
+        cursor.execute("DROP TABLE authtoken_token")
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {plain}")
+    assert api.get("/api/jobs/").status_code == 200
