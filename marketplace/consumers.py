@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -24,11 +23,11 @@ UNAUTHORIZED = 4401
 
 
 def _agent_key(scope) -> str:
+    """The key from the ``Authorization: Bearer`` header, never from the URL (URLs end up in proxy logs)."""
     for name, value in scope.get("headers", []):
         if name == b"authorization" and value.lower().startswith(b"bearer "):
             return value[7:].decode(errors="replace").strip()
-    query = parse_qs(scope.get("query_string", b"").decode(errors="replace"))
-    return (query.get("key") or [""])[0]
+    return ""
 
 
 class AgentConsumer(AsyncJsonWebsocketConsumer):
