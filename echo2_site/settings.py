@@ -13,6 +13,8 @@ section lists every variable, and `manage.py check --deploy` is clean with them.
 from __future__ import annotations
 
 import os
+import re
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -34,6 +36,22 @@ def env_int(name: str, default: int) -> int:
 
 def env_list(name: str, default: str = "") -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+def env_float(name: str, default: float) -> float:
+    value = os.environ.get(name, "").strip()
+    try:
+        return float(value) if value else default
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number, got {value!r}") from None
+
+
+def env_rate(name: str, default: str) -> str:
+    """A rate in DRF's notation, ``N/s``, ``N/min``, ``N/hour`` or ``N/day``."""
+    value = os.environ.get(name, "").strip() or default
+    if not re.fullmatch(r"\d+/(s|sec|second|m|min|minute|h|hour|d|day)", value):
+        raise ImproperlyConfigured(f"{name} must look like 100/min (N per s, min, hour or day), got {value!r}")
+    return value
 
 
 def proxy_ssl_header(value: str) -> tuple[str, str] | None:
@@ -83,6 +101,7 @@ INSTALLED_APPS = [
     "channels",
     "marketplace",
     "frontend",
+    "axes",
 ]
 
 MIDDLEWARE = [
@@ -93,7 +112,10 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Sign-in lockout (django-axes): last, so it sees the login view's outcome.
+    "axes.middleware.AxesMiddleware",
 ]
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
 
 ROOT_URLCONF = "echo2_site.urls"
 TEMPLATES = [
@@ -132,6 +154,13 @@ CHANNEL_LAYERS = {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {"hosts": [REDIS_URL], "prefix": os.environ.get("ECHO2_CHANNEL_PREFIX", "echo2")},
     }
+}
+
+# Throttle and lockout counters. Several site processes share them only in a shared cache: set ECHO2_CACHE_URL
+# (a Redis URL) in production; the default local-memory cache counts per process.
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": os.environ["ECHO2_CACHE_URL"]}
+    if os.environ.get("ECHO2_CACHE_URL") else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
 }
 
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
@@ -175,7 +204,30 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "marketplace.api_errors.exception_handler",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 100,
+    # Request rates (429 with Retry-After beyond them): per signed-in user, per anonymous address, and failed
+    # credentials (wrong tokens, wrong agent keys, on HTTP and the agent websocket) per address. Generous: the
+    # learner reports every step, the demo and the test suite never meet them.
+    "DEFAULT_THROTTLE_CLASSES": ["rest_framework.throttling.AnonRateThrottle",
+                                 "rest_framework.throttling.UserRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {
+        "user": env_rate("ECHO2_THROTTLE_USER", "100/s"),
+        "anon": env_rate("ECHO2_THROTTLE_ANON", "20/s"),
+        "auth_failures": env_rate("ECHO2_THROTTLE_AUTH_FAILURES", "30/min"),
+        "agent_hellos": env_rate("ECHO2_THROTTLE_AGENT_HELLOS", "30/min"),
+    },
+    # Proxies in front of the site that append to X-Forwarded-For: the client address throttles count by is the
+    # one the outermost of them saw. 0 (the default): the socket's peer; never trust a header nobody overwrites.
+    "NUM_PROXIES": env_int("ECHO2_NUM_PROXIES", 0),
 }
+
+# Sign-in lockout (django-axes): after ECHO2_LOGIN_FAILURE_LIMIT wrong passwords for one username from one address,
+# that pair is locked out for ECHO2_LOGIN_COOLOFF_S seconds (the page says so); a success resets the count.
+AXES_FAILURE_LIMIT = env_int("ECHO2_LOGIN_FAILURE_LIMIT", 10)
+AXES_COOLOFF_TIME = timedelta(seconds=env_float("ECHO2_LOGIN_COOLOFF_S", 900))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_CLIENT_IP_CALLABLE = "marketplace.throttling.client_address"  # the address the API throttles count by
 # API tokens (``Authorization: Token e2u_...``): knox keeps only their sha512 and shows a token once, when it is
 # made (provider page, ``manage.py drf_create_token``). They do not expire; replacing one revokes the old at once.
 REST_KNOX = {"TOKEN_TTL": None, "TOKEN_PREFIX": "e2u_", "AUTH_HEADER_PREFIX": "Token", "AUTO_REFRESH": False}
@@ -211,7 +263,22 @@ ECHO2 = {
     # repair, assignment). It must outlast a whole download at the slowest link: the learner's HTTP server checks
     # it on every chunk, a relay at each hello.
     "TRANSFER_CREDENTIAL_TTL_S": float(os.environ.get("ECHO2_TRANSFER_CREDENTIAL_TTL_S", "900")),
+    # Messages one agent connection may send (token bucket): a rate per second and a burst; over it a message gets
+    # a `rejected` reply, and after this many refused in a row the site closes the socket (1008).
+    "AGENT_MESSAGES_PER_S": env_float("ECHO2_AGENT_MESSAGES_PER_S", 50.0),
+    "AGENT_MESSAGE_BURST": env_float("ECHO2_AGENT_MESSAGE_BURST", 200.0),
+    "AGENT_ABUSE_CLOSE_AFTER": env_int("ECHO2_AGENT_ABUSE_CLOSE_AFTER", 50),
+    # Largest agent websocket frame (bytes). A legal group of 16 x 4096 tokens is about 1.8 MiB of JSON; a bigger
+    # frame is refused and the socket closed with 1009. daphne's own limits must lie above it (DAPHNE_* below).
+    "WS_MAX_MESSAGE_BYTES": env_int("ECHO2_WS_MAX_MESSAGE_BYTES", 8 << 20),
+    # Deepest nesting of JSON objects and arrays accepted on the API and the agent websocket (ours need < 10).
+    "JSON_MAX_DEPTH": env_int("ECHO2_JSON_MAX_DEPTH", 32),
 }
+# daphne drops (without a close reason) any websocket message above its limit, 1 MiB by default: it must exceed
+# the site's own limit, so that frames between the two get the site's 1009 and reason. `manage.py runserver`
+# reads these; the daphne command line takes --websocket-max-message-size / --websocket-max-frame-size
+# (docker/compose.yaml, README "Production").
+DAPHNE_WEBSOCKET_MAX_MESSAGE_SIZE = DAPHNE_WEBSOCKET_MAX_FRAME_SIZE = 2 * ECHO2["WS_MAX_MESSAGE_BYTES"]
 
 LOGGING = {
     "version": 1,

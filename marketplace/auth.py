@@ -13,7 +13,7 @@ import re
 from knox.auth import TokenAuthentication
 from rest_framework import authentication, exceptions, permissions
 
-from . import selectors
+from . import selectors, throttling
 from .models import Worker
 
 _TOKEN_SHAPE = re.compile(rb"[A-Za-z0-9_-]{20,200}")
@@ -22,6 +22,9 @@ _TOKEN_SHAPE = re.compile(rb"[A-Za-z0-9_-]{20,200}")
 class ApiTokenAuthentication(TokenAuthentication):
     """knox's token check (only the token's sha512 is stored), after a shape check: a token that cannot be one
     (a NUL, non-ASCII bytes) is refused as unknown before it reaches the database."""
+
+    def authenticate(self, request):
+        return throttling.guarded_authenticate(request, self.authenticate_header(request), super().authenticate)
 
     def authenticate_credentials(self, token: bytes):
         if not _TOKEN_SHAPE.fullmatch(token):
@@ -33,6 +36,9 @@ class AgentKeyAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
 
     def authenticate(self, request):
+        return throttling.guarded_authenticate(request, self.keyword, self._authenticate)
+
+    def _authenticate(self, request):
         header = authentication.get_authorization_header(request).split()
         if not header or header[0].lower() != self.keyword.lower().encode():
             return None

@@ -2,6 +2,11 @@
 
 Every frame the site cannot act on gets a ``rejected`` reply naming the reason; nothing it carried
 is applied. Pushes from services (assign, release, snapshot) arrive as ``agent.message`` events.
+
+Limits (docs/trust.md "Limits"): failed keys per client address, hellos per worker, a token bucket of
+messages per connection (closed with 1008 after sustained abuse), frames up to ``ECHO2_WS_MAX_MESSAGE_BYTES``
+(closed with 1009 beyond), JSON nested at most ``ECHO2_JSON_MAX_DEPTH`` levels. The reason always comes as a
+``rejected`` frame first (daphne does not pass a close frame's reason text on).
 """
 
 from __future__ import annotations
@@ -11,15 +16,19 @@ import logging
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
 from django.utils import timezone
 
 from dataplane import messages as m
 
-from . import selectors, services
+from . import selectors, services, throttling
+from .jsonlimits import JSONLimitError, check_json
 
 log = logging.getLogger(__name__)
 
 UNAUTHORIZED = 4401
+POLICY_VIOLATION = 1008  # over the rate limits, sustained
+MESSAGE_TOO_BIG = 1009
 
 
 def _agent_key(scope) -> str:
@@ -35,11 +44,17 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
 
     async def connect(self) -> None:
         self.hello_at = None  # when this socket's session began: its close must not end a newer socket's
+        self.bucket = throttling.MessageBucket.from_settings()
         await self.accept()
+        client = (self.scope.get("client") or ["unknown"])[0]
+        wait = await database_sync_to_async(throttling.AUTH_FAILURES.wait)(client)
+        if wait:
+            await self._refuse(f"too many failed agent keys from {client}; retry in {wait:.0f} s", UNAUTHORIZED)
+            return
         self.worker = await database_sync_to_async(selectors.worker_by_key)(_agent_key(self.scope))
         if self.worker is None:
-            await self.send_json(m.Rejected(reason="unknown or missing agent key").model_dump())
-            await self.close(code=UNAUTHORIZED)
+            await database_sync_to_async(throttling.AUTH_FAILURES.hit)(client)
+            await self._refuse("unknown or missing agent key", UNAUTHORIZED)
             return
         await self.channel_layer.group_add(services.worker_group(self.worker.pk), self.channel_name)
 
@@ -47,6 +62,10 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if self.worker is not None:
             await self.channel_layer.group_discard(services.worker_group(self.worker.pk), self.channel_name)
             await database_sync_to_async(services.worker_disconnected)(worker=self.worker, since=self.hello_at)
+
+    async def _refuse(self, reason: str, code: int, ref: str | None = None) -> None:
+        await self.send_json(m.Rejected(reason=reason, ref=ref).model_dump())
+        await self.close(code=code, reason=reason[:120])
 
     async def receive_json(self, content, **kwargs) -> None:
         if self.worker is None:
@@ -61,6 +80,12 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                     worker=self.worker, job_id=group.get("job_id"), records=group.get("records"))
             await self.send_json(m.Rejected(reason=str(err), ref=ref if isinstance(ref, str) else None).model_dump())
             return
+        if isinstance(message, m.Hello):
+            wait = await database_sync_to_async(throttling.HELLOS.take)(str(self.worker.pk))
+            if wait:
+                await self._refuse(f"too many hellos from worker {self.worker.pk}; retry in {wait:.0f} s",
+                                   POLICY_VIOLATION, ref="hello")
+                return
         try:
             replies = await database_sync_to_async(self._dispatch)(message)
         except services.ServiceError as err:
@@ -72,11 +97,37 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json(reply.model_dump(mode="json"))
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs) -> None:
+        if self.worker is None:
+            return
+        size = len(text_data or bytes_data or b"")
+        if text_data is not None and not text_data.isascii():
+            size = len(text_data.encode())
+        limit = settings.ECHO2["WS_MAX_MESSAGE_BYTES"]
+        if size > limit:
+            await self._refuse(f"frame of {size} bytes exceeds the site's limit of {limit} bytes; split it",
+                               MESSAGE_TOO_BIG)
+            return
+        if not self.bucket.take():
+            reason = (f"rate limit: at most {self.bucket.rate:g} messages per second (bursts of "
+                      f"{self.bucket.burst:g}); message dropped")
+            if self.bucket.abusive:
+                await self._refuse(reason + "; closing after sustained abuse", POLICY_VIOLATION)
+            else:
+                await self.send_json(m.Rejected(reason=reason).model_dump())
+            return
         if text_data is None:
             await self.send_json(m.Rejected(reason="frames must be JSON text, not binary").model_dump())
             return
         try:
             content = json.loads(text_data)
+            check_json(content)
+        except RecursionError:
+            await self.send_json(m.Rejected(reason=f"frame is nested deeper than {settings.ECHO2['JSON_MAX_DEPTH']} "
+                                                   "levels").model_dump())
+            return
+        except JSONLimitError as err:
+            await self.send_json(m.Rejected(reason=f"frame: {err}").model_dump())
+            return
         except ValueError:
             await self.send_json(m.Rejected(reason="frame is not valid JSON").model_dump())
             return
