@@ -264,20 +264,20 @@ ECHO2 = {
     # it on every chunk, a relay at each hello.
     "TRANSFER_CREDENTIAL_TTL_S": float(os.environ.get("ECHO2_TRANSFER_CREDENTIAL_TTL_S", "900")),
     # Messages one agent connection may send (token bucket): a rate per second and a burst; over it a message gets
-    # a `rejected` reply, and after this many refused in a row the site closes the socket (1008).
+    # a `rejected` reply, and after this many refused in a row the site closes the socket (4429).
     "AGENT_MESSAGES_PER_S": env_float("ECHO2_AGENT_MESSAGES_PER_S", 50.0),
     "AGENT_MESSAGE_BURST": env_float("ECHO2_AGENT_MESSAGE_BURST", 200.0),
     "AGENT_ABUSE_CLOSE_AFTER": env_int("ECHO2_AGENT_ABUSE_CLOSE_AFTER", 50),
     # Largest agent websocket frame (bytes). A legal group of 16 x 4096 tokens is about 1.8 MiB of JSON; a bigger
-    # frame is refused and the socket closed with 1009. daphne's own limits must lie above it (DAPHNE_* below).
+    # frame is refused and the socket closed with 4413. daphne's own limits must lie above it (DAPHNE_* below).
     "WS_MAX_MESSAGE_BYTES": env_int("ECHO2_WS_MAX_MESSAGE_BYTES", 8 << 20),
     # Deepest nesting of JSON objects and arrays accepted on the API and the agent websocket (ours need < 10).
     "JSON_MAX_DEPTH": env_int("ECHO2_JSON_MAX_DEPTH", 32),
 }
 # daphne drops (without a close reason) any websocket message above its limit, 1 MiB by default: it must exceed
-# the site's own limit, so that frames between the two get the site's 1009 and reason. `manage.py runserver`
-# reads these; the daphne command line takes --websocket-max-message-size / --websocket-max-frame-size
-# (docker/compose.yaml, README "Production").
+# the site's own limit, so that frames between the two get the site's reason and close code (4413).
+# `manage.py runserver` reads these; the daphne command line takes --websocket-max-message-size and
+# --websocket-max-frame-size (docker/compose.yaml, README "Production").
 DAPHNE_WEBSOCKET_MAX_MESSAGE_SIZE = DAPHNE_WEBSOCKET_MAX_FRAME_SIZE = 2 * ECHO2["WS_MAX_MESSAGE_BYTES"]
 
 LOGGING = {

@@ -4,9 +4,10 @@ Every frame the site cannot act on gets a ``rejected`` reply naming the reason; 
 is applied. Pushes from services (assign, release, snapshot) arrive as ``agent.message`` events.
 
 Limits (docs/trust.md "Limits"): failed keys per client address, hellos per worker, a token bucket of
-messages per connection (closed with 1008 after sustained abuse), frames up to ``ECHO2_WS_MAX_MESSAGE_BYTES``
-(closed with 1009 beyond), JSON nested at most ``ECHO2_JSON_MAX_DEPTH`` levels. The reason always comes as a
-``rejected`` frame first (daphne does not pass a close frame's reason text on).
+messages per connection (closed with 4429 after sustained abuse), frames up to ``ECHO2_WS_MAX_MESSAGE_BYTES``
+(closed with 4413 beyond), JSON nested at most ``ECHO2_JSON_MAX_DEPTH`` levels. The reason always comes as a
+``rejected`` frame first: daphne passes no close reason text on, and its websocket library lets a server close
+only with 1000 or 3000-4999, so the codes are HTTP's in the application range (as 4401), not 1008/1009.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from .jsonlimits import JSONLimitError, check_json
 log = logging.getLogger(__name__)
 
 UNAUTHORIZED = 4401
-POLICY_VIOLATION = 1008  # over the rate limits, sustained
-MESSAGE_TOO_BIG = 1009
+TOO_MANY_REQUESTS = 4429  # over the rate limits, sustained (the standard 1008 cannot be sent through daphne)
+MESSAGE_TOO_BIG = 4413  # a frame over ECHO2_WS_MAX_MESSAGE_BYTES (the standard 1009 cannot be sent through daphne)
 
 
 def _agent_key(scope) -> str:
@@ -84,7 +85,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             wait = await database_sync_to_async(throttling.HELLOS.take)(str(self.worker.pk))
             if wait:
                 await self._refuse(f"too many hellos from worker {self.worker.pk}; retry in {wait:.0f} s",
-                                   POLICY_VIOLATION, ref="hello")
+                                   TOO_MANY_REQUESTS, ref="hello")
                 return
         try:
             replies = await database_sync_to_async(self._dispatch)(message)
@@ -111,7 +112,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             reason = (f"rate limit: at most {self.bucket.rate:g} messages per second (bursts of "
                       f"{self.bucket.burst:g}); message dropped")
             if self.bucket.abusive:
-                await self._refuse(reason + "; closing after sustained abuse", POLICY_VIOLATION)
+                await self._refuse(reason + "; closing after sustained abuse", TOO_MANY_REQUESTS)
             else:
                 await self.send_json(m.Rejected(reason=reason).model_dump())
             return

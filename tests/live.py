@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from echo2_site.demo import Stack, free_port, wait_for
+from echo2_site.demo import DAPHNE_WEBSOCKET_LIMITS, Stack, free_port, wait_for
 
 BIN = Path(sys.executable).parent
 
@@ -38,7 +38,8 @@ def create_users(stack: Stack, *names: str, setup: str = "") -> dict[str, str]:
 def start_site(stack: Stack, *, celery: bool = True, host: str = "127.0.0.1") -> str:
     """daphne (and a solo Celery worker); returns the site's URL once it answers."""
     port = free_port()
-    stack.start("daphne", str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "echo2_site.asgi:application")
+    stack.start("daphne", str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), *DAPHNE_WEBSOCKET_LIMITS,
+                "echo2_site.asgi:application")
     if celery:
         stack.start("celery", str(BIN / "celery"), "-A", "echo2_site", "worker", "-P", "solo", "-l", "info")
     server = f"http://{host}:{port}"
