@@ -202,6 +202,9 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated", "marketplace.auth.NotAgentKey"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "marketplace.api_errors.exception_handler",
+    # JSON only (every client of ours sends JSON), with depth and NUL limits (marketplace.parsers).
+    "DEFAULT_PARSER_CLASSES": ["marketplace.parsers.JSONParser"],
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 100,
     # Request rates (429 with Retry-After beyond them): per signed-in user, per anonymous address, and failed

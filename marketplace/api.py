@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from django.shortcuts import get_object_or_404
+import re
+
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -22,6 +23,14 @@ def _service_call(fn, **kwargs):
     except services.ServiceError as err:
         field, _, reason = str(err).partition(": ")
         raise ValidationError({field: [reason or str(err)]}) from None
+
+
+def _since(request) -> int:
+    """The ``since`` query parameter: a step number (ASCII digits; '²' passes ``str.isdigit``, not ``int``)."""
+    since = request.query_params.get("since", "0")
+    if not re.fullmatch(r"[0-9]{1,18}", since):
+        raise ValidationError({"since": ["must be a non-negative integer"]})
+    return int(since)
 
 
 class WorkerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -124,10 +133,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         """GET: the learner's per-step metrics (``?since=STEP`` for new ones). POST: the learner reports a step."""
         job = self.get_object()
         if request.method == "GET":
-            since = request.query_params.get("since", "0")
-            if not since.isdigit():
-                raise ValidationError({"since": ["must be a non-negative integer"]})
-            rows = job.metrics.filter(step__gt=int(since)).order_by("step")
+            rows = job.metrics.filter(step__gt=_since(request)).order_by("step")
             return Response(s.MetricSerializer(rows, many=True).data)
         form = s.MetricReportSerializer(data=request.data)
         form.is_valid(raise_exception=True)
@@ -179,10 +185,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         recent snapshots (T_bcast), active workers with their installed versions, and the forwarding chains
         of the newest snapshot (who feeds whom, who is behind)."""
         job = self.get_object()
-        since = request.query_params.get("since", "0")
-        if not since.isdigit():
-            raise ValidationError({"since": ["must be a non-negative integer"]})
-        return Response(selectors.job_live(job, since_step=int(since)))
+        return Response(selectors.job_live(job, since_step=_since(request)))
 
     @extend_schema(methods=["get"], responses=s.SnapshotSerializer(many=True))
     @extend_schema(methods=["post"], request=s.SnapshotSerializer, responses={201: s.SnapshotSerializer})
@@ -202,7 +205,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
     def learner(self, request, pk=None):
         """The learner announces itself and its calibrated T_train. The reply carries the job's transfer secret
         (the learner checks workers' credentials with it), so it takes the owner's token, not an agent key."""
-        job = get_object_or_404(self.get_queryset(), pk=pk)
+        job = self.get_object()
         form = s.LearnerAnnounceSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         job = _service_call(services.learner_announce, job=job, **form.validated_data)

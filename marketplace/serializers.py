@@ -12,6 +12,13 @@ from dataplane.messages import MAX_THROUGHPUT
 
 from .models import Job, JobMetric, Snapshot, Worker, WorkerCalibration
 
+# Bounds of numbers the API stores: every integer fits its column on every database (PostgreSQL's integer is 32
+# bits), every float is finite (DRF) and small enough that sums and means of many stay finite (JSON has no inf).
+MAX_INT = 2**31 - 1
+MAX_SECONDS = 1e9
+MAX_FIGURE = 1e15
+MAX_BANDWIDTH_BPS = 10**12  # 8 Tbit/s
+
 
 class WorkerSerializer(serializers.ModelSerializer):
     """A provider's machine with the figures of the provider page: price, measured throughput, unit cost,
@@ -60,7 +67,8 @@ class WorkerRegisterSerializer(serializers.Serializer):
     gpu = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
     price_per_hour = serializers.DecimalField(max_digits=10, decimal_places=4, min_value=Decimal("0.0001"),
                                               help_text="c_i in USD per hour (> 0).")
-    bandwidth_bps = serializers.IntegerField(min_value=1, help_text="Link bandwidth in bytes/s.")
+    bandwidth_bps = serializers.IntegerField(min_value=1, max_value=MAX_BANDWIDTH_BPS,
+                                             help_text="Link bandwidth in bytes/s.")
     relay_address = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
 
 
@@ -100,10 +108,10 @@ class JobSerializer(serializers.ModelSerializer):
 class JobPlanRequestSerializer(JobSerializer):
     """A job's settings as for creating it, plus estimates of what only a running job measures."""
 
-    t_train_s = serializers.FloatField(required=False, allow_null=True, default=None,
+    t_train_s = serializers.FloatField(required=False, allow_null=True, default=None, max_value=MAX_SECONDS,
                                        help_text="Expected T_train, seconds per learner step (> 0); default: "
                                                  "measured by an earlier job of the same model and task.")
-    t_bcast_s = serializers.FloatField(required=False, allow_null=True, default=None,
+    t_bcast_s = serializers.FloatField(required=False, allow_null=True, default=None, max_value=MAX_SECONDS,
                                        help_text="Expected T_bcast, seconds per snapshot broadcast (>= 0); "
                                                  "default: measured by that earlier job, else 0.")
 
@@ -213,14 +221,14 @@ class MetricSerializer(serializers.ModelSerializer):
 
 
 class MetricReportSerializer(serializers.Serializer):
-    step = serializers.IntegerField(min_value=1)
-    reward_mean = serializers.FloatField()
-    reward_std = serializers.FloatField(required=False, default=0.0)
-    loss = serializers.FloatField(required=False, default=0.0)
-    max_staleness = serializers.IntegerField(min_value=0, required=False, default=0)
-    dropped_stale = serializers.IntegerField(min_value=0, required=False, default=0)
-    t_train = serializers.FloatField(min_value=0, required=False, default=0.0)
-    wait_s = serializers.FloatField(min_value=0, required=False, default=0.0)
+    step = serializers.IntegerField(min_value=1, max_value=MAX_INT)
+    reward_mean = serializers.FloatField(min_value=-MAX_FIGURE, max_value=MAX_FIGURE)
+    reward_std = serializers.FloatField(required=False, default=0.0, min_value=0, max_value=MAX_FIGURE)
+    loss = serializers.FloatField(required=False, default=0.0, min_value=-MAX_FIGURE, max_value=MAX_FIGURE)
+    max_staleness = serializers.IntegerField(min_value=0, max_value=MAX_INT, required=False, default=0)
+    dropped_stale = serializers.IntegerField(min_value=0, max_value=MAX_INT, required=False, default=0)
+    t_train = serializers.FloatField(min_value=0, max_value=MAX_SECONDS, required=False, default=0.0)
+    wait_s = serializers.FloatField(min_value=0, max_value=MAX_SECONDS, required=False, default=0.0)
     extra = serializers.DictField(required=False, default=dict)
 
 
@@ -230,6 +238,7 @@ class SnapshotSerializer(serializers.ModelSerializer):
         fields = ["version", "url", "manifest", "published_at", "installs", "installs_via_parent", "t_bcast",
                   "n_chains"]
         read_only_fields = ["published_at", "installs", "installs_via_parent", "t_bcast", "n_chains"]
+        extra_kwargs = {"version": {"min_value": 0, "max_value": MAX_INT}}
 
     n_chains = serializers.SerializerMethodField(help_text="Chains of the broadcast plan (0: every worker pulls "
                                                  "over HTTP); set on the publish reply only.")
@@ -239,7 +248,7 @@ class SnapshotSerializer(serializers.ModelSerializer):
 
 
 class LearnerAnnounceSerializer(serializers.Serializer):
-    t_train = serializers.FloatField(min_value=0, required=False, allow_null=True, default=None)
+    t_train = serializers.FloatField(min_value=0, max_value=MAX_SECONDS, required=False, allow_null=True, default=None)
     relay_address = serializers.CharField(max_length=200, required=False, allow_null=True, default=None,
                                           help_text="host:port of the learner's relay hub (chain broadcast).")
 
