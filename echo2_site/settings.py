@@ -276,6 +276,11 @@ ECHO2 = {
     "WS_MAX_MESSAGE_BYTES": env_int("ECHO2_WS_MAX_MESSAGE_BYTES", 8 << 20),
     # Deepest nesting of JSON objects and arrays accepted on the API and the agent websocket (ours need < 10).
     "JSON_MAX_DEPTH": env_int("ECHO2_JSON_MAX_DEPTH", 32),
+    # Relay addresses and snapshot URLs that agents will dial (marketplace/addresses.py): link-local and cloud
+    # metadata addresses are always refused; loopback only where allowed (development, tests, the demo), private
+    # ranges only where the whole marketplace runs on one private network (docker/compose.yaml).
+    "ALLOW_LOOPBACK_PEERS": env_bool("ECHO2_ALLOW_LOOPBACK_PEERS", DEBUG),
+    "ALLOW_PRIVATE_PEERS": env_bool("ECHO2_ALLOW_PRIVATE_PEERS", False),
 }
 # daphne drops (without a close reason) any websocket message above its limit, 1 MiB by default: it must exceed
 # the site's own limit, so that frames between the two get the site's reason and close code (4413).

@@ -5,11 +5,13 @@ from __future__ import annotations
 import math
 from decimal import Decimal
 
+from django.conf import settings
 from rest_framework import serializers
 
 from dataplane.jobs import JobSpec, JobSpecError, parse_job_spec
 from dataplane.messages import MAX_THROUGHPUT
 
+from .addresses import AddressError, PeerPolicy, check_host_port, check_url
 from .models import Job, JobMetric, Snapshot, Worker, WorkerCalibration
 
 # Bounds of numbers the API stores: every integer fits its column on every database (PostgreSQL's integer is 32
@@ -18,6 +20,18 @@ MAX_INT = 2**31 - 1
 MAX_SECONDS = 1e9
 MAX_FIGURE = 1e15
 MAX_BANDWIDTH_BPS = 10**12  # 8 Tbit/s
+
+
+def _peer_address(value: str | None, *, url: bool = False) -> str | None:
+    """A relay address (host:port) or snapshot URL that other machines will dial (marketplace/addresses.py)."""
+    if not value:
+        return value
+    policy = PeerPolicy(allow_loopback=settings.ECHO2["ALLOW_LOOPBACK_PEERS"],
+                        allow_private=settings.ECHO2["ALLOW_PRIVATE_PEERS"])
+    try:
+        return check_url(value, policy) if url else check_host_port(value, policy)
+    except AddressError as err:
+        raise serializers.ValidationError(str(err)) from None
 
 
 class WorkerSerializer(serializers.ModelSerializer):
@@ -69,7 +83,13 @@ class WorkerRegisterSerializer(serializers.Serializer):
                                               help_text="c_i in USD per hour (> 0).")
     bandwidth_bps = serializers.IntegerField(min_value=1, max_value=MAX_BANDWIDTH_BPS,
                                              help_text="Link bandwidth in bytes/s.")
-    relay_address = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    relay_address = serializers.CharField(max_length=200, required=False, allow_blank=True, default="",
+                                          help_text="host:port where chain peers reach this machine; public "
+                                                    "addresses only, unless the site allows loopback or private "
+                                                    "ones.")
+
+    def validate_relay_address(self, value: str) -> str:
+        return _peer_address(value)
 
 
 class WorkerRegisteredSerializer(WorkerSerializer):
@@ -246,11 +266,17 @@ class SnapshotSerializer(serializers.ModelSerializer):
     def get_n_chains(self, snap) -> int | None:
         return getattr(snap, "n_chains", None)
 
+    def validate_url(self, value: str) -> str:
+        return _peer_address(value, url=True)
+
 
 class LearnerAnnounceSerializer(serializers.Serializer):
     t_train = serializers.FloatField(min_value=0, max_value=MAX_SECONDS, required=False, allow_null=True, default=None)
     relay_address = serializers.CharField(max_length=200, required=False, allow_null=True, default=None,
                                           help_text="host:port of the learner's relay hub (chain broadcast).")
+
+    def validate_relay_address(self, value: str | None) -> str | None:
+        return _peer_address(value)
 
 
 class LearnerAnnouncedSerializer(JobSerializer):
