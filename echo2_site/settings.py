@@ -200,12 +200,12 @@ REST_FRAMEWORK = {
     ],
     # An agent key opens only the endpoints the agent calls (marketplace.auth.NotAgentKey, docs/trust.md).
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated", "marketplace.auth.NotAgentKey"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "marketplace.schema.AutoSchema",  # documents the error responses too
     "EXCEPTION_HANDLER": "marketplace.api_errors.exception_handler",
     # JSON only (every client of ours sends JSON), with depth and NUL limits (marketplace.parsers).
     "DEFAULT_PARSER_CLASSES": ["marketplace.parsers.JSONParser"],
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "marketplace.api_errors.Pagination",
     "PAGE_SIZE": 100,
     # Request rates (429 with Retry-After beyond them): per signed-in user, per anonymous address, and failed
     # credentials (wrong tokens, wrong agent keys, on HTTP and the agent websocket) per address. Generous: the

@@ -61,7 +61,7 @@ class WorkerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
 
     @extend_schema(methods=["get"], responses=s.CalibrationSerializer(many=True))
     @extend_schema(methods=["post"], request=s.CalibrationSerializer, responses={201: s.CalibrationSerializer})
-    @action(detail=True, methods=["get", "post"], permission_classes=AGENT_KEY_ALLOWED)
+    @action(detail=True, methods=["get", "post"], permission_classes=AGENT_KEY_ALLOWED, pagination_class=None)
     def calibrations(self, request, pk=None):
         """Benchmarked throughput per model and task. An agent (agent key) may report only its own."""
         worker = self.get_object()
@@ -126,9 +126,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         job = _service_call(services.job_finish, job=self.get_object(), **form.validated_data)
         return Response(s.JobSerializer(job).data)
 
-    @extend_schema(methods=["get"], responses=s.MetricSerializer(many=True))
+    @extend_schema(methods=["get"], responses=s.MetricSerializer(many=True), parameters=[OpenApiParameter(
+        "since", int, description="Only the steps after this one (default 0: all).")])
     @extend_schema(methods=["post"], request=s.MetricReportSerializer, responses={201: s.MetricSerializer})
-    @action(detail=True, methods=["get", "post"])
+    @action(detail=True, methods=["get", "post"], pagination_class=None)
     def metrics(self, request, pk=None):
         """GET: the learner's per-step metrics (``?since=STEP`` for new ones). POST: the learner reports a step."""
         job = self.get_object()
@@ -189,7 +190,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
 
     @extend_schema(methods=["get"], responses=s.SnapshotSerializer(many=True))
     @extend_schema(methods=["post"], request=s.SnapshotSerializer, responses={201: s.SnapshotSerializer})
-    @action(detail=True, methods=["get", "post"])
+    @action(detail=True, methods=["get", "post"], pagination_class=None)
     def snapshots(self, request, pk=None):
         """GET: published snapshots. POST: the learner publishes one (agents are told at once)."""
         job = self.get_object()
