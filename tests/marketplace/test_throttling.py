@@ -74,3 +74,16 @@ def test_a_forged_forwarded_for_header_does_not_reset_the_count(settings):
     attacker.credentials(HTTP_AUTHORIZATION="Bearer e2w_wrong")
     codes = [attacker.get("/api/jobs/", HTTP_X_FORWARDED_FOR=f"10.0.0.{i}").status_code for i in range(4)]
     assert codes == [401, 401, 429, 429]
+
+
+def test_behind_a_proxy_the_forwarded_address_counts_and_garbage_in_it_is_no_500(settings):
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "NUM_PROXIES": 1}
+    factories.user("bob")
+    for _ in range(10):
+        sign_in(Client(REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR="198.51.100.4"), "bob", "guess")
+    locked = sign_in(Client(REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR="198.51.100.4"), "bob", "pw-12345678")
+    assert locked.status_code == 429
+    other = sign_in(Client(REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR="198.51.100.5"), "bob", "pw-12345678")
+    assert other.status_code == 302, "another client behind the same proxy is not locked out"
+    forged = sign_in(Client(REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR="not-an-address"), "bob", "guess")
+    assert forged.status_code == 200
