@@ -49,8 +49,9 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         await self.accept()
         client = (self.scope.get("client") or ["unknown"])[0]
         wait = await database_sync_to_async(throttling.AUTH_FAILURES.wait)(client)
-        if wait:
-            await self._refuse(f"too many failed agent keys from {client}; retry in {wait:.0f} s", UNAUTHORIZED)
+        if wait:  # not "agent key" in the reason: an agent takes that as final, and this one is not
+            await self._refuse(f"too many failed credentials from {client}; retry in {wait:.0f} s",
+                               TOO_MANY_REQUESTS)
             return
         self.worker = await database_sync_to_async(selectors.worker_by_key)(_agent_key(self.scope))
         if self.worker is None:

@@ -53,8 +53,9 @@ async def test_wrong_keys_from_one_address_get_slower(settings):
         assert (await comm.receive_json_from())["reason"] == "unknown or missing agent key"
     refused = await connect(key)  # the right key, from the address that kept guessing
     reason = (await refused.receive_json_from())["reason"]
-    assert reason.startswith("too many failed agent keys from 198.51.100.1; retry in")
-    assert (await refused.receive_output())["code"] == 4401
+    assert reason.startswith("too many failed credentials from 198.51.100.1; retry in")
+    assert "agent key" not in reason, "the agent would take it for a revoked key and stop for good"
+    assert (await refused.receive_output())["code"] == 4429
     elsewhere = await connect(key, client="203.0.113.5")
     await elsewhere.send_json_to({"type": "hello", "agent_version": "test"})
     assert (await elsewhere.receive_json_from())["type"] == "welcome"
