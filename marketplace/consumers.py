@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -38,6 +39,15 @@ def _agent_key(scope) -> str:
         if name == b"authorization" and value.lower().startswith(b"bearer "):
             return value[7:].decode(errors="replace").strip()
     return ""
+
+
+_TYPE = re.compile(r'"type"\s*:\s*"([a-z_]{1,32})"')
+
+
+def _frame_type(text: str | None) -> str | None:
+    """The ``type`` near the start of a frame, without parsing it (agents send it first)."""
+    found = _TYPE.search(text[:256]) if text else None
+    return found[1] if found else None
 
 
 class AgentConsumer(AsyncJsonWebsocketConsumer):
@@ -114,8 +124,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                       f"{self.bucket.burst:g}); message dropped")
             if self.bucket.abusive:
                 await self._refuse(reason + "; closing after sustained abuse", TOO_MANY_REQUESTS)
-            else:
-                await self.send_json(m.Rejected(reason=reason).model_dump())
+            else:  # named by its type (read from the frame's head, unparsed), so a refused group's lease is retried
+                await self.send_json(m.Rejected(reason=reason, ref=_frame_type(text_data)).model_dump())
             return
         if text_data is None:
             await self.send_json(m.Rejected(reason="frames must be JSON text, not binary").model_dump())

@@ -92,6 +92,7 @@ async def test_a_flood_of_messages_is_refused_with_a_reason_then_closed(settings
         await comm.send_json_to({"type": "heartbeat"})
         reply = await comm.receive_json_from()
         assert reply["type"] == "rejected" and reply["reason"].startswith("rate limit: at most 0.001 messages per")
+        assert reply["ref"] == "heartbeat"  # named, so an agent can tell which submission was dropped
     await comm.send_json_to({"type": "heartbeat"})
     assert "closing after sustained abuse" in (await comm.receive_json_from())["reason"]
     assert (await comm.receive_output())["code"] == 4429
