@@ -116,15 +116,16 @@ class JobSpec(BaseModel):
     batch_trajectories: int = Field(default=128, ge=1, le=1_000_000, description="R: trajectories per step.")
     group_size: int = Field(default=8, ge=2, le=1024, description="n: samples per prompt (GRPO group).")
     gamma: float = Field(default=1.1, ge=1.0, le=10.0, description="Safety factor on needed throughput.")
-    learner_uplink_bps: int = Field(default=125_000_000, ge=1, description="B0: learner uplink in bytes/s.")
+    learner_uplink_bps: int = Field(default=125_000_000, ge=1, le=10**12, description="B0: learner uplink in bytes/s.")
     learning_rate: float = Field(default=1e-3, gt=0, le=1.0, description="AdamW learning rate.")
     clip_eps: float = Field(default=0.2, gt=0, le=10.0, description="PPO clip range epsilon.")
     max_steps: int = Field(default=300, ge=1, le=10_000_000, description="Learner steps before completion.")
     max_new_tokens: int = Field(default=8, ge=1, le=32_768, description="Longest completion, in tokens.")
     temperature: float = Field(default=1.0, ge=0.0, le=10.0, description="Sampling temperature (0 = greedy).")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    seed: int = Field(default=0, description="Seed for prompts and initialisation.")
-    target_reward: float | None = Field(default=None, description="Complete early once the 10-step mean reward "
+    seed: int = Field(default=0, ge=-(2**31), le=2**31 - 1, description="Seed for prompts and initialisation.")
+    target_reward: float | None = Field(default=None, ge=-1e15, le=1e15, allow_inf_nan=False,
+                                        description="Complete early once the 10-step mean reward "
                                         "reaches this value.")
     loss: LossConfig = Field(default_factory=LossConfig, description="GRPO loss variant and its settings.")
     broadcast_strategy: BroadcastStrategy = Field(

@@ -25,6 +25,11 @@ BIN = Path(sys.executable).parent
 PROVIDERS = [("alice", "rtx-5090", 0.35), ("bob", "rtx-4090", 0.29), ("carol", "a10g", 0.75)]
 
 
+DAPHNE_WEBSOCKET_LIMITS = ["--websocket-max-message-size", str(16 << 20), "--websocket-max-frame-size", str(16 << 20)]
+"""daphne's own websocket limits (1 MiB by default, and it drops what exceeds them without a reason): twice the
+site's ECHO2_WS_MAX_MESSAGE_BYTES (8 MiB), so frames between the two get the site's reason and close code."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -145,7 +150,8 @@ def _start_site(console, stack: Stack, server: str, site_port: int, workdir: Pat
     model_dir = workdir / "tiny-arithmetic"
     stack.run(str(BIN / "echo2-learner"), "init-model", str(model_dir), "--task", "arithmetic")
     console.print(f"tiny model built in {model_dir}")
-    stack.start("daphne", str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(site_port), "echo2_site.asgi:application")
+    stack.start("daphne", str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(site_port), *DAPHNE_WEBSOCKET_LIMITS,
+                "echo2_site.asgi:application")
     stack.start("celery-worker", str(BIN / "celery"), "-A", "echo2_site", "worker", "-l", "info", "-P", "solo")
     stack.start("celery-beat", str(BIN / "celery"), "-A", "echo2_site", "beat", "-l", "info",
                 "-s", str(workdir / "celerybeat-schedule"))
@@ -187,12 +193,12 @@ def _launch_job(console, stack: Stack, api: httpx.Client, server: str, token: st
 def _create_users(stack: Stack, py: str) -> dict[str, str]:
     script = (
         "from django.contrib.auth.models import User\n"
-        "from rest_framework.authtoken.models import Token\n"
+        "from marketplace.services import api_token_issue\n"
         "import json\n"
         "out = {}\n"
         f"for name in ['demo'] + {[p[0] for p in PROVIDERS]!r}:\n"
         "    user = User.objects.create_user(name, password=name, is_staff=(name == 'demo'))\n"
-        "    out[name] = Token.objects.create(user=user).key\n"
+        "    out[name] = api_token_issue(user=user)\n"
         "print(json.dumps(out))\n"
     )
     import json

@@ -5,11 +5,16 @@ REDIS_URL     default: redis://127.0.0.1:6379/0 (channel layer, Celery broker, t
 SECRET_KEY    default: an insecure development key (DEBUG only)
 DEBUG         default: true
 ALLOWED_HOSTS default: localhost,127.0.0.1,[::1],testserver
+
+With DEBUG off the HTTPS settings (SECURE_*, *_COOKIE_SECURE) default to secure; the README's "Production"
+section lists every variable, and `manage.py check --deploy` is clean with them.
 """
 
 from __future__ import annotations
 
 import os
+import re
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -21,6 +26,45 @@ def env_bool(name: str, default: bool) -> bool:
     return default if value is None else value.strip().lower() in {"1", "true", "yes", "on"}
 
 
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    try:
+        return int(value) if value else default
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be an integer, got {value!r}") from None
+
+
+def env_list(name: str, default: str = "") -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+def env_float(name: str, default: float) -> float:
+    value = os.environ.get(name, "").strip()
+    try:
+        return float(value) if value else default
+    except ValueError:
+        raise ImproperlyConfigured(f"{name} must be a number, got {value!r}") from None
+
+
+def env_rate(name: str, default: str) -> str:
+    """A rate in DRF's notation, ``N/s``, ``N/min``, ``N/hour`` or ``N/day``."""
+    value = os.environ.get(name, "").strip() or default
+    if not re.fullmatch(r"\d+/(s|sec|second|m|min|minute|h|hour|d|day)", value):
+        raise ImproperlyConfigured(f"{name} must look like 100/min (N per s, min, hour or day), got {value!r}")
+    return value
+
+
+def proxy_ssl_header(value: str) -> tuple[str, str] | None:
+    """``X-Forwarded-Proto: https`` (the header a trusted TLS proxy sets, and its value for HTTPS) as Django's
+    ``("HTTP_X_FORWARDED_PROTO", "https")``; empty: no proxy header is trusted."""
+    if not value.strip():
+        return None
+    header, sep, expected = value.partition(":")
+    if not sep or not header.strip() or not expected.strip():
+        raise ImproperlyConfigured(f"SECURE_PROXY_SSL_HEADER must look like 'X-Forwarded-Proto: https', got {value!r}")
+    return "HTTP_" + header.strip().upper().replace("-", "_"), expected.strip()
+
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(os.environ.get("ECHO2_DATA_DIR", BASE_DIR / "var"))
 
@@ -29,7 +73,18 @@ SECRET_KEY = os.environ.get("SECRET_KEY") or ("dev-insecure-key-change-me" if DE
 if not SECRET_KEY:
     raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off")
 ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",")]
-CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+
+# HTTPS (README "Production"): secure by default when DEBUG is off. A plain-HTTP deployment on a trusted network
+# (docker/compose.yaml) turns them off explicitly. Behind a TLS-terminating proxy, name the header it sets.
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
+SECURE_REDIRECT_EXEMPT = env_list("SECURE_REDIRECT_EXEMPT")  # path regexes served over plain HTTP too
+SECURE_PROXY_SSL_HEADER = proxy_ssl_header(os.environ.get("SECURE_PROXY_SSL_HEADER", ""))
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 365 * 24 * 3600)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", not DEBUG)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", not DEBUG)
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
 
 INSTALLED_APPS = [
     "daphne",
@@ -40,12 +95,13 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
+    "knox",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
     "marketplace",
     "frontend",
+    "axes",
 ]
 
 MIDDLEWARE = [
@@ -56,7 +112,10 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Sign-in lockout (django-axes): last, so it sees the login view's outcome.
+    "axes.middleware.AxesMiddleware",
 ]
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
 
 ROOT_URLCONF = "echo2_site.urls"
 TEMPLATES = [
@@ -97,6 +156,13 @@ CHANNEL_LAYERS = {
     }
 }
 
+# Throttle and lockout counters. Several site processes share them only in a shared cache: set ECHO2_CACHE_URL
+# (a Redis URL) in production; the default local-memory cache counts per process.
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": os.environ["ECHO2_CACHE_URL"]}
+    if os.environ.get("ECHO2_CACHE_URL") else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+}
+
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_SERIALIZER = "json"
@@ -128,16 +194,46 @@ LOGOUT_REDIRECT_URL = "login"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "marketplace.auth.ApiTokenAuthentication",
         "marketplace.auth.AgentKeyAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # An agent key opens only the endpoints the agent calls (marketplace.auth.NotAgentKey, docs/trust.md).
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated", "marketplace.auth.NotAgentKey"],
+    "DEFAULT_SCHEMA_CLASS": "marketplace.schema.AutoSchema",  # documents the error responses too
     "EXCEPTION_HANDLER": "marketplace.api_errors.exception_handler",
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    # JSON only (every client of ours sends JSON), with depth and NUL limits (marketplace.parsers).
+    "DEFAULT_PARSER_CLASSES": ["marketplace.parsers.JSONParser"],
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
+    "DEFAULT_PAGINATION_CLASS": "marketplace.api_errors.Pagination",
     "PAGE_SIZE": 100,
+    # Request rates (429 with Retry-After beyond them): per signed-in user, per anonymous address, and failed
+    # credentials (wrong tokens, wrong agent keys, on HTTP and the agent websocket) per address. Generous: the
+    # learner reports every step, the demo and the test suite never meet them.
+    "DEFAULT_THROTTLE_CLASSES": ["rest_framework.throttling.AnonRateThrottle",
+                                 "rest_framework.throttling.UserRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {
+        "user": env_rate("ECHO2_THROTTLE_USER", "100/s"),
+        "anon": env_rate("ECHO2_THROTTLE_ANON", "20/s"),
+        "auth_failures": env_rate("ECHO2_THROTTLE_AUTH_FAILURES", "30/min"),
+        "agent_hellos": env_rate("ECHO2_THROTTLE_AGENT_HELLOS", "30/min"),
+    },
+    # Proxies in front of the site that append to X-Forwarded-For: the client address throttles count by is the
+    # one the outermost of them saw. 0 (the default): the socket's peer; never trust a header nobody overwrites.
+    "NUM_PROXIES": env_int("ECHO2_NUM_PROXIES", 0),
 }
+
+# Sign-in lockout (django-axes): after ECHO2_LOGIN_FAILURE_LIMIT wrong passwords for one username from one address,
+# that pair is locked out for ECHO2_LOGIN_COOLOFF_S seconds (the page says so); a success resets the count.
+AXES_FAILURE_LIMIT = env_int("ECHO2_LOGIN_FAILURE_LIMIT", 10)
+AXES_COOLOFF_TIME = timedelta(seconds=env_float("ECHO2_LOGIN_COOLOFF_S", 900))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_CLIENT_IP_CALLABLE = "marketplace.throttling.client_address"  # the address the API throttles count by
+# API tokens (``Authorization: Token e2u_...``): knox keeps only their sha512 and shows a token once, when it is
+# made (provider page, ``manage.py drf_create_token``). They do not expire; replacing one revokes the old at once.
+REST_KNOX = {"TOKEN_TTL": None, "TOKEN_PREFIX": "e2u_", "AUTH_HEADER_PREFIX": "Token", "AUTO_REFRESH": False}
 SPECTACULAR_SETTINGS = {
     "TITLE": "ECHO-2 marketplace API",
     "DESCRIPTION": "Job control, worker registration and learner reporting for ECHO-2.",
@@ -175,7 +271,27 @@ ECHO2 = {
     # machine or a mount (the demo, the tests, docker compose); set false where the site cannot see the
     # learner's disk (then the learner refuses it at start).
     "CHECK_MODEL_DIR": env_bool("ECHO2_CHECK_MODEL_DIR", True),
+    # Messages one agent connection may send (token bucket): a rate per second and a burst; over it a message gets
+    # a `rejected` reply, and after this many refused in a row the site closes the socket (4429).
+    "AGENT_MESSAGES_PER_S": env_float("ECHO2_AGENT_MESSAGES_PER_S", 50.0),
+    "AGENT_MESSAGE_BURST": env_float("ECHO2_AGENT_MESSAGE_BURST", 200.0),
+    "AGENT_ABUSE_CLOSE_AFTER": env_int("ECHO2_AGENT_ABUSE_CLOSE_AFTER", 50),
+    # Largest agent websocket frame (bytes). A legal group of 16 x 4096 tokens is about 1.8 MiB of JSON; a bigger
+    # frame is refused and the socket closed with 4413. daphne's own limits must lie above it (DAPHNE_* below).
+    "WS_MAX_MESSAGE_BYTES": env_int("ECHO2_WS_MAX_MESSAGE_BYTES", 8 << 20),
+    # Deepest nesting of JSON objects and arrays accepted on the API and the agent websocket (ours need < 10).
+    "JSON_MAX_DEPTH": env_int("ECHO2_JSON_MAX_DEPTH", 32),
+    # Relay addresses and snapshot URLs that agents will dial (marketplace/addresses.py): link-local and cloud
+    # metadata addresses are always refused; loopback only where allowed (development, tests, the demo), private
+    # ranges only where the whole marketplace runs on one private network (docker/compose.yaml).
+    "ALLOW_LOOPBACK_PEERS": env_bool("ECHO2_ALLOW_LOOPBACK_PEERS", DEBUG),
+    "ALLOW_PRIVATE_PEERS": env_bool("ECHO2_ALLOW_PRIVATE_PEERS", False),
 }
+# daphne drops (without a close reason) any websocket message above its limit, 1 MiB by default: it must exceed
+# the site's own limit, so that frames between the two get the site's reason and close code (4413).
+# `manage.py runserver` reads these; the daphne command line takes --websocket-max-message-size and
+# --websocket-max-frame-size (docker/compose.yaml, README "Production").
+DAPHNE_WEBSOCKET_MAX_MESSAGE_SIZE = DAPHNE_WEBSOCKET_MAX_FRAME_SIZE = 2 * ECHO2["WS_MAX_MESSAGE_BYTES"]
 
 LOGGING = {
     "version": 1,

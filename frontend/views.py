@@ -8,7 +8,6 @@ from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
-from rest_framework.authtoken.models import Token
 
 from marketplace import scheduling, selectors, services
 from marketplace.models import Job, Worker
@@ -43,27 +42,25 @@ def job_detail(request, job_id: int):
 
 
 @login_required
-def provider_workers(request):
+def provider_workers(request, new_token: str | None = None):
     workers = selectors.workers_with_figures(selectors.workers_visible_to(request.user)
                                              .filter(provider__user=request.user))
     earnings = selectors.worker_earnings(workers)
     for worker in workers:
         worker.earnings = earnings.get(worker.pk, {"hours": 0.0, "earned_usd": 0.0})
-    token = Token.objects.filter(user=request.user).values_list("key", flat=True).first()
-    return render(request, "frontend/provider_workers.html", {"workers": workers, "token": token,
-                                                              "server": request.build_absolute_uri("/")})
+    return render(request, "frontend/provider_workers.html", {
+        "workers": workers, "has_token": new_token is not None or selectors.user_has_api_token(request.user),
+        "new_token": new_token, "server": request.build_absolute_uri("/")})
 
 
 @login_required
 @require_POST
 def api_token(request):
-    """Create the user's API token (the one ``echo2-agent register`` and the REST API take), or replace it:
-    the old one stops working at once."""
-    with transaction.atomic():
-        Token.objects.filter(user=request.user).delete()
-        Token.objects.create(user=request.user)
+    """Create the user's API token (the one ``echo2-agent register`` and the REST API take), or replace it: the
+    old one stops working at once. Only its hash is stored, so this reply is the one place it is ever shown."""
+    token = services.api_token_issue(user=request.user)
     messages.success(request, "A new API token was created; commands using the old one must be updated.")
-    return redirect("frontend:provider-workers")
+    return provider_workers(request, new_token=token)
 
 
 @login_required

@@ -2,7 +2,7 @@
 
 \b
 Examples:
-  echo2-learner --server http://127.0.0.1:8000 --job 3 --token $TOKEN
+  echo2-learner --server http://127.0.0.1:8000 --job 3 --token-file ~/.echo2-token
   echo2-learner init-model var/tiny-arith --task arithmetic
 """
 
@@ -31,7 +31,7 @@ def run(settings: LearnerSettings) -> None:
 
     \b
     A restarted learner resumes from its checkpoint. Data-parallel on 2 GPUs:
-      torchrun --nproc-per-node 2 -m learner.cli --server URL --job 3 --token $TOKEN --device cuda
+      torchrun --nproc-per-node 2 -m learner.cli --server URL --job 3 --token-file FILE --device cuda
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s learner: %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -60,20 +60,30 @@ def _settings_command(target: Callable[[LearnerSettings], None]) -> Callable[...
                                 default=inspect.Parameter.empty if field.is_required() else field.default)
               for name, field in LearnerSettings.model_fields.items()]
 
-    def command(**values: Any) -> None:
+    def command(ctx: typer.Context, **values: Any) -> None:
         try:
             settings = LearnerSettings(**values)
         except ValidationError as err:  # a bound click did not check: click's error line, naming the flag
             first = err.errors()[0]
             name = str(first["loc"][0]) if first["loc"] else ""
             hint = f"'{LearnerSettings.flag(name)}'" if name in LearnerSettings.model_fields else None
-            raise typer.BadParameter(first["msg"], param_hint=hint) from None
+            raise typer.BadParameter(first["msg"].removeprefix("Value error, "), param_hint=hint) from None
+        _warn_token_on_command_line(ctx)
         target(settings)
 
     command.__name__, command.__doc__ = target.__name__, target.__doc__
-    command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    command.__annotations__ = {p.name: p.annotation for p in params}
+    ctx = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)
+    command.__signature__ = inspect.Signature([ctx, *params])  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in [ctx, *params]}
     return command
+
+
+def _warn_token_on_command_line(ctx: typer.Context) -> None:
+    """--token works, but other users see command lines in `ps` (and shells keep them in history)."""
+    source = ctx.get_parameter_source("token")
+    if source is not None and source.name == "COMMANDLINE":
+        typer.echo("echo2-learner: warning: --token on the command line shows in `ps` and shell history; use "
+                   "--token-file PATH or ECHO2_TOKEN", err=True)
 
 
 def _option(name: str, field: FieldInfo) -> Any:

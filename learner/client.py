@@ -20,6 +20,14 @@ class SiteUnreachable(SiteError):
     """The site did not answer (connection refused, timeouts, 5xx) after the retries: an outage, not a refusal."""
 
 
+def _retry_after(response: httpx.Response, *, default: float) -> float:
+    """The seconds a 429's Retry-After asks for (at most a minute), else ``default``."""
+    try:
+        return min(max(float(response.headers.get("Retry-After", default)), 0.0), 60.0)
+    except ValueError:
+        return default
+
+
 class SiteClient:
     def __init__(self, server: str, token: str, *, timeout: float = 15.0, retries: int = 5) -> None:
         self.http = httpx.Client(base_url=server.rstrip("/") + "/api/", timeout=timeout,
@@ -40,6 +48,10 @@ class SiteClient:
             else:
                 if response.status_code < 400:
                     return response.json() if response.content else None
+                if response.status_code == 429 and attempt < retries:  # throttled: wait as long as the site says
+                    time.sleep(_retry_after(response, default=delay))
+                    delay = min(delay * 2, 8.0)
+                    continue
                 if response.status_code < 500:
                     try:
                         reason = response.json().get("detail", response.text)

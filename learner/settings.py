@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -32,7 +32,10 @@ class LearnerSettings(BaseSettings):
 
     server: str = option(help="Site URL, e.g. http://127.0.0.1:8000.", env="ECHO2_SERVER")
     job: int = option(help="Job id to train.", env="ECHO2_JOB")
-    token: str = option(help="The job owner's API token.", env="ECHO2_TOKEN", repr=False)
+    token: str | None = option(None, help="The job owner's API token. Prefer --token-file or ECHO2_TOKEN: a --token "
+                               "shows in `ps`.", env="ECHO2_TOKEN", repr=False)
+    token_file: Path | None = option(None, help="A file holding the job owner's API token (first line; keep it mode "
+                                     "600). Wins over --token.", env="ECHO2_TOKEN_FILE")
     redis_url: str = option("redis://127.0.0.1:6379/0", help="Redis with the job's streams.", flag="--redis",
                             env="REDIS_URL")
     redis_retry_s: float = option(300.0, ge=0, help="Ride out a Redis outage (a restart) this long per operation, "
@@ -70,6 +73,20 @@ class LearnerSettings(BaseSettings):
                                   flag="--site-outage")
     debug: bool = option(False, help="Show full tracebacks.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _token_from_file(cls, data: Any) -> Any:
+        """The token is read from ``token_file`` when one is named (it wins over ``token``)."""
+        if isinstance(data, dict) and data.get("token_file"):
+            data = {**data, "token": read_token_file(Path(data["token_file"]))}
+        return data
+
+    @model_validator(mode="after")
+    def _token_given(self) -> LearnerSettings:
+        if not self.token:
+            raise ValueError("no API token: give --token-file PATH (or ECHO2_TOKEN_FILE), or ECHO2_TOKEN")
+        return self
+
     @classmethod
     def flag(cls, name: str) -> str:
         """The command-line flag of field ``name`` (``--redis`` for ``redis_url``)."""
@@ -90,6 +107,17 @@ class LearnerSettings(BaseSettings):
         out = self.model_dump(mode="json", exclude={"token"})
         out["redis_url"] = _masked(self.redis_url)
         return out
+
+
+def read_token_file(path: Path) -> str:
+    """The API token in ``path``: its first line, surrounding whitespace ignored."""
+    try:
+        lines = Path(path).read_text().strip().splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"--token-file: cannot read {path}: {err}") from None
+    if not lines or not lines[0].strip():
+        raise ValueError(f"--token-file: {path} is empty")
+    return lines[0].strip()
 
 
 def _extra(field: FieldInfo) -> dict[str, Any]:

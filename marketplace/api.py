@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from django.shortcuts import get_object_or_404
+import re
+
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -11,6 +12,7 @@ from rest_framework.response import Response
 
 from . import provisioning, scheduling, selectors, services, stream
 from . import serializers as s
+from .auth import AGENT_KEY_ALLOWED
 from .models import Job, Worker
 
 
@@ -21,6 +23,14 @@ def _service_call(fn, **kwargs):
     except services.ServiceError as err:
         field, _, reason = str(err).partition(": ")
         raise ValidationError({field: [reason or str(err)]}) from None
+
+
+def _since(request) -> int:
+    """The ``since`` query parameter: a step number (ASCII digits; '²' passes ``str.isdigit``, not ``int``)."""
+    since = request.query_params.get("since", "0")
+    if not re.fullmatch(r"[0-9]{1,18}", since):
+        raise ValidationError({"since": ["must be a non-negative integer"]})
+    return int(since)
 
 
 class WorkerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -51,7 +61,7 @@ class WorkerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
 
     @extend_schema(methods=["get"], responses=s.CalibrationSerializer(many=True))
     @extend_schema(methods=["post"], request=s.CalibrationSerializer, responses={201: s.CalibrationSerializer})
-    @action(detail=True, methods=["get", "post"])
+    @action(detail=True, methods=["get", "post"], permission_classes=AGENT_KEY_ALLOWED, pagination_class=None)
     def calibrations(self, request, pk=None):
         """Benchmarked throughput per model and task. An agent (agent key) may report only its own."""
         worker = self.get_object()
@@ -116,17 +126,15 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         job = _service_call(services.job_finish, job=self.get_object(), **form.validated_data)
         return Response(s.JobSerializer(job).data)
 
-    @extend_schema(methods=["get"], responses=s.MetricSerializer(many=True))
+    @extend_schema(methods=["get"], responses=s.MetricSerializer(many=True), parameters=[OpenApiParameter(
+        "since", int, description="Only the steps after this one (default 0: all).")])
     @extend_schema(methods=["post"], request=s.MetricReportSerializer, responses={201: s.MetricSerializer})
-    @action(detail=True, methods=["get", "post"])
+    @action(detail=True, methods=["get", "post"], pagination_class=None)
     def metrics(self, request, pk=None):
         """GET: the learner's per-step metrics (``?since=STEP`` for new ones). POST: the learner reports a step."""
         job = self.get_object()
         if request.method == "GET":
-            since = request.query_params.get("since", "0")
-            if not since.isdigit():
-                raise ValidationError({"since": ["must be a non-negative integer"]})
-            rows = job.metrics.filter(step__gt=int(since)).order_by("step")
+            rows = job.metrics.filter(step__gt=_since(request)).order_by("step")
             return Response(s.MetricSerializer(rows, many=True).data)
         form = s.MetricReportSerializer(data=request.data)
         form.is_valid(raise_exception=True)
@@ -178,14 +186,11 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         recent snapshots (T_bcast), active workers with their installed versions, and the forwarding chains
         of the newest snapshot (who feeds whom, who is behind)."""
         job = self.get_object()
-        since = request.query_params.get("since", "0")
-        if not since.isdigit():
-            raise ValidationError({"since": ["must be a non-negative integer"]})
-        return Response(selectors.job_live(job, since_step=int(since)))
+        return Response(selectors.job_live(job, since_step=_since(request)))
 
     @extend_schema(methods=["get"], responses=s.SnapshotSerializer(many=True))
     @extend_schema(methods=["post"], request=s.SnapshotSerializer, responses={201: s.SnapshotSerializer})
-    @action(detail=True, methods=["get", "post"])
+    @action(detail=True, methods=["get", "post"], pagination_class=None)
     def snapshots(self, request, pk=None):
         """GET: published snapshots. POST: the learner publishes one (agents are told at once)."""
         job = self.get_object()
@@ -201,9 +206,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
     def learner(self, request, pk=None):
         """The learner announces itself and its calibrated T_train. The reply carries the job's transfer secret
         (the learner checks workers' credentials with it), so it takes the owner's token, not an agent key."""
-        if isinstance(request.auth, Worker):
-            raise PermissionDenied("the learner announces itself with the job owner's token, not an agent key")
-        job = get_object_or_404(self.get_queryset(), pk=pk)
+        job = self.get_object()
         form = s.LearnerAnnounceSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         job = _service_call(services.learner_announce, job=job, **form.validated_data)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from django.http import JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.views import exception_handler as drf_exception_handler
 
 
@@ -19,3 +22,20 @@ def exception_handler(exc, context):
     elif isinstance(data, list):
         response.data = {"detail": str(data[0]) if data else "invalid request", "errors": {"request": data}}
     return response
+
+
+@csrf_exempt  # nothing to protect: it only ever says 404
+def not_found(request, *args, **kwargs) -> JsonResponse:
+    """Any /api/ path no route matches (``/api/jobs/0.5/``): a JSON 404 like the API's own, not Django's page."""
+    return JsonResponse({"detail": "Not found."}, status=404)
+
+
+class Pagination(LimitOffsetPagination):
+    """``?limit=&offset=`` with bounds: a limit of 10^21 or an offset past any table is a short page, not an
+    integer overflow in the database."""
+
+    max_limit = 1000
+    max_offset = 2**31 - 1
+
+    def get_offset(self, request) -> int:
+        return min(super().get_offset(request), self.max_offset)

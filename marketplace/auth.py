@@ -1,20 +1,44 @@
-"""Agents authenticate HTTP calls with their worker key (``Authorization: Bearer e2w_...``).
+"""Who a request is: people with their API token (``Authorization: Token e2u_...``, stored hashed by knox),
+agents with their worker key (``Authorization: Bearer e2w_...``).
 
 The request then acts as the worker's provider, and ``request.auth`` is the Worker, so views can
-restrict an agent to its own machine.
+restrict an agent to its own machine. An agent key is scoped: ``NotAgentKey`` (a default permission)
+refuses it everywhere but the few endpoints the agent itself calls, which opt out (docs/trust.md).
 """
 
 from __future__ import annotations
 
-from rest_framework import authentication, exceptions
+import re
 
-from . import selectors
+from knox.auth import TokenAuthentication
+from rest_framework import authentication, exceptions, permissions
+
+from . import selectors, throttling
+from .models import Worker
+
+_TOKEN_SHAPE = re.compile(rb"[A-Za-z0-9_-]{20,200}")
+
+
+class ApiTokenAuthentication(TokenAuthentication):
+    """knox's token check (only the token's sha512 is stored), after a shape check: a token that cannot be one
+    (a NUL, non-ASCII bytes) is refused as unknown before it reaches the database."""
+
+    def authenticate(self, request):
+        return throttling.guarded_authenticate(request, self.authenticate_header(request), super().authenticate)
+
+    def authenticate_credentials(self, token: bytes):
+        if not _TOKEN_SHAPE.fullmatch(token):
+            raise exceptions.AuthenticationFailed("Invalid token.")
+        return super().authenticate_credentials(token)
 
 
 class AgentKeyAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
 
     def authenticate(self, request):
+        return throttling.guarded_authenticate(request, self.keyword, self._authenticate)
+
+    def _authenticate(self, request):
         header = authentication.get_authorization_header(request).split()
         if not header or header[0].lower() != self.keyword.lower().encode():
             return None
@@ -27,3 +51,19 @@ class AgentKeyAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request) -> str:
         return self.keyword
+
+
+class NotAgentKey(permissions.BasePermission):
+    """Refuses requests made with an agent key: it may report its own worker's calibrations (the agent's
+    ``bench --report``) and speak the agent websocket, nothing else. A leaked agent key cannot register
+    machines (minting keys), create or read jobs, or list the provider's workers."""
+
+    message = ("an agent key may only report its own worker's calibrations and speak the agent websocket; "
+               "this endpoint takes the provider's API token (Authorization: Token ...)")
+
+    def has_permission(self, request, view) -> bool:
+        return not isinstance(request.auth, Worker)
+
+
+AGENT_KEY_ALLOWED = [permissions.IsAuthenticated]
+"""The permissions of the endpoints an agent key may call (they drop ``NotAgentKey``)."""

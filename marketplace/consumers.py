@@ -2,33 +2,52 @@
 
 Every frame the site cannot act on gets a ``rejected`` reply naming the reason; nothing it carried
 is applied. Pushes from services (assign, release, snapshot) arrive as ``agent.message`` events.
+
+Limits (docs/trust.md "Limits"): failed keys per client address, hellos per worker, a token bucket of
+messages per connection (closed with 4429 after sustained abuse), frames up to ``ECHO2_WS_MAX_MESSAGE_BYTES``
+(closed with 4413 beyond), JSON nested at most ``ECHO2_JSON_MAX_DEPTH`` levels. The reason always comes as a
+``rejected`` frame first: daphne passes no close reason text on, and its websocket library lets a server close
+only with 1000 or 3000-4999, so the codes are HTTP's in the application range (as 4401), not 1008/1009.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from urllib.parse import parse_qs
+import re
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
 from django.utils import timezone
 
 from dataplane import messages as m
 
-from . import selectors, services
+from . import selectors, services, throttling
+from .jsonlimits import JSONLimitError, check_json
 
 log = logging.getLogger(__name__)
 
 UNAUTHORIZED = 4401
+TOO_MANY_REQUESTS = 4429  # over the rate limits, sustained (the standard 1008 cannot be sent through daphne)
+MESSAGE_TOO_BIG = 4413  # a frame over ECHO2_WS_MAX_MESSAGE_BYTES (the standard 1009 cannot be sent through daphne)
 
 
 def _agent_key(scope) -> str:
+    """The key from the ``Authorization: Bearer`` header, never from the URL (URLs end up in proxy logs)."""
     for name, value in scope.get("headers", []):
         if name == b"authorization" and value.lower().startswith(b"bearer "):
             return value[7:].decode(errors="replace").strip()
-    query = parse_qs(scope.get("query_string", b"").decode(errors="replace"))
-    return (query.get("key") or [""])[0]
+    return ""
+
+
+_TYPE = re.compile(r'"type"\s*:\s*"([a-z_]{1,32})"')
+
+
+def _frame_type(text: str | None) -> str | None:
+    """The ``type`` near the start of a frame, without parsing it (agents send it first)."""
+    found = _TYPE.search(text[:256]) if text else None
+    return found[1] if found else None
 
 
 class AgentConsumer(AsyncJsonWebsocketConsumer):
@@ -36,11 +55,18 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
 
     async def connect(self) -> None:
         self.hello_at = None  # when this socket's session began: its close must not end a newer socket's
+        self.bucket = throttling.MessageBucket.from_settings()
         await self.accept()
+        client = (self.scope.get("client") or ["unknown"])[0]
+        wait = await database_sync_to_async(throttling.AUTH_FAILURES.wait)(client)
+        if wait:  # not "agent key" in the reason: an agent takes that as final, and this one is not
+            await self._refuse(f"too many failed credentials from {client}; retry in {wait:.0f} s",
+                               TOO_MANY_REQUESTS)
+            return
         self.worker = await database_sync_to_async(selectors.worker_by_key)(_agent_key(self.scope))
         if self.worker is None:
-            await self.send_json(m.Rejected(reason="unknown or missing agent key").model_dump())
-            await self.close(code=UNAUTHORIZED)
+            await database_sync_to_async(throttling.AUTH_FAILURES.hit)(client)
+            await self._refuse("unknown or missing agent key", UNAUTHORIZED)
             return
         await self.channel_layer.group_add(services.worker_group(self.worker.pk), self.channel_name)
 
@@ -48,6 +74,10 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if self.worker is not None:
             await self.channel_layer.group_discard(services.worker_group(self.worker.pk), self.channel_name)
             await database_sync_to_async(services.worker_disconnected)(worker=self.worker, since=self.hello_at)
+
+    async def _refuse(self, reason: str, code: int, ref: str | None = None) -> None:
+        await self.send_json(m.Rejected(reason=reason, ref=ref).model_dump())
+        await self.close(code=code, reason=reason[:120])
 
     async def receive_json(self, content, **kwargs) -> None:
         if self.worker is None:
@@ -65,6 +95,12 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json(m.Rejected(reason=str(err), ref=ref if isinstance(ref, str) else None,
                                             ref_id=request_id).model_dump())
             return
+        if isinstance(message, m.Hello):
+            wait = await database_sync_to_async(throttling.HELLOS.take)(str(self.worker.pk))
+            if wait:
+                await self._refuse(f"too many hellos from worker {self.worker.pk}; retry in {wait:.0f} s",
+                                   TOO_MANY_REQUESTS, ref="hello")
+                return
         try:
             replies = await database_sync_to_async(self._dispatch)(message)
         except services.ServiceError as err:
@@ -79,11 +115,37 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json(reply.model_dump(mode="json"))
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs) -> None:
+        if self.worker is None:
+            return
+        size = len(text_data or bytes_data or b"")
+        if text_data is not None and not text_data.isascii():
+            size = len(text_data.encode())
+        limit = settings.ECHO2["WS_MAX_MESSAGE_BYTES"]
+        if size > limit:
+            await self._refuse(f"frame of {size} bytes exceeds the site's limit of {limit} bytes; split it",
+                               MESSAGE_TOO_BIG)
+            return
+        if not self.bucket.take():
+            reason = (f"rate limit: at most {self.bucket.rate:g} messages per second (bursts of "
+                      f"{self.bucket.burst:g}); message dropped")
+            if self.bucket.abusive:
+                await self._refuse(reason + "; closing after sustained abuse", TOO_MANY_REQUESTS)
+            else:  # named by its type (read from the frame's head, unparsed), so a refused group's lease is retried
+                await self.send_json(m.Rejected(reason=reason, ref=_frame_type(text_data)).model_dump())
+            return
         if text_data is None:
             await self.send_json(m.Rejected(reason="frames must be JSON text, not binary").model_dump())
             return
         try:
             content = json.loads(text_data)
+            check_json(content)
+        except RecursionError:
+            await self.send_json(m.Rejected(reason=f"frame is nested deeper than {settings.ECHO2['JSON_MAX_DEPTH']} "
+                                                   "levels").model_dump())
+            return
+        except JSONLimitError as err:
+            await self.send_json(m.Rejected(reason=f"frame: {err}").model_dump())
+            return
         except ValueError:
             await self.send_json(m.Rejected(reason="frame is not valid JSON").model_dump())
             return

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from django.db.models import FloatField, Max, Q, QuerySet
 from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
+from knox.models import AuthToken
 
 from . import chains, provisioning, telemetry
 from .models import Activation, Job, JobMetric, Snapshot, Worker, WorkerSession
@@ -26,6 +27,10 @@ def worker_by_key(key: str) -> Worker | None:
     if not key:
         return None
     return Worker.objects.select_related("provider__user").filter(key_hash=hash_key(key)).first()
+
+
+def user_has_api_token(user) -> bool:
+    return AuthToken.objects.filter(user=user).exists()
 
 
 def jobs_visible_to(user) -> QuerySet[Job]:

@@ -5,12 +5,33 @@ from __future__ import annotations
 import math
 from decimal import Decimal
 
+from django.conf import settings
 from rest_framework import serializers
 
 from dataplane.jobs import JobSpec, JobSpecError, parse_job_spec
 from dataplane.messages import MAX_THROUGHPUT
 
+from .addresses import AddressError, PeerPolicy, check_host_port, check_url
 from .models import Job, JobMetric, Snapshot, Worker, WorkerCalibration
+
+# Bounds of numbers the API stores: every integer fits its column on every database (PostgreSQL's integer is 32
+# bits), every float is finite (DRF) and small enough that sums and means of many stay finite (JSON has no inf).
+MAX_INT = 2**31 - 1
+MAX_SECONDS = 1e9
+MAX_FIGURE = 1e15
+MAX_BANDWIDTH_BPS = 10**12  # 8 Tbit/s
+
+
+def _peer_address(value: str | None, *, url: bool = False) -> str | None:
+    """A relay address (host:port) or snapshot URL that other machines will dial (marketplace/addresses.py)."""
+    if not value:
+        return value
+    policy = PeerPolicy(allow_loopback=settings.ECHO2["ALLOW_LOOPBACK_PEERS"],
+                        allow_private=settings.ECHO2["ALLOW_PRIVATE_PEERS"])
+    try:
+        return check_url(value, policy) if url else check_host_port(value, policy)
+    except AddressError as err:
+        raise serializers.ValidationError(str(err)) from None
 
 
 class WorkerSerializer(serializers.ModelSerializer):
@@ -60,8 +81,15 @@ class WorkerRegisterSerializer(serializers.Serializer):
     gpu = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
     price_per_hour = serializers.DecimalField(max_digits=10, decimal_places=4, min_value=Decimal("0.0001"),
                                               help_text="c_i in USD per hour (> 0).")
-    bandwidth_bps = serializers.IntegerField(min_value=1, help_text="Link bandwidth in bytes/s.")
-    relay_address = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    bandwidth_bps = serializers.IntegerField(min_value=1, max_value=MAX_BANDWIDTH_BPS,
+                                             help_text="Link bandwidth in bytes/s.")
+    relay_address = serializers.CharField(max_length=200, required=False, allow_blank=True, default="",
+                                          help_text="host:port where chain peers reach this machine; public "
+                                                    "addresses only, unless the site allows loopback or private "
+                                                    "ones.")
+
+    def validate_relay_address(self, value: str) -> str:
+        return _peer_address(value)
 
 
 class WorkerRegisteredSerializer(WorkerSerializer):
@@ -100,10 +128,10 @@ class JobSerializer(serializers.ModelSerializer):
 class JobPlanRequestSerializer(JobSerializer):
     """A job's settings as for creating it, plus estimates of what only a running job measures."""
 
-    t_train_s = serializers.FloatField(required=False, allow_null=True, default=None,
+    t_train_s = serializers.FloatField(required=False, allow_null=True, default=None, max_value=MAX_SECONDS,
                                        help_text="Expected T_train, seconds per learner step (> 0); default: "
                                                  "measured by an earlier job of the same model and task.")
-    t_bcast_s = serializers.FloatField(required=False, allow_null=True, default=None,
+    t_bcast_s = serializers.FloatField(required=False, allow_null=True, default=None, max_value=MAX_SECONDS,
                                        help_text="Expected T_bcast, seconds per snapshot broadcast (>= 0); "
                                                  "default: measured by that earlier job, else 0.")
 
@@ -213,14 +241,14 @@ class MetricSerializer(serializers.ModelSerializer):
 
 
 class MetricReportSerializer(serializers.Serializer):
-    step = serializers.IntegerField(min_value=1)
-    reward_mean = serializers.FloatField()
-    reward_std = serializers.FloatField(required=False, default=0.0)
-    loss = serializers.FloatField(required=False, default=0.0)
-    max_staleness = serializers.IntegerField(min_value=0, required=False, default=0)
-    dropped_stale = serializers.IntegerField(min_value=0, required=False, default=0)
-    t_train = serializers.FloatField(min_value=0, required=False, default=0.0)
-    wait_s = serializers.FloatField(min_value=0, required=False, default=0.0)
+    step = serializers.IntegerField(min_value=1, max_value=MAX_INT)
+    reward_mean = serializers.FloatField(min_value=-MAX_FIGURE, max_value=MAX_FIGURE)
+    reward_std = serializers.FloatField(required=False, default=0.0, min_value=0, max_value=MAX_FIGURE)
+    loss = serializers.FloatField(required=False, default=0.0, min_value=-MAX_FIGURE, max_value=MAX_FIGURE)
+    max_staleness = serializers.IntegerField(min_value=0, max_value=MAX_INT, required=False, default=0)
+    dropped_stale = serializers.IntegerField(min_value=0, max_value=MAX_INT, required=False, default=0)
+    t_train = serializers.FloatField(min_value=0, max_value=MAX_SECONDS, required=False, default=0.0)
+    wait_s = serializers.FloatField(min_value=0, max_value=MAX_SECONDS, required=False, default=0.0)
     extra = serializers.DictField(required=False, default=dict)
 
 
@@ -230,6 +258,7 @@ class SnapshotSerializer(serializers.ModelSerializer):
         fields = ["version", "url", "manifest", "published_at", "installs", "installs_via_parent", "t_bcast",
                   "n_chains"]
         read_only_fields = ["published_at", "installs", "installs_via_parent", "t_bcast", "n_chains"]
+        extra_kwargs = {"version": {"min_value": 0, "max_value": MAX_INT}}
 
     n_chains = serializers.SerializerMethodField(help_text="Chains of the broadcast plan (0: every worker pulls "
                                                  "over HTTP); set on the publish reply only.")
@@ -237,11 +266,17 @@ class SnapshotSerializer(serializers.ModelSerializer):
     def get_n_chains(self, snap) -> int | None:
         return getattr(snap, "n_chains", None)
 
+    def validate_url(self, value: str) -> str:
+        return _peer_address(value, url=True)
+
 
 class LearnerAnnounceSerializer(serializers.Serializer):
-    t_train = serializers.FloatField(min_value=0, required=False, allow_null=True, default=None)
+    t_train = serializers.FloatField(min_value=0, max_value=MAX_SECONDS, required=False, allow_null=True, default=None)
     relay_address = serializers.CharField(max_length=200, required=False, allow_null=True, default=None,
                                           help_text="host:port of the learner's relay hub (chain broadcast).")
+
+    def validate_relay_address(self, value: str | None) -> str | None:
+        return _peer_address(value)
 
 
 class LearnerAnnouncedSerializer(JobSerializer):

@@ -54,6 +54,21 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(autouse=True)
+def _fresh_throttles():
+    """Throttle and lockout counters (Django's cache, local memory in tests) start empty in every test. A shared
+    cache (ECHO2_CACHE_URL) is never flushed here."""
+    from django.conf import settings
+    from django.core.cache import cache
+
+    local = settings.CACHES["default"]["BACKEND"].endswith("LocMemCache")
+    if local:
+        cache.clear()
+    yield
+    if local:
+        cache.clear()
+
+
+@pytest.fixture(autouse=True)
 def _fast_password_hashing(settings):
     """Users are created in many tests; the production hasher is deliberately slow."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from echo2_site.demo import Stack, free_port, wait_for
+from echo2_site.demo import DAPHNE_WEBSOCKET_LIMITS, Stack, free_port, wait_for
 
 BIN = Path(sys.executable).parent
 
@@ -28,8 +28,8 @@ def make_stack(tmp_path: Path, redis_url: str, **env: str) -> Stack:
 def create_users(stack: Stack, *names: str, setup: str = "") -> dict[str, str]:
     """Users (password = their name + '-pass') and their API tokens; ``setup`` runs after, in the same shell."""
     script = (
-        "import json\nfrom django.contrib.auth.models import User\nfrom rest_framework.authtoken.models import Token\n"
-        f"tokens = {{n: Token.objects.create(user=User.objects.create_user(n, password=n + '-pass')).key "
+        "import json\nfrom django.contrib.auth.models import User\nfrom marketplace.services import api_token_issue\n"
+        f"tokens = {{n: api_token_issue(user=User.objects.create_user(n, password=n + '-pass')) "
         f"for n in {list(names)!r}}}\n{setup}\nprint(json.dumps(tokens))\n"
     )
     stack.run(str(BIN / "python"), "manage.py", "migrate", "--noinput")
@@ -39,7 +39,8 @@ def create_users(stack: Stack, *names: str, setup: str = "") -> dict[str, str]:
 def start_site(stack: Stack, *, celery: bool = True, host: str = "127.0.0.1") -> str:
     """daphne (and a solo Celery worker); returns the site's URL once it answers."""
     port = free_port()
-    stack.start("daphne", str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "echo2_site.asgi:application")
+    stack.start("daphne", str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), *DAPHNE_WEBSOCKET_LIMITS,
+                "echo2_site.asgi:application")
     if celery:
         stack.start("celery", str(BIN / "celery"), "-A", "echo2_site", "worker", "-P", "solo", "-l", "info")
     server = f"http://{host}:{port}"

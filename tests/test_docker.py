@@ -151,6 +151,15 @@ def test_site_serves_the_asgi_app_on_published_port_8000(services):
     assert source.is_file() and re.search(rf"^{attribute}\s*=", source.read_text(), re.MULTILINE)
 
 
+def test_daphnes_websocket_limits_lie_above_the_sites(services, settings):
+    """daphne drops frames over its limit (1 MiB by default) without a reason; the site's own limit must bite
+    first, so that an agent learns why (a `rejected` frame, close 4413)."""
+    site_limit = settings.ECHO2["WS_MAX_MESSAGE_BYTES"]
+    for command in (services["site"]["command"], _exec_form(DOCKER / "Dockerfile.site", "CMD")):
+        for flag in ("--websocket-max-message-size", "--websocket-max-frame-size"):
+            assert int(command[command.index(flag) + 1]) > site_limit, (command, flag)
+
+
 def test_every_database_url_points_at_the_postgres_service(services):
     postgres = _environment(services["postgres"])
     users = set()

@@ -39,10 +39,15 @@ def test_jobs_train_end_to_end_and_drop_stale_records(stack, tmp_path, tiny_mode
     server = start_site(stack)
     port = server.rsplit(":", 1)[1]
 
+    token_files = {}
+    for user, token in tokens.items():  # as the docs say: secrets in files, not on command lines
+        token_files[user] = tmp_path / f"{user}.token"
+        token_files[user].write_text(token + "\n")
+        token_files[user].chmod(0o600)
     for name in ("a", "b"):
         cfg = tmp_path / f"agent-{name}.json"
-        stack.run(str(BIN / "echo2-agent"), "register", "--server", server, "--token", tokens["prov"], "--name", name,
-                  "--price", "0.3", "--config", str(cfg))
+        stack.run(str(BIN / "echo2-agent"), "register", "--server", server, "--token-file", str(token_files["prov"]),
+                  "--name", name, "--price", "0.3", "--config", str(cfg))
         assert oct(cfg.stat().st_mode & 0o777) == "0o600"
         stack.start(f"agent-{name}", str(BIN / "echo2-agent"), "run", "--config", str(cfg), "--threads", "1")
 
@@ -61,8 +66,9 @@ def test_jobs_train_end_to_end_and_drop_stale_records(stack, tmp_path, tiny_mode
         }).raise_for_status().json()
         owner.post(f"jobs/{job['id']}/start/").raise_for_status()
         assert recv(ws, "assign")["job_id"] == job["id"]
-        stack.start("learner", str(BIN / "echo2-learner"), "--server", server, "--job", str(job["id"]), "--token",
-                    tokens["own"], "--redis", stack.env["REDIS_URL"], "--snapshot-dir", str(tmp_path / "snapshots"),
+        stack.start("learner", str(BIN / "echo2-learner"), "--server", server, "--job", str(job["id"]),
+                    "--token-file", str(token_files["own"]), "--redis", stack.env["REDIS_URL"],
+                    "--snapshot-dir", str(tmp_path / "snapshots"),
                     "--data-timeout", "60")
 
         # The slow worker leases one group and sits on it until its version 0 is older than S.
@@ -101,9 +107,9 @@ def test_jobs_train_end_to_end_and_drop_stale_records(stack, tmp_path, tiny_mode
 
     # The learner's CLI refuses what it cannot do with one line and a non-zero exit.
     for job_id, reason in ((job["id"], "is completed; only a running (or paused) job can be trained"), (9999, "404")):
-        done = subprocess.run([str(BIN / "echo2-learner"), "--server", server, "--job", str(job_id), "--token",
-                               tokens["own"], "--redis", stack.env["REDIS_URL"]], capture_output=True, text=True,
-                              timeout=120)
+        done = subprocess.run([str(BIN / "echo2-learner"), "--server", server, "--job", str(job_id), "--token-file",
+                               str(token_files["own"]), "--redis", stack.env["REDIS_URL"]], capture_output=True,
+                              text=True, timeout=120)
         assert done.returncode == 1 and reason in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
     # The published weights differ from the base checkpoint: training changed the parameters.

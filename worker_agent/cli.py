@@ -2,7 +2,7 @@
 
 \b
 Examples:
-  echo2-agent register --server https://echo2.example --token $API_TOKEN --name rig-1 --price 0.35
+  echo2-agent register --server https://echo2.example --token-file ~/.echo2-token --name rig-1 --price 0.35
   echo2-agent run --cache-dir /data/echo2-cache --cache-gb 40
   echo2-agent bench --model /models/qwen3-8b --task '{"name": "math"}' --report
 """
@@ -17,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from .config import AgentConfig, ConfigError, default_path
+from .config import AgentConfig, ConfigError, default_path, read_token_file
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, rich_markup_mode=None)
 
@@ -33,13 +33,17 @@ def _fail(message: str) -> None:
 
 @app.command()
 def register(
+    ctx: typer.Context,
     server: Annotated[str, typer.Option(help="Site URL, e.g. http://127.0.0.1:8000.")],
-    token: Annotated[str, typer.Option(envvar="ECHO2_TOKEN", help="Your provider API token.")],
     price: Annotated[float, typer.Option(help="Price c_i in USD per hour (> 0).")],
     name: Annotated[str | None, typer.Option(help="Machine name, unique among yours (default: hostname).")] = None,
     gpu: Annotated[str, typer.Option(help="GPU model, e.g. 'RTX 5090' (default: detected).")] = "",
     bandwidth_mbps: Annotated[float, typer.Option(help="Link bandwidth B_w in Mbit/s.")] = 100.0,
     relay_address: Annotated[str, typer.Option(help="host:port where chain peers reach this machine.")] = "",
+    token_file: Annotated[Path | None, typer.Option(envvar="ECHO2_TOKEN_FILE", help="A file holding your provider "
+                                                    "API token (first line); keep it mode 600.")] = None,
+    token: Annotated[str | None, typer.Option(envvar="ECHO2_TOKEN", help="Your provider API token. Prefer "
+                                              "--token-file or ECHO2_TOKEN: a --token shows in `ps`.")] = None,
     config: ConfigOpt = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
@@ -47,6 +51,8 @@ def register(
     import socket
 
     import httpx
+
+    token = _api_token(ctx, token=token, token_file=token_file)
 
     if price <= 0:
         _fail("--price must be > 0 USD per hour")
@@ -204,6 +210,23 @@ def _report_calibration(cfg: AgentConfig, model: str, task: dict, result) -> Non
         _fail(f"cannot reach {cfg.server}: {err}")
     if response.status_code >= 400:
         _fail(f"calibration refused ({response.status_code}): {_reason(response)}")
+
+
+def _api_token(ctx: typer.Context, *, token: str | None, token_file: Path | None) -> str:
+    """The provider's API token: from --token-file (ECHO2_TOKEN_FILE), else ECHO2_TOKEN or --token, which works
+    but is warned about (other users see command lines in `ps`, shells keep them in history)."""
+    if token_file is not None:
+        try:
+            return read_token_file(token_file)
+        except ConfigError as err:
+            _fail(str(err))
+    if not token:
+        _fail("no API token: give --token-file PATH (or ECHO2_TOKEN_FILE), or ECHO2_TOKEN")
+    source = ctx.get_parameter_source("token")
+    if source is not None and source.name == "COMMANDLINE":
+        typer.echo("echo2-agent: warning: --token on the command line shows in `ps` and shell history; "
+                   "use --token-file PATH or ECHO2_TOKEN", err=True)
+    return token
 
 
 def _reason(response) -> str:

@@ -9,6 +9,7 @@ transaction it joins it), and its pushes and enqueued tasks leave only once that
 - ``rollouts``: prompt leases and trajectory submissions.
 - ``broadcast``: snapshot publication, chain plans, relay failures and repair, installs.
 - ``learner``: the learner's announcement, heartbeat and step metrics; jobs whose learner went silent.
+- ``accounts``: people's API tokens (stored hashed, shown once).
 
 Siblings import one way only: ``base`` imports none of them; ``broadcast`` and ``rollouts`` import ``base``;
 ``workers`` imports ``broadcast`` (assignments, chain repair); ``jobs`` and ``learner`` (stalled jobs) import
@@ -17,6 +18,7 @@ Siblings import one way only: ``base`` imports none of them; ``broadcast`` and `
 The public names are re-exported here, so callers write ``services.job_start(...)``.
 """
 
+from .accounts import api_token_issue
 from .base import ServiceError, job_group, worker_group
 from .broadcast import broadcast_plan, relay_failed, snapshot_installed, snapshot_publish, snapshot_request
 from .jobs import (
@@ -42,7 +44,8 @@ from .workers import (
 )
 
 __all__ = [
-    "ServiceError", "broadcast_plan", "expire_silent_workers", "job_activate_idle_workers", "job_create",
+    "ServiceError", "api_token_issue",
+    "broadcast_plan", "expire_silent_workers", "job_activate_idle_workers", "job_create",
     "job_finish", "job_group", "job_pause", "job_replan_apply", "job_resume", "job_start",
     "jobs_stall_silent_learners", "learner_announce", "metrics_record", "prompts_lease", "relay_failed",
     "snapshot_installed", "snapshot_publish", "snapshot_request", "trajectories_malformed", "trajectories_submit",

@@ -21,7 +21,7 @@ def test_provider_sees_score_and_uptime_of_a_connected_worker(site, browser):
     url, tokens = site
     api = httpx.Client(base_url=url + "/api/", headers={"Authorization": f"Token {tokens['prov']}"})
     relay = api.post("workers/", json={"name": "rig-relay", "gpu": "RTX 4090", "price_per_hour": "0.30",
-                                       "bandwidth_bps": 25_000_000, "relay_address": "203.0.113.7:7070"})
+                                       "bandwidth_bps": 25_000_000, "relay_address": "relay.example.net:7070"})
     relay.raise_for_status()
     time.sleep(1.0)  # registered a second before its agent connects: uptime is short of 100 %
 

@@ -77,3 +77,22 @@ async def test_live_socket_coalesces_bursts_and_sends_every_step_once(settings):
     assert [m["step"] for u in updates for m in u["metrics"]] == [3, 4, 5]  # each step once, in order
     assert len(updates) < 3 and updates[-1]["summary"]["step"] == 5  # coalesced, ending on the current state
     await live.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_live_socket_refuses_what_a_browser_sends_and_a_bad_since_without_failing(redis_url):
+    from channels.db import database_sync_to_async
+    from channels.testing import WebsocketCommunicator
+
+    from echo2_site.asgi import application
+
+    from .test_pages import session_headers
+
+    owner = await database_sync_to_async(factories.user)()
+    job = await database_sync_to_async(factories.job)(owner)
+    live = WebsocketCommunicator(application, f"/ws/jobs/{job.pk}/?since=%C2%B2",  # '²' passes str.isdigit
+                                 headers=await database_sync_to_async(session_headers)(owner))
+    assert (await live.connect())[0]
+    await live.send_to(text_data="[" * 100_000 + "]" * 100_000)
+    assert (await live.receive_json_from())["reason"] == "this socket only sends updates"
+    await live.disconnect()

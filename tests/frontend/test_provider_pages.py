@@ -77,19 +77,31 @@ def test_marketplace_page_shows_uptime_and_utilization_per_worker(fleet):
     assert cell(page, "relay-rig", "score") == "0.65"
 
 
-def test_provider_creates_and_replaces_the_api_token_shown_in_the_register_command():
-    from rest_framework.authtoken.models import Token
+def test_provider_creates_and_replaces_the_api_token_shown_once():
+    from knox.models import AuthToken
+    from rest_framework.test import APIClient
 
     provider = factories.user()
     client = signed_in(provider)
     page = client.get("/provider/").content.decode()
-    assert "Create my API token" in page and "--token YOUR_API_TOKEN" in page
+    assert "Create my API token" in page and "--token-file ~/.echo2-token" in page
     assert client.get("/provider/token/").status_code == 405  # creating it is a POST
 
-    page = client.post("/provider/token/", follow=True).content.decode()
-    first = Token.objects.get(user=provider).key
-    assert f"--token {first} --name my-gpu" in page and "A new API token was created" in page
-    client.post("/provider/token/")
-    second = Token.objects.get(user=provider).key
-    assert second != first and f"--token {second}" in client.get("/provider/").content.decode()
+    def works(token: str) -> bool:
+        api = APIClient()
+        api.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+        return api.get("/api/jobs/").status_code == 200
+
+    reply = client.post("/provider/token/")
+    page = reply.content.decode()
+    first = re.search(r'<pre id="new-token">(e2u_[0-9a-f]{64})</pre>', page)[1]
+    assert reply.status_code == 200 and "shown only now" in page and "A new API token was created" in page
+    assert works(first)
+    assert first not in client.get("/provider/").content.decode(), "a token is shown once"
+    assert "Replace my API token" in client.get("/provider/").content.decode()
+    stored = AuthToken.objects.get(user=provider)
+    assert first not in (stored.digest, stored.token_key) and len(stored.digest) == 128  # sha512, never the token
+
+    second = re.search(r'<pre id="new-token">(\S+)</pre>', client.post("/provider/token/").content.decode())[1]
+    assert second != first and works(second) and not works(first), "replacing revokes the old token at once"
     assert first not in signed_in(factories.user()).get("/provider/").content.decode()

@@ -30,7 +30,7 @@ def trained(monkeypatch) -> list[LearnerSettings]:
         return JobStatus.COMPLETED
 
     monkeypatch.setattr("learner.trainer.run_job", run_job)
-    for name in ("ECHO2_SERVER", "ECHO2_JOB", "ECHO2_TOKEN", "REDIS_URL"):
+    for name in ("ECHO2_SERVER", "ECHO2_JOB", "ECHO2_TOKEN", "ECHO2_TOKEN_FILE", "REDIS_URL"):
         monkeypatch.delenv(name, raising=False)
     return seen
 
@@ -44,7 +44,8 @@ def test_every_setting_is_an_option_of_run_with_its_variable() -> None:
     options = {opt for param in run.params for opt in [*param.opts, *param.secondary_opts]}
     assert set(FLAGS) <= options
     envvars = {param.name: param.envvar for param in run.params if param.envvar}
-    assert envvars == {"server": "ECHO2_SERVER", "job": "ECHO2_JOB", "token": "ECHO2_TOKEN", "redis_url": "REDIS_URL"}
+    assert envvars == {"server": "ECHO2_SERVER", "job": "ECHO2_JOB", "token": "ECHO2_TOKEN",
+                       "token_file": "ECHO2_TOKEN_FILE", "redis_url": "REDIS_URL"}
     assert {param.name for param in run.params} - {"help"} == set(LearnerSettings.model_fields)
 
 
@@ -111,3 +112,27 @@ def test_a_missing_model_dir_is_one_error_line_not_a_hub_error(monkeypatch, tmp_
     assert result.exit_code == 1
     assert result.output.strip().splitlines() == [
         f"echo2-learner: error: model_dir: no directory {tmp_path / 'not-here'} on this machine"]
+
+
+def test_the_token_comes_from_a_file_or_the_environment_and_on_the_command_line_is_warned_about(trained, tmp_path):
+    secret = tmp_path / "token"
+    secret.write_text("e2u_from_the_file\n")
+    base = ["--server", "http://site", "--job", "3"]
+    quiet = CliRunner().invoke(cli.app, ["run", *base, "--token-file", str(secret)])
+    assert quiet.exit_code == 0 and "warning" not in quiet.stderr and trained[-1].token == "e2u_from_the_file"
+    env = CliRunner().invoke(cli.app, ["run", *base], env={"ECHO2_TOKEN": "e2u_env"})
+    assert env.exit_code == 0 and "warning" not in env.stderr and trained[-1].token == "e2u_env"
+    by_env_file = CliRunner().invoke(cli.app, ["run", *base], env={"ECHO2_TOKEN_FILE": str(secret)})
+    assert by_env_file.exit_code == 0 and trained[-1].token == "e2u_from_the_file"
+    loud = CliRunner().invoke(cli.app, ["run", *base, "--token", "e2u_argv"])
+    assert loud.exit_code == 0 and trained[-1].token == "e2u_argv"
+    assert "echo2-learner: warning: --token on the command line shows in `ps`" in loud.stderr
+
+
+@pytest.mark.parametrize("extra, words", [
+    ([], "no API token: give --token-file PATH (or ECHO2_TOKEN_FILE), or ECHO2_TOKEN"),
+    (["--token-file", "/no/such/file"], "--token-file: cannot read /no/such/file"),
+])
+def test_a_missing_or_unreadable_token_is_one_error_line(trained, extra, words):
+    result = invoke("--server", "http://site", "--job", "3", *extra)
+    assert result.exit_code == 2 and not trained and words in result.output, result.output

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -93,3 +94,25 @@ def test_drain_gives_up_after_its_budget(site) -> None:
     site.start()
     assert outbox.drain(within_s=5, pause_s=0.1) and [b["step"] for _, b in site.received] == [1]
     client.close()
+
+
+def test_a_throttled_request_waits_as_told_and_is_sent_again() -> None:
+    """The site answers 429 with Retry-After when the learner exceeds its request rate: not a refusal."""
+    import httpx
+
+    calls: list[float] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(time.monotonic())
+        if len(calls) < 3:
+            return httpx.Response(429, headers={"Retry-After": "0.2"}, json={"detail": "Request was throttled."})
+        return httpx.Response(201, json={"step": 1})
+
+    client = SiteClient("http://site", "e2u_t")
+    client.http = httpx.Client(base_url="http://site/api/", transport=httpx.MockTransport(handler))
+    assert client.report(1, {"step": 1, "reward_mean": 0.0}) == {"step": 1}
+    assert len(calls) == 3 and calls[2] - calls[0] >= 0.35
+    client.http = httpx.Client(base_url="http://site/api/", transport=httpx.MockTransport(
+        lambda request: httpx.Response(429, headers={"Retry-After": "0"}, json={"detail": "Request was throttled."})))
+    with pytest.raises(SiteError, match="429"):
+        client.report(1, {"step": 1}, retries=2)

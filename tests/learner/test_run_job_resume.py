@@ -69,7 +69,9 @@ def test_learner_killed_mid_job_resumes_from_its_checkpoint(stack, tmp_path, tin
     checkpoint_dir = tmp_path / "snapshots" / f"job{job['id']}-checkpoint"
     launcher = [str(BIN / "echo2-learner")] if ranks == 1 else \
         [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", str(ranks), "-m", "learner.cli"]
-    learner = [*launcher, "--server", server, "--job", str(job["id"]), "--token", token, "--redis",
+    token_file = tmp_path / "owner.token"
+    token_file.write_text(token)
+    learner = [*launcher, "--server", server, "--job", str(job["id"]), "--token-file", str(token_file), "--redis",
                redis_url, "--snapshot-dir", str(tmp_path / "snapshots"), "--data-timeout", "120"]
 
     # --- enough data for 3 updates: v2 is checkpointed and published, v3 is trained, then the learner waits

@@ -9,7 +9,6 @@ from decimal import Decimal
 from pathlib import Path
 
 from django.contrib.auth.models import User
-from rest_framework.authtoken.models import Token
 
 from dataplane.jobs import parse_job_spec
 from marketplace import services
@@ -22,7 +21,8 @@ def user(name: str | None = None, **extra) -> User:
 
 
 def token(for_user: User) -> str:
-    return Token.objects.get_or_create(user=for_user)[0].key
+    """A new API token of ``for_user`` (tokens are stored hashed: each call makes another, the older keep working)."""
+    return services.api_token_issue(user=for_user, replace=False)
 
 
 def worker(owner: User, *, price: str = "0.35", name: str | None = None):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,13 +15,14 @@ from ..marketplace import factories
 AGENT = str(Path(sys.executable).parent / "echo2-agent")
 
 
-def agent(*args: str, config: Path | None = None) -> subprocess.CompletedProcess:
+def agent(*args: str, config: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     argv = [AGENT, *args] + (["--config", str(config)] if config else [])
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    clean = {k: v for k, v in os.environ.items() if k not in ("ECHO2_TOKEN", "ECHO2_TOKEN_FILE")}
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=clean | (env or {}))
 
 
 def test_bad_price_and_missing_config_fail_with_one_line(tmp_path):
-    done = agent("register", "--server", "http://127.0.0.1:9", "--token", "t", "--price", "-1")
+    done = agent("register", "--server", "http://127.0.0.1:9", "--price", "-1", env={"ECHO2_TOKEN": "t"})
     assert done.returncode == 1 and done.stderr.strip() == "echo2-agent: error: --price must be > 0 USD per hour"
     done = agent("run", config=tmp_path / "none.json")
     assert done.returncode == 1
@@ -29,8 +31,8 @@ def test_bad_price_and_missing_config_fail_with_one_line(tmp_path):
 
 
 def test_unreachable_site_is_one_line(tmp_path):
-    done = agent("register", "--server", "http://127.0.0.1:9", "--token", "t", "--price", "0.3",
-                 config=tmp_path / "a.json")
+    done = agent("register", "--server", "http://127.0.0.1:9", "--price", "0.3", config=tmp_path / "a.json",
+                 env={"ECHO2_TOKEN": "t"})
     assert done.returncode == 1 and done.stderr.startswith("echo2-agent: error: cannot reach http://127.0.0.1:9")
     assert len(done.stderr.strip().splitlines()) == 1 and not (tmp_path / "a.json").exists()
 
@@ -53,6 +55,21 @@ def test_register_against_a_live_site(live_server, tmp_path):
     duplicate = agent("register", "--server", live_server.url, "--token", token, "--price", "0.35", "--name",
                       "rig-7", config=tmp_path / "b.json")
     assert duplicate.returncode == 1 and "already have a worker named 'rig-7'" in duplicate.stderr
+
+
+def test_the_token_comes_from_a_file_and_on_the_command_line_is_warned_about(tmp_path):
+    secret = tmp_path / "token"
+    secret.write_text("e2u_x\n")
+    base = ["register", "--server", "http://127.0.0.1:9", "--price", "0.3"]
+    quiet = agent(*base, "--token-file", str(secret), config=tmp_path / "a.json")
+    assert quiet.returncode == 1 and "warning" not in quiet.stderr and "cannot reach" in quiet.stderr
+    loud = agent(*base, "--token", "e2u_x", config=tmp_path / "a.json")
+    assert loud.stderr.startswith("echo2-agent: warning: --token on the command line shows in `ps`")
+    missing = agent(*base, config=tmp_path / "a.json")
+    assert missing.returncode == 1 and missing.stderr.strip() == (
+        "echo2-agent: error: no API token: give --token-file PATH (or ECHO2_TOKEN_FILE), or ECHO2_TOKEN")
+    unreadable = agent(*base, "--token-file", str(tmp_path / "none"), config=tmp_path / "a.json")
+    assert unreadable.returncode == 1 and "--token-file: cannot read" in unreadable.stderr
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1,0 +1,89 @@
+"""Throttles: sign-in lockout, request rates per user and per address, and wrong credentials get slower."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+from rest_framework.test import APIClient
+from rest_framework.throttling import SimpleRateThrottle
+
+from . import factories
+
+pytestmark = pytest.mark.django_db
+
+
+def sign_in(client: Client, username: str, password: str):
+    return client.post("/accounts/login/", {"username": username, "password": password})
+
+
+def test_sign_in_locks_out_after_ten_failures_with_a_clear_message(settings):
+    assert settings.AXES_FAILURE_LIMIT == 10
+    factories.user("alice")  # password pw-12345678
+    browser = Client()
+    for _ in range(9):
+        assert sign_in(browser, "alice", "guess").status_code == 200  # the form again, "Wrong username or password"
+    assert sign_in(browser, "alice", "pw-12345678").status_code == 302, "a success before the limit resets the count"
+    browser = Client()
+    for _ in range(10):
+        sign_in(browser, "alice", "guess")
+    locked = sign_in(browser, "alice", "pw-12345678")  # the right password, too late
+    page = locked.content.decode()
+    assert locked.status_code == 429 and "Sign-in locked" in page and "Too many failed sign-ins" in page
+    assert "0:15:00" in page, "the page says for how long"
+    assert "_auth_user_id" not in browser.session
+    assert sign_in(Client(REMOTE_ADDR="10.9.9.9"), "alice", "pw-12345678").status_code == 302, (
+        "another address is not locked out")
+
+
+def test_api_requests_are_throttled_per_user(monkeypatch):
+    monkeypatch.setitem(SimpleRateThrottle.THROTTLE_RATES, "user", "3/min")  # DRF binds the rates at import
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {factories.token(factories.user())}")
+    assert [api.get("/api/jobs/").status_code for _ in range(3)] == [200, 200, 200]
+    refused = api.get("/api/jobs/")
+    assert refused.status_code == 429 and int(refused["Retry-After"]) > 0
+    assert "throttled" in refused.json()["detail"].lower()
+    other = APIClient()
+    other.credentials(HTTP_AUTHORIZATION=f"Token {factories.token(factories.user())}")
+    assert other.get("/api/jobs/").status_code == 200, "the budget is per user"
+
+
+@pytest.mark.parametrize("scheme, wrong", [("Token", "e2u_" + "0" * 64), ("Bearer", "e2w_wrong")])
+def test_wrong_credentials_from_one_address_get_slower(settings, scheme, wrong):
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {
+        **settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], "auth_failures": "3/min"}}
+    user = factories.user()
+    good = factories.token(user)
+    attacker = APIClient(REMOTE_ADDR="203.0.113.9")
+    attacker.credentials(HTTP_AUTHORIZATION=f"{scheme} {wrong}")
+    assert [attacker.get("/api/jobs/").status_code for _ in range(3)] == [401, 401, 401]
+    slowed = attacker.get("/api/jobs/")
+    assert slowed.status_code == 429 and int(slowed["Retry-After"]) > 0
+    assert "too many failed credentials from this address" in slowed.json()["detail"]
+    attacker.credentials(HTTP_AUTHORIZATION=f"Token {good}")
+    assert attacker.get("/api/jobs/").status_code == 429, "not even a right guess gets through meanwhile"
+    elsewhere = APIClient(REMOTE_ADDR="198.51.100.7")
+    elsewhere.credentials(HTTP_AUTHORIZATION=f"Token {good}")
+    assert elsewhere.get("/api/jobs/").status_code == 200
+
+
+def test_a_forged_forwarded_for_header_does_not_reset_the_count(settings):
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {
+        **settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], "auth_failures": "2/min"}}
+    attacker = APIClient(REMOTE_ADDR="203.0.113.9")
+    attacker.credentials(HTTP_AUTHORIZATION="Bearer e2w_wrong")
+    codes = [attacker.get("/api/jobs/", HTTP_X_FORWARDED_FOR=f"10.0.0.{i}").status_code for i in range(4)]
+    assert codes == [401, 401, 429, 429]
+
+
+def test_behind_a_proxy_the_forwarded_address_counts_and_garbage_in_it_is_no_500(settings):
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "NUM_PROXIES": 1}
+    factories.user("bob")
+    for _ in range(10):
+        sign_in(Client(REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR="198.51.100.4"), "bob", "guess")
+    locked = sign_in(Client(REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR="198.51.100.4"), "bob", "pw-12345678")
+    assert locked.status_code == 429
+    other = sign_in(Client(REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR="198.51.100.5"), "bob", "pw-12345678")
+    assert other.status_code == 302, "another client behind the same proxy is not locked out"
+    forged = sign_in(Client(REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR="not-an-address"), "bob", "guess")
+    assert forged.status_code == 200
