@@ -166,7 +166,8 @@ def _start_agents(console, stack: Stack, server: str, tokens: dict[str, str], wo
     for user, gpu, price in PROVIDERS:
         cfg = workdir / "agents" / f"{user}.json"
         relay = f"127.0.0.1:{free_port()}"  # chain peers pull snapshot chunks from here
-        stack.run(str(BIN / "echo2-agent"), "register", "--server", server, "--token", tokens[user],
+        stack.run(str(BIN / "echo2-agent"), "register", "--server", server, "--token-file", _token_file(workdir, user,
+                                                                                                       tokens[user]),
                   "--name", f"{user}-{gpu}", "--gpu", gpu, "--price", str(price), "--config", str(cfg),
                   "--bandwidth-mbps", "100", "--relay-address", relay)
         stack.start(f"agent-{user}", str(BIN / "echo2-agent"), "run", "--config", str(cfg), "--threads", "1",
@@ -185,9 +186,19 @@ def _launch_job(console, stack: Stack, api: httpx.Client, server: str, token: st
     }).raise_for_status().json()
     api.post(f"jobs/{job['id']}/start/").raise_for_status()
     stack.start("learner", str(BIN / "echo2-learner"), "--server", server, "--job", str(job["id"]),
-                "--token", token, "--redis", redis_url, "--snapshot-dir", str(workdir / "snapshots"))
+                "--token-file", _token_file(workdir, "demo", token), "--redis", redis_url,
+                "--snapshot-dir", str(workdir / "snapshots"))
     console.print(f"job {job['id']} started; dashboard: {server}/jobs/{job['id']}/")
     return job
+
+
+def _token_file(workdir: Path, user: str, token: str) -> str:
+    """The user's API token in a file only its owner reads (a token on a command line shows in ``ps``)."""
+    path = workdir / "tokens" / user
+    path.parent.mkdir(exist_ok=True)
+    path.touch(mode=0o600)
+    path.write_text(token + "\n")
+    return str(path)
 
 
 def _create_users(stack: Stack, py: str) -> dict[str, str]:
