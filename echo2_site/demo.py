@@ -254,6 +254,7 @@ def _watch(console, api: httpx.Client, stack: Stack, job_id: int, target: float,
             if summary["status"] in ("completed", "failed", "cancelled"):
                 break
             time.sleep(1.0)
+    console.print()  # the live table's last line ends without a newline
     staleness = [m["max_staleness"] for m in api.get(f"jobs/{job_id}/metrics/").json()]
     console.print(f"step-0 reward {_fmt(first)} -> 10-step mean {_fmt(recent)} after {len(rewards)} steps; "
                   f"largest staleness trained on: {max(staleness, default=0)} (S=3)")
