@@ -108,7 +108,7 @@ def test_a_missing_model_dir_is_one_error_line_not_a_hub_error(monkeypatch, tmp_
     job = {"id": 3, "status": "running", "name": "j", "model_dir": str(tmp_path / "not-here"),
            "task": {"name": "arithmetic"}, "batch_trajectories": 8, "group_size": 4}
     monkeypatch.setattr("learner.client.SiteClient.job", lambda self, job_id: job)
-    result = invoke(*REQUIRED, "--snapshot-dir", str(tmp_path / "snapshots"))
+    result = invoke(*REQUIRED[:-2], "--snapshot-dir", str(tmp_path / "snapshots"), env={"ECHO2_TOKEN": "tok"})
     assert result.exit_code == 1
     assert result.output.strip().splitlines() == [
         f"echo2-learner: error: model_dir: no directory {tmp_path / 'not-here'} on this machine"]

@@ -25,7 +25,7 @@ def agent_client(key: str) -> APIClient:
 
 
 REGISTER = {"name": "minted", "price_per_hour": "0.3", "bandwidth_bps": 1000}
-JOB = {"name": "j", "model_dir": "/m", "task": {"name": "arithmetic"}}
+JOB = {"name": "j", "model_dir": factories.checkpoint_dir(), "task": {"name": "arithmetic"}}
 
 
 @pytest.mark.parametrize(("method", "path", "body"), [
