@@ -34,13 +34,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fault_audit as fa  # noqa: E402
 
-from echo2_site.demo import Stack, free_port, wait_for  # noqa: E402
+from echo2_site.demo import DAPHNE_WEBSOCKET_LIMITS, Stack, free_port, wait_for  # noqa: E402
 
 BIN = Path(sys.executable).parent
 AGENTS = ("a", "b", "c")
 PRICE = 0.36  # USD/h, the same for every worker: the site's bill converts exactly into worker-seconds
 WORKER_TIMEOUT_S, LEASE_TIMEOUT_S, BEAT_S = 10.0, 10.0, 10.0  # site settings of every run; BEAT_S: expiry period
-RELAY_STALL_S = 10.0  # dataplane/broadcast/relay.py RelayTimeouts.stall: a silent parent is given up after it
+from dataplane.broadcast.relay import RelayTimeouts  # noqa: E402
+
+RELAY_STALL_S = RelayTimeouts().stall  # a silent parent is given up after it (idle keepalives keep live ones)
 REDIS_BACKOFF_S, RECONNECT_CAP_S = 5.0, 30.0  # replay.py retry backoff cap; the agent's reconnect delay cap
 STALENESS, BATCH, GROUP = 3, 32, 8
 FINAL = ("completed", "failed", "cancelled")
@@ -137,12 +139,12 @@ def prepare(workdir: Path, args: argparse.Namespace) -> Setup:
         stack.start("redis", *redis_argv(template / "redis", redis_port))
         stack.run(str(BIN / "python"), "manage.py", "migrate", "--noinput")
         script = ("import json\nfrom django.contrib.auth.models import User\n"
-                  "from rest_framework.authtoken.models import Token\n"
-                  "print(json.dumps({n: Token.objects.create(user=User.objects.create_user(n, password=n)).key "
+                  "from marketplace.services import api_token_issue\n"
+                  "print(json.dumps({n: api_token_issue(user=User.objects.create_user(n, password=n)) "
                   "for n in ('owner', 'provider')}))\n")
         out = stack.run(str(BIN / "python"), "manage.py", "shell", "-c", script)
         tokens = json.loads(out.strip().splitlines()[-1])
-        stack.start("daphne", str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(site_port),
+        stack.start("daphne", str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(site_port), *DAPHNE_WEBSOCKET_LIMITS,
                     "echo2_site.asgi:application")
         setup = Setup(workdir, args, model_dir, site_port, tokens, {})
         wait_for(lambda: site_up(setup.server), "the site", 60)
@@ -210,7 +212,7 @@ class Run:
         self.start("redis", *redis_argv(self.dir / "redis", self.redis_port))
         wait_for(lambda: redis_up(self.redis_port), "Redis", 20)
         self.start("daphne", str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(self.setup.site_port),
-                   "echo2_site.asgi:application")
+                   *DAPHNE_WEBSOCKET_LIMITS, "echo2_site.asgi:application")
         self.start("celery-worker", str(BIN / "celery"), "-A", "echo2_site", "worker", "-l", "info", "-P", "solo")
         self.start("celery-beat", str(BIN / "celery"), "-A", "echo2_site", "beat", "-l", "info", "-s",
                    str(self.dir / "celerybeat-schedule"))
