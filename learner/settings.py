@@ -17,6 +17,8 @@ from pydantic import Field, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from dataplane.tokens import read_token_file
+
 
 def option(default: Any = ..., *, help: str, flag: str | None = None, env: str | None = None,  # noqa: A002
            **bounds: Any) -> Any:
@@ -108,16 +110,6 @@ class LearnerSettings(BaseSettings):
         out["redis_url"] = _masked(self.redis_url)
         return out
 
-
-def read_token_file(path: Path) -> str:
-    """The API token in ``path``: its first line, surrounding whitespace ignored."""
-    try:
-        lines = Path(path).read_text().strip().splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"--token-file: cannot read {path}: {err}") from None
-    if not lines or not lines[0].strip():
-        raise ValueError(f"--token-file: {path} is empty")
-    return lines[0].strip()
 
 
 def _extra(field: FieldInfo) -> dict[str, Any]:

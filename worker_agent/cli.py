@@ -17,7 +17,9 @@ from typing import Annotated
 
 import typer
 
-from .config import AgentConfig, ConfigError, default_path, read_token_file
+from dataplane.tokens import read_token_file
+
+from .config import AgentConfig, ConfigError, default_path
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, rich_markup_mode=None)
 
@@ -218,7 +220,7 @@ def _api_token(ctx: typer.Context, *, token: str | None, token_file: Path | None
     if token_file is not None:
         try:
             return read_token_file(token_file)
-        except ConfigError as err:
+        except ValueError as err:
             _fail(str(err))
     if not token:
         _fail("no API token: give --token-file PATH (or ECHO2_TOKEN_FILE), or ECHO2_TOKEN")

@@ -12,17 +12,6 @@ class ConfigError(RuntimeError):
     pass
 
 
-def read_token_file(path: Path) -> str:
-    """The API token in ``path`` (its first line; surrounding whitespace ignored)."""
-    try:
-        lines = Path(path).read_text().strip().splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"--token-file: cannot read {path}: {err}") from None
-    if not lines or not lines[0].strip():
-        raise ConfigError(f"--token-file: {path} is empty")
-    return lines[0].strip()
-
-
 def default_path() -> Path:
     base = os.environ.get("ECHO2_AGENT_CONFIG")
     if base:
