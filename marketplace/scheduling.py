@@ -55,7 +55,7 @@ def candidate_pool(*, model_dir: str, task_name: str, job: Job | None = None, no
     workers = {w.pk: w for w in Worker.objects.exclude(status=Worker.Status.OFFLINE).exclude(pk__in=busy)}
     workers.update({w.pk: w for w in Worker.objects.filter(pk__in=list(started))})
     beats = telemetry.recent_heartbeats(list(workers))
-    accepted = telemetry.recent_accepted(list(started), job_id=job.pk) if job else {}
+    accepted = telemetry.recent_accepted(list(started), job_id=job.pk, now=now) if job else {}
     calibrated = dict(WorkerCalibration.objects.filter(worker_id__in=list(workers), model_dir=model_dir,
                                                        task_name=task_name).values_list("worker_id", "throughput"))
     active, standby, unmeasured, sources = [], [], [], {}

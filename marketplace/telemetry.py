@@ -9,13 +9,13 @@ page's picture of who feeds whom.
 from __future__ import annotations
 
 import json
+import secrets
 
 from django.conf import settings
 
 from . import chains, controller, stream
 
 KEEP = 512  # heartbeats kept per worker: minutes of history at the default interval
-KEEP_ACCEPTED = 4096  # accepted groups kept per worker: enough for the window at any realistic rate
 
 
 def heartbeats_key(worker_id: int) -> str:
@@ -38,28 +38,32 @@ def recent_heartbeats(worker_ids: list[int]) -> dict[int, list[tuple[float, floa
                                                                                        strict=True)}
 
 
-def accepted_key(worker_id: int) -> str:
-    return f"echo2:worker:{worker_id}:accepted"
+def accepted_key(worker_id: int, job_id: int) -> str:
+    return f"echo2:worker:{worker_id}:job:{job_id}:accepted"
 
 
 def record_accepted(worker_id: int, *, job_id: int, at: float, records: int) -> None:
     """The site accepted ``records`` trajectories of ``job_id`` from the worker: the evidence its measured
-    throughput is computed from (never the worker's own figures)."""
+    throughput is computed from (never the worker's own figures). A sorted set by time, trimmed to two
+    windows, so reading the window costs what the window holds (heartbeats read it)."""
+    key = accepted_key(worker_id, job_id)
     pipe = stream.client().pipeline()
-    pipe.lpush(accepted_key(worker_id), json.dumps([at, records, job_id]))
-    pipe.ltrim(accepted_key(worker_id), 0, KEEP_ACCEPTED - 1)
+    pipe.zadd(key, {f"{at!r}:{records}:{secrets.token_hex(4)}": at})
+    pipe.zremrangebyscore(key, "-inf", at - 2 * window_s())
+    pipe.expire(key, 3600)
     pipe.execute()
 
 
-def recent_accepted(worker_ids: list[int], *, job_id: int) -> dict[int, list[tuple[float, int]]]:
-    """``(time, records)`` of each worker's accepted groups of ``job_id``, oldest first."""
+def recent_accepted(worker_ids: list[int], *, job_id: int, now: float) -> dict[int, list[tuple[float, int]]]:
+    """``(time, records)`` of each worker's groups of ``job_id`` accepted within the window before ``now``,
+    oldest first."""
     pipe = stream.client().pipeline()
     for wid in worker_ids:
-        pipe.lrange(accepted_key(wid), 0, KEEP_ACCEPTED - 1)
+        pipe.zrangebyscore(accepted_key(wid, job_id), now - window_s(), "+inf")
     out = {}
-    for wid, rows in zip(worker_ids, pipe.execute(), strict=True):
-        events = [json.loads(x) for x in reversed(rows)]
-        out[wid] = [(at, n) for at, n, job in events if job == job_id]
+    for wid, members in zip(worker_ids, pipe.execute(), strict=True):
+        events = [member.split(":") for member in members]
+        out[wid] = [(float(at), int(n)) for at, n, _ in events]
     return out
 
 
@@ -84,7 +88,7 @@ def measured_throughput(events: list[tuple[float, int]], *, since: float, now: f
 
 def measure_worker(worker_id: int, *, job_id: int, since: float, now: float) -> float | None:
     """``measured_throughput`` of one worker in ``job_id``, read from Redis."""
-    return measured_throughput(recent_accepted([worker_id], job_id=job_id)[worker_id], since=since, now=now)
+    return measured_throughput(recent_accepted([worker_id], job_id=job_id, now=now)[worker_id], since=since, now=now)
 
 
 def _chain_plan_key(job_id: int, version: int) -> str:
