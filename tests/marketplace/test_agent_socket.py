@@ -27,6 +27,16 @@ async def connect(key: str | None) -> WebsocketCommunicator:
     return comm
 
 
+async def started_with(comm: WebsocketCommunicator, job) -> dict:
+    """Say hello, start ``job`` and return the assignment it pushes to this (idle) worker."""
+    await comm.send_json_to({"type": "hello", "agent_version": "test"})
+    assert (await comm.receive_json_from())["type"] == "welcome"
+    await database_sync_to_async(services.job_start)(job=await database_sync_to_async(Job.objects.get)(pk=job.pk))
+    assign = await comm.receive_json_from(timeout=5)
+    assert assign["type"] == "assign"
+    return assign
+
+
 def record(job_id: int, lease: dict, **overrides) -> dict:
     return {"job_id": job_id, "lease_id": lease["lease_id"], "group_id": lease["group_id"], "prompt": lease["prompt"],
             "prompt_ids": [1, 5, 6], "completion": "7", "completion_ids": [12, 2], "logprobs": [-1.5, -0.2],
@@ -170,10 +180,7 @@ async def test_a_heartbeat_after_the_release_keeps_the_recorded_install(settings
     # Released, the agent's heartbeats carry no installed version; what it installed stays on record.
     job, worker, key = await setup_job_and_worker()
     comm = await connect(key)
-    await comm.send_json_to({"type": "hello", "agent_version": "test"})
-    assert (await comm.receive_json_from())["type"] == "welcome"
-    await database_sync_to_async(services.job_start)(job=await database_sync_to_async(Job.objects.get)(pk=job.pk))
-    assert (await comm.receive_json_from(timeout=5))["type"] == "assign"
+    await started_with(comm, job)
     fresh = database_sync_to_async(lambda: Job.objects.get(pk=job.pk))
     await database_sync_to_async(services.snapshot_publish)(job=await fresh(), version=1, url="http://l/v1/",
                                                             manifest=factories.manifest(job, 1))
@@ -196,10 +203,7 @@ async def test_a_heartbeat_after_the_release_keeps_the_recorded_install(settings
 async def test_a_released_workers_leases_go_back_at_once(settings_eager, redis_client):
     job, worker, key = await setup_job_and_worker()
     comm = await connect(key)
-    await comm.send_json_to({"type": "hello", "agent_version": "test"})
-    await comm.receive_json_from()
-    await database_sync_to_async(services.job_start)(job=await database_sync_to_async(Job.objects.get)(pk=job.pk))
-    assert (await comm.receive_json_from(timeout=5))["type"] == "assign"
+    await started_with(comm, job)
     PromptFeeder(redis_client, job_id=job.pk, task=build_task({"name": "arithmetic"}), seed=0, backlog=2).top_up()
     await comm.send_json_to({"type": "lease_request", "job_id": job.pk, "groups": 2})
     held = {x["lease_id"] for x in (await comm.receive_json_from())["leases"]}
@@ -252,10 +256,7 @@ async def test_an_agent_that_asks_gets_its_jobs_base_then_the_newest_snapshot(se
 async def test_every_reply_names_the_request_it_answers(settings_eager, redis_client):
     job, worker, key = await setup_job_and_worker()
     comm = await connect(key)
-    await comm.send_json_to({"type": "hello", "agent_version": "test"})
-    await comm.receive_json_from()
-    await database_sync_to_async(services.job_start)(job=await database_sync_to_async(Job.objects.get)(pk=job.pk))
-    assert (await comm.receive_json_from(timeout=5))["type"] == "assign"
+    await started_with(comm, job)
     await comm.send_json_to({"type": "lease_request", "job_id": job.pk, "id": "r7"})
     assert (await comm.receive_json_from()) | {"retry_after": 0} == {"type": "no_work", "job_id": job.pk,
                                                                      "retry_after": 0, "ref_id": "r7"}
