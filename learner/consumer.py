@@ -17,12 +17,11 @@ from dataclasses import dataclass, field
 from dataplane.replay import Client, ReplayBuffer, StoredGroup
 
 ACKED_MEMORY = 100_000  # acknowledged entry ids remembered (a few MB)
-Group = StoredGroup  # one GRPO group read from the stream, with the entry id that acknowledges it
 
 
 @dataclass
 class BatchWait:
-    groups: list[Group]
+    groups: list[StoredGroup]
     dropped: int  # records dropped as stale since the previous batch (timed-out waits included)
     wait_s: float
 
@@ -33,7 +32,7 @@ class StalenessGatedConsumer:
     job_id: int
     staleness: int
     consumer: str = "learner-0"
-    buffer: list[Group] = field(default_factory=list)
+    buffer: list[StoredGroup] = field(default_factory=list)
     dropped_total: int = 0
     retry_for_s: float = 0.0  # ride out a Redis outage this long per operation (ReplayBuffer)
     _resumed: bool = False
@@ -48,7 +47,7 @@ class StalenessGatedConsumer:
         self._reconnects = 0
         self._dropped_waiting = 0  # records dropped since the last batch, over waits that timed out too
 
-    def admissible(self, group: Group, learner_version: int) -> bool:
+    def admissible(self, group: StoredGroup, learner_version: int) -> bool:
         return group.version >= learner_version - self.staleness
 
     def next_batch(self, *, groups: int, learner_version: int, timeout_s: float,
@@ -79,7 +78,7 @@ class StalenessGatedConsumer:
         dropped, self._dropped_waiting = self._dropped_waiting, 0
         return BatchWait(groups=batch, dropped=dropped, wait_s=time.monotonic() - start)
 
-    def ack(self, groups: list[Group]) -> None:
+    def ack(self, groups: list[StoredGroup]) -> None:
         """Acknowledge trained groups (and delete them: the stream is a queue, not an archive)."""
         self.ack_ids([g.entry_id for g in groups])
 
@@ -92,7 +91,7 @@ class StalenessGatedConsumer:
         while len(self.acked) > ACKED_MEMORY:
             self.acked.popitem(last=False)
 
-    def _take(self, groups: list[Group]) -> None:
+    def _take(self, groups: list[StoredGroup]) -> None:
         """Buffer groups not already held (a pending entry re-read after a reconnect may be one we hold)."""
         again = [g.entry_id for g in groups if g.entry_id in self.acked]
         if again:
@@ -107,7 +106,7 @@ class StalenessGatedConsumer:
         self.buffer = [g for g in self.buffer if self.admissible(g, learner_version)]
         return self._drop(stale)
 
-    def _drop(self, groups: list[Group]) -> int:
+    def _drop(self, groups: list[StoredGroup]) -> int:
         self.ack(groups)
         n = sum(len(g.records) for g in groups)
         self.dropped_total += n
