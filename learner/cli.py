@@ -51,6 +51,13 @@ def run(settings: LearnerSettings) -> None:
         site.close()
     if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for the job
         typer.echo(f"job {settings.job}: {status}")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # The job is over and reported. gloo's threads can abort the process while C++ statics are torn
+        # down at interpreter exit ("terminate called without an active exception", about one run in a few
+        # even after the barrier in distributed.shutdown), which torchrun reports as a failed rank: leave now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def _settings_command(target: Callable[[LearnerSettings], None]) -> Callable[..., None]:
