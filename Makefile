@@ -5,8 +5,12 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# The agent's wheel, served by the site at /dist/ (frontend/dist.py); rebuilt when a source file changes.
+DIST := var/dist
+WHEEL_SOURCES := pyproject.toml README.md scripts/build-wheel.sh $(shell find dataplane worker_agent learner echo2_cli \
+	marketplace frontend echo2_site simulator -type f -not -path '*/__pycache__/*' -not -name '*.pyc' 2>/dev/null)
 
-.PHONY: install services demo test test-all lint bench clean
+.PHONY: install wheel services demo test test-all lint bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,7 +19,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[server,dev]'
 	touch $@
 
-install: $(VENV)/.installed
+$(DIST)/.built: $(VENV)/.installed $(WHEEL_SOURCES)
+	PYTHON=$(PY) scripts/build-wheel.sh $(DIST)
+	touch $@
+
+wheel: $(DIST)/.built
+
+install: $(VENV)/.installed $(DIST)/.built
 
 services:
 	scripts/ensure-services.sh

@@ -98,7 +98,7 @@ def run_once(strategy: str, n: int, *, snap_dir: Path, manifest_path: Path, bw: 
                        expires=int(time.time()) + 3600) for w in parent_of}
     learner = Proc(learner_args, secret=secret)
     workers = {w: Proc(["--manifest", str(manifest_path), "--worker-id", str(w), "--downlink-bps", str(bw),
-                        "--uplink-bps", str(bw), "--stall-timeout", "60", "--credential", tokens[w]])
+                        "--uplink-bps", str(bw), "--stall-timeout", "60", f"--credential={tokens[w]}"])
                for w in parent_of}
     for proc in [learner, *workers.values()]:
         if not proc.ready.wait(120) or proc.port is None:

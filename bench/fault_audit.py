@@ -44,8 +44,10 @@ class LogTail:
 
     STEP, READY = re.compile(r"\bstep (\d+) reward="), re.compile(r"resumed at v\d+|fresh start")
 
-    def __init__(self, path: Path) -> None:
-        self.path, self.pos, self.rest = path, 0, b""
+    def __init__(self, path: Path, *, from_end: bool = False) -> None:
+        """``from_end``: only lines written from now on (a restarted process appending to its old log)."""
+        self.path, self.rest = path, b""
+        self.pos = path.stat().st_size if from_end and path.exists() else 0
         self.steps: list[tuple[float, int]] = []
         self.ready: list[float] = []
 
@@ -117,6 +119,12 @@ def stream_audit(commands: Iterator[list[bytes]], key: str) -> StreamAudit:
     return out
 
 
+class AgentLogTail(LogTail):
+    """An agent's log: ready once it installed a snapshot (its engine built, weights loaded: it can generate)."""
+
+    STEP, READY = re.compile(r"(?!)"), re.compile(r"installed snapshot v\d+ of job")
+
+
 def first_step_after(steps: list[tuple[float, int]], t: float) -> float | None:
     """Seconds from ``t`` to the first learner step seen after it."""
     return next((at - t for at, _ in steps if at > t), None)
@@ -160,14 +168,16 @@ def audit(metrics: list[dict], summary: dict, stream: StreamAudit | None, group_
 
     ``metrics`` are the final step reports (a restarted learner's re-trained step replaced the lost one's),
     so an entry id in two of them was trained twice into the model. Lost = accepted groups neither trained,
-    nor dropped stale, nor still in the stream at the end."""
+    nor dropped stale, nor quarantined, nor still in the stream at the end."""
     counters = summary.get("counters") or {}
     ids = Counter(e for m in metrics for e in (m.get("extra") or {}).get("entries", []))
     trained = sum(sum((m.get("extra") or {}).get("staleness_histogram", {}).values()) or
                   len((m.get("extra") or {}).get("entries", [])) * group_size for m in metrics)
     dropped = int(summary.get("dropped_stale") or 0)
     leftover = stream.leftover if stream else 0
-    lost_groups = int(counters.get("accepted_groups", 0)) - len(ids) - dropped // group_size - leftover
+    quarantined = int(counters.get("quarantined_records", 0))  # learner/quarantine.py: deliberately not trained
+    lost_groups = (int(counters.get("accepted_groups", 0)) - len(ids) - dropped // group_size - leftover
+                   - quarantined // group_size)
     bubbles = [m["wait_s"] / (m["wait_s"] + m["t_train"]) for m in metrics if m["wait_s"] + m["t_train"] > 0]
     out = {"accepted": int(counters.get("accepted_records", 0)), "accepted_groups": int(counters.get(
         "accepted_groups", 0)), "trained": trained, "dropped_stale": dropped, "leftover_groups": leftover,
@@ -178,6 +188,8 @@ def audit(metrics: list[dict], summary: dict, stream: StreamAudit | None, group_
     missing = sorted(set(range(1, steps[-1] + 1)) - set(steps)) if steps else []
     if missing:
         out["notes"].append(f"no report for step(s) {_short(missing)}: their groups count as lost")
+    if quarantined:
+        out["notes"].append(f"{quarantined} records quarantined by the learner (not lost, not trained)")
     if stream is not None:
         untrained = len(stream.deleted - {e.encode() for e in ids})
         if len(stream.added) != out["accepted_groups"]:
@@ -198,11 +210,12 @@ def criteria(row: dict, staleness: int) -> list[str]:
     if row["fault"] == "none":
         checks = []
     else:
-        allowed = row.get("allowed_s")
+        allowed, pool = row.get("allowed_s"), row.get("allowed_pool_s", row.get("allowed_s"))
         checks = [(row["step_s"] is not None and allowed is not None and row["step_s"] <= allowed,
                    f"next step after {_secs(row['step_s'])} > {_secs(allowed)} allowed"),
-                  (row["pool_s"] is not None and allowed is not None and row["pool_s"] <= allowed,
-                   f"pool throughput back after {_secs(row['pool_s'])} > {_secs(allowed)} allowed")]
+                  (row["pool_s"] is not None and pool is not None and row["pool_s"] <= pool,
+                   f"pool throughput back after {_secs(row['pool_s'])} > {_secs(pool)} allowed" if pool is not None
+                   else "no bound on the pool's recovery: the restarted component was never seen running")]
     checks = [(row["completed"], f"job {row['status']}"
                + (f" ({row['status_reason']})" if row.get("status_reason") else "")),
               (row["lost"] == 0, f"{row['lost']} records lost"),
@@ -245,7 +258,8 @@ def table(rows: list[dict], title: str):
     return out
 
 
-def verdicts(rows: list[dict], console, staleness: int, detect: dict[str, str]) -> int:
+def verdicts(rows: list[dict], console, staleness: int, detect: dict[str, str],
+             detect_pool: dict[str, str] | None = None) -> int:
     """Print issue 13's criteria per row, PASS or FAIL with the reasons and notes, and the overall line;
     each row gets its ``failures``. Returns how many rows pass."""
     console.print("Pass criteria (issue 13): the job completes, 0 lost, 0 trained twice, max staleness <= S, "
@@ -257,6 +271,9 @@ def verdicts(rows: list[dict], console, staleness: int, detect: dict[str, str]) 
         passed += not r["failures"]
         allowed = "" if r["fault"] == "none" else \
             f"  [dim](allowed {_fmt(r['allowed_s'])} s: one step + {detect[r['fault']]})[/dim]"
+        if r["fault"] in (detect_pool or {}):
+            allowed = allowed.replace(")[/dim]", f"; pool {_fmt(r.get('allowed_pool_s'))} s: one step + "
+                                                 f"{detect_pool[r['fault']]})[/dim]")
         verdict = "[green]PASS[/green]" if not r["failures"] else "[red]FAIL[/red]: " + "; ".join(r["failures"])
         console.print(f"  {r['fault']:<14} {verdict}{allowed}")
         for note in r["notes"]:

@@ -78,6 +78,16 @@ def digest(directory: str | Path) -> str:
     return sink.hash.hexdigest()
 
 
+def checked_member(member: tarfile.TarInfo, seen: list[str]) -> str:
+    """The name of ``member`` of a base archive, if it is one :func:`write_archive` writes: a regular file with
+    a plain name (no separator, no leading dot) not ``seen`` before; else :class:`ArchiveError`."""
+    name = member.name
+    if (not member.isreg() or not name or name.startswith(".") or len(PurePosixPath(name).parts) != 1
+            or "\\" in name or name in seen):
+        raise ArchiveError(f"base archive: refusing member {name!r}")
+    return name
+
+
 def unpack(payload: bytes, destination: str | Path) -> list[str]:
     """Write the files of a base archive into ``destination`` (created); returns their names.
 
@@ -90,10 +100,7 @@ def unpack(payload: bytes, destination: str | Path) -> list[str]:
     try:
         with tarfile.open(fileobj=io.BytesIO(payload), mode="r:") as tar:
             for member in tar:
-                name = member.name
-                if (not member.isreg() or not name or name.startswith(".") or len(PurePosixPath(name).parts) != 1
-                        or "\\" in name or name in names):
-                    raise ArchiveError(f"base archive: refusing member {name!r}")
+                name = checked_member(member, names)
                 source = tar.extractfile(member)
                 assert source is not None  # a regular file
                 with (dest / name).open("wb") as out:

@@ -48,8 +48,9 @@ class Grant:
 
 
 def new_secret() -> str:
-    """A fresh per-job secret (256 random bits)."""
-    return secrets.token_urlsafe(32)
+    """A fresh per-job secret (256 random bits, hex: it never starts with ``-``, so it is safe as a
+    command-line value; a urlsafe token did one time in 64 and argparse took it for an option)."""
+    return secrets.token_hex(32)
 
 
 def _signature(secret: str, body: str) -> str:

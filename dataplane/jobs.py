@@ -7,6 +7,7 @@ job's statuses live here too: the site stores them, the learner reads them to pa
 
 from __future__ import annotations
 
+import difflib
 import os
 from enum import StrEnum
 from pathlib import Path
@@ -35,12 +36,29 @@ TERMINAL: frozenset[JobStatus] = frozenset({JobStatus.COMPLETED, JobStatus.FAILE
 
 
 class JobSpecError(ValueError):
-    """A job field out of bounds; ``field`` names it, ``str(err)`` says why."""
+    """A job field out of bounds; ``field`` names it, ``str(err)`` says why.
 
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
+    A spec can be wrong in several places at once (a misspelt key, a value out of bounds); ``errors`` holds
+    every ``(field, message)``, first one first, so a person fixes them in one pass, not one per attempt.
+    """
+
+    def __init__(self, field: str, message: str, *, errors: list[tuple[str, str]] | None = None) -> None:
+        self.errors = errors or [(field, message)]
+        more = f" (and {len(self.errors) - 1} more)" if len(self.errors) > 1 else ""
+        super().__init__(f"{field}: {message}{more}")
         self.field = field
         self.message = message
+
+    def by_field(self) -> dict[str, list[str]]:
+        """Every reason, by field: the ``errors`` of the API's error shape."""
+        out: dict[str, list[str]] = {}
+        for field, message in self.errors:
+            out.setdefault(field, []).append(message)
+        return out
+
+    def one_line(self) -> str:
+        """Every error on one line, for a command-line tool."""
+        return "; ".join(f"{field}: {message}" for field, message in self.errors)
 
 
 class LossConfig(BaseModel):
@@ -68,13 +86,18 @@ class LossConfig(BaseModel):
         "e.g. 0.28); default eps_low.")
     kl_beta: float = Field(default=0.0, ge=0.0, le=10.0, description="Weight of the k3 KL to the frozen base "
                            "model; 0 keeps no reference model.")
-    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] | None = Field(
+    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                         "seq-mean-token-sum-norm"] | None = Field(
         default=None, description="token-mean: over all tokens of the batch (DAPO); seq-mean-token-mean: per "
-        "sequence, then over sequences (GRPO, GSPO); seq-mean-token-sum: token sums over a constant "
-        "normalizer (Dr.GRPO). Default: token-mean for grpo, seq-mean-token-mean for gspo.")
+        "sequence, then over sequences (GRPO, GSPO); seq-mean-token-sum: token sums, then the mean over "
+        "sequences (verl's meaning); seq-mean-token-sum-norm: token sums over a constant normalizer, "
+        "B * norm_length (Dr.GRPO). Default: token-mean for grpo, seq-mean-token-mean for gspo.")
     norm_length: int | None = Field(
-        default=None, ge=1, le=1_000_000, description="Constant length normalizer of seq-mean-token-sum; "
+        default=None, ge=1, le=1_000_000, description="Constant length normalizer of seq-mean-token-sum-norm; "
         "default the job's max_new_tokens.")
+    dual_clip: float | None = Field(
+        default=None, gt=1.0, le=100.0, description="Dual-clip bound c (verl's clip_ratio_c, e.g. 3): where the "
+        "advantage is negative the surrogate is at least c * A. null: off.")
     off_policy: Literal["behaviour", "tis", "mis", "none"] = Field(
         default="behaviour", description="behaviour: PPO ratio against the worker's log-probs; tis/mis: "
         "decoupled ratio with the behaviour weight truncated per token (TIS) or masked per sequence (MIS); "
@@ -105,6 +128,11 @@ class LossConfig(BaseModel):
 
 
 class JobSpec(BaseModel):
+    """A GRPO job's settings: a job file, the body that creates a job, what the learner trains with.
+
+    What a person wrote goes through :func:`parse_job_spec`, which refuses unknown keys; the model itself
+    ignores them because the learner validates the site's whole job (id, status, ...) with it."""
+
     model_config = ConfigDict(extra="ignore")
 
     name: str = Field(min_length=1, max_length=100, description="Human-readable job name.")
@@ -131,6 +159,12 @@ class JobSpec(BaseModel):
     broadcast_strategy: BroadcastStrategy = Field(
         default="chain", description="Snapshot broadcast: chain (learner -> seeds -> chains, section 4.2), or "
         "every worker pulls from the learner (star-limited: B0 shared; star-unlimited: no cap).")
+    snapshot_dtype: Literal["bf16", "fp32"] = Field(
+        default="bf16", description="The dtype snapshots carry the weights in: bf16 (what engines serve; half the "
+        "bytes of fp32) or fp32 (the learner's own precision).")
+    snapshot_full_every: int = Field(
+        default=10, ge=1, le=10_000, description="K: every K-th published version is a full snapshot; the others "
+        "are lossless deltas against the version before (1: every version full).")
 
     @field_validator("model_dir")
     @classmethod
@@ -150,17 +184,21 @@ class JobSpec(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
+        """Checks across fields, every failing one reported: one ``field: reason`` per line."""
         if self.kappa is None:
             self.kappa = self.staleness - 1
+        problems = []
         if self.kappa >= self.staleness:
-            raise ValueError(f"kappa: must be < staleness S={self.staleness} (default S-1)")
+            problems.append(f"kappa: must be < staleness S={self.staleness} (default S-1)")
         if self.batch_trajectories % self.group_size:
-            raise ValueError(
+            problems.append(
                 f"batch_trajectories: R={self.batch_trajectories} must be a multiple of group_size n={self.group_size}"
             )
         if self.loss.clip_eps_low is None and self.clip_eps >= 1.0:
-            raise ValueError(f"clip_eps: {self.clip_eps} is the default of loss.clip_eps_low, which must be < 1; "
-                             "set loss.clip_eps_low, or a clip_eps below 1")
+            problems.append(f"clip_eps: {self.clip_eps} is the default of loss.clip_eps_low, which must be < 1; "
+                            "set loss.clip_eps_low, or a clip_eps below 1")
+        if problems:
+            raise ValueError("\n".join(problems))
         self.loss = self.loss.resolved(clip_eps=self.clip_eps, max_new_tokens=self.max_new_tokens)
         return self
 
@@ -183,14 +221,51 @@ def model_dir_problem(model_dir: str) -> str | None:
     return None
 
 
+def unknown_keys(raw: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(field, message)`` for every key of ``raw`` (and of its ``loss``) that is no job setting, each with the
+    closest known name: a misspelt ``stalenes`` would otherwise be dropped and its default used in silence."""
+    known = {name: name for name in JobSpec.model_fields} | {name: f"loss.{name}" for name in LossConfig.model_fields
+                                                            if name not in JobSpec.model_fields}
+    found = [(str(key), _did_you_mean(str(key), known)) for key in raw if key not in JobSpec.model_fields]
+    loss = raw.get("loss")
+    if isinstance(loss, dict):
+        in_loss = {name: f"loss.{name}" for name in LossConfig.model_fields}
+        found += [(f"loss.{key}", _did_you_mean(str(key), in_loss)) for key in loss if key not in in_loss]
+    return found
+
+
+def _did_you_mean(key: str, known: dict[str, str]) -> str:
+    """'unknown key', with the dotted name of the closest known key (``known``: bare name -> dotted name)."""
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    return f"unknown key (did you mean {known[close[0]]}?)" if close else "unknown key"
+
+
+def _validation_errors(err: ValidationError) -> list[tuple[str, str]]:
+    """pydantic's errors as ``(field, message)``; a cross-field check names its fields itself, one per line."""
+    out = []
+    for error in err.errors():
+        if error["type"] == "extra_forbidden":
+            continue  # reported by unknown_keys, with a suggestion
+        field = ".".join(str(p) for p in error["loc"])
+        message = error["msg"].removeprefix("Value error, ")
+        for line in message.splitlines():
+            name, reason = (field, line)
+            if not field and ":" in line:
+                name, reason = line.split(":", 1)
+            out.append((name.strip() or "job", reason.strip()))
+    return out
+
+
 def parse_job_spec(raw: dict[str, Any]) -> JobSpec:
-    """Validate ``raw``; raise :class:`JobSpecError` naming the first bad field."""
+    """Validate ``raw`` as a person wrote it: unknown keys refused (with the nearest known name), every bad
+    field reported at once; raise :class:`JobSpecError` naming the first and holding them all."""
+    if not isinstance(raw, dict):
+        raise JobSpecError("job", "must be a mapping of settings")
+    errors = unknown_keys(raw)
     try:
-        return JobSpec.model_validate(raw)
+        spec = JobSpec.model_validate(raw)
     except ValidationError as err:
-        first = err.errors()[0]
-        field = ".".join(str(p) for p in first["loc"])
-        message = first["msg"].removeprefix("Value error, ")
-        if not field and ":" in message:  # model-level checks name their field first
-            field, message = message.split(":", 1)
-        raise JobSpecError(field or "job", message.strip()) from None
+        errors += _validation_errors(err)
+    if errors:
+        raise JobSpecError(*errors[0], errors=errors)
+    return spec

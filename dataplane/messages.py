@@ -4,6 +4,11 @@ Every request an agent waits on (``lease_request``, ``trajectories``) carries an
 ``no_work``, ``accepted``, or ``rejected``) names it in ``ref_id``: the agent pairs them by id, never by order, so
 a late reply (an agent frozen past its timeout, a request given up on) is recognised and discarded.
 
+A group whose ``trajectories`` frame would exceed the site's frame limit (announced in the ``welcome``) goes as
+``trajectories_part`` frames: each carries a slice of the group's records as a valid group of its own, its index and
+the count, and the request's one ``id``; the site assembles them (``marketplace/assembly.py``) and answers the whole
+group once. A single record too big for a frame cannot be split: the agent hands its lease back (``lease_return``).
+
 Both sides parse with :func:`parse_agent_message` / :func:`parse_site_message`, so a message the other
 side cannot understand is rejected with a reason (a ``rejected`` reply) instead of being ignored.
 """
@@ -12,10 +17,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from .broadcast import BroadcastStrategy
-from .records import TrajectoryGroup, error_reason
+from .records import MAX_GROUP, TrajectoryGroup, error_reason
 
 
 class MessageError(ValueError):
@@ -40,12 +45,25 @@ class Hello(_Msg):
                                           "if any.")
 
 
+WorkerState = Literal["loading", "installing", "generating", "idle", "failed"]
+"""What an agent is doing, as it reports it in every heartbeat (and at once when it changes). The site bills an
+activation only while its worker is ``installing`` a snapshot or ``generating`` (docs/faults.md, "Billing only
+useful work"): ``loading`` (building the job's engine from its base), ``idle`` (no job, no work from the site,
+waiting for a version) and ``failed`` (the rollout loop crashed; the agent restarts it) are not billed."""
+
+BILLED_STATES: frozenset[str] = frozenset({"installing", "generating"})
+"""The states the site bills (``marketplace.billing``); the agent reports entering one at once."""
+
+
 class Heartbeat(_Msg):
     type: Literal["heartbeat"] = "heartbeat"
     throughput: float | None = Field(default=None, ge=0, le=MAX_THROUGHPUT,
                                      description="mu_i, trajectories/s over a window.")
     installed_version: int | None = Field(default=None, ge=0, le=MAX_VERSION)
     job_id: int | None = Field(default=None, ge=1)
+    state: WorkerState = Field(default="idle", description="What the agent is doing for ``job_id`` since its last "
+                               "report; an agent that reports none is idle (billed nothing).")
+    reason: str = Field(default="", max_length=200, description="Why the state is ``failed`` (the crash, short).")
 
 
 class LeaseRequest(_Msg):
@@ -71,6 +89,36 @@ class Trajectories(_Msg):
     @property
     def lease_id(self) -> str:
         return self.group.lease_id
+
+
+class TrajectoriesPart(_Msg):
+    """One slice of a group too big for one frame: ``group`` holds records ``part`` of ``parts`` (in order; each
+    slice obeys the group rules on its own, so a bad record is refused with the part that carries it). Every part of
+    one group carries the same header (job, lease, group, version), ``parts`` and ``id``; the site answers once, for
+    the whole group, after the last part (or at the first part it refuses, naming why)."""
+
+    type: Literal["trajectories_part"] = "trajectories_part"
+    group: TrajectoryGroup
+    part: int = Field(ge=0, lt=MAX_GROUP, description="This slice's index, from 0.")
+    parts: int = Field(ge=2, le=MAX_GROUP, description="How many slices the group was cut into.")
+    id: str | None = Field(default=None, min_length=1, max_length=64,
+                           description="Names the whole group's request; its one reply carries it back as ``ref_id``.")
+
+    @model_validator(mode="after")
+    def _in_range(self) -> TrajectoriesPart:
+        if self.part >= self.parts:
+            raise ValueError(f"part {self.part} is out of range for a group of {self.parts} parts")
+        return self
+
+
+class LeaseReturn(_Msg):
+    """Hand a lease back before its timeout: the agent cannot answer it (a record too big for any frame). The
+    prompt goes back to the stream at once, for the next worker that asks."""
+
+    type: Literal["lease_return"] = "lease_return"
+    job_id: int = Field(ge=1)
+    lease_id: str = Field(min_length=1, max_length=64)
+    reason: str = Field(default="", max_length=500)
 
 
 class SnapshotInstalled(_Msg):
@@ -107,7 +155,8 @@ class SnapshotRequest(_Msg):
 
 
 AgentMessage = Annotated[
-    Hello | Heartbeat | LeaseRequest | Trajectories | SnapshotInstalled | RelayFailed | SnapshotRequest,
+    Hello | Heartbeat | LeaseRequest | Trajectories | TrajectoriesPart | LeaseReturn | SnapshotInstalled | RelayFailed
+    | SnapshotRequest,
     Field(discriminator="type"),
 ]
 
@@ -118,6 +167,9 @@ class Welcome(_Msg):
     type: Literal["welcome"] = "welcome"
     worker_id: int
     heartbeat_interval: float = 5.0
+    max_message_bytes: int | None = Field(default=None, ge=1, description="The largest frame the site takes (bytes of "
+                                          "UTF-8 JSON); a bigger group goes as ``trajectories_part`` frames. None: an "
+                                          "older site, the agent assumes a conservative default.")
 
 
 class Assign(_Msg):
@@ -233,6 +285,17 @@ def _parse(adapter: TypeAdapter, raw: Any) -> Any:
 
 def parse_agent_message(raw: Any) -> AgentMessage:
     return _parse(_agent_adapter, raw)
+
+
+def parse_agent_json(text: str | bytes) -> AgentMessage:
+    """An agent message straight from its frame's text, by pydantic's own JSON parser: no tree of Python objects
+    is built first, which is most of the cost of a large group (issue 15). It accepts what
+    :func:`parse_agent_message` of the parsed text accepts; its reasons may be worded differently, so a caller that
+    shows one parses the frame that way again (see ``marketplace.consumers``)."""
+    try:
+        return _agent_adapter.validate_json(text)
+    except ValidationError as err:
+        raise MessageError(error_reason(err, default="message")) from None
 
 
 def parse_site_message(raw: Any) -> SiteMessage:

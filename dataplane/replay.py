@@ -11,9 +11,10 @@ prompts       ``echo2:job:j:prompts``: stream of prompt groups (fields ``group_i
               pending until its group returns, and one idle past the lease timeout is claimed by the next
               worker that asks (XAUTOCLAIM), so no prompt is lost. A released worker's leases are handed
               back at once (``return_leases``).
-trajectories  ``echo2:job:j:trajectories``: stream of accepted groups (fields ``lease_id``, ``data``: the
-              :class:`~dataplane.records.TrajectoryGroup` as JSON). The consumer group ``learner`` feeds
-              the trainer, which acknowledges (and deletes) an entry only once trained or dropped as stale.
+trajectories  ``echo2:job:j:trajectories``: stream of accepted groups (fields ``lease_id``, ``worker_id``: the
+              worker the site accepted it from, ``data``: the :class:`~dataplane.records.TrajectoryGroup` as
+              JSON). The consumer group ``learner`` feeds the trainer, which acknowledges (and deletes) an
+              entry only once trained or dropped as stale.
 counters      ``echo2:job:j:counters``: hash of per-job counters (accepted_groups, accepted_records, ...).
 
 Every operation rides out a Redis restart: a connection error is retried with exponential backoff and
@@ -23,12 +24,15 @@ without persistence it loses the streams: leased prompts come back from the lear
 yet trained are gone (counted by nobody) -- run Redis with AOF.
 
 Returning a group is one Lua script (loaded once, then called by its SHA): check the lease is still
-this worker's and names this group, append the group, acknowledge and delete the prompt, count it. So a
-group is accepted at most once and a prompt is never lost.
+this worker's and names this group and its prompt, append the group, acknowledge and delete the prompt, count it, and
+add the caller's :class:`TimedEvent` (the site's accepted-records evidence: its key is the caller's). So a group is
+accepted at most once, a prompt is never lost, and the whole return is one round trip. A lease is one script too:
+expired leases first (XAUTOCLAIM), fresh prompts for the remainder (XREADGROUP).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
@@ -38,10 +42,14 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import redis
+from pydantic import ValidationError
 from redis.backoff import NoBackoff
+from redis.client import NEVER_DECODE
 from redis.retry import Retry
 
-from .records import TrajectoryGroup
+from .groupcodec import decode_group, decode_packed, encode_group
+from .packed import PackedRecords, pack_records
+from .records import RecordError, TrajectoryGroup
 
 log = logging.getLogger("echo2.replay")
 T = TypeVar("T")
@@ -90,23 +98,91 @@ class LeasedPrompt:
     prompt: str
 
 
-@dataclass(frozen=True)
 class StoredGroup:
-    """A group read back from the trajectory stream, with the entry id that acknowledges it."""
+    """A group read back from the trajectory stream: the entry id that acknowledges it, the worker the site accepted
+    it from (stamped by the site, never claimed by the worker; 0 for entries written before the stamp existed), and
+    its records in columns (``packed``: what the learner trains on, ``dataplane.packed``). An entry that is not a
+    group has no ``packed`` and says why in ``problem``: the reader hands it on rather than raise, so the learner
+    quarantines it instead of crashing on it forever. ``group``, the whole validated ``TrajectoryGroup``, is built
+    from the stored JSON on first use only (the learner's hot path never asks for it)."""
 
-    entry_id: str
-    group: TrajectoryGroup
+    __slots__ = ("entry_id", "worker_id", "problem", "packed", "_group", "_data")
+
+    def __init__(self, entry_id: str, group: TrajectoryGroup | None = None, worker_id: int = 0, problem: str = "", *,
+                 packed: PackedRecords | None = None, data: bytes | str | None = None) -> None:
+        self.entry_id, self.worker_id, self.problem = entry_id, worker_id, problem
+        self._group, self._data = group, data
+        self.packed = packed if packed is not None or group is None else pack_records(group.records)
+
+    def __repr__(self) -> str:
+        return f"StoredGroup({self.entry_id!r}, worker {self.worker_id}, {self.size} records {self.problem!r})"
+
+    @property
+    def group(self) -> TrajectoryGroup | None:
+        if self._group is None and self._data is not None:
+            data, self._data = self._data, None
+            # None when it is not a valid group (its packed columns, if any, are what the learner judges)
+            with contextlib.suppress(ValidationError, RecordError):
+                self._group = decode_group(data)
+        return self._group
 
     @property
     def records(self):
-        return self.group.records
+        group = self.group
+        return group.records if group is not None else []
+
+    @property
+    def size(self) -> int:
+        """Records in the group (0 for an entry that is no group)."""
+        return len(self.packed) if self.packed is not None else 0
 
     @property
     def version(self) -> int:
-        return self.group.version
+        return self.packed.versions[0] if self.packed is not None else -1
 
 
-# KEYS: prompts, trajectories, counters. ARGV: lease id, consumer, group id, payload, prompt group, records.
+@dataclass(frozen=True)
+class TimedEvent:
+    """A member added to a time-sorted set (score ``at``), dropping members older than ``keep_after`` and keeping
+    the key ``ttl_s`` seconds: what a caller counts alongside an accepted group. The key and the member's layout
+    are the caller's (``marketplace.telemetry``); this module only writes them."""
+
+    key: str
+    member: str
+    at: float
+    keep_after: float
+    ttl_s: int
+
+
+def add_event(client: redis.Redis, event: TimedEvent) -> None:
+    """Add ``event`` on its own (one pipelined round trip)."""
+    pipe = client.pipeline()
+    pipe.zadd(event.key, {event.member: event.at})
+    pipe.zremrangebyscore(event.key, "-inf", event.keep_after)
+    pipe.expire(event.key, event.ttl_s)
+    pipe.execute()
+
+
+# KEYS: prompts. ARGV: prompt group, consumer, min idle ms, count.
+_LEASE = """
+local count = tonumber(ARGV[4])
+local out = {}
+local claimed = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], '0-0', 'COUNT', count)
+for _, entry in ipairs(claimed[2]) do
+  if entry[2] then out[#out + 1] = entry end
+end
+if #out < count then
+  local fresh = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count - #out, 'STREAMS', KEYS[1], '>')
+  if fresh then
+    for _, entry in ipairs(fresh[1][2]) do out[#out + 1] = entry end
+  end
+end
+return out
+"""
+
+# KEYS: prompts, trajectories, counters[, event set].
+# ARGV: lease id, consumer, group id, payload, prompt group, records, prompt text, worker id[, event member, at,
+# keep after, ttl].
 _RETURN_GROUP = """
 local pending = redis.call('XPENDING', KEYS[1], ARGV[5], ARGV[1], ARGV[1], 1)
 if #pending == 0 then return 'expired' end
@@ -114,14 +190,22 @@ if pending[1][2] ~= ARGV[2] then return 'taken' end
 local entry = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
 if #entry == 0 then return 'expired' end
 local fields = entry[1][2]
-local group_id
-for i = 1, #fields, 2 do if fields[i] == 'group_id' then group_id = fields[i + 1] end end
+local group_id, prompt
+for i = 1, #fields, 2 do
+  if fields[i] == 'group_id' then group_id = fields[i + 1] elseif fields[i] == 'prompt' then prompt = fields[i + 1] end
+end
 if group_id ~= ARGV[3] then return 'group' end
-local id = redis.call('XADD', KEYS[2], '*', 'lease_id', ARGV[1], 'data', ARGV[4])
+if prompt ~= ARGV[7] then return 'prompt' end
+local id = redis.call('XADD', KEYS[2], '*', 'lease_id', ARGV[1], 'worker_id', ARGV[8], 'data', ARGV[4])
 redis.call('XACK', KEYS[1], ARGV[5], ARGV[1])
 redis.call('XDEL', KEYS[1], ARGV[1])
 redis.call('HINCRBY', KEYS[3], 'accepted_groups', 1)
 redis.call('HINCRBY', KEYS[3], 'accepted_records', ARGV[6])
+if KEYS[4] then
+  redis.call('ZADD', KEYS[4], ARGV[10], ARGV[9])
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', ARGV[11])
+  redis.call('EXPIRE', KEYS[4], ARGV[12])
+end
 return id
 """
 
@@ -129,17 +213,18 @@ _RETURN_ERRORS = {
     "expired": "lease expired or unknown: its prompt was handed to another worker",
     "taken": "lease belongs to another worker",
     "group": "group_id does not match the leased prompt",
+    "prompt": "prompt: differs from the leased prompt",
 }
 
-_scripts: dict[int, redis.commands.core.Script] = {}
+_scripts: dict[tuple[int, str], redis.commands.core.Script] = {}
 
 
-def _return_script(client: redis.Redis):
-    """The return script registered on ``client`` once; redis-py calls it by SHA (EVALSHA), loading the
+def _script(client: redis.Redis, text: str):
+    """Script ``text`` registered on ``client`` once; redis-py calls it by SHA (EVALSHA), loading the
     text only when the server does not know it (after a restart or SCRIPT FLUSH)."""
-    script = _scripts.get(id(client))
+    script = _scripts.get((id(client), text))
     if script is None or script.registered_client is not client:
-        script = _scripts[id(client)] = client.register_script(_RETURN_GROUP)
+        script = _scripts[(id(client), text)] = client.register_script(text)
     return script
 
 
@@ -226,43 +311,52 @@ class ReplayBuffer:
     # ---- leases (the site, for a worker) --------------------------------------------------------
 
     def lease(self, *, worker_id: int, count: int, timeout_s: float) -> list[LeasedPrompt]:
-        """Lease up to ``count`` prompt groups to ``worker_id``: expired leases first, then fresh prompts."""
-        consumer = consumer_name(worker_id)
-        _, claimed, _ = self._retrying(lambda: self.client.xautoclaim(
-            self.prompts, PROMPT_GROUP, consumer, min_idle_time=int(timeout_s * 1000), start_id="0-0", count=count))
-        entries = [e for e in claimed if e[1]]
-        if len(entries) < count:
-            fresh = self._retrying(lambda: self.client.xreadgroup(PROMPT_GROUP, consumer, {self.prompts: ">"},
-                                                                  count=count - len(entries)))
-            for _stream, items in fresh or []:
-                entries.extend(items)
-        return [LeasedPrompt(lease_id=_text(eid), group_id=_text(_field(f, "group_id")),
-                             prompt=_text(_field(f, "prompt"))) for eid, f in entries]
+        """Lease up to ``count`` prompt groups to ``worker_id``: expired leases first, then fresh prompts (one
+        round trip: the lease script)."""
+        args = [PROMPT_GROUP, consumer_name(worker_id), int(timeout_s * 1000), count]
+        entries = self._retrying(lambda: _script(self.client, _LEASE)(keys=[self.prompts], args=args))
+        leased = []
+        for entry_id, flat in entries:
+            fields = dict(zip(flat[::2], flat[1::2], strict=True))
+            leased.append(LeasedPrompt(lease_id=_text(entry_id), group_id=_text(_field(fields, "group_id")),
+                                       prompt=_text(_field(fields, "prompt"))))
+        return leased
 
-    def return_leases(self, *, worker_id: int) -> int:
-        """Hand every prompt leased to ``worker_id`` back at once (it was released or reassigned): each is
-        claimed by a ``returned`` consumer as if idle for a day, so the next lease of any worker takes it
-        without waiting out the lease timeout. A late answer from the old worker is refused ("taken")."""
+    def return_leases(self, *, worker_id: int, lease_id: str | None = None) -> int:
+        """Hand every prompt leased to ``worker_id`` (or only ``lease_id``) back at once (it was released or
+        reassigned, or cannot answer it): each is claimed by a ``returned`` consumer as if idle for a day, so the
+        next lease of any worker takes it without waiting out the lease timeout. A late answer from the old worker
+        is refused ("taken"). Returns how many went back; :class:`LeaseError` for a ``lease_id`` that is no lease."""
+        low, high = (lease_id, lease_id) if lease_id is not None else ("-", "+")
+
         def give_back() -> int:
-            pending = self.client.xpending_range(self.prompts, PROMPT_GROUP, min="-", max="+", count=10_000,
+            pending = self.client.xpending_range(self.prompts, PROMPT_GROUP, min=low, max=high, count=10_000,
                                                  consumername=consumer_name(worker_id))
             ids = [p["message_id"] for p in pending]
             if ids:
                 self.client.xclaim(self.prompts, PROMPT_GROUP, "returned", 0, ids, idle=86_400_000, justid=True)
             return len(ids)
 
-        return self._retrying(give_back)
+        try:
+            return self._retrying(give_back)
+        except redis.ResponseError as err:  # a lease id that is not a stream id
+            raise LeaseError(f"lease_id: {lease_id!r} is not a lease ({err})") from None
 
-    def return_group(self, *, worker_id: int, group: TrajectoryGroup) -> str:
-        """Append a validated group for its lease, at most once; returns its trajectory stream id.
+    def return_group(self, *, worker_id: int, group: TrajectoryGroup, event: TimedEvent | None = None) -> str:
+        """Append a validated group for its lease, at most once, and add ``event`` with it (one round trip);
+        returns its trajectory stream id.
 
-        Raises :class:`LeaseError` when the lease expired, is another worker's or names another group.
+        Raises :class:`LeaseError` when the lease expired, is another worker's or names another group (then
+        ``event`` is not added).
         """
         keys = [self.prompts, self.trajectories, self.counters_key]
-        args = [group.lease_id, consumer_name(worker_id), group.group_id, group.model_dump_json(), PROMPT_GROUP,
-                len(group.records)]
+        args = [group.lease_id, consumer_name(worker_id), group.group_id, encode_group(group), PROMPT_GROUP,
+                len(group.records), group.records[0].prompt, worker_id]
+        if event is not None:
+            keys.append(event.key)
+            args += [event.member, repr(event.at), repr(event.keep_after), event.ttl_s]
         try:
-            result = _text(self._retrying(lambda: _return_script(self.client)(keys=keys, args=args)))
+            result = _text(self._retrying(lambda: _script(self.client, _RETURN_GROUP)(keys=keys, args=args)))
         except redis.ResponseError as err:  # e.g. a lease id that is not a stream id
             raise LeaseError(f"lease_id: {group.lease_id!r} is not a lease ({err})") from None
         if result in _RETURN_ERRORS:
@@ -285,8 +379,7 @@ class ReplayBuffer:
 
     def read(self, consumer: str, *, count: int, block_ms: int) -> list[StoredGroup]:
         """New groups for the learner's ``consumer`` (each delivered once), waiting up to ``block_ms``."""
-        reply = self._retrying(lambda: self.client.xreadgroup(LEARNER_GROUP, consumer, {self.trajectories: ">"},
-                                                              count=max(count, 1), block=max(block_ms, 1)))
+        reply = self._retrying(lambda: self._read_raw(consumer, ">", count=max(count, 1), block_ms=max(block_ms, 1)))
         return self._parse(reply)
 
     def read_pending(self, consumer: str) -> list[StoredGroup]:
@@ -294,13 +387,19 @@ class ReplayBuffer:
         out: list[StoredGroup] = []
         last = "0"
         while True:
-            reply = self._retrying(lambda last=last: self.client.xreadgroup(
-                LEARNER_GROUP, consumer, {self.trajectories: last}, count=256))
+            reply = self._retrying(lambda last=last: self._read_raw(consumer, last, count=256))
             entries = reply[0][1] if reply else []
             if not entries:
                 return out
             out.extend(self._parse(reply))
             last = _text(entries[-1][0])
+
+    def _read_raw(self, consumer: str, last: str, *, count: int, block_ms: int | None = None):
+        """XREADGROUP with the entries' fields as bytes, whatever the client decodes: a stored group is binary
+        (``dataplane.groupcodec``)."""
+        block = ["BLOCK", block_ms] if block_ms is not None else []
+        return self.client.execute_command("XREADGROUP", "GROUP", LEARNER_GROUP, consumer, "COUNT", count, *block,
+                                           "STREAMS", self.trajectories, last, **{NEVER_DECODE: True})
 
     def ack(self, entry_ids: list[str]) -> None:
         """Acknowledge and delete entries (the stream is a queue, not an archive); repeats are harmless."""
@@ -320,8 +419,21 @@ class ReplayBuffer:
             if not fields:  # deleted while still pending: nothing to train on, so acknowledge it
                 self._retrying(lambda entry_id=entry_id: self.client.xack(self.trajectories, LEARNER_GROUP, entry_id))
                 continue
-            out.append(StoredGroup(entry_id, TrajectoryGroup.model_validate_json(_field(fields, "data"))))
+            out.append(_stored(entry_id, fields))
         return out
+
+
+def _stored(entry_id: str, fields: dict) -> StoredGroup:
+    """The group of one stream entry, or the entry with the reason it is not one (see :class:`StoredGroup`)."""
+    worker = _text(_field(fields, "worker_id") or "0")
+    worker_id = int(worker) if worker.isdigit() else 0
+    data = _field(fields, "data")
+    if data is None:
+        return StoredGroup(entry_id, None, worker_id, problem="data: missing")
+    try:
+        return StoredGroup(entry_id, None, worker_id, packed=decode_packed(data), data=data)
+    except RecordError as err:
+        return StoredGroup(entry_id, None, worker_id, problem=str(err))
 
 
 def _field(fields: dict, name: str):

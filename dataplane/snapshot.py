@@ -2,8 +2,12 @@
 
 The manifest carries the version, total size, each chunk's sha256 and the learner's digest of the whole payload
 (``sha256``), so a receiver verifies every chunk on arrival and installs only a complete snapshot whose bytes
-hash to the learner's digest. The manifest reaches agents from the site (which checked its shape with
-:func:`parse_manifest`), never from a peer. Chunks come over HTTP with the worker's transfer credential
+hash to the learner's digest. A snapshot is ``full`` (the weights, in ``dtype``) or a ``delta`` against an
+earlier version (:mod:`dataplane.delta`): then ``base_version``/``base_sha256`` name the full payload it applies
+to and ``full`` is the manifest of the full payload it rebuilds, served under ``{url}full/`` to a receiver that
+lacks the base (docs/broadcast.md "Formats"). A manifest without ``kind`` (older learners) is a full one.
+The manifest reaches agents from the site (which checked its shape with :func:`parse_manifest`), never from a
+peer. Chunks come over HTTP with the worker's transfer credential
 (``Authorization: Bearer``, :mod:`dataplane.credentials`).
 """
 
@@ -13,15 +17,23 @@ import hashlib
 import math
 import urllib.error
 import urllib.request
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
+FULL = "full"  # where a delta version's full payload lives: {url}full/manifest.json, {url}full/chunks/<i>
+DeltaEncoding = Literal["xor-zstd"]
+DELTA_ENCODINGS: tuple[str, ...] = get_args(DeltaEncoding)
 
 
 class SnapshotError(ValueError):
-    pass
+    """A snapshot that cannot be had; ``status`` is the HTTP status of a server's refusal (None otherwise)."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 SHA256_HEX = r"^[0-9a-f]{64}$"
@@ -46,6 +58,39 @@ class Manifest(BaseModel):
     chunks: list[ChunkInfo] = Field(min_length=1)
     sha256: str = Field(pattern=SHA256_HEX, description="The learner's sha256 of the whole payload: a receiver "
                         "installs only bytes that hash to it.")
+    kind: Literal["full", "delta"] = Field(default="full", description="full: the payload is the weights; delta: "
+                                           "it rebuilds them from the full payload of base_version.")
+    dtype: Literal["bf16", "fp32"] | None = Field(default=None, description="The weights' floating-point dtype "
+                                                  "(None: not said; older learners published fp32).")
+    base_version: int | None = Field(default=None, ge=1, description="delta: the version it applies to.")
+    base_sha256: str | None = Field(default=None, pattern=SHA256_HEX, description="delta: the sha256 of that "
+                                    "version's full payload: a receiver holding other bytes refuses the delta.")
+    encoding: DeltaEncoding | None = Field(default=None, description="delta: how the payload encodes "
+                                                      "the difference (xor-zstd: dataplane.delta).")
+    full: Manifest | None = Field(default=None, description="delta: the manifest of the full payload it "
+                                  "rebuilds (its sha256 is the rebuilt payload's), served under {url}full/.")
+
+    @model_validator(mode="after")
+    def _kind_fits(self) -> Manifest:
+        delta_fields = {"base_version": self.base_version, "base_sha256": self.base_sha256,
+                        "encoding": self.encoding, "full": self.full}
+        if self.kind == "full":
+            given = [name for name, value in delta_fields.items() if value is not None]
+            if given:
+                raise ValueError(f"a full snapshot has no {', '.join(given)} (only a delta does)")
+            return self
+        missing = [name for name, value in delta_fields.items() if value is None]
+        if missing:
+            raise ValueError(f"a delta needs {', '.join(missing)}")
+        full = self.full
+        if self.base_version >= self.version:
+            raise ValueError(f"base_version: a delta of version {self.version} applies to an earlier version, "
+                             f"not {self.base_version}")
+        if full.kind != "full" or (full.job_id, full.version) != (self.job_id, self.version):
+            raise ValueError(f"full: must be the full snapshot of job {self.job_id} version {self.version}")
+        if (full.format, full.dtype) != (self.format, self.dtype):
+            raise ValueError("full: must have the delta's format and dtype")
+        return self
 
     @model_validator(mode="after")
     def _cut_as_built(self) -> Manifest:
@@ -75,6 +120,48 @@ def split(payload: bytes, chunk_bytes: int) -> list[bytes]:
     return [payload[i : i + chunk_bytes] for i in range(0, len(payload), chunk_bytes)] or [b""]
 
 
+class ChunkCutter:
+    """Cut bytes written piece by piece (a tensor at a time) into chunks of ``chunk_bytes``, as
+    :func:`build_manifest` cuts a whole payload, without ever holding more than one chunk: each complete chunk
+    goes to ``emit(index, data)`` at once; :meth:`finish` emits the last and returns the manifest's fields."""
+
+    def __init__(self, chunk_bytes: int, emit: Callable[[int, bytes], None]) -> None:
+        if chunk_bytes < 1:
+            raise SnapshotError(f"chunk_bytes must be >= 1, not {chunk_bytes}")
+        self.chunk_bytes, self.emit = chunk_bytes, emit
+        self.chunks: list[ChunkInfo] = []
+        self.total = 0
+        self._whole = hashlib.sha256()
+        self._buffer = bytearray()
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        position = 0
+        while position < len(view):
+            take = min(self.chunk_bytes - len(self._buffer), len(view) - position)
+            self._buffer += view[position:position + take]
+            position += take
+            if len(self._buffer) == self.chunk_bytes:
+                self._cut()
+
+    def _cut(self) -> None:
+        data = bytes(self._buffer)
+        self._buffer = bytearray()
+        self._whole.update(data)
+        self.total += len(data)
+        info = ChunkInfo(index=len(self.chunks), size=len(data), sha256=hashlib.sha256(data).hexdigest())
+        self.chunks.append(info)
+        self.emit(info.index, data)
+
+    def finish(self) -> dict[str, Any]:
+        """Emit what is left (an empty payload is one empty chunk); returns ``total_bytes``, ``chunk_bytes``,
+        ``chunks`` and ``sha256`` for a :class:`Manifest`."""
+        if self._buffer or not self.chunks:
+            self._cut()
+        return {"total_bytes": self.total, "chunk_bytes": self.chunk_bytes, "chunks": self.chunks,
+                "sha256": self._whole.hexdigest()}
+
+
 def verify_chunk(manifest: Manifest, index: int, data: bytes) -> None:
     if not 0 <= index < len(manifest.chunks):
         raise SnapshotError(f"chunk {index}: manifest has {len(manifest.chunks)} chunks")
@@ -83,15 +170,29 @@ def verify_chunk(manifest: Manifest, index: int, data: bytes) -> None:
         raise SnapshotError(f"chunk {index} of version {manifest.version}: sha256 mismatch")
 
 
-def assemble(manifest: Manifest, chunks: dict[int, bytes]) -> bytes:
-    """Join verified chunks; raise unless every chunk is present and the whole payload hashes right."""
+def ordered_chunks(manifest: Manifest, chunks: Mapping[int, bytes]) -> list[bytes]:
+    """The verified chunks in order, hashed as one payload without joining them (no second copy of a model);
+    raise unless every chunk is present and the whole payload hashes to the learner's digest."""
     missing = [c.index for c in manifest.chunks if c.index not in chunks]
     if missing:
         raise SnapshotError(f"version {manifest.version}: missing chunks {missing[:5]}")
-    payload = b"".join(chunks[c.index] for c in manifest.chunks)
-    if hashlib.sha256(payload).hexdigest() != manifest.sha256:
+    ordered = [chunks[c.index] for c in manifest.chunks]
+    whole = hashlib.sha256()
+    for data in ordered:
+        whole.update(data)
+    if whole.hexdigest() != manifest.sha256:
         raise SnapshotError(f"version {manifest.version}: payload sha256 mismatch")
-    return payload
+    return ordered
+
+
+def assemble(manifest: Manifest, chunks: Mapping[int, bytes]) -> bytes:
+    """Join verified chunks; raise unless every chunk is present and the whole payload hashes right."""
+    return b"".join(ordered_chunks(manifest, chunks))
+
+
+def full_url(url: str) -> str:
+    """Where a delta version's full payload is served, given the version's URL."""
+    return f"{url.rstrip('/')}/{FULL}/"
 
 
 def parse_manifest(raw: Any) -> Manifest:
@@ -127,19 +228,26 @@ def fetch_chunk(base_url: str, manifest: Manifest, index: int, *, timeout: float
             if 400 <= err.code < 500 or attempt == retries:
                 reason = err.read(500).decode(errors="replace").strip() or err.reason
                 raise SnapshotError(f"chunk {index} of version {manifest.version} from {url}: {err.code} "
-                                    f"{reason}") from None
+                                    f"{reason}", status=err.code) from None
         except (OSError, SnapshotError) as err:
             if attempt == retries:
                 raise SnapshotError(f"chunk {index} of version {manifest.version} from {url}: {err}") from None
     raise AssertionError("unreachable")
 
 
-def fetch_payload(base_url: str, manifest: Manifest, *, timeout: float = 30.0, retries: int = 3,
-                  credential: str | None = None) -> bytes:
-    """Every chunk of ``manifest`` from a snapshot server (:func:`fetch_chunk`), joined and checked whole against
-    the learner's digest: the path of an agent without a chain parent. Nothing is returned unless every chunk
-    verified; turning the bytes into tensors is the receiver's business (this plane imports no torch)."""
+def fetch_chunks(base_url: str, manifest: Manifest, *, timeout: float = 30.0, retries: int = 3,
+                 credential: str | None = None) -> list[bytes]:
+    """Every chunk of ``manifest`` from a snapshot server (:func:`fetch_chunk`), in order and checked whole
+    against the learner's digest (:func:`ordered_chunks`): the path of an agent without a chain parent. Nothing
+    is returned unless every chunk verified; turning the bytes into tensors is the receiver's business (this
+    plane imports no torch)."""
     chunks = {info.index: fetch_chunk(base_url, manifest, info.index, timeout=timeout, retries=retries,
                                       credential=credential)
               for info in manifest.chunks}
-    return assemble(manifest, chunks)
+    return ordered_chunks(manifest, chunks)
+
+
+def fetch_payload(base_url: str, manifest: Manifest, *, timeout: float = 30.0, retries: int = 3,
+                  credential: str | None = None) -> bytes:
+    """:func:`fetch_chunks`, joined into one payload."""
+    return b"".join(fetch_chunks(base_url, manifest, timeout=timeout, retries=retries, credential=credential))

@@ -13,6 +13,7 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.urls import path  # noqa: E402
 
+from frontend import dist  # noqa: E402
 from frontend.consumers import JobLiveConsumer  # noqa: E402
 from marketplace.consumers import AgentConsumer  # noqa: E402
 
@@ -21,6 +22,8 @@ websocket_urlpatterns = [
     # Dashboards are browsers: check the Origin and use the session login.
     path("ws/jobs/<int:job_id>/", AllowedHostsOriginValidator(AuthMiddlewareStack(JobLiveConsumer.as_asgi()))),
 ]
+
+dist.log_startup()  # which agent wheel providers get, or why none
 
 application = ProtocolTypeRouter(
     {

@@ -9,6 +9,7 @@ and shows the job's progress until it ends. Ctrl-C stops every process it starte
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -50,6 +51,8 @@ class Stack:
         proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         self.procs.append((name, proc))
+        pids = {n: p.pid for n, p in self.procs}
+        (self.workdir / "pids.json").write_text(json.dumps(pids))  # what an operator (or a test) may check
         return proc
 
     def run(self, *argv: str) -> str:
@@ -74,6 +77,14 @@ class Stack:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+class Stopped(Exception):
+    """SIGTERM or SIGHUP: stop everything the demo started, as Ctrl-C does."""
+
+
+def _raise_stopped(signum, _frame) -> None:
+    raise Stopped(signal.Signals(signum).name)
 
 
 def wait_for(check, what: str, timeout: float = 60.0) -> None:
@@ -110,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
                DJANGO_SETTINGS_MODULE="echo2_site.settings", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", ECHO2_WORKER_TIMEOUT_S="20")
     stack = Stack(workdir, env)
+    for signum in (signal.SIGTERM, signal.SIGHUP):  # each child runs in its own session: they get no signal
+        signal.signal(signum, _raise_stopped)
     redis_server = shutil.which("redis-server")
     if redis_server is None:
         console.print("[red]redis-server is not installed; `make demo` installs it (apt-get install redis-server)")
@@ -134,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print("\ninterrupted")
         return 130
+    except Stopped as sig:
+        console.print(f"\n{sig}: stopping")
+        return 128 + signal.Signals[str(sig)].value
     except RuntimeError as err:
         console.print(f"[red]demo failed: {err}")
         return 1
@@ -187,8 +203,9 @@ def _launch_job(console, stack: Stack, api: httpx.Client, server: str, token: st
     api.post(f"jobs/{job['id']}/start/").raise_for_status()
     stack.start("learner", str(BIN / "echo2-learner"), "--server", server, "--job", str(job["id"]),
                 "--token-file", _token_file(workdir, "demo", token), "--redis", redis_url,
-                "--snapshot-dir", str(workdir / "snapshots"))
-    console.print(f"job {job['id']} started; dashboard: {server}/jobs/{job['id']}/")
+                "--snapshot-dir", str(workdir / "snapshots"), "--logdir", str(workdir / "runs"))
+    console.print(f"job {job['id']} started; dashboard: {server}/jobs/{job['id']}/; TensorBoard: "
+                  f"tensorboard --logdir {workdir / 'runs'}")
     return job
 
 
@@ -212,8 +229,6 @@ def _create_users(stack: Stack, py: str) -> dict[str, str]:
         "    out[name] = api_token_issue(user=user)\n"
         "print(json.dumps(out))\n"
     )
-    import json
-
     return json.loads(stack.run(py, "manage.py", "shell", "-c", script).strip().splitlines()[-1])
 
 

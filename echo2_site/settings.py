@@ -78,7 +78,8 @@ CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
 # HTTPS (README "Production"): secure by default when DEBUG is off. A plain-HTTP deployment on a trusted network
 # (docker/compose.yaml) turns them off explicitly. Behind a TLS-terminating proxy, name the header it sets.
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
-SECURE_REDIRECT_EXEMPT = env_list("SECURE_REDIRECT_EXEMPT")  # path regexes served over plain HTTP too
+# Path regexes served over plain HTTP too; the probes always are (a container's healthcheck speaks plain HTTP).
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", *env_list("SECURE_REDIRECT_EXEMPT")]
 SECURE_PROXY_SSL_HEADER = proxy_ssl_header(os.environ.get("SECURE_PROXY_SSL_HEADER", ""))
 SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 365 * 24 * 3600)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", not DEBUG)
@@ -135,9 +136,12 @@ TEMPLATES = [
 WSGI_APPLICATION = None
 ASGI_APPLICATION = "echo2_site.asgi.application"
 
+# Connections persist (CONN_MAX_AGE seconds, checked before reuse): a new connection per agent message was a large
+# share of the site's time under load (issue 15). 0 closes one at the end of each request, as Django's default.
 DATABASES = {
     "default": dj_database_url.parse(
-        os.environ.get("DATABASE_URL") or f"sqlite:///{DATA_DIR / 'echo2.sqlite3'}", conn_max_age=0
+        os.environ.get("DATABASE_URL") or f"sqlite:///{DATA_DIR / 'echo2.sqlite3'}",
+        conn_max_age=env_int("CONN_MAX_AGE", 60), conn_health_checks=True,
     )
 }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
@@ -151,7 +155,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "BACKEND": "marketplace.channel_layer.ResilientRedisChannelLayer",
         "CONFIG": {"hosts": [REDIS_URL], "prefix": os.environ.get("ECHO2_CHANNEL_PREFIX", "echo2")},
     }
 }
@@ -172,6 +176,10 @@ CELERY_TASK_TIME_LIMIT = 90
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A site process enqueuing a task while Redis restarts retries for about 3 s (0.1 s doubling to 1 s), then logs
+# and goes on (services.base.enqueue_task): beat runs every enqueued task again. Workers reconnect by themselves.
+CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 5, "interval_start": 0.1, "interval_step": 0.3,
+                                    "interval_max": 1.0}
 CELERY_BEAT_SCHEDULE = {
     "replan-running-jobs": {"task": "marketplace.tasks.replan_running_jobs", "schedule": 5.0},
     "expire-silent-workers": {"task": "marketplace.tasks.expire_silent_workers", "schedule": 10.0},
@@ -246,6 +254,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "JobStatusEnum": "marketplace.models.Job.Status",
         "WorkerStatusEnum": "marketplace.models.Worker.Status",
+        "JobStateEnum": "marketplace.models.Activation.State",
     },
 }
 
@@ -262,6 +271,9 @@ ECHO2 = {
     "REDIS_RETRY_S": float(os.environ.get("ECHO2_REDIS_RETRY_S", "5.0")),
     # A running job whose learner is silent this long turns "stalled" and its workers are released.
     "LEARNER_TIMEOUT_S": float(os.environ.get("ECHO2_LEARNER_TIMEOUT_S", "90.0")),
+    # An active worker whose agent reports its rollout loop failed (crashing and being restarted) for this long is
+    # released, so the scheduler can activate another; failed time is never billed (docs/faults.md).
+    "ROLLOUT_FAILED_RELEASE_S": env_float("ECHO2_ROLLOUT_FAILED_RELEASE_S", 120.0),
     # Lifetime of a weight-transfer credential (docs/trust.md), re-issued with every snapshot message (publication,
     # repair, assignment). It must outlast a whole download at the slowest link: the learner's HTTP server checks
     # it on every chunk, a relay at each hello.
@@ -276,8 +288,12 @@ ECHO2 = {
     "AGENT_MESSAGES_PER_S": env_float("ECHO2_AGENT_MESSAGES_PER_S", 50.0),
     "AGENT_MESSAGE_BURST": env_float("ECHO2_AGENT_MESSAGE_BURST", 200.0),
     "AGENT_ABUSE_CLOSE_AFTER": env_int("ECHO2_AGENT_ABUSE_CLOSE_AFTER", 50),
-    # Largest agent websocket frame (bytes). A legal group of 16 x 4096 tokens is about 1.8 MiB of JSON; a bigger
-    # frame is refused and the socket closed with 4413. daphne's own limits must lie above it (DAPHNE_* below).
+    # How long an agent socket may check leases and groups against the running job it read (marketplace/jobcache.py)
+    # without reading it again; every push that changes it (assign, release, snapshot) drops it sooner. 0: read always.
+    "AGENT_STATE_MAX_AGE_S": env_float("ECHO2_AGENT_STATE_MAX_AGE_S", 2.0),
+    # Largest agent websocket frame (bytes), announced to agents in the welcome. A legal group of 16 x 4096 tokens is
+    # about 1.8 MiB of JSON; a bigger group comes as `trajectories_part` frames (docs/trust.md); a bigger frame is
+    # refused and the socket closed with 4413. daphne's own limits must lie above it (DAPHNE_* below).
     "WS_MAX_MESSAGE_BYTES": env_int("ECHO2_WS_MAX_MESSAGE_BYTES", 8 << 20),
     # Deepest nesting of JSON objects and arrays accepted on the API and the agent websocket (ours need < 10).
     "JSON_MAX_DEPTH": env_int("ECHO2_JSON_MAX_DEPTH", 32),
@@ -286,6 +302,15 @@ ECHO2 = {
     # ranges only where the whole marketplace runs on one private network (docker/compose.yaml).
     "ALLOW_LOOPBACK_PEERS": env_bool("ECHO2_ALLOW_LOOPBACK_PEERS", DEBUG),
     "ALLOW_PRIVATE_PEERS": env_bool("ECHO2_ALLOW_PRIVATE_PEERS", False),
+    # A worker whose records failed this many of the learners' audits (all jobs) is suspended (docs/trust.md).
+    "AUDIT_SUSPEND_AFTER": env_int("ECHO2_AUDIT_SUSPEND_AFTER", 3),
+    # GET /metrics (Prometheus) with "Authorization: Bearer <this>"; unset, only a staff session may scrape.
+    "METRICS_TOKEN": os.environ.get("ECHO2_METRICS_TOKEN", ""),
+    # /readyz says Celery is down when no beat task ran for this long (beat runs replan_running_jobs every 5 s).
+    "CELERY_STALE_S": env_float("ECHO2_CELERY_STALE_S", 30.0),
+    # Where scripts/build-wheel.sh put the agent's wheel, served at /dist/ (frontend/dist.py). Not under
+    # ECHO2_DATA_DIR: the wheel is built once per checkout (make install) or image, not per data directory.
+    "DIST_DIR": Path(os.environ.get("ECHO2_DIST_DIR") or BASE_DIR / "var" / "dist"),
 }
 # daphne drops (without a close reason) any websocket message above its limit, 1 MiB by default: it must exceed
 # the site's own limit, so that frames between the two get the site's reason and close code (4413).

@@ -7,11 +7,13 @@ import typing
 
 from django import forms
 
+from dataplane.jobfiles import JobFileError, file_kind, read_job_text
 from dataplane.jobs import JobSpec, JobSpecError, LossConfig, parse_job_spec
 from dataplane.tasks import available_tasks
 
 _FIELDS = JobSpec.model_fields
 _LOSS = LossConfig.model_fields
+MAX_JOB_FILE_BYTES = 64 * 1024
 LOSS_PREFIX = "loss_"  # the form field of LossConfig's ``kl_beta`` is ``loss_kl_beta`` (JobSpecError: "loss.kl_beta")
 
 
@@ -54,6 +56,12 @@ class JobLaunchForm(forms.Form):
                                            choices=_literal_choices(_FIELDS["broadcast_strategy"].annotation),
                                            initial=_FIELDS["broadcast_strategy"].default,
                                            help_text=_help("broadcast_strategy"))
+    snapshot_dtype = forms.ChoiceField(label="Snapshot dtype", required=False,
+                                       choices=_literal_choices(_FIELDS["snapshot_dtype"].annotation),
+                                       initial=_FIELDS["snapshot_dtype"].default, help_text=_help("snapshot_dtype"))
+    snapshot_full_every = forms.IntegerField(label="K (a full snapshot every K versions)", required=False,
+                                             initial=_FIELDS["snapshot_full_every"].default,
+                                             help_text=_help("snapshot_full_every"))
     learning_rate = forms.FloatField(initial=1e-3, help_text=_help("learning_rate"))
     clip_eps = forms.FloatField(label="clip ε", initial=0.2, help_text=_help("clip_eps"))
     max_steps = forms.IntegerField(initial=300, help_text=_help("max_steps"))
@@ -73,6 +81,7 @@ class JobLaunchForm(forms.Form):
     loss_off_policy = _loss_field("off_policy", forms.ChoiceField, "Off-policy correction")
     loss_is_cap = _loss_field("is_cap", forms.FloatField, "IS cap C")
     loss_max_grad_norm = _loss_field("max_grad_norm", forms.FloatField, "Max gradient norm")
+    loss_dual_clip = _loss_field("dual_clip", forms.FloatField, "Dual-clip bound c")
     t_train_s = forms.FloatField(label="Expected T_train (s)", required=False,
                                  help_text="Seconds per learner step, for the plan only; blank: what an earlier "
                                            "job of this model and task measured, else the calibration phase.")
@@ -84,7 +93,8 @@ class JobLaunchForm(forms.Form):
     fieldsets = (
         ("Job", ("name", "model_dir", "task_name", "task_options", "start_now")),
         ("Staleness and capacity", ("staleness", "kappa", "batch_trajectories", "group_size", "gamma",
-                                    "learner_uplink_mbps", "broadcast_strategy")),
+                                    "learner_uplink_mbps", "broadcast_strategy", "snapshot_dtype",
+                                    "snapshot_full_every")),
         ("Training", ("learning_rate", "clip_eps", "max_steps", "target_reward")),
         ("Sampling", ("max_new_tokens", "temperature", "top_p", "seed")),
         ("Loss", tuple(LOSS_PREFIX + name for name in _LOSS)),
@@ -125,7 +135,43 @@ class JobLaunchForm(forms.Form):
         try:
             self.spec = parse_job_spec(raw)
         except JobSpecError as err:
-            field = {"task": "task_options", "learner_uplink_bps": "learner_uplink_mbps"}.get(
-                err.field, err.field.replace("loss.", LOSS_PREFIX))
-            self.add_error(field if field in self.fields else None, err.message)
+            for name, message in err.errors:  # every one, by the form field that holds it
+                field = {"task": "task_options", "learner_uplink_bps": "learner_uplink_mbps"}.get(
+                    name, name.replace("loss.", LOSS_PREFIX))
+                self.add_error(field if field in self.fields else None, message)
         return data
+
+
+def job_file_initial(upload) -> tuple[dict, list[str]]:
+    """The launch form's values from an uploaded TOML or YAML job file, and every problem with it.
+
+    The file is checked by the same ``parse_job_spec`` as a launch (unknown keys with the nearest name, every
+    bad field at once); the form is filled with what the file says, not the resolved spec, so that a default
+    tied to another field (``loss.clip_eps_low``: clip ε) still follows it when that field is edited.
+    """
+    if upload is None:
+        return {}, ["choose a .toml or .yaml job file first"]
+    if upload.size > MAX_JOB_FILE_BYTES:
+        return {}, [f"{upload.name}: larger than {MAX_JOB_FILE_BYTES // 1024} KiB; a job file is a few lines"]
+    try:
+        raw = read_job_text(upload.read().decode("utf-8"), kind=file_kind(upload.name), name=upload.name)
+        parse_job_spec(raw)
+    except UnicodeDecodeError:
+        return {}, [f"{upload.name}: not UTF-8 text"]
+    except JobFileError as err:
+        return {}, [str(err)]
+    except JobSpecError as err:
+        return {}, [f"{field}: {message}" for field, message in err.errors]
+    return _initial_from_raw(raw), []
+
+
+def _initial_from_raw(raw: dict) -> dict:
+    """A job file's settings as the launch form's fields (task name and options, Mbit/s, ``loss_*``)."""
+    initial = {k: v for k, v in raw.items() if k in _FIELDS and not isinstance(v, dict) and v is not None}
+    task = dict(raw["task"])
+    initial["task_name"] = task.pop("name", "")
+    initial["task_options"] = json.dumps(task)
+    if "learner_uplink_bps" in raw:
+        initial["learner_uplink_mbps"] = raw["learner_uplink_bps"] * 8 / 1e6
+    initial |= {LOSS_PREFIX + k: v for k, v in (raw.get("loss") or {}).items() if v is not None}
+    return initial

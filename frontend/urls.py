@@ -1,6 +1,6 @@
 from django.urls import path, re_path
 
-from . import views
+from . import dist, views
 
 app_name = "frontend"
 urlpatterns = [
@@ -11,4 +11,7 @@ urlpatterns = [
     path("provider/", views.provider_workers, name="provider-workers"),
     path("provider/token/", views.api_token, name="api-token"),
     path("marketplace/", views.marketplace_overview, name="marketplace"),
+    # the agent's wheel, for `pip install` (no login: pip sends none, and the agent is no secret)
+    path(f"dist/{dist.ALIAS}", dist.wheel_alias, name="dist-alias"),
+    path("dist/<str:filename>", dist.wheel, name="dist-wheel"),
 ]

@@ -12,7 +12,8 @@ from django.views.decorators.http import require_POST
 from marketplace import scheduling, selectors, services
 from marketplace.models import Job, Worker
 
-from .forms import JobLaunchForm
+from . import dist
+from .forms import JobLaunchForm, job_file_initial
 
 
 @login_required
@@ -50,7 +51,7 @@ def provider_workers(request, new_token: str | None = None):
         worker.earnings = earnings.get(worker.pk, {"hours": 0.0, "earned_usd": 0.0})
     return render(request, "frontend/provider_workers.html", {
         "workers": workers, "has_token": new_token is not None or selectors.user_has_api_token(request.user),
-        "new_token": new_token, "server": request.build_absolute_uri("/")})
+        "new_token": new_token, "server": request.build_absolute_uri("/"), **dist.install_context(request)})
 
 
 @login_required
@@ -87,8 +88,14 @@ def job_launch(request):
 
     "Preview plan" (a second submit button, so it works without JavaScript) validates the form like a
     launch, shows the plan (``scheduling.spec_plan``) and creates nothing. Until then, and while the form
-    has errors, the panel lists the workers available now.
+    has errors, the panel lists the workers available now. "Fill from file" fills the form from an uploaded
+    TOML or YAML job file, or lists every problem with it.
     """
+    if "load" in request.POST:  # "Fill from file": the form, filled from the uploaded job file; nothing launched
+        initial, file_errors = job_file_initial(request.FILES.get("job_file"))
+        form = JobLaunchForm(initial=initial)
+        return render(request, "frontend/job_launch.html", {"form": form, "file_errors": file_errors,
+                                                            "available": scheduling.available_workers()})
     form = JobLaunchForm(request.POST or None)
     plan = None
     if request.method == "POST" and form.is_valid():

@@ -1,11 +1,16 @@
-"""Turn validated trajectory records into padded training tensors and score them under a policy."""
+"""Turn trajectory records (validated models, or the columns the learner reads: ``dataplane.packed``) into padded
+training tensors, and score them under a policy."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from dataplane.packed import PackedRecords, pack_records
 from dataplane.records import Trajectory
 
 
@@ -45,33 +50,86 @@ class Batch:
         return Batch(**out)
 
 
+class Workspace:
+    """Buffers kept from one batch to the next (grown, never shrunk), so collating a batch allocates nothing new.
+
+    A fresh array of a few megabytes costs a page fault per 4 KiB page on first touch (measured on the 2-core
+    machine: a 640-token batch's three columns took a millisecond to join in fresh memory, 0.1 ms in reused
+    memory), more than the copy itself. What :func:`concat` and :func:`collate_packed` return from a workspace
+    lives in it: valid until the next call on the same workspace with the same buffer name."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, np.ndarray] = {}
+
+    def take(self, name: str, shape: tuple[int, ...], dtype: type) -> np.ndarray:
+        size = math.prod(shape)
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.dtype != dtype or buffer.size < size:
+            buffer = self._buffers[name] = np.empty(size + size // 4, dtype=dtype)
+        return buffer[:size].reshape(shape)
+
+
+_PER_RECORD = ("group_ids", "versions", "rewards", "prompts", "completions", "prompt_lens", "completion_lens")
+_FLAT = (("tokens", np.int64), ("logprobs", np.float64), ("mask", np.int64))
+
+
+def concat(packs: Iterable[PackedRecords], workspace: Workspace | None = None) -> PackedRecords:
+    """The records of ``packs`` one after the other, each flat column joined by numpy in one copy (into
+    ``workspace`` when given)."""
+    packs = list(packs)
+    if len(packs) == 1:
+        return packs[0]
+    per_record = [[x for pack in packs for x in getattr(pack, name)] for name in _PER_RECORD]
+    flat = []
+    for name, dtype in _FLAT:
+        parts = [np.frombuffer(getattr(pack, name), dtype=dtype) for pack in packs]
+        size = sum(len(part) for part in parts)
+        out = workspace.take(name, (size,), dtype) if workspace is not None else np.empty(size, dtype=dtype)
+        flat.append(np.concatenate(parts, out=out) if parts else out)
+    return PackedRecords(*per_record, *flat)
+
+
 def collate(records: list[Trajectory], *, pad_id: int) -> Batch:
     """Pad ``records`` on the right into one batch; groups are numbered in order of first appearance."""
-    width = max(len(r.prompt_ids) + len(r.completion_ids) for r in records)
-    size = len(records)
-    input_ids = torch.full((size, width), pad_id, dtype=torch.long)
-    attention = torch.zeros((size, width), dtype=torch.long)
-    token_mask = torch.zeros((size, width - 1), dtype=torch.float32)
-    behaviour = torch.zeros((size, width - 1), dtype=torch.float32)
+    return collate_packed(pack_records(records), pad_id=pad_id)
+
+
+def collate_packed(packed: PackedRecords, *, pad_id: int, workspace: Workspace | None = None) -> Batch:
+    """:func:`collate` of records in columns: each tensor filled from the packed arrays in one copy (a boolean mask
+    takes the flat values in row-major order, which is the packed order), in ``workspace``'s buffers when given
+    (else freshly allocated). The index arithmetic is numpy's (a small operation costs a microsecond there, several
+    in torch); the tensors share the arrays' memory."""
+    size = len(packed)
+    if not size:
+        raise ValueError("a batch needs at least one record")
+    space = workspace or Workspace()
+    prompt = np.array(packed.prompt_lens, dtype=np.int64)
+    seq = prompt + np.array(packed.completion_lens, dtype=np.int64)
+    width = int(seq.max())
+    positions = np.arange(width)
+    filled = positions < seq[:, None]  # [B, L]: the record's tokens, then padding
+    input_ids = space.take("input_ids", (size, width), np.int64)
+    input_ids.fill(pad_id)
+    input_ids[filled] = np.frombuffer(packed.tokens, dtype=np.int64)
+    attention = space.take("attention", (size, width), np.int64)
+    attention[...] = filled
+    # position t scores token t + 1: the completion is scored from the prompt's last position on
+    scored = (positions[:-1] >= prompt[:, None] - 1) & (positions[:-1] < seq[:, None] - 1)  # [B, L-1]
+    token_mask, behaviour = (space.take(name, (size, width - 1), np.float32) for name in ("token_mask", "behaviour"))
+    token_mask.fill(0.0)
+    token_mask[scored] = np.frombuffer(packed.mask, dtype=np.int64)
+    behaviour.fill(0.0)
+    behaviour[scored] = np.frombuffer(packed.logprobs, dtype=np.float64)
     groups: dict[str, int] = {}
-    for row, rec in enumerate(records):
-        seq = rec.prompt_ids + rec.completion_ids
-        input_ids[row, : len(seq)] = torch.tensor(seq)
-        attention[row, : len(seq)] = 1
-        start = len(rec.prompt_ids) - 1  # position predicting the first completion token
-        n = len(rec.completion_ids)
-        mask = rec.loss_mask if rec.loss_mask is not None else [1] * n
-        token_mask[row, start : start + n] = torch.tensor(mask, dtype=torch.float32)
-        behaviour[row, start : start + n] = torch.tensor(rec.logprobs, dtype=torch.float32)
-        groups.setdefault(rec.group_id, len(groups))
+    index = [groups.setdefault(g, len(groups)) for g in packed.group_ids]
     return Batch(
-        input_ids=input_ids,
-        attention=attention,
-        token_mask=token_mask,
-        behaviour_logp=behaviour,
-        rewards=torch.tensor([r.reward for r in records], dtype=torch.float32),
-        group_index=torch.tensor([groups[r.group_id] for r in records], dtype=torch.long),
-        versions=torch.tensor([r.version for r in records], dtype=torch.long),
+        input_ids=torch.from_numpy(input_ids),
+        attention=torch.from_numpy(attention),
+        token_mask=torch.from_numpy(token_mask),
+        behaviour_logp=torch.from_numpy(behaviour),
+        rewards=torch.from_numpy(np.array(packed.rewards, dtype=np.float32)),
+        group_index=torch.from_numpy(np.array(index, dtype=np.int64)),
+        versions=torch.from_numpy(np.array(packed.versions, dtype=np.int64)),
     )
 
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import logging.handlers
 import os
+import queue
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +34,8 @@ def run(settings: LearnerSettings) -> None:
     \b
     A restarted learner resumes from its checkpoint. Data-parallel on 2 GPUs:
       torchrun --nproc-per-node 2 -m learner.cli --server URL --job 3 --token-file FILE --device cuda
+    Sharded (FSDP) over 8 GPUs, bf16 compute (several machines: docs/learner.md):
+      torchrun --nproc-per-node 8 -m learner.cli ... --device cuda --parallel fsdp --bf16
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s learner: %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -40,7 +44,7 @@ def run(settings: LearnerSettings) -> None:
 
     site = SiteClient(settings.server, settings.token, timeout=settings.site_timeout_s)
     try:
-        status = run_job(site, settings)
+        status = _logged_from_a_thread(run_job, site, settings)
     except SiteError as err:
         _fail(str(err), settings.debug)
     except KeyboardInterrupt:
@@ -58,6 +62,21 @@ def run(settings: LearnerSettings) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def _logged_from_a_thread(run_job: Callable[..., Any], *args: Any) -> Any:
+    """``run_job(*args)`` with its log lines written by a thread of their own, so a write to a slow disk never holds
+    a training step up (it took a few ms a line on the busy 2-core machine); every line is out before it returns."""
+    root = logging.getLogger()
+    handlers, records = list(root.handlers), queue.SimpleQueue()
+    listener = logging.handlers.QueueListener(records, *handlers, respect_handler_level=True)
+    root.handlers = [logging.handlers.QueueHandler(records)]
+    listener.start()
+    try:
+        return run_job(*args)
+    finally:
+        listener.stop()
+        root.handlers = handlers
 
 
 def _settings_command(target: Callable[[LearnerSettings], None]) -> Callable[..., None]:
@@ -125,6 +144,46 @@ def init_model(
         _fail(str(err), False)
     path = build_tiny_model(directory, alphabet=adapter.alphabet, hidden=hidden, layers=layers, seed=seed)
     typer.echo(json.dumps({"model_dir": str(path.resolve())}))
+
+
+@app.command("export")
+def export_model(
+    job: Annotated[int, typer.Option("--job", help="Job id.")],
+    out: Annotated[Path, typer.Option("--out", help="Directory to write (created; must be empty).")],
+    snapshot_dir: Annotated[Path, typer.Option(help="The learner's --snapshot-dir.")] = Path("var/snapshots"),
+    version: Annotated[int | None, typer.Option(min=0, help="Snapshot version (default: the newest on disk).")] = None,
+    checkpoint: Annotated[bool, typer.Option("--checkpoint", help="Export the last checkpoint's model (the final "
+                                             "model, published or not) instead of a snapshot.")] = False,
+    checkpoint_dir: Annotated[Path | None, typer.Option(help="The learner's --checkpoint-dir, if it gave one.")] = None,
+    bf16: Annotated[bool, typer.Option("--bf16", help="Cast floating weights to bfloat16 (default: as trained).")]
+    = False,
+    debug: Annotated[bool, typer.Option(help="Show full tracebacks.")] = False,
+) -> None:
+    """Write a job's model as a Hugging Face directory (config, tokenizer, model.safetensors) from this machine's
+    snapshot directory: what AutoModelForCausalLM.from_pretrained and vLLM load as is.
+
+    \b
+    Examples:
+      echo2-learner export --job 3 --out models/job3            # the newest snapshot on disk
+      echo2-learner export --job 3 --version 10 --bf16 --out models/job3-v10
+      echo2-learner export --job 3 --checkpoint --out models/job3-final
+    """
+    from dataplane.export import ExportError
+    from dataplane.snapshot import SnapshotError
+
+    from .export import export_checkpoint, export_version
+
+    dtype = "bf16" if bf16 else "as-trained"
+    try:
+        if checkpoint and version is not None:
+            raise ExportError("give --version or --checkpoint, not both")
+        if checkpoint:
+            written = export_checkpoint(snapshot_dir, job, out, checkpoint_dir=checkpoint_dir, dtype=dtype)
+        else:
+            written = export_version(snapshot_dir, job, out, version=version, dtype=dtype)
+    except (ExportError, SnapshotError, OSError) as err:
+        _fail(str(err), debug)
+    typer.echo(json.dumps(written))
 
 
 def _fail(message: str, debug: bool) -> None:

@@ -67,12 +67,16 @@ class SiteClient:
     def job(self, job_id: int) -> dict:
         return self._request("GET", f"jobs/{job_id}/")
 
-    def announce(self, job_id: int, *, t_train: float | None, relay_address: str | None = None) -> dict:
-        """Tell the site the learner is up; the reply is the job and its ``transfer_secret`` (docs/trust.md)."""
+    def announce(self, job_id: int, *, t_train: float | None, relay_address: str | None = None,
+                 vocab_size: int | None = None, retries: int | None = None) -> dict:
+        """Tell the site the learner is up; the reply is the job and its ``transfer_secret`` (docs/trust.md).
+        ``vocab_size``: the model's embedding rows, which the site checks returned token ids against."""
         body: dict[str, Any] = {"t_train": t_train}
         if relay_address is not None:
             body["relay_address"] = relay_address
-        return self._request("POST", f"jobs/{job_id}/learner/", json=body)
+        if vocab_size is not None:
+            body["vocab_size"] = vocab_size
+        return self._request("POST", f"jobs/{job_id}/learner/", json=body, retries=retries)
 
     def report(self, job_id: int, metrics: dict, *, retries: int | None = None) -> dict:
         return self._request("POST", f"jobs/{job_id}/metrics/", json=metrics, retries=retries)

@@ -5,16 +5,28 @@ Entries (one GRPO group each) are read through the ``learner`` consumer group. A
 acknowledged. An admissible group is acknowledged only once the update that trained on it is in a committed
 checkpoint (learner/loop.py), so a crashed learner finds it again among its pending entries on restart.
 Within one process, entries are read once (``>``); pending entries are read back only at start-up.
+Every group read is first checked against the model's limits (learner/quarantine.py): a bad one is
+acknowledged and counted per worker, never buffered, so it can neither crash a step nor come back on resume.
+Then a sampled few are audited (learner/audit.py): a worker whose group fails loses that group and every
+other group of its that is buffered (acknowledged, counted as ``audit_dropped_records``).
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from dataplane.records import RecordLimits
 from dataplane.replay import Client, ReplayBuffer, StoredGroup
+
+from .quarantine import Quarantine, all_fit
+
+if TYPE_CHECKING:
+    from .audit import Auditor
 
 ACKED_MEMORY = 100_000  # acknowledged entry ids remembered (a few MB)
 
@@ -24,6 +36,7 @@ class BatchWait:
     groups: list[StoredGroup]
     dropped: int  # records dropped as stale since the previous batch (timed-out waits included)
     wait_s: float
+    quarantined: int = 0  # records quarantined since the previous batch
 
 
 @dataclass
@@ -35,6 +48,12 @@ class StalenessGatedConsumer:
     buffer: list[StoredGroup] = field(default_factory=list)
     dropped_total: int = 0
     retry_for_s: float = 0.0  # ride out a Redis outage this long per operation (ReplayBuffer)
+    limits: RecordLimits | None = None  # what the model takes (None: only the float32-safe bounds)
+    audit: Auditor | None = None  # audits a sampled few of the groups read (None: no audits)
+    # Read (and parse) the next batch's entries on a thread of its own while the current batch trains, so a learner
+    # with data waiting does not wait for Redis. Only what is already there is read ahead (no blocking read), and it
+    # is gated and audited when the next batch is formed, like any read; read and not trained, it stays pending.
+    prefetch: bool = False
     _resumed: bool = False
 
     def __post_init__(self) -> None:
@@ -46,6 +65,9 @@ class StalenessGatedConsumer:
         self.acked: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._reconnects = 0
         self._dropped_waiting = 0  # records dropped since the last batch, over waits that timed out too
+        self.quarantine = Quarantine(self.limits or RecordLimits())
+        self._reader = concurrent.futures.ThreadPoolExecutor(1, "echo2-prefetch") if self.prefetch else None
+        self._ahead: concurrent.futures.Future | None = None
 
     def admissible(self, group: StoredGroup, learner_version: int) -> bool:
         return group.version >= learner_version - self.staleness
@@ -53,30 +75,60 @@ class StalenessGatedConsumer:
     def next_batch(self, *, groups: int, learner_version: int, timeout_s: float,
                    on_poll: Callable[[], object] | None = None) -> BatchWait | None:
         """Wait up to ``timeout_s`` for ``groups`` admissible groups; None if they did not come. ``on_poll``
-        runs after each read (at least once a second): the learner tops up prompts there, since dropping a
-        stale group frees room in the backlog while the wait goes on."""
+        runs after each read (at least once a second, and at least once per call): the learner tops up prompts
+        there, since training or dropping a stale group frees room in the backlog. The first read does not wait,
+        so ``on_poll`` runs before any wait."""
         start = time.monotonic()
         if not self._resumed:
             self._take(self.replay.read_pending(self.consumer))  # read before a crash, never acknowledged
             self._resumed = True
+        if self._ahead is not None:
+            ahead, self._ahead = self._ahead, None
+            self._take(*ahead.result())
+            self._after_reconnect()
         self._dropped_waiting += self._drop_stale(learner_version)
+        polled = False
         while len(self.buffer) < groups:
             left = timeout_s - (time.monotonic() - start)
             if left <= 0:
                 return None  # what was dropped meanwhile is reported with the step that ends the wait
             self._take(self.replay.read(self.consumer, count=groups - len(self.buffer),
-                                        block_ms=int(min(left, 1.0) * 1000)))
-            if self.replay.reconnects != self._reconnects:
-                # A read whose reply was lost with the connection delivered entries we never saw: they are
-                # pending under our name, so take every pending entry we do not hold yet.
-                self._reconnects = self.replay.reconnects
-                self._take(self.replay.read_pending(self.consumer))
+                                        block_ms=int(min(left, 1.0) * 1000) if polled else 1))
+            self._after_reconnect()
             self._dropped_waiting += self._drop_stale(learner_version)
             if on_poll is not None:
                 on_poll()
+            polled = True
+        if on_poll is not None and not polled:
+            on_poll()
         batch, self.buffer = self.buffer[:groups], self.buffer[groups:]
+        if self._reader is not None and len(self.buffer) < groups:
+            self._ahead = self._reader.submit(self._read_ahead, groups - len(self.buffer))
         dropped, self._dropped_waiting = self._dropped_waiting, 0
-        return BatchWait(groups=batch, dropped=dropped, wait_s=time.monotonic() - start)
+        quarantined, self.quarantine.since_batch = self.quarantine.since_batch, 0
+        return BatchWait(groups=batch, dropped=dropped, wait_s=time.monotonic() - start, quarantined=quarantined)
+
+    def _read_ahead(self, count: int) -> tuple[list[StoredGroup], dict[str, str | None] | None]:
+        """On the reader's thread: the entries already waiting (no blocking read), and the audits of the sampled
+        ones when every group read fits the model (an audit scores it: it must not hold a token id past the
+        vocabulary); the training thread gates, quarantines and buffers them when it forms the next batch."""
+        groups = self.replay.read(self.consumer, count=count, block_ms=1)
+        if self.audit is None or any(g.packed is None for g in groups) or \
+                not all_fit([g.packed for g in groups], self.quarantine.limits):
+            return groups, None
+        return groups, self.audit.verdicts(groups)
+
+    def close(self) -> None:
+        """Let a read ahead finish (what it read stays pending: a restart reads it again) and stop its thread."""
+        if self._reader is not None:
+            self._reader.shutdown(wait=True)
+
+    def _after_reconnect(self) -> None:
+        if self.replay.reconnects != self._reconnects:
+            # A read whose reply was lost with the connection delivered entries we never saw: they are
+            # pending under our name, so take every pending entry we do not hold yet.
+            self._reconnects = self.replay.reconnects
+            self._take(self.replay.read_pending(self.consumer))
 
     def ack(self, groups: list[StoredGroup]) -> None:
         """Acknowledge trained groups (and delete them: the stream is a queue, not an archive)."""
@@ -85,21 +137,48 @@ class StalenessGatedConsumer:
     def ack_ids(self, ids: list[str]) -> None:
         """Acknowledge and delete entries by id; ids already acknowledged are ignored."""
         self.replay.ack(ids)
+        self.acknowledged(ids)
+
+    def acknowledged(self, ids: list[str]) -> None:
+        """Note entries acknowledged by someone else (the learner's committer thread, after its checkpoint)."""
         self.held.difference_update(ids)
         for entry_id in ids:
             self.acked[entry_id] = None
         while len(self.acked) > ACKED_MEMORY:
             self.acked.popitem(last=False)
 
-    def _take(self, groups: list[StoredGroup]) -> None:
-        """Buffer groups not already held (a pending entry re-read after a reconnect may be one we hold)."""
+    def _take(self, groups: list[StoredGroup], verdicts: dict[str, str | None] | None = None) -> None:
+        """Buffer groups not already held (a pending entry re-read after a reconnect may be one we hold);
+        quarantine the ones the model must not see (acknowledged at once, counted per worker); audit the sampled
+        ones (``verdicts``: their audits, already done by the read ahead)."""
         again = [g.entry_id for g in groups if g.entry_id in self.acked]
         if again:
             self.replay.ack(again)
+        new: list[StoredGroup] = []
         for group in groups:
             if group.entry_id not in self.held and group.entry_id not in self.acked:
                 self.held.add(group.entry_id)
-                self.buffer.append(group)
+                new.append(group)
+        good, bad, quarantined = self.quarantine.split(new)
+        if self.audit is not None:
+            good = self._audited(good, verdicts)
+        self.buffer.extend(good)
+        if bad:
+            self.ack(bad)
+            self.replay.count("quarantined_records", quarantined)
+
+    def _audited(self, groups: list[StoredGroup], verdicts: dict[str, str | None] | None) -> list[StoredGroup]:
+        """``groups`` without those of workers that just failed an audit; their buffered groups go too."""
+        kept, failed = self.audit.screen(groups, verdicts)
+        if not failed:
+            return kept
+        gone = [g for g in groups if g not in kept] + [g for g in self.buffer + kept if g.worker_id in failed]
+        self.buffer = [g for g in self.buffer if g.worker_id not in failed]
+        self.ack(gone)
+        for stored in gone:
+            self.audit.dropped(stored.worker_id, stored.size)
+        self.replay.count("audit_dropped_records", sum(g.size for g in gone))
+        return [g for g in kept if g.worker_id not in failed]
 
     def _drop_stale(self, learner_version: int) -> int:
         stale = [g for g in self.buffer if not self.admissible(g, learner_version)]
@@ -108,6 +187,6 @@ class StalenessGatedConsumer:
 
     def _drop(self, groups: list[StoredGroup]) -> int:
         self.ack(groups)
-        n = sum(len(g.records) for g in groups)
+        n = sum(g.size for g in groups)
         self.dropped_total += n
         return n

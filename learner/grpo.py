@@ -25,15 +25,23 @@ def group_advantages(rewards: torch.Tensor, group_index: torch.Tensor, *, eps: f
     rewards: [B] float; group_index: [B] long in ``0..G-1``. ``scale=False`` gives the mean-only
     variant of Dr.GRPO (Liu et al., 2025), which drops the std to avoid favouring low-variance groups.
     The std is the population std of the group, as in the GRPO paper's code.
+
+    A guard, not the defence (the learner quarantines such records before they get here): a group holding a
+    non-finite reward, or whose statistics overflow, gets advantage 0 -- no signal -- instead of NaNs that
+    would spread through the loss to every parameter.
     """
     groups = int(group_index.max().item()) + 1
+    finite = torch.isfinite(rewards)
+    rewards = torch.where(finite, rewards, torch.zeros_like(rewards))
     count = torch.zeros(groups, dtype=rewards.dtype).index_add_(0, group_index, torch.ones_like(rewards))
     mean = torch.zeros(groups, dtype=rewards.dtype).index_add_(0, group_index, rewards) / count
     centered = rewards - mean[group_index]
-    if not scale:
-        return centered
-    var = torch.zeros(groups, dtype=rewards.dtype).index_add_(0, group_index, centered**2) / count
-    return centered / (var.sqrt()[group_index] + eps)
+    if scale:
+        var = torch.zeros(groups, dtype=rewards.dtype).index_add_(0, group_index, centered**2) / count
+        centered = centered / (var.sqrt()[group_index] + eps)
+    bad = finite.logical_not() | torch.isfinite(centered).logical_not()
+    bad_group = torch.zeros(groups, dtype=torch.long).index_add_(0, group_index, bad.long()) > 0
+    return torch.where(bad_group[group_index], torch.zeros_like(centered), centered)
 
 
 def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
@@ -54,8 +62,12 @@ def aggregation_weights(mask: torch.Tensor, *, mode: str, norm_length: int = 1) 
       ``c = mask``, ``D = sum(mask)``. Long completions weigh more than short ones.
     - ``seq-mean-token-mean`` (GRPO's Eq. 3, and GSPO): mean over each sequence's tokens, then over the
       ``B`` sequences: ``c = mask / n_i``, ``D = B``.
-    - ``seq-mean-token-sum`` (Dr.GRPO, Liu et al., 2025): token sums over a constant normalizer, so the
-      gradient has no length bias: ``c = mask``, ``D = B * norm_length`` (the generation budget).
+    - ``seq-mean-token-sum`` (verl's meaning): each sequence's token sum, then the mean over the ``B``
+      sequences: ``c = mask``, ``D = B``. Long completions weigh more, in proportion to their length.
+    - ``seq-mean-token-sum-norm`` (Dr.GRPO, Liu et al., 2025): token sums over a constant normalizer, so the
+      gradient has no length bias: ``c = mask``, ``D = B * norm_length`` (the generation budget). verl's
+      mode of this name divides by the padded width alone (``D = T``); ours divides by ``B`` too, so the
+      loss does not grow with the batch: the same direction, a gradient ``B`` times smaller.
 
     ``D`` depends only on the whole batch's mask, so callers splitting a batch pass the full batch's ``D``.
     Fully masked rows count in ``B`` and add nothing; ``D`` is at least 1, so an empty batch gives 0.
@@ -67,6 +79,8 @@ def aggregation_weights(mask: torch.Tensor, *, mode: str, norm_length: int = 1) 
     if mode == "seq-mean-token-mean":
         return mask / mask.sum(dim=1, keepdim=True).clamp(min=1.0), float(max(rows, 1))
     if mode == "seq-mean-token-sum":
+        return mask, float(max(rows, 1))
+    if mode == "seq-mean-token-sum-norm":
         return mask, float(max(rows, 1) * norm_length)
     raise ValueError(f"unknown aggregation {mode!r}")
 
@@ -106,22 +120,29 @@ def behaviour_weights(prox_logp: torch.Tensor, behaviour_logp: torch.Tensor, mas
     raise ValueError(f"unknown off-policy correction {mode!r}")
 
 
-def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, *, clip_low: float,
-                      clip_high: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, *, clip_low: float, clip_high: float,
+                      dual_clip: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """PPO-clip ``min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)`` and where the clip binds.
 
     ratio: [B, T]; advantages: [B] or [B, T]. Asymmetric bounds are DAPO's clip-higher (Yu et al., 2025):
-    a larger ``eps_high`` lets unlikely tokens with positive advantage grow further. Returns the
-    surrogate and two [B, T] bools: clipped below (ratio < 1 - eps_low, A < 0) and above (ratio > 1 +
-    eps_high, A > 0), the tokens whose gradient the clip zeroes.
+    a larger ``eps_high`` lets unlikely tokens with positive advantage grow further. ``dual_clip`` is the
+    dual-clip bound ``c > 1`` (Ye et al., 2020; verl's ``clip_ratio_c``, the bound delta of the paper's E.3
+    run): where ``A < 0`` the surrogate is at least ``c * A``, so a stale token whose ratio exploded cannot
+    push the loss without limit. Returns the surrogate and three [B, T] bools: clipped below (ratio < 1 -
+    eps_low, A < 0), above (ratio > 1 + eps_high, A > 0), and by the dual clip (ratio > c, A < 0): the
+    tokens whose gradient the clips zero.
     """
     adv = advantages[:, None] if advantages.dim() == 1 else advantages
     unclipped = ratio * adv
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
+    surrogate = torch.minimum(unclipped, clipped)
     with torch.no_grad():
         low = (ratio < 1.0 - clip_low) & (adv < 0)
         high = (ratio > 1.0 + clip_high) & (adv > 0)
-    return torch.minimum(unclipped, clipped), low, high
+        dual = (ratio > dual_clip) & (adv < 0) if dual_clip is not None else torch.zeros_like(low)
+    if dual_clip is not None:
+        surrogate = torch.where(adv < 0, torch.maximum(surrogate, dual_clip * adv), surrogate)
+    return surrogate, low, high, dual
 
 
 @dataclass
@@ -143,6 +164,7 @@ class LossStats:
     behaviour_kl: float = 0.0
     is_weight: float = 0.0
     is_corrected: float = 0.0
+    dual_clip: float = 0.0
 
     def __add__(self, other: LossStats) -> LossStats:
         return LossStats(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
@@ -156,6 +178,7 @@ class LossStats:
             "clip_low_fraction": self.clip_low / per_token, "clip_high_fraction": self.clip_high / per_token,
             "mean_ratio": self.ratio / per_token, "behaviour_kl": self.behaviour_kl / per_token,
             "is_weight_mean": self.is_weight / per_token, "is_corrected_fraction": self.is_corrected / per_token,
+            "dual_clip_fraction": self.dual_clip / per_token,
         }
 
 
@@ -202,7 +225,8 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: to
         ratio = torch.exp(logp - old)
     else:
         raise ValueError(f"unknown loss type {s.type!r}")
-    surrogate, low, high = clipped_surrogate(ratio, advantages, clip_low=s.clip_eps_low, clip_high=s.clip_eps_high)
+    surrogate, low, high, dual = clipped_surrogate(ratio, advantages, clip_low=s.clip_eps_low,
+                                                   clip_high=s.clip_eps_high, dual_clip=s.dual_clip)
     coef, full_denominator = aggregation_weights(mask, mode=s.aggregation, norm_length=s.norm_length)
     denom = full_denominator if denominator is None else denominator
     pg = -(coef * weights * surrogate).sum() / denom
@@ -217,6 +241,6 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: to
         sums = torch.stack([
             pg, kl_term, mask.sum(), (mask.sum(dim=1) > 0).sum().to(mask.dtype), (low * mask).sum(),
             (high * mask).sum(), (ratio * mask).sum(), (kl * mask).sum(), (k3_kl(behaviour_logp, logp) * mask).sum(),
-            (weights * mask).sum(), (corrected * mask).sum(),
+            (weights * mask).sum(), (corrected * mask).sum(), (dual * mask).sum(),
         ]).detach().double().tolist()
     return LossTerms(loss=pg + kl_term, stats=LossStats(*sums))

@@ -7,6 +7,7 @@ alone against a real Redis, kill it and restart it.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import random
 import time
@@ -16,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from dataplane.jobs import JobSpec
+from dataplane.replay import RedisError
 
-from .checkpoint import Checkpoint, CheckpointStore, capture_rng, restore_rng
+from .batch import concat
+from .checkpoint import Checkpoint, CheckpointStore, Committer, capture_rng, restore_rng
 from .consumer import StalenessGatedConsumer
 from .prompts import PromptFeeder
 from .step import PolicyTrainer, StepResult
@@ -39,6 +42,9 @@ class StepOutcome:
     dropped: int  # records dropped as stale while waiting
     t_train: float
     checkpointed: bool
+    quarantined: int = 0  # records quarantined while waiting (learner/quarantine.py)
+    t_checkpoint: float = 0.0  # checkpointing on this thread: writing it (or copying it for the committer), waiting
+    timing: dict[str, float] | None = None  # the step's wall time split (dataplane/timing.py), set when reported
 
 
 def check_resume(job_id: int, *, learner_step: int, published_version: int, checkpoint_version: int | None,
@@ -72,6 +78,11 @@ class LearnerLoop:
     - reads every other pending entry again, oldest first: its update was lost with the process, so it
       is trained again, from version ``c``, in the order it was first read.
 
+    With ``background`` (the learner process), the checkpoint is written and its entries acknowledged by a thread
+    of its own (:class:`~learner.checkpoint.Committer`) from a copy of the state while the next step trains; the
+    order (commit, then acknowledge; checkpoint, then publication) is the same, and the training thread waits for
+    it before handing over the next checkpoint and while the job has none on disk.
+
     So no acknowledged record is untrained and none is trained twice, the versions continue
     ``c+1, c+2, ...``, and (with the saved RNG) the resumed run takes the same updates an uninterrupted
     one would have. The published version never exceeds the checkpoint's: a publication step is always
@@ -80,8 +91,8 @@ class LearnerLoop:
 
     def __init__(self, *, spec: JobSpec, trainer: PolicyTrainer, consumer: StalenessGatedConsumer,
                  checkpoints: CheckpointStore, identity: dict[str, Any], checkpoint_every: int | None = None,
-                 feeder: PromptFeeder | None = None,
-                 on_trained: Callable[[int, list[str]], None] | None = None) -> None:
+                 feeder: PromptFeeder | None = None, on_trained: Callable[[int, list[str]], None] | None = None,
+                 background: bool = False) -> None:
         self.spec, self.trainer, self.consumer, self.checkpoints = spec, trainer, consumer, checkpoints
         self.identity, self.feeder, self.on_trained = identity, feeder, on_trained
         self.checkpoint_every = checkpoint_every or spec.kappa
@@ -90,6 +101,11 @@ class LearnerLoop:
         self.recent_rewards: collections.deque[float] = collections.deque(maxlen=10)
         self.t_train_avg: float | None = None
         self.pending_report: dict | None = None  # the report of the checkpointed step, saved with it
+        # background: checkpoints are written on the committer's thread (learner/checkpoint.py), acknowledged after
+        self.committer = Committer() if background else None
+        self.committing: list[str] = []  # in checkpoints handed to the committer, not yet acknowledged
+        self.committed_once = False  # a checkpoint of this job is on disk (resumed from, or committed since)
+        self.last_state: tuple[int, dict] | None = None  # (version, model copy) of the last checkpoint handed over
 
     @property
     def rng(self) -> random.Random | None:
@@ -104,10 +120,12 @@ class LearnerLoop:
                 ckpt.job.get("created_at") != self.identity.get("created_at"):
             raise ResumeError(f"{self.checkpoints.path} belongs to job {ckpt.job.get('job_id')} created "
                               f"{ckpt.job.get('created_at')}, not this one; use another --checkpoint-dir")
-        self.trainer.load_state(ckpt.model, ckpt.optimizer)
+        self.trainer.load_state(ckpt.model, ckpt.optimizer, sharded=self.checkpoints.sharded_path(ckpt))
+        self.committed_once = True
         restore_rng(ckpt.rng, self.rng)
         self.version = ckpt.version
         self.consumer.dropped_total = int(ckpt.state.get("dropped_total", 0))
+        self.consumer.quarantine.restore(ckpt.state.get("quarantined", {}))
         self.recent_rewards.extend(ckpt.state.get("recent_rewards", []))
         self.t_train_avg = ckpt.state.get("t_train_avg")
         self.consumer.ack_ids(list(ckpt.trained_entry_ids))  # in the model already: never train them again
@@ -123,20 +141,23 @@ class LearnerLoop:
         when due; None when the data did not come (trained work since the last checkpoint is kept pending).
         ``report`` builds the step's report to the site; a checkpoint keeps the report of its own step, so a
         learner killed between the checkpoint and the report sends it on restart (``pending_report``)."""
-        top_up = (lambda: self.feeder.top_up(trained=len(self.uncommitted))) if self.feeder is not None else None
-        if top_up is not None:
-            top_up()
+        top_up = (lambda: self.feeder.request_top_up(trained=len(self.uncommitted) + len(self.committing))) \
+            if self.feeder is not None else None
         wait = self.consumer.next_batch(groups=self.spec.groups_per_step, learner_version=self.version,
                                         timeout_s=timeout_s, on_poll=top_up)
         if wait is None:
             return None
-        records = [r for g in wait.groups for r in g.records]
+        records = concat((g.packed for g in wait.groups), self.trainer.workspace)
         ids = [g.entry_id for g in wait.groups]
-        lags = [self.version - r.version for r in records]
+        lags = [self.version - v for v in records.versions]
 
         started = time.perf_counter()
         result = self.trainer.step(records)
         t_train = time.perf_counter() - started
+        checkpointed = self.due(self.version + 1)
+        # The checkpoints written while this step read and trained: waited for only before the next is handed over
+        # (one at a time) and while none was ever committed (a restart needs one); else collected when done.
+        settled = self.settle(wait=checkpointed or not self.committed_once)
         self.version += 1
         self.uncommitted.extend(ids)
         self.recent_rewards.append(result.reward_mean)
@@ -144,31 +165,87 @@ class LearnerLoop:
         if self.on_trained is not None:
             self.on_trained(self.version, ids)
 
-        checkpointed = self.due(self.version)
         outcome = StepOutcome(version=self.version, result=result, entry_ids=ids, lags=lags, wait_s=wait.wait_s,
-                              dropped=wait.dropped, t_train=t_train, checkpointed=checkpointed)
+                              dropped=wait.dropped, t_train=t_train, checkpointed=checkpointed,
+                              quarantined=wait.quarantined, t_checkpoint=settled)
         if checkpointed:
+            started = time.perf_counter()
             self.pending_report = report(outcome) if report is not None else None
             self.commit()
+            outcome.t_checkpoint += time.perf_counter() - started
         return outcome
 
     def commit(self) -> None:
-        """Write the checkpoint of the current version, then acknowledge the entries it contains."""
-        self.write_checkpoint()
-        self.consumer.ack_ids(self.uncommitted)
-        log.info("checkpoint v%d committed; %d entries acknowledged", self.version, len(self.uncommitted))
-        self.uncommitted = []
+        """Write the checkpoint of the current version, then acknowledge the entries it contains. With a committer
+        both happen on its thread, from a copy of the state, while the next step trains; :meth:`settle` collects
+        them."""
+        if self.committer is None:
+            self.write_checkpoint()
+            self.consumer.ack_ids(self.uncommitted)
+            log.info("checkpoint v%d committed; %d entries acknowledged", self.version, len(self.uncommitted))
+            self.uncommitted = []
+            return
+        checkpoint, version, ids = self.checkpoint(copy=True), self.version, self.uncommitted
+        self.last_state = (version, checkpoint.model)
+        self.committing, self.uncommitted = self.committing + ids, []
+
+        def write() -> list[str]:
+            self.checkpoints.save(checkpoint)
+            self.consumer.replay.ack(ids)  # in Redis; the reader's own records of it when the loop collects this
+            log.info("checkpoint v%d committed; %d entries acknowledged", version, len(ids))
+            return ids
+
+        self.committer.submit(write)
+
+    def settle(self, *, wait: bool = True, acknowledge: bool = True) -> float:
+        """Collect what the committer finished (with ``wait``: everything handed over, waiting for it): its
+        checkpoints are committed and their entries acknowledged. ``acknowledge`` false (Redis failed us): a failed
+        acknowledgement is no error, the entries stay pending and a restart acknowledges them from its checkpoint.
+        Returns the seconds spent."""
+        if self.committer is None:
+            return 0.0
+        started = time.perf_counter()
+        try:
+            results = self.committer.finished(wait=wait)
+        except RedisError:
+            if acknowledge:
+                raise
+            results = []
+        for ids in results:
+            if ids is not None:  # a checkpoint's (a publication returns nothing)
+                self.consumer.acknowledged(ids)
+                done = set(ids)
+                self.committing = [i for i in self.committing if i not in done]
+                self.committed_once = True
+        return time.perf_counter() - started
 
     def write_checkpoint(self) -> None:
         """The first half of :meth:`commit`: after it returns, the checkpoint is the one a restart loads."""
-        module, optimizer = self.trainer.module, self.trainer.optimizer
-        self.checkpoints.save(Checkpoint(
-            version=self.version, model={k: v.detach().cpu() for k, v in module.state_dict().items()},
-            optimizer=optimizer.state_dict(), rng=capture_rng(self.rng), trained_entry_ids=list(self.uncommitted),
+        self.checkpoints.save(self.checkpoint(copy=False))
+
+    def checkpoint(self, *, copy: bool) -> Checkpoint:
+        """The checkpoint of the current version; with ``copy``, a whole model's tensors are CPU copies (to be
+        written while training goes on), else the live tensors (on the CPU). A sharded model's shards are written
+        here, by every rank (``PolicyTrainer.checkpoint_state``)."""
+        weights = self.trainer.checkpoint_state(self.checkpoints, self.version, copy=copy)  # model, optimizer, shards
+        with self.feeder.lock if self.feeder is not None else contextlib.nullcontext():  # between two draws
+            rng = capture_rng(self.rng)
+        return Checkpoint(
+            version=self.version, **weights, rng=rng, trained_entry_ids=list(self.uncommitted),
             job=dict(self.identity),
-            state={"dropped_total": self.consumer.dropped_total, "recent_rewards": list(self.recent_rewards),
+            state={"dropped_total": self.consumer.dropped_total, "quarantined": self.consumer.quarantine.report(),
+                   "recent_rewards": list(self.recent_rewards),
                    "t_train_avg": self.t_train_avg, "report": self.pending_report},
-        ))
+        )
+
+    def close(self) -> None:
+        """Let the committer, the reader and the prompt feeder finish what they were handed (failures there are
+        :meth:`settle`'s to raise), and stop their threads."""
+        if self.committer is not None:
+            self.committer.close()
+        self.consumer.close()
+        if self.feeder is not None:
+            self.feeder.close()
 
     def reward_target_reached(self) -> float | None:
         """The 10-step mean reward when it reached the job's target, else None."""

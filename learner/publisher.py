@@ -1,9 +1,10 @@
-"""Snapshot publication: write the policy as safetensors chunks and serve them over HTTP and the relay.
+"""Snapshot publication: serve the versions the store wrote (:mod:`learner.snapshots`) over HTTP and the relay.
 
-Each version lives in its own directory (manifest.json + chunks/<i>, :mod:`dataplane.broadcast.store`) and
-is never modified, so a slow agent can keep downloading an old version while newer ones appear. Version 0 is
-the job's base checkpoint directory as one archive (:mod:`dataplane.basemodel`), kept for the whole job; of
-the others the newest ``keep`` stay, and every version published in the last ``retain_s`` seconds.
+Each version lives in its own directory (manifest.json + chunks/<i>, and a delta's full payload under full/,
+:mod:`dataplane.broadcast.store`) and is never modified, so a slow agent can keep downloading an old version
+while newer ones appear. Version 0 is the job's base checkpoint directory as one archive
+(:mod:`dataplane.basemodel`), kept for the whole job; of the others the newest ``keep`` stay, and every version
+published in the last ``retain_s`` seconds.
 
 Both doors check the worker's transfer credential (docs/trust.md) with the job's secret, which the learner
 learns from the site's reply to its announcement (:meth:`SnapshotServer.set_secret`,
@@ -21,90 +22,29 @@ import threading
 import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
-import torch
-from safetensors.torch import save
-
-from dataplane import basemodel
 from dataplane.broadcast.hub import RelayHub
 from dataplane.broadcast.ratelimit import bucket
 from dataplane.broadcast.relay import SnapshotRelay
-from dataplane.broadcast.store import (
-    CHUNKS,
-    MANIFEST,
-    list_versions,
-    prune_versions,
-    read_manifest,
-    read_version,
-    version_dir,
-    write_version,
-)
+from dataplane.broadcast.store import CHUNKS, MANIFEST, list_versions, read_version, version_dir
 from dataplane.credentials import CredentialError, verify
-from dataplane.snapshot import DEFAULT_CHUNK_BYTES, Manifest, build_manifest
+from dataplane.snapshot import FULL, Manifest
+
+from .snapshots import SnapshotStore
+
+__all__ = ["LearnerRelay", "SnapshotServer", "SnapshotStore", "manifest_json"]
 
 log = logging.getLogger(__name__)
 
 
-def state_dict_bytes(model: torch.nn.Module) -> bytes:
-    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-    # Tied weights share storage; safetensors refuses duplicates, and the receiver re-ties them.
-    seen: dict[int, str] = {}
-    for name in list(state):
-        ptr = state[name].data_ptr()
-        if ptr in seen:
-            del state[name]
-        else:
-            seen[ptr] = name
-    return save(state)
-
-
-class SnapshotStore:
-    """The learner's published versions, laid out on disk by :mod:`dataplane.broadcast.store` (the one writer
-    and reader of that layout): the base (version 0) as a checkpoint archive, then the policy as safetensors.
-
-    What an agent may still ask for stays: the base, the newest ``keep`` versions, and every version written
-    in the last ``retain_s`` seconds (one an agent started downloading a while ago, or was told about when it
-    reconnected, is not pulled from under it)."""
-
-    def __init__(self, root: Path, *, job_id: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES, keep: int = 4,
-                 retain_s: float = 0.0) -> None:
-        self.root, self.job_id, self.chunk_bytes, self.keep = Path(root), job_id, chunk_bytes, keep
-        self.retain_s = retain_s
-        self.root.mkdir(parents=True, exist_ok=True)
-
-    def write(self, model: torch.nn.Module, version: int) -> Manifest:
-        payload = state_dict_bytes(model)
-        manifest = build_manifest(payload, job_id=self.job_id, version=version, chunk_bytes=self.chunk_bytes)
-        write_version(self.root, manifest, payload)
-        self.prune()
-        return manifest
-
-    def write_base(self, model_dir: str | Path) -> Manifest:
-        """Lay out the checkpoint directory ``model_dir`` as version 0; its sha256 is the job's base digest."""
-        payload = basemodel.pack(model_dir)
-        manifest = build_manifest(payload, job_id=self.job_id, version=0, chunk_bytes=self.chunk_bytes,
-                                  format=basemodel.FORMAT)
-        write_version(self.root, manifest, payload)
-        return manifest
-
-    def base_manifest(self) -> Manifest | None:
-        """The manifest of version 0, if the store has it."""
-        return read_manifest(self.root, 0)
-
-    def prune(self) -> list[int]:
-        """Drop what no agent may still ask for (see the class); returns the versions dropped."""
-        cutoff = time.time() - self.retain_s
-        recent = {v for v in list_versions(self.root) if version_dir(self.root, v).stat().st_mtime >= cutoff}
-        return prune_versions(self.root, keep=self.keep, protect={0} | recent)
-
-
-_SNAPSHOT_PATH = re.compile(rf"^/v(\d{{1,10}})/(?:{re.escape(MANIFEST)}|{re.escape(CHUNKS)}/(\d{{1,10}}))$")
+_SNAPSHOT_PATH = re.compile(rf"^/v(\d{{1,10}})/(?:({FULL})/)?"
+                            rf"(?:{re.escape(MANIFEST)}|{re.escape(CHUNKS)}/(\d{{1,10}}))$")
 
 
 class _SnapshotHandler(BaseHTTPRequestHandler):
-    """GET ``/v<version>/manifest.json`` and ``/v<version>/chunks/<i>`` with ``Authorization: Bearer <credential>``
-    valid for this job and version; nothing else, and never a listing. 401 without a credential, 403 with one
+    """GET ``/v<version>/manifest.json`` and ``/v<version>/chunks/<i>`` (and a delta's full payload, the same under
+    ``/v<version>/full/``) with ``Authorization: Bearer <credential>`` valid for this job and version; nothing
+    else, and never a listing. 401 without a credential, 403 with one
     that does not admit (the reason in a plain body), 404 for a version or chunk not on disk."""
 
     server: _SnapshotHTTPServer
@@ -125,8 +65,9 @@ class _SnapshotHandler(BaseHTTPRequestHandler):
         except CredentialError as err:
             self._refuse(403, str(err))
             return
-        version, chunk = int(match.group(1)), match.group(2)
-        path = version_dir(gate.store.root, version) / (MANIFEST if chunk is None else f"{CHUNKS}/{int(chunk)}")
+        version, full, chunk = int(match.group(1)), match.group(2), match.group(3)
+        path = version_dir(gate.store.root, version) / (full or "") / (MANIFEST if chunk is None
+                                                                        else f"{CHUNKS}/{int(chunk)}")
         try:
             body = path.read_bytes()
         except OSError:
@@ -159,7 +100,8 @@ class _SnapshotHTTPServer(ThreadingHTTPServer):
 
 
 class SnapshotServer:
-    """Serves the store's versions to credential holders: GET /v<version>/manifest.json and /v<version>/chunks/<i>.
+    """Serves the store's versions to credential holders: GET /v<version>/manifest.json and /v<version>/chunks/<i>
+    (a delta's full payload under /v<version>/full/).
     ``refused`` counts refusals by status (401, 403)."""
 
     def __init__(self, store: SnapshotStore, *, host: str = "127.0.0.1", port: int = 0,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 from pydantic.fields import FieldInfo
@@ -46,6 +46,12 @@ class LearnerSettings(BaseSettings):
     snapshot_retain_s: float = option(600.0, ge=0, help="Keep every snapshot published in the last this many "
                                       "seconds, besides the newest S+2 and the base (version 0, kept for the whole "
                                       "job), so an agent still downloading one finds it.", flag="--snapshot-retain")
+    audit_fraction: float = option(0.05, ge=0, le=1, help="Share of the groups read whose log-probs and rewards "
+                                   "are recomputed and checked (docs/trust.md \"Audits\"); 0: no audits.",
+                                   flag="--audit-fraction")
+    audit_logprob_tolerance: float = option(0.05, gt=0, help="Largest mean |claimed - recomputed| log-prob per "
+                                            "token an audit passes (CPU fp32 engines agree to ~1e-6; vLLM in bf16 "
+                                            "within a few 1e-2).", flag="--audit-logprob-tolerance")
     snapshot_host: str = option("127.0.0.1", help="Address the snapshot server binds.")
     snapshot_port: int = option(0, help="Port of the snapshot server (0: any free port).")
     advertise_host: str | None = option(None, help="Host agents use to reach the snapshot server.")
@@ -64,7 +70,15 @@ class LearnerSettings(BaseSettings):
                                           "steps always checkpoint).")
     micro_batch: int | None = option(None, ge=1, help="Rows per forward/backward on each rank (gradient "
                                      "accumulation).")
-    bf16: bool = option(False, help="bf16 autocast of the forward passes (CUDA only).")
+    bf16: bool = option(False, help="bf16 compute: autocast of the forward passes (CUDA; with --parallel ddp), or "
+                        "FSDP mixed precision (bf16 parameters gathered for compute, fp32 master weights, optimizer "
+                        "and gradient reduction; CPU too).")
+    parallel: Literal["ddp", "fsdp"] = option("ddp", help="Under torchrun: ddp (every rank holds the whole model "
+                                              "and optimizer; small models) or fsdp (parameters, gradients and "
+                                              "optimizer sharded across the ranks; checkpoints sharded too).")
+    activation_checkpointing: bool = option(False, help="Recompute each transformer block's activations in the "
+                                            "backward instead of keeping them (less memory, about a third more "
+                                            "compute).")
     site_timeout_s: float = option(15.0, ge=1.0, help="Seconds per site request; 5 retries, then the learner gives "
                                    "up.", flag="--site-timeout")
     heartbeat_s: float = option(15.0, gt=0, help="Tell the site this often (seconds) that the learner is alive; the "
@@ -73,6 +87,12 @@ class LearnerSettings(BaseSettings):
     site_outage_s: float = option(600.0, ge=0, help="At the end of the job, keep trying this long to deliver "
                                   "reports queued while the site was down (training never waits for the site).",
                                   flag="--site-outage")
+    logdir: Path = option(Path("var/runs"), help="Experiment logs: TensorBoard event files go to <logdir>/job<ID> "
+                          "(view them with: tensorboard --logdir var/runs).", env="ECHO2_LOGDIR")
+    tensorboard: bool = option(True, help="Write TensorBoard event files under --logdir.")
+    wandb_project: str | None = option(None, help="Log every step to this W&B project too (needs echo2[wandb]; "
+                                       "W&B's own variables apply: WANDB_API_KEY, WANDB_ENTITY, WANDB_MODE).",
+                                       env="WANDB_PROJECT")
     debug: bool = option(False, help="Show full tracebacks.")
 
     @model_validator(mode="before")

@@ -9,11 +9,13 @@ the site and Redis, the others follow its commands.
 
 from __future__ import annotations
 
-import collections
 import contextlib
+import copy
 import dataclasses
+import hashlib
 import json
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,16 +25,21 @@ from dataplane import replay
 from dataplane.jobs import JobSpec, JobStatus, LossConfig, model_dir_problem
 from dataplane.snapshot import Manifest
 from dataplane.tasks import build_task
+from dataplane.timing import step_split
 
-from . import distributed
+from . import distributed, fsdp
+from .audit import Auditor, AuditSettings, snapshot_weights
 from .checkpoint import Checkpoint, CheckpointStore
-from .client import Heartbeat, SiteClient, SiteError, SiteUnreachable
+from .client import Heartbeat, SiteClient, SiteError
 from .consumer import StalenessGatedConsumer
+from .explog import ExperimentLog, experiment_log
 from .lifecycle import Lifecycle, State
 from .loop import LearnerLoop, ResumeError, StepOutcome, check_resume
 from .outbox import Outbox, Publication
 from .prompts import PromptFeeder
 from .publisher import LearnerRelay, SnapshotServer, SnapshotStore, manifest_json
+from .quarantine import model_vocab_size
+from .report import log_step, step_metrics
 from .settings import LearnerSettings
 from .step import PolicyTrainer
 
@@ -40,22 +47,35 @@ log = logging.getLogger("echo2.learner")
 
 
 def build_policy(spec: JobSpec, *, device: str, ctx: distributed.DistContext | None = None, micro_batch=None,
-                 bf16: bool = False) -> tuple[PolicyTrainer, Any]:
-    """Load the job's model (and, with a KL term, a frozen copy as reference); returns (trainer, tokenizer)."""
+                 bf16: bool = False, parallel: str = "ddp",
+                 activation_checkpointing: bool = False) -> tuple[PolicyTrainer, Any]:
+    """Load the job's model (and, with a KL term, a frozen copy as reference), sharded across the ranks with
+    ``parallel="fsdp"`` (learner/fsdp.py), the optimizer made over what this rank holds; returns
+    (trainer, tokenizer)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the learner logs lines, not bars
+    ctx = ctx or distributed.DistContext(device=device)
+    if parallel not in fsdp.PARALLEL:
+        raise ValueError(f"parallel must be one of {', '.join(fsdp.PARALLEL)}, got {parallel!r}")
+    sharded = parallel == "fsdp" and ctx.parallel  # alone, FSDP is the plain model
+
+    def place(model: torch.nn.Module) -> torch.nn.Module:
+        return fsdp.shard(model, device=device, world=ctx.world, bf16=bf16) if sharded else model.to(device)
+
     torch.manual_seed(spec.seed)
     tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
-    model = AutoModelForCausalLM.from_pretrained(spec.model_dir).to(device)
+    model = AutoModelForCausalLM.from_pretrained(spec.model_dir)
+    if activation_checkpointing:
+        fsdp.checkpoint_activations(model)
+    model = place(model)
     reference = None
     if spec.loss.kl_beta > 0:
-        reference = AutoModelForCausalLM.from_pretrained(spec.model_dir).to(device).eval().requires_grad_(False)
+        reference = place(AutoModelForCausalLM.from_pretrained(spec.model_dir).eval().requires_grad_(False))
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate)
     trainer = PolicyTrainer(model, optimizer, spec.loss, pad_id=tokenizer.pad_token_id, reference=reference,
-                            micro_batch=micro_batch, bf16=bf16, ctx=ctx or distributed.DistContext(device=device),
-                            max_grad_norm=spec.loss.max_grad_norm)
+                            micro_batch=micro_batch, bf16=bf16, ctx=ctx, max_grad_norm=spec.loss.max_grad_norm)
     return trainer, tokenizer
 
 
@@ -67,7 +87,8 @@ def run_job(site: SiteClient, settings: LearnerSettings) -> JobStatus:
         # --- set up: the job (rank 0 asks the site; every rank gets the answer or the error) and the policy
         raw, spec = _job_on_every_rank(site, settings.job, ctx)
         trainer, _ = build_policy(spec, device=ctx.device, ctx=ctx, micro_batch=settings.micro_batch,
-                                  bf16=settings.bf16)
+                                  bf16=settings.bf16, parallel=settings.parallel,
+                                  activation_checkpointing=settings.activation_checkpointing)
         if not ctx.is_main:
             trainer.serve()  # until rank 0 releases us
             return distributed.broadcast(ctx, None)
@@ -132,12 +153,16 @@ def _runnable_job(site: SiteClient, job_id: int) -> dict:
     return raw
 
 
-def _streams(client: replay.Client, job_id: int, spec: JobSpec,
-             retry_for_s: float) -> tuple[StalenessGatedConsumer, PromptFeeder]:
-    """The job's trajectory reader (the staleness gate) and prompt writer, both riding out Redis restarts."""
-    consumer = StalenessGatedConsumer(client, job_id, spec.staleness, retry_for_s=retry_for_s)
-    feeder = PromptFeeder(client, job_id=job_id, task=build_task(spec.task), seed=spec.seed,
-                          backlog=2 * spec.groups_per_step, retry_for_s=retry_for_s)
+def _streams(client: replay.Client, job_id: int, spec: JobSpec, retry_for_s: float,
+             vocab_size: int | None) -> tuple[StalenessGatedConsumer, PromptFeeder]:
+    """The job's trajectory reader (the staleness gate, quarantining what the model must not see: the task's
+    limits and the model's ``vocab_size``) and prompt writer, both riding out Redis restarts."""
+    task = build_task(spec.task)
+    consumer = StalenessGatedConsumer(client, job_id, spec.staleness, retry_for_s=retry_for_s,
+                                      limits=task.record_limits(max_new_tokens=spec.max_new_tokens,
+                                                                vocab_size=vocab_size), prefetch=True)
+    feeder = PromptFeeder(client, job_id=job_id, task=task, seed=spec.seed, backlog=2 * spec.groups_per_step,
+                          retry_for_s=retry_for_s, background=True)
     return consumer, feeder
 
 
@@ -153,10 +178,16 @@ class _JobRun:
     server: SnapshotServer
     relay: LearnerRelay | None
     ctx: distributed.DistContext
+    explog: ExperimentLog
     outbox: Outbox = dataclasses.field(init=False)
+    report_started: float = dataclasses.field(default_factory=time.perf_counter)  # the step wall clock (timing.py)
+    last_report_s: float = 0.0
+    last_publish_s: float = 0.0
+    publish_failure: tuple[int, str] | None = None  # (version, reason) of a publication the committer could not make
 
     def __post_init__(self) -> None:
         self.outbox = Outbox(self.site, self.job_id, on_published=self._published)
+        self.store.pinned = self.outbox.pending_versions  # a delta queued behind its base: both stay on disk
 
     @property
     def job_id(self) -> int:
@@ -171,15 +202,22 @@ class _JobRun:
         with contextlib.ExitStack() as stack:
             client = replay.connect(settings.redis_url, decode_responses=False, socket_timeout=30)
             stack.callback(client.close)
-            consumer, feeder = _streams(client, job_id, spec, settings.redis_retry_s)
+            consumer, feeder = _streams(client, job_id, spec, settings.redis_retry_s, model_vocab_size(trainer.module))
             checkpoints = CheckpointStore(settings.checkpoint_dir or settings.snapshot_dir / f"job{job_id}-checkpoint")
             identity = {"job_id": job_id, "created_at": raw.get("created_at"), "model_dir": spec.model_dir}
             loop = LearnerLoop(spec=spec, trainer=trainer, consumer=consumer, checkpoints=checkpoints,
-                               identity=identity, checkpoint_every=settings.checkpoint_every, feeder=feeder)
+                               identity=identity, checkpoint_every=settings.checkpoint_every, feeder=feeder,
+                               background=True)  # checkpoints and snapshots written while the next step trains
+            stack.callback(loop.close)
             ckpt = _resume(loop, raw, job_id)
-            checkpoints.save_config(_resolved_config(spec, settings, ctx))
+            resolved = _resolved_config(spec, settings, ctx)
+            checkpoints.save_config(resolved)
+            explog = _experiment_log(settings, raw, resolved)
+            stack.callback(explog.close)
             store = SnapshotStore(settings.snapshot_dir / f"job{job_id}", job_id=job_id, keep=spec.staleness + 2,
-                                  retain_s=settings.snapshot_retain_s)
+                                  retain_s=settings.snapshot_retain_s, dtype=spec.snapshot_dtype,
+                                  full_every=spec.snapshot_full_every)
+            consumer.audit = _auditor(spec, settings, trainer, store)
             server = SnapshotServer(store, host=settings.snapshot_host, port=settings.snapshot_port,
                                     advertise_host=settings.advertise_host).start()
             stack.callback(server.stop)
@@ -191,19 +229,22 @@ class _JobRun:
             heartbeat = Heartbeat(settings.server, settings.token, job_id, interval_s=settings.heartbeat_s,
                                   timeout=settings.site_timeout_s).start()
             stack.callback(heartbeat.stop)
-            run = cls(site, settings, spec, loop, store, server, relay, ctx)
+            run = cls(site, settings, spec, loop, store, server, relay, ctx, explog)
             run.announce(resumed=ckpt is not None)
             run.publish_base(raw.get("base_digest") or "")
             if ckpt is not None and loop.version % spec.kappa == 0 and raw.get("published_version", 0) < loop.version:
                 run.publish(loop.version)  # crashed between checkpoint and publish
             if ckpt is not None and ckpt.state.get("report") and raw.get("learner_step", 0) < ckpt.version:
                 run.outbox.report(ckpt.state["report"])  # crashed between checkpoint and report
+            run.outbox.start()  # from now on reports and publications leave from a thread of their own
+            stack.callback(run.outbox.stop)
             yield run
 
     def announce(self, *, resumed: bool) -> None:
         """Tell the site the learner is up (and where its relay is), queue prompts, log the run's shape."""
         spec, loop, relay = self.spec, self.loop, self.relay
-        reply = self.site.announce(self.job_id, t_train=loop.t_train_avg, relay_address=relay.address if relay else "")
+        reply = self.site.announce(self.job_id, t_train=loop.t_train_avg, relay_address=relay.address if relay else "",
+                                   vocab_size=loop.consumer.quarantine.limits.vocab_size)
         # The reply alone carries the job's transfer secret: from now on both doors admit credential holders.
         secret = (reply or {}).get("transfer_secret")
         if not secret:
@@ -213,10 +254,11 @@ class _JobRun:
                 door.set_secret(secret)
         if loop.feeder is not None:
             loop.feeder.top_up()
-        log.info("job %s: %s on %s, S=%d kappa=%d R=%d n=%d, loss %s, %d rank(s); snapshots at %s; %s", self.job_id,
+        log.info("job %s: %s on %s, S=%d kappa=%d R=%d n=%d, loss %s, %d rank(s)%s; snapshots at %s; %s", self.job_id,
                  spec.task["name"], spec.model_dir, spec.staleness, spec.kappa, spec.batch_trajectories,
                  spec.group_size, _loss_line(spec.loss) + f" max_grad_norm={loop.trainer.max_grad_norm}",
-                 self.ctx.world, self.server.url_for(0) + (f" and relay {relay.address}" if relay else ""),
+                 self.ctx.world, " sharded (FSDP)" if loop.trainer.sharded else "",
+                 self.server.url_for(0) + (f" and relay {relay.address}" if relay else ""),
                  f"resumed at v{loop.version}" if resumed else "fresh start")
 
     def wait_and_train(self, life: Lifecycle) -> StepOutcome | None:
@@ -224,7 +266,7 @@ class _JobRun:
         step it trained, its bubble counting the earlier polls while running, or None (see ``life``)."""
         poll_s = min(self.settings.data_timeout_s, self.settings.status_poll_s)
         try:
-            outcome = self.loop.step(timeout_s=poll_s, report=lambda o: _metrics(self.loop, o, self.ctx))
+            outcome = self.loop.step(timeout_s=poll_s, report=lambda o: step_metrics(self.loop, o, self.ctx))
         except replay.RedisError as err:  # cancelled: the site dropped the streams
             life.redis_failed(self.site_status(), f"{type(err).__name__}: {err}")
             return None
@@ -240,12 +282,19 @@ class _JobRun:
         return dataclasses.replace(outcome, wait_s=outcome.wait_s + life.trained())
 
     def publish_due(self, life: Lifecycle, version: int) -> None:
+        self.last_publish_s = 0.0
+        if self.publish_failure is not None:  # met by the committer's thread, after an earlier step
+            failed, reason = self.publish_failure
+            self.publish_failure = None
+            life.publish_failed(failed, reason)
         if life.final or version % self.spec.kappa:
             return
+        started = time.perf_counter()
         try:
             self.publish(version)
         except SiteError as err:
             life.publish_failed(version, str(err))
+        self.last_publish_s = time.perf_counter() - started
 
     def publish_base(self, published_digest: str) -> None:
         """Publish the job's base checkpoint directory as version 0, before any training, so workers need no
@@ -264,10 +313,24 @@ class _JobRun:
             return
         self._announce_version(manifest)
 
-    def publish(self, version: int) -> None:
+    def publish(self, version: int, *, background: bool = True) -> None:
         """Write snapshot ``version``, offer it on the relay, announce it (now, or once the site answers again);
-        the site pushes it to the workers."""
-        self._announce_version(self.store.write(self.loop.trainer.module, version))
+        the site pushes it to the workers. With ``background``, the version just checkpointed in the background is
+        written by the committer's thread from the checkpoint's copy of the weights, after the checkpoint (never
+        ahead of it); anything else (a restart's republication, a sharded policy, the final model) here, from the
+        policy itself."""
+        last = self.loop.last_state
+        if not background or self.loop.committer is None or last is None or last[0] != version or not last[1]:
+            self._announce_version(self.store.write(self.loop.trainer.full_state(), version))
+            return
+
+        def write() -> None:
+            try:
+                self._announce_version(self.store.write(_each_tensor_once(last[1]), version))
+            except SiteError as err:  # a refusal the outbox met earlier: the training thread fails the job with it
+                self.publish_failure = (version, str(err))
+
+        self.loop.committer.submit(write)
 
     def _announce_version(self, manifest: Manifest) -> None:
         version = manifest.version
@@ -279,19 +342,33 @@ class _JobRun:
         n_chains = reply.get("n_chains") or 0
         if self.relay is not None and n_chains:
             self.relay.set_fan_out(pub.version, n_chains)
-        log.info("published v%d (%s, %d bytes)%s", pub.version, pub.manifest.get("format", "safetensors"),
+        kind = pub.manifest.get("kind", "full")
+        log.info("published v%d (%s, %s%s, %d bytes)%s", pub.version, pub.manifest.get("format", "safetensors"),
+                 kind, f" against v{pub.manifest.get('base_version')}" if kind == "delta" else "",
                  pub.manifest.get("total_bytes", 0),
                  f" to {n_chains} chain(s)" if n_chains else " over HTTP")
 
     def report(self, life: Lifecycle, outcome: StepOutcome) -> None:
+        now = time.perf_counter()
+        outcome.timing = step_split(now - self.report_started, wait=outcome.wait_s, train=outcome.t_train,
+                                    checkpoint=outcome.t_checkpoint, publish=self.last_publish_s,
+                                    report=self.last_report_s)
+        self.report_started = now
+        try:
+            self._report(life, outcome)
+        finally:
+            self.last_report_s = time.perf_counter() - now
+
+    def _report(self, life: Lifecycle, outcome: StepOutcome) -> None:
         if life.final:
             return
         try:
             if outcome.version == 1 or outcome.version % 10 == 0:
-                with contextlib.suppress(SiteUnreachable):  # T_train again; the next one will do when down
-                    self.site.announce(self.job_id, t_train=self.loop.t_train_avg)
-            _log_step(self.loop, outcome)
-            self.outbox.report(_metrics(self.loop, outcome, self.ctx))  # queued while the site is down
+                self.outbox.announce(self.loop.t_train_avg)  # T_train again, from the outbox's thread
+            log_step(self.loop, outcome)
+            metrics = step_metrics(self.loop, outcome, self.ctx)
+            self.explog.log(outcome.version, metrics)  # TensorBoard, W&B: a queue append, never a failure
+            self.outbox.report(metrics)  # queued while the site is down
         except SiteError as err:  # a refusal; cancelled meanwhile is not a failure of ours
             life.report_failed(self.site_status(), outcome.version, str(err))
 
@@ -306,7 +383,15 @@ class _JobRun:
         assert life.final and life.status is not None
         if life.commit and self.loop.uncommitted:
             self.loop.commit()
-        if self.outbox.pending and not self.outbox.drain(within_s=self.settings.site_outage_s):
+        self.loop.settle(acknowledge=life.commit)  # what the committer was handed is on disk before the job ends
+        if life.state is State.COMPLETED and self.loop.version % self.spec.kappa:
+            self._publish_final()
+        try:
+            drained = self.outbox.drain(within_s=self.settings.site_outage_s)
+        except SiteError as err:  # a report refused at the very end: the job's outcome stands
+            log.error("job %s: the site refused a report: %s", self.job_id, err)
+            drained = True
+        if not drained:
             log.error("job %s: the site did not answer for %.0f s; %d reports were not delivered", self.job_id,
                       self.settings.site_outage_s, self.outbox.pending)
         if life.state is State.ENDED:
@@ -316,6 +401,15 @@ class _JobRun:
         else:
             self.site.finish(self.job_id, status=JobStatus.COMPLETED, reason=life.reason)
         return life.status
+
+    def _publish_final(self) -> None:
+        """The final model between two publications (max_steps or the target not a multiple of kappa) is
+        published too: the job's newest snapshot is its final model, which the owner exports (docs/cli.md)."""
+        try:
+            self.publish(self.loop.version, background=False)
+            log.info("job %s: published the final model as v%d", self.job_id, self.loop.version)
+        except (SiteError, OSError) as err:  # the job's outcome stands; the checkpoint holds the model
+            log.error("job %s: could not publish the final model v%d: %s", self.job_id, self.loop.version, err)
 
     def site_status(self) -> str | None:
         """The job's status on the site, or None when the site does not answer (the caller carries on)."""
@@ -337,32 +431,32 @@ def _resume(loop: LearnerLoop, raw: dict, job_id: int) -> Checkpoint | None:
     return ckpt
 
 
-def _metrics(loop: LearnerLoop, outcome: StepOutcome, ctx: distributed.DistContext) -> dict:
-    """The step's report to the site (``POST /api/jobs/<id>/metrics/``)."""
-    result, version = outcome.result, outcome.version
-    histogram = collections.Counter(outcome.lags)
-    metrics = {
-        "step": version, "reward_mean": result.reward_mean, "reward_std": result.reward_std, "loss": result.loss,
-        "max_staleness": max(outcome.lags), "dropped_stale": loop.consumer.dropped_total,
-        "t_train": outcome.t_train, "wait_s": outcome.wait_s,
-        "extra": {
-            **result.metrics(), "tokens": result.tokens, "tokens_per_s": result.tokens / max(outcome.t_train, 1e-9),
-            "staleness_histogram": {str(lag): histogram[lag] for lag in sorted(histogram)},
-            "dropped_this_step": outcome.dropped, "bubble": outcome.wait_s / max(outcome.wait_s + outcome.t_train,
-                                                                                   1e-9),
-            "checkpointed": outcome.checkpointed, "ranks": ctx.world,
-            "entries": outcome.entry_ids,  # the replay-buffer entries trained: audits find losses and repeats
-        },
-    }
-    return metrics
+def _auditor(spec: JobSpec, settings: LearnerSettings, trainer: PolicyTrainer, store: SnapshotStore) -> Auditor | None:
+    """The audits of the workers' records (learner/audit.py) on a frozen scoring copy of the policy."""
+    if settings.audit_fraction <= 0:
+        return None
+    scorer = _plain_copy(trainer, spec).eval().requires_grad_(False)
+    return Auditor(scorer, pad_id=trainer.pad_id, task=build_task(spec.task),
+                   weights=snapshot_weights(store.root, spec.model_dir),
+                   settings=AuditSettings(fraction=settings.audit_fraction,
+                                          logprob_tolerance=settings.audit_logprob_tolerance))
 
 
-def _log_step(loop: LearnerLoop, outcome: StepOutcome) -> None:
-    result, m = outcome.result, outcome.result.metrics()
-    log.info("step %d reward=%.3f loss=%.4f kl=%.4f clip=%.3f |g|=%.3f max_lag=%d dropped=%d t_train=%.3fs "
-             "wait=%.3fs%s", outcome.version, result.reward_mean, result.loss, m["kl"], m["clip_fraction"],
-             result.grad_norm, max(outcome.lags), loop.consumer.dropped_total, outcome.t_train, outcome.wait_s,
-             " (checkpoint)" if outcome.checkpointed else "")
+def _plain_copy(trainer: PolicyTrainer, spec: JobSpec) -> torch.nn.Module:
+    """An unsharded copy of the policy's architecture for rank 0 alone (the auditor loads each version's
+    weights into it): a deep copy, or for a sharded policy the base model again (a whole model in memory)."""
+    if not trainer.sharded:
+        return copy.deepcopy(trainer.module)
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(spec.model_dir).to(trainer.ctx.device)
+
+
+def _each_tensor_once(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A checkpoint's copy of the weights as a snapshot publishes them: a tied tensor once, under its first name
+    (the copy keeps tied tensors shared, as ``PolicyTrainer.full_state`` gives them)."""
+    seen: set[int] = set()
+    return {name: t for name, t in state.items() if not (t.data_ptr() in seen or seen.add(t.data_ptr()))}
 
 
 def _fail(site: SiteClient, job_id: int, reason: str) -> JobStatus:
@@ -378,6 +472,15 @@ def _fail(site: SiteClient, job_id: int, reason: str) -> JobStatus:
 def _loss_line(s: LossConfig) -> str:
     return (f"{s.type}/{s.aggregation}/{s.off_policy} eps=({s.clip_eps_low},{s.clip_eps_high}) beta={s.kl_beta}"
             + (f" C={s.is_cap}" if s.off_policy in ("tis", "mis") else ""))
+
+
+def _experiment_log(settings: LearnerSettings, raw: dict, resolved: dict[str, Any]) -> ExperimentLog:
+    """TensorBoard and W&B (learner/explog.py). The W&B run id is the job's (its id and creation time), so a
+    restarted learner continues the same run."""
+    job_id = settings.job
+    run_id = f"job{job_id}-" + hashlib.sha256(f"{job_id}/{raw.get('created_at')}".encode()).hexdigest()[:12]
+    return experiment_log(job_id=job_id, run_id=run_id, logdir=settings.logdir if settings.tensorboard else None,
+                          wandb_project=settings.wandb_project, config=resolved)
 
 
 def _resolved_config(spec: JobSpec, settings: LearnerSettings, ctx: distributed.DistContext) -> dict[str, Any]:

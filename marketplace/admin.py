@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from .models import Activation, Job, JobMetric, Provider, Snapshot, Worker, WorkerSession
+from .models import Activation, Job, JobMetric, Provider, Snapshot, Worker, WorkerAudit, WorkerSession
 
 
 @admin.register(Provider)
@@ -10,7 +10,8 @@ class ProviderAdmin(admin.ModelAdmin):
 
 @admin.register(Worker)
 class WorkerAdmin(admin.ModelAdmin):
-    list_display = ("id", "name", "provider", "gpu", "price_per_hour", "throughput", "status", "last_heartbeat")
+    list_display = ("id", "name", "provider", "gpu", "price_per_hour", "throughput", "status", "last_heartbeat",
+                    "audits_passed", "audits_failed", "suspended_at")
     list_filter = ("status",)
     exclude = ("key_hash",)
 
@@ -39,3 +40,9 @@ class SnapshotAdmin(admin.ModelAdmin):
 @admin.register(JobMetric)
 class JobMetricAdmin(admin.ModelAdmin):
     list_display = ("id", "job", "step", "reward_mean", "max_staleness", "t_train", "wait_s")
+
+
+@admin.register(WorkerAudit)
+class WorkerAuditAdmin(admin.ModelAdmin):
+    list_display = ("id", "job", "worker", "step", "passed", "failed", "dropped_records", "reason")
+    list_filter = ("worker",)

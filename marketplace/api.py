@@ -4,16 +4,24 @@ from __future__ import annotations
 
 import re
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from django.core.handlers.asgi import ASGIRequest
+from django.http import StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
-from . import provisioning, scheduling, selectors, services, stream
+from dataplane.jobs import JobSpec
+
+from . import exports, provisioning, scheduling, selectors, services, stream
 from . import serializers as s
 from .auth import AGENT_KEY_ALLOWED
 from .models import Job, Worker
+from .renderers import TomlRenderer, YamlRenderer
+from .schema import ErrorSerializer
 
 
 def _service_call(fn, **kwargs):
@@ -171,10 +179,24 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         except provisioning.ProvisioningInputError as err:
             raise ValidationError({err.field: [err.message]}) from None
 
+    @extend_schema(
+        responses={(200, "application/json"): JobSpec, (200, "application/toml"): OpenApiTypes.STR,
+                   (200, "application/yaml"): JobSpec},
+        parameters=[OpenApiParameter("format", str, enum=["json", "toml", "yaml"], description=(
+            "json (default), toml or yaml; or ask by the Accept header."))])
+    @action(detail=True, methods=["get"], renderer_classes=[JSONRenderer, TomlRenderer, YamlRenderer])
+    def spec(self, request, pk=None, format=None):
+        """The job's resolved settings, every default filled in (kappa, the loss), as a job file that
+        ``echo2 job submit`` takes back (docs/cli.md)."""
+        job = self.get_object()
+        name = f"job-{job.pk}.{request.accepted_renderer.format}"
+        return Response(selectors.job_spec(job), headers={"Content-Disposition": f'attachment; filename="{name}"'})
+
     @extend_schema(responses=dict)
     @action(detail=True, methods=["get"])
     def summary(self, request, pk=None):
-        """Headline figures: step, reward, staleness, T_train, T_bcast, active workers, cost so far."""
+        """Headline figures: step, reward, staleness, T_train, T_bcast, active workers, cost so far (``cost_usd``:
+        the time workers reported installing or generating, at their prices, up to their last heartbeat)."""
         job = self.get_object()
         return Response(selectors.job_summary(job) | {"counters": stream.replay(job.pk).counters()})
 
@@ -183,7 +205,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
     @action(detail=True, methods=["get"])
     def live(self, request, pk=None):
         """What the job page draws: the summary, learner steps after ``since`` (with staleness histograms),
-        recent snapshots (T_bcast), active workers with their installed versions, and the forwarding chains
+        recent snapshots (T_bcast), active workers with their installed versions, reported states (``state``:
+        loading, installing, generating, idle or failed) and billed time and cost, and the forwarding chains
         of the newest snapshot (who feeds whom, who is behind)."""
         job = self.get_object()
         return Response(selectors.job_live(job, since_step=_since(request)))
@@ -211,3 +234,28 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         form.is_valid(raise_exception=True)
         job = _service_call(services.learner_announce, job=job, **form.validated_data)
         return Response(s.LearnerAnnouncedSerializer(job).data)
+
+    @extend_schema(
+        responses={(200, "application/x-tar"): OpenApiTypes.BINARY,
+                   503: OpenApiResponse(ErrorSerializer, description="The learner does not answer (it serves "
+                                        "snapshots only while it runs); `detail` names the offline command."),
+                   502: OpenApiResponse(ErrorSerializer, description="The learner refused, or served bad bytes.")},
+        parameters=[OpenApiParameter("version", int, description="Snapshot version (default: the newest "
+                                     "published; 0 is the base model)."),
+                    OpenApiParameter("dtype", str, enum=list(exports.DTYPES), description="as-trained (default) "
+                                     "or bf16 (floating weights cast to bfloat16).")])
+    @action(detail=True, methods=["get"])
+    def export(self, request, pk=None):
+        """The owner's model as a Hugging Face directory (config, tokenizer, ``model.safetensors``) in an
+        uncompressed tar, ``job<id>-v<version>/``: what ``from_pretrained`` and vLLM load as is (docs/cli.md,
+        ``echo2 job export``). Fetched from the job's learner while it runs."""
+        version, dtype = exports.parse_query(request.query_params)
+        planned = exports.job_export(job=self.get_object(), user=request.user, version=version, dtype=dtype)
+        pieces = planned.pieces()
+        if isinstance(request._request, ASGIRequest):  # daphne: read the learner off the event loop
+            pieces = exports.off_the_loop(pieces)
+        response = StreamingHttpResponse(pieces, content_type="application/x-tar")
+        response["Content-Length"] = str(planned.size)
+        response["Content-Disposition"] = f'attachment; filename="{planned.folder}.tar"'
+        response["X-Echo2-Version"], response["X-Echo2-Dtype"] = str(planned.version), planned.dtype
+        return response

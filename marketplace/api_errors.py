@@ -1,4 +1,7 @@
-"""One error shape for the whole API: ``{"detail": reason, "errors": {field: [reasons]}}``, never a 500 page."""
+"""One error shape for the whole API: ``{"detail": reason, "errors": {field: [reasons]}}``, never a 500 page.
+
+``detail`` is the first reason (with how many more there are); ``errors`` holds every one, so a client that
+sent three bad fields hears of all three at once."""
 
 from __future__ import annotations
 
@@ -16,12 +19,32 @@ def exception_handler(exc, context):
     if isinstance(data, dict) and "detail" in data:
         return response
     if isinstance(data, dict):
+        data = flat_errors(data)
         first_field, first_errors = next(iter(data.items()), ("request", ["invalid"]))
         reason = first_errors[0] if isinstance(first_errors, list) and first_errors else first_errors
-        response.data = {"detail": f"{first_field}: {reason}", "errors": data}
+        count = sum(len(v) if isinstance(v, list) else 1 for v in data.values())
+        more = f" (and {count - 1} more in errors)" if count > 1 else ""
+        response.data = {"detail": f"{first_field}: {reason}{more}", "errors": data}
     elif isinstance(data, list):
         response.data = {"detail": str(data[0]) if data else "invalid request", "errors": {"request": data}}
     return response
+
+
+def flat_errors(errors, prefix: str = "") -> dict[str, list[str]]:
+    """DRF's nested errors (a list field's ``{0: {"worker_id": [...]}}``) as dotted paths to lists of strings
+    (``{"audits.0.worker_id": [...]}``): the shape the schema documents for every 400."""
+    if isinstance(errors, dict):
+        out: dict[str, list[str]] = {}
+        for key, value in errors.items():
+            out.update(flat_errors(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    if isinstance(errors, list) and any(isinstance(e, dict | list) for e in errors):
+        out = {}
+        for index, value in enumerate(errors):
+            if value:  # DRF lists an empty dict for each valid item
+                out.update(flat_errors(value, f"{prefix}.{index}" if prefix else str(index)))
+        return out
+    return {prefix or "request": [str(e) for e in errors] if isinstance(errors, list) else [str(errors)]}
 
 
 @csrf_exempt  # nothing to protect: it only ever says 404

@@ -13,6 +13,10 @@ themselves. What we chose, each term in [0, 1] so the weights keep the meaning t
 - ``Decay_i = max(0, 1 - age_i / 600)``: ``age_i`` is the time since the worker's statistics were last
   refreshed (its last heartbeat), so stale statistics fade out linearly over the window.
 
+Beyond the paper, the score is multiplied by the worker's audit pass rate (``Trust_i``: the share of its groups
+the learners audited that matched, 1 until audited; docs/trust.md, Audits): a worker caught forging work is
+not the one to trust with everybody's weights either.
+
 Progressive deprioritisation (C.3 "seeds first, then toward chain tails, then dropped from the forwarding
 role"): one or two failures lower Stability and so cost seed rank; ``f_i >= failure_threshold`` marks a
 worker degraded: it is never a seed and is appended after every healthy worker (toward the tails);
@@ -55,6 +59,8 @@ class WorkerStats:
     last_seen: float = 0.0
     """Time (s, the caller's clock) the statistics were last refreshed."""
     last_failure_at: float | None = None
+    audit_pass_rate: float = 1.0
+    """Share of its audited groups that passed the learners' audits (1 until audited): ``Trust_i``."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +97,7 @@ def score_terms(stats: WorkerStats, *, best_bandwidth_bps: float, now: float,
 
 def scores(workers: Sequence[WorkerStats], *, now: float, params: ScoreParams = ScoreParams(),
            best_bandwidth_bps: float | None = None) -> dict[int, float]:
-    """``Score_i = Decay_i (0.5 Speed_i + 0.35 Success_i + 0.15 Stability_i)`` for every worker.
+    """``Score_i = Trust_i Decay_i (0.5 Speed_i + 0.35 Success_i + 0.15 Stability_i)`` for every worker.
 
     Speed is relative to the best bandwidth among ``workers`` unless the caller names the best of a larger
     pool (``best_bandwidth_bps``): a page showing a few workers ranks them against the whole fleet.
@@ -101,8 +107,9 @@ def scores(workers: Sequence[WorkerStats], *, now: float, params: ScoreParams = 
     out = {}
     for w in workers:
         t = score_terms(w, best_bandwidth_bps=best_bandwidth_bps, now=now, params=params)
-        out[w.worker_id] = t["decay"] * (params.speed_weight * t["speed"] + params.success_weight * t["success"]
-                                         + params.stability_weight * t["stability"])
+        out[w.worker_id] = w.audit_pass_rate * t["decay"] * (
+            params.speed_weight * t["speed"] + params.success_weight * t["success"]
+            + params.stability_weight * t["stability"])
     return out
 
 
@@ -131,13 +138,17 @@ def place_tails(plan: ChainPlan, tails: Sequence[int], *, relays: Collection[int
 
     Such a worker may only end a chain, after its relays (docs/broadcast.md "Enabling relaying"). ``tails``
     come best first (the caller orders them by bandwidth); each ends the shortest chain whose tail is still
-    one of ``relays``; when every chain has its tail, it starts a new chain while there are fewer than
-    ``n_ch``, else it is rollout-only and fetches over HTTP.
+    one of ``relays`` (ties: the plan's order); when every chain has its tail, it starts a new chain while
+    there are fewer than ``n_ch``, else it is rollout-only and fetches over HTTP.
+
+    A chain that takes such a tail is closed (its tail serves nobody), so the open chains are sorted once and
+    handed out in that order: O(C log C + T) for C chains and T tails, not a sort per tail.
     """
     built = [list(c) for c in plan.chains]
     rollout_only = list(plan.rollout_only)
+    open_chains = iter(sorted((c for c in built if not c or c[-1] in relays), key=len))
     for worker_id in tails:
-        open_chain = next((c for c in sorted(built, key=len) if not c or c[-1] in relays), None)
+        open_chain = next(open_chains, None)
         if open_chain is not None:
             open_chain.append(worker_id)
         elif len(built) < n_ch:
@@ -167,6 +178,17 @@ def children(plan: ChainPlan) -> dict[int, int | None]:
     for chain in plan.chains:
         for position, worker_id in enumerate(chain):
             out[worker_id] = chain[position + 1] if position + 1 < len(chain) else None
+    return out
+
+
+def routes(plan: ChainPlan) -> dict[int, tuple[int | None, int | None]]:
+    """``(parent, child)`` of every worker in one of the plan's chains, in one pass (O(N)): what a publication
+    sends each worker (``route`` per worker would scan the chains N times)."""
+    out: dict[int, tuple[int | None, int | None]] = {}
+    for chain in plan.chains:
+        last = len(chain) - 1
+        for i, worker_id in enumerate(chain):
+            out[worker_id] = (chain[i - 1] if i else LEARNER), (chain[i + 1] if i < last else None)
     return out
 
 

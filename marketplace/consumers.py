@@ -5,9 +5,11 @@ is applied. Pushes from services (assign, release, snapshot) arrive as ``agent.m
 
 Limits (docs/trust.md "Limits"): failed keys per client address, hellos per worker, a token bucket of
 messages per connection (closed with 4429 after sustained abuse), frames up to ``ECHO2_WS_MAX_MESSAGE_BYTES``
-(closed with 4413 beyond), JSON nested at most ``ECHO2_JSON_MAX_DEPTH`` levels. The reason always comes as a
-``rejected`` frame first: daphne passes no close reason text on, and its websocket library lets a server close
-only with 1000 or 3000-4999, so the codes are HTTP's in the application range (as 4401), not 1008/1009.
+(closed with 4413 beyond; the ``welcome`` announces the limit, and a bigger group comes as ``trajectories_part``
+frames, joined per connection by ``marketplace/assembly.py``), JSON nested at most ``ECHO2_JSON_MAX_DEPTH``
+levels. The reason always comes as a ``rejected`` frame first: daphne passes no close reason text on, and its
+websocket library lets a server close only with 1000 or 3000-4999, so the codes are HTTP's in the application
+range (as 4401), not 1008/1009.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
@@ -24,12 +28,15 @@ from django.utils import timezone
 from dataplane import messages as m
 
 from . import selectors, services, throttling
+from .assembly import GroupAssembler
+from .jobcache import FreshFor
 from .jsonlimits import JSONLimitError, check_json
 
 log = logging.getLogger(__name__)
 
 UNAUTHORIZED = 4401
 TOO_MANY_REQUESTS = 4429  # over the rate limits, sustained (the standard 1008 cannot be sent through daphne)
+ROLLOUT_MESSAGES = (m.LeaseRequest, m.Trajectories, m.TrajectoriesPart)  # the hot path: checked without a query
 MESSAGE_TOO_BIG = 4413  # a frame over ECHO2_WS_MAX_MESSAGE_BYTES (the standard 1009 cannot be sent through daphne)
 
 
@@ -44,6 +51,30 @@ def _agent_key(scope) -> str:
 _TYPE = re.compile(r'"type"\s*:\s*"([a-z_]{1,32})"')
 
 
+GROUP_FRAMES = ("trajectories", "trajectories_part")
+METADATA_LEVEL = 5  # frame > group > records > record > metadata: where a group's free-form JSON sits
+
+
+def _parsed_group(text: str) -> m.Trajectories | m.TrajectoriesPart | None:
+    """A group frame parsed straight from its text (``messages.parse_agent_json``) when it is valid, its only
+    free-form part (each record's metadata) within the nesting limit; else None, and the frame takes the general
+    path, which says why (the same reasons as ever). The schema bounds the nesting of everything else."""
+    try:
+        message = m.parse_agent_json(text)
+    except m.MessageError:
+        return None
+    if not isinstance(message, m.Trajectories | m.TrajectoriesPart):
+        return None
+    depth = settings.ECHO2["JSON_MAX_DEPTH"] - METADATA_LEVEL + 1
+    try:
+        for record in message.group.records:
+            if record.metadata:
+                check_json(record.metadata, depth=depth)
+    except JSONLimitError:
+        return None
+    return message
+
+
 def _frame_type(text: str | None) -> str | None:
     """The ``type`` near the start of a frame, without parsing it (agents send it first)."""
     found = _TYPE.search(text[:256]) if text else None
@@ -56,6 +87,9 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         self.hello_at = None  # when this socket's session began: its close must not end a newer socket's
         self.bucket = throttling.MessageBucket.from_settings()
+        self.assembler = GroupAssembler()  # the group arriving in parts, if any: dropped with the socket
+        self.frame_bytes = 0  # size of the frame being handled, which the assembly counts
+        self.running = FreshFor(settings.ECHO2["AGENT_STATE_MAX_AGE_S"])  # the worker's running job, as last read
         await self.accept()
         client = (self.scope.get("client") or ["unknown"])[0]
         wait = await database_sync_to_async(throttling.AUTH_FAILURES.wait)(client)
@@ -71,6 +105,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_add(services.worker_group(self.worker.pk), self.channel_name)
 
     async def disconnect(self, code) -> None:
+        self.assembler.drop()
         if self.worker is not None:
             await self.channel_layer.group_discard(services.worker_group(self.worker.pk), self.channel_name)
             await database_sync_to_async(services.worker_disconnected)(worker=self.worker, since=self.hello_at)
@@ -86,7 +121,9 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             message = m.parse_agent_message(content)
         except m.MessageError as err:
             ref = content.get("type") if isinstance(content, dict) else None
-            if ref == "trajectories" and isinstance(content.get("group"), dict):
+            if ref == "trajectories_part":
+                self.assembler.drop()  # the group can no longer arrive whole
+            if ref in ("trajectories", "trajectories_part") and isinstance(content.get("group"), dict):
                 group = content["group"]
                 await database_sync_to_async(services.trajectories_malformed)(
                     worker=self.worker, job_id=group.get("job_id"), records=group.get("records"))
@@ -95,6 +132,10 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json(m.Rejected(reason=str(err), ref=ref if isinstance(ref, str) else None,
                                             ref_id=request_id).model_dump())
             return
+        await self._handle(message)
+
+    async def _handle(self, message) -> None:
+        """Call the message's service and send its replies, each naming the request's id."""
         if isinstance(message, m.Hello):
             wait = await database_sync_to_async(throttling.HELLOS.take)(str(self.worker.pk))
             if wait:
@@ -102,7 +143,11 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                                    TOO_MANY_REQUESTS, ref="hello")
                 return
         try:
-            replies = await database_sync_to_async(self._dispatch)(message)
+            if isinstance(message, ROLLOUT_MESSAGES):
+                replies = await self._rollout(message)
+            else:
+                self.running.clear()  # a hello, a heartbeat or a report may change the activation: read it again
+                replies = await database_sync_to_async(self._dispatch)(message)
         except services.ServiceError as err:
             replies = [m.Rejected(reason=str(err), ref=message.type)]
         except Exception:  # a bug must not kill the agent's session; it gets a reason, we get the traceback
@@ -121,6 +166,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if text_data is not None and not text_data.isascii():
             size = len(text_data.encode())
         limit = settings.ECHO2["WS_MAX_MESSAGE_BYTES"]
+        self.frame_bytes = size
         if size > limit:
             await self._refuse(f"frame of {size} bytes exceeds the site's limit of {limit} bytes; split it",
                                MESSAGE_TOO_BIG)
@@ -136,6 +182,11 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if text_data is None:
             await self.send_json(m.Rejected(reason="frames must be JSON text, not binary").model_dump())
             return
+        if _frame_type(text_data) in GROUP_FRAMES:
+            message = _parsed_group(text_data)
+            if message is not None:
+                await self._handle(message)
+                return
         try:
             content = json.loads(text_data)
             check_json(content)
@@ -151,6 +202,37 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             return
         await self.receive_json(content)
 
+    async def _rollout(self, message: m.LeaseRequest | m.Trajectories | m.TrajectoriesPart) -> list[m._Msg]:
+        """A lease or a group, checked against the running job this socket read (``marketplace.jobcache``): read
+        from the database when it is not held, then the work is Redis alone and runs off the database thread, so
+        the sockets' rollouts do not queue behind one another's queries."""
+        job_id = message.job_id if isinstance(message, m.LeaseRequest) else message.group.job_id
+        running = self.running.get(job_id)
+        if running is None:
+            read_at = time.monotonic()
+            try:
+                running = await database_sync_to_async(services.running_job)(worker=self.worker, job_id=job_id)
+            except services.ServiceError:
+                if isinstance(message, m.TrajectoriesPart):
+                    self.assembler.drop()  # the group can no longer arrive whole
+                raise
+            self.running.put(job_id, running, read_at=read_at)
+        return await sync_to_async(self._dispatch_rollout, thread_sensitive=False)(message, running)
+
+    def _dispatch_rollout(self, message, running) -> list[m._Msg]:
+        """The rollout messages' services, given the running job (no query: see :meth:`_rollout`)."""
+        worker = self.worker
+        match message:
+            case m.LeaseRequest():
+                return [services.prompts_lease(worker=worker, job_id=message.job_id, groups=message.groups,
+                                               running=running)]
+            case m.Trajectories():
+                return [services.trajectories_submit(worker=worker, group=message.group, running=running)]
+            case m.TrajectoriesPart():
+                return services.trajectories_part_submit(worker=worker, assembler=self.assembler, part=message,
+                                                         frame_bytes=self.frame_bytes, running=running)
+        raise services.ServiceError(f"type: {message.type} is not handled")
+
     def _dispatch(self, message) -> list[m._Msg]:
         worker = self.worker
         match message:
@@ -160,12 +242,13 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                                                  at=self.hello_at)
             case m.Heartbeat():
                 # The installed version it carries is not recorded: only hello and install reports set it.
-                services.worker_heartbeat(worker=worker, throughput=message.throughput)
+                services.worker_heartbeat(worker=worker, throughput=message.throughput, state=message.state,
+                                          reason=message.reason, job_id=message.job_id)
                 return []
-            case m.LeaseRequest():
-                return [services.prompts_lease(worker=worker, job_id=message.job_id, groups=message.groups)]
-            case m.Trajectories():
-                return [services.trajectories_submit(worker=worker, group=message.group)]
+            case m.LeaseReturn():
+                services.lease_return(worker=worker, job_id=message.job_id, lease_id=message.lease_id,
+                                      reason=message.reason)
+                return []
             case m.SnapshotInstalled():
                 services.snapshot_installed(worker=worker, job_id=message.job_id, version=message.version,
                                             seconds=message.seconds, source=message.source)
@@ -179,4 +262,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         raise services.ServiceError(f"type: {message.type} is not handled")
 
     async def agent_message(self, event) -> None:
+        """A push from services. Every one (assign, release, snapshot) may change the running job this socket
+        holds, so it is read again at the next lease or group; this handler runs between two of the socket's
+        messages, never during one (a consumer handles its events one at a time)."""
+        self.running.clear()
         await self.send_json(event["message"])

@@ -8,6 +8,9 @@ from typing import Any
 
 from django.conf import settings
 
+_SCALARS = frozenset({int, float, bool, type(None)})
+_SCALARS_OR_TEXT = _SCALARS | {str}
+
 
 class JSONLimitError(ValueError):
     """``path`` (``task.options.0``; empty for the document itself) names where, ``reason`` what."""
@@ -38,10 +41,13 @@ def check_json(value: Any, *, depth: int | None = None, forbid_nul: bool = False
             continue
         if level > limit:
             raise JSONLimitError(path, f"nested deeper than {limit} levels")
+        if isinstance(node, list) and (_SCALARS if forbid_nul else _SCALARS_OR_TEXT).issuperset(map(type, node)):
+            continue  # nothing to look into, found at C speed (a group's token ids and log-probs)
         items = node.items() if isinstance(node, dict) else enumerate(node)
+        # The path is spelled only for what is looked into: a group's long lists of token ids and log-probs hold
+        # none, and an f-string per number was most of a large frame's cost (issue 15).
         for key, item in items:
-            where = f"{path}.{key}" if path else str(key)
             if forbid_nul and isinstance(key, str) and "\x00" in key:
-                raise JSONLimitError(where, "NUL characters are not allowed in keys")
+                raise JSONLimitError(f"{path}.{key}" if path else key, "NUL characters are not allowed in keys")
             if isinstance(item, dict | list) or (forbid_nul and isinstance(item, str)):
-                stack.append((item, level + 1, where))
+                stack.append((item, level + 1, f"{path}.{key}" if path else str(key)))

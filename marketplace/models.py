@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import get_args
 
 from django.conf import settings
 from django.core.validators import MinValueValidator
@@ -13,6 +14,9 @@ from dataplane.broadcast import BROADCAST_STRATEGIES
 from dataplane.credentials import new_secret
 from dataplane.jobs import TERMINAL as TERMINAL_STATUSES
 from dataplane.jobs import JobStatus
+from dataplane.messages import WorkerState
+
+from . import billing
 
 
 class Provider(models.Model):
@@ -53,6 +57,12 @@ class Worker(models.Model):
     throughput = models.FloatField(null=True, blank=True, help_text="mu_i, trajectories/s (measured).")
     installed_version = models.IntegerField(null=True, blank=True)
     key_hash = models.CharField(max_length=64, unique=True, help_text="sha256 of the agent key.")
+    audits_passed = models.PositiveIntegerField(default=0, help_text="Audited groups whose log-probs and rewards "
+                                                "the learner recomputed and found right (all jobs).")
+    audits_failed = models.PositiveIntegerField(default=0, help_text="Audited groups found wrong (all jobs).")
+    suspended_at = models.DateTimeField(null=True, blank=True, help_text="When repeated audit failures suspended "
+                                        "it: never activated again until staff lift it (admin).")
+    suspended_reason = models.CharField(max_length=600, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -61,6 +71,12 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.provider})"
+
+    @property
+    def audit_pass_rate(self) -> float | None:
+        """Share of its audited groups that passed; None before its first audit."""
+        audited = self.audits_passed + self.audits_failed
+        return self.audits_passed / audited if audited else None
 
     @property
     def relay_bandwidth_bps(self) -> float:
@@ -139,6 +155,10 @@ class Job(models.Model):
     broadcast_strategy = models.CharField(
         max_length=16, default="chain", choices=[(s, s) for s in BROADCAST_STRATEGIES],
         help_text="Snapshot broadcast: relay chains, or every worker pulls from the learner (docs/broadcast.md).")
+    snapshot_dtype = models.CharField(max_length=8, default="bf16", choices=[("bf16", "bf16"), ("fp32", "fp32")],
+                                      help_text="The dtype snapshots carry the weights in (docs/broadcast.md).")
+    snapshot_full_every = models.PositiveIntegerField(
+        default=10, help_text="K: every K-th published version is a full snapshot, the others lossless deltas.")
 
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.DRAFT)
     status_reason = models.CharField(max_length=500, blank=True)
@@ -151,6 +171,9 @@ class Job(models.Model):
     learner_t_train = models.FloatField(null=True, blank=True, help_text="Calibrated T_train, seconds.")
     learner_seen_at = models.DateTimeField(null=True, blank=True)
     learner_relay = models.CharField(max_length=200, blank=True, help_text="host:port of the learner's relay hub.")
+    vocab_size = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Rows of the model's token embedding, as the learner reported it: returned "
+        "token ids must be below it (docs/trust.md). Unknown until the learner first announces itself.")
     # Signs the job's transfer credentials (docs/trust.md). Only the site and the job's learner (in the reply to
     # its announcement) know it: no serializer, page or agent message carries it.
     transfer_secret = models.CharField(max_length=64, default=new_secret, editable=False,
@@ -177,7 +200,10 @@ class Job(models.Model):
 
 
 class Activation(models.Model):
-    """A worker serving a job from ``started_at`` to ``ended_at``; the price is frozen for billing."""
+    """A worker serving a job from ``started_at`` to ``ended_at``; the price is frozen for billing, and only the
+    time its agent reported ``installing`` or ``generating`` is billed (``marketplace.billing``)."""
+
+    State = models.TextChoices("State", [(state, state) for state in get_args(WorkerState)])
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="activations")
     worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="activations")
@@ -185,15 +211,23 @@ class Activation(models.Model):
     started_at = models.DateTimeField(default=timezone.now)
     ended_at = models.DateTimeField(null=True, blank=True)
     end_reason = models.CharField(max_length=200, blank=True)
+    billed_seconds = models.FloatField(default=0.0, help_text="Seconds billed: installing and generating time "
+                                       "its agent reported, up to its last report (or the end).")
+    state = models.CharField(max_length=16, choices=State.choices, default="loading",
+                             help_text="What the agent last reported doing for the job (a new activation loads).")
+    state_reason = models.CharField(max_length=200, blank=True, help_text="Why the state is failed, if it is.")
+    state_since = models.DateTimeField(default=timezone.now, help_text="When the agent entered ``state``.")
+    reported_at = models.DateTimeField(default=timezone.now, help_text="The last state report: time is billed up "
+                                       "to here.")
 
     class Meta:
         constraints = [
             models.UniqueConstraint(fields=["worker"], condition=models.Q(ended_at=None), name="one_open_activation")
         ]
 
-    def cost_usd(self, now=None) -> float:
-        end = self.ended_at or now or timezone.now()
-        return float(self.price_per_hour) * max(0.0, (end - self.started_at).total_seconds()) / 3600.0
+    def cost_usd(self) -> float:
+        """The billed time at the frozen price; an open activation's time since its last report is not in it yet."""
+        return billing.cost_usd(price_per_hour=float(self.price_per_hour), billed_seconds=self.billed_seconds)
 
 
 class Snapshot(models.Model):
@@ -244,3 +278,20 @@ class SnapshotInstall(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["snapshot", "worker"], name="one_install_per_worker")]
+
+
+class WorkerAudit(models.Model):
+    """The learner's audits of one worker's groups reported with one step (learner/audit.py): one row per
+    (job, worker, step), so a report sent again (a restarted learner) counts once."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="audits")
+    worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="audits")
+    step = models.PositiveIntegerField()
+    passed = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+    dropped_records = models.PositiveIntegerField(default=0, help_text="Its records dropped for the failures.")
+    reason = models.CharField(max_length=500, blank=True, help_text="The last failure's.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "worker", "step"], name="one_audit_row_per_step")]

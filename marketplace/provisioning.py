@@ -169,9 +169,13 @@ def feasibility(*, staleness: int, kappa: int, t_train: float, t_bcast: float, b
                                target=None, overlap=None if mu_pool is None else False, max_lag=None,
                                lag_bound="", lag_within_budget=None)
     if kappa * t_train <= t_bcast:
+        wait = t_bcast - kappa * t_train
         return replace(report, reason=(
             f"no pool can keep up: kappa*T_train = {kappa} x {t_train:.3g} s = {kappa * t_train:.3g} s <= "
-            f"T_bcast = {t_bcast:.3g} s; shorten the broadcast or publish less often (larger kappa, larger S)"))
+            f"T_bcast = {t_bcast:.3g} s. Training still goes on, every worker is used, but the learner waits "
+            f"at least {wait:.3g} s of every publication period for the broadcast (a bubble of at least "
+            f"{wait / (wait + kappa * t_train):.0%}); to keep it busy, shorten the broadcast or publish less often "
+            f"(larger kappa, larger S)"))
     need = mu_min(kappa=kappa, batch=batch, t_train=t_train, t_bcast=t_bcast)
     tight = delta_max_tight(kappa=kappa, t_train=t_train, t_bcast=t_bcast)
     overlap = None if mu_pool is None else mu_pool >= need * (1 - 1e-9)

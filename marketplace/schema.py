@@ -10,7 +10,8 @@ from rest_framework import serializers
 
 
 class ErrorSerializer(serializers.Serializer):
-    detail = serializers.CharField(help_text="The reason; for a bad field 'field: reason' (the first one).")
+    detail = serializers.CharField(help_text="The reason; for a bad field 'field: reason' (the first one, "
+                                   "then '(and N more in errors)' when there are more).")
     errors = serializers.DictField(child=serializers.ListField(child=serializers.CharField()), required=False,
                                    help_text="Every reason, by field (a dotted path inside JSON objects).")
 

@@ -12,6 +12,9 @@ from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
 from knox.models import AuthToken
 
+from dataplane.jobs import JobSpec
+from dataplane.timing import split_line
+
 from . import chains, provisioning, telemetry
 from .models import Activation, Job, JobMetric, Snapshot, Worker, WorkerSession
 
@@ -33,6 +36,12 @@ def user_has_api_token(user) -> bool:
     return AuthToken.objects.filter(user=user).exists()
 
 
+def job_spec(job: Job) -> dict:
+    """The job's resolved settings (every default filled in, as the learner trains with them) as a JobSpec
+    mapping: what ``echo2 job submit`` takes back. Every JobSpec field has its own column, so nothing is lost."""
+    return JobSpec.model_validate({name: getattr(job, name) for name in JobSpec.model_fields}).model_dump(mode="json")
+
+
 def jobs_visible_to(user) -> QuerySet[Job]:
     qs = Job.objects.all()
     return qs if user.is_staff else qs.filter(owner=user)
@@ -51,8 +60,9 @@ def active_activation(*, worker: Worker, job_id: int | None = None) -> Activatio
 
 
 def job_cost_usd(job: Job) -> float:
-    now = timezone.now()
-    return sum(a.cost_usd(now) for a in job.activations.all())
+    """What the job's owner pays: the billed (installing and generating) time of every activation, each at its
+    frozen price, up to each worker's last state report."""
+    return sum(a.cost_usd() for a in job.activations.all())
 
 
 def latest_snapshot(job: Job) -> Snapshot | None:
@@ -117,6 +127,9 @@ def job_summary(job: Job, *, active: list[Activation] | None = None) -> dict:
         "throughput_target": throughput_target(job, snap.t_bcast if snap else 0.0),
         # Share of the last step the learner spent waiting for data (the bubble of section 3).
         "bubble_ratio": last.wait_s / (last.wait_s + last.t_train) if last and last.wait_s + last.t_train > 0 else None,
+        # Where the last step's whole wall time went (dataplane/timing.py): train, wait, checkpoint, publish, ...
+        "step_time": (last.extra or {}).get("timing") if last else None,
+        "step_time_line": split_line((last.extra or {}).get("timing") or {}) if last else "–",
         "cost_usd": round(cost, 6),
         "projected_cost_usd": round(cost * job.max_steps / job.learner_step, 6) if job.learner_step else None,
     }
@@ -172,23 +185,41 @@ def job_live(job: Job, *, since_step: int = 0) -> dict:
         "summary": job_summary(job, active=active),
         "metrics": [metric_point(m) for m in metrics],
         "snapshots": [snapshot_point(s) for s in job.snapshots.order_by("-version")[:20]][::-1],
-        "workers": [{"id": w.pk, "name": w.name, "gpu": w.gpu, "price_per_hour": float(w.price_per_hour),
-                     "throughput": w.throughput, "status": w.status, "installed_version": w.installed_version,
-                     "behind": _behind(job.published_version, w.installed_version)} for w in workers],
+        "workers": [live_worker(a, published=job.published_version) for a in active],
         "broadcast": job_broadcast(job, workers),
     }
 
 
+def live_worker(activation: Activation, *, published: int) -> dict:
+    """One active worker as the job page lists it: its figures, what it reports doing (``state``: billed
+    while installing or generating) and what its activation has cost so far."""
+    w = activation.worker
+    return {"id": w.pk, "name": w.name, "gpu": w.gpu, "price_per_hour": float(w.price_per_hour),
+            "throughput": w.throughput, "status": w.status, "installed_version": w.installed_version,
+            "behind": _behind(published, w.installed_version), "state": activation.state,
+            "state_reason": activation.state_reason, "billed_s": round(activation.billed_seconds, 3),
+            "cost_usd": round(activation.cost_usd(), 6)}
+
+
 def worker_earnings(workers) -> dict[int, dict]:
-    """Per worker: hours served in jobs and USD earned (activations priced at their frozen rate)."""
+    """Per worker: hours billed (installing and generating), hours active in jobs, and USD earned (billed
+    time at each activation's frozen rate)."""
     now = timezone.now()
     out: dict[int, dict] = {}
     for activation in Activation.objects.filter(worker__in=workers):
-        row = out.setdefault(activation.worker_id, {"hours": 0.0, "earned_usd": 0.0})
+        row = out.setdefault(activation.worker_id, {"hours": 0.0, "active_hours": 0.0, "earned_usd": 0.0})
         end = activation.ended_at or now
-        row["hours"] += max(0.0, (end - activation.started_at).total_seconds()) / 3600
-        row["earned_usd"] += activation.cost_usd(now)
+        row["hours"] += activation.billed_seconds / 3600
+        row["active_hours"] += max(0.0, (end - activation.started_at).total_seconds()) / 3600
+        row["earned_usd"] += activation.cost_usd()
     return out
+
+
+def worker_job_states(workers: Iterable[Worker]) -> dict[int, tuple[str, str]]:
+    """Per worker in a job: the state its agent last reported doing for it, and the reason when ``failed``."""
+    rows = Activation.objects.filter(worker__in=list(workers), ended_at=None)
+    return {worker_id: (state, reason) for worker_id, state, reason in
+            rows.values_list("worker_id", "state", "state_reason")}
 
 
 # ---- worker figures: relay score, uptime, utilization --------------------------------------------------
@@ -203,7 +234,8 @@ def chain_stats(workers: Iterable[Worker], *, now: float) -> list[chains.WorkerS
     return [chains.WorkerStats(
         worker_id=w.pk, bandwidth_bps=w.relay_bandwidth_bps, successes=w.relay_successes, failures=w.relay_failures,
         last_seen=w.last_heartbeat.timestamp() if w.last_heartbeat else now,
-        last_failure_at=w.relay_last_failure_at.timestamp() if w.relay_last_failure_at else None) for w in workers]
+        last_failure_at=w.relay_last_failure_at.timestamp() if w.relay_last_failure_at else None,
+        audit_pass_rate=1.0 if w.audit_pass_rate is None else w.audit_pass_rate) for w in workers]
 
 
 def worker_scores(workers: Iterable[Worker], *, now: datetime | None = None) -> dict[int, float | None]:
@@ -271,12 +303,15 @@ def worker_utilization(workers: Iterable[Worker], *, window: timedelta = UPTIME_
 
 
 def workers_with_figures(workers: Iterable[Worker], *, now: datetime | None = None) -> list[Worker]:
-    """The workers with ``score``, ``uptime`` and ``online_since`` attached, as the provider page and the API
-    show them; two queries for any number of workers."""
+    """The workers with ``score``, ``uptime``, ``online_since`` and ``job_state`` (what the agent reports doing
+    in its job, None outside one) attached, as the provider page and the API show them; three queries for any
+    number of workers."""
     workers, now = list(workers), now or timezone.now()
     scores, uptime = worker_scores(workers, now=now), worker_uptime(workers, now=now)
+    states = worker_job_states(workers)
     for worker in workers:
         worker.score = scores[worker.pk]
         worker.uptime = uptime[worker.pk]["uptime"]
         worker.online_since = uptime[worker.pk]["online_since"]
+        worker.job_state, worker.job_state_reason = states.get(worker.pk, (None, ""))
     return workers

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from decimal import Decimal
 
 from django.conf import settings
 from rest_framework import serializers
+from rest_framework.fields import empty
 
 from dataplane.jobs import JobSpec, JobSpecError, parse_job_spec
 from dataplane.messages import MAX_THROUGHPUT
 
 from .addresses import AddressError, PeerPolicy, check_host_port, check_url
-from .models import Job, JobMetric, Snapshot, Worker, WorkerCalibration
+from .models import Activation, Job, JobMetric, Snapshot, Worker, WorkerCalibration
 
 # Bounds of numbers the API stores: every integer fits its column on every database (PostgreSQL's integer is 32
 # bits), every float is finite (DRF) and small enough that sums and means of many stay finite (JSON has no inf).
@@ -20,6 +22,7 @@ MAX_INT = 2**31 - 1
 MAX_SECONDS = 1e9
 MAX_FIGURE = 1e15
 MAX_BANDWIDTH_BPS = 10**12  # 8 Tbit/s
+MAX_VOCAB = 2**24  # token embedding rows: far beyond any real vocabulary (~256k)
 
 
 def _peer_address(value: str | None, *, url: bool = False) -> str | None:
@@ -48,14 +51,22 @@ class WorkerSerializer(serializers.ModelSerializer):
         "Share of the last 7 days (or since registration, if younger) the agent was connected."))
     online_since = serializers.DateTimeField(read_only=True, allow_null=True,
                                              help_text="Start of the current connection; null while offline.")
+    job_state = serializers.ChoiceField(
+        choices=Activation.State.choices, read_only=True, allow_null=True, help_text=(
+            "What the agent last reported doing in its job (billed only while installing or generating); null "
+            "outside a job."))
+    job_state_reason = serializers.CharField(read_only=True, help_text="Why the job state is failed, if it is.")
+    audit_pass_rate = serializers.FloatField(read_only=True, allow_null=True, help_text=(
+        "Share of its audited groups the learners found right (docs/trust.md \"Audits\"); null before any audit."))
 
     class Meta:
         model = Worker
         fields = ["id", "provider", "name", "gpu", "price_per_hour", "bandwidth_bps", "measured_bandwidth_bps",
                   "relay_address", "status", "last_heartbeat", "throughput", "unit_cost", "score", "uptime",
-                  "online_since", "installed_version", "created_at"]
+                  "online_since", "job_state", "job_state_reason", "installed_version", "audits_passed",
+                  "audits_failed", "audit_pass_rate", "suspended_at", "suspended_reason", "created_at"]
         read_only_fields = ["status", "last_heartbeat", "throughput", "measured_bandwidth_bps", "installed_version",
-                            "created_at"]
+                            "audits_passed", "audits_failed", "suspended_at", "suspended_reason", "created_at"]
 
 
 class CalibrationSerializer(serializers.ModelSerializer):
@@ -99,6 +110,13 @@ class WorkerRegisteredSerializer(WorkerSerializer):
         fields = [*WorkerSerializer.Meta.fields, "agent_key"]
 
 
+def _run_field(serializer: serializers.Serializer, name: str, field: serializers.Field, data: Mapping):
+    """One field's value from ``data`` as DRF checks it: the field's own checks, then ``validate_<name>``."""
+    value = field.run_validation(data.get(name, empty))
+    check = getattr(serializer, f"validate_{name}", None)
+    return check(value) if check else value
+
+
 class JobSerializer(serializers.ModelSerializer):
     owner = serializers.CharField(source="owner.username", read_only=True)
 
@@ -107,22 +125,40 @@ class JobSerializer(serializers.ModelSerializer):
         fields = ["id", "owner", "name", "model_dir", "task", "staleness", "kappa", "batch_trajectories",
                   "group_size", "gamma", "learner_uplink_bps", "learning_rate", "clip_eps", "max_steps",
                   "max_new_tokens", "temperature", "top_p", "seed", "target_reward", "loss", "broadcast_strategy",
-                  "status", "status_reason",
+                  "snapshot_dtype", "snapshot_full_every", "status", "status_reason",
                   "created_at", "started_at", "finished_at", "learner_step", "published_version",
-                  "learner_relay", "base_digest"]
+                  "learner_relay", "base_digest", "vocab_size"]
         read_only_fields = ["status", "status_reason", "created_at", "started_at", "finished_at", "learner_step",
-                            "published_version", "learner_relay", "base_digest"]
+                            "published_version", "learner_relay", "base_digest", "vocab_size"]
         extra_kwargs = {f: {"required": False} for f in JobSpec.model_fields
                         if f not in {"name", "model_dir", "task"}}
 
-    def validate(self, attrs):
-        raw = {k: v for k, v in attrs.items() if v is not None}
+    def to_internal_value(self, data):
+        """The body is a JobSpec (plus this serializer's own settings, such as a plan's estimates): unknown keys are
+        refused with the nearest known name, and every bad field is reported at once, not the first of them only.
+        DRF's per-column checks would drop unknown keys and stop before JobSpec's checks run."""
+        if not isinstance(data, Mapping):
+            raise serializers.ValidationError({"non_field_errors": [
+                f"Invalid data. Expected a dictionary, but got {type(data).__name__}."]})
+        own = {name: field for name, field in self.fields.items() if name not in JobSpec.model_fields}
+        errors: dict[str, list[str]] = {}
+        values = {}
+        for name, field in own.items():
+            if field.read_only:
+                if name in data:
+                    errors[name] = ["read-only: set by the site, not a job setting"]
+                continue
+            try:
+                values[name] = _run_field(self, name, field, data)
+            except serializers.ValidationError as err:
+                errors[name] = err.detail if isinstance(err.detail, list) else [err.detail]
         try:
-            spec = parse_job_spec(raw)
+            values["spec"] = parse_job_spec({k: v for k, v in data.items() if k not in own})
         except JobSpecError as err:
-            raise serializers.ValidationError({err.field: [err.message]}) from None
-        attrs["spec"] = spec
-        return attrs
+            errors = err.by_field() | errors
+        if errors:
+            raise serializers.ValidationError(errors)
+        return values
 
 
 class JobPlanRequestSerializer(JobSerializer):
@@ -240,6 +276,16 @@ class MetricSerializer(serializers.ModelSerializer):
                   "extra", "created_at"]
 
 
+class AuditResultSerializer(serializers.Serializer):
+    """One worker's audit outcomes since the learner's previous report (learner/audit.py)."""
+
+    worker_id = serializers.IntegerField(min_value=1, max_value=MAX_INT)
+    passed = serializers.IntegerField(min_value=0, max_value=1_000_000)
+    failed = serializers.IntegerField(min_value=0, max_value=1_000_000)
+    dropped_records = serializers.IntegerField(min_value=0, max_value=MAX_INT, required=False, default=0)
+    reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+
+
 class MetricReportSerializer(serializers.Serializer):
     step = serializers.IntegerField(min_value=1, max_value=MAX_INT)
     reward_mean = serializers.FloatField(min_value=-MAX_FIGURE, max_value=MAX_FIGURE)
@@ -250,6 +296,9 @@ class MetricReportSerializer(serializers.Serializer):
     t_train = serializers.FloatField(min_value=0, max_value=MAX_SECONDS, required=False, default=0.0)
     wait_s = serializers.FloatField(min_value=0, max_value=MAX_SECONDS, required=False, default=0.0)
     extra = serializers.DictField(required=False, default=dict)
+    audits = AuditResultSerializer(many=True, required=False, default=list, max_length=10_000,
+                                   help_text="Audit outcomes per worker since the previous report; a worker "
+                                             "past ECHO2_AUDIT_SUSPEND_AFTER failures is suspended.")
 
 
 class SnapshotSerializer(serializers.ModelSerializer):
@@ -272,8 +321,14 @@ class SnapshotSerializer(serializers.ModelSerializer):
 
 class LearnerAnnounceSerializer(serializers.Serializer):
     t_train = serializers.FloatField(min_value=0, max_value=MAX_SECONDS, required=False, allow_null=True, default=None)
-    relay_address = serializers.CharField(max_length=200, required=False, allow_null=True, default=None,
-                                          help_text="host:port of the learner's relay hub (chain broadcast).")
+    relay_address = serializers.CharField(max_length=200, required=False, allow_null=True, allow_blank=True,
+                                          default=None, help_text=(
+                                              "host:port of the learner's relay hub (chain broadcast); empty: it "
+                                              "runs none (a star strategy), so every worker fetches over HTTP."))
+    vocab_size = serializers.IntegerField(min_value=1, max_value=MAX_VOCAB, required=False, allow_null=True,
+                                          default=None, help_text=(
+                                              "Rows of the model's token embedding: the site refuses returned token "
+                                              "ids at or above it (docs/trust.md)."))
 
     def validate_relay_address(self, value: str | None) -> str | None:
         return _peer_address(value)

@@ -10,7 +10,7 @@ import logging
 
 from celery import shared_task
 
-from . import scheduling, services
+from . import observability, scheduling, services
 from .models import Job
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,7 @@ def provision_waiting_jobs() -> int:
 @shared_task
 def replan_running_jobs() -> int:
     """The low-frequency scheduler (beat): adjust every running job's active set with hysteresis."""
+    observability.celery_alive()
     return sum(_replan(job) for job in Job.objects.filter(status=Job.Status.RUNNING).order_by("started_at"))
 
 

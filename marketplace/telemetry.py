@@ -13,6 +13,8 @@ import secrets
 
 from django.conf import settings
 
+from dataplane.replay import TimedEvent, add_event
+
 from . import chains, controller, stream
 
 KEEP = 512  # heartbeats kept per worker: minutes of history at the default interval
@@ -42,16 +44,18 @@ def accepted_key(worker_id: int, job_id: int) -> str:
     return f"echo2:worker:{worker_id}:job:{job_id}:accepted"
 
 
-def record_accepted(worker_id: int, *, job_id: int, at: float, records: int) -> None:
+def accepted_event(worker_id: int, *, job_id: int, at: float, records: int) -> TimedEvent:
     """The site accepted ``records`` trajectories of ``job_id`` from the worker: the evidence its measured
     throughput is computed from (never the worker's own figures). A sorted set by time, trimmed to two
-    windows, so reading the window costs what the window holds (heartbeats read it)."""
-    key = accepted_key(worker_id, job_id)
-    pipe = stream.client().pipeline()
-    pipe.zadd(key, {f"{at!r}:{records}:{secrets.token_hex(4)}": at})
-    pipe.zremrangebyscore(key, "-inf", at - 2 * window_s())
-    pipe.expire(key, 3600)
-    pipe.execute()
+    windows, so reading the window costs what the window holds (heartbeats read it). Returned as an event for
+    the replay buffer to add in the same round trip as the group it counts (``ReplayBuffer.return_group``)."""
+    return TimedEvent(key=accepted_key(worker_id, job_id), member=f"{at!r}:{records}:{secrets.token_hex(4)}",
+                      at=at, keep_after=at - 2 * window_s(), ttl_s=3600)
+
+
+def record_accepted(worker_id: int, *, job_id: int, at: float, records: int) -> None:
+    """:func:`accepted_event` added on its own (the site adds it with the group it counts)."""
+    add_event(stream.client(), accepted_event(worker_id, job_id=job_id, at=at, records=records))
 
 
 def recent_accepted(worker_ids: list[int], *, job_id: int, now: float) -> dict[int, list[tuple[float, int]]]:

@@ -213,16 +213,24 @@ def test_services_wait_for_what_they_need(services):
                 assert check.get("test") and not check.get("disable"), f"{name} waits on {dep}'s health check"
 
 
-def test_health_check_calls_a_url_that_answers_without_login(services, client, settings):
+@pytest.mark.django_db
+def test_health_check_calls_a_url_that_answers_without_login(services, client, settings, redis_url):
+    """The image's own check is liveness (/healthz: the process answers); compose's is readiness (/readyz: the
+    database, Redis and a recent Celery beat), which other services wait for."""
+    from marketplace import observability
+
     test = services["site"]["healthcheck"]["test"]
     (url,) = re.findall(r"https?://[^'\"\s]+", " ".join(test))
     dockerfile_check = " ".join(a for kw, a in _instructions(DOCKER / "Dockerfile.site") if kw == "HEALTHCHECK")
-    assert url in dockerfile_check
-    parts = urlsplit(url)
+    (image_url,) = re.findall(r"https?://[^'\"\s]+", dockerfile_check)
+    assert urlsplit(url).path == "/readyz" and urlsplit(image_url).path == "/healthz"
+    observability.celery_alive()  # what Celery beat does every 5 s
     settings.ALLOWED_HOSTS = _environment(services["site"])["ALLOWED_HOSTS"].split(",")
-    for host in (parts.netloc, "site:8000"):
-        response = client.get(parts.path, HTTP_HOST=host)
-        assert response.status_code == 200, f"{host}{parts.path}: {response.status_code}"
+    for checked in (url, image_url):
+        parts = urlsplit(checked)
+        for host in (parts.netloc, "site:8000"):
+            response = client.get(parts.path, HTTP_HOST=host)
+            assert response.status_code == 200, f"{host}{parts.path}: {response.status_code} {response.content}"
     for name in ("migrate", "celery-worker", "celery-beat"):
         assert services[name]["healthcheck"] == {"disable": True}, f"{name} would inherit the site's HTTP check"
 

@@ -105,6 +105,7 @@ def test_an_agent_with_no_copy_of_the_model_serves_a_job_from_the_base_it_downlo
     done = owner.get(f"jobs/{job['id']}/").json()
     assert done["status"] == "completed", done["status_reason"]
     assert done["learner_step"] == 4
+    assert owner.get(f"jobs/{job['id']}/summary/").json()["cost_usd"] > 0  # its agent reported generating
 
     digest = done["base_digest"]
     assert sorted(p.name for p in (cache / digest).iterdir() if not p.name.startswith(".")) == sorted(

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("dataplane", "learner", "worker_agent", "marketplace", "frontend", "echo2_site")
+PACKAGES = ("dataplane", "learner", "worker_agent", "marketplace", "frontend", "echo2_site", "echo2_cli",
+            "simulator")
 SITE_ONLY = {"django", "rest_framework", "drf_spectacular", "channels", "channels_redis", "celery", "daphne",
              "marketplace", "frontend", "echo2_site"}
 
@@ -25,7 +26,14 @@ FORBIDDEN: dict[str, set[str]] = {
     "worker_agent": {"learner", "redis", *SITE_ONLY},
     "marketplace": {"learner", "worker_agent", "frontend", "torch", "transformers"},
     "frontend": {"learner", "worker_agent", "torch", "transformers"},
+    # the owner's CLI: the REST API over httpx (typer, rich) and dataplane's job files; nothing of the site
+    "echo2_cli": {"learner", "worker_agent", "redis", *SITE_ONLY, "torch", "transformers", "safetensors"},
+    # the fleet simulator runs marketplace's pure cores (below) and nothing of the site, the planes or Redis
+    "simulator": {"learner", "worker_agent", "dataplane", "redis", "torch", "transformers",
+                  *(SITE_ONLY - {"marketplace"})},
 }
+# The only marketplace modules the simulator may import: plain functions over plain data, no Django.
+SIMULATOR_MAY_IMPORT = ("marketplace.chains", "marketplace.provisioning", "marketplace.controller")
 # Agents never talk to Redis, and redis-py is a dependency of the replay buffer alone among the planes.
 REDIS_ALLOWED = {"dataplane.replay"}
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 500, 60
@@ -68,6 +76,8 @@ def violations(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> list[
             top = target.split(".")[0]
             if top in FORBIDDEN.get(plane, set()):
                 out.append(f"{name} imports {target}")
+            elif plane == "simulator" and top == "marketplace" and not target.startswith(SIMULATOR_MAY_IMPORT):
+                out.append(f"{name} imports {target} (only {', '.join(SIMULATOR_MAY_IMPORT)})")
             elif top == "redis" and plane in ("dataplane", "learner", "worker_agent") and name not in REDIS_ALLOWED:
                 out.append(f"{name} imports {target} (only {', '.join(sorted(REDIS_ALLOWED))} may)")
     return out
@@ -154,8 +164,11 @@ def test_modules_and_functions_stay_readable() -> None:
 @pytest.mark.parametrize(("imports", "banned"), [
     ("worker_agent.cli, worker_agent.session, worker_agent.engines.hf", SITE_ONLY | {"learner", "redis"}),
     ("learner.cli, learner.trainer", SITE_ONLY | {"worker_agent"}),
+    ("echo2_cli.cli", SITE_ONLY | {"learner", "worker_agent", "redis", "torch", "transformers"}),
     ("dataplane.records, dataplane.messages, dataplane.jobs, dataplane.snapshot, dataplane.tasks",
      SITE_ONLY | {"learner", "worker_agent", "torch", "redis"}),
+    ("simulator.fleet, simulator.scenarios, simulator.metrics",
+     SITE_ONLY - {"marketplace"} | {"learner", "worker_agent", "dataplane", "torch", "redis"}),
 ])
 def test_what_each_plane_pulls_in_when_imported(imports: str, banned: set[str]) -> None:
     """The agent installs and runs without the site or Redis; the learner without the agent or the site."""

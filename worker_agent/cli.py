@@ -28,6 +28,9 @@ ConfigOpt = Annotated[
 ]
 
 
+EngineOpt = Annotated[str, typer.Option(help="Generation engine: auto (vllm on a GPU with vLLM, else hf), hf, vllm.")]
+
+
 def _fail(message: str) -> None:
     typer.echo(f"echo2-agent: error: {message}", err=True)
     raise typer.Exit(1)
@@ -83,8 +86,7 @@ def register(
 def run(
     config: ConfigOpt = None,
     device: Annotated[str | None, typer.Option(help="torch device (default: cuda if present, else cpu).")] = None,
-    engine: Annotated[str, typer.Option(help="Generation engine: auto (vllm on a GPU with vLLM, else hf), hf, "
-                                             "vllm.")] = "auto",
+    engine: EngineOpt = "auto",
     groups: Annotated[int, typer.Option(min=1, max=64, help="Prompt groups to lease at a time.")] = 2,
     threads: Annotated[int | None, typer.Option(min=1, help="CPU threads for torch.")] = None,
     seed: Annotated[int | None, typer.Option(help="Sampling seed (default: random).")] = None,
@@ -95,13 +97,18 @@ def run(
                                                    "kept, by digest (default ~/.cache/echo2/base-snapshots).")] = None,
     cache_gb: Annotated[float, typer.Option(min=0, help="Disk for cached base models, GB; the least recently used "
                                             "are evicted beyond it (the one in use is always kept).")] = 4.0,
+    status_every: Annotated[float, typer.Option(min=0, help="Seconds between two summaries of what the agent is "
+                                                "doing (each change is said at once); 0: changes only.")] = 30.0,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Warnings and errors only.")] = False,
     debug: Annotated[bool, typer.Option(help="Verbose logs and full tracebacks.")] = False,
 ) -> None:
     """Connect to the site and generate rollouts whenever the scheduler activates this machine. No model files are
-    needed here: each job's base model comes from its learner (snapshot version 0), cached under --cache-dir."""
+    needed here: each job's base model comes from its learner (snapshot version 0), cached under --cache-dir.
+
+    It says what it is doing: loading, installing vN, generating (groups/s, tokens/s), idle and why."""
     import asyncio
 
-    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO,
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING if quiet else logging.INFO,
                         format="%(asctime)s agent: %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("websockets").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -112,33 +119,61 @@ def run(
     import torch
 
     from .cache import BaseCache, default_cache_dir
-    from .engines import ENGINES, default_engine, make_engine
+    from .engines import make_engine
     from .session import AgentRejected, AgentSession
 
-    if engine not in (*ENGINES, "auto"):
-        _fail(f"--engine: unknown engine {engine!r}; use auto, {', '.join(ENGINES)}")
-    chosen = default_engine() if engine == "auto" else engine
+    chosen, options = _engine_choice(engine, device=device, seed=seed)
     if threads:
         torch.set_num_threads(threads)
-    options = {"seed": seed} | ({"device": device} if chosen == "hf" else {})
-    if relay_listen is None and cfg.relay_address:
-        relay_listen = "0.0.0.0:" + cfg.relay_address.rpartition(":")[2]
-    if relay_listen == "none":
-        relay_listen = None
-    if relay_listen is not None and not relay_listen.rpartition(":")[2].isdigit():
-        _fail(f"--relay-listen: expected HOST:PORT, got {relay_listen!r}")
+    relay_listen = _relay_listen(relay_listen, cfg)
     try:
         cache = BaseCache(cache_dir or default_cache_dir(), max_bytes=int(cache_gb * 1e9))
     except OSError as err:
         _fail(f"--cache-dir: {err}")
-    session = AgentSession(cfg, engine_factory=lambda model_dir: make_engine(chosen, model_dir, **options),
-                           cache=cache, groups_per_lease=groups, relay_listen=relay_listen)
+    warming = _warm_in_background(chosen, cache)
+    session = AgentSession(cfg, engine_factory=_after(warming, lambda d: make_engine(chosen, d, **options)),
+                           cache=cache, groups_per_lease=groups,
+                           relay_listen=relay_listen, status_every=status_every)
     try:
         asyncio.run(session.run_forever())
     except AgentRejected as err:
         _fail(f"the site refused this agent: {err}; register again")
     except KeyboardInterrupt:
         typer.echo("stopped", err=True)
+
+
+def _after(thread, build):
+    """``build`` once ``thread`` (the warm-up) is done: transformers' lazy imports are not thread-safe."""
+    def built(model_dir: str):
+        thread.join()
+        return build(model_dir)
+    return built
+
+
+def _relay_listen(value: str | None, cfg: AgentConfig) -> str | None:
+    """--relay-listen resolved: default 0.0.0.0 and the registered relay address' port; 'none': tail only."""
+    if value is None and cfg.relay_address:
+        value = "0.0.0.0:" + cfg.relay_address.rpartition(":")[2]
+    if value == "none":
+        return None
+    if value is not None and not value.rpartition(":")[2].isdigit():
+        _fail(f"--relay-listen: expected HOST:PORT, got {value!r}")
+    return value
+
+
+def _warm_in_background(engine: str, cache):
+    """Import the engine's modules while the agent connects, in a thread (started, returned: join it before
+    building an engine)."""
+    import threading
+
+    from .engines import warm_imports
+
+    entries = cache.entries()
+    recent = str(entries[-1].path) if entries else None  # the base model used last, likely the next job's
+    thread = threading.Thread(target=lambda: logging.getLogger(__name__).debug(
+        "engine modules imported in %.1fs", warm_imports(engine, recent)), name="warm-imports", daemon=True)
+    thread.start()
+    return thread
 
 
 @app.command()
@@ -149,13 +184,16 @@ def bench(
     group_size: Annotated[int, typer.Option(min=1, help="Samples per prompt (the job's n).")] = 8,
     groups: Annotated[int, typer.Option(min=1, help="Prompt groups per batch.")] = 2,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Longest completion.")] = 8,
-    device: Annotated[str | None, typer.Option(help="torch device (default: cuda if present, else cpu).")] = None,
+    engine: EngineOpt = "auto",
+    device: Annotated[str | None, typer.Option(help="torch device for the hf engine (default: cuda if present, "
+                                               "else cpu).")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="CPU threads for torch.")] = None,
     report: Annotated[bool, typer.Option(help="Send the figure to the site as this worker's calibration.")] = False,
     config: ConfigOpt = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
-    """Measure mu_i (trajectories/s) for a model and task; --report tells the scheduler."""
+    """Measure mu_i (trajectories/s) for a model and task with the engine `run` would use; --report tells the
+    scheduler."""
     from dataplane.tasks import TaskSpecError, build_task
 
     try:
@@ -176,17 +214,18 @@ def bench(
 
     from .bench import measure_throughput
     from .engines.base import SamplingParams
-    from .engines.hf import HFEngine
 
     if threads:
         torch.set_num_threads(threads)
-    engine = HFEngine(model, device=device, seed=0)
+    chosen, built = _bench_engine(engine, model, device=device)
+    where = f"{chosen} on {getattr(built, 'device', 'cuda')}"
     params = SamplingParams(max_new_tokens=max_new_tokens)
     with Progress(transient=True, disable=json_output) as progress:
-        bar = progress.add_task(f"generating on {engine.device}", total=seconds)
-        result = measure_throughput(engine, adapter, seconds=seconds, groups=groups, group_size=group_size,
+        bar = progress.add_task(f"generating ({where})", total=seconds)
+        result = measure_throughput(built, adapter, seconds=seconds, groups=groups, group_size=group_size,
                                     params=params, on_progress=lambda done: progress.update(bar, completed=done))
-    out = {"model": model, "task": adapter.spec(), "trajectories": result.trajectories, "seconds": result.seconds,
+    out = {"model": model, "engine": chosen, "task": adapter.spec(), "trajectories": result.trajectories,
+           "seconds": result.seconds,
            "throughput": result.throughput, "tokens_per_s": result.tokens_per_s}
     if cfg is not None:
         _report_calibration(cfg, model, adapter.spec(), result)
@@ -195,8 +234,29 @@ def bench(
         typer.echo(json.dumps(out))
     else:
         typer.echo(f"mu = {result.throughput:.2f} trajectories/s ({result.tokens_per_s:.0f} tokens/s, "
-                   f"{result.trajectories} trajectories in {result.seconds:.1f}s on {engine.device})"
+                   f"{result.trajectories} trajectories in {result.seconds:.1f}s, {where})"
                    + ("; reported to the site" if cfg else ""))
+
+
+def _engine_choice(engine: str, *, device: str | None, seed: int | None) -> tuple[str, dict]:
+    """The engine `run` and `bench` build (auto: vllm on a GPU with vLLM, else hf) and its constructor options."""
+    from .engines import ENGINES, default_engine
+
+    if engine not in (*ENGINES, "auto"):
+        _fail(f"--engine: unknown engine {engine!r}; use auto, {', '.join(ENGINES)}")
+    chosen = default_engine() if engine == "auto" else engine
+    return chosen, {"seed": seed} | ({"device": device} if chosen == "hf" else {})
+
+
+def _bench_engine(engine: str, model: str, *, device: str | None):
+    """The engine `run` would pick, loaded with ``model`` (seed 0); a clear error where it cannot run."""
+    from .engines import make_engine
+
+    chosen, options = _engine_choice(engine, device=device, seed=0)
+    try:
+        return chosen, make_engine(chosen, model, **options)
+    except RuntimeError as err:  # vLLM missing or unusable here
+        _fail(f"--engine {chosen}: {err}")
 
 
 def _report_calibration(cfg: AgentConfig, model: str, task: dict, result) -> None:

@@ -5,7 +5,10 @@ version 0 (:mod:`dataplane.basemodel`), checked against the job's base digest an
 :class:`~worker_agent.cache.BaseCache`, through the same ``from_pretrained`` path as any checkpoint directory;
 then each later version's weights are loaded into it. Every version, the base included, arrives the same way:
 from the chain parent (the session's relay, forwarding to our child) or over HTTP, every chunk verified.
-A failed install leaves the old weights and marks the version as one to reach before generating again.
+A version published as a delta is applied to the full payload of its base version, which the engine's
+:class:`~worker_agent.weights.HeldWeights` keep (waiting for that version's install when it is still under way);
+without it the version's full payload comes over HTTP (docs/broadcast.md "Formats"). A failed install leaves
+the old weights and marks the version as one to reach before generating again.
 """
 
 from __future__ import annotations
@@ -20,14 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import websockets
-from safetensors.torch import load
 
 from dataplane import basemodel
 from dataplane import messages as m
-from dataplane.snapshot import Manifest, SnapshotError, fetch_payload, parse_manifest, split
+from dataplane.snapshot import Manifest, SnapshotError, fetch_chunks, full_url, parse_manifest, split
 
 from .cache import BaseCache
 from .engines.base import Engine
+from .weights import HeldWeights, rebuild
 
 log = logging.getLogger("echo2.agent")
 
@@ -43,6 +46,7 @@ class JobEngine:
     base_digest: str
     engine: Engine
     version: int = 0
+    held: HeldWeights | None = None  # the full payload of ``version`` (None for the base): what deltas apply to
 
 
 class SnapshotInstalls:
@@ -133,36 +137,57 @@ class SnapshotInstalls:
             path = await asyncio.to_thread(self.cache.get, digest)
             if path is not None:
                 return path, "cache"
-            payload, source = await self._download(snap, manifest)
+            chunks, source = await self._download(snap, manifest)
         else:
             cached = await asyncio.to_thread(self.cache.payload, digest)
-            chunks = dict(enumerate(split(cached, manifest.chunk_bytes))) if cached else None
-            payload, source = await self._download(snap, manifest, chunks=chunks)
+            held = dict(enumerate(split(cached, manifest.chunk_bytes))) if cached else None
+            chunks, source = await self._download(snap, manifest, chunks=held)
             source = "cache" if cached else source
-        return await asyncio.to_thread(self.cache.put, digest, payload), source
+        return await asyncio.to_thread(self.cache.put, digest, b"".join(chunks)), source
 
     async def _download(self, snap: m.SnapshotAvailable, manifest: Manifest,
-                        chunks: dict[int, bytes] | None = None) -> tuple[bytes, str]:
-        """The verified payload: from the chain parent (forwarding to our child) or over HTTP; and its source."""
+                        chunks: dict[int, bytes] | None = None) -> tuple[list[bytes], str]:
+        """The verified chunks: from the chain parent (forwarding to our child) or over HTTP; and their source."""
         if snap.parent:
-            _, payload, source = await self._receive_relayed(snap, chunks=chunks)
-            return payload, source
-        return await asyncio.to_thread(fetch_payload, snap.url, manifest, credential=snap.credential), "http"
+            _, ordered, source = await self._receive_relayed(snap, chunks=chunks)
+            return ordered, source
+        return await asyncio.to_thread(fetch_chunks, snap.url, manifest, credential=snap.credential), "http"
 
     async def _install_weights(self, snap: m.SnapshotAvailable) -> None:
         manifest = parse_manifest(snap.manifest)
-        payload, source = await self._download(snap, manifest)
-        tensors = await asyncio.to_thread(load, payload)
+        chunks, source = await self._download(snap, manifest)
         job = await self._engine_when_built(snap.job_id)
-        if job is None:
+        if job is None or snap.version <= job.version:
             return
+        held, source = await self._full_payload(snap, manifest, chunks, job, source)
+        tensors = await asyncio.to_thread(held.tensors)
         async with self.install_lock:
             if self.job is not job or snap.version <= job.version:
                 return
             await asyncio.to_thread(job.engine.load_weights, tensors)
-            job.version = manifest.version
+            job.version, job.held = manifest.version, held
         self._retire_relays(snap.job_id, keep_from=snap.version - 1)
         await self._report_installed(snap, manifest, source)
+
+    async def _full_payload(self, snap: m.SnapshotAvailable, manifest: Manifest, chunks: list[bytes],
+                            job: JobEngine, source: str) -> tuple[HeldWeights, str]:
+        """The full payload of ``snap``'s version: its chunks, or a delta applied to the held base (after the
+        base's own install, if it is under way); failing that, the full payload over HTTP (source ``http``)."""
+        if manifest.kind == "full":
+            return HeldWeights(manifest, chunks), source
+        base_install = self.installing.get((snap.job_id, manifest.base_version))
+        if base_install is not None and base_install is not asyncio.current_task():
+            await asyncio.wait([base_install])  # its failure is its own: then we fetch the full payload
+        if job.held is not None and job.held.version == manifest.base_version:
+            try:
+                return await asyncio.to_thread(rebuild, manifest, chunks, job.held), source
+            except SnapshotError as err:
+                log.warning("job %d: %s; fetching the full payload of v%d", snap.job_id, err, snap.version)
+        else:
+            log.info("job %d: v%d is a delta against v%d, and the engine holds v%d: fetching the full payload",
+                     snap.job_id, snap.version, manifest.base_version, job.version)
+        full = await asyncio.to_thread(fetch_chunks, full_url(snap.url), manifest.full, credential=snap.credential)
+        return HeldWeights(manifest.full, full), "http"
 
     async def _engine_when_built(self, job_id: int) -> JobEngine | None:
         """The job's engine, waiting while its base is being installed; None once the agent left the job."""

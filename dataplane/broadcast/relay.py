@@ -37,7 +37,7 @@ from typing import Any
 
 from .. import credentials
 from ..credentials import CredentialError
-from ..snapshot import Manifest, SnapshotError, assemble, fetch_chunk, verify_chunk
+from ..snapshot import Manifest, SnapshotError, assemble, fetch_chunk, ordered_chunks, verify_chunk
 from . import framing
 from .framing import Frame, PeerRefused, PeerStalled, TransferError
 from .ratelimit import TokenBucket
@@ -163,6 +163,10 @@ class SnapshotRelay:
 
     def payload(self) -> bytes:
         return assemble(self.manifest, self._chunks)
+
+    def ordered(self) -> list[bytes]:
+        """The chunks in order, the whole checked against the manifest's digest (no joined copy)."""
+        return ordered_chunks(self.manifest, self._chunks)
 
     def _store(self, index: int, data: bytes, *, source: str = "", quiet: bool = False) -> None:
         self._chunks[index] = data
@@ -329,6 +333,10 @@ class SnapshotRelay:
 
     async def receive(self) -> bytes:
         """Pull until every chunk verified; return the payload. Raises :class:`TransferError` when stuck."""
+        return b"".join(await self.receive_chunks())
+
+    async def receive_chunks(self) -> list[bytes]:
+        """:meth:`receive`, returning the verified chunks in order rather than one joined payload."""
         failures, last_progress = 0, time.monotonic()
         while not self.complete:
             held = len(self._chunks)
@@ -366,7 +374,7 @@ class SnapshotRelay:
                 where = f"{self._parent[0]}:{self._parent[1]}" if self._parent else "no parent"
                 raise TransferError(f"worker {self.worker_id}: no progress for {self.timeouts.give_up:g} s "
                                     f"({len(self._chunks)}/{len(self.manifest.chunks)} chunks, parent {where})")
-        return self.payload()
+        return self.ordered()
 
     async def _wait_parent_change(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

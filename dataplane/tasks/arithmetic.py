@@ -20,6 +20,7 @@ _PROMPT = re.compile(r"^(\d+)([+\-*])(\d+)=$")
 
 class ArithmeticTask(TaskAdapter):
     name = "arithmetic"
+    reward_range = (0.0, 1.0)  # 1 for a right answer, else 0
     alphabet = "0123456789+-*= "
 
     def __init__(self, *, max_operand: int = 9, ops: str = "+", modulus: int = 10) -> None:

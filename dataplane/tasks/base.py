@@ -12,6 +12,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
+from ..records import MAX_REWARD, RecordLimits
+
 
 class TaskSpecError(ValueError):
     """A task spec that names an unknown task or carries bad options."""
@@ -30,6 +32,10 @@ class TaskAdapter(ABC):
     name: str = ""
     #: Characters the task's prompts and answers are written in (used to build tiny tokenizers).
     alphabet: str = ""
+    #: The rewards :meth:`reward` can return, ``(low, high)``. The site refuses a record whose reward is
+    #: outside it and the learner quarantines one (docs/trust.md): a worker cannot claim a reward its task
+    #: never gives. Every adapter declares its own; the default only keeps rewards float32-safe.
+    reward_range: tuple[float, float] = (-MAX_REWARD, MAX_REWARD)
 
     @abstractmethod
     def sample_prompts(self, rng: random.Random, count: int) -> list[Prompt]:
@@ -42,3 +48,14 @@ class TaskAdapter(ABC):
     def spec(self) -> dict[str, Any]:
         """The JSON spec that rebuilds this adapter."""
         return {"name": self.name}
+
+    def max_completion_tokens(self, max_new_tokens: int) -> int:
+        """The longest completion an honest worker returns for a job sampling ``max_new_tokens`` per turn:
+        one turn here; a multi-turn task adds its turns and the environment's replies."""
+        return max_new_tokens
+
+    def record_limits(self, *, max_new_tokens: int, vocab_size: int | None) -> RecordLimits:
+        """What a record of this task may hold under a job's ``max_new_tokens`` and model (``vocab_size``)."""
+        low, high = self.reward_range
+        return RecordLimits(vocab_size=vocab_size, max_completion_tokens=self.max_completion_tokens(max_new_tokens),
+                            reward_range=(max(low, -MAX_REWARD), min(high, MAX_REWARD)))

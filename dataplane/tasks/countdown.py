@@ -93,6 +93,7 @@ def solves(numbers: list[int], target: int, expression: str) -> bool:
 
 class CountdownTask(TaskAdapter):
     name = "countdown"
+    reward_range = (0.0, 1.0)  # 1 for a right answer, else 0
     alphabet = "".join(sorted(set(TEMPLATE.replace("{numbers}", "").replace("{target}", "") + "0123456789+-*/()=<>")))
 
     def __init__(self, *, count: int = 4, max_number: int = 25, max_target: int = 1000, ops: str = "+-*/") -> None:

@@ -125,6 +125,7 @@ def resolve_path(path: str) -> Path:
 
 class MathTask(TaskAdapter):
     name = "math"
+    reward_range = (0.0, 1.0)  # 1 for a right answer, else 0
 
     def __init__(self, *, path: str, template: str = DEFAULT_TEMPLATE, sha256: str | None = None) -> None:
         if not isinstance(path, str) or not path:

@@ -40,6 +40,8 @@ from typing import Any
 from ..records import Trajectory
 from .base import Prompt, TaskAdapter, TaskSpecError
 
+#: The most tokens of one environment reply in a completion (a one-line message).
+REPLY_TOKENS = 256
 SYSTEM = "You play a turn-based game. Give each move as <answer>move</answer>."
 # No newline inside an action: environment replies start with one, so an action never spans a reply.
 _ACTION = re.compile(r"<answer>([^<\n]*)</answer>")
@@ -78,6 +80,8 @@ class Game(ABC):
     name: str = ""
     #: Characters of its messages (for tiny tokenizers).
     alphabet: str = ""
+    #: The episodic returns ``sum_t r_t`` the game can give, ``(low, high)``: the task's reward range.
+    return_range: tuple[float, float] = (0.0, 1.0)
 
     @abstractmethod
     def sample_start(self, rng: random.Random) -> str:
@@ -100,6 +104,7 @@ class Nim(Game):
     """
 
     name = "nim"
+    return_range = (0.0, 1.0)
     _START = re.compile(r"^There are (\d+) stones\. Each turn a player takes 1 to (\d+) stones; taking the last "
                         r"stone wins\. You move first\.$")
     alphabet = "".join(sorted(set(
@@ -198,10 +203,16 @@ class SandboxTask(TaskAdapter):
         except TypeError as err:
             raise TaskSpecError(f"{env}: {err}") from None
         self.env, self.max_turns = env, max_turns
+        self.reward_range = self.game.return_range
         self.alphabet = "".join(sorted(set(SYSTEM + self.game.alphabet + "<answer>/\n")))
 
     def spec(self) -> dict[str, Any]:
         return {"name": self.name, "env": self.env, "max_turns": self.max_turns, **self.game.options()}
+
+    def max_completion_tokens(self, max_new_tokens: int) -> int:
+        """Every turn's sampled tokens plus the environment's reply after it (a short line: at most
+        :data:`REPLY_TOKENS` tokens even at one token per byte)."""
+        return self.max_turns * (max_new_tokens + REPLY_TOKENS)
 
     def first_messages(self, first_user: str) -> list[dict[str, str]]:
         return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": first_user}]

@@ -5,16 +5,20 @@ transaction it joins it), and its pushes and enqueued tasks leave only once that
 
 - ``base``: ``ServiceError``, channel groups, the push helpers, tasks enqueued by name, shared checks.
 - ``workers``: register, calibrate, hello, heartbeat, close, activate, release, expire the silent.
+- ``billing``: billed time of activations from the states agents report (``marketplace.billing``: the rules).
 - ``jobs``: create, start, pause, resume, finish; the calibration phase and the scheduler's decisions applied.
-- ``rollouts``: prompt leases and trajectory submissions.
+- ``rollouts``: prompt leases (and their early return) and trajectory submissions, whole or in parts, checked
+  against the worker's running job read once (``RunningJob``, held by the agent socket).
 - ``broadcast``: snapshot publication, chain plans, relay failures and repair, installs.
 - ``learner``: the learner's announcement, heartbeat and step metrics; jobs whose learner went silent.
+- ``audits``: the learner's audits of workers' records, reported with its steps; repeat failures suspended.
 - ``accounts``: people's API tokens (stored hashed, shown once).
 
 Siblings import one way only: ``base`` imports none of them; ``broadcast`` and ``rollouts`` import ``base``;
-``workers`` imports ``broadcast`` (assignments, chain repair); ``jobs`` and ``learner`` (stalled jobs) import
-``workers``. None imports ``marketplace.tasks``: tasks call services, services enqueue tasks by name
-(``base.enqueue_task``).
+``billing`` imports none; ``workers`` imports ``broadcast`` (assignments, chain repair) and ``billing``; ``jobs``,
+``audits`` (suspensions) and ``learner`` (stalled jobs) import ``workers``; ``learner`` imports ``audits``.
+None imports ``marketplace.tasks``: tasks call services,
+services enqueue tasks by name (``base.enqueue_task``).
 The public names are re-exported here, so callers write ``services.job_start(...)``.
 """
 
@@ -31,7 +35,15 @@ from .jobs import (
     job_start,
 )
 from .learner import jobs_stall_silent_learners, learner_announce, metrics_record
-from .rollouts import prompts_lease, trajectories_malformed, trajectories_submit
+from .rollouts import (
+    RunningJob,
+    lease_return,
+    prompts_lease,
+    running_job,
+    trajectories_malformed,
+    trajectories_part_submit,
+    trajectories_submit,
+)
 from .workers import (
     expire_silent_workers,
     worker_activate,
@@ -46,9 +58,11 @@ from .workers import (
 __all__ = [
     "ServiceError", "api_token_issue",
     "broadcast_plan", "expire_silent_workers", "job_activate_idle_workers", "job_create",
-    "job_finish", "job_group", "job_pause", "job_replan_apply", "job_resume", "job_start",
+    "job_finish", "job_group", "job_pause", "lease_return", "job_replan_apply", "job_resume", "job_start",
     "jobs_stall_silent_learners", "learner_announce", "metrics_record", "prompts_lease", "relay_failed",
-    "snapshot_installed", "snapshot_publish", "snapshot_request", "trajectories_malformed", "trajectories_submit",
+    "RunningJob", "running_job",
+    "snapshot_installed", "snapshot_publish", "snapshot_request", "trajectories_malformed", "trajectories_part_submit",
+    "trajectories_submit",
     "worker_activate", "worker_calibrate", "worker_connected", "worker_disconnected", "worker_group",
     "worker_heartbeat", "worker_register", "worker_release",
 ]

@@ -70,6 +70,11 @@ def enqueue_task(name: str, *args: Any) -> None:
     By name, because services never import the tasks module: its tasks call services (and the scheduler),
     so importing it here would close a circle. Under ``CELERY_TASK_ALWAYS_EAGER`` (tests, the browser-test
     site) the task runs here and now, as ``delay`` would; ``send_task`` alone ignores that setting.
+
+    Best effort, like the pushes: the write is committed whatever happens to the broker, so a broker that
+    stays away past Celery's publish retries (``CELERY_TASK_PUBLISH_RETRY_POLICY``) is logged, never turned
+    into a 500 for a request that succeeded. Every task enqueued here is also run by Celery beat
+    (``replan_running_jobs`` every 5 s), which catches up once the broker is back.
     """
     task_name = f"marketplace.tasks.{name}"
 
@@ -77,8 +82,12 @@ def enqueue_task(name: str, *args: Any) -> None:
         if current_app.conf.task_always_eager:
             current_app.loader.import_default_modules()  # registers the discovered tasks, as a worker does
             current_app.tasks[task_name].delay(*args)
-        else:
+            return
+        try:
             current_app.send_task(task_name, args=list(args))
+        except Exception as err:  # noqa: BLE001 - kombu raises its own and the transport's errors
+            log.warning("task %s%s not enqueued (%s: %s); Celery beat runs it again", task_name, args,
+                        type(err).__name__, err)
 
     transaction.on_commit(send)
 

@@ -132,9 +132,10 @@ def snapshot_publish(*, job: Job, version: int, url: str, manifest: dict) -> Sna
     snap.n_chains = len(plan.chains)  # the learner sizes its relay's fan-out from this (API reply)
     addresses = {w.pk: w.relay_address for w in active}
     expires = credential_expiry()
+    routes = chains.routes(plan)
     for worker in active:
         push_to_worker(worker.pk, snapshot_message(snap, job=job, worker_id=worker.pk, expires=expires,
-                                                   route=chains.route(plan, worker.pk), addresses=addresses))
+                                                   route=routes.get(worker.pk), addresses=addresses))
     push_job_update(job.pk)
     return snap
 

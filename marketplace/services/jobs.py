@@ -125,7 +125,8 @@ def job_activate_idle_workers(*, job: Job) -> list[Activation]:
         return []
     busy = Activation.objects.filter(ended_at=None).values("worker_id")
     return [worker_activate(worker=worker, job=job)
-            for worker in Worker.objects.filter(status=Worker.Status.IDLE).exclude(pk__in=busy)]
+            for worker in Worker.objects.filter(status=Worker.Status.IDLE, suspended_at__isnull=True)
+            .exclude(pk__in=busy)]
 
 
 @transaction.atomic

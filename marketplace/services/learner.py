@@ -12,6 +12,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from ..models import Job, JobMetric
+from .audits import audits_record
 from .base import enqueue_task, learner_may_report, push_job_update
 from .workers import worker_release
 
@@ -19,17 +20,17 @@ log = logging.getLogger(__name__)
 
 
 @transaction.atomic
-def learner_announce(*, job: Job, t_train: float | None, relay_address: str | None = None) -> Job:
-    """The learner is alive (its announcement and its periodic heartbeat): a job it had stalled runs again."""
+def learner_announce(*, job: Job, t_train: float | None, relay_address: str | None = None,
+                     vocab_size: int | None = None) -> Job:
+    """The learner is alive (its announcement and its periodic heartbeat): a job it had stalled runs again.
+    Its announcement also says the model's ``vocab_size``, which the site checks returned token ids against."""
     job.learner_seen_at = timezone.now()
     fields = ["learner_seen_at"]
     _unstall(job, fields)
-    if t_train is not None:
-        job.learner_t_train = t_train
-        fields.append("learner_t_train")
-    if relay_address is not None:
-        job.learner_relay = relay_address
-        fields.append("learner_relay")
+    for name, value in (("learner_t_train", t_train), ("learner_relay", relay_address), ("vocab_size", vocab_size)):
+        if value is not None:
+            setattr(job, name, value)
+            fields.append(name)
     job.save(update_fields=fields)
     return job
 
@@ -39,6 +40,7 @@ def metrics_record(*, job: Job, step: int, values: dict[str, Any]) -> JobMetric:
     learner_may_report(job)
     known = {f.name for f in JobMetric._meta.get_fields()} - {"id", "job", "step", "created_at", "extra"}
     values = dict(values)
+    audits_record(job=job, step=step, results=values.pop("audits", None) or [])
     extra = {**values.pop("extra", {}), **{k: v for k, v in values.items() if k not in known}}
     metric, _ = JobMetric.objects.update_or_create(
         job=job, step=step, defaults={**{k: v for k, v in values.items() if k in known}, "extra": extra},

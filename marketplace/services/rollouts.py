@@ -3,21 +3,65 @@ which goes to the learner's stream whole or not at all (``dataplane.replay``).""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import json
+import logging
 import time
 
 from django.conf import settings
 
 from dataplane import messages as m
-from dataplane.records import RecordError, TrajectoryGroup
+from dataplane.records import RecordError, RecordLimits, TrajectoryGroup
 from dataplane.replay import LeaseError
+from dataplane.tasks import TaskSpecError, build_task
 
 from .. import selectors, stream, telemetry
-from ..models import Worker
-from .base import running_activation
+from ..assembly import AssemblyError, GroupAssembler, JobLimits, group_bytes_bound
+from ..models import Job, Worker
+from .base import ServiceError, running_activation
+
+log = logging.getLogger(__name__)
 
 
-def prompts_lease(*, worker: Worker, job_id: int, groups: int) -> m.Lease | m.NoWork:
-    running_activation(worker, job_id)
+@dataclasses.dataclass(frozen=True)
+class RunningJob:
+    """What checking a worker's leases and groups in one running job needs, read from the database once.
+
+    The agent socket keeps one per connection (``marketplace.jobcache``) so that the hot path, a lease or a
+    group, costs Redis round trips and no query: the ORM on every message was most of the site's time under
+    load (issue 15). It is only as fresh as its read: the socket drops it on every push that changes it
+    (assign, release, snapshot) and after a short max age; whatever it misses, the lease script still refuses
+    a group whose lease is not this worker's any more (a released worker's leases are handed back)."""
+
+    job_id: int
+    worker_id: int
+    group_size: int
+    published_version: int
+    max_new_tokens: int
+    limits: RecordLimits
+
+
+def running_job(*, worker: Worker, job_id: int) -> RunningJob:
+    """The worker's running job ``job_id`` as the checks need it; :class:`ServiceError` when the worker is not
+    active in it or the job is not running (``running_activation``)."""
+    job = running_activation(worker, job_id).job
+    return RunningJob(job_id=job.pk, worker_id=worker.pk, group_size=job.group_size,
+                      published_version=job.published_version, max_new_tokens=job.max_new_tokens,
+                      limits=record_limits(job))
+
+
+def _checked(worker: Worker, job_id: int, running: RunningJob | None) -> RunningJob:
+    """``running`` when it is this worker's job ``job_id``, else the job read now."""
+    if running is not None and running.job_id == job_id and running.worker_id == worker.pk:
+        return running
+    return running_job(worker=worker, job_id=job_id)
+
+
+def prompts_lease(*, worker: Worker, job_id: int, groups: int, running: RunningJob | None = None) -> m.Lease | m.NoWork:
+    """Lease up to ``groups`` prompt groups to the worker. ``running``: the job as the caller last read it
+    (:func:`running_job`); without it the activation is read now."""
+    _checked(worker, job_id, running)
     timeout = settings.ECHO2["LEASE_TIMEOUT_S"]
     leased = stream.replay(job_id).lease(worker_id=worker.pk, count=groups, timeout_s=timeout)
     if not leased:
@@ -27,24 +71,45 @@ def prompts_lease(*, worker: Worker, job_id: int, groups: int) -> m.Lease | m.No
     ])
 
 
-def trajectories_submit(*, worker: Worker, group: TrajectoryGroup) -> m.Accepted:
+def trajectories_submit(*, worker: Worker, group: TrajectoryGroup, running: RunningJob | None = None) -> m.Accepted:
     """Check a returned group against its job and lease and append it to the learner's stream, all or nothing.
 
     The group's schema and group rules were checked when its message was parsed (``TrajectoryGroup``).
     A group that does not fit is refused whole (GRPO needs whole groups); its lease stays open, so the
-    prompt is re-leased after the timeout and nothing is lost.
+    prompt is re-leased after the timeout and nothing is lost. ``running``: as for :func:`prompts_lease`.
+    The accepted records are counted for the worker's measured mu_i in the same Redis round trip.
     """
-    job = running_activation(worker, group.job_id).job
+    job = _checked(worker, group.job_id, running)
     buffer = stream.replay(group.job_id)
     n = len(group.records)
     try:
-        group.check_for_job(job_id=job.pk, group_size=job.group_size, max_version=job.published_version)
-        buffer.return_group(worker_id=worker.pk, group=group)
+        group.check_for_job(job_id=job.job_id, group_size=job.group_size, max_version=job.published_version,
+                            limits=job.limits)
+        buffer.return_group(worker_id=worker.pk, group=group,
+                            event=telemetry.accepted_event(worker.pk, job_id=job.job_id, at=time.time(), records=n))
     except (RecordError, LeaseError) as err:
         buffer.count("rejected_records", n)
         return m.Accepted(job_id=group.job_id, lease_id=group.lease_id, accepted=0, rejected=n, reasons=[str(err)])
-    telemetry.record_accepted(worker.pk, job_id=job.pk, at=time.time(), records=n)  # the measured mu_i
     return m.Accepted(job_id=group.job_id, lease_id=group.lease_id, accepted=n, rejected=0)
+
+
+def record_limits(job: Job) -> RecordLimits:
+    """What a record of ``job`` may hold: its task's reward range and completion budget, and its model's
+    vocabulary once the learner reported it (until then token ids are checked by the learner alone).
+    A task this site cannot build any more (its data file gone) keeps only the generic, float32-safe bounds."""
+    spec = json.dumps(job.task, sort_keys=True)
+    try:
+        limits = _task_limits(spec, job.max_new_tokens)
+    except TaskSpecError as err:
+        log.warning("job %s: cannot build its task to check records (%s); checking the generic bounds", job.pk, err)
+        limits = RecordLimits()
+    return dataclasses.replace(limits, vocab_size=job.vocab_size)
+
+
+@functools.lru_cache(maxsize=256)
+def _task_limits(task_spec: str, max_new_tokens: int) -> RecordLimits:
+    """The task's part of the limits, built once per (task, budget): building a task may read a data file."""
+    return build_task(json.loads(task_spec)).record_limits(max_new_tokens=max_new_tokens, vocab_size=None)
 
 
 def trajectories_malformed(*, worker: Worker, job_id: object, records: object) -> None:
@@ -53,3 +118,38 @@ def trajectories_malformed(*, worker: Worker, job_id: object, records: object) -
     if not isinstance(job_id, int) or selectors.active_activation(worker=worker, job_id=job_id) is None:
         return
     stream.replay(job_id).count("rejected_records", len(records) if isinstance(records, list) else 1)
+
+
+def trajectories_part_submit(*, worker: Worker, assembler: GroupAssembler, part: m.TrajectoriesPart,
+                             frame_bytes: int, running: RunningJob | None = None) -> list[m.Accepted | m.Rejected]:
+    """Join one part of a group too big for one frame (``marketplace/assembly.py``); after its last part, submit the
+    whole group exactly as one sent in one frame. No reply while parts are still to come; a refused part drops the
+    assembly with the reason (the lease stays open, so the prompt is leased again: nothing is lost)."""
+    try:
+        job = _checked(worker, part.group.job_id, running)
+    except ServiceError:
+        assembler.drop()
+        raise
+    limits = JobLimits(group_size=job.group_size, timeout_s=settings.ECHO2["LEASE_TIMEOUT_S"],
+                       max_bytes=group_bytes_bound(group_size=job.group_size, max_new_tokens=job.max_new_tokens))
+    try:
+        group = assembler.add(part, frame_bytes=frame_bytes, limits=limits, now=time.monotonic())
+    except AssemblyError as err:
+        stream.replay(job.job_id).count("rejected_records", err.records)
+        return [m.Rejected(reason=str(err), ref=part.type)]
+    return [] if group is None else [trajectories_submit(worker=worker, group=group, running=job)]
+
+
+def lease_return(*, worker: Worker, job_id: int, lease_id: str, reason: str) -> None:
+    """Hand back a lease the worker cannot answer (a record too big for any frame): the prompt is leased again at
+    once, to whoever asks next, instead of after the lease timeout. Counted as ``returned_leases``."""
+    running_activation(worker, job_id)
+    buffer = stream.replay(job_id)
+    try:
+        returned = buffer.return_leases(worker_id=worker.pk, lease_id=lease_id)
+    except LeaseError as err:
+        raise ServiceError(str(err)) from None
+    if not returned:
+        raise ServiceError(f"lease_id: {lease_id!r} is not leased to this worker")
+    buffer.count("returned_leases")
+    log.warning("worker %s handed back lease %s of job %s: %s", worker.pk, lease_id, job_id, reason)

@@ -16,9 +16,10 @@ from dataplane import messages as m
 from dataplane.replay import RedisError
 from dataplane.tasks import TaskSpecError, build_task
 
-from .. import selectors, stream, telemetry
+from .. import billing, selectors, stream, telemetry
 from ..models import Activation, Job, Provider, Worker, WorkerCalibration, WorkerSession
 from .base import ServiceError, enqueue_task, push_job_update, push_to_worker
+from .billing import activation_report
 from .broadcast import assign_message, repair_without
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,8 @@ def worker_connected(*, worker: Worker, installed_version: int | None, at: datet
     worker.last_heartbeat = now
     worker.installed_version = installed_version
     worker.save(update_fields=["status", "last_heartbeat", "installed_version"])
-    replies: list[m._Msg] = [m.Welcome(worker_id=worker.pk, heartbeat_interval=settings.ECHO2["HEARTBEAT_INTERVAL_S"])]
+    replies: list[m._Msg] = [m.Welcome(worker_id=worker.pk, heartbeat_interval=settings.ECHO2["HEARTBEAT_INTERVAL_S"],
+                                       max_message_bytes=settings.ECHO2["WS_MAX_MESSAGE_BYTES"])]
     if activation:
         replies.append(assign_message(activation.job, worker_id=worker.pk))
     else:
@@ -96,8 +98,10 @@ def worker_connected(*, worker: Worker, installed_version: int | None, at: datet
 
 
 @transaction.atomic
-def worker_heartbeat(*, worker: Worker, throughput: float | None) -> None:
+def worker_heartbeat(*, worker: Worker, throughput: float | None, state: str = "idle", reason: str = "",
+                     job_id: int | None = None) -> None:
     """Refresh the worker's liveness and throughput; a heartbeat from a worker marked offline brings it back.
+    The ``state`` it reports doing for ``job_id`` bills its activation (``_bill_state``).
 
     Whether it was offline is asked of the database, not of ``worker``: the consumer's copy is as old as the
     socket, and expiry may have marked the worker offline since (the agent stalled, then resumed). The
@@ -117,6 +121,28 @@ def worker_heartbeat(*, worker: Worker, throughput: float | None) -> None:
         fields["status"] = Worker.Status.ACTIVE if activation is not None else Worker.Status.IDLE
         _session_open(worker.pk, at=now)
     Worker.objects.filter(pk=worker.pk).update(**fields)
+    if activation is not None:
+        _bill_state(activation, at=now, state=billing.effective_state(
+            reported=state, reported_job_id=job_id, job_id=activation.job_id), reason=reason)
+
+
+def _bill_state(activation: Activation, *, at: datetime, state: str, reason: str) -> None:
+    """Bill the activation up to ``at`` and record its new state; a worker whose rollout loop has been failing
+    for ``ROLLOUT_FAILED_RELEASE_S`` is released, and its job re-planned so the scheduler can activate another."""
+    changed = activation.state != state
+    updated = activation_report(activation_id=activation.pk, at=at, state=state, reason=reason)
+    if updated is None:
+        return
+    if changed:
+        push_job_update(activation.job_id)  # the job page shows each worker's state
+    limit = settings.ECHO2["ROLLOUT_FAILED_RELEASE_S"]
+    if billing.failing_too_long(state=updated.state, since=updated.state_since.timestamp(), now=at.timestamp(),
+                                limit_s=limit):
+        log.warning("job %s: worker %s's rollout loop has failed for %.0f s (%s); releasing it", activation.job_id,
+                    activation.worker_id, limit, updated.state_reason)
+        worker_release(activation=updated, reason=f"rollout loop failing for {limit:.0f} s: "
+                                                  f"{updated.state_reason}"[:200])
+        enqueue_task("replan_job", activation.job_id)
 
 
 @transaction.atomic
@@ -128,14 +154,19 @@ def worker_disconnected(*, worker: Worker, since: datetime | None = None) -> Non
     if since is not None and WorkerSession.objects.filter(
             worker_id=worker.pk, ended_at=None, started_at__gt=since).exists():
         return
+    now = timezone.now()
     Worker.objects.filter(pk=worker.pk).update(status=Worker.Status.OFFLINE)
-    _session_close(worker.pk, at=timezone.now())
+    _session_close(worker.pk, at=now)
+    for activation in Activation.objects.filter(worker_id=worker.pk, ended_at=None):
+        activation_report(activation_id=activation.pk, at=now, state="idle")  # a closed socket delivers nothing
     repair_without(worker)
 
 
 @transaction.atomic
 def worker_activate(*, worker: Worker, job: Job) -> Activation:
-    """Start billing ``worker`` for ``job`` and send it the assignment."""
+    """Start billing ``worker`` for ``job`` and send it the assignment (never a worker suspended for audits)."""
+    if Worker.objects.filter(pk=worker.pk, suspended_at__isnull=False).exists():
+        raise ServiceError(f"worker {worker.pk} is suspended (failed audits) and cannot be activated")
     activation = Activation.objects.create(job=job, worker=worker, price_per_hour=worker.price_per_hour)
     Worker.objects.filter(pk=worker.pk).update(status=Worker.Status.ACTIVE)
     push_to_worker(worker.pk, assign_message(job, worker_id=worker.pk))
@@ -146,9 +177,12 @@ def worker_activate(*, worker: Worker, job: Job) -> Activation:
 
 @transaction.atomic
 def worker_release(*, activation: Activation, reason: str) -> None:
-    """Stop billing the activation and tell the agent to stop generating for its job."""
+    """Stop billing the activation (its time since the last state report billed as that state) and tell the
+    agent to stop generating for its job."""
     activation.ended_at = timezone.now()
     activation.end_reason = reason
+    billed = activation_report(activation_id=activation.pk, at=activation.ended_at)
+    activation.billed_seconds = billed.billed_seconds if billed else activation.billed_seconds
     activation.save(update_fields=["ended_at", "end_reason"])
     Worker.objects.filter(pk=activation.worker_id, status=Worker.Status.ACTIVE).update(status=Worker.Status.IDLE)
     push_to_worker(activation.worker_id, m.Release(job_id=activation.job_id, reason=reason))

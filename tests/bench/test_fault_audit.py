@@ -66,3 +66,28 @@ def test_throughput_is_back_when_a_window_after_the_fault_reaches_the_level_befo
     back, level = fa.throughput_back(samples, 10.0, window=3.0, before=5.0)
     assert level == 10.0 and back == 6.0
     assert fa.throughput_back(samples[:14], 10.0, window=3.0, before=5.0)[0] is None
+
+
+def test_a_restarted_agent_is_ready_once_its_new_lines_say_it_installed_a_snapshot(tmp_path):
+    log = tmp_path / "agent-a.log"
+    log.write_bytes(b"10:00:00 agent: installed snapshot v4 of job 1 (0.1s after publication, via parent)\n")
+    tail = fa.AgentLogTail(log, from_end=True)  # the killed process' lines are not the restarted one's
+    tail.poll(1.0)
+    with log.open("ab") as fh:
+        fh.write(b"10:00:05 agent: connected to ws://x/ws/agent/ as worker 1\n10:00:06 agent: installed snap")
+    tail.poll(2.0)
+    assert tail.ready == []
+    with log.open("ab") as fh:
+        fh.write(b"shot v0 of job 1 (9.1s after publication, via cache)\n")
+    tail.poll(3.0)
+    assert tail.ready == [3.0] and tail.steps == []
+
+
+def test_the_pool_is_judged_on_its_own_allowance_where_the_fault_has_one():
+    row = {"fault": "worker-kill", "completed": True, "status": "completed", "lost": 0, "trained_twice": 0,
+           "max_staleness": 3, "injected_at": 1.0, "step_s": 0.9, "pool_s": 8.0, "allowed_s": 10.5,
+           "allowed_pool_s": 7.0}
+    assert fa.criteria(row, 3) == ["pool throughput back after 8.0 s > 7.0 s allowed"]
+    assert fa.criteria({**row, "allowed_pool_s": None}, 3) == [
+        "no bound on the pool's recovery: the restarted component was never seen running"]
+    assert fa.criteria({k: v for k, v in row.items() if k != "allowed_pool_s"}, 3) == []

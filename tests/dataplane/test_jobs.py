@@ -1,4 +1,5 @@
-"""Job specs: defaults are resolved (kappa = S-1) and every bad field is named in JobSpecError.field."""
+"""Job specs: defaults are resolved (kappa = S-1), every bad field is named in JobSpecError (all of them at once),
+and an unknown key is refused with the nearest known name."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ def test_defaults_are_resolved() -> None:
     assert spec.clip_eps == 0.2
     assert spec.learning_rate == 1e-3
     assert spec.target_reward is None
+    assert (spec.snapshot_dtype, spec.snapshot_full_every) == ("bf16", 10)  # bf16 snapshots, a full one every 10
     # the task spec is stored resolved, so every worker builds the very same adapter
     assert spec.task == {"name": "arithmetic", "max_operand": 9, "ops": "+", "modulus": 10}
 
@@ -45,8 +47,47 @@ def test_explicit_values_are_kept() -> None:
     assert spec.task == {"name": "arithmetic", "max_operand": 9, "ops": "+*", "modulus": 97}
 
 
-def test_unknown_keys_are_ignored() -> None:
-    assert parse_job_spec(job(colour="blue")).name == "tiny arithmetic"
+@pytest.mark.parametrize(("changes", "field", "message"), [
+    ({"stalenes": 4}, "stalenes", "unknown key (did you mean staleness?)"),
+    ({"colour": "blue"}, "colour", "unknown key"),
+    ({"kl_beta": 0.1}, "kl_beta", "unknown key (did you mean loss.kl_beta?)"),  # a loss setting at the top
+    ({"loss": {"kl_bta": 0.1}}, "loss.kl_bta", "unknown key (did you mean loss.kl_beta?)"),
+])
+def test_an_unknown_key_is_refused_with_the_nearest_known_name(changes, field: str, message: str) -> None:
+    """A misspelt key used to be dropped in silence and its default trained with."""
+    with pytest.raises(JobSpecError) as err:
+        parse_job_spec(job(**changes))
+
+    assert (err.value.field, err.value.message) == (field, message)
+
+
+def test_every_error_is_reported_at_once() -> None:
+    with pytest.raises(JobSpecError) as err:
+        parse_job_spec(job(stalenes=4, learning_rate=5, top_p=0, loss={"kl_bta": 0.1, "kl_beta": -1}))
+
+    assert err.value.errors == [
+        ("stalenes", "unknown key (did you mean staleness?)"),
+        ("loss.kl_bta", "unknown key (did you mean loss.kl_beta?)"),
+        ("learning_rate", "Input should be less than or equal to 1"),
+        ("top_p", "Input should be greater than 0"),
+        ("loss.kl_beta", "Input should be greater than or equal to 0"),
+    ]
+    assert str(err.value) == "stalenes: unknown key (did you mean staleness?) (and 4 more)"
+    assert err.value.by_field()["top_p"] == ["Input should be greater than 0"]
+
+
+def test_every_failing_cross_field_check_is_reported() -> None:
+    with pytest.raises(JobSpecError) as err:
+        parse_job_spec(job(staleness=3, kappa=5, batch_trajectories=10, group_size=4))
+
+    assert [field for field, _ in err.value.errors] == ["kappa", "batch_trajectories"]
+    assert err.value.one_line() == ("kappa: must be < staleness S=3 (default S-1); "
+                                    "batch_trajectories: R=10 must be a multiple of group_size n=4")
+
+
+def test_the_learner_still_reads_the_sites_whole_job() -> None:
+    """The site's job carries id, status and more; the learner validates it with JobSpec itself."""
+    assert JobSpec.model_validate(job(id=7, status="running")).name == "tiny arithmetic"
 
 
 @pytest.mark.parametrize(
@@ -71,6 +112,8 @@ def test_unknown_keys_are_ignored() -> None:
         ({"top_p": 0}, "top_p", "greater than 0"),
         ({"name": ""}, "name", "at least 1 character"),
         ({"loss": {"max_grad_norm": 0}}, "loss.max_grad_norm", "greater than 0"),
+        ({"snapshot_dtype": "fp16"}, "snapshot_dtype", "'bf16' or 'fp32'"),
+        ({"snapshot_full_every": 0}, "snapshot_full_every", "greater than or equal to 1"),
     ],
 )
 def test_bad_field_is_named(changes: dict[str, Any], field: str, words: str) -> None:

@@ -33,6 +33,7 @@ AGENT_MESSAGES = [
     Hello(agent_version="0.1.0"),
     Heartbeat(throughput=12.5, installed_version=3, job_id=7),
     Heartbeat(),
+    Heartbeat(job_id=7, state="failed", reason="RuntimeError: CUDA error"),
     LeaseRequest(job_id=7, groups=4),
     Trajectories(group=TrajectoryGroup.of([Trajectory(
         job_id=7, lease_id="1-0", group_id="g1", prompt="3+4=", prompt_ids=[1, 5], completion="7",
@@ -118,6 +119,9 @@ def test_each_side_refuses_the_other_sides_messages() -> None:
         ({"type": "heartbeat", "throughput": float("nan")}, "heartbeat.throughput"),
         ({"type": "heartbeat", "throughput": 1e300}, "heartbeat.throughput"),
         ({"type": "heartbeat", "installed_version": 2**40}, "heartbeat.installed_version"),
+        ({"type": "heartbeat", "state": "mining"}, "heartbeat.state"),  # the states are a closed set
+        ({"type": "heartbeat", "state": None}, "heartbeat.state"),
+        ({"type": "heartbeat", "state": "failed", "reason": "x" * 201}, "heartbeat.reason"),
         ({"type": "hello", "agent_version": "1", "installed_version": 2**40}, "hello.installed_version"),
         ({"type": "trajectories", "group": {"job_id": 7, "lease_id": "1-0", "group_id": "g", "version": 0,
                                             "records": []}}, "trajectories.group.records"),

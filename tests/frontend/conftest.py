@@ -14,11 +14,14 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 
+METRICS_TOKEN = "scraper-secret"  # what a Prometheus scraper of the test site sends (Authorization: Bearer)
+
+
 @pytest.fixture
 def site(tmp_path, redis_url):
     if not Path(CHROMIUM).exists():
         pytest.skip("Debian's chromium is not installed (make test installs it)")
-    stack = make_stack(tmp_path, redis_url, CELERY_TASK_ALWAYS_EAGER="true")
+    stack = make_stack(tmp_path, redis_url, CELERY_TASK_ALWAYS_EAGER="true", ECHO2_METRICS_TOKEN=METRICS_TOKEN)
     tokens = create_users(stack, "owner", "prov", setup=(
         "from decimal import Decimal\nfrom marketplace import services\n"
         "services.worker_register(user=User.objects.get(username='prov'), name='rig-browser', gpu='RTX 5090',"

@@ -23,13 +23,13 @@ def test_owner_launches_a_job_and_watches_it_update_live(site, browser):
     page.fill("#id_name", "browser job")
     page.fill("#id_model_dir", factories.checkpoint_dir())
     page.fill("#id_staleness", "1")
-    page.click("button[type=submit]")
+    page.click("#launch-button")
     assert "greater than or equal to 2" in page.locator("#error-staleness").inner_text()
     page.screenshot(path=str(ARTIFACTS / "launch-form-error.png"), full_page=True)
 
     page.fill("#id_staleness", "3")
     page.fill("#id_task_options", '{"max_operand": 4}')
-    page.click("button[type=submit]")
+    page.click("#launch-button")
     page.wait_for_url(f"{url}/jobs/*/")
     job_id = int(page.url.rstrip("/").rsplit("/", 1)[1])
     assert page.locator('[data-key="status"]').inner_text() == "running"

@@ -96,3 +96,13 @@ async def test_the_live_socket_refuses_what_a_browser_sends_and_a_bad_since_with
     await live.send_to(text_data="[" * 100_000 + "]" * 100_000)
     assert (await live.receive_json_from())["reason"] == "this socket only sends updates"
     await live.disconnect()
+
+
+def test_the_owner_sees_the_model_download_and_nobody_else_does():
+    owner = factories.user()
+    job = factories.job(owner)
+    page = signed_in(owner).get(f"/jobs/{job.pk}/").content.decode()
+    assert f'<form class="hint" id="export" method="get" action="/api/jobs/{job.pk}/export/">' in page
+    assert f'id="export-newest" href="/api/jobs/{job.pk}/export/"' in page
+    staff = signed_in(factories.user(is_staff=True)).get(f"/jobs/{job.pk}/").content.decode()
+    assert 'id="export"' not in staff  # staff see the job, but the weights are the owner's

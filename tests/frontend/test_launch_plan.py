@@ -52,7 +52,8 @@ def test_preview_shows_the_chosen_workers_and_their_price_and_creates_no_job(fle
     assert text_of(html, "plan-target").startswith("8.80 traj/s")
     assert text_of(html, "plan-price") == "5.00 USD/h"
     assert text_of(html, "plan-greedy-price").startswith("6.20 USD/h")
-    assert text_of(html, "plan-lag").startswith("3 steps") and text_of(html, "plan-feasible") == "yes"
+    assert text_of(html, "plan-lag").startswith("3 steps") and text_of(html, "plan-feasible").startswith("yes")
+    assert text_of(html, "plan-covered") == "yes"
     chosen = text_of(html, "plan-workers")
     assert chosen.startswith("1 ·")
     table = html.split('class="plan-workers"', 1)[1].split("</table>", 1)[0]
@@ -79,8 +80,20 @@ def test_preview_without_t_train_is_the_calibration_phase_then_uses_an_earlier_j
 
 def test_preview_of_an_infeasible_schedule_says_why(fleet):
     html = signed_in(factories.user()).post("/jobs/new/", {**PREVIEW, "t_train_s": 1, "t_bcast_s": 3}).content.decode()
-    assert text_of(html, "plan-feasible") == "no"
-    assert "no pool can keep up" in text_of(html, "plan-reason") and 'id="plan-price"' not in html
+    assert text_of(html, "plan-feasible").startswith("no")
+    reason = text_of(html, "plan-reason")
+    assert "no pool can keep up" in reason and 'id="plan-price"' not in html
+    # it still trains, with every worker: the reason says what that costs instead of suggesting it cannot run
+    assert "Training still goes on" in reason and "waits at least 1 s" in reason and "bubble of at least 33%" in reason
+
+
+def test_a_pool_short_of_the_target_is_not_shown_as_covering_it(fleet):
+    # R = 256: mu_min = 2 x 256 / (2 x 10 - 4) = 32, target 35.2 traj/s; the fleet has 19
+    html = signed_in(factories.user()).post("/jobs/new/", {**PREVIEW, "batch_trajectories": 256}).content.decode()
+    assert text_of(html, "plan-feasible").startswith("yes")  # the configuration is fine...
+    assert text_of(html, "plan-covered") == "no: 16.20 traj/s short"  # ...the pool is not
+    assert "short of the target" in text_of(html, "plan-shortfall")
+    assert text_of(html, "plan-lag").endswith("S = 3") and "steps" in text_of(html, "plan-lag")
 
 
 def test_the_broadcast_and_loss_settings_reach_the_job():
@@ -92,12 +105,13 @@ def test_the_broadcast_and_loss_settings_reach_the_job():
         **LAUNCH, "broadcast_strategy": "star-limited", "loss_type": "gspo", "loss_advantage": "mean",
         "loss_clip_eps_low": "0.2", "loss_clip_eps_high": "0.28", "loss_kl_beta": "0.05",
         "loss_aggregation": "seq-mean-token-sum", "loss_norm_length": "16", "loss_off_policy": "tis",
-        "loss_is_cap": "3", "loss_advantage_eps": ""})
+        "loss_is_cap": "3", "loss_advantage_eps": "", "loss_dual_clip": "3"})
     job = Job.objects.get()
     assert reply.status_code == 302 and job.broadcast_strategy == "star-limited"
     assert job.loss == {"type": "gspo", "advantage": "mean", "advantage_eps": 1e-6, "clip_eps_low": 0.2,
                         "clip_eps_high": 0.28, "kl_beta": 0.05, "aggregation": "seq-mean-token-sum",
-                        "norm_length": 16, "off_policy": "tis", "is_cap": 3.0, "max_grad_norm": 1.0}
+                        "norm_length": 16, "off_policy": "tis", "is_cap": 3.0, "max_grad_norm": 1.0,
+                        "dual_clip": 3.0}
 
 
 @pytest.mark.parametrize(("change", "field", "message"), [

@@ -105,3 +105,17 @@ def test_provider_creates_and_replaces_the_api_token_shown_once():
     second = re.search(r'<pre id="new-token">(\S+)</pre>', client.post("/provider/token/").content.decode())[1]
     assert second != first and works(second) and not works(first), "replacing revokes the old token at once"
     assert first not in signed_in(factories.user()).get("/provider/").content.decode()
+
+
+def test_provider_page_shows_the_state_its_agent_reports_and_billed_hours_beside_active_ones(fleet):
+    provider, relay, _ = fleet
+    job = factories.job(factories.user())
+    Activation.objects.create(job=job, worker=relay, price_per_hour=relay.price_per_hour, billed_seconds=1800.0,
+                              started_at=timezone.now() - timedelta(hours=2), state="failed",
+                              state_reason="RuntimeError: CUDA error")
+    page = signed_in(provider).get("/provider/").content.decode()
+    status = cell(page, "relay-rig", "status")
+    assert status.startswith("idle")
+    assert '<span class="state state-failed" title="RuntimeError: CUDA error">failed</span>' in status
+    assert cell(page, "relay-rig", "hours") == "2.000 / 0.500"  # active in the job two hours, billed half an hour
+    assert cell(page, "plain-rig", "status") == "offline"  # in no job: no state

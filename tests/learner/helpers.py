@@ -23,3 +23,27 @@ def grpo_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, records:
     trainer = PolicyTrainer(model, optimizer, loss or loss_config(clip_eps=clip_eps), pad_id=pad_id,
                             ctx=distributed.DistContext(device=device))
     return trainer.step(records)
+
+
+def trained_snapshots(model_dir, root, job_id: int):
+    """The tiny model at ``model_dir`` after one GRPO step, published under ``root`` (a learner's
+    ``SnapshotStore``, in 4 KiB chunks, fp32) as version 2 beside its base, version 0; returns (model, store)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from learner.publisher import SnapshotStore
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    prompt_ids = [tokenizer.bos_token_id, *tokenizer("3+4=", add_special_tokens=False)["input_ids"]]
+    records = [Trajectory(job_id=job_id, lease_id="lease-g", group_id="g", prompt="3+4=", prompt_ids=prompt_ids,
+                          completion=answer, completion_ids=[*tokenizer(answer, add_special_tokens=False)["input_ids"],
+                                                             tokenizer.eos_token_id],
+                          logprobs=[-1.0, -1.0], reward=reward, version=0)
+               for answer, reward in (("7", 1.0), ("5", 0.0))]
+    grpo_step(model, torch.optim.AdamW(model.parameters(), lr=1e-2), records, pad_id=tokenizer.pad_token_id)
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())  # it did train
+    store = SnapshotStore(root, job_id=job_id, chunk_bytes=4096, dtype="fp32")  # exported as trained: fp32
+    store.write_base(model_dir)
+    store.write(model, 2)
+    return model, store

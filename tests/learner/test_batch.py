@@ -3,12 +3,15 @@ sampled completion equal those the worker's engine reported (ratio 1 on-policy).
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
-from dataplane.records import Trajectory
+from dataplane.packed import pack_json
+from dataplane.records import Trajectory, TrajectoryGroup
 from dataplane.tasks import build_task
-from learner.batch import collate, token_logprobs
+from learner.batch import Workspace, collate, collate_packed, concat, token_logprobs
 from worker_agent.engines.base import SamplingParams
 from worker_agent.engines.hf import HFEngine
 from worker_agent.rollout import GroupLease, rollout_groups
@@ -86,3 +89,60 @@ def test_learner_logprobs_equal_engine_logprobs_on_policy(engine: HFEngine, tiny
     ratio = torch.exp(logp[mask] - batch.behaviour_logp[mask])
     torch.testing.assert_close(ratio, torch.ones_like(ratio), rtol=0, atol=1e-4)
 
+
+
+def reference_collate(records: list[Trajectory], *, pad_id: int) -> dict[str, torch.Tensor]:
+    """The learner's collation before records were read in columns: four small tensors per record."""
+    width = max(len(r.prompt_ids) + len(r.completion_ids) for r in records)
+    size = len(records)
+    input_ids = torch.full((size, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((size, width), dtype=torch.long)
+    token_mask = torch.zeros((size, width - 1), dtype=torch.float32)
+    behaviour = torch.zeros((size, width - 1), dtype=torch.float32)
+    groups: dict[str, int] = {}
+    for row, rec in enumerate(records):
+        seq = rec.prompt_ids + rec.completion_ids
+        input_ids[row, : len(seq)] = torch.tensor(seq)
+        attention[row, : len(seq)] = 1
+        start, n = len(rec.prompt_ids) - 1, len(rec.completion_ids)
+        mask = rec.loss_mask if rec.loss_mask is not None else [1] * n
+        token_mask[row, start : start + n] = torch.tensor(mask, dtype=torch.float32)
+        behaviour[row, start : start + n] = torch.tensor(rec.logprobs, dtype=torch.float32)
+        groups.setdefault(rec.group_id, len(groups))
+    return {"input_ids": input_ids, "attention": attention, "token_mask": token_mask, "behaviour_logp": behaviour,
+            "rewards": torch.tensor([r.reward for r in records], dtype=torch.float32),
+            "group_index": torch.tensor([groups[r.group_id] for r in records], dtype=torch.long),
+            "versions": torch.tensor([r.version for r in records], dtype=torch.long)}
+
+
+def random_groups(rng: random.Random, count: int, *, longest: int) -> list[list[Trajectory]]:
+    out = []
+    for g in range(count):
+        prompt, version = [1, *(rng.randrange(3, 30) for _ in range(rng.randint(1, 6)))], rng.randrange(4)
+        out.append([trajectory(f"g{g % 3}", prompt, [rng.randrange(3, 30) for _ in range(n)],
+                               [-rng.uniform(0, 5) for _ in range(n)], reward=rng.random(), version=version,
+                               loss_mask=[rng.randrange(2) for _ in range(n)] if rng.random() < 0.5 else None)
+                    for n in (rng.randint(1, longest) for _ in range(rng.randint(1, 4)))])
+    return out
+
+
+def test_collation_from_columns_equals_the_record_by_record_collation() -> None:
+    """Batches collated from the columns the reader packs (group by group, joined, into reused buffers) hold
+    exactly what the old collation built, batch after batch (a reused buffer carries nothing over)."""
+    rng, workspace = random.Random(7), Workspace()
+    for longest in (1, 3, 40, 7):  # a wide batch, then narrower ones in the same (larger) buffers
+        groups = random_groups(rng, 6, longest=longest)
+        records = [r for g in groups for r in g]
+        stored = [pack_json(TrajectoryGroup.of(g).model_dump_json()) for g in groups]
+
+        batch = collate_packed(concat(stored, workspace), pad_id=PAD, workspace=workspace)
+
+        expected = reference_collate(records, pad_id=PAD)
+        for name, tensor in expected.items():
+            assert torch.equal(getattr(batch, name), tensor), (longest, name)
+        assert all(torch.equal(getattr(collate(records, pad_id=PAD), n), t) for n, t in expected.items())
+
+
+def test_an_empty_batch_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least one record"):
+        collate([], pad_id=PAD)

@@ -16,7 +16,8 @@ from learner.settings import LearnerSettings
 
 FLAGS = ["--server", "--job", "--token", "--redis", "--snapshot-dir", "--snapshot-host", "--snapshot-port",
          "--advertise-host", "--relay", "--no-relay", "--relay-port", "--data-timeout", "--device",
-         "--checkpoint-dir", "--checkpoint-every", "--micro-batch", "--bf16", "--site-timeout", "--debug"]
+         "--checkpoint-dir", "--checkpoint-every", "--micro-batch", "--bf16", "--parallel",
+         "--activation-checkpointing", "--site-timeout", "--debug"]
 REQUIRED = ["--server", "http://site", "--job", "3", "--token", "tok"]
 
 
@@ -30,7 +31,8 @@ def trained(monkeypatch) -> list[LearnerSettings]:
         return JobStatus.COMPLETED
 
     monkeypatch.setattr("learner.trainer.run_job", run_job)
-    for name in ("ECHO2_SERVER", "ECHO2_JOB", "ECHO2_TOKEN", "ECHO2_TOKEN_FILE", "REDIS_URL"):
+    for name in ("ECHO2_SERVER", "ECHO2_JOB", "ECHO2_TOKEN", "ECHO2_TOKEN_FILE", "REDIS_URL", "ECHO2_LOGDIR",
+                 "WANDB_PROJECT"):
         monkeypatch.delenv(name, raising=False)
     return seen
 
@@ -45,7 +47,8 @@ def test_every_setting_is_an_option_of_run_with_its_variable() -> None:
     assert set(FLAGS) <= options
     envvars = {param.name: param.envvar for param in run.params if param.envvar}
     assert envvars == {"server": "ECHO2_SERVER", "job": "ECHO2_JOB", "token": "ECHO2_TOKEN",
-                       "token_file": "ECHO2_TOKEN_FILE", "redis_url": "REDIS_URL"}
+                       "token_file": "ECHO2_TOKEN_FILE", "redis_url": "REDIS_URL", "logdir": "ECHO2_LOGDIR",
+                       "wandb_project": "WANDB_PROJECT"}
     assert {param.name for param in run.params} - {"help"} == set(LearnerSettings.model_fields)
 
 
@@ -84,6 +87,7 @@ def test_the_model_reads_only_the_variables_it_declares(monkeypatch) -> None:
     (["--checkpoint-every", "0"], "Invalid value for '--checkpoint-every'"),
     (["--status-poll", "0"], "Invalid value for '--status-poll': Input should be greater than 0"),
     (["--colour", "blue"], "No such option: --colour"),
+    (["--parallel", "zero"], "Invalid value for '--parallel': Value error, 'zero' is not one of 'ddp', 'fsdp'"),
 ])
 def test_a_bad_flag_is_one_error_line_and_a_non_zero_exit(trained, args: list[str], words: str) -> None:
     result = invoke(*REQUIRED, *args)

@@ -11,7 +11,7 @@ import redis
 from dataplane import replay
 from learner.consumer import StalenessGatedConsumer
 
-from ..groups import stream_fields
+from ..groups import entry_ids, stream_fields
 
 JOB = 7
 
@@ -83,7 +83,7 @@ def test_stale_groups_are_dropped_counted_and_acknowledged(learner_client, redis
     assert consumer.dropped_total == 5
     key = replay.trajectories_key(JOB)
     assert pending(redis_client) == 2  # only the two returned groups await their training step
-    assert [e[0] for e in redis_client.xrange(key)] == [edge, fresh]  # dropped entries acknowledged and gone
+    assert entry_ids(redis_client, key) == [edge, fresh]  # dropped entries acknowledged and gone
 
 
 def test_buffered_group_that_turns_stale_is_dropped(learner_client, redis_client) -> None:

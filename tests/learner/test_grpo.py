@@ -168,7 +168,7 @@ def test_on_policy_loss_is_minus_mean_advantage_per_token() -> None:
 def test_fully_masked_batch_gives_zero_loss_not_nan() -> None:
     logp, behaviour, adv, _ = inputs()
 
-    for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+    for mode in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"):
         logp.grad = None
         terms = policy_loss(logp, behaviour, adv, torch.zeros(3, 3), loss_config(aggregation=mode))
         terms.loss.backward()
@@ -190,15 +190,42 @@ def test_seq_mean_token_mean_by_hand() -> None:
     assert grad[0, 0].item() == pytest.approx(-1.1 / 9, rel=1e-12)
 
 
-def test_seq_mean_token_sum_uses_a_constant_normalizer() -> None:
+def test_seq_mean_token_sum_norm_uses_a_constant_normalizer() -> None:
     # Dr.GRPO: the token sum over B * norm_length = 3 * 4 = 12, whatever the lengths: 3.075 / 12
-    terms, grad = loss_and_grad(loss_config(aggregation="seq-mean-token-sum", norm_length=4))
+    terms, grad = loss_and_grad(loss_config(aggregation="seq-mean-token-sum-norm", norm_length=4))
 
     assert terms.loss.item() == pytest.approx(3.075 / 12, rel=1e-12)
     assert grad[2, 0].item() == pytest.approx(-0.525 / 12, rel=1e-12)
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_seq_mean_token_sum_is_verls_token_sum_then_sequence_mean() -> None:
+    # verl's seq-mean-token-sum: sum each row's tokens (2.8, -6.4, 0.525), then the mean of the 3 rows;
+    # norm_length plays no part: loss = -(2.8 - 6.4 + 0.525) / 3 = 3.075 / 3
+    terms, grad = loss_and_grad(loss_config(aggregation="seq-mean-token-sum", norm_length=4))
+
+    assert terms.loss.item() == pytest.approx(3.075 / 3, rel=1e-12)
+    assert grad[2, 0].item() == pytest.approx(-0.525 / 3, rel=1e-12)
+
+
+def test_dual_clip_bounds_the_surrogate_of_negative_advantages() -> None:
+    # c = 1.4: row 1 (A = -2) has ratio 1.5 > c, its surrogate min(-3.0, -2.4) = -3.0 is raised to c * A = -2.8
+    # and its gradient is zeroed; every other token is as in the default: loss = -(2.8 - 6.2 + 0.525) / 7
+    terms, grad = loss_and_grad(loss_config(dual_clip=1.4))
+
+    assert terms.loss.item() == pytest.approx(2.875 / 7, rel=1e-12)
+    assert grad[1, 2].item() == 0.0
+    assert grad[1, 0].item() == pytest.approx(-0.9 * -2.0 / 7, rel=1e-12)
+    assert terms.summary["dual_clip_fraction"] == pytest.approx(1 / 7)
+    # positive advantages are never dual-clipped: row 0's ratio 1.5 (> c) keeps the ordinary clip
+    assert grad[0, 1].item() == 0.0 and terms.summary["clip_high_fraction"] == pytest.approx(1 / 7)
+
+
+def test_dual_clip_must_exceed_one() -> None:
+    with pytest.raises(ValueError, match="dual_clip"):
+        loss_config(dual_clip=0.9)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
 def test_splitting_a_batch_with_the_full_denominator_is_exact(mode: str) -> None:
     # micro-batches and data-parallel ranks each see some rows; with the whole batch's D they add up exactly
     settings = loss_config(aggregation=mode, norm_length=4, kl_beta=0.1)

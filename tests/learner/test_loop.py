@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from learner.loop import LearnerLoop, ResumeError, check_resume
 from learner.prompts import PromptFeeder
 from learner.trainer import build_policy
 
-from ..groups import stream_fields
+from ..groups import entry_ids, stream_fields
 
 JOB = 9
 
@@ -34,17 +35,23 @@ def append_group(client, group: int, version: int = 0) -> str:
     return client.xadd(replay.trajectories_key(JOB), stream_fields(records))
 
 
-def make_loop(redis_url: str, model_dir: Path, root: Path, *, staleness: int = 50, identity: dict | None = None):
+def make_loop(redis_url: str, model_dir: Path, root: Path, *, staleness: int = 50, identity: dict | None = None,
+              background: bool = False, feeder: bool = False):
+    """The loop; ``background``: as run_job builds it (checkpoints written and prompts topped up on threads of their
+    own, the next batch read ahead)."""
     spec = JobSpec(name="loop", model_dir=str(model_dir), task={"name": "arithmetic"}, staleness=staleness, kappa=2,
                    batch_trajectories=4, group_size=2, max_steps=10)
     trainer, _ = build_policy(spec, device="cpu")
-    consumer = StalenessGatedConsumer(redis.Redis.from_url(redis_url), JOB, spec.staleness)
+    client = redis.Redis.from_url(redis_url)
+    consumer = StalenessGatedConsumer(client, JOB, spec.staleness, prefetch=background)
+    prompts = PromptFeeder(client, job_id=JOB, task=build_task(spec.task), seed=0, backlog=4,
+                           background=background) if feeder else None
     return LearnerLoop(spec=spec, trainer=trainer, consumer=consumer, checkpoints=CheckpointStore(root),
-                       identity=identity or {"job_id": JOB, "created_at": "t0"})
+                       identity=identity or {"job_id": JOB, "created_at": "t0"}, background=background, feeder=prompts)
 
 
 def stream_ids(client) -> list[str]:
-    return [entry_id for entry_id, _ in client.xrange(replay.trajectories_key(JOB))]
+    return entry_ids(client, replay.trajectories_key(JOB))
 
 
 def test_acknowledgement_waits_for_the_checkpoint(redis_url, redis_client, tiny_model_dir, tmp_path) -> None:
@@ -75,6 +82,45 @@ def test_a_checkpoint_keeps_its_steps_report_for_a_learner_killed_before_sending
     second = loop.step(timeout_s=5, report=report)
     assert built == [2]
     assert CheckpointStore(tmp_path).load().state["report"] == {"step": 2, "entries": second.entry_ids}
+
+
+def test_background_commits_take_the_same_updates_and_acknowledge_only_committed_entries(
+        redis_url, redis_client, tiny_model_dir, tmp_path) -> None:
+    """run_job's loop (checkpoints written by the committer's thread from a copy of the state, the next batch read
+    ahead, prompts topped up on the feeder's thread) writes the very checkpoints the plain loop writes, and an
+    entry leaves the stream only once the checkpoint holding it is on disk."""
+    plain_ids = [append_group(redis_client, g) for g in range(12)]
+    plain = make_loop(redis_url, tiny_model_dir, tmp_path / "plain", feeder=True)
+    for _ in range(6):
+        plain.step(timeout_s=5)
+    redis_client.flushdb()
+    ids = [append_group(redis_client, g) for g in range(12)]  # the same groups under new entry ids
+    loop = make_loop(redis_url, tiny_model_dir, tmp_path / "background", background=True, feeder=True)
+
+    outcomes = []
+    for _ in range(6):
+        outcomes.append(loop.step(timeout_s=5))
+        acknowledged = set(ids) - set(stream_ids(redis_client))  # first: a checkpoint read after is at least as new
+        committed = CheckpointStore(tmp_path / "background").load()
+        assert acknowledged <= set(ids[: 2 * committed.version] if committed else [])  # 2 entries per update
+    loop.settle()
+    deadline = time.monotonic() + 10
+    while redis_client.xlen(replay.prompts_key(JOB)) < 4 and time.monotonic() < deadline:
+        loop.feeder.request_top_up()  # on the feeder's thread, one at a time
+        time.sleep(0.05)
+    loop.close()
+
+    assert [o.entry_ids for o in outcomes] == [ids[i:i + 2] for i in range(0, 12, 2)]
+    assert stream_ids(redis_client) == []  # all six updates checkpointed (v6), everything acknowledged
+    background, straight = (CheckpointStore(tmp_path / name).load() for name in ("background", "plain"))
+    assert background.version == straight.version == 6
+    assert torch.equal(background.rng["torch"], straight.rng["torch"]) and background.rng["python"] == straight.rng[
+        "python"]
+    assert all(background.state[k] == straight.state[k] for k in ("dropped_total", "quarantined", "recent_rewards"))
+    assert background.trained_entry_ids == ids[8:] and straight.trained_entry_ids == plain_ids[8:]
+    for name, tensor in straight.model.items():
+        assert torch.equal(background.model[name], tensor), name
+    assert redis_client.xlen(replay.prompts_key(JOB)) == 4  # topped up to the backlog by the feeder's thread
 
 
 def test_crash_between_checkpoint_and_acknowledgement_trains_nothing_twice(redis_url, redis_client, tiny_model_dir,
@@ -150,7 +196,7 @@ def test_checkpoint_store_is_atomic_and_round_trips(tmp_path) -> None:
     assert [torch.rand(3).tolist(), random.random(), extra.random()] == expected
     assert loaded.version == 3 and loaded.trained_entry_ids == ["1-0", "2-0"] and loaded.state == {"dropped_total": 4}
     assert json.loads(store.config_path.read_text()) == {"loss": {"type": "grpo"}}
-    assert sorted(p.name for p in store.root.iterdir()) == ["checkpoint.pt", "config.json"]  # no temporary left
+    assert sorted(p.name for p in store.root.iterdir()) == ["checkpoint.pt", "run-config.json"]  # no temporary left
 
 
 def test_feeder_does_not_count_trained_groups_awaiting_the_checkpoint(redis_url, redis_client) -> None:

@@ -116,3 +116,71 @@ def test_a_throttled_request_waits_as_told_and_is_sent_again() -> None:
         lambda request: httpx.Response(429, headers={"Retry-After": "0"}, json={"detail": "Request was throttled."})))
     with pytest.raises(SiteError, match="429"):
         client.report(1, {"step": 1}, retries=2)
+
+
+def test_started_the_outbox_sends_from_its_own_thread_in_order_and_raises_a_refusal_later(site) -> None:
+    """The training thread only queues: sending happens on the outbox's thread, through an outage too."""
+    client = SiteClient(f"http://127.0.0.1:{site.port}", "token", timeout=2, retries=0)
+    outbox = Outbox(client, 7, on_published=lambda pub, reply: None).start()
+    site.stop()
+    started = time.monotonic()
+    for step in range(1, 6):
+        outbox.report({"step": step})  # the site is down: none of these waits for it
+    assert time.monotonic() - started < 1.0
+    site.start()
+    deadline = time.monotonic() + 10
+    while outbox.pending and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [body["step"] for _, body in site.received] == [1, 2, 3, 4, 5]
+    outbox.report({"step": 99})  # refused by the site, on the sender's thread
+    deadline = time.monotonic() + 10
+    while outbox.refusal is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(SiteError, match="step: refused"):
+        outbox.report({"step": 6})  # the training thread hears of it at its next call
+    assert outbox.drain(within_s=5)
+    assert [body["step"] for _, body in site.received] == [1, 2, 3, 4, 5]  # 6 was not queued: the call raised
+    client.close()
+
+
+def test_t_train_is_announced_from_the_outbox_thread_through_an_outage_newest_first(site) -> None:
+    """T_train (every tenth step) no longer holds the training thread for a round trip: queued like a report, the
+    newest value replacing one not yet sent, and sent before the reports once the site answers."""
+    client = SiteClient(f"http://127.0.0.1:{site.port}", "token", timeout=2, retries=0)
+    outbox = Outbox(client, 7, on_published=lambda pub, reply: None).start()
+    site.stop()
+    started = time.monotonic()
+    outbox.announce(0.5)
+    outbox.report({"step": 10})
+    outbox.announce(0.25)  # replaces 0.5 if that one was not sent yet
+    assert time.monotonic() - started < 1.0
+    site.start()
+    deadline = time.monotonic() + 10
+    while outbox.pending and time.monotonic() < deadline:
+        time.sleep(0.05)
+    learner = [body["t_train"] for path, body in site.received if path == "/api/jobs/7/learner/"]
+    assert learner[-1] == 0.25 and set(learner) <= {0.5, 0.25}
+    assert [body["step"] for path, body in site.received if path.endswith("/metrics/")] == [10]
+    outbox.stop()
+    client.close()
+
+
+def test_deltas_queue_behind_their_base_and_a_full_snapshot_replaces_them(site) -> None:
+    client = SiteClient(f"http://127.0.0.1:{site.port}", "token", timeout=2, retries=1)
+    outbox = Outbox(client, 7, on_published=lambda pub, reply: None)
+    site.stop()
+
+    def delta(version: int) -> Publication:
+        return Publication(version, f"http://l/v{version}/", {"kind": "delta", "base_version": version - 1})
+
+    outbox.publish(Publication(10, "http://l/v10/", {"kind": "full"}))
+    for version in (11, 12):  # each applies only on top of the one before: none may be skipped
+        outbox.publish(delta(version))
+    assert outbox.pending_versions() == {10, 11, 12}
+    outbox.publish(Publication(20, "http://l/v20/", {"kind": "full"}))  # needs nothing before it
+    outbox.publish(delta(21))
+    assert outbox.pending_versions() == {20, 21}
+    site.start()
+    assert outbox.flush()
+    assert [body["version"] for _, body in site.received] == [20, 21] and outbox.pending_versions() == set()
+    client.close()

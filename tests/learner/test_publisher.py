@@ -20,7 +20,7 @@ from dataplane.broadcast import framing
 from dataplane.broadcast.relay import SnapshotRelay
 from dataplane.broadcast.store import list_versions, version_dir
 from dataplane.credentials import issue, new_secret
-from dataplane.snapshot import SnapshotError, fetch_payload, parse_manifest
+from dataplane.snapshot import SnapshotError, fetch_payload, full_url, parse_manifest
 from learner.publisher import LearnerRelay, SnapshotServer, SnapshotStore, manifest_json
 
 JOB = 5
@@ -34,7 +34,7 @@ def cred(version: int, *, worker_id: int = 9, job_id: int = JOB, ttl: int = 600,
 
 def test_a_published_version_reaches_a_seed_through_the_learner_relay(tmp_path):
     model = torch.nn.Linear(64, 32)
-    store = SnapshotStore(tmp_path, job_id=JOB, chunk_bytes=1024, keep=2)
+    store = SnapshotStore(tmp_path, job_id=JOB, chunk_bytes=1024, keep=2, dtype="fp32", full_every=1)
     relay = LearnerRelay(store, uplink_bps=None)
     try:
         relay.set_secret(SECRET)  # what the site's reply to the announcement carries
@@ -148,3 +148,36 @@ def test_the_base_stays_and_so_does_every_recent_version(tmp_path, tiny_model_di
     finally:
         server.stop()
     assert payload == basemodel.pack(tiny_model_dir)
+
+
+def test_a_delta_version_goes_down_the_relay_as_is_and_its_full_payload_is_served_over_http(tmp_path):
+    model = torch.nn.Linear(64, 32)
+    store = SnapshotStore(tmp_path, job_id=JOB, chunk_bytes=1024)
+    store.write(model, 1)
+    with torch.no_grad():
+        model.bias.add_(1.0)
+    delta = store.write(model, 2)
+    assert delta.kind == "delta" and delta.total_bytes < delta.full.total_bytes / 10
+    relay, server = LearnerRelay(store, uplink_bps=None), SnapshotServer(store).start()
+    try:
+        relay.set_secret(SECRET)
+        server.set_secret(SECRET)
+        relay.serve(2)
+        host, _, port = relay.address.rpartition(":")
+
+        async def seed() -> bytes:
+            child = SnapshotRelay(parse_manifest(manifest_json(delta)), worker_id=9, credential=cred(2))
+            child.set_parent(host, int(port))
+            return await asyncio.wait_for(child.receive(), 30)
+
+        assert len(asyncio.run(seed())) == delta.total_bytes  # the delta itself, verified against its manifest
+        full = fetch_payload(full_url(server.url_for(2)), delta.full, credential=cred(2))  # the same credential
+        reply = httpx.get(full_url(server.url_for(2)) + "manifest.json", headers={"Authorization": f"Bearer {cred(2)}"})
+        assert reply.status_code == 200 and parse_manifest(json.loads(reply.content)) == delta.full
+        refused = httpx.get(full_url(server.url_for(2)) + "chunks/0", headers={"Authorization": f"Bearer {cred(1)}"})
+        assert refused.status_code == 403
+    finally:
+        relay.stop()
+        server.stop()
+    tensors = load(full)
+    assert tensors["bias"].dtype == torch.bfloat16 and torch.equal(tensors["bias"], model.bias.detach().bfloat16())

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from dataplane import replay
 
-from ..groups import stream_fields
+from ..groups import entry_ids, stream_fields
 
 pytestmark = pytest.mark.slow
 
@@ -85,7 +85,7 @@ def test_killed_loop_resumes_without_losing_or_repeating_records(tmp_path, redis
         proc.stderr.close()
     first = ledger(tmp_path, KILLED)
     assert [line["version"] for line in first] == [1, 2, 3]
-    left = {entry_id for entry_id, _ in redis_client.xrange(key)}
+    left = set(entry_ids(redis_client, key))
     acknowledged = set(ids) - left
     assert acknowledged == set(first[0]["ids"] + first[1]["ids"])  # exactly what checkpoint v2 holds
     assert redis_client.xpending(key, replay.LEARNER_GROUP)["pending"] == 2  # update 3's groups, lost with it
@@ -101,7 +101,7 @@ def test_killed_loop_resumes_without_losing_or_repeating_records(tmp_path, redis
     lineage = [i for line in first[:2] + second for i in line["ids"]]  # the updates the final model contains
     assert len(lineage) == len(set(lineage)) == 2 * MAX_STEPS  # none trained twice
     assert lineage == ids[: 2 * MAX_STEPS]  # in stream order, none skipped
-    assert [entry_id for entry_id, _ in redis_client.xrange(key)] == ids[2 * MAX_STEPS:]  # the rest untouched
+    assert entry_ids(redis_client, key) == ids[2 * MAX_STEPS:]  # the rest untouched
     assert redis_client.xpending(key, replay.LEARNER_GROUP)["pending"] == 0
 
     # --- an uninterrupted run over the same records takes the same updates

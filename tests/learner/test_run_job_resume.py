@@ -1,6 +1,7 @@
 """``echo2-learner`` killed mid-job against a real site (daphne) and Redis, then restarted: it refuses to
 start without its checkpoint, and with it resumes the same version sequence and completes the job. Once as
-one process, once as two data-parallel CPU ranks under torchrun (rank 0 talks to the site, both train)."""
+one process, once as two data-parallel CPU ranks under torchrun (rank 0 talks to the site, both train), once
+as two FSDP ranks (sharded checkpoints; snapshots gathered tensor by tensor from both)."""
 
 from __future__ import annotations
 
@@ -53,9 +54,10 @@ def kill_tree(pid: int) -> None:
             os.kill(p, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("ranks", [1, 2], ids=["one-process", "torchrun-2-ranks"])
+@pytest.mark.parametrize(("ranks", "parallel"), [(1, "ddp"), (2, "ddp"), (2, "fsdp")],
+                         ids=["one-process", "torchrun-2-ranks", "torchrun-2-fsdp-ranks"])
 def test_learner_killed_mid_job_resumes_from_its_checkpoint(stack, tmp_path, tiny_model_dir, redis_url,
-                                                            ranks: int) -> None:
+                                                            ranks: int, parallel: str) -> None:
     token = create_users(stack, "own")["own"]
     server = start_site(stack, celery=False)
     owner = api(server, token)
@@ -72,7 +74,9 @@ def test_learner_killed_mid_job_resumes_from_its_checkpoint(stack, tmp_path, tin
     token_file = tmp_path / "owner.token"
     token_file.write_text(token)
     learner = [*launcher, "--server", server, "--job", str(job["id"]), "--token-file", str(token_file), "--redis",
-               redis_url, "--snapshot-dir", str(tmp_path / "snapshots"), "--data-timeout", "120"]
+               redis_url, "--snapshot-dir", str(tmp_path / "snapshots"), "--data-timeout", "120",
+               "--audit-fraction", "0",  # the groups here are made up: no engine computed their log-probs
+               "--parallel", parallel]
 
     # --- enough data for 3 updates: v2 is checkpointed and published, v3 is trained, then the learner waits
     push_groups(client, job["id"], 0, 3 * R // N)
@@ -81,6 +85,8 @@ def test_learner_killed_mid_job_resumes_from_its_checkpoint(stack, tmp_path, tin
     kill_tree(first.pid)
     first.wait()
     assert owner.get(f"jobs/{job['id']}/").json()["published_version"] == 2
+    if parallel == "fsdp":  # the model and optimizer are in the ranks' shards, beside a small checkpoint.pt
+        assert len(list(checkpoint_dir.glob("sharded-v00000002-*/*.distcp"))) == ranks
 
     # --- without its checkpoint the learner refuses, in one line
     shutil.move(checkpoint_dir, tmp_path / "elsewhere")
@@ -98,11 +104,16 @@ def test_learner_killed_mid_job_resumes_from_its_checkpoint(stack, tmp_path, tin
     log = (stack.logs / "learner-2.log").read_text()
     assert second.returncode == 0, log[-3000:]
     assert "resumed at v2" in log and f"{ranks} rank(s)" in log
+    assert ("sharded (FSDP)" in log) == (parallel == "fsdp")
     final = owner.get(f"jobs/{job['id']}/").json()
     assert final["status"] == "completed", final["status_reason"]
     assert final["published_version"] == STEPS
     snaps = owner.get(f"jobs/{job['id']}/snapshots/").json()
-    assert [s["version"] for s in snaps] == [0, 2, 4, 6]  # the base once: the restart did not publish it again
+    versions = [s["version"] for s in snaps]
+    # The base once (the restart did not publish it again), every kappa-th version after it, the last one: a full
+    # snapshot written before the one before it was announced replaces it in the outbox (agents want the newest),
+    # so v4 may be left out when v6 follows it quickly; nothing else may be, and none twice.
+    assert versions in ([0, 2, 4, 6], [0, 2, 6]), versions
     assert "base snapshot v0 already published" in log
     metrics = owner.get(f"jobs/{job['id']}/metrics/").json()
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))

@@ -7,13 +7,14 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from dataplane import replay
-from dataplane.records import TrajectoryGroup
+from dataplane.groupcodec import decode_group
 from dataplane.tasks import build_task
 from echo2_site.asgi import application
 from learner.prompts import PromptFeeder
 from marketplace import services
 from marketplace.models import Job, Worker
 
+from ..groups import stream_entries
 from . import factories
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("redis_url")]
@@ -56,10 +57,10 @@ def settings_eager(settings):
 
 
 @database_sync_to_async
-def setup_job_and_worker():
+def setup_job_and_worker(**job_fields):
     owner, provider = factories.user(), factories.user()
     worker, key = factories.worker(provider)
-    job = factories.job(owner, batch_trajectories=8, group_size=4)
+    job = factories.job(owner, **{"batch_trajectories": 8, "group_size": 4, **job_fields})
     return job, worker, key
 
 
@@ -128,6 +129,10 @@ async def test_lease_submit_and_bad_records_lose_nothing(settings_eager, redis_c
     await comm.send_json_to(group(job.pk, second, [record(job.pk, second)] * 3))
     assert "a group needs 4 records, got 3" in (await comm.receive_json_from())["reasons"][0]
 
+    # The lease's group id with another prompt (a worker answering a question it chose) is refused.
+    await comm.send_json_to(group(job.pk, first, [record(job.pk, first, prompt="1+1=") for _ in range(4)]))
+    assert "differs from the leased prompt" in (await comm.receive_json_from())["reasons"][0]
+
     # The same lease answered correctly is accepted, exactly once.
     good = [record(job.pk, first, reward=float(i % 2)) for i in range(4)]
     message = group(job.pk, first, good)
@@ -137,13 +142,15 @@ async def test_lease_submit_and_bad_records_lose_nothing(settings_eager, redis_c
     again = await comm.receive_json_from()
     assert again["accepted"] == 0 and "lease expired or unknown" in again["reasons"][0]
 
-    entries = redis_client.xrange(replay.trajectories_key(job.pk))
+    entries = stream_entries(redis_client, replay.trajectories_key(job.pk))
     assert len(entries) == 1 and entries[0][1]["lease_id"] == first["lease_id"]
-    stored = TrajectoryGroup.model_validate_json(entries[0][1]["data"])  # as the learner reads it
+    assert entries[0][1]["worker_id"] == str(worker.pk)  # stamped by the site, for the learner's audits
+    stored = decode_group(entries[0][1]["data"])  # as the learner reads it
     assert [r.reward for r in stored.records] == [0.0, 1.0, 0.0, 1.0] and stored.version == 0
     counters = replay.ReplayBuffer(redis_client, job.pk).counters()
     assert counters["accepted_groups"] == 1 and counters["accepted_records"] == 4
-    assert counters["rejected_records"] == 4 + 4 + 4 + 3 + 4  # malformed, mixed, unpublished, short, repeated
+    assert counters["rejected_records"] == 4 + 4 + 4 + 3 + 4 + 4  # malformed, mixed, unpublished, short,
+    # another prompt, repeated
     # The refused second lease is still pending: it will be leased again, nothing is lost.
     assert redis_client.xpending(replay.prompts_key(job.pk), replay.PROMPT_GROUP)["pending"] == 1
     await comm.disconnect()

@@ -253,3 +253,16 @@ def test_a_job_whose_model_dir_vanished_is_not_started(redis_url, tmp_path):
     assert reply.status_code == 400
     assert reply.json()["detail"].startswith(f"model_dir: no directory {job.model_dir}")
     assert Job.objects.get(pk=job.pk).status == "draft"
+
+
+def test_a_learner_without_a_relay_announces_an_empty_address(redis_url, settings):
+    # A star-strategy job runs no relay hub: the learner announces "" (it was refused as blank, so such a job
+    # could never start its learner).
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    owner = factories.user()
+    api = client_for(owner)
+    job = factories.job(owner, broadcast_strategy="star-limited")
+    api.post(f"/api/jobs/{job.pk}/start/")
+    reply = api.post(f"/api/jobs/{job.pk}/learner/", {"t_train": 1.0, "relay_address": ""}, format="json")
+    assert reply.status_code == 200, reply.content
+    assert Job.objects.get(pk=job.pk).learner_relay == ""

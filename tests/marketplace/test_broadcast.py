@@ -253,6 +253,23 @@ def test_a_published_manifest_must_have_its_shape_and_describe_that_version(push
     assert pushes[job.activations.get().worker_id][-1].manifest["sha256"] == good["sha256"]
 
 
+def test_a_delta_is_published_with_its_base_and_full_manifest_and_a_half_described_one_is_refused(pushes):
+    from dataplane.snapshot import build_manifest
+
+    job = running_job(make_workers(1), b0=1000)
+    publish(job, 1, total_bytes=5000)
+    full = build_manifest(bytes(5000), job_id=job.pk, version=2).model_dump(mode="json")
+    delta = build_manifest(bytes(40), job_id=job.pk, version=2).model_dump(mode="json") | {
+        "kind": "delta", "base_version": 1, "base_sha256": job.snapshots.get(version=1).manifest["sha256"],
+        "encoding": "xor-zstd", "full": full}
+    with pytest.raises(services.ServiceError, match="^manifest: a delta needs full$"):
+        services.snapshot_publish(job=job, version=2, url="http://l/v2/", manifest=delta | {"full": None})
+    services.snapshot_publish(job=job, version=2, url="http://l/v2/", manifest=delta)
+    sent = pushes[job.activations.get().worker_id][-1]
+    assert sent.manifest["kind"] == "delta" and sent.manifest["base_version"] == 1
+    assert sent.manifest["full"]["sha256"] == full["sha256"] and sent.manifest["total_bytes"] == 40
+
+
 def base_manifest(job, *, total_bytes: int = 16) -> dict:
     """A well-formed base snapshot manifest (version 0, the checkpoint archive) of ``job``."""
     from dataplane.snapshot import build_manifest

@@ -3,7 +3,12 @@ hand-computed values."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from marketplace.chains import (
     BANDWIDTH_EWMA,
@@ -19,12 +24,15 @@ from marketplace.chains import (
     place_tails,
     repair,
     route,
+    routes,
     score_terms,
     scores,
     star_plan,
 )
 
 NOW = 10_000.0
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from bench_publication import place_tails_plainly  # noqa: E402
 
 
 def worker(worker_id, bw=10e6, successes=10, failures=0, age=0.0, failed_ago=None):
@@ -113,6 +121,19 @@ def test_route_names_parent_and_child_and_nothing_for_rollout_only_workers():
     assert route(plan, 9) is None and route(plan, 42) is None
 
 
+def test_routes_agree_with_route_for_every_worker():
+    plan = ChainPlan(chains=((8, 5, 2), (7,), (4, 1)), rollout_only=(9,))
+    assert routes(plan) == {w: route(plan, w) for c in plan.chains for w in c}
+
+
+@given(st.lists(st.lists(st.integers(0, 30), min_size=1, max_size=5), max_size=6),
+       st.lists(st.integers(100, 130), max_size=12, unique=True), st.sets(st.integers(0, 30)), st.integers(1, 9))
+def test_place_tails_equals_the_rule_stated_plainly(chain_lists, tails, relays, n_ch):
+    plan = ChainPlan(chains=tuple(tuple(c) for c in chain_lists))
+    assert place_tails(plan, tails, relays=relays, n_ch=n_ch) == place_tails_plainly(
+        plan, tails, relays=relays, n_ch=n_ch)
+
+
 def test_tails_end_the_shortest_relay_chains_then_start_chains_then_fetch_over_http():
     relays = {1, 2, 3}
     plan = ChainPlan(chains=((1, 2), (3,)), rollout_only=(6,))
@@ -134,3 +155,11 @@ def test_bandwidth_average_takes_only_transfers_long_enough_to_measure():
     assert measured_bandwidth(5e6, total_bytes=40_000, seconds=0.02) == 5e6  # latency, not bandwidth
     assert measured_bandwidth(None, total_bytes=40_000, seconds=0.02) is None
     assert measured_bandwidth(5e6, total_bytes=0, seconds=3.0) == 5e6  # a manifest without a size
+
+
+def test_a_worker_that_failed_audits_scores_in_proportion_to_its_pass_rate():
+    honest = WorkerStats(1, bandwidth_bps=1e8, successes=10, last_seen=NOW)
+    caught = WorkerStats(2, bandwidth_bps=1e8, successes=10, last_seen=NOW, audit_pass_rate=0.25)
+    score = scores([honest, caught], now=NOW)
+    assert score[1] == pytest.approx(1.0) and score[2] == pytest.approx(0.25)
+    assert assemble_chains([caught, honest], n_ch=1, now=NOW).chains == ((1, 2),)  # the honest one seeds

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -82,6 +87,15 @@ def test_greedy_is_deterministic(engine: HFEngine, tiny_model_dir) -> None:
         assert group[0] == group[1] == group[2]
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.005])
+def test_greedy_decodes_once_and_returns_n_copies(engine: HFEngine, temperature: float) -> None:
+    """Below temperature 0.01 is greedy on every engine (vLLM cannot sample there); n samples are one, n times."""
+    greedy = engine.generate(PROMPTS, n=4, params=SamplingParams(max_new_tokens=6, temperature=temperature))
+    single = engine.generate(PROMPTS, n=1, params=SamplingParams(max_new_tokens=6, temperature=0.0))
+
+    assert greedy == [group * 4 for group in single]
+
+
 def test_sampling_is_reproducible_from_the_seed(tiny_model_dir) -> None:
     params = SamplingParams(max_new_tokens=6)
 
@@ -121,3 +135,15 @@ def test_load_weights_that_do_not_fit_are_refused(engine: HFEngine) -> None:
         engine.load_weights({**state, "model.layers.9.mlp.up_proj.weight": torch.zeros(2, 2)})
     with pytest.raises(ValueError, match="missing"):
         engine.load_weights({k: v for k, v in state.items() if "layers.0.mlp" not in k})
+
+
+@pytest.mark.slow
+def test_hf_engine_runs_on_the_oldest_transformers_the_pins_allow() -> None:
+    """scripts/hf-engine-compat.sh makes (once; kept under ~/.cache/echo2) a venv with the oldest transformers that
+    pyproject.toml allows and runs the engine's checks there: the cache names moved in transformers 5.24."""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(["bash", str(root / "scripts" / "hf-engine-compat.sh")], capture_output=True, text=True,
+                          timeout=1200, env={**os.environ, "PYTHON": sys.executable})
+
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "5 passed, 0 failed" in done.stdout

@@ -5,7 +5,9 @@ on a version whose install failed, and a new job never inherits another job's en
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from transformers import AutoModelForCausalLM
 from dataplane import messages as m
 from dataplane.credentials import issue, new_secret
 from learner.publisher import SnapshotServer, SnapshotStore, manifest_json
+from worker_agent import status
 from worker_agent.cache import BaseCache
 from worker_agent.config import AgentConfig
 from worker_agent.engines import make_engine
@@ -30,8 +33,10 @@ class RecordingSocket:
 
     def __init__(self) -> None:
         self.sent: list[dict] = []
+        self.frames: list[str] = []  # as sent, for their size
 
     async def send(self, text: str) -> None:
+        self.frames.append(text)
         self.sent.append(json.loads(text))
 
     def of(self, kind: str) -> list[dict]:
@@ -228,3 +233,208 @@ def test_a_late_reply_is_discarded_by_id_and_a_dead_rollout_loop_restarts(tmp_pa
         session._stop_rollout()
 
     asyncio.run(scenario())
+
+
+class CrashingOnce:
+    """A real engine whose first batch dies, as a CUDA error or an engine bug kills a rollout loop."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.crashes = engine, 1
+
+    def generate(self, *args, **kwargs):
+        if self.crashes:
+            self.crashes -= 1
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return self.engine.generate(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.engine, name)
+
+
+def test_a_crashed_rollout_loop_reports_failed_restarts_and_reports_generating_once_it_delivers(
+        tmp_path, learner_side, tiny_model_dir):
+    store, server = learner_side
+    base = store.write_base(tiny_model_dir)
+
+    def states() -> list[tuple[str, str]]:
+        return [(h["state"], h["reason"]) for h in socket.of("heartbeat")]
+
+    async def scenario() -> None:
+        nonlocal socket
+        session, socket = make_session(tmp_path, [])
+        session.engine_factory = lambda model_dir: CrashingOnce(make_engine("hf", model_dir, device="cpu", seed=0))
+        session.heartbeat_interval = 0.2
+        heartbeats = asyncio.create_task(session._heartbeats())
+        await push(session, assign(1, snapshot(store, server, base), digest=base.sha256))
+        await until(lambda: socket.of("lease_request"), "the first lease request")
+        lease = m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="l1", group_id="g1", prompt="1+2=")])
+        await push(session, answering(socket, lease))
+        await until(lambda: any(state == "failed" for state, _ in states()), "a heartbeat saying the loop failed")
+        reason = next(reason for state, reason in states() if state == "failed")
+        assert reason == "RuntimeError: CUDA error: an illegal memory access was encountered"
+        await until(lambda: len(socket.of("lease_request")) == 2, "the supervisor to restart the loop")
+        assert session.rollout_failures == 1 and session.state() == "failed"  # not working again yet
+
+        again = m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="l2", group_id="g2", prompt="2+2=")])
+        await push(session, answering(socket, again))
+        await until(lambda: socket.of("trajectories"), "a generated group")
+        sent = socket.of("trajectories")[0]
+        await push(session, m.Accepted(job_id=1, lease_id="l2", accepted=2, rejected=0, ref_id=sent["id"]))
+        await until(lambda: states()[-1] == ("generating", ""), "a heartbeat saying it generates again")
+        await until(lambda: len(socket.of("lease_request")) == 3, "the next lease request")
+        await push(session, answering(socket, m.NoWork(job_id=1, retry_after=30)))
+        await until(lambda: states()[-1] == ("idle", ""), "a heartbeat saying it has nothing to do")
+        heartbeats.cancel()
+        session._stop_rollout()
+
+    socket = None
+    asyncio.run(scenario())
+
+
+def test_taking_a_lease_reports_generating_before_the_groups_it_bills_however_short_the_burst(
+        tmp_path, learner_side, tiny_model_dir):
+    """A burst of work shorter than the least gap between heartbeats is still billed: "generating" goes out on
+    the lease (no heartbeat loop runs here, and the last report said "loading" a moment ago)."""
+    store, server = learner_side
+    base = store.write_base(tiny_model_dir)
+
+    async def scenario() -> list[str]:
+        session, socket = make_session(tmp_path, [])
+        session.heartbeat_interval = 3600.0
+        await push(session, assign(1, snapshot(store, server, base), digest=base.sha256))
+        await until(lambda: socket.of("lease_request"), "the first lease request")
+        session.last_beat = ("loading", time.monotonic())  # reported just now: a plain change would wait
+        lease = m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="l1", group_id="g1", prompt="1+2=")])
+        await push(session, answering(socket, lease))
+        await until(lambda: socket.of("trajectories"), "a generated group")
+        session._stop_rollout()
+        return [f"{x['type']}:{x.get('state', '')}" for x in socket.sent if x["type"] in ("heartbeat", "trajectories")]
+
+    assert asyncio.run(scenario()) == ["heartbeat:generating", "trajectories:"]
+
+
+def test_the_rollout_loop_sends_a_group_over_the_sites_limit_in_parts_and_counts_the_one_reply(tmp_path, learner_side,
+                                                                                                tiny_model_dir):
+    """The limit comes with the welcome; a generated group over it goes as ``trajectories_part`` frames under one
+    request id, each under the limit, which join into the group the loop generated (the site's assembler)."""
+    from marketplace.assembly import GroupAssembler, JobLimits
+
+    store, server = learner_side
+    base = store.write_base(tiny_model_dir)
+    limit = 560  # a group of 2 records of 2 tokens is about 600 bytes; one record and a part's header fit
+
+    async def scenario() -> None:
+        session, socket = make_session(tmp_path, [])
+        await push(session, m.Welcome(worker_id=7, max_message_bytes=limit))
+        await push(session, assign(1, snapshot(store, server, base), digest=base.sha256))
+        await until(lambda: socket.of("lease_request"), "a lease request once the base is in")
+        lease = m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="l1", group_id="g1", prompt="1+2=")])
+        await push(session, answering(socket, lease))
+        await until(lambda: len(socket.of("trajectories_part")) == 2, "the group's two parts")
+        parts = socket.of("trajectories_part")
+        assert socket.of("trajectories") == [] and all(len(text.encode()) <= limit for text in socket.frames)
+        assembler, limits = GroupAssembler(), JobLimits(group_size=2, max_bytes=10**6, timeout_s=30)
+        joined = [assembler.add(m.TrajectoriesPart.model_validate(p), frame_bytes=limit, limits=limits, now=0.0)
+                  for p in parts][-1]
+        assert [r.lease_id for r in joined.records] == ["l1", "l1"] and joined.version == 0
+        request_id = parts[0]["id"]
+        assert parts[1]["id"] == request_id
+        await push(session, m.Accepted(job_id=1, lease_id="l1", accepted=2, rejected=0, ref_id=request_id))
+        await until(lambda: session.generated == 2, "the accepted group to be counted")
+        session._stop_rollout()
+
+    asyncio.run(scenario())
+
+
+def test_a_batchs_groups_go_out_without_waiting_for_replies_bounded_and_each_counted_once(tmp_path):
+    """Three groups with at most two in flight: two are sent before any reply, the third once one is answered;
+    replies come in any order, matched by id; a repeated or unknown reply counts nothing."""
+    from tests.groups import group_of
+
+    def batch(lease: str) -> object:
+        return group_of([{"job_id": 1, "lease_id": lease, "group_id": f"g-{lease}", "prompt": "1+2=",
+                          "prompt_ids": [1, 2], "completion": "3", "completion_ids": [4], "logprobs": [-0.1],
+                          "reward": 1.0, "version": 0} for _ in range(2)])
+
+    async def scenario() -> None:
+        session, socket = make_session(tmp_path, [])
+        session.in_flight = 2
+        sending = asyncio.create_task(session._return_groups([batch("l1"), batch("l2"), batch("l3")]))
+        await until(lambda: len(socket.of("trajectories")) == 2, "two groups in flight")
+        await asyncio.sleep(0.1)
+        assert len(socket.of("trajectories")) == 2  # bounded: the third waits for a reply
+        first, second = socket.of("trajectories")
+        await push(session, m.Accepted(job_id=1, lease_id="l2", accepted=2, rejected=0, ref_id=second["id"]))
+        await until(lambda: len(socket.of("trajectories")) == 3, "the third group once a reply came")
+        third = socket.of("trajectories")[2]
+        await push(session, m.Accepted(job_id=1, lease_id="l2", accepted=2, rejected=0, ref_id=second["id"]))  # again
+        await push(session, m.Accepted(job_id=1, lease_id="lx", accepted=9, rejected=0, ref_id="r999"))  # unknown
+        await push(session, m.Accepted(job_id=1, lease_id="l3", accepted=2, rejected=0, ref_id=third["id"]))
+        await push(session, m.Accepted(job_id=1, lease_id="l1", accepted=0, rejected=2, ref_id=first["id"],
+                                       reasons=["lease expired"]))
+        await asyncio.wait_for(sending, 5)
+        assert session.generated == 4 and [t["group"]["lease_id"] for t in socket.of("trajectories")] == \
+            ["l1", "l2", "l3"]
+
+    asyncio.run(scenario())
+
+
+def test_the_session_says_each_change_and_idles_quietly(tmp_path, learner_side, tiny_model_dir, caplog, monkeypatch):
+    """The real session and reporter, driven through: not activated, assigned and generating (its group not yet
+    answered), no prompts to lease (the site answers every lease request "no work"), released. Every change is
+    said; a 5 s idle stretch at a 2 s summary period gives at most three lines."""
+    monkeypatch.setattr(status, "GENERATING_HOLD_S", 0.5)
+    store, server = learner_side
+    base = store.write_base(tiny_model_dir)
+
+    def lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.name == "echo2.agent" and r.module == "status"]
+
+    async def said(text: str) -> None:
+        await until(lambda: any(text in line for line in lines()), repr(text), 20)
+
+    async def no_work_to_every_request(session, socket) -> None:
+        answered = 0
+        while True:
+            requests = socket.of("lease_request")
+            if len(requests) > answered and session.waiting.get(requests[-1]["id"]):
+                await push(session, m.NoWork(job_id=1, retry_after=0.2, ref_id=requests[-1]["id"]))
+                answered = len(requests)
+            await asyncio.sleep(0.05)
+
+    async def scenario() -> None:
+        session, socket = make_session(tmp_path, [])
+        reporter = asyncio.create_task(status.report(session, every=2.0, poll=0.1))
+        await said("idle: not activated (waiting for the scheduler to pick this machine)")
+
+        await push(session, assign(1, snapshot(store, server, base), digest=base.sha256))
+        await until(lambda: socket.of("lease_request"), "a lease request")
+        lease = m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="l1", group_id="g1", prompt="1+2=")])
+        await push(session, answering(socket, lease))
+        await until(lambda: socket.of("trajectories"), "a generated group")
+        await said("generating for job 1 under v0")  # its group is on the way: still generating
+
+        group = socket.of("trajectories")[0]
+        nothing = asyncio.create_task(no_work_to_every_request(session, socket))
+        await push(session, m.Accepted(job_id=1, lease_id="l1", accepted=2, rejected=0, ref_id=group["id"]))
+        await said("idle: job 1 has no prompts to lease")
+        assert session.tally.groups == 1 and session.tally.tokens >= 2
+
+        before = len(lines())
+        await asyncio.sleep(5.0)
+        window = lines()[before:]
+        assert 1 <= len(window) <= 3, window
+        assert all(line.startswith("idle: job 1 has no prompts") and ", for " in line for line in window), window
+
+        await push(session, m.Release(job_id=1, reason="job paused"))
+        await said("idle: not activated (released from job 1: job paused)")
+        for task in (nothing, reporter):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        session._stop_rollout()
+
+    with caplog.at_level(logging.INFO, logger="echo2.agent"):
+        asyncio.run(scenario())
+    said_in_order = [line.split(" (")[0].split(":")[0] for line in lines()]
+    assert said_in_order[0] == "idle" and "generating for job 1 under v0" in said_in_order

@@ -1,9 +1,20 @@
-"""The generation engine interface every rollout backend implements."""
+"""The generation engine interface every rollout backend implements, and the sampling semantics they share.
+
+Greedy: a temperature below :data:`GREEDY_BELOW` (0 included) samples greedily on every engine, and a greedy
+request for ``n`` samples returns one greedy completion ``n`` times (vLLM refuses greedy with ``n > 1``; sampling
+the same argmax ``n`` times would only cost more). The threshold is vLLM's: it cannot sample below 0.01 and would
+silently raise the temperature to 0.01, so both engines call such a temperature greedy instead of one sampling at
+0.01 and the other at the asked temperature. Jobs may ask for any temperature in [0, 10] (``dataplane.jobs``).
+
+Log-probs are always those of the raw policy (temperature 1, no top-p), whatever the sampling settings.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+
+GREEDY_BELOW = 0.01  # temperatures under this sample greedily, on every engine
 
 
 @dataclass(frozen=True)
@@ -11,6 +22,11 @@ class SamplingParams:
     max_new_tokens: int = 8
     temperature: float = 1.0
     top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        """Sample the argmax at each step (temperature below :data:`GREEDY_BELOW`)."""
+        return self.temperature < GREEDY_BELOW
 
 
 @dataclass(frozen=True)
@@ -28,8 +44,10 @@ class Engine(ABC):
 
     @abstractmethod
     def generate(self, prompts: list[str], *, n: int, params: SamplingParams) -> list[list[Completion]]:
-        """Sample ``n`` completions for each prompt; returns one list of ``n`` per prompt."""
+        """Sample ``n`` completions for each prompt; returns one list of ``n`` per prompt (greedy: ``n`` copies of
+        one completion)."""
 
     @abstractmethod
     def load_weights(self, tensors: dict) -> None:
-        """Install a full set of weights (a verified snapshot) without reloading the model."""
+        """Install a full set of weights (a verified snapshot) without reloading the model; raises ValueError, and
+        installs nothing, when the tensors do not name exactly the model's weights."""

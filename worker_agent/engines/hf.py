@@ -1,10 +1,30 @@
-"""Torch/transformers engine: batched sampling on CPU or GPU with per-token log-probs."""
+"""Torch/transformers engine: batched sampling on CPU or GPU with per-token log-probs.
+
+Works on every transformers the pins allow (``pyproject.toml``; ``scripts/hf-engine-compat.sh`` runs it on one):
+the KV cache is passed and read under the name the model's ``forward`` declares, ``cache`` (transformers 5.24 on)
+or ``past_key_values`` (before; 5.24 still accepts it with a deprecation warning, until 5.40).
+"""
 
 from __future__ import annotations
+
+import inspect
 
 import torch
 
 from .base import Completion, Engine, SamplingParams
+
+
+def warm_imports(model_dir: str | None = None) -> None:
+    """Import transformers' model, tokenizer and generation modules, and ``model_dir``'s architecture."""
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if model_dir is not None:
+        model_type = AutoConfig.from_pretrained(model_dir).model_type
+        architecture = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+        if architecture:
+            getattr(transformers, architecture)  # transformers imports its modeling module lazily
 
 
 class HFEngine(Engine):
@@ -22,6 +42,7 @@ class HFEngine(Engine):
             self.generator.manual_seed(seed)
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.cache_name = cache_argument(self.model)
 
     def encode_prompt(self, prompt: str) -> list[int]:
         ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
@@ -46,8 +67,11 @@ class HFEngine(Engine):
         """Sample with a KV cache, token by token, so log-probs are those of the raw policy.
 
         Starts from token ids, so multi-turn episodes continue a context without re-tokenizing it; a row
-        ends at eos or once its text ends with one of ``stop`` (kept in the output, as vLLM does).
+        ends at eos or once its text ends with one of ``stop`` (kept in the output, as vLLM does). Greedy
+        (``params.greedy``) decodes each prompt once and returns that completion ``n`` times.
         """
+        if params.greedy and n > 1:
+            return [group * n for group in self.generate_ids(prompt_ids, n=1, params=params, stop=stop)]
         encoded = [list(ids) for ids in prompt_ids for _ in range(n)]
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         width = max(len(e) for e in encoded)
@@ -67,8 +91,8 @@ class HFEngine(Engine):
         step_ids, step_pos = input_ids, position_ids
         for _ in range(params.max_new_tokens):
             out = self.model(input_ids=step_ids, attention_mask=attention, position_ids=step_pos,
-                             cache=past, use_cache=True)
-            past = out.cache
+                             use_cache=True, **{self.cache_name: past})
+            past = getattr(out, self.cache_name)
             logits = out.logits[:, -1, :].float()
             raw_logp = torch.log_softmax(logits, dim=-1)
             choice = self._sample(logits, params)
@@ -96,7 +120,7 @@ class HFEngine(Engine):
         return [results[i * n:(i + 1) * n] for i in range(len(prompt_ids))]
 
     def _sample(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-        if params.temperature <= 0:
+        if params.greedy:
             return logits.argmax(dim=-1)
         probs = torch.softmax(logits / params.temperature, dim=-1)
         if params.top_p < 1.0:
@@ -105,3 +129,9 @@ class HFEngine(Engine):
             sorted_probs = sorted_probs * keep
             probs = torch.zeros_like(probs).scatter(1, order, sorted_probs)
         return torch.multinomial(probs, 1, generator=self.generator).squeeze(1)
+
+
+def cache_argument(model: torch.nn.Module) -> str:
+    """The name under which ``model``'s forward takes (and its output returns) the KV cache."""
+    parameters = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"

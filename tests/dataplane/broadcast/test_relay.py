@@ -121,14 +121,14 @@ def relay_args(snapshot, worker_id: int, parent: int | None, *extra: str, child:
     tokens = tokens if tokens is not None else {}
     token = tokens.setdefault(worker_id, cred(worker_id))
     args = ["--manifest", str(snapshot["manifest"]), "--worker-id", str(worker_id), "--stall-timeout", "5",
-            "--out", str(snapshot["tmp"] / f"w{worker_id}.bin"), "--credential", token, *extra]
+            "--out", str(snapshot["tmp"] / f"w{worker_id}.bin"), f"--credential={token}", *extra]
     if child is not None:
         args += child_arg(child, tokens.setdefault(child, cred(child)))
     return args + (["--parent", f"127.0.0.1:{parent}"] if parent else [])
 
 
 def origin_args(snapshot, *extra: str) -> list[str]:
-    return ["--from-dir", str(snapshot["dir"]), "--job-secret", SECRET, *extra]
+    return ["--from-dir", str(snapshot["dir"]), f"--job-secret={SECRET}", *extra]
 
 
 def test_chain_of_four_relays_delivers_byte_identical_snapshots(snapshot, procs):

@@ -1,0 +1,98 @@
+"""What the owner CLI prints for people: pure functions from the API's JSON to text or rich tables (``--json``
+prints the API's JSON itself)."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+TERMINAL = frozenset({"completed", "failed", "cancelled"})
+"""The statuses a job does not leave by itself: ``watch`` and ``logs --follow`` stop there. (A failed job can be
+resumed, but only by its owner.)"""
+
+
+def fmt(value: float | int | None, digits: int = 3, unit: str = "") -> str:
+    """A figure for people: ``-`` while unknown."""
+    if value is None:
+        return "-"
+    text = f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+    return text + unit
+
+
+def job_line(job: dict) -> str:
+    """One job in a sentence: what ``submit``, ``pause``, ``resume`` and ``cancel`` print."""
+    reason = f" ({job['status_reason']})" if job.get("status_reason") else ""
+    return f"job {job['id']} {job['name']!r}: {job['status']}{reason}"
+
+
+def jobs_table(jobs: list[dict]) -> Table:
+    table = Table("id", "name", "status", "step", "S", "R", "task", "created", box=None, header_style="bold")
+    for job in jobs:
+        table.add_row(str(job["id"]), job["name"], job["status"], f"{job['learner_step']}/{job['max_steps']}",
+                      str(job["staleness"]), str(job["batch_trajectories"]), str(job["task"].get("name", "")),
+                      job["created_at"][:19].replace("T", " "))
+    return table
+
+
+def summary_rows(summary: dict, *, staleness: int | None = None) -> list[tuple[str, str]]:
+    """The headline figures of a job (the job page's summary), as (label, value)."""
+    s = summary
+    target = fmt(s.get("throughput_target"), 1)
+    return [
+        ("status", s["status"] + (f" ({s['status_reason']})" if s.get("status_reason") else "")),
+        ("step", f"{s['step']} / {s['max_steps']}"),
+        ("mean reward", fmt(s.get("reward_mean"))),
+        ("max staleness" + (f" (S={staleness})" if staleness else ""), fmt(s.get("max_staleness"))),
+        ("dropped stale", fmt(s.get("dropped_stale"))),
+        ("bubble (learner wait)", fmt(s.get("bubble_ratio"))),
+        ("T_train / T_bcast", f"{fmt(s.get('t_train'), 3, ' s')} / {fmt(s.get('t_bcast'), 3, ' s')}"),
+        ("snapshot", f"v{s['published_version']}"),
+        ("active workers", str(s["active_workers"])),
+        ("throughput / target", f"{fmt(s.get('pool_throughput'), 1)} / {target} traj/s"),
+        ("cost so far", fmt(s.get("cost_usd"), 4, " USD")),
+        ("projected cost", fmt(s.get("projected_cost_usd"), 4, " USD")),
+    ]
+
+
+def summary_table(summary: dict, *, title: str = "", staleness: int | None = None) -> Table:
+    table = Table(box=None, show_header=False, title=title or None, title_justify="left", title_style="bold")
+    table.add_column(style="dim")
+    table.add_column()
+    for label, value in summary_rows(summary, staleness=staleness):
+        table.add_row(label, value)
+    return table
+
+
+def workers_table(workers: list[dict]) -> Table:
+    table = Table("worker", "gpu", "$/h", "mu (traj/s)", "state", "version", "behind", "billed USD", box=None,
+                  header_style="bold")
+    for w in workers:
+        version = "base" if w.get("installed_version") is None else str(w["installed_version"])
+        table.add_row(w["name"], w.get("gpu", ""), fmt(w.get("price_per_hour"), 2), fmt(w.get("throughput"), 1),
+                      w.get("state") or "-", version, str(w.get("behind", 0)), fmt(w.get("cost_usd"), 4))
+    return table
+
+
+def watch_view(job: dict, live: dict) -> Group:
+    """The live view of ``echo2 job watch``: the headline figures, then the active workers."""
+    title = f"job {job['id']} {job['name']!r}"
+    parts = [summary_table(live["summary"], title=title, staleness=job.get("staleness"))]
+    if live.get("workers"):
+        parts += [Text(""), workers_table(live["workers"])]
+    parts.append(Text("Ctrl-C leaves the view; the job goes on.", style="dim"))
+    return Group(*parts)
+
+
+def metric_line(m: dict) -> str:
+    """One learner step (``GET /api/jobs/{id}/metrics/``) as a log line."""
+    return (f"step {m['step']:>6}  reward {fmt(m.get('reward_mean'), 4)} ± {fmt(m.get('reward_std'), 4)}  "
+            f"loss {fmt(m.get('loss'), 4)}  lag {fmt(m.get('max_staleness'))}  dropped {fmt(m.get('dropped_stale'))}  "
+            f"T_train {fmt(m.get('t_train'), 3, 's')}  wait {fmt(m.get('wait_s'), 3, 's')}")
+
+
+def export_line(written: dict) -> str:
+    """What ``echo2 job export`` prints: the version, the dtype, where, and what."""
+    size = sum(written["files"].values())
+    return (f"job {written['job']} v{written['version']} ({written['dtype']}) exported to {written['out']}: "
+            f"{', '.join(sorted(written['files']))} ({size / 1e6:.1f} MB)")

@@ -1,0 +1,185 @@
+"""Experiment logs: every step's report (the metrics the job page shows) as TensorBoard scalars, and on W&B.
+
+TensorBoard event files are written by default to ``<logdir>/job<ID>`` (``--logdir``, default ``var/runs``
+under the learner's working directory; ``tensorboard --logdir var/runs``), with tensorboardX: a small
+maintained writer (numpy and protobuf), where ``torch.utils.tensorboard`` needs the whole ``tensorboard``
+package with its server. W&B is used when a project is named (``--wandb-project`` or ``WANDB_PROJECT``) and the
+``wandb`` package is installed (``pip install 'echo2[wandb]'``); without it the learner says so in one line.
+
+Logging never holds up or fails training: :meth:`ExperimentLog.log` only appends to a bounded queue, which a
+thread of its own drains into the writers (it also builds them: ``wandb.init`` may wait on the network). A
+writer that raises is logged once with its error and disabled; a full queue drops steps and says so once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import math
+import queue
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+log = logging.getLogger("echo2.learner")
+
+TAGS = {
+    # the report's columns and its extra figures (learner/report.py step_metrics), by TensorBoard tag
+    "reward_mean": "reward/mean", "reward_std": "reward/std",
+    "loss": "loss/total", "pg_loss": "loss/policy", "kl_loss": "loss/kl",
+    "kl": "kl/reference", "behaviour_kl": "kl/behaviour",
+    "clip_fraction": "clip/fraction", "clip_low_fraction": "clip/low_fraction",
+    "clip_high_fraction": "clip/high_fraction", "dual_clip_fraction": "clip/dual_clip_fraction",
+    "mean_ratio": "clip/mean_ratio", "is_weight_mean": "off_policy/is_weight_mean",
+    "is_corrected_fraction": "off_policy/is_corrected_fraction", "grad_norm": "optim/grad_norm",
+    "max_staleness": "staleness/max", "dropped_stale": "records/dropped_stale",
+    "dropped_this_step": "records/dropped_this_step", "quarantined_this_step": "records/quarantined_this_step",
+    "t_train": "time/t_train", "wait_s": "time/wait", "bubble": "time/bubble",
+    "tokens": "throughput/tokens", "tokens_per_s": "throughput/tokens_per_s",
+}
+
+
+def scalars(report: dict[str, Any]) -> dict[str, float]:
+    """The scalars of one step's report (``POST /api/jobs/<id>/metrics/``), by tag: the named figures, the
+    mean staleness, records quarantined since the start, and where the step's wall time went (``step_time/``)."""
+    flat = {**report, **(report.get("extra") or {})}
+    out = {tag: float(flat[key]) for key, tag in TAGS.items() if _number(flat.get(key))}
+    histogram = {int(lag): count for lag, count in (flat.get("staleness_histogram") or {}).items()}
+    if sum(histogram.values()):
+        out["staleness/mean"] = sum(lag * n for lag, n in histogram.items()) / sum(histogram.values())
+    if isinstance(flat.get("quarantined"), dict):
+        out["records/quarantined_total"] = float(sum(flat["quarantined"].values()))
+    for part, seconds in (flat.get("timing") or {}).items():
+        if _number(seconds):
+            out[f"step_time/{part}"] = float(seconds)
+    return out
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+class Writer(Protocol):
+    def write(self, step: int, values: dict[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class TensorBoardWriter:
+    def __init__(self, logdir: Path, config: dict[str, Any]) -> None:
+        import json
+
+        from tensorboardX import SummaryWriter
+
+        self.writer = SummaryWriter(logdir=str(logdir), flush_secs=10)
+        self.writer.add_text("config", "```\n" + json.dumps(config, indent=2, default=str) + "\n```", 0)
+
+    def write(self, step: int, values: dict[str, float]) -> None:
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, value, step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbWriter:
+    def __init__(self, *, project: str, job_id: int, run_id: str, config: dict[str, Any], directory: Path) -> None:
+        import wandb
+
+        directory.mkdir(parents=True, exist_ok=True)
+        # A restarted learner continues the same run (its id is the job's), from the step it resumed at.
+        self.run = wandb.init(project=project, name=f"job-{job_id}", id=run_id, resume="allow", config=config,
+                              dir=str(directory))
+
+    def write(self, step: int, values: dict[str, float]) -> None:
+        self.run.log(values, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class ExperimentLog:
+    """The writers behind one queue and one thread. ``makers`` are (name, constructor) pairs, called on the
+    thread; ``log`` never blocks, ``close`` waits at most ``timeout_s`` for what is queued to be written."""
+
+    def __init__(self, makers: list[tuple[str, Callable[[], Writer]]], *, queue_size: int = 1000) -> None:
+        self.names = [name for name, _ in makers]
+        self._makers = makers
+        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self.dropped = 0
+        self.failed: dict[str, str] = {}  # writer -> its error, once disabled
+        self._thread = threading.Thread(target=self._drain, name="experiment-log", daemon=True)
+        if makers:
+            self._thread.start()
+
+    def log(self, step: int, report: dict[str, Any]) -> None:
+        if not self._makers:
+            return
+        try:
+            self._queue.put_nowait((step, scalars(report)))
+        except queue.Full:
+            self.dropped += 1
+            if self.dropped == 1:
+                log.warning("experiment logs: the writers fall behind; dropping steps (from step %d)", step)
+        except Exception as err:  # noqa: BLE001 - a report it cannot read must not stop training
+            if "report" not in self.failed:
+                self._disable("report", err)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        if not self._thread.is_alive():
+            return
+        with contextlib.suppress(queue.Full):
+            self._queue.put(None, timeout=timeout_s)
+        self._thread.join(timeout_s)
+
+    def _drain(self) -> None:
+        writers: dict[str, Writer] = {}
+        for name, make in self._makers:
+            try:
+                writers[name] = make()
+            except Exception as err:  # noqa: BLE001 - any writer's failure is logged and the writer left out
+                self._disable(name, err)
+        while (item := self._queue.get()) is not None:
+            for name, writer in list(writers.items()):
+                try:
+                    writer.write(*item)
+                except Exception as err:  # noqa: BLE001
+                    self._disable(name, err)
+                    del writers[name]
+        for name, writer in writers.items():
+            try:
+                writer.close()
+            except Exception as err:  # noqa: BLE001
+                self._disable(name, err)
+
+    def _disable(self, name: str, err: Exception) -> None:
+        self.failed[name] = f"{type(err).__name__}: {err}"
+        what = "a step report could not be read (such steps are left out)" if name == "report" else (
+            f"{name} failed and is off for the rest of the run")
+        log.error("experiment logs: %s: %s", what, self.failed[name])
+
+
+def experiment_log(*, job_id: int, run_id: str, logdir: Path | None, wandb_project: str | None,
+                   config: dict[str, Any]) -> ExperimentLog:
+    """The learner's writers: TensorBoard under ``logdir/job<ID>`` (None: none), W&B when a project is named
+    and the package is there (else one line saying how to get it)."""
+    makers: list[tuple[str, Callable[[], Writer]]] = []
+    if logdir is not None:
+        directory = Path(logdir) / f"job{job_id}"
+        if importlib.util.find_spec("tensorboardX") is None:
+            log.warning("experiment logs: tensorboardX is not installed (pip install 'echo2[learner]'); no "
+                        "TensorBoard logs")
+        else:
+            makers.append(("tensorboard", lambda: TensorBoardWriter(directory, config)))
+            log.info("experiment logs: TensorBoard in %s (tensorboard --logdir %s)", directory, logdir)
+    if wandb_project:
+        if importlib.util.find_spec("wandb") is None:
+            log.warning("experiment logs: WANDB_PROJECT/--wandb-project is %r but wandb is not installed (pip "
+                        "install 'echo2[wandb]'); logging without W&B", wandb_project)
+        else:
+            directory = Path(logdir or "var/runs")
+            makers.append(("wandb", lambda: WandbWriter(project=wandb_project, job_id=job_id, run_id=run_id,
+                                                        config=config, directory=directory)))
+    return ExperimentLog(makers)

@@ -1,0 +1,87 @@
+"""``echo2-learner export``: a job's model as a Hugging Face directory, from the learner's own disk.
+
+The offline path beside the site's ``GET /api/jobs/<id>/export/`` (which needs the learner running to serve
+its snapshots): it reads the snapshot directory the learner wrote (``<snapshot-dir>/job<ID>``), so it works
+after the job ended, with the site down, or for a version the site was never told of. ``--checkpoint``
+exports the weights of the last checkpoint instead of a published version: the final model of a job whose
+last steps were not published. The files are those of :mod:`dataplane.export`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import save
+
+from dataplane import export
+from dataplane.broadcast.store import list_versions
+from dataplane.snapshot import build_manifest, split
+
+from . import fsdp
+from .checkpoint import CheckpointStore
+
+
+def tensors_bytes(state: dict[str, torch.Tensor]) -> bytes:
+    """A state dict as one safetensors file, as ``save_pretrained`` writes one: ``{"format": "pt"}`` metadata,
+    and of tensors sharing storage (tied embeddings) only the first, which the loader re-ties."""
+    cpu = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+    seen: dict[int, str] = {}
+    for name in list(cpu):
+        ptr = state[name].data_ptr()  # the originals: a copy to the CPU would give each its own storage
+        if ptr in seen:
+            del cpu[name]
+        else:
+            seen[ptr] = name
+    return save(cpu, metadata={"format": "pt"})
+
+
+def job_store(snapshot_dir: Path, job_id: int) -> Path:
+    """Where the learner of ``job_id`` writes its versions (learner/trainer.py)."""
+    root = Path(snapshot_dir) / f"job{job_id}"
+    if not root.is_dir():
+        raise export.ExportError(f"no snapshots of job {job_id} in {snapshot_dir} (give the learner's --snapshot-dir)")
+    return root
+
+
+def export_version(snapshot_dir: Path, job_id: int, out: Path, *, version: int | None = None,
+                   dtype: str = "as-trained") -> dict:
+    """Write version ``version`` (default: the newest on disk) of job ``job_id`` to ``out``; returns what was
+    written (job, version, dtype, directory, files)."""
+    root = job_store(snapshot_dir, job_id)
+    held = list_versions(root)
+    if version is None:
+        version = held[-1] if held else 0
+    if version not in held:
+        raise export.ExportError(f"job {job_id} has no version {version} in {root}; on disk: "
+                                 f"{', '.join(map(str, held)) or 'none'} (the learner keeps the base, the newest "
+                                 "S+2 and those of the last --snapshot-retain seconds)")
+    base, fetch_base = export.local_version(root, 0)
+    snapshot, fetch = export.local_version(root, version)
+    members = export.plan(base, fetch_base, snapshot, fetch, dtype=dtype)
+    return _written(job_id, version, dtype, export.write_directory(members, out), members)
+
+
+def export_checkpoint(snapshot_dir: Path, job_id: int, out: Path, *, checkpoint_dir: Path | None = None,
+                      dtype: str = "as-trained") -> dict:
+    """Write the model of job ``job_id``'s last checkpoint (``<snapshot-dir>/job<ID>-checkpoint`` unless
+    ``checkpoint_dir``) to ``out``, with the base's config and tokenizer."""
+    root = job_store(snapshot_dir, job_id)
+    store = CheckpointStore(checkpoint_dir or Path(snapshot_dir) / f"job{job_id}-checkpoint")
+    checkpoint = store.load()
+    if checkpoint is None:
+        raise export.ExportError(f"no checkpoint at {store.path}")
+    if checkpoint.job.get("job_id") not in (None, job_id):
+        raise export.ExportError(f"{store.path} is the checkpoint of job {checkpoint.job['job_id']}, not {job_id}")
+    sharded = store.sharded_path(checkpoint)  # an FSDP learner's: the weights are in the ranks' shards
+    payload = tensors_bytes(fsdp.whole_model(sharded) if sharded else checkpoint.model)  # tied: saved once
+    manifest = build_manifest(payload, job_id=job_id, version=checkpoint.version)
+    parts = split(payload, manifest.chunk_bytes)
+    base, fetch_base = export.local_version(root, 0)
+    members = export.plan(base, fetch_base, manifest, parts.__getitem__, dtype=dtype)
+    return _written(job_id, checkpoint.version, dtype, export.write_directory(members, out), members)
+
+
+def _written(job_id: int, version: int, dtype: str, out: Path, members: list[export.Member]) -> dict:
+    return {"job": job_id, "version": version, "dtype": dtype, "out": str(out.resolve()),
+            "files": {m.name: m.size for m in members}}

@@ -1,0 +1,47 @@
+"""What the learner says about a step: its report to the site (``POST /api/jobs/<id>/metrics/``, also what the
+experiment logs take) and its line in the log."""
+
+from __future__ import annotations
+
+import collections
+import logging
+
+from . import distributed
+from .loop import LearnerLoop, StepOutcome
+
+log = logging.getLogger("echo2.learner")
+
+
+def step_metrics(loop: LearnerLoop, outcome: StepOutcome, ctx: distributed.DistContext) -> dict:
+    """The step's report to the site (``POST /api/jobs/<id>/metrics/``)."""
+    result, version = outcome.result, outcome.version
+    histogram = collections.Counter(outcome.lags)
+    metrics = {
+        "step": version, "reward_mean": result.reward_mean, "reward_std": result.reward_std, "loss": result.loss,
+        "max_staleness": max(outcome.lags), "dropped_stale": loop.consumer.dropped_total,
+        "t_train": outcome.t_train, "wait_s": outcome.wait_s,
+        "extra": {
+            **result.metrics(), "tokens": result.tokens, "tokens_per_s": result.tokens / max(outcome.t_train, 1e-9),
+            "staleness_histogram": {str(lag): histogram[lag] for lag in sorted(histogram)},
+            "dropped_this_step": outcome.dropped, "bubble": outcome.wait_s / max(outcome.wait_s + outcome.t_train,
+                                                                                   1e-9),
+            "checkpointed": outcome.checkpointed, "ranks": ctx.world,
+            # where the step's wall time went (dataplane/timing.py): the honest bubble
+            "timing": outcome.timing,
+            # records quarantined (learner/quarantine.py): per worker id since the job started, and this step
+            "quarantined": loop.consumer.quarantine.report(), "quarantined_this_step": outcome.quarantined,
+            "entries": outcome.entry_ids,  # the replay-buffer entries trained: audits find losses and repeats
+        },
+        # the workers' audit outcomes since the last report (learner/audit.py); the site suspends repeat failures
+        "audits": loop.consumer.audit.report() if loop.consumer.audit is not None else [],
+    }
+    return metrics
+
+
+def log_step(loop: LearnerLoop, outcome: StepOutcome) -> None:
+    """The step's line in the learner's log."""
+    result, m = outcome.result, outcome.result.metrics()
+    log.info("step %d reward=%.3f loss=%.4f kl=%.4f clip=%.3f |g|=%.3f max_lag=%d dropped=%d t_train=%.3fs "
+             "wait=%.3fs%s", outcome.version, result.reward_mean, result.loss, m["kl"], m["clip_fraction"],
+             result.grad_norm, max(outcome.lags), loop.consumer.dropped_total, outcome.t_train, outcome.wait_s,
+             " (checkpoint)" if outcome.checkpointed else "")

@@ -1,0 +1,49 @@
+"""What one agent socket remembers of its worker's running job between messages (issue 15).
+
+A lease and a group are checked against the worker's running activation: the job is running, the group's size, the
+newest published version, the record limits. Read from the database on every message, that was most of the site's
+time under load; the socket keeps it here instead and reads it again only when it may have changed:
+
+- every push to the agent (assign, release, snapshot) passes through the socket, which forgets what it holds: a
+  release (pause, cancel, finish, stall, scale-down) ends the activation, a snapshot raises ``published_version``;
+- and after ``max_age_s`` (``ECHO2_AGENT_STATE_MAX_AGE_S``, default 2 s) whatever happens, so a push lost on the
+  way (the channel layer is best effort) cannot hold stale state longer than that.
+
+Whatever slips through those two, the replay buffer's return script still refuses a group whose lease is no longer
+this worker's (a released worker's leases are handed back at once), so a stale entry can never put a released
+worker's group in the stream for a lease it lost.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class FreshFor(Generic[T]):
+    """Values by job id, each kept at most ``max_age_s`` seconds after it was read."""
+
+    def __init__(self, max_age_s: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_age_s, self.clock = max_age_s, clock
+        self._held: dict[int, tuple[float, T]] = {}
+
+    def get(self, job_id: int) -> T | None:
+        """The value read for ``job_id`` less than ``max_age_s`` ago, else None (and it is forgotten)."""
+        held = self._held.get(job_id)
+        if held is None:
+            return None
+        if self.clock() - held[0] >= self.max_age_s:
+            del self._held[job_id]
+            return None
+        return held[1]
+
+    def put(self, job_id: int, value: T, *, read_at: float) -> None:
+        """Keep ``value``, read at ``read_at`` (the clock's time when the read began: its age counts from then)."""
+        if self.max_age_s > 0:
+            self._held[job_id] = (read_at, value)
+
+    def clear(self) -> None:
+        self._held.clear()

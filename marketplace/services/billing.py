@@ -1,0 +1,52 @@
+"""Billed time of activations, from the states agents report (the rules: ``marketplace.billing``).
+
+Each report bills the interval since the previous one in the previous state, then records the new state. The
+update is one ``UPDATE`` that adds with ``F()`` and only applies if no other report landed since the row was
+read (compare-and-set on ``reported_at``), so two reports at once (an old socket and a new one, a heartbeat
+and a release) neither lose time nor bill an interval twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from django.conf import settings
+from django.db.models import F
+
+from .. import billing
+from ..models import Activation
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS = 8  # compare-and-set retries: each failure means another report just landed, so this is plenty
+
+
+def gap_limit_s() -> float:
+    """The longest interval between two reports that is billed: the worker timeout (past it the site would have
+    released the worker; it does not know what the worker did meanwhile)."""
+    return float(settings.ECHO2["WORKER_TIMEOUT_S"])
+
+
+def activation_report(*, activation_id: int, at: datetime, state: str | None = None,
+                      reason: str = "") -> Activation | None:
+    """Bill ``activation_id``'s time up to ``at`` in the state it was in, then (unless ``state`` is None: only
+    bring the bill up to ``at``) record that it is in ``state`` from ``at``. Returns the updated activation,
+    None when it has ended. A report older than the last one changes nothing but the state."""
+    for _ in range(ATTEMPTS):
+        row = Activation.objects.filter(pk=activation_id, ended_at=None).values(
+            "state", "state_reason", "reported_at").first()
+        if row is None:
+            return None
+        last = row["reported_at"]
+        seconds = billing.billable_seconds(state=row["state"], since=last.timestamp(), until=at.timestamp(),
+                                           gap_limit_s=gap_limit_s())
+        new_state = row["state"] if state is None else state
+        fields: dict = {"billed_seconds": F("billed_seconds") + seconds, "reported_at": max(at, last),
+                        "state": new_state, "state_reason": row["state_reason"] if state is None else reason}
+        if new_state != row["state"]:
+            fields["state_since"] = max(at, last)
+        if Activation.objects.filter(pk=activation_id, ended_at=None, reported_at=last).update(**fields):
+            return Activation.objects.get(pk=activation_id)
+    log.warning("activation %s: state report at %s lost to %d concurrent reports", activation_id, at, ATTEMPTS)
+    return None

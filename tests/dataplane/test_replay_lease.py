@@ -1,0 +1,62 @@
+"""The replay buffer's one-round-trip lease and return (issue 15), on a real Redis."""
+
+from __future__ import annotations
+
+import pytest
+
+from dataplane import replay
+from dataplane.replay import LeaseError, ReplayBuffer, TimedEvent
+from tests.groups import group_of
+
+JOB = 7
+
+
+def records(lease: replay.LeasedPrompt) -> list[dict]:
+    return [{"job_id": JOB, "lease_id": lease.lease_id, "group_id": lease.group_id, "prompt": lease.prompt,
+             "prompt_ids": [1, 2], "completion": "4", "completion_ids": [5], "logprobs": [-0.5], "reward": 1.0,
+             "version": 0} for _ in range(2)]
+
+
+@pytest.fixture
+def buffer(redis_client) -> ReplayBuffer:
+    buffer = ReplayBuffer(redis_client, JOB)
+    buffer.ensure_groups()
+    return buffer
+
+
+def test_a_lease_hands_expired_leases_first_then_fresh_prompts(buffer, redis_client):
+    buffer.add_prompts(["1+1=", "2+2=", "3+3=", "4+4=", "5+5="])
+    old = buffer.lease(worker_id=1, count=2, timeout_s=60)
+    assert [p.prompt for p in old] == ["1+1=", "2+2="]
+    assert [p.prompt for p in buffer.lease(worker_id=2, count=1, timeout_s=60)] == ["3+3="]  # none expired yet
+    buffer.return_leases(worker_id=2)  # handed back: idle for a day, so expired at any timeout
+    taken = buffer.lease(worker_id=3, count=3, timeout_s=30)
+    assert [p.prompt for p in taken] == ["3+3=", "4+4=", "5+5="]  # the expired lease first, then fresh prompts
+    taken = buffer.lease(worker_id=4, count=3, timeout_s=0)  # at 0 s every pending lease has expired
+    assert [p.prompt for p in taken] == ["1+1=", "2+2=", "3+3="]
+    pending = redis_client.xpending_range(buffer.prompts, replay.PROMPT_GROUP, min="-", max="+", count=10,
+                                          consumername=replay.consumer_name(4))
+    assert {p["message_id"] for p in pending} == {p.lease_id for p in taken}
+
+
+def test_a_lease_of_an_empty_stream_is_empty_and_expired_first_even_then(buffer):
+    assert buffer.lease(worker_id=1, count=4, timeout_s=30) == []
+    buffer.add_prompts(["1+1="])
+    (first,) = buffer.lease(worker_id=1, count=4, timeout_s=30)
+    (again,) = buffer.lease(worker_id=2, count=4, timeout_s=0)
+    assert again == first  # the only prompt, expired at 0 s, handed to worker 2 with its group id and prompt
+
+
+def test_the_event_is_added_with_an_accepted_group_and_never_with_a_refused_one(buffer, redis_client):
+    buffer.add_prompts(["1+1=", "2+2="])
+    mine, other = buffer.lease(worker_id=1, count=2, timeout_s=60)
+    event = TimedEvent(key="test:events", member="100.0:2:ab", at=100.0, keep_after=50.0, ttl_s=60)
+    redis_client.zadd("test:events", {"old": 10.0})
+    buffer.return_group(worker_id=1, group=group_of(records(mine)), event=event)
+    assert redis_client.zrange("test:events", 0, -1, withscores=True) == [("100.0:2:ab", 100.0)]  # "old" trimmed
+    assert 0 < redis_client.ttl("test:events") <= 60
+    late = TimedEvent(key="test:events", member="200.0:2:cd", at=200.0, keep_after=150.0, ttl_s=60)
+    with pytest.raises(LeaseError, match="another worker"):
+        buffer.return_group(worker_id=2, group=group_of(records(other)), event=late)
+    assert redis_client.zrange("test:events", 0, -1) == ["100.0:2:ab"]
+    assert buffer.counters()["accepted_records"] == 2

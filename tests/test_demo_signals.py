@@ -1,0 +1,48 @@
+"""``make demo`` stops every process it started on SIGTERM and SIGHUP, as on Ctrl-C (each child runs in a
+session of its own, so a signal to the demo reaches none of them)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from echo2_site.demo import ROOT
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_stops_every_process_the_demo_started(tmp_path, signum) -> None:
+    demo = subprocess.Popen([sys.executable, "-m", "echo2_site.demo", "--workdir", str(tmp_path)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    pids_file = tmp_path / "pids.json"
+    try:
+        deadline = time.monotonic() + 120
+        while not (pids_file.exists() and "daphne" in pids_file.read_text()):  # Redis and the site are up
+            assert demo.poll() is None and time.monotonic() < deadline, demo.stdout.read()
+            time.sleep(0.2)
+        pids = json.loads(pids_file.read_text())
+        demo.send_signal(signum)
+        out, _ = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    assert demo.returncode == 128 + signum, out
+    assert "all demo processes stopped" in out
+    deadline = time.monotonic() + 5
+    while any(_alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)  # reparented to init, which reaps them
+    assert not [name for name, pid in pids.items() if _alive(pid)]

@@ -1,0 +1,65 @@
+"""Audits end to end (issue 14): one provider's agent forges its log-probs, another's reports every answer as
+right; the learner's audits catch both, the site suspends both, and the job still reaches its target on the
+honest workers. Real processes: daphne, Celery, the learner and four ``echo2-agent`` (two of them tampered by
+tests/forging_agent.py, the real agent with its rollouts rewritten)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from echo2_site.demo import wait_for
+
+from .live import BIN, api, create_users, start_site
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # ~4 min on the 2-core machine: the job learns
+
+
+def test_forged_logprobs_and_wrong_rewards_are_caught_and_suspended_and_the_job_completes(stack, tmp_path,
+                                                                                         tiny_model_dir):
+    stack.env["ECHO2_AUDIT_SUSPEND_AFTER"] = "2"
+    tokens = create_users(stack, "own", "prov")
+    server = start_site(stack)
+    token_files = {}
+    for user, token in tokens.items():
+        token_files[user] = tmp_path / f"{user}.token"
+        token_files[user].write_text(token + "\n")
+        token_files[user].chmod(0o600)
+    agents = {"honest": [str(BIN / "echo2-agent")], "honest-2": [str(BIN / "echo2-agent")],
+              "forger": [sys.executable, "-m", "tests.forging_agent", "logprobs"],
+              "liar": [sys.executable, "-m", "tests.forging_agent", "rewards"]}
+    for name, command in agents.items():
+        cfg = tmp_path / f"agent-{name}.json"
+        stack.run(str(BIN / "echo2-agent"), "register", "--server", server, "--token-file", str(token_files["prov"]),
+                  "--name", name, "--price", "0.3", "--config", str(cfg))
+        stack.start(f"agent-{name}", *command, "run", "--config", str(cfg), "--threads", "1")
+    owner, provider = api(server, tokens["own"]), api(server, tokens["prov"])
+    wait_for(lambda: sum(w["status"] == "idle" for w in provider.get("workers/").json()["results"]) == 4,
+             "four idle workers", 90)
+
+    job = owner.post("jobs/", json={
+        "name": "audited", "model_dir": str(tiny_model_dir), "task": {"name": "arithmetic", "max_operand": 4},
+        "staleness": 3, "batch_trajectories": 128, "group_size": 8, "learning_rate": 1e-3, "max_steps": 800,
+        "max_new_tokens": 2, "target_reward": 0.6,  # the demo's job, a lower target: two honest workers are left
+    }).raise_for_status().json()
+    owner.post(f"jobs/{job['id']}/start/").raise_for_status()
+    stack.start("learner", str(BIN / "echo2-learner"), "--server", server, "--job", str(job["id"]),
+                "--token-file", str(token_files["own"]), "--redis", stack.env["REDIS_URL"],
+                "--snapshot-dir", str(tmp_path / "snapshots"), "--audit-fraction", "0.25")
+
+    wait_for(lambda: owner.get(f"jobs/{job['id']}/").json()["status"] != "running", "the job to end", 720)
+    final = owner.get(f"jobs/{job['id']}/").json()
+    assert final["status"] == "completed", final["status_reason"]
+
+    workers = {w["name"]: w for w in provider.get("workers/").json()["results"]}
+    assert workers["forger"]["suspended_at"] and "logprobs: mean |claimed - recomputed|" in \
+        workers["forger"]["suspended_reason"]
+    assert workers["liar"]["suspended_at"] and ".reward: claimed 1, the task gives 0" in \
+        workers["liar"]["suspended_reason"]
+    for name in ("honest", "honest-2"):
+        honest = workers[name]
+        assert honest["suspended_at"] is None and honest["audits_failed"] == 0 and honest["audits_passed"] > 0
+        assert honest["audit_pass_rate"] == 1.0
+    summary = owner.get(f"jobs/{job['id']}/summary/").json()
+    assert summary["counters"]["audit_dropped_records"] >= 2 * 8  # at least the two failed groups
