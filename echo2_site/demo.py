@@ -47,6 +47,7 @@ class Stack:
         self.procs: list[tuple[str, subprocess.Popen]] = []
 
     def start(self, name: str, *argv: str) -> subprocess.Popen:
+        _check_stopped()
         log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
@@ -56,12 +57,15 @@ class Stack:
         return proc
 
     def run(self, *argv: str) -> str:
+        _check_stopped()
         done = subprocess.run(argv, cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=300)
+        _check_stopped()
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(argv[:3])} failed:\n{done.stdout}\n{done.stderr}")
         return done.stdout
 
     def check_alive(self) -> None:
+        _check_stopped()
         for name, proc in self.procs:
             if name != "learner" and proc.poll() is not None:
                 raise RuntimeError(f"{name} exited with code {proc.returncode}; see {self.logs / (name + '.log')}")
@@ -79,17 +83,30 @@ class Stack:
                 proc.wait()
 
 
-class Stopped(Exception):
-    """SIGTERM or SIGHUP: stop everything the demo started, as Ctrl-C does."""
+class Stopped(BaseException):
+    """SIGTERM or SIGHUP: stop everything the demo started, as Ctrl-C does. A BaseException, as KeyboardInterrupt
+    is, so that no ``except Exception`` on the way swallows it."""
+
+
+_STOP_SIGNALS: list[str] = []
+"""Signals received. The handler raises at whatever bytecode the main thread is at; where that is a ``__del__`` or
+a weakref callback, Python prints and drops the exception, so every loop and every step checks this list too."""
 
 
 def _raise_stopped(signum, _frame) -> None:
-    raise Stopped(signal.Signals(signum).name)
+    _STOP_SIGNALS.append(signal.Signals(signum).name)
+    raise Stopped(_STOP_SIGNALS[0])
+
+
+def _check_stopped() -> None:
+    if _STOP_SIGNALS:
+        raise Stopped(_STOP_SIGNALS[0])
 
 
 def wait_for(check, what: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        _check_stopped()
         try:
             if check():
                 return
@@ -123,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     stack = Stack(workdir, env)
     for signum in (signal.SIGTERM, signal.SIGHUP):  # each child runs in its own session: they get no signal
         signal.signal(signum, _raise_stopped)
+    # A blocked signal stays blocked across exec: a parent that blocked one would leave it pending here forever.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
     redis_server = shutil.which("redis-server")
     if redis_server is None:
         console.print("[red]redis-server is not installed; `make demo` installs it (apt-get install redis-server)")

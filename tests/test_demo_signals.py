@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -36,7 +37,13 @@ def test_a_signal_stops_every_process_the_demo_started(tmp_path, signum) -> None
             time.sleep(0.2)
         pids = json.loads(pids_file.read_text())
         demo.send_signal(signum)
-        out, _ = demo.communicate(timeout=60)
+        try:
+            out, _ = demo.communicate(timeout=60)
+        except subprocess.TimeoutExpired as late:
+            masks = [line for line in Path(f"/proc/{demo.pid}/status").read_text().splitlines()
+                     if line.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt"))]
+            text = late.output.decode(errors="replace") if isinstance(late.output, bytes) else late.output or ""
+            pytest.fail(f"the demo did not stop in 60 s after {signum.name}; {masks}; its output:\n{text[-3000:]}")
     finally:
         if demo.poll() is None:
             demo.kill()

@@ -52,8 +52,13 @@ def test_snapshots_travel_down_a_relay_chain(stack, tmp_path, tiny_model_dir):
     assert re.fullmatch(r"127\.0\.0\.1:\d+", final["learner_relay"])
 
     snaps = owner.get(f"jobs/{job['id']}/snapshots/").json()
-    assert [s["version"] for s in snaps] == list(range(0, STEPS + 1))  # the base, version 0, then the updates
-    assert sum(s["installs_via_parent"] for s in snaps) >= STEPS, snaps  # most installs came down the chain
+    versions = [s["version"] for s in snaps]
+    # The base (version 0), then updates up to the last step's. Not every step's: a full snapshot published while
+    # the one before is still being announced replaces it (learner/outbox.py), as a slow site may make happen.
+    assert versions[0] == 0 and versions[-1] == STEPS and versions == sorted(set(versions)), versions
+    assert len(versions) >= 3, versions
+    # most installs came down the chain: the middle and the tail of every update pull from a parent worker
+    assert sum(s["installs_via_parent"] for s in snaps) >= len(versions) - 1, snaps
     # Recorded installs (not the workers' installed_version, which a release or reconnect may change since).
     installed = [s["version"] for s in snaps if s["installs"]]
     assert installed and max(installed) >= STEPS - 1, snaps
