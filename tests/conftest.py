@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
 
@@ -66,6 +67,19 @@ def _fresh_throttles():
     yield
     if local:
         cache.clear()
+
+
+@pytest.fixture(autouse=True)
+def _close_async_test_connections(request):
+    """An async test's database work (its own ``database_sync_to_async`` calls and the consumers') runs on asgiref's
+    single thread executor, whose connection outlives the test (CONN_MAX_AGE): left open, PostgreSQL refuses to
+    drop the test database at the end of the session. Closed after each async test, in that thread."""
+    yield
+    if inspect.iscoroutinefunction(getattr(request, "function", None)):
+        from asgiref.sync import SyncToAsync
+        from django.db import connections
+
+        SyncToAsync.single_thread_executor.submit(connections.close_all).result(timeout=30)
 
 
 @pytest.fixture(autouse=True)
