@@ -216,6 +216,22 @@ _RETURN_ERRORS = {
     "prompt": "prompt: differs from the leased prompt",
 }
 
+# KEYS: trajectories, counters. ARGV: learner group, counter, then entry id and records per entry.
+# Only an entry this call acknowledges is counted, so a retry after a lost reply counts nothing twice.
+_ACK_COUNTED = """
+local n = 0
+for i = 3, #ARGV - 1, 2 do
+  if redis.call('XACK', KEYS[1], ARGV[1], ARGV[i]) == 1 then n = n + tonumber(ARGV[i + 1]) end
+  redis.call('XDEL', KEYS[1], ARGV[i])
+end
+if n > 0 then redis.call('HINCRBY', KEYS[2], ARGV[2], n) end
+return n
+"""
+
+DROPPED_STALE = "dropped_stale_records"
+"""The counter of records the learner dropped as stale, counted in Redis with their acknowledgement: a learner
+killed after dropping them, before its next checkpoint, still knows they were dropped (not lost) when it resumes."""
+
 _scripts: dict[tuple[int, str], redis.commands.core.Script] = {}
 
 
@@ -411,6 +427,15 @@ class ReplayBuffer:
                 pipe.execute()
 
             self._retrying(ack)
+
+    def ack_counted(self, sized: list[tuple[str, int]], counter: str) -> int:
+        """Acknowledge and delete entries, given with their record counts, and add the records of those not
+        acknowledged before to ``counter``, in one step; returns what it added."""
+        if not sized:
+            return 0
+        args = [LEARNER_GROUP, counter, *(x for entry_id, records in sized for x in (entry_id, records))]
+        return int(self._retrying(lambda: _script(self.client, _ACK_COUNTED)(
+            keys=[self.trajectories, self.counters_key], args=args)))
 
     def _parse(self, reply) -> list[StoredGroup]:
         out = []

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from dataplane.records import RecordLimits
-from dataplane.replay import Client, ReplayBuffer, StoredGroup
+from dataplane.replay import DROPPED_STALE, Client, ReplayBuffer, StoredGroup
 
 from .quarantine import Quarantine, all_fit
 
@@ -186,7 +186,9 @@ class StalenessGatedConsumer:
         return self._drop(stale)
 
     def _drop(self, groups: list[StoredGroup]) -> int:
-        self.ack(groups)
+        ids = [g.entry_id for g in groups]
+        self.replay.ack_counted([(g.entry_id, g.size) for g in groups], DROPPED_STALE)
+        self.acknowledged(ids)
         n = sum(g.size for g in groups)
         self.dropped_total += n
         return n

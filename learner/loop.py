@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dataplane.jobs import JobSpec
-from dataplane.replay import RedisError
+from dataplane.replay import DROPPED_STALE, RedisError
 
 from .batch import concat
 from .checkpoint import Checkpoint, CheckpointStore, Committer, capture_rng, restore_rng
@@ -100,7 +100,7 @@ class LearnerLoop:
         self.uncommitted: list[str] = []  # trained, not yet in a committed checkpoint, so not acknowledged
         self.recent_rewards: collections.deque[float] = collections.deque(maxlen=10)
         self.t_train_avg: float | None = None
-        self.pending_report: dict | None = None  # the report of the checkpointed step, saved with it
+        self.pending_reports: list[dict] = []  # reports the site may not have, saved with the checkpoint
         # background: checkpoints are written on the committer's thread (learner/checkpoint.py), acknowledged after
         self.committer = Committer() if background else None
         self.committing: list[str] = []  # in checkpoints handed to the committer, not yet acknowledged
@@ -124,7 +124,10 @@ class LearnerLoop:
         self.committed_once = True
         restore_rng(ckpt.rng, self.rng)
         self.version = ckpt.version
-        self.consumer.dropped_total = int(ckpt.state.get("dropped_total", 0))
+        # Drops are counted in Redis as they are acknowledged (those after the checkpoint too); a job whose stream
+        # predates that counter has only the checkpoint's figure.
+        counted = self.consumer.replay.counters().get(DROPPED_STALE)
+        self.consumer.dropped_total = counted if counted is not None else int(ckpt.state.get("dropped_total", 0))
         self.consumer.quarantine.restore(ckpt.state.get("quarantined", {}))
         self.recent_rewards.extend(ckpt.state.get("recent_rewards", []))
         self.t_train_avg = ckpt.state.get("t_train_avg")
@@ -136,11 +139,13 @@ class LearnerLoop:
         return version % self.checkpoint_every == 0 or version % self.spec.kappa == 0 or \
             version >= self.spec.max_steps
 
-    def step(self, *, timeout_s: float, report: Callable[[StepOutcome], dict] | None = None) -> StepOutcome | None:
+    def step(self, *, timeout_s: float, report: Callable[[StepOutcome], dict] | None = None,
+             unsent: Callable[[], list[dict]] | None = None) -> StepOutcome | None:
         """Wait up to ``timeout_s`` for R admissible records in whole groups, train on them, checkpoint
         when due; None when the data did not come (trained work since the last checkpoint is kept pending).
-        ``report`` builds the step's report to the site; a checkpoint keeps the report of its own step, so a
-        learner killed between the checkpoint and the report sends it on restart (``pending_report``)."""
+        ``report`` builds the step's report to the site and ``unsent`` lists the earlier reports still queued for
+        it (learner/outbox.py); a checkpoint keeps both, so a learner killed before they reached the site sends
+        them on restart (``pending_reports``): the steps the checkpoint holds are never missing from the site."""
         top_up = (lambda: self.feeder.request_top_up(trained=len(self.uncommitted) + len(self.committing))) \
             if self.feeder is not None else None
         wait = self.consumer.next_batch(groups=self.spec.groups_per_step, learner_version=self.version,
@@ -170,7 +175,8 @@ class LearnerLoop:
                               quarantined=wait.quarantined, t_checkpoint=settled)
         if checkpointed:
             started = time.perf_counter()
-            self.pending_report = report(outcome) if report is not None else None
+            self.pending_reports = ([*(unsent() if unsent is not None else []), report(outcome)]
+                                    if report is not None else [])
             self.commit()
             outcome.t_checkpoint += time.perf_counter() - started
         return outcome
@@ -235,7 +241,7 @@ class LearnerLoop:
             job=dict(self.identity),
             state={"dropped_total": self.consumer.dropped_total, "quarantined": self.consumer.quarantine.report(),
                    "recent_rewards": list(self.recent_rewards),
-                   "t_train_avg": self.t_train_avg, "report": self.pending_report},
+                   "t_train_avg": self.t_train_avg, "reports": self.pending_reports},
         )
 
     def close(self) -> None:

@@ -61,6 +61,11 @@ class Outbox:
         with self.lock:
             return {pub.version for pub in self.publications}
 
+    def queued_reports(self) -> list[dict]:
+        """The step reports not sent yet, oldest first: a checkpoint keeps them (learner/loop.py)."""
+        with self.lock:
+            return list(self.reports)
+
     def start(self) -> Outbox:
         """Send from a thread of its own from now on (see the module docstring)."""
         self.thread = threading.Thread(target=self._send_forever, name="echo2-outbox", daemon=True)

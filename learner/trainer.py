@@ -234,8 +234,8 @@ class _JobRun:
             run.publish_base(raw.get("base_digest") or "")
             if ckpt is not None and loop.version % spec.kappa == 0 and raw.get("published_version", 0) < loop.version:
                 run.publish(loop.version)  # crashed between checkpoint and publish
-            if ckpt is not None and ckpt.state.get("report") and raw.get("learner_step", 0) < ckpt.version:
-                run.outbox.report(ckpt.state["report"])  # crashed between checkpoint and report
+            if ckpt is not None:
+                _resend_reports(run.outbox, ckpt, raw.get("learner_step", 0))
             run.outbox.start()  # from now on reports and publications leave from a thread of their own
             stack.callback(run.outbox.stop)
             yield run
@@ -266,7 +266,8 @@ class _JobRun:
         step it trained, its bubble counting the earlier polls while running, or None (see ``life``)."""
         poll_s = min(self.settings.data_timeout_s, self.settings.status_poll_s)
         try:
-            outcome = self.loop.step(timeout_s=poll_s, report=lambda o: step_metrics(self.loop, o, self.ctx))
+            outcome = self.loop.step(timeout_s=poll_s, report=lambda o: step_metrics(self.loop, o, self.ctx),
+                                     unsent=self.outbox.queued_reports)
         except replay.RedisError as err:  # cancelled: the site dropped the streams
             life.redis_failed(self.site_status(), f"{type(err).__name__}: {err}")
             return None
@@ -429,6 +430,16 @@ def _resume(loop: LearnerLoop, raw: dict, job_id: int) -> Checkpoint | None:
     except ResumeError as err:
         raise SiteError(str(err)) from None
     return ckpt
+
+
+def _resend_reports(outbox: Outbox, ckpt: Checkpoint, learner_step: int) -> None:
+    """Queue the reports the checkpoint kept that the site never got: the learner died before sending them (its
+    outbox sends from a thread, so several steps' reports may have been waiting). A checkpoint from before that
+    kept only its own step's report under ``report``."""
+    kept = ckpt.state.get("reports")
+    for owed in kept if kept is not None else [ckpt.state.get("report")]:
+        if owed and int(owed.get("step", 0)) > learner_step:
+            outbox.report(owed)
 
 
 def _auditor(spec: JobSpec, settings: LearnerSettings, trainer: PolicyTrainer, store: SnapshotStore) -> Auditor | None:

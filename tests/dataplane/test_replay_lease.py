@@ -60,3 +60,15 @@ def test_the_event_is_added_with_an_accepted_group_and_never_with_a_refused_one(
         buffer.return_group(worker_id=2, group=group_of(records(other)), event=late)
     assert redis_client.zrange("test:events", 0, -1) == ["100.0:2:ab"]
     assert buffer.counters()["accepted_records"] == 2
+
+
+def test_acknowledging_with_a_count_counts_each_entry_once_however_often_it_is_retried(buffer, redis_client):
+    ids = [redis_client.xadd(buffer.trajectories, {"data": b"x"}) for _ in range(3)]
+    buffer.read("learner-0", count=3, block_ms=1)  # pending, as groups read and not trained are
+    assert buffer.ack_counted([(ids[0], 8), (ids[1], 4)], replay.DROPPED_STALE) == 12
+    # a retry after a lost reply, with one entry more: only the new one counts
+    assert buffer.ack_counted([(ids[0], 8), (ids[1], 4), (ids[2], 8)], replay.DROPPED_STALE) == 8
+    assert buffer.ack_counted([], replay.DROPPED_STALE) == 0
+    assert buffer.counters()[replay.DROPPED_STALE] == 20
+    assert redis_client.xlen(buffer.trajectories) == 0  # deleted: the stream is a queue
+    assert redis_client.xpending(buffer.trajectories, replay.LEARNER_GROUP)["pending"] == 0

@@ -8,6 +8,7 @@ import json
 import random
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import redis
@@ -20,7 +21,7 @@ from learner.checkpoint import CheckpointStore, capture_rng, restore_rng
 from learner.consumer import StalenessGatedConsumer
 from learner.loop import LearnerLoop, ResumeError, check_resume
 from learner.prompts import PromptFeeder
-from learner.trainer import build_policy
+from learner.trainer import _resend_reports, build_policy
 
 from ..groups import entry_ids, stream_fields
 
@@ -67,21 +68,39 @@ def test_acknowledgement_waits_for_the_checkpoint(redis_url, redis_client, tiny_
     assert CheckpointStore(tmp_path).load().trained_entry_ids == ids
 
 
-def test_a_checkpoint_keeps_its_steps_report_for_a_learner_killed_before_sending_it(redis_url, redis_client,
-                                                                                     tiny_model_dir, tmp_path) -> None:
+def test_a_checkpoint_keeps_the_reports_the_site_may_not_have_for_a_learner_killed_before_sending_them(
+        redis_url, redis_client, tiny_model_dir, tmp_path) -> None:
+    """Its own step's report, and the earlier ones still queued in the outbox (sent from a thread): a learner killed
+    right after the checkpoint lost them all, and the fault bench saw steps missing from the site."""
     for g in range(4):
         append_group(redis_client, g)
     loop = make_loop(redis_url, tiny_model_dir, tmp_path)
-    built = []
+    built, queued = [], []
 
     def report(outcome):
         built.append(outcome.version)
         return {"step": outcome.version, "entries": outcome.entry_ids}
 
-    loop.step(timeout_s=5, report=report)  # v1: no checkpoint, so nothing to keep
-    second = loop.step(timeout_s=5, report=report)
+    first = loop.step(timeout_s=5, report=report, unsent=lambda: list(queued))  # v1: no checkpoint, nothing kept
+    queued.append({"step": 1, "entries": first.entry_ids})  # what the outbox still holds when v2 is checkpointed
+    second = loop.step(timeout_s=5, report=report, unsent=lambda: list(queued))
     assert built == [2]
-    assert CheckpointStore(tmp_path).load().state["report"] == {"step": 2, "entries": second.entry_ids}
+    assert CheckpointStore(tmp_path).load().state["reports"] == [{"step": 1, "entries": first.entry_ids},
+                                                                 {"step": 2, "entries": second.entry_ids}]
+
+
+@pytest.mark.parametrize(("state", "learner_step", "sent"), [
+    ({"reports": [{"step": 3}, {"step": 4}, {"step": 5}]}, 3, [4, 5]),  # the site got step 3 before the kill
+    ({"reports": [{"step": 3}, {"step": 4}]}, 4, []),  # it got them all
+    ({"reports": []}, 0, []),
+    ({"report": {"step": 4}}, 3, [4]),  # a checkpoint written before "reports": its own step's report
+    ({"report": None}, 3, []),
+])
+def test_a_restarted_learner_sends_what_its_checkpoint_kept_and_the_site_lacks(state, learner_step, sent) -> None:
+    outbox = SimpleNamespace(sent=[])
+    outbox.report = lambda metrics: outbox.sent.append(metrics["step"])
+    _resend_reports(outbox, SimpleNamespace(state=state), learner_step)
+    assert outbox.sent == sent
 
 
 def test_background_commits_take_the_same_updates_and_acknowledge_only_committed_entries(
@@ -154,6 +173,28 @@ def test_stale_groups_are_dropped_and_lags_reported(redis_url, redis_client, tin
     assert outcome.dropped == 2 and loop.consumer.dropped_total == 2
     assert outcome.entry_ids == kept
     assert sorted(outcome.lags) == [0, 0, 3, 3]  # the largest lag trained is S, never more
+
+
+def test_records_dropped_after_the_last_checkpoint_are_still_counted_by_a_learner_killed_before_the_next(
+        redis_url, redis_client, tiny_model_dir, tmp_path) -> None:
+    """A drop is acknowledged at once (it is deliberate), so the stream no longer has it; its count lives in Redis
+    with the acknowledgement, not only in the next checkpoint, or the restarted learner would report it as lost."""
+    first = make_loop(redis_url, tiny_model_dir, tmp_path, staleness=3)
+    for g in range(8):
+        append_group(redis_client, g)
+    for _ in range(4):
+        first.step(timeout_s=5)
+    assert first.version == 4  # checkpointed (kappa = 2)
+    append_group(redis_client, 8, version=0)  # stale at v4 (S = 3)
+    append_group(redis_client, 9, version=4)
+    append_group(redis_client, 10, version=4)
+    fifth = first.step(timeout_s=5)  # v5: no checkpoint; the learner dies here
+    assert fifth.dropped == 2 and not fifth.checkpointed
+
+    restarted = make_loop(redis_url, tiny_model_dir, tmp_path, staleness=3)
+    assert restarted.resume().version == 4
+    assert restarted.consumer.dropped_total == 2
+    assert replay.ReplayBuffer(redis_client, JOB).counters()[replay.DROPPED_STALE] == 2
 
 
 def test_checkpoint_of_another_job_is_refused(redis_url, redis_client, tiny_model_dir, tmp_path) -> None:
