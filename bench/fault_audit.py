@@ -131,10 +131,13 @@ def first_step_after(steps: list[tuple[float, int]], t: float) -> float | None:
 
 
 def step_period(steps: list[tuple[float, int]], before: float) -> float | None:
-    """Median seconds between consecutive learner steps before ``before``."""
-    times = [at for at, _ in steps if at <= before]
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-    return statistics.median(gaps) if gaps else None
+    """Seconds per learner step before ``before``: the steps' span over their count. Lines are stamped when a
+    poll sees them (twice a second) and a poll often sees several steps, so the gaps between stamps (mostly 0)
+    say nothing of one step's length."""
+    seen = [(at, step) for at, step in steps if at <= before]
+    if len(seen) < 2 or seen[-1][1] <= seen[0][1]:
+        return None
+    return (seen[-1][0] - seen[0][0]) / (seen[-1][1] - seen[0][1])
 
 
 def throughput_back(samples: list[Sample], t: float, *, window: float = 5.0, before: float = 15.0,

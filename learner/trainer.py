@@ -34,7 +34,7 @@ from .client import Heartbeat, SiteClient, SiteError
 from .consumer import StalenessGatedConsumer
 from .explog import ExperimentLog, experiment_log
 from .lifecycle import Lifecycle, State
-from .loop import LearnerLoop, ResumeError, StepOutcome, check_resume
+from .loop import LearnerLoop, ResumeError, StepOutcome, check_resume, republish_on_resume
 from .outbox import Outbox, Publication
 from .prompts import PromptFeeder
 from .publisher import LearnerRelay, SnapshotServer, SnapshotStore, manifest_json
@@ -232,7 +232,8 @@ class _JobRun:
             run = cls(site, settings, spec, loop, store, server, relay, ctx, explog)
             run.announce(resumed=ckpt is not None)
             run.publish_base(raw.get("base_digest") or "")
-            if ckpt is not None and loop.version % spec.kappa == 0 and raw.get("published_version", 0) < loop.version:
+            if ckpt is not None and republish_on_resume(loop.version, kappa=spec.kappa,
+                                                        published_version=raw.get("published_version", 0)):
                 run.publish(loop.version)  # crashed between checkpoint and publish
             if ckpt is not None:
                 _resend_reports(run.outbox, ckpt, raw.get("learner_step", 0))

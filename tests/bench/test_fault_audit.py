@@ -91,3 +91,11 @@ def test_the_pool_is_judged_on_its_own_allowance_where_the_fault_has_one():
     assert fa.criteria({**row, "allowed_pool_s": None}, 3) == [
         "no bound on the pool's recovery: the restarted component was never seen running"]
     assert fa.criteria({k: v for k, v in row.items() if k != "allowed_pool_s"}, 3) == []
+
+
+def test_step_period_counts_the_steps_a_poll_saw_together() -> None:
+    """Seven steps a second, seen by polls twice a second: stamps come in bunches, the period is still 1/7 s."""
+    steps = [((step // 3.5 + 1) / 2, step) for step in range(21)]  # stamped by the poll after it: 3 or 4 a poll
+    assert abs(fa.step_period(steps, before=10.0) - 1 / 7) < 0.03
+    assert fa.step_period(steps, before=0.0) is None  # nothing seen yet
+    assert fa.step_period([(1.0, 4), (1.0, 5)], before=2.0) == 0.0
