@@ -53,6 +53,7 @@ PRICE = 0.36  # USD/h, the same for every worker: the site's bill converts exact
 STALENESS, BATCH, GROUP = 3, 32, 8
 FINAL = ("completed", "failed", "cancelled")
 TICK = 0.5
+LOG_TICK = 0.05  # the logs are read this often: their lines are stamped when read, and recovery is timed by them
 
 
 @dataclass
@@ -228,16 +229,23 @@ class Run:
         self.samples.append(sample)
         return sample
 
+    def read_logs(self) -> None:
+        """On a thread of its own, until the run ends: the learner's log (and a restarted agent's) every LOG_TICK,
+        whatever the site's answers cost the polling loop, so a line's stamp is within LOG_TICK of its writing."""
+        while not self.ended.wait(LOG_TICK):
+            self.tail.poll(self.now())
+            if self.victim_tail is not None:
+                self.victim_tail.poll(self.now())
+
     def watch(self) -> None:
-        """Poll the site and the learner's log; inject the fault when its moment comes; until the job ends.
-        The fault's actions run on timers, so a site that answers slowly does not delay them."""
+        """Poll the site (the logs are read by :meth:`read_logs`); inject the fault when its moment comes; until
+        the job ends. The fault's actions run on timers, so a site that answers slowly does not delay them."""
+        reader = threading.Thread(target=self.read_logs, name="log-reader", daemon=True)
+        reader.start()
         deadline, published, learner_gone = self.now() + self.args.run_timeout, None, None
         with self.owner() as api:
             while self.now() < deadline:
                 sample = self.sample(api)
-                self.tail.poll(self.now())
-                if self.victim_tail is not None:
-                    self.victim_tail.poll(self.now())
                 fresh = bool(self.live) and self.live["summary"]["published_version"] != published
                 published = self.live["summary"]["published_version"] if self.live else None
                 if self.injected_at is None and sample is not None and sample.status == "running":

@@ -10,6 +10,7 @@ import collections
 import contextlib
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -112,6 +113,8 @@ class LearnerLoop:
         # background: checkpoints are written on the committer's thread (learner/checkpoint.py), acknowledged after
         self.committer = Committer() if background else None
         self.committing: list[str] = []  # in checkpoints handed to the committer, not yet acknowledged
+        # Trained entries still in the stream, as the feeder's thread counts them (``trained_in_stream``).
+        self._in_stream, self._in_stream_lock = 0, threading.Lock()
         self.committed_once = False  # a checkpoint of this job is on disk (resumed from, or committed since)
         self.last_state: tuple[int, dict] | None = None  # (version, model copy) of the last checkpoint handed over
 
@@ -154,7 +157,7 @@ class LearnerLoop:
         ``report`` builds the step's report to the site and ``unsent`` lists the earlier reports still queued for
         it (learner/outbox.py); a checkpoint keeps both, so a learner killed before they reached the site sends
         them on restart (``pending_reports``): the steps the checkpoint holds are never missing from the site."""
-        top_up = (lambda: self.feeder.request_top_up(trained=len(self.uncommitted) + len(self.committing))) \
+        top_up = (lambda: self.feeder.request_top_up(trained=self.trained_in_stream)) \
             if self.feeder is not None else None
         wait = self.consumer.next_batch(groups=self.spec.groups_per_step, learner_version=self.version,
                                         timeout_s=timeout_s, on_poll=top_up)
@@ -173,6 +176,7 @@ class LearnerLoop:
         settled = self.settle(wait=checkpointed or not self.committed_once)
         self.version += 1
         self.uncommitted.extend(ids)
+        self._count_in_stream(len(ids))
         self.recent_rewards.append(result.reward_mean)
         self.t_train_avg = t_train if self.t_train_avg is None else 0.9 * self.t_train_avg + 0.1 * t_train
         if self.on_trained is not None:
@@ -195,6 +199,7 @@ class LearnerLoop:
         them."""
         if self.committer is None:
             self.write_checkpoint()
+            self._count_in_stream(-len(self.uncommitted))
             self.consumer.ack_ids(self.uncommitted)
             log.info("checkpoint v%d committed; %d entries acknowledged", self.version, len(self.uncommitted))
             self.uncommitted = []
@@ -205,11 +210,24 @@ class LearnerLoop:
 
         def write() -> list[str]:
             self.checkpoints.save(checkpoint)
+            self._count_in_stream(-len(ids))
             self.consumer.replay.ack(ids)  # in Redis; the reader's own records of it when the loop collects this
             log.info("checkpoint v%d committed; %d entries acknowledged", version, len(ids))
             return ids
 
         self.committer.submit(write)
+
+    def trained_in_stream(self) -> int:
+        """Trained entries still in the stream (their acknowledgement waits for a checkpoint): the feeder does not
+        count them as work outstanding. Read on the feeder's thread after the stream's length, and lowered before
+        the acknowledgement that deletes them, so an entry is never subtracted twice (the backlog is never
+        overfilled); the worst a race does is top up one call late."""
+        with self._in_stream_lock:
+            return self._in_stream
+
+    def _count_in_stream(self, change: int) -> None:
+        with self._in_stream_lock:
+            self._in_stream = max(0, self._in_stream + change)
 
     def settle(self, *, wait: bool = True, acknowledge: bool = True) -> float:
         """Collect what the committer finished (with ``wait``: everything handed over, waiting for it): its

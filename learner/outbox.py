@@ -2,9 +2,10 @@
 
 A site outage (connection refused, timeouts, 5xx) must not stop training: the learner keeps training while it
 has data, queues its reports in order and remembers the newest snapshot to announce, and sends all of it once
-the site answers again. A newer full snapshot replaces every publication not yet announced; a delta
-(docs/broadcast.md "Formats") queues behind the version it applies to, since an agent can only apply it on top
-of that one: what waits is at most a full snapshot and the deltas after it (``snapshot_full_every``). While the
+the site answers again. A newer full snapshot replaces every publication not yet announced but the base
+(version 0); a delta (docs/broadcast.md "Formats") queues behind the version it applies to, since an agent can
+only apply it on top of that one: what waits is at most the base, a full snapshot and the deltas after it
+(``snapshot_full_every``). While the
 site is down each attempt is a single try (no backoff sleeps inside a training step). A refusal (4xx) is not an
 outage: it is raised to the caller.
 
@@ -66,6 +67,15 @@ class Outbox:
         with self.lock:
             return list(self.reports)
 
+    def resend(self, kept: dict, learner_step: int) -> None:
+        """Queue the reports a checkpoint kept (its ``state``) that the site never got: the learner died before
+        sending them, and several steps' may have been waiting for this thread. A checkpoint from before that
+        kept only its own step's report, under ``report``."""
+        reports = kept.get("reports")
+        for owed in reports if reports is not None else [kept.get("report")]:
+            if owed and int(owed.get("step", 0)) > learner_step:
+                self.report(owed)
+
     def start(self) -> Outbox:
         """Send from a thread of its own from now on (see the module docstring)."""
         self.thread = threading.Thread(target=self._send_forever, name="echo2-outbox", daemon=True)
@@ -84,12 +94,15 @@ class Outbox:
             self.flush()
 
     def publish(self, publication: Publication) -> None:
-        """Announce a snapshot now or when the site is back: a full one replaces those not yet announced, a delta
-        goes after them (its base among them)."""
+        """Announce a snapshot now or when the site is back: a full one replaces those not yet announced but the
+        base (version 0: every agent that joins later starts from it), a delta goes after them (its base among
+        them)."""
         self._raise_refusal()
         with self.lock:
             if publication.manifest.get("kind", "full") != "delta":
+                kept = [pub for pub in self.publications if pub.version == 0 and publication.version > 0]
                 self.publications.clear()
+                self.publications.extend(kept)
             self.publications.append(publication)
             self.lock.notify_all()
         if self.thread is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import random
 import threading
+from collections.abc import Callable
 
 from dataplane.replay import Client, ReplayBuffer
 from dataplane.tasks import TaskAdapter
@@ -25,13 +26,14 @@ class PromptFeeder:
         self._thread = concurrent.futures.ThreadPoolExecutor(1, "echo2-prompts") if background else None
         self._running: concurrent.futures.Future | None = None
 
-    def outstanding(self, *, trained: int = 0) -> int:
+    def outstanding(self, *, trained: int | Callable[[], int] = 0) -> int:
         """Groups not yet trained (``ReplayBuffer.outstanding``). ``trained`` groups are still in the
         trajectory stream only because their acknowledgement waits for the next checkpoint; they are done
-        and not counted."""
-        return self.replay.outstanding() - trained
+        and not counted. Given as a callable, it is read after the stream (``LearnerLoop.trained_in_stream``)."""
+        in_redis = self.replay.outstanding()
+        return in_redis - (trained() if callable(trained) else trained)
 
-    def top_up(self, *, trained: int = 0) -> int:
+    def top_up(self, *, trained: int | Callable[[], int] = 0) -> int:
         """Add prompt groups until ``backlog`` groups are outstanding; returns how many were added.
 
         Bounding all work in flight (not only unleased prompts) is the backpressure that keeps fast
@@ -44,7 +46,7 @@ class PromptFeeder:
             texts = [p.text for p in self.task.sample_prompts(self.rng, missing)]
         return self.replay.add_prompts(texts)
 
-    def request_top_up(self, *, trained: int = 0) -> None:
+    def request_top_up(self, *, trained: int | Callable[[], int] = 0) -> None:
         """:meth:`top_up`, on the feeder's thread when it has one: at most one at a time (asked while one runs, it
         is left to the next call: the learner asks at every poll and every step); the previous one's failure (Redis
         gone past its retries) is raised here."""

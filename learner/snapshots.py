@@ -246,7 +246,11 @@ class SnapshotStore:
 
     def base_manifest(self) -> Manifest | None:
         """The manifest of version 0, if the store has it."""
-        return read_manifest(self.root, 0)
+        return self.manifest(0)
+
+    def manifest(self, version: int) -> Manifest | None:
+        """The manifest of ``version``, if the store has it."""
+        return read_manifest(self.root, version)
 
     def prune(self) -> list[int]:
         """Drop what no agent may still ask for (see the class); returns the versions dropped."""

@@ -232,11 +232,9 @@ class _JobRun:
             run = cls(site, settings, spec, loop, store, server, relay, ctx, explog)
             run.announce(resumed=ckpt is not None)
             run.publish_base(raw.get("base_digest") or "")
-            if ckpt is not None and republish_on_resume(loop.version, kappa=spec.kappa,
-                                                        published_version=raw.get("published_version", 0)):
-                run.publish(loop.version)  # crashed between checkpoint and publish
             if ckpt is not None:
-                _resend_reports(run.outbox, ckpt, raw.get("learner_step", 0))
+                run.publish_resumed(raw.get("published_version", 0))
+                run.outbox.resend(ckpt.state, raw.get("learner_step", 0))
             run.outbox.start()  # from now on reports and publications leave from a thread of their own
             stack.callback(run.outbox.stop)
             yield run
@@ -309,11 +307,22 @@ class _JobRun:
             raise SiteError(f"model_dir: the files in {self.spec.model_dir} changed since the job's base snapshot "
                             f"was published (sha256 {manifest.sha256[:12]}..., published {published_digest[:12]}...)")
         if published_digest:
-            if self.relay is not None:
-                self.relay.serve(0)
             log.info("base snapshot v0 already published (sha256 %s...)", published_digest[:12])
-            return
-        self._announce_version(manifest)
+        self._announce_version(manifest)  # again after a restart: the site learns the new address it is served at
+
+    def publish_resumed(self, published: int) -> None:
+        """After a restart: publish the checkpoint's version when the site lacks the last publication due by then
+        (the learner died before announcing it), or else announce the site's newest version again from the store.
+        The site keeps the address each version was announced at, and this process serves from new ports: an
+        agent still fetching that version, or asking for it later, would otherwise wait on a dead address."""
+        version = self.loop.version
+        if republish_on_resume(version, kappa=self.spec.kappa, published_version=published):
+            self.publish(version)
+        elif published > 0 and (manifest := self.store.manifest(published)) is not None:
+            self._announce_version(manifest)
+        elif published > 0:
+            log.warning("job %s: snapshot v%d is no longer in %s; agents that lack it wait for v%d", self.job_id,
+                        published, self.store.root, version + self.spec.kappa - version % self.spec.kappa)
 
     def publish(self, version: int, *, background: bool = True) -> None:
         """Write snapshot ``version``, offer it on the relay, announce it (now, or once the site answers again);
@@ -431,16 +440,6 @@ def _resume(loop: LearnerLoop, raw: dict, job_id: int) -> Checkpoint | None:
     except ResumeError as err:
         raise SiteError(str(err)) from None
     return ckpt
-
-
-def _resend_reports(outbox: Outbox, ckpt: Checkpoint, learner_step: int) -> None:
-    """Queue the reports the checkpoint kept that the site never got: the learner died before sending them (its
-    outbox sends from a thread, so several steps' reports may have been waiting). A checkpoint from before that
-    kept only its own step's report under ``report``."""
-    kept = ckpt.state.get("reports")
-    for owed in kept if kept is not None else [ckpt.state.get("report")]:
-        if owed and int(owed.get("step", 0)) > learner_step:
-            outbox.report(owed)
 
 
 def _auditor(spec: JobSpec, settings: LearnerSettings, trainer: PolicyTrainer, store: SnapshotStore) -> Auditor | None:

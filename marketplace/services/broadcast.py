@@ -110,8 +110,16 @@ def snapshot_publish(*, job: Job, version: int, url: str, manifest: dict) -> Sna
     job = Job.objects.select_for_update().get(pk=job.pk)
     learner_may_report(job)
     snap = Snapshot.objects.filter(job=job, version=version).first()
-    if snap is not None and snap.manifest.get("sha256") == manifest.get("sha256") and snap.url == url:
-        pass  # the learner announces again what it published (our reply was lost): plan and push it again
+    if snap is not None and snap.manifest.get("sha256") == manifest.get("sha256"):
+        # The learner announces again what it published: our reply was lost, or it restarted and serves it from a
+        # new address (what agents fetch from now on). The newest is planned and pushed again; an older one (the
+        # base) only moves.
+        if snap.url != url:
+            snap.url = url
+            snap.save(update_fields=["url"])
+        if version < job.published_version:
+            snap.n_chains = 0
+            return snap
     elif version == 0:
         _check_base(job, manifest)
     elif version <= job.published_version:

@@ -20,8 +20,9 @@ from dataplane.tasks import build_task
 from learner.checkpoint import CheckpointStore, capture_rng, restore_rng
 from learner.consumer import StalenessGatedConsumer
 from learner.loop import LearnerLoop, ResumeError, check_resume, republish_on_resume
+from learner.outbox import Outbox
 from learner.prompts import PromptFeeder
-from learner.trainer import _resend_reports, build_policy
+from learner.trainer import build_policy
 
 from ..groups import entry_ids, stream_fields
 
@@ -99,7 +100,7 @@ def test_a_checkpoint_keeps_the_reports_the_site_may_not_have_for_a_learner_kill
 def test_a_restarted_learner_sends_what_its_checkpoint_kept_and_the_site_lacks(state, learner_step, sent) -> None:
     outbox = SimpleNamespace(sent=[])
     outbox.report = lambda metrics: outbox.sent.append(metrics["step"])
-    _resend_reports(outbox, SimpleNamespace(state=state), learner_step)
+    Outbox.resend(outbox, state, learner_step)
     assert outbox.sent == sent
 
 
@@ -258,6 +259,34 @@ def test_feeder_does_not_count_trained_groups_awaiting_the_checkpoint(redis_url,
 
     assert feeder.top_up() == 0
     assert feeder.top_up(trained=4) == 4
+    assert redis_client.xlen(replay.prompts_key(JOB)) == 4
+
+
+def test_a_top_up_counts_trained_groups_when_it_runs_so_an_acknowledgement_is_never_subtracted_twice(
+        redis_url, redis_client, tiny_model_dir, tmp_path) -> None:
+    """A top-up runs on the feeder's thread, a step or more after the learner asked for it; the committer may have
+    acknowledged (deleted) trained groups meanwhile. Counted when asked, they were subtracted from the stream that no
+    longer held them, and the backlog overfilled (seen as 6 prompts for a backlog of 4)."""
+    loop = make_loop(redis_url, tiny_model_dir, tmp_path, background=True)
+    for g in range(4):
+        append_group(redis_client, g)
+    loop.step(timeout_s=5)
+    assert loop.trained_in_stream() == 2  # groups, awaiting the checkpoint
+    loop.step(timeout_s=5)  # v2: checkpointed on the committer's thread, then its 4 groups acknowledged
+    loop.settle()
+    assert stream_ids(redis_client) == [] and loop.trained_in_stream() == 0
+
+    feeder = PromptFeeder(redis.Redis.from_url(redis_url), job_id=JOB, task=build_task({"name": "arithmetic"}),
+                          seed=0, backlog=4)
+    read: list[str] = []
+    in_redis = feeder.replay.outstanding
+    feeder.replay.outstanding = lambda: read.append("stream") or in_redis()
+
+    def trained() -> int:
+        read.append("trained")
+        return loop.trained_in_stream()
+
+    assert feeder.top_up(trained=trained) == 4 and read == ["stream", "trained"]
     assert redis_client.xlen(replay.prompts_key(JOB)) == 4
 
 

@@ -184,3 +184,19 @@ def test_deltas_queue_behind_their_base_and_a_full_snapshot_replaces_them(site) 
     assert outbox.flush()
     assert [body["version"] for _, body in site.received] == [20, 21] and outbox.pending_versions() == set()
     client.close()
+
+
+def test_a_newer_full_snapshot_never_replaces_the_base(site) -> None:
+    """Published while the site is down (at a learner's start, or its restart moving the base to its new address),
+    the base still reaches the site before what followed it: every agent that joins later starts from it."""
+    client = SiteClient(f"http://127.0.0.1:{site.port}", "token", timeout=2, retries=1)
+    outbox = Outbox(client, 7, on_published=lambda pub, reply: None)
+    site.stop()
+    outbox.publish(Publication(0, "http://l/v0/", {"kind": "full", "format": "checkpoint-tar"}))
+    outbox.publish(Publication(2, "http://l/v2/", {"kind": "full"}))
+    outbox.publish(Publication(4, "http://l/v4/", {"kind": "full"}))
+    assert outbox.pending_versions() == {0, 4}
+    site.start()
+    assert outbox.flush()
+    assert [body["version"] for _, body in site.received] == [0, 4] and outbox.pending_versions() == set()
+    client.close()

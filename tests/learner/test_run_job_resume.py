@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -115,6 +116,10 @@ def test_learner_killed_mid_job_resumes_from_its_checkpoint(stack, tmp_path, tin
     # so v4 may be left out when v6 follows it quickly; nothing else may be, and none twice.
     assert versions in ([0, 2, 4, 6], [0, 2, 6]), versions
     assert "base snapshot v0 already published" in log
+    # The restarted learner serves from new ports: the base and v2 were announced again from there, or an agent
+    # still fetching v2 (or joining later, for the base) would wait on the dead process's address.
+    moved_to = re.search(r"snapshots at (http://\S+/)v0/", log).group(1)
+    assert all(s["url"] == f"{moved_to}v{s['version']}/" for s in snaps), (moved_to, snaps)
     metrics = owner.get(f"jobs/{job['id']}/metrics/").json()
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     steps_logged = [int(line.split("step ")[1].split()[0]) for line in log.splitlines() if " step " in line]

@@ -356,3 +356,27 @@ def test_a_publication_announced_again_is_planned_and_pushed_again_not_refused(p
     assert len(pushes[workers[0].pk]) == pushed + 1  # pushed again: the first push may have been lost too
     with pytest.raises(services.ServiceError, match="not newer"):  # another payload under that version is not
         publish(job, 1, total_bytes=32)
+
+
+def test_a_restarted_learner_moves_its_snapshots_to_its_new_address(pushes):
+    """A restarted learner serves from new ports and announces the site's newest version and the base again from
+    there: the newest is pushed again with the new URL (an agent stuck on the dead one gets it), the base only moves,
+    and an agent that asks gets the new addresses."""
+    workers = make_workers(2)
+    job = running_job(workers, b0=1000)
+    services.snapshot_publish(job=job, version=0, url="http://old/v0/", manifest=base_manifest(job))
+    services.snapshot_publish(job=job, version=2, url="http://old/v2/", manifest=factories.manifest(job, 2))
+    pushed = len(pushes[workers[0].pk])
+
+    services.snapshot_publish(job=job, version=0, url="http://new/v0/", manifest=base_manifest(job))
+    assert len(pushes[workers[0].pk]) == pushed  # the base is not pushed to agents past it
+    services.snapshot_publish(job=job, version=2, url="http://new/v2/", manifest=factories.manifest(job, 2))
+    assert [p.url for p in pushes[workers[0].pk][pushed:]] == ["http://new/v2/"]
+    ask = workers[1]
+    assert [s.url for s in services.snapshot_request(worker=ask, job_id=job.pk, which="base")] == ["http://new/v0/"]
+    assert [s.url for s in services.snapshot_request(worker=ask, job_id=job.pk, which="newest")] == ["http://new/v2/"]
+    job.refresh_from_db()
+    assert job.published_version == 2 and job.snapshots.count() == 2
+    with pytest.raises(services.ServiceError, match="not newer"):  # a different payload still may not move in
+        services.snapshot_publish(job=job, version=2, url="http://new/v2/",
+                                  manifest=factories.manifest(job, 2, total_bytes=32))
