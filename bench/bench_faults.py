@@ -265,6 +265,7 @@ class Run:
     def play(self, plan: list[tuple[float, str, Callable[[], None]]]) -> None:
         """The fault's actions in order, each ``delay`` seconds after the injection; stops when the run ends."""
         self.left = [label for _, label, _ in plan]
+        self.injected_at = self.now()  # the fault's moment is its first action's, not the decision's before it
         for delay, label, action in plan:
             if self.ended.wait(max(0.0, self.injected_at + delay - self.now())):
                 return
@@ -359,6 +360,14 @@ class Run:
             self.signal(name, signal.SIGCONT)
         self.stack.stop()
 
+    def step_recovery(self, t: float) -> float | None:
+        """Seconds from the fault to the learner's next step. After ``learner-kill``, the restarted learner's: a
+        line the killed one wrote just before it died may be read (and stamped) just after the kill."""
+        ready = [at for at in self.tail.ready if at > t]
+        since = ready[0] if self.fault.name == "learner-kill" and ready else t
+        step = fa.first_step_after(self.tail.steps, since)
+        return None if step is None else step + since - t
+
     def allowed_s(self) -> float | None:
         """Issue 13's bound on recovery: one training step (the median step period before the fault) plus
         the timeout that detects the fault (for outages: how long the component was away, plus that)."""
@@ -411,7 +420,7 @@ class Run:
                "completed": summary["status"] == "completed", **fa.audit(metrics, summary, stream, GROUP)}
         t = self.injected_at
         row["injected_at"] = t
-        row["step_s"] = fa.first_step_after(self.tail.steps, t) if t is not None else None
+        row["step_s"] = self.step_recovery(t) if t is not None else None
         row["pool_s"], row["pool_level"] = fa.throughput_back(self.samples, t) if t is not None else (None, None)
         row["allowed_s"], row["allowed_pool_s"] = self.allowed_s(), self.allowed_pool_s()
         row["billed_discarded_ws"], row["billed_note"] = self.billed_discarded(row)

@@ -237,6 +237,7 @@ class _JobRun:
                 run.outbox.resend(ckpt.state, raw.get("learner_step", 0))
             run.outbox.start()  # from now on reports and publications leave from a thread of their own
             stack.callback(run.outbox.stop)
+            log.info("job %s: %s, set up; training", job_id, f"resumed at v{loop.version}" if ckpt else "fresh start")
             yield run
 
     def announce(self, *, resumed: bool) -> None:
@@ -253,12 +254,12 @@ class _JobRun:
                 door.set_secret(secret)
         if loop.feeder is not None:
             loop.feeder.top_up()
-        log.info("job %s: %s on %s, S=%d kappa=%d R=%d n=%d, loss %s, %d rank(s)%s; snapshots at %s; %s", self.job_id,
-                 spec.task["name"], spec.model_dir, spec.staleness, spec.kappa, spec.batch_trajectories,
+        log.info("job %s: %s on %s, S=%d kappa=%d R=%d n=%d, loss %s, %d rank(s)%s; snapshots at %s; from %s",
+                 self.job_id, spec.task["name"], spec.model_dir, spec.staleness, spec.kappa, spec.batch_trajectories,
                  spec.group_size, _loss_line(spec.loss) + f" max_grad_norm={loop.trainer.max_grad_norm}",
                  self.ctx.world, " sharded (FSDP)" if loop.trainer.sharded else "",
                  self.server.url_for(0) + (f" and relay {relay.address}" if relay else ""),
-                 f"resumed at v{loop.version}" if resumed else "fresh start")
+                 f"its checkpoint v{loop.version}" if resumed else "the base model")
 
     def wait_and_train(self, life: Lifecycle) -> StepOutcome | None:
         """One poll for data (a short wait, so a pause, resume or cancel on the site is seen within it): the
@@ -311,10 +312,9 @@ class _JobRun:
         self._announce_version(manifest)  # again after a restart: the site learns the new address it is served at
 
     def publish_resumed(self, published: int) -> None:
-        """After a restart: publish the checkpoint's version when the site lacks the last publication due by then
-        (the learner died before announcing it), or else announce the site's newest version again from the store.
-        The site keeps the address each version was announced at, and this process serves from new ports: an
-        agent still fetching that version, or asking for it later, would otherwise wait on a dead address."""
+        """After a restart: publish the checkpoint's version if the site lacks the last publication due by then (we
+        died before announcing it), else announce the site's newest again from the store: the site keeps the address
+        each version was announced at, and an agent still fetching it would wait on the dead process's ports."""
         version = self.loop.version
         if republish_on_resume(version, kappa=self.spec.kappa, published_version=published):
             self.publish(version)
