@@ -33,17 +33,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fault_audit as fa  # noqa: E402
-from fault_catalog import (  # noqa: E402
-    BEAT_S,
-    DEFAULT_FAULTS,
-    FAULTS,
-    LEASE_TIMEOUT_S,
-    RECONNECT_CAP_S,
-    REDIS_BACKOFF_S,
-    RELAY_STALL_S,
-    WORKER_TIMEOUT_S,
-    Fault,
-)
+from fault_catalog import BEAT_S, DEFAULT_FAULTS, FAULTS, LEASE_TIMEOUT_S, WORKER_TIMEOUT_S, Fault, detection_s  # noqa: E402
 
 from echo2_site.demo import DAPHNE_WEBSOCKET_LIMITS, Stack, free_port, wait_for  # noqa: E402
 
@@ -360,38 +350,28 @@ class Run:
             self.signal(name, signal.SIGCONT)
         self.stack.stop()
 
-    def step_recovery(self, t: float) -> float | None:
-        """Seconds from the fault to the learner's next step. After ``learner-kill``, the restarted learner's: a
-        line the killed one wrote just before it died may be read (and stamped) just after the kill."""
-        ready = [at for at in self.tail.ready if at > t]
-        since = ready[0] if self.fault.name == "learner-kill" and ready else t
-        step = fa.first_step_after(self.tail.steps, since)
-        return None if step is None else step + since - t
-
     def allowed_s(self) -> float | None:
-        """Issue 13's bound on recovery: one training step (the median step period before the fault) plus
-        the timeout that detects the fault (for outages: how long the component was away, plus that)."""
-        period = fa.step_period(self.tail.steps, self.injected_at or 0.0)
-        if self.injected_at is None or period is None:
+        """Issue 13's bound on recovery: one training step (the mean step period before the fault) plus what
+        detects the fault (``fault_catalog.detection_s``)."""
+        t = self.injected_at
+        period = fa.step_period(self.tail.steps, t) if t is not None else None
+        if t is None or period is None:
             return None
-        down = (self.back_at or self.injected_at) - self.injected_at
-        ready = [t for t in self.tail.ready if t > self.injected_at]
-        detect = {"relay-kill": RELAY_STALL_S, "relay-stop": RELAY_STALL_S, "worker-kill": LEASE_TIMEOUT_S,
-                  "worker-stop": WORKER_TIMEOUT_S + BEAT_S, "redis-restart": down + REDIS_BACKOFF_S,
-                  "site-restart": down + min(down, RECONNECT_CAP_S), "site-outage": down + min(down, RECONNECT_CAP_S),
-                  "learner-kill": (ready[0] if ready else self.injected_at) - self.injected_at}
-        return period + detect[self.fault.name]
+        restart = fa.first_after(self.tail.ready, t)
+        return period + detection_s(self.fault.name, down=(self.back_at or t) - t,
+                                    restart=None if restart is None else restart - t)
 
     def allowed_pool_s(self) -> float | None:
         """The bound on the pool's recovery where it differs from :meth:`allowed_s`: after ``worker-kill`` the
         pool is short of the killed worker until it runs again, so one step after the restarted agent said it
         installed a snapshot (kill -> ready counts as the learner's restart does in ``learner-kill``)."""
-        period = fa.step_period(self.tail.steps, self.injected_at or 0.0)
         if self.fault.name != "worker-kill":
             return self.allowed_s()
-        if self.injected_at is None or period is None or self.victim_tail is None or not self.victim_tail.ready:
+        t = self.injected_at
+        period = fa.step_period(self.tail.steps, t) if t is not None else None
+        if t is None or period is None or self.victim_tail is None or not self.victim_tail.ready:
             return None
-        return period + self.victim_tail.ready[0] - self.injected_at
+        return period + self.victim_tail.ready[0] - t
 
     def billed_discarded(self, row: dict) -> tuple[float | None, str]:
         """Worker-seconds billed for work that was thrown away (estimate; docs/faults.md)."""
@@ -420,7 +400,8 @@ class Run:
                "completed": summary["status"] == "completed", **fa.audit(metrics, summary, stream, GROUP)}
         t = self.injected_at
         row["injected_at"] = t
-        row["step_s"] = self.step_recovery(t) if t is not None else None
+        row["step_s"] = fa.step_recovery(self.tail, t, restarted=self.fault.target == "learner") \
+            if t is not None else None
         row["pool_s"], row["pool_level"] = fa.throughput_back(self.samples, t) if t is not None else (None, None)
         row["allowed_s"], row["allowed_pool_s"] = self.allowed_s(), self.allowed_pool_s()
         row["billed_discarded_ws"], row["billed_note"] = self.billed_discarded(row)

@@ -125,9 +125,17 @@ class AgentLogTail(LogTail):
     STEP, READY = re.compile(r"(?!)"), re.compile(r"installed snapshot v\d+ of job")
 
 
-def first_step_after(steps: list[tuple[float, int]], t: float) -> float | None:
-    """Seconds from ``t`` to the first learner step seen after it."""
-    return next((at - t for at, _ in steps if at > t), None)
+def first_after(times: list[float], t: float) -> float | None:
+    """The first of ``times`` after ``t``."""
+    return next((at for at in times if at > t), None)
+
+
+def step_recovery(tail: LogTail, t: float, *, restarted: bool) -> float | None:
+    """Seconds from the fault at ``t`` to the learner's next step. With ``restarted`` (the learner was killed), the
+    restarted learner's: a line the killed one wrote just before it died may be read (and stamped) after ``t``."""
+    since = (first_after(tail.ready, t) or t) if restarted else t
+    step = first_after([at for at, _ in tail.steps], since)
+    return None if step is None else step - t
 
 
 def step_period(steps: list[tuple[float, int]], before: float) -> float | None:

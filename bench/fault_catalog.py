@@ -41,3 +41,13 @@ FAULTS = {f.name: f for f in [
           f"relay stall {RELAY_STALL_S:g} s"),
 ]}
 DEFAULT_FAULTS = list(FAULTS)
+
+
+def detection_s(fault: str, *, down: float, restart: float | None) -> float:
+    """What detects ``fault`` and bounds its recovery (the allowance adds one training step): a timeout, or for an
+    outage how long the component was away (``down``) plus the reconnect it then waits for; for ``learner-kill``
+    the learner's ``restart`` (kill -> set up again; 0 when it was never seen)."""
+    reconnect = down + min(down, RECONNECT_CAP_S)
+    return {"relay-kill": RELAY_STALL_S, "relay-stop": RELAY_STALL_S, "worker-kill": LEASE_TIMEOUT_S,
+            "worker-stop": WORKER_TIMEOUT_S + BEAT_S, "redis-restart": down + REDIS_BACKOFF_S,
+            "site-restart": reconnect, "site-outage": reconnect, "learner-kill": restart or 0.0}[fault]

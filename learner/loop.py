@@ -112,7 +112,6 @@ class LearnerLoop:
         self.pending_reports: list[dict] = []  # reports the site may not have, saved with the checkpoint
         # background: checkpoints are written on the committer's thread (learner/checkpoint.py), acknowledged after
         self.committer = Committer() if background else None
-        self.committing: list[str] = []  # in checkpoints handed to the committer, not yet acknowledged
         # Trained entries still in the stream, as the feeder's thread counts them (``trained_in_stream``).
         self._in_stream, self._in_stream_lock = 0, threading.Lock()
         self.committed_once = False  # a checkpoint of this job is on disk (resumed from, or committed since)
@@ -206,7 +205,7 @@ class LearnerLoop:
             return
         checkpoint, version, ids = self.checkpoint(copy=True), self.version, self.uncommitted
         self.last_state = (version, checkpoint.model)
-        self.committing, self.uncommitted = self.committing + ids, []
+        self.uncommitted = []
 
         def write() -> list[str]:
             self.checkpoints.save(checkpoint)
@@ -227,7 +226,7 @@ class LearnerLoop:
 
     def _count_in_stream(self, change: int) -> None:
         with self._in_stream_lock:
-            self._in_stream = max(0, self._in_stream + change)
+            self._in_stream += change
 
     def settle(self, *, wait: bool = True, acknowledge: bool = True) -> float:
         """Collect what the committer finished (with ``wait``: everything handed over, waiting for it): its
@@ -246,8 +245,6 @@ class LearnerLoop:
         for ids in results:
             if ids is not None:  # a checkpoint's (a publication returns nothing)
                 self.consumer.acknowledged(ids)
-                done = set(ids)
-                self.committing = [i for i in self.committing if i not in done]
                 self.committed_once = True
         return time.perf_counter() - started
 

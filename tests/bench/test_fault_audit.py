@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
 import fault_audit as fa  # noqa: E402
@@ -99,3 +101,22 @@ def test_step_period_counts_the_steps_a_poll_saw_together() -> None:
     assert abs(fa.step_period(steps, before=10.0) - 1 / 7) < 0.03
     assert fa.step_period(steps, before=0.0) is None  # nothing seen yet
     assert fa.step_period([(1.0, 4), (1.0, 5)], before=2.0) == 0.0
+
+
+def test_after_a_learner_kill_the_next_step_is_the_restarted_learners() -> None:
+    tail = fa.LogTail(Path("/nonexistent"))
+    tail.steps = [(9.8, 30), (10.02, 31), (14.0, 31), (14.1, 32)]  # step 31 written before the kill, read after
+    tail.ready = [0.0, 13.9]  # the first start, then the restart set up
+    assert fa.step_recovery(tail, 10.0, restarted=True) == pytest.approx(4.0)
+    assert fa.step_recovery(tail, 10.0, restarted=False) == pytest.approx(0.02)  # any other fault: the next line
+    assert fa.step_recovery(tail, 20.0, restarted=True) is None
+
+
+def test_what_detects_a_fault_bounds_its_recovery() -> None:
+    from fault_catalog import LEASE_TIMEOUT_S, RECONNECT_CAP_S, REDIS_BACKOFF_S, detection_s
+
+    assert detection_s("worker-kill", down=0.0, restart=None) == LEASE_TIMEOUT_S
+    assert detection_s("redis-restart", down=2.0, restart=None) == 2.0 + REDIS_BACKOFF_S
+    assert detection_s("site-outage", down=60.0, restart=None) == 60.0 + min(60.0, RECONNECT_CAP_S)
+    assert detection_s("learner-kill", down=0.0, restart=4.5) == 4.5
+    assert detection_s("learner-kill", down=0.0, restart=None) == 0.0
