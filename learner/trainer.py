@@ -46,13 +46,23 @@ from .step import PolicyTrainer
 log = logging.getLogger("echo2.learner")
 
 
+def load_model(model_dir: str) -> torch.nn.Module:
+    """The checkpoint at ``model_dir`` with fp32 weights, whatever dtype it was saved in: the learner's parameters
+    are the master weights AdamW updates (bf16 only inside autocast or FSDP's mixed precision). transformers 5
+    loads a checkpoint in the dtype its config names, and released checkpoints are bf16: an update at lr 1e-6
+    moves almost no bf16 weight (their spacing near 0.02 is 1.2e-4), so such a policy would barely learn."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+
+
 def build_policy(spec: JobSpec, *, device: str, ctx: distributed.DistContext | None = None, micro_batch=None,
                  bf16: bool = False, parallel: str = "ddp",
                  activation_checkpointing: bool = False) -> tuple[PolicyTrainer, Any]:
     """Load the job's model (and, with a KL term, a frozen copy as reference), sharded across the ranks with
     ``parallel="fsdp"`` (learner/fsdp.py), the optimizer made over what this rank holds; returns
     (trainer, tokenizer)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the learner logs lines, not bars
@@ -66,13 +76,13 @@ def build_policy(spec: JobSpec, *, device: str, ctx: distributed.DistContext | N
 
     torch.manual_seed(spec.seed)
     tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)
-    model = AutoModelForCausalLM.from_pretrained(spec.model_dir)
+    model = load_model(spec.model_dir)
     if activation_checkpointing:
         fsdp.checkpoint_activations(model)
     model = place(model)
     reference = None
     if spec.loss.kl_beta > 0:
-        reference = place(AutoModelForCausalLM.from_pretrained(spec.model_dir).eval().requires_grad_(False))
+        reference = place(load_model(spec.model_dir).eval().requires_grad_(False))
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate)
     trainer = PolicyTrainer(model, optimizer, spec.loss, pad_id=tokenizer.pad_token_id, reference=reference,
                             micro_batch=micro_batch, bf16=bf16, ctx=ctx, max_grad_norm=spec.loss.max_grad_norm)
@@ -458,9 +468,7 @@ def _plain_copy(trainer: PolicyTrainer, spec: JobSpec) -> torch.nn.Module:
     weights into it): a deep copy, or for a sharded policy the base model again (a whole model in memory)."""
     if not trainer.sharded:
         return copy.deepcopy(trainer.module)
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(spec.model_dir).to(trainer.ctx.device)
+    return load_model(spec.model_dir).to(trainer.ctx.device)
 
 
 def _each_tensor_once(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The vLLM engine's first GPU run, as one command (a few minutes on one GPU):
+# The GPU path's first run, as one command (a few minutes on one GPU):
 #
-#   scripts/gpu-smoke.sh               # pip install '.[vllm]', pip check, then scripts/gpu_smoke.py
-#   scripts/gpu-smoke.sh --no-install  # vLLM is installed already (an offline machine)
+#   scripts/gpu-smoke.sh               # pip install '.[vllm]', pip check, then scripts/gpu_smoke_torch.py (the HF
+#                                      # engine, the learner in bf16, FSDP2 on NCCL, snapshot installs) and
+#                                      # scripts/gpu_smoke.py (the vLLM engine)
+#   scripts/gpu-smoke.sh --no-install  # what is installed is what runs (an offline machine; no vLLM: its checks SKIP)
 #   scripts/gpu-smoke.sh --skip-bf16   # any other argument goes to scripts/gpu_smoke.py
 #
-# Prints PASS/FAIL lines and "N passed, M failed"; exits 0 with SKIP where there is no CUDA GPU. PYTHON picks
-# the interpreter (default python3; use the venv the agent runs from).
+# Prints PASS/FAIL/SKIP lines and "N passed, M failed" per script; exits 0 with SKIP where there is no CUDA GPU,
+# 1 when a check failed. PYTHON picks the interpreter (default python3; use the venv the agent runs from). With
+# OUT set, gpu_smoke_torch.py keeps its output in $OUT/gpu-smoke.log too.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -34,4 +37,8 @@ for name in ("echo2", "vllm", "torch", "transformers", "tokenizers", "safetensor
     except md.PackageNotFoundError:
         print(f"{name} (not installed)")
 PY
-PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" exec "$PYTHON" scripts/gpu_smoke.py "${args[@]}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+status=0
+"$PYTHON" scripts/gpu_smoke_torch.py || status=1
+"$PYTHON" scripts/gpu_smoke.py "${args[@]}" || status=1
+exit "$status"

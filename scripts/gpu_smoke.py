@@ -9,7 +9,9 @@ installed; the host memory an install takes. Phase 2 does the same in bf16 with 
 (log-probs within 5e-2 of the HF engine's in bf16). Then a snapshot of that model exported in bf16 as a Hugging
 Face directory (``echo2-learner export``) must load in vLLM as is and generate.
 
-Without CUDA or without vLLM it prints SKIP and exits 0; otherwise it exits 1 when any check failed.
+Without CUDA or without vLLM it prints one SKIP line per check, with the reason, and exits 0; otherwise it exits 1
+when any check failed. The GPU checks that need no vLLM (the HF engine, the learner in bf16, FSDP2 on NCCL, snapshot
+installs into the HF engine) are ``scripts/gpu_smoke_torch.py``'s.
 """
 
 from __future__ import annotations
@@ -209,6 +211,23 @@ def exported(checks: Checks, root: Path, model_dir: Path) -> None:
     checks.run("export: a bf16 export loads in vLLM as is and generates", load)
 
 
+PHASE_CHECKS = ("engine built from a thread", f"n=3, temperature 0.7, top-p 0.9, stop {STOP!r}",
+                "consecutive calls sample differently", "greedy n=3 is one completion three times",
+                "perturbed install changes greedy output, original restores it",
+                "snapshot with missing weights refused, nothing installed")
+
+
+def skip_all(reason: str, args: argparse.Namespace) -> int:
+    """One SKIP line per check this script would run, with ``reason``; exits 0."""
+    labels = ["fp32 eager"] + ([] if args.skip_bf16 else ["bf16 CUDA graphs"])
+    names = [f"{label}: {check}" for label in labels for check in PHASE_CHECKS]
+    names += [] if args.skip_bf16 else ["export: a bf16 export loads in vLLM as is and generates"]
+    for name in names:
+        print(f"SKIP {name}: {reason}")
+    print(f"0 passed, 0 failed, {len(names)} skipped")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-bf16", action="store_true", help="Only phase 1 (fp32, eager).")
@@ -220,13 +239,12 @@ def main() -> int:
 
     print(f"python {sys.version.split()[0]}, torch {torch.__version__}, transformers {transformers.__version__}")
     if not torch.cuda.is_available():
-        print("SKIP no CUDA GPU: nothing to check here")
-        return 0
+        return skip_all("no CUDA GPU here", args)
     try:
         import vllm
     except ImportError as err:
-        print(f"SKIP vLLM is not installed ({err}): pip install '.[vllm]'")
-        return 0
+        return skip_all(f"vLLM is not importable ({err}): pip install '.[vllm]'; scripts/gpu_smoke_torch.py runs the "
+                        "checks that need only torch and transformers", args)
     print(f"vllm {vllm.__version__}, GPU {torch.cuda.get_device_name(0)}", flush=True)
 
     from dataplane.tasks import build_task
