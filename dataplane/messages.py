@@ -1,13 +1,19 @@
 """Control messages between the site and an agent, one JSON object per websocket frame.
 
-Every request an agent waits on (``lease_request``, ``trajectories``) carries an ``id`` and its reply (``lease``,
-``no_work``, ``accepted``, or ``rejected``) names it in ``ref_id``: the agent pairs them by id, never by order, so
-a late reply (an agent frozen past its timeout, a request given up on) is recognised and discarded.
+Every request an agent waits on (``lease_request``, ``trajectories``, ``submit``) carries an ``id`` and its reply
+(``lease``, ``no_work``, ``accepted``, ``submitted`` or ``rejected``) names it in ``ref_id``: the agent pairs them
+by id, never by order, so a late reply (an agent frozen past its timeout, a request given up on) is recognised and
+discarded.
 
 A group whose ``trajectories`` frame would exceed the site's frame limit (announced in the ``welcome``) goes as
 ``trajectories_part`` frames: each carries a slice of the group's records as a valid group of its own, its index and
 the count, and the request's one ``id``; the site assembles them (``marketplace/assembly.py``) and answers the whole
 group once. A single record too big for a frame cannot be split: the agent hands its lease back (``lease_return``).
+
+The ``id`` comes right after the ``type`` in every request, so the site can name a request it refuses unparsed (over
+its rate budget) by reading the frame's head; such a refusal carries ``retry_after``, and the agent sends the same
+request again then (docs/trust.md "Limits"). The ``welcome`` announces the budget, and an honest agent keeps under it
+(``worker_agent/pacing.py``).
 
 Both sides parse with :func:`parse_agent_message` / :func:`parse_site_message`, so a message the other
 side cannot understand is rejected with a reason (a ``rejected`` reply) instead of being ignored.
@@ -43,6 +49,8 @@ class Hello(_Msg):
     agent_version: str = Field(max_length=32)
     installed_version: int | None = Field(default=None, ge=0, le=MAX_VERSION, description="Snapshot version loaded, "
                                           "if any.")
+    job_id: int | None = Field(default=None, ge=1, le=MAX_VERSION, description="The job the agent was serving when "
+                               "it (re)connected: a site that no longer has it active in that job answers ``release``.")
 
 
 WorkerState = Literal["loading", "installing", "generating", "idle", "failed"]
@@ -78,9 +86,9 @@ class Trajectories(_Msg):
     """A leased prompt answered: its group of ``n`` records (parsed and checked by ``TrajectoryGroup``)."""
 
     type: Literal["trajectories"] = "trajectories"
-    group: TrajectoryGroup
     id: str | None = Field(default=None, min_length=1, max_length=64,
                            description="Names this request; its reply carries it back as ``ref_id``.")
+    group: TrajectoryGroup
 
     @property
     def job_id(self) -> int:
@@ -98,16 +106,44 @@ class TrajectoriesPart(_Msg):
     the whole group, after the last part (or at the first part it refuses, naming why)."""
 
     type: Literal["trajectories_part"] = "trajectories_part"
+    id: str | None = Field(default=None, min_length=1, max_length=64,
+                           description="Names the whole group's request; its one reply carries it back as ``ref_id``.")
     group: TrajectoryGroup
     part: int = Field(ge=0, lt=MAX_GROUP, description="This slice's index, from 0.")
     parts: int = Field(ge=2, le=MAX_GROUP, description="How many slices the group was cut into.")
-    id: str | None = Field(default=None, min_length=1, max_length=64,
-                           description="Names the whole group's request; its one reply carries it back as ``ref_id``.")
 
     @model_validator(mode="after")
     def _in_range(self) -> TrajectoriesPart:
         if self.part >= self.parts:
             raise ValueError(f"part {self.part} is out of range for a group of {self.parts} parts")
+        return self
+
+
+MAX_BATCH = 64  # groups one ``submit`` returns, and leases it may ask for
+
+
+class Submit(_Msg):
+    """Several answered leases in one frame, and (``lease`` > 0) a request for the next ones in the same round
+    trip: "return these, lease k more". One message per batch instead of one per group plus a lease request, so
+    the messages an agent sends per trajectory fall as it gets faster (issue 25). The site answers with one
+    ``submitted`` naming this ``id``: a verdict per group, in order, and the new lease (or ``no_work``). A group too
+    big for a frame goes alone as ``trajectories_part`` frames instead."""
+
+    type: Literal["submit"] = "submit"
+    id: str | None = Field(default=None, min_length=1, max_length=64,
+                           description="Names this request; its reply carries it back as ``ref_id``.")
+    job_id: int = Field(ge=1)
+    groups: list[TrajectoryGroup] = Field(default_factory=list, max_length=MAX_BATCH,
+                                          description="Answered leases of ``job_id``, each checked on its own.")
+    lease: int = Field(default=0, ge=0, le=MAX_BATCH, description="Prompt groups to lease in the same round trip.")
+
+    @model_validator(mode="after")
+    def _one_job(self) -> Submit:
+        if not self.groups and not self.lease:
+            raise ValueError("groups: a submit returns at least one group or asks for a lease")
+        others = sorted({g.job_id for g in self.groups} - {self.job_id})
+        if others:
+            raise ValueError(f"groups: every group must be of job {self.job_id}, not of job {others[0]}")
         return self
 
 
@@ -155,8 +191,8 @@ class SnapshotRequest(_Msg):
 
 
 AgentMessage = Annotated[
-    Hello | Heartbeat | LeaseRequest | Trajectories | TrajectoriesPart | LeaseReturn | SnapshotInstalled | RelayFailed
-    | SnapshotRequest,
+    Hello | Heartbeat | LeaseRequest | Trajectories | TrajectoriesPart | Submit | LeaseReturn | SnapshotInstalled
+    | RelayFailed | SnapshotRequest,
     Field(discriminator="type"),
 ]
 
@@ -170,6 +206,12 @@ class Welcome(_Msg):
     max_message_bytes: int | None = Field(default=None, ge=1, description="The largest frame the site takes (bytes of "
                                           "UTF-8 JSON); a bigger group goes as ``trajectories_part`` frames. None: an "
                                           "older site, the agent assumes a conservative default.")
+    messages_per_s: float | None = Field(default=None, gt=0, description="The connection's message budget: the "
+                                         "site refuses (``rejected`` with ``retry_after``) what exceeds it. None: none "
+                                         "announced (an older site).")
+    message_burst: float | None = Field(default=None, ge=1, description="Messages the budget lets through at once.")
+    bytes_per_s: float | None = Field(default=None, gt=0, description="The connection's byte budget (frames' UTF-8 "
+                                      "bytes per second on average; a burst of two largest frames).")
 
 
 class Assign(_Msg):
@@ -259,10 +301,24 @@ class Rejected(_Msg):
     reason: str
     ref: str | None = Field(default=None, description="The type of the refused message, when known.")
     ref_id: str | None = Field(default=None, max_length=64, description="The ``id`` of the request answered.")
+    retry_after: float | None = Field(default=None, ge=0, le=3600, description="Set when the refusal is the "
+                                      "transport's, not a verdict on the content (over the rate budget): nothing was "
+                                      "applied, and the same request may be sent again after this many seconds.")
+
+
+class Submitted(_Msg):
+    """The answer to a ``submit``: one verdict per returned group, in order, and the lease it asked for."""
+
+    type: Literal["submitted"] = "submitted"
+    job_id: int
+    results: list[Accepted] = Field(default_factory=list)
+    lease: Lease | NoWork | None = Field(default=None, description="The next leases (``lease`` > 0 was asked), or "
+                                         "``no_work`` with when to ask again.")
+    ref_id: str | None = Field(default=None, max_length=64, description="The ``id`` of the request answered.")
 
 
 SiteMessage = Annotated[
-    Welcome | Assign | Release | Lease | NoWork | SnapshotAvailable | Accepted | Rejected,
+    Welcome | Assign | Release | Lease | NoWork | SnapshotAvailable | Accepted | Rejected | Submitted,
     Field(discriminator="type"),
 ]
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import ipaddress
 import time
-from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.core.cache import cache
 from rest_framework import exceptions
 from rest_framework.authentication import get_authorization_header
 from rest_framework.throttling import BaseThrottle
+
+from dataplane.budget import ConnectionBudget
 
 _PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -100,38 +101,40 @@ def guarded_authenticate(request, keyword: str, authenticate):
         raise
 
 
-@dataclass
 class MessageBucket:
-    """One agent connection's message budget: ``rate`` per second on average, bursts of ``burst``. Each refused
-    message counts as abuse; after ``close_after`` refusals in a row the site closes the connection."""
+    """One agent connection's budget (``dataplane.budget.ConnectionBudget``): ``rate`` messages per second on
+    average, bursts of ``burst``, and ``bytes_per_s`` bytes (bursts of two largest frames). Each refused frame
+    counts as abuse; after ``close_after`` refusals in a row the site closes the connection."""
 
-    rate: float
-    burst: float
-    close_after: int
-    refused_in_a_row: int = 0
-    _tokens: float = field(init=False)
-    _stamp: float = field(init=False)
-
-    def __post_init__(self) -> None:
-        self._tokens, self._stamp = float(self.burst), time.monotonic()
+    def __init__(self, *, rate: float, burst: float, close_after: int, bytes_per_s: float | None = None,
+                 max_frame: int = 1 << 20) -> None:
+        self.rate, self.burst, self.bytes_per_s, self.close_after = rate, burst, bytes_per_s, close_after
+        self.budget = ConnectionBudget(messages_per_s=rate, message_burst=burst, bytes_per_s=bytes_per_s,
+                                       byte_burst=2 * max_frame if bytes_per_s else None)
+        self.refused_in_a_row = 0
+        self.refused = 0
 
     @classmethod
     def from_settings(cls) -> MessageBucket:
         knobs = settings.ECHO2
         return cls(rate=knobs["AGENT_MESSAGES_PER_S"], burst=knobs["AGENT_MESSAGE_BURST"],
-                   close_after=knobs["AGENT_ABUSE_CLOSE_AFTER"])
+                   close_after=knobs["AGENT_ABUSE_CLOSE_AFTER"], bytes_per_s=knobs.get("AGENT_BYTES_PER_S"),
+                   max_frame=knobs["WS_MAX_MESSAGE_BYTES"])
 
-    def take(self, *, now: float | None = None) -> bool:
-        now = time.monotonic() if now is None else now
-        self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
-        self._stamp = now
-        if self._tokens >= 1.0:
-            self._tokens -= 1.0
+    def take(self, size: int = 0, *, now: float | None = None) -> float:
+        """0 when a frame of ``size`` bytes is within the budget (counted); else the seconds until it would be."""
+        wait = self.budget.take(size, now=time.monotonic() if now is None else now)
+        if wait == 0:
             self.refused_in_a_row = 0
-            return True
-        self.refused_in_a_row += 1
-        return False
+        else:
+            self.refused_in_a_row += 1
+            self.refused += 1
+        return wait
 
     @property
     def abusive(self) -> bool:
         return self.refused_in_a_row >= self.close_after
+
+    def announced(self) -> dict[str, float | None]:
+        """The ``welcome``'s budget fields."""
+        return {"messages_per_s": self.rate, "message_burst": self.burst, "bytes_per_s": self.bytes_per_s}

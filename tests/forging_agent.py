@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 from dataplane.records import TrajectoryGroup
-from worker_agent import cli, session
+from worker_agent import cli, rollout_loop
 
 FORGERIES = {
     "logprobs": lambda record: {"logprobs": [-0.05] * len(record.logprobs)},
@@ -28,6 +28,6 @@ def forging(rollout_groups, forge):
 
 if __name__ == "__main__":
     kind, *argv = sys.argv[1:]
-    session.rollout_groups = forging(session.rollout_groups, FORGERIES[kind])
+    rollout_loop.rollout_groups = forging(rollout_loop.rollout_groups, FORGERIES[kind])
     sys.argv = ["echo2-agent", *argv]
     sys.exit(cli.main())

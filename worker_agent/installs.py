@@ -1,4 +1,4 @@
-"""How the agent installs its job's snapshots (mixed into :class:`~worker_agent.session.AgentSession`).
+"""How the agent installs its job's snapshots (an object of :class:`~worker_agent.session.AgentSession`).
 
 The engine belongs to one job (:class:`JobEngine`): it is built for that job from the job's base snapshot,
 version 0 (:mod:`dataplane.basemodel`), checked against the job's base digest and kept in the agent's
@@ -17,10 +17,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import websockets
 
@@ -30,6 +29,7 @@ from dataplane.snapshot import Manifest, SnapshotError, fetch_chunks, full_url, 
 
 from .cache import BaseCache
 from .engines.base import Engine
+from .relaying import Relays
 from .weights import HeldWeights, rebuild
 
 log = logging.getLogger("echo2.agent")
@@ -49,18 +49,45 @@ class JobEngine:
     held: HeldWeights | None = None  # the full payload of ``version`` (None for the base): what deltas apply to
 
 
-class SnapshotInstalls:
-    """Installs for :class:`~worker_agent.session.AgentSession`, which provides the attributes below, ``send``,
-    and the relay side: ``relays``, ``_receive_relayed``, ``_reroute``, ``_drop_relay``, ``_retire_relays``."""
+class Installer:
+    """The job's engine and its versions: what is installed, what is being installed, what must be reached before
+    generating. ``assignment()`` is the agent's current assignment (None: no job); ``send`` reports installs to the
+    site; ``relays`` receive and serve the versions that come down a chain."""
 
-    assignment: m.Assign | None
-    cache: BaseCache
-    engine_factory: Callable[[str], Engine]
-    job: JobEngine | None
-    wanted: dict[int, int]  # job id -> version to reach before generating (told when joining, or failed)
-    installing: dict[tuple[int, int], asyncio.Task]  # (job, version) -> its install, running
-    install_lock: asyncio.Lock  # held while generating: no install lands in the middle of a batch
-    relays: dict[tuple[int, int], Any]
+    def __init__(self, *, cache: BaseCache, engine_factory: Callable[[str], Engine], relays: Relays,
+                 send: Callable[[m._Msg], Awaitable[None]], assignment: Callable[[], m.Assign | None]) -> None:
+        self.cache = cache
+        self.engine_factory = engine_factory
+        self.relays = relays
+        self.send = send
+        self._assignment = assignment
+        self.job: JobEngine | None = None
+        self.wanted: dict[int, int] = {}  # job id -> version to reach before generating (told when joining, or failed)
+        self.installing: dict[tuple[int, int], asyncio.Task] = {}  # (job, version) -> its install, running
+        self.install_lock = asyncio.Lock()  # held while generating: no install lands in the middle of a batch
+
+    @property
+    def assignment(self) -> m.Assign | None:
+        return self._assignment()
+
+    async def join(self, assign: m.Assign) -> None:
+        """Start serving ``assign``'s job: another job's engine (or one of another base) is dropped, never reused;
+        the job's base is installed when the assignment names it, and the newest version it names is to be
+        reached before generating (asked for afresh once the base is in: it may be gone by then)."""
+        job = self.engine_for(assign.job_id)
+        if self.job is not None and (job is None or assign.base_digest not in (None, job.base_digest)):
+            log.info("job %d: dropping the engine of job %d; this job starts from its own base", assign.job_id,
+                     self.job.job_id)
+            async with self.install_lock:
+                self.job = None
+        for key, task in list(self.installing.items()):
+            if key[0] != assign.job_id:
+                task.cancel()
+        self.relays.drop_other_jobs(assign.job_id)
+        if assign.snapshot:
+            self.wanted[assign.job_id] = max(self.wanted.get(assign.job_id, 0), int(assign.snapshot["version"]))
+        if assign.base and self.engine_for(assign.job_id) is None:
+            self.install(m.SnapshotAvailable.model_validate(assign.base))
 
     def engine_for(self, job_id: int | None) -> JobEngine | None:
         """The engine of job ``job_id``, if the agent holds one (built from that job's base)."""
@@ -75,13 +102,13 @@ class SnapshotInstalls:
         job = self.engine_for(job_id)
         return job is not None and job.version >= self.wanted.get(job_id, 0)
 
-    def _install(self, snap: m.SnapshotAvailable) -> None:
+    def install(self, snap: m.SnapshotAvailable) -> None:
         """Install ``snap`` in the background (a reconnect does not restart a download), unless it is relayed
         already, being installed, or not wanted."""
         key = (snap.job_id, snap.version)
         if key in self.relays:  # a repair: new parent and/or child for a version we already relay
             if snap.parent:  # (an answer to our snapshot_request carries no route: the relay keeps its own)
-                self._reroute(self.relays[key], snap)
+                self.relays.reroute(self.relays.get(key), snap)
             return
         if key in self.installing or not self._wants(snap):
             return
@@ -95,12 +122,12 @@ class SnapshotInstalls:
             else:
                 await self._install_weights(snap)
         except asyncio.CancelledError:  # the agent left the job
-            self._drop_relay(key)
+            self.relays.drop(key)
             raise
         except Exception as err:  # the old weights stay; no generation until a version this new is installed
             log.error("snapshot %s of job %s: install failed: %s", snap.version, snap.job_id, err)
             self.wanted[snap.job_id] = max(self.wanted.get(snap.job_id, 0), snap.version)
-            self._drop_relay(key)
+            self.relays.drop(key)
 
     def _wants(self, snap: m.SnapshotAvailable) -> bool:
         if self.assignment is None or self.assignment.job_id != snap.job_id:
@@ -149,7 +176,7 @@ class SnapshotInstalls:
                         chunks: dict[int, bytes] | None = None) -> tuple[list[bytes], str]:
         """The verified chunks: from the chain parent (forwarding to our child) or over HTTP; and their source."""
         if snap.parent:
-            _, ordered, source = await self._receive_relayed(snap, chunks=chunks)
+            _, ordered, source = await self.relays.receive(snap, chunks=chunks)
             return ordered, source
         return await asyncio.to_thread(fetch_chunks, snap.url, manifest, credential=snap.credential), "http"
 
@@ -166,7 +193,7 @@ class SnapshotInstalls:
                 return
             await asyncio.to_thread(job.engine.load_weights, tensors)
             job.version, job.held = manifest.version, held
-        self._retire_relays(snap.job_id, keep_from=snap.version - 1)
+        self.relays.retire(snap.job_id, keep_from=snap.version - 1)
         await self._report_installed(snap, manifest, source)
 
     async def _full_payload(self, snap: m.SnapshotAvailable, manifest: Manifest, chunks: list[bytes],

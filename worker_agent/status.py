@@ -34,6 +34,7 @@ class Tally:
     trajectories: int = 0
     tokens: int = 0  # completion tokens
     last_at: float | None = None  # time.monotonic() of the last accepted group
+    refused: int = 0  # our frames the site refused for the transport's sake (each sent again; honest pacing: 0)
 
     def add(self, *, trajectories: int, tokens: int) -> None:
         self.groups += 1
@@ -171,7 +172,9 @@ class Reporter:
                                                                              tally.tokens), strict=True))
         seconds = max(seconds, 1e-6)
         return (f": {groups / seconds:.2f} groups/s ({trajectories / seconds:.1f} trajectories/s), "
-                f"{tokens / seconds:.0f} tokens/s over the last {_span(seconds)}; {tally.groups} groups in all")
+                f"{tokens / seconds:.0f} tokens/s over the last {_span(seconds)}; {tally.groups} groups in all"
+                + (f"; {tally.refused} frames refused by the site for its rate budget (sent again)" if tally.refused
+                   else ""))
 
     def installs(self, session, job_id: int | None, now: float) -> tuple[Install, ...]:
         """The job's running installs, oldest version first, with their progress where a relay knows it."""
@@ -203,6 +206,7 @@ async def report(session, *, every: float, poll: float = POLL_S) -> None:
     reporter = Reporter(every=every)
     while True:
         now = time.monotonic()
+        session.tally.refused = session.refused
         text = reporter.line(view_of(session, reporter, now), session.tally, now)
         if text is not None:
             log.info("%s", text)

@@ -93,6 +93,16 @@ def trajectories_submit(*, worker: Worker, group: TrajectoryGroup, running: Runn
     return m.Accepted(job_id=group.job_id, lease_id=group.lease_id, accepted=n, rejected=0)
 
 
+def groups_submit(*, worker: Worker, job_id: int, groups: list[TrajectoryGroup], lease: int = 0,
+                  running: RunningJob | None = None) -> m.Submitted:
+    """A batch of answered leases, each checked and appended on its own (:func:`trajectories_submit`: one bad group
+    does not sink the others), then ``lease`` more groups leased in the same round trip (:func:`prompts_lease`)."""
+    job = _checked(worker, job_id, running)
+    results = [trajectories_submit(worker=worker, group=group, running=job) for group in groups]
+    return m.Submitted(job_id=job_id, results=results,
+                       lease=prompts_lease(worker=worker, job_id=job_id, groups=lease, running=job) if lease else None)
+
+
 def record_limits(job: Job) -> RecordLimits:
     """What a record of ``job`` may hold: its task's reward range and completion budget, and its model's
     vocabulary once the learner reported it (until then token ids are checked by the learner alone).

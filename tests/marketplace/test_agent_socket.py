@@ -67,7 +67,8 @@ def setup_job_and_worker(**job_fields):
 async def test_unknown_key_is_rejected_and_closed():
     comm = await connect("e2w_wrong")
     reply = await comm.receive_json_from()
-    assert reply == {"type": "rejected", "reason": "unknown or missing agent key", "ref": None, "ref_id": None}
+    assert reply == {"type": "rejected", "reason": "unknown or missing agent key", "ref": None, "ref_id": None,
+                     "retry_after": None}
     assert (await comm.receive_output())["code"] == 4401
     anonymous = await connect(None)
     assert (await anonymous.receive_json_from())["type"] == "rejected"

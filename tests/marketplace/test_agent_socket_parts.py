@@ -20,6 +20,7 @@ from marketplace import services
 from marketplace.models import Job
 from worker_agent.cache import BaseCache
 from worker_agent.config import AgentConfig
+from worker_agent.rollout_loop import RolloutLoop
 from worker_agent.session import AgentSession
 from worker_agent.submit import frames
 
@@ -182,15 +183,20 @@ async def test_the_agent_sends_a_big_group_in_parts_and_hands_back_one_it_cannot
     await session.send(m.Hello(agent_version="test"))
     PromptFeeder(redis_client, job_id=job.pk, task=build_task({"name": "arithmetic"}), seed=0, backlog=2).top_up()
     await database_sync_to_async(services.job_start)(job=await database_sync_to_async(Job.objects.get)(pk=job.pk))
-    reply = await session._request(m.LeaseRequest(job_id=job.pk, groups=2))
-    assert session.max_message_bytes == LIMIT and isinstance(reply, m.Lease), reply
-    big, huge = (lease.model_dump() for lease in reply.leases)
+    reply = await session.connection.request(m.Submit(job_id=job.pk, lease=2), deadline_s=30)
+    assert session.connection.max_message_bytes == LIMIT and isinstance(reply.lease, m.Lease), reply
+    big, huge = (lease.model_dump() for lease in reply.lease.leases)
+    loop = RolloutLoop(m.Assign(job_id=job.pk, model="m", task={"name": "arithmetic"}, group_size=2,
+                                max_new_tokens=LONG, temperature=1.0),
+                       connection=session.connection, installs=session.installs, rollout=session.rollout,
+                       tally=session.tally, meter=session.meter, report_state=session.report_state,
+                       groups_per_lease=1, retry_delay=1.0)
 
-    await session._return_group(answer(job.pk, big))  # over the limit: in parts, accepted whole
+    assert await loop._return_and_lease([answer(job.pk, big)], lease=0) is None  # over the limit: in parts
     assert session.generated == 4 and redis_client.xlen(replay.trajectories_key(job.pk)) == 1
-    await session._return_group(answer(job.pk, huge, tokens=400))  # one record alone is over the limit
-    again = await session._request(m.LeaseRequest(job_id=job.pk))  # handed back: leased again at once
-    assert isinstance(again, m.Lease) and again.leases[0].lease_id == huge["lease_id"]
+    await loop._return_and_lease([answer(job.pk, huge, tokens=400)], lease=0)  # one record alone is over the limit
+    again = await session.connection.request(m.Submit(job_id=job.pk, lease=1), deadline_s=30)
+    assert isinstance(again.lease, m.Lease) and again.lease.leases[0].lease_id == huge["lease_id"]  # handed back
     assert replay.ReplayBuffer(redis_client, job.pk).counters()["returned_leases"] == 1
     assert not reader.done(), "the socket was closed"
     reader.cancel()

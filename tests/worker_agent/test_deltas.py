@@ -69,12 +69,12 @@ def test_deltas_travel_a_chain_as_they_are_and_install_bit_for_bit(tmp_path, tin
         for worker_id in (HEAD, TAIL, LATE):
             session, socket = make_session(tmp_path / f"agent{worker_id}", [])
             session.config = dataclasses.replace(session.config, worker_id=worker_id)
-            session.relay_listen = f"127.0.0.1:{free_port()}"
+            session.relaying.worker_id, session.relaying.listen = worker_id, f"127.0.0.1:{free_port()}"
             sessions[worker_id] = session, socket
         for worker_id in (HEAD, TAIL):  # one after the other: from_pretrained in two threads at once trips on itself
             await push(sessions[worker_id][0], assign(1, snapshot(store, server, base), digest=base.sha256))
             await until(lambda w=worker_id: sessions[w][0].ready(1), f"worker {worker_id}'s base")
-        head_address = sessions[HEAD][0].relay_listen
+        head_address = sessions[HEAD][0].relaying.listen
         for version, scale in ((1, 1e-2), (2, 1e-3), (3, 1e-3)):
             manifest = publish(version, scale)
             await push(sessions[HEAD][0], chained(manifest, server, worker_id=HEAD, parent=relay.address,

@@ -91,9 +91,25 @@ async def push(session: AgentSession, message: m._Msg) -> None:
     await session._dispatch(message.model_dump_json())
 
 
-def answering(socket: RecordingSocket, reply: m._Msg) -> m._Msg:
-    """``reply`` as the site sends it: naming the agent's latest lease request."""
-    return reply.model_copy(update={"ref_id": socket.of("lease_request")[-1]["id"]})
+def submits(socket: RecordingSocket, *, leasing: bool | None = None) -> list[dict]:
+    """The ``submit`` requests sent (``leasing``: only those that ask for a lease, or only those that do not)."""
+    return [s for s in socket.of("submit") if leasing is None or bool(s["lease"]) == leasing]
+
+
+def returned(socket: RecordingSocket) -> list[dict]:
+    """The groups the agent returned, in order."""
+    return [group for s in socket.of("submit") for group in s["groups"]]
+
+
+def answering(socket: RecordingSocket, lease: m.Lease | m.NoWork | None = None, *, accept: bool = True,
+              request: dict | None = None) -> m.Submitted:
+    """The site's reply to the agent's latest submit (or ``request``): each group it returned accepted (or refused
+    when not ``accept``), and ``lease`` for what it asked."""
+    request = request or socket.of("submit")[-1]
+    results = [m.Accepted(job_id=g["job_id"], lease_id=g["lease_id"], accepted=len(g["records"]) if accept else 0,
+                          rejected=0 if accept else len(g["records"]), reasons=[] if accept else ["refused"])
+               for g in request["groups"]]
+    return m.Submitted(job_id=request["job_id"], results=results, lease=lease, ref_id=request["id"])
 
 
 def test_nothing_is_leased_before_the_base_is_installed_then_records_carry_version_0(tmp_path, learner_side,
@@ -107,19 +123,20 @@ def test_nothing_is_leased_before_the_base_is_installed_then_records_carry_versi
         await push(session, assign(1, None))  # the learner has not published the base yet
         await until(lambda: socket.of("snapshot_request"), "the agent to ask for the base")
         await asyncio.sleep(0.5)
-        assert socket.of("lease_request") == [] and built == []
+        assert submits(socket) == [] and built == []
         assert {r["which"] for r in socket.of("snapshot_request")} == {"base"}
 
         await push(session, snapshot(store, server, base))  # the site answers (or the learner publishes)
-        await until(lambda: socket.of("lease_request"), "a lease request once the base is in")
+        await until(lambda: submits(socket), "a lease request once the base is in")
         installed = socket.of("snapshot_installed")
         assert [(r["version"], r["source"]) for r in installed] == [(0, "http")]
         assert built == [str(tmp_path / "cache" / base.sha256)]  # built from the cache, not the learner's path
 
         lease = m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="l1", group_id="g1", prompt="1+2=")])
         await push(session, answering(socket, lease))
-        await until(lambda: socket.of("trajectories"), "a generated group")
-        assert socket.of("trajectories")[0]["group"]["version"] == 0
+        await until(lambda: returned(socket), "a generated group")
+        assert returned(socket)[0]["version"] == 0
+        assert submits(socket)[-1]["lease"] >= 1  # the next lease rides on the groups' return
         session._stop_rollout()
 
     asyncio.run(scenario())
@@ -137,22 +154,22 @@ def test_a_failed_install_blocks_generation_until_the_site_gives_a_version_that_
     async def scenario() -> None:
         session, socket = make_session(tmp_path, [])
         await push(session, assign(1, snapshot(store, server, base), digest=base.sha256))
-        await until(lambda: socket.of("lease_request"), "the first lease request")
+        await until(lambda: submits(socket), "the first lease request")
         await push(session, snapshot(store, server, v1, url="http://127.0.0.1:9/v1/"))  # pruned, or down: fails
         await until(lambda: session.wanted.get(1) == 1, "the failed install to be noted")
         await push(session, answering(socket, m.NoWork(job_id=1, retry_after=0.05)))  # the pending request's answer
         await until(lambda: any(r["which"] == "newest" for r in socket.of("snapshot_request")),
                     "the agent to ask for the newest version")
-        leases = len(socket.of("lease_request"))
+        leases = len(submits(socket))
         await asyncio.sleep(0.5)
-        assert len(socket.of("lease_request")) == leases, "leased while its newest version failed to install"
+        assert len(submits(socket)) == leases, "leased while its newest version failed to install"
 
         await push(session, snapshot(store, server, v1))  # the site's answer: the newest, which exists
-        await until(lambda: len(socket.of("lease_request")) > leases, "leasing again once v1 is installed")
+        await until(lambda: len(submits(socket)) > leases, "leasing again once v1 is installed")
         lease = m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="l2", group_id="g2", prompt="3+4=")])
         await push(session, answering(socket, lease))
-        await until(lambda: socket.of("trajectories"), "a generated group")
-        assert socket.of("trajectories")[0]["group"]["version"] == 1
+        await until(lambda: returned(socket), "a generated group")
+        assert returned(socket)[0]["version"] == 1
         assert session.job.engine.model.model.norm.weight.detach().equal(model.model.norm.weight.detach())
         session._stop_rollout()
 
@@ -198,38 +215,99 @@ def test_a_base_that_is_not_the_jobs_digest_is_refused(tmp_path, learner_side, t
         session, socket = make_session(tmp_path, built)
         await push(session, assign(1, snapshot(store, server, base), digest="0" * 64))
         await until(lambda: socket.of("snapshot_request"), "the agent to ask again")
-        assert built == [] and socket.of("lease_request") == [] and socket.of("snapshot_installed") == []
+        assert built == [] and submits(socket) == [] and socket.of("snapshot_installed") == []
         session._stop_rollout()
 
     asyncio.run(scenario())
 
 
-def test_a_late_reply_is_discarded_by_id_and_a_dead_rollout_loop_restarts(tmp_path, learner_side, tiny_model_dir,
-                                                                          monkeypatch):
-    """An agent frozen past its reply timeout (SIGSTOP, then SIGCONT): its request is given up, the rollout
-    loop restarts, and the reply that finally comes names the old request: it is discarded, not taken as
-    the answer to the new one (replies were once paired by arrival order)."""
-    import worker_agent.session as session_module
+def test_a_reply_that_never_comes_sends_the_request_again_and_a_late_one_is_discarded(tmp_path, learner_side,
+                                                                                      tiny_model_dir, monkeypatch):
+    """An agent whose request gets no reply (the site froze, or the agent did, SIGSTOP then SIGCONT) sends the same
+    request again under the same id; past the request's deadline the loop gives up and starts again under a new
+    id, and the reply that finally comes names the old request: it is discarded, not taken as the answer to the
+    new one (replies were once paired by arrival order)."""
+    import worker_agent.connection as connection
+    import worker_agent.rollout_loop as rollout_loop
 
-    monkeypatch.setattr(session_module, "REPLY_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(connection, "REPLY_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(rollout_loop, "LEASE_DEADLINE_S", 1.0)
     store, server = learner_side
     base = store.write_base(tiny_model_dir)
 
     async def scenario() -> None:
         session, socket = make_session(tmp_path, [])
         await push(session, assign(1, snapshot(store, server, base), digest=base.sha256))
-        await until(lambda: socket.of("lease_request"), "the first lease request")
-        first = socket.of("lease_request")[0]["id"]
-        await until(lambda: len(socket.of("lease_request")) >= 2, "the loop to give up and start again", 10)
-        assert session.rollout_failures >= 1
-        second = socket.of("lease_request")[-1]["id"]
-        assert second != first
+        await until(lambda: submits(socket), "the first lease request")
+        first = submits(socket)[0]["id"]
+        await until(lambda: len(submits(socket)) >= 2, "the same request again")
+        assert submits(socket)[1]["id"] == first and session.connection.resent >= 1
+        await until(lambda: submits(socket)[-1]["id"] != first, "the loop to give up and start again", 10)
+        assert session.rollout.failures >= 1
         late = m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="old", group_id="g0", prompt="1+1=")])
-        await push(session, late.model_copy(update={"ref_id": first}))  # the answer to the abandoned request
+        await push(session, m.Submitted(job_id=1, lease=late, ref_id=first))  # the answer to the abandoned request
         fresh = m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="new", group_id="g1", prompt="2+2=")])
         await push(session, answering(socket, fresh))
-        await until(lambda: socket.of("trajectories"), "a generated group")
-        assert [t["group"]["lease_id"] for t in socket.of("trajectories")] == ["new"]
+        await until(lambda: returned(socket), "a generated group")
+        assert [g["lease_id"] for g in returned(socket)] == ["new"]
+        session._stop_rollout()
+
+    asyncio.run(scenario())
+
+
+def test_a_refused_request_is_sent_again_after_retry_after_under_its_id_and_its_groups_counted_once(
+        tmp_path, learner_side, tiny_model_dir):
+    """The site refused a submit for its rate budget (unread, nothing applied): the agent holds every send for
+    ``retry_after``, then sends the same request, groups and all, under the same id; the group is counted once."""
+    store, server = learner_side
+    base = store.write_base(tiny_model_dir)
+
+    async def scenario() -> None:
+        session, socket = make_session(tmp_path, [])
+        await push(session, assign(1, snapshot(store, server, base), digest=base.sha256))
+        await until(lambda: submits(socket), "the first lease request")
+        lease = m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="l1", group_id="g1", prompt="1+2=")])
+        await push(session, answering(socket, lease))
+        await until(lambda: returned(socket), "a generated group")
+        refused = submits(socket)[-1]
+        await push(session, m.Rejected(reason="rate limit", ref="submit", ref_id=refused["id"], retry_after=0.4))
+        refused_at = time.monotonic()
+        await until(lambda: len(submits(socket)) > 2, "the same request again")
+        assert time.monotonic() - refused_at >= 0.35
+        again = submits(socket)[-1]
+        assert again == refused and session.refused == 1
+        await push(session, answering(socket, m.NoWork(job_id=1, retry_after=30)))
+        await until(lambda: session.generated == 2, "the group counted")
+        await asyncio.sleep(0.2)
+        assert session.generated == 2 and session.tally.groups == 1
+        session._stop_rollout()
+
+    asyncio.run(scenario())
+
+
+def test_a_request_cut_off_by_a_lost_connection_goes_again_once_the_agent_is_back(tmp_path, learner_side,
+                                                                                   tiny_model_dir):
+    """The socket closes while a batch of groups waits for its reply: the rollout loop is not stopped and the
+    groups are not dropped; once a new socket is welcomed, the same request goes on it."""
+    store, server = learner_side
+    base = store.write_base(tiny_model_dir)
+
+    async def scenario() -> None:
+        session, socket = make_session(tmp_path, [])
+        await push(session, assign(1, snapshot(store, server, base), digest=base.sha256))
+        await until(lambda: submits(socket), "the first lease request")
+        lease = m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="l1", group_id="g1", prompt="1+2=")])
+        await push(session, answering(socket, lease))
+        await until(lambda: returned(socket), "a generated group")
+        pending = submits(socket)[-1]
+        session.connection.detach()  # the connection is lost
+        await asyncio.sleep(0.3)
+        second = RecordingSocket()
+        session.connection.attach(second)
+        await push(session, m.Welcome(worker_id=7, messages_per_s=50, message_burst=200))
+        await until(lambda: second.of("submit"), "the request on the new socket")
+        assert second.of("submit")[0] == pending
+        assert session.rollout_task is not None and not session.rollout_task.done()
         session._stop_rollout()
 
     asyncio.run(scenario())
@@ -262,26 +340,26 @@ def test_a_crashed_rollout_loop_reports_failed_restarts_and_reports_generating_o
     async def scenario() -> None:
         nonlocal socket
         session, socket = make_session(tmp_path, [])
-        session.engine_factory = lambda model_dir: CrashingOnce(make_engine("hf", model_dir, device="cpu", seed=0))
+        session.installs.engine_factory = lambda model_dir: CrashingOnce(make_engine("hf", model_dir, device="cpu", seed=0))
         session.heartbeat_interval = 0.2
         heartbeats = asyncio.create_task(session._heartbeats())
         await push(session, assign(1, snapshot(store, server, base), digest=base.sha256))
-        await until(lambda: socket.of("lease_request"), "the first lease request")
+        await until(lambda: submits(socket), "the first lease request")
         lease = m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="l1", group_id="g1", prompt="1+2=")])
         await push(session, answering(socket, lease))
         await until(lambda: any(state == "failed" for state, _ in states()), "a heartbeat saying the loop failed")
         reason = next(reason for state, reason in states() if state == "failed")
         assert reason == "RuntimeError: CUDA error: an illegal memory access was encountered"
-        await until(lambda: len(socket.of("lease_request")) == 2, "the supervisor to restart the loop")
-        assert session.rollout_failures == 1 and session.state() == "failed"  # not working again yet
+        await until(lambda: len(submits(socket)) == 2, "the supervisor to restart the loop")
+        assert session.rollout.failures == 1 and session.state() == "failed"  # not working again yet
 
         again = m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="l2", group_id="g2", prompt="2+2=")])
         await push(session, answering(socket, again))
-        await until(lambda: socket.of("trajectories"), "a generated group")
-        sent = socket.of("trajectories")[0]
-        await push(session, m.Accepted(job_id=1, lease_id="l2", accepted=2, rejected=0, ref_id=sent["id"]))
+        await until(lambda: returned(socket), "a generated group")
+        more = m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="l3", group_id="g3", prompt="3+3=")])
+        await push(session, answering(socket, more))  # l2 accepted, and the next lease
         await until(lambda: states()[-1] == ("generating", ""), "a heartbeat saying it generates again")
-        await until(lambda: len(socket.of("lease_request")) == 3, "the next lease request")
+        await until(lambda: len(submits(socket)) == 4, "l3's group returned")
         await push(session, answering(socket, m.NoWork(job_id=1, retry_after=30)))
         await until(lambda: states()[-1] == ("idle", ""), "a heartbeat saying it has nothing to do")
         heartbeats.cancel()
@@ -302,15 +380,16 @@ def test_taking_a_lease_reports_generating_before_the_groups_it_bills_however_sh
         session, socket = make_session(tmp_path, [])
         session.heartbeat_interval = 3600.0
         await push(session, assign(1, snapshot(store, server, base), digest=base.sha256))
-        await until(lambda: socket.of("lease_request"), "the first lease request")
+        await until(lambda: submits(socket), "the first lease request")
         session.last_beat = ("loading", time.monotonic())  # reported just now: a plain change would wait
         lease = m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="l1", group_id="g1", prompt="1+2=")])
         await push(session, answering(socket, lease))
-        await until(lambda: socket.of("trajectories"), "a generated group")
+        await until(lambda: returned(socket), "a generated group")
         session._stop_rollout()
-        return [f"{x['type']}:{x.get('state', '')}" for x in socket.sent if x["type"] in ("heartbeat", "trajectories")]
+        return [f"{x['type']}:{x.get('state', len(x.get('groups', [])))}" for x in socket.sent
+                if x["type"] in ("heartbeat", "submit")]
 
-    assert asyncio.run(scenario()) == ["heartbeat:generating", "trajectories:"]
+    assert asyncio.run(scenario()) == ["submit:0", "heartbeat:generating", "submit:1"]
 
 
 def test_the_rollout_loop_sends_a_group_over_the_sites_limit_in_parts_and_counts_the_one_reply(tmp_path, learner_side,
@@ -327,12 +406,12 @@ def test_the_rollout_loop_sends_a_group_over_the_sites_limit_in_parts_and_counts
         session, socket = make_session(tmp_path, [])
         await push(session, m.Welcome(worker_id=7, max_message_bytes=limit))
         await push(session, assign(1, snapshot(store, server, base), digest=base.sha256))
-        await until(lambda: socket.of("lease_request"), "a lease request once the base is in")
+        await until(lambda: submits(socket), "a lease request once the base is in")
         lease = m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="l1", group_id="g1", prompt="1+2=")])
         await push(session, answering(socket, lease))
         await until(lambda: len(socket.of("trajectories_part")) == 2, "the group's two parts")
         parts = socket.of("trajectories_part")
-        assert socket.of("trajectories") == [] and all(len(text.encode()) <= limit for text in socket.frames)
+        assert returned(socket) == [] and all(len(text.encode()) <= limit for text in socket.frames)
         assembler, limits = GroupAssembler(), JobLimits(group_size=2, max_bytes=10**6, timeout_s=30)
         joined = [assembler.add(m.TrajectoriesPart.model_validate(p), frame_bytes=limit, limits=limits, now=0.0)
                   for p in parts][-1]
@@ -346,35 +425,32 @@ def test_the_rollout_loop_sends_a_group_over_the_sites_limit_in_parts_and_counts
     asyncio.run(scenario())
 
 
-def test_a_batchs_groups_go_out_without_waiting_for_replies_bounded_and_each_counted_once(tmp_path):
-    """Three groups with at most two in flight: two are sent before any reply, the third once one is answered;
-    replies come in any order, matched by id; a repeated or unknown reply counts nothing."""
-    from tests.groups import group_of
-
-    def batch(lease: str) -> object:
-        return group_of([{"job_id": 1, "lease_id": lease, "group_id": f"g-{lease}", "prompt": "1+2=",
-                          "prompt_ids": [1, 2], "completion": "3", "completion_ids": [4], "logprobs": [-0.1],
-                          "reward": 1.0, "version": 0} for _ in range(2)])
+def test_a_batch_goes_back_in_one_frame_with_the_next_lease_and_each_group_is_counted_once(tmp_path, learner_side,
+                                                                                             tiny_model_dir):
+    """Three leased prompts come back as one ``submit`` that also asks for the next lease; the one reply's verdicts
+    count each group once (a refused one not at all), and a repeated or unknown reply counts nothing."""
+    store, server = learner_side
+    base = store.write_base(tiny_model_dir)
 
     async def scenario() -> None:
         session, socket = make_session(tmp_path, [])
-        session.in_flight = 2
-        sending = asyncio.create_task(session._return_groups([batch("l1"), batch("l2"), batch("l3")]))
-        await until(lambda: len(socket.of("trajectories")) == 2, "two groups in flight")
-        await asyncio.sleep(0.1)
-        assert len(socket.of("trajectories")) == 2  # bounded: the third waits for a reply
-        first, second = socket.of("trajectories")
-        await push(session, m.Accepted(job_id=1, lease_id="l2", accepted=2, rejected=0, ref_id=second["id"]))
-        await until(lambda: len(socket.of("trajectories")) == 3, "the third group once a reply came")
-        third = socket.of("trajectories")[2]
-        await push(session, m.Accepted(job_id=1, lease_id="l2", accepted=2, rejected=0, ref_id=second["id"]))  # again
-        await push(session, m.Accepted(job_id=1, lease_id="lx", accepted=9, rejected=0, ref_id="r999"))  # unknown
-        await push(session, m.Accepted(job_id=1, lease_id="l3", accepted=2, rejected=0, ref_id=third["id"]))
-        await push(session, m.Accepted(job_id=1, lease_id="l1", accepted=0, rejected=2, ref_id=first["id"],
-                                       reasons=["lease expired"]))
-        await asyncio.wait_for(sending, 5)
-        assert session.generated == 4 and [t["group"]["lease_id"] for t in socket.of("trajectories")] == \
-            ["l1", "l2", "l3"]
+        await push(session, assign(1, snapshot(store, server, base), digest=base.sha256))
+        await until(lambda: submits(socket), "the first lease request")
+        lease = m.Lease(job_id=1, timeout=30, leases=[
+            m.LeasedPrompt(lease_id=f"l{i}", group_id=f"g{i}", prompt=f"{i}+2=") for i in range(3)])
+        await push(session, answering(socket, lease))
+        await until(lambda: returned(socket), "the batch")
+        batch = submits(socket)[-1]
+        assert [g["lease_id"] for g in batch["groups"]] == ["l0", "l1", "l2"] and batch["lease"] >= 1
+        reply = answering(socket, m.NoWork(job_id=1, retry_after=30))
+        reply.results[1] = m.Accepted(job_id=1, lease_id="l1", accepted=0, rejected=2, reasons=["lease expired"])
+        await push(session, reply)
+        await push(session, reply)  # again: its request is answered already
+        await push(session, m.Submitted(job_id=1, results=reply.results, ref_id="r999"))  # unknown
+        await until(lambda: session.generated == 4, "two groups counted")
+        await asyncio.sleep(0.2)
+        assert session.generated == 4 and session.tally.groups == 2
+        session._stop_rollout()
 
     asyncio.run(scenario())
 
@@ -396,9 +472,9 @@ def test_the_session_says_each_change_and_idles_quietly(tmp_path, learner_side, 
     async def no_work_to_every_request(session, socket) -> None:
         answered = 0
         while True:
-            requests = socket.of("lease_request")
-            if len(requests) > answered and session.waiting.get(requests[-1]["id"]):
-                await push(session, m.NoWork(job_id=1, retry_after=0.2, ref_id=requests[-1]["id"]))
+            requests = submits(socket)
+            if len(requests) > answered and session.connection.waiting.get(requests[-1]["id"]):
+                await push(session, answering(socket, m.NoWork(job_id=1, retry_after=0.2)))
                 answered = len(requests)
             await asyncio.sleep(0.05)
 
@@ -408,15 +484,13 @@ def test_the_session_says_each_change_and_idles_quietly(tmp_path, learner_side, 
         await said("idle: not activated (waiting for the scheduler to pick this machine)")
 
         await push(session, assign(1, snapshot(store, server, base), digest=base.sha256))
-        await until(lambda: socket.of("lease_request"), "a lease request")
+        await until(lambda: submits(socket), "a lease request")
         lease = m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="l1", group_id="g1", prompt="1+2=")])
         await push(session, answering(socket, lease))
-        await until(lambda: socket.of("trajectories"), "a generated group")
+        await until(lambda: returned(socket), "a generated group")
         await said("generating for job 1 under v0")  # its group is on the way: still generating
 
-        group = socket.of("trajectories")[0]
         nothing = asyncio.create_task(no_work_to_every_request(session, socket))
-        await push(session, m.Accepted(job_id=1, lease_id="l1", accepted=2, rejected=0, ref_id=group["id"]))
         await said("idle: job 1 has no prompts to lease")
         assert session.tally.groups == 1 and session.tally.tokens >= 2
 

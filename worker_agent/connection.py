@@ -1,0 +1,222 @@
+"""The agent's connection to its site: one websocket, reconnected with jittered back-off, and requests that are
+never dropped by the transport (issue 25).
+
+- **Requests by id.** Every request (a lease request, a batch of groups) goes under a fresh id; its reply names
+  it (``ref_id``) and is paired by id, never by order. A reply that comes after its request was given up on is
+  discarded.
+- **Paced.** Every frame waits for the budget the site announced (:mod:`worker_agent.pacing`), so an honest agent
+  is not refused.
+- **Resent, not dropped.** A refusal that is the transport's (``rejected`` with ``retry_after``: over budget) holds
+  every send that long, then the same request goes again under the same id; a request whose connection was lost
+  goes again once the agent is back (after its ``welcome``); a reply that never comes sends it again. All within
+  the request's ``deadline``. Only the site's verdict on the content ends a request otherwise; the site applies a
+  group at most once (its lease is answered once), so a resent group that had already arrived is refused, never
+  trained twice.
+- **Watched.** A site that stops answering is noticed by the websocket's pings within ``PING_INTERVAL_S +
+  PING_TIMEOUT_S``, and the connection is made again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import websockets
+
+from dataplane import messages as m
+
+from . import submit
+from .pacing import Pacer
+
+log = logging.getLogger("echo2.agent")
+
+REPLY_TIMEOUT_S = 30.0  # a reply that takes longer: the request is sent again (same id)
+PING_INTERVAL_S, PING_TIMEOUT_S = 5.0, 10.0  # a silent site is noticed within 15 s
+Reply = m.Lease | m.NoWork | m.Accepted | m.Rejected | m.Submitted
+
+
+class AgentRejected(RuntimeError):
+    """The site refused this agent (unknown key): retrying cannot help."""
+
+
+class NotConnected(ConnectionError):
+    """No connection to the site now."""
+
+
+def websocket_url(server: str) -> str:
+    parts = urlsplit(server)
+    scheme = {"https": "wss", "http": "ws"}.get(parts.scheme, parts.scheme)
+    return urlunsplit((scheme, parts.netloc, parts.path.rstrip("/") + "/ws/agent/", "", ""))
+
+
+def reconnect_delays(*, first: float = 1.0, cap: float = 30.0) -> Iterator[float]:
+    """Waits before each reconnection attempt: a random quarter to half of the time spent away so far (at least
+    ``first``), at most ``cap``. Proportional waits bring the agent back within half the outage again after the
+    site returns (doubling waits: up to as long again), and the randomness spreads a fleet that lost the site
+    together instead of bringing it back in step."""
+    away = 0.0
+    while True:
+        wait = min(cap, random.uniform(0.25, 0.5) * max(first, away))
+        away += wait
+        yield wait
+
+
+class SiteConnection:
+    """The websocket, its pacing and the requests waiting on it. ``ws`` is None while disconnected."""
+
+    def __init__(self, server: str, agent_key: str, *, max_reconnect_delay: float = 30.0) -> None:
+        self.url = websocket_url(server)
+        self.agent_key = agent_key
+        self.max_reconnect_delay = max_reconnect_delay
+        self.ws = None
+        self.pacer = Pacer()
+        self.max_message_bytes = submit.DEFAULT_MAX_MESSAGE_BYTES  # the site's frame limit, once its welcome says
+        self.welcomed = asyncio.Event()  # a socket is open and the site's welcome (its budget) arrived
+        self.waiting: dict[str, asyncio.Future] = {}  # request id -> its reply, once the site answers
+        self.request_lock = asyncio.Lock()  # held while one request's frames go out (parts never interleave)
+        self.refused = 0  # our frames the site refused for the transport's sake (each sent again)
+        self.resent = 0  # requests sent again (refused, connection lost, no reply)
+        self._ids = itertools.count(1)
+
+    # ---- the socket -------------------------------------------------------------------------
+
+    async def run(self, session: Callable[[], Awaitable[None]], stopped: asyncio.Event) -> None:
+        """Connect, run ``session`` while connected (it reads the socket), and connect again when it ends, until
+        ``stopped``; :class:`AgentRejected` ends it for good."""
+        delays = reconnect_delays(cap=self.max_reconnect_delay)
+        while not stopped.is_set():
+            connected = False
+            try:
+                headers = {"Authorization": f"Bearer {self.agent_key}"}
+                async with websockets.connect(self.url, additional_headers=headers, open_timeout=15,
+                                              ping_interval=PING_INTERVAL_S, ping_timeout=PING_TIMEOUT_S,
+                                              max_size=64 * 2**20) as ws:
+                    log.info("connected to %s", self.url)
+                    connected, delays = True, reconnect_delays(cap=self.max_reconnect_delay)
+                    self.attach(ws)
+                    try:
+                        await session()
+                    finally:
+                        self.detach()
+                why = "the site closed the connection"
+            except AgentRejected:
+                raise
+            except (OSError, TimeoutError, websockets.WebSocketException) as err:
+                reason = err or type(err).__name__
+                why = (f"connection to {self.url} lost ({reason})" if connected
+                       else f"cannot reach {self.url} ({reason})")
+            if stopped.is_set():
+                break
+            delay = next(delays)
+            log.warning("%s; reconnecting in %.1f s", why, delay)
+            await asyncio.sleep(delay)
+
+    def attach(self, ws) -> None:
+        """A new socket: a fresh budget (unknown until the welcome: only the hello goes before it)."""
+        self.ws, self.pacer = ws, Pacer(share=self.pacer.share)
+        self.welcomed.clear()
+
+    def detach(self) -> None:
+        """The socket is gone: the site will never answer what was asked on it (each request is sent again once
+        the agent is back)."""
+        self.ws = None
+        self.welcomed.clear()
+        for future in self.waiting.values():
+            if not future.done():
+                future.set_exception(NotConnected("the connection was lost before the site answered"))
+
+    def welcome(self, message: m.Welcome) -> None:
+        self.max_message_bytes = message.max_message_bytes or submit.DEFAULT_MAX_MESSAGE_BYTES
+        self.pacer.configure(messages_per_s=message.messages_per_s, message_burst=message.message_burst,
+                             bytes_per_s=message.bytes_per_s, max_frame=self.max_message_bytes)
+        self.welcomed.set()
+
+    # ---- sending ----------------------------------------------------------------------------
+
+    async def send(self, message: m._Msg) -> None:
+        """Send a message that expects no reply (paced); :class:`NotConnected` while disconnected."""
+        await self.send_text(message.model_dump_json())
+
+    async def send_text(self, text: str) -> None:
+        if self.ws is None:
+            raise NotConnected("not connected")
+        ws = self.ws
+        await self.pacer.wait(len(text.encode()) if not text.isascii() else len(text))
+        if self.ws is not ws:
+            raise NotConnected("the connection was lost while the frame waited for its budget")
+        await ws.send(text)
+
+    async def request(self, message: m.LeaseRequest | m.Trajectories | m.Submit, *, deadline_s: float) -> Reply:
+        """Send a request under a fresh id and return the reply that names it, sending it again (same id) after a
+        transport refusal's ``retry_after``, after a reconnect, or when no reply came within ``REPLY_TIMEOUT_S``,
+        until ``deadline_s`` has passed (then the last failure: :class:`TimeoutError` or :class:`NotConnected`).
+        A group too big for the site's frame limit goes in parts (``submit.frames``), all under the one id; a
+        record too big for any frame: :class:`submit.RecordTooBig`."""
+        message = message.model_copy(update={"id": f"r{next(self._ids)}"})
+        deadline = time.monotonic() + deadline_s
+        attempt = 0
+        while True:
+            attempt += 1
+            if attempt > 1:
+                self.resent += 1
+            try:
+                reply = await self._exchange(message, deadline)
+            except (NotConnected, TimeoutError) as err:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                log.info("request %s (%s): %s; sending it again once the site answers", message.id, message.type,
+                         err or type(err).__name__)
+                await self._until_welcomed(left)
+                continue
+            if isinstance(reply, m.Rejected) and reply.retry_after is not None:
+                self.refused += 1
+                self.pacer.hold(reply.retry_after)
+                if time.monotonic() + reply.retry_after > deadline:
+                    return reply
+                log.warning("site refused our %s %s for now (%s); sending it again in %.2f s", message.type,
+                            message.id, reply.reason, reply.retry_after)
+                continue
+            return reply
+
+    async def _exchange(self, message, deadline: float) -> Reply:
+        """One attempt: the request's frames out, its reply back (or TimeoutError / NotConnected)."""
+        if self.ws is None or not self.welcomed.is_set():
+            raise NotConnected("not connected")
+        texts = submit.frames(message, limit=self.max_message_bytes)
+        future = asyncio.get_running_loop().create_future()
+        self.waiting[message.id] = future
+        try:
+            async with self.request_lock:
+                for text in texts:
+                    if future.done():  # a part refused: the rest would be refused too
+                        break
+                    try:
+                        await self.send_text(text)
+                    except websockets.WebSocketException as err:
+                        raise NotConnected(str(err)) from None
+            timeout = max(0.1, min(REPLY_TIMEOUT_S, deadline - time.monotonic()))
+            try:
+                return await asyncio.wait_for(future, timeout)
+            except TimeoutError:
+                raise TimeoutError(f"no reply within {timeout:.0f} s") from None
+        finally:
+            self.waiting.pop(message.id, None)
+
+    async def _until_welcomed(self, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.welcomed.wait(), timeout)
+
+    def answer(self, reply: Reply) -> None:
+        """A reply from the site: to the request it names, if that one still waits."""
+        future = self.waiting.get(reply.ref_id)
+        if future is None or future.done():
+            log.warning("discarding a late %s for request %s (no longer waited for)", reply.type, reply.ref_id)
+            return
+        future.set_result(reply)

@@ -1,0 +1,123 @@
+"""The agent's side of the forwarding chains (paper section 4.2): the relay hub it listens on, a relay per version
+it receives and serves, its place in the chain (parent, child) as the site routes it, and relay failures reported.
+
+A version comes from the chain parent (each chunk forwarded to our child as soon as we have it); what the parent
+cannot give comes over HTTP from the learner (the fallback). Our relay serves a child only with the credential the
+site gave that child (its sha256 comes with the route), whatever id a peer claims (docs/trust.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+import websockets
+
+from dataplane import messages as m
+from dataplane.broadcast.hub import RelayHub
+from dataplane.broadcast.ratelimit import bucket
+from dataplane.broadcast.relay import SnapshotRelay
+from dataplane.snapshot import Manifest, parse_manifest
+
+log = logging.getLogger("echo2.agent")
+
+
+class Relays:
+    """The relays of the versions this agent receives and serves, keyed by (job, version)."""
+
+    def __init__(self, *, worker_id: int, bandwidth_bps: float | None, listen: str | None,
+                 report: Callable[[m._Msg], Awaitable[None]]) -> None:
+        """``listen``: "host:port" of the hub our children dial (None: no hub); ``report`` sends a message to the
+        site (a relay failure)."""
+        self.worker_id = worker_id
+        self.bandwidth_bps = bandwidth_bps
+        self.listen = listen
+        self.report = report
+        self.hub: RelayHub | None = None
+        self.relays: dict[tuple[int, int], SnapshotRelay] = {}
+        self.parents: dict[tuple[int, int], int | None] = {}
+        self.reported_failures: set[tuple[int, int, str]] = set()
+
+    def __contains__(self, key: tuple[int, int]) -> bool:
+        return key in self.relays
+
+    def get(self, key: tuple[int, int]) -> SnapshotRelay | None:
+        return self.relays.get(key)
+
+    async def start_hub(self) -> None:
+        if self.hub is None and self.listen:
+            host, _, port = self.listen.rpartition(":")
+            hub = RelayHub()
+            await hub.start(host, int(port))
+            self.hub = hub
+            log.info("relay listening on %s", self.listen)
+
+    async def receive(self, snap: m.SnapshotAvailable,
+                      chunks: dict[int, bytes] | None = None) -> tuple[Manifest, list[bytes], str]:
+        """Pull the version from the chain parent (forwarding to our child as chunks arrive); the relay fetches
+        what its parent cannot give from the learner's HTTP server. ``chunks`` already held (a cached base) make
+        this relay an origin. Returns (manifest, the verified chunks in order, source)."""
+        manifest = parse_manifest(snap.manifest)
+        await self.start_hub()
+        bw = self.bandwidth_bps
+        relay = SnapshotRelay(manifest, worker_id=self.worker_id, fallback_url=snap.url, chunks=chunks,
+                              uplink=bucket(bw), downlink=bucket(bw), on_event=self._event,
+                              credential=snap.credential)  # shown to the parent, the hub and the HTTP fallback
+        key = (snap.job_id, snap.version)
+        self.relays[key] = relay
+        if self.hub is not None:
+            self.hub.register(relay)
+        self.reroute(relay, snap)
+        ordered = await relay.receive_chunks()
+        stats = relay.stats
+        source = "parent" if stats.from_parent and stats.from_parent >= stats.from_fallback else "fallback"
+        log.info("snapshot v%d of job %d: %d chunks from parent, %d from fallback", snap.version, snap.job_id,
+                 stats.from_parent, stats.from_fallback)
+        return manifest, ordered, source
+
+    def reroute(self, relay: SnapshotRelay, snap: m.SnapshotAvailable) -> None:
+        """Our place in the chain for ``snap``'s version, as the site routes it now (a publication or a repair)."""
+        key = (snap.job_id, snap.version)
+        self.parents[key] = snap.parent_worker_id
+        relay.assign_children({c: snap.child_credential_sha256.get(c) for c in snap.children})
+        if snap.parent and not relay.complete:
+            host, _, port = snap.parent.rpartition(":")
+            relay.set_parent(host, int(port), credential=snap.credential)
+            log.info("snapshot v%d of job %d: pulling from %s (%s), serving %s", snap.version, snap.job_id,
+                     snap.parent, f"worker {snap.parent_worker_id}" if snap.parent_worker_id else "learner",
+                     snap.children or "no child")
+
+    def _event(self, event: dict) -> None:
+        """A relay's event: a parent that failed is reported to the site once per (version, parent)."""
+        if event["event"] != "parent_failed":
+            return
+        key = (event["job_id"], event["version"])
+        marker = (*key, event.get("parent", ""))
+        if marker in self.reported_failures:
+            return
+        self.reported_failures.add(marker)
+        message = m.RelayFailed(job_id=key[0], version=key[1], culprit_worker_id=self.parents.get(key),
+                                reason=str(event.get("reason", ""))[:500])
+
+        async def report() -> None:
+            with contextlib.suppress(ConnectionError, websockets.WebSocketException):
+                await self.report(message)
+
+        asyncio.get_running_loop().create_task(report())
+
+    def retire(self, job_id: int, *, keep_from: int) -> None:
+        """Stop serving versions older than ``keep_from`` (our child has had time to take the newer one)."""
+        for key in [k for k in self.relays if k[0] == job_id and k[1] < keep_from]:
+            self.drop(key)
+
+    def drop_other_jobs(self, job_id: int) -> None:
+        for key in [k for k in self.relays if k[0] != job_id]:
+            self.drop(key)
+
+    def drop(self, key: tuple[int, int]) -> None:
+        self.relays.pop(key, None)
+        self.parents.pop(key, None)
+        if self.hub is not None:
+            self.hub.unregister(*key)

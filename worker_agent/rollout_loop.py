@@ -1,0 +1,225 @@
+"""The rollout loop of one assignment: return the last batch and lease the next in one round trip, generate under
+the installed version, again; supervised, so a crash is reported and the loop restarted.
+
+Each round trip is one ``submit`` ("return these groups, lease k more"; ``dataplane.messages.Submit``): the
+messages an agent sends per trajectory fall as its batches grow, and the batch grows when the agent is fast enough
+that one message per batch would use more than ``BUDGET_SHARE`` of the budget the site announced, so the fastest
+engine stays far below it (issue 25). A group too big for one frame goes alone, in parts (``submit.frames``).
+
+A generated group is only ever discarded by the site's verdict on its content: the connection sends a request
+again after a refusal, a reconnect or a reply that never came (``worker_agent.connection``) until
+``RETURN_DEADLINE_S``; a group that cannot be sent at all (a record bigger than any frame) hands its lease back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from dataplane import messages as m
+from dataplane.records import TrajectoryGroup
+from dataplane.tasks import build_task
+
+from . import status, submit
+from .connection import SiteConnection
+from .engines.base import SamplingParams
+from .installs import Installer
+from .rollout import GroupLease, rollout_groups
+from .state import crash_reason
+
+log = logging.getLogger("echo2.agent")
+
+BUDGET_SHARE = 0.25  # of the paced message rate, at most, spent on the rollout loop's round trips
+LEASE_DEADLINE_S = 60.0  # a lease request that gets no answer this long (the site away) fails the loop
+RETURN_DEADLINE_S = 120.0  # generated groups are sent again this long before they are given up (leases long gone)
+
+
+@dataclass
+class RolloutStatus:
+    """What the rollout loops report, kept across restarts and assignments (the status lines, heartbeats)."""
+
+    producing: bool = False  # generating (leases held), not waiting for work or a version
+    failure: str | None = None  # the last crash, until the restarted loop works again
+    failures: int = 0  # crashes, each restarted
+    no_work: bool = False  # the site's last answer to a lease request was "no work"
+    generated: int = 0  # trajectories the site accepted
+
+    def reset(self) -> None:
+        self.producing, self.failure, self.no_work = False, None, False
+
+
+def batch_size(*, least: int, groups_per_s: float | None, messages_per_s: float | None) -> int:
+    """Groups to lease per round trip: ``least`` (the agent's ``--groups``), more when one round trip per
+    batch would spend over ``BUDGET_SHARE`` of the message budget, at most ``MAX_BATCH``."""
+    if not groups_per_s or not messages_per_s:
+        return least
+    needed = math.ceil(groups_per_s / (messages_per_s * BUDGET_SHARE))
+    return max(least, min(m.MAX_BATCH, needed))
+
+
+class RolloutLoop:
+    """One assignment's loop. ``report_state`` sends a heartbeat when due (entering "generating" at once)."""
+
+    def __init__(self, assign: m.Assign, *, connection: SiteConnection, installs: Installer, rollout: RolloutStatus,
+                 tally: status.Tally, meter, report_state: Callable[[], Awaitable[None]], groups_per_lease: int,
+                 retry_delay: float) -> None:
+        self.assign = assign
+        self.connection = connection
+        self.installs = installs
+        self.status = rollout
+        self.tally = tally
+        self.meter = meter
+        self.report_state = report_state
+        self.groups_per_lease = groups_per_lease
+        self.retry_delay = retry_delay
+        self.lease_timeout = 30.0  # the site's, from its last lease
+
+    async def supervised(self) -> None:
+        """Run the loop; when it crashes (an engine error, the site away past a deadline, a bug) the cause is
+        logged, counted and reported (state ``failed`` with the reason, billed nothing) and the loop starts again
+        after a back-off (1 s doubling to 30 s while it keeps failing). The state stays ``failed`` until the
+        restarted loop works again (an accepted group, or the site saying it has no work); failing too long, the
+        site releases it."""
+        delay = 1.0
+        while True:
+            try:
+                await self.run()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # noqa: BLE001 - whatever killed it, the loop must come back
+                st = self.status
+                st.failures += 1
+                delay = delay if st.failure is not None else 1.0  # it had recovered: back-off anew
+                st.producing, st.failure = False, crash_reason(err)
+                log.error("job %s: the rollout loop failed (%s); restarting it in %.0f s", self.assign.job_id,
+                          st.failure, delay, exc_info=not isinstance(err, TimeoutError | ConnectionError))
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 30.0)
+
+    async def run(self) -> None:
+        assign, st = self.assign, self.status
+        await self.installs.join(assign)
+        task = build_task(assign.task)
+        params = SamplingParams(max_new_tokens=assign.max_new_tokens, temperature=assign.temperature,
+                                top_p=assign.top_p)
+        groups: list[TrajectoryGroup] = []  # generated, to return with the next request
+        rate: float | None = None  # groups per second over the last round (generation and round trip)
+        while True:
+            st.producing = st.producing and self.installs.ready(assign.job_id)  # waiting for a version is idle
+            if not groups:
+                await self._until_ready(assign.job_id)
+            started = time.monotonic()
+            want = batch_size(least=self.groups_per_lease, groups_per_s=rate, messages_per_s=self.connection.pacer.rate)
+            reply = await self._return_and_lease(groups, lease=want)
+            groups = []
+            st.producing = isinstance(reply, m.Lease)
+            await self.report_state()
+            st.no_work = isinstance(reply, m.NoWork)
+            if isinstance(reply, m.NoWork):
+                st.failure = None  # the loop works: there is just nothing to do
+                await asyncio.sleep(reply.retry_after)
+                continue
+            if not isinstance(reply, m.Lease):
+                await asyncio.sleep(1.0)
+                continue
+            self.lease_timeout = reply.timeout
+            async with self.installs.install_lock:  # no snapshot is installed while we generate
+                job = self.installs.engine_for(assign.job_id)
+                if job is None or not self.installs.ready(assign.job_id):
+                    st.producing = False
+                    continue  # an install failed meanwhile: the leases expire and are leased again
+                leases = [GroupLease(x.lease_id, x.group_id, x.prompt) for x in reply.leases]
+                groups = await asyncio.to_thread(rollout_groups, job.engine, task, leases, job_id=assign.job_id,
+                                                 n=assign.group_size, params=params, version=job.version)
+            rate = len(groups) / max(time.monotonic() - started, 1e-3)
+
+    async def _return_and_lease(self, groups: list[TrajectoryGroup], *, lease: int) -> m.Lease | m.NoWork | None:
+        """Return ``groups`` and lease ``lease`` more, in as few requests as the frame limit allows (the lease
+        rides on the last). Returns the new lease, ``no_work``, or None when the site refused the request."""
+        job_id = self.assign.job_id
+        batches, alone = self._batches(groups)
+        for group in alone:  # too big for a batch frame: in parts, under its own request
+            await self._return_alone(group)
+        if not batches and not lease:
+            return None
+        for i, batch in enumerate(batches or [[]]):
+            last = i == max(len(batches), 1) - 1
+            ask = lease if last else 0
+            deadline = RETURN_DEADLINE_S if batch else LEASE_DEADLINE_S
+            reply = await self.connection.request(m.Submit(job_id=job_id, groups=batch, lease=ask), deadline_s=deadline)
+            if isinstance(reply, m.Rejected):
+                log.warning("job %s: the site refused our submit of %d groups: %s", job_id, len(batch), reply.reason)
+                return None
+            if not isinstance(reply, m.Submitted):
+                log.warning("job %s: unexpected %s answering a submit", job_id, reply.type)
+                return None
+            for group, result in zip(batch, reply.results, strict=False):
+                self._counted(group, result)
+            if last:
+                return reply.lease
+        return None
+
+    def _batches(self, groups: list[TrajectoryGroup]) -> tuple[list[list[TrajectoryGroup]], list[TrajectoryGroup]]:
+        """Consecutive batches that each fit one frame, and the groups that fit no batch frame alone."""
+        if not groups:
+            return [], []
+        room = self.connection.max_message_bytes - 200  # the submit's own fields
+        sizes = [len(group.model_dump_json()) + 1 for group in groups]
+        batches: list[list[TrajectoryGroup]] = []
+        alone: list[TrajectoryGroup] = []
+        current, used = [], 0
+        for group, size in zip(groups, sizes, strict=True):
+            if size > room:
+                alone.append(group)
+                continue
+            if current and (used + size > room or len(current) == m.MAX_BATCH):
+                batches.append(current)
+                current, used = [], 0
+            current.append(group)
+            used += size
+        if current:
+            batches.append(current)
+        return batches, alone
+
+    async def _return_alone(self, group: TrajectoryGroup) -> None:
+        """A group too big for one frame, sent in parts; a record bigger than any frame hands its lease back."""
+        try:
+            answer = await self.connection.request(m.Trajectories(group=group), deadline_s=RETURN_DEADLINE_S)
+        except submit.RecordTooBig as err:
+            log.error("job %d: the group of lease %s cannot be sent (%s); handing the lease back", group.job_id,
+                      group.lease_id, err)
+            await self.connection.send(m.LeaseReturn(job_id=group.job_id, lease_id=group.lease_id,
+                                                     reason=str(err)[:500]))
+            return
+        if isinstance(answer, m.Accepted):
+            self._counted(group, answer)
+        else:
+            log.warning("group %s refused: %s", group.lease_id, getattr(answer, "reason", answer.type))
+
+    def _counted(self, group: TrajectoryGroup, answer: m.Accepted) -> None:
+        if answer.accepted:
+            self.meter.add(answer.accepted)
+            self.tally.add(trajectories=answer.accepted, tokens=sum(len(r.completion_ids) for r in group.records))
+            self.status.generated += answer.accepted
+            self.status.failure = None  # the restarted loop delivers again
+        else:
+            log.warning("group %s refused: %s", group.lease_id, "; ".join(answer.reasons))
+
+    async def _until_ready(self, job_id: int) -> None:
+        """Wait until the job's version is installed; meanwhile, when nothing is being installed for the job, ask
+        the site for the snapshot missing (the base, else the newest), again after a doubling delay."""
+        delay, asked_at = self.retry_delay, None
+        while not self.installs.ready(job_id):
+            idle = not any(key[0] == job_id for key in self.installs.installing)
+            if idle and (asked_at is None or time.monotonic() - asked_at >= delay):
+                which = "newest" if self.installs.engine_for(job_id) else "base"
+                log.info("job %d: asking the site for its %s snapshot", job_id, which)
+                await self.connection.send(m.SnapshotRequest(job_id=job_id, which=which))
+                delay = delay if asked_at is None else min(delay * 2, 30.0)
+                asked_at = time.monotonic()
+            await asyncio.sleep(0.1)
