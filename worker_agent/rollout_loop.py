@@ -77,6 +77,7 @@ class RolloutLoop:
         self.groups_per_lease = groups_per_lease
         self.retry_delay = retry_delay
         self.lease_timeout = 30.0  # the site's, from its last lease
+        self.batch = groups_per_lease  # groups leased per round trip now
 
     async def supervised(self) -> None:
         """Run the loop; when it crashes (an engine error, the site away past a deadline, a bug) the cause is
@@ -115,6 +116,10 @@ class RolloutLoop:
                 await self._until_ready(assign.job_id)
             started = time.monotonic()
             want = batch_size(least=self.groups_per_lease, groups_per_s=rate, messages_per_s=self.connection.pacer.rate)
+            if want != self.batch:
+                log.debug("job %d: leasing %d groups per round trip (%.1f groups/s, paced at %s messages/s)",
+                         assign.job_id, want, rate or 0.0, self.connection.pacer.rate)
+                self.batch = want
             reply = await self._return_and_lease(groups, lease=want)
             groups = []
             st.producing = isinstance(reply, m.Lease)

@@ -40,6 +40,7 @@ class RunningJob:
     published_version: int
     max_new_tokens: int
     limits: RecordLimits
+    max_lease_groups: int = m.MAX_BATCH  # groups one lease may take (:func:`lease_cap`)
 
 
 def running_job(*, worker: Worker, job_id: int) -> RunningJob:
@@ -48,7 +49,15 @@ def running_job(*, worker: Worker, job_id: int) -> RunningJob:
     job = running_activation(worker, job_id).job
     return RunningJob(job_id=job.pk, worker_id=worker.pk, group_size=job.group_size,
                       published_version=job.published_version, max_new_tokens=job.max_new_tokens,
-                      limits=record_limits(job))
+                      limits=record_limits(job), max_lease_groups=lease_cap(job))
+
+
+def lease_cap(job: Job) -> int:
+    """The most prompt groups one lease takes: half a learner step's groups (``R / n / 2``, at least 1). A fast
+    agent batches to save messages (``worker_agent/rollout_loop.py``), but every group of a batch is generated under
+    one version and waits in the stream behind the others: a lease of several steps' groups would age past the
+    staleness budget ``S`` before the learner reached its last group, and starve the other workers of prompts."""
+    return max(1, job.batch_trajectories // max(1, job.group_size) // 2)
 
 
 def _checked(worker: Worker, job_id: int, running: RunningJob | None) -> RunningJob:
@@ -61,9 +70,10 @@ def _checked(worker: Worker, job_id: int, running: RunningJob | None) -> Running
 def prompts_lease(*, worker: Worker, job_id: int, groups: int, running: RunningJob | None = None) -> m.Lease | m.NoWork:
     """Lease up to ``groups`` prompt groups to the worker. ``running``: the job as the caller last read it
     (:func:`running_job`); without it the activation is read now."""
-    _checked(worker, job_id, running)
+    job = _checked(worker, job_id, running)
     timeout = settings.ECHO2["LEASE_TIMEOUT_S"]
-    leased = stream.replay(job_id).lease(worker_id=worker.pk, count=groups, timeout_s=timeout)
+    count = min(groups, job.max_lease_groups)
+    leased = stream.replay(job_id).lease(worker_id=worker.pk, count=count, timeout_s=timeout)
     if not leased:
         return m.NoWork(job_id=job_id, retry_after=0.2)
     return m.Lease(job_id=job_id, timeout=timeout, leases=[
