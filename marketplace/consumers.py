@@ -31,6 +31,7 @@ from . import selectors, services, throttling
 from .assembly import GroupAssembler
 from .jobcache import FreshFor
 from .jsonlimits import JSONLimitError, check_json
+from .services import fanout
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,7 @@ def _frame_type(text: str | None) -> str | None:
 
 class AgentConsumer(AsyncJsonWebsocketConsumer):
     worker = None
+    follower = None  # keeps the socket in its job's agents group (services.fanout)
 
     async def connect(self) -> None:
         self.hello_at = None  # when this socket's session began: its close must not end a newer socket's
@@ -103,11 +105,14 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             await self._refuse("unknown or missing agent key", UNAUTHORIZED)
             return
         await self.channel_layer.group_add(services.worker_group(self.worker.pk), self.channel_name)
+        self.follower = fanout.JobFollower(self.channel_layer, self.channel_name, self.worker.pk)
 
     async def disconnect(self, code) -> None:
         self.assembler.drop()
         if self.worker is not None:
             await self.channel_layer.group_discard(services.worker_group(self.worker.pk), self.channel_name)
+            if self.follower is not None:
+                await self.follower.leave()
             await database_sync_to_async(services.worker_disconnected)(worker=self.worker, since=self.hello_at)
 
     async def _refuse(self, reason: str, code: int, ref: str | None = None) -> None:
@@ -158,6 +163,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             if request_id is not None and "ref_id" in type(reply).model_fields:
                 reply = reply.model_copy(update={"ref_id": request_id})  # the agent pairs replies by id
             await self.send_json(reply.model_dump(mode="json"))
+        await self._follow(*(r.model_dump(mode="json") for r in replies if isinstance(r, m.Assign | m.Release)))
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs) -> None:
         if self.worker is None:
@@ -267,3 +273,23 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         messages, never during one (a consumer handles its events one at a time)."""
         self.running.clear()
         await self.send_json(event["message"])
+        await self._follow(event["message"])
+
+    async def _follow(self, *sent: dict) -> None:
+        """Join the agents group of the job an ``assign`` just sent names, leave it on a ``release``
+        (``services.fanout.JobFollower``); a snapshot published while the assignment travelled is sent now."""
+        for message in sent:
+            text = await self.follower.follow(message) if self.follower is not None else None
+            if text is not None:
+                await self.send(text_data=text)
+
+    async def agent_snapshot(self, event) -> None:
+        """A snapshot of a job was published (one event per job, ``services.fanout``): this socket builds its
+        worker's own message (route, credential, its child's fingerprint) and sends it, if the worker is still
+        assigned to that job and was in the plan."""
+        if self.follower is None or not self.follower.wants(event):
+            return
+        self.running.clear()  # the running job this socket holds names the published version: read it again
+        text = await fanout.snapshot_text(self.worker.pk, event)
+        if text is not None:
+            await self.send(text_data=text)

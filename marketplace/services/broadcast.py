@@ -27,6 +27,7 @@ from dataplane.snapshot import SnapshotError, parse_manifest
 
 from .. import chains, selectors, telemetry
 from ..models import Job, Snapshot, SnapshotInstall, Worker
+from . import fanout
 from .base import ServiceError, learner_may_report, push_job_update, push_to_worker, running_activation
 
 log = logging.getLogger(__name__)
@@ -70,21 +71,18 @@ def transfer_credential(job: Job, version: int, worker_id: int, *, expires: int)
 def snapshot_message(snap: Snapshot, *, job: Job, worker_id: int, expires: int,
                      route: tuple[int | None, int | None] | None = None,
                      addresses: dict[int, str] | None = None) -> m.SnapshotAvailable:
-    """The snapshot for worker ``worker_id``, with its transfer credential. ``route`` is its (parent, child) in
-    the chain plan (parent None: the learner's relay); without a route it fetches over HTTP from ``snap.url``.
-    A relay parent also gets the sha256 of its child's credential, the only child it will then serve."""
-    relay: dict[str, Any] = {"strategy": job.broadcast_strategy}
-    if route is not None and relaying(job):
-        parent, child = route
-        address = job.learner_relay if parent is None else (addresses or {}).get(parent, "")
-        if address:
-            children = [child] if child is not None else []
-            prints = {c: credentials.fingerprint(transfer_credential(job, snap.version, c, expires=expires))
-                      for c in children}
-            relay.update(parent=address, parent_worker_id=parent, children=children, child_credential_sha256=prints)
-    return m.SnapshotAvailable(job_id=snap.job_id, version=snap.version, url=snap.url, manifest=snap.manifest,
-                               published_at=snap.published_at.timestamp(),
-                               credential=transfer_credential(job, snap.version, worker_id, expires=expires), **relay)
+    """The snapshot for worker ``worker_id``, with its transfer credential (``fanout.notice``, which a
+    publication's fan-out builds the same way). ``route`` is its (parent, child) in the chain plan (parent None:
+    the learner's relay); without a route it fetches over HTTP from ``snap.url``. A relay parent also gets the
+    sha256 of its child's credential, the only child it will then serve."""
+    return fanout.notice(_announced(snap, job=job, expires=expires), worker_id=worker_id, route=route,
+                         addresses=addresses)
+
+
+def _announced(snap: Snapshot, *, job: Job, expires: int) -> fanout.Announced:
+    return fanout.Announced(job_id=snap.job_id, version=snap.version, url=snap.url, manifest=snap.manifest,
+                            published_at=snap.published_at.timestamp(), strategy=job.broadcast_strategy,
+                            learner_relay=job.learner_relay or "", secret=job.transfer_secret, expires=expires)
 
 
 def _checked_manifest(job: Job, version: int, manifest: Any) -> dict:
@@ -134,18 +132,23 @@ def snapshot_publish(*, job: Job, version: int, url: str, manifest: dict) -> Sna
     # A worker whose socket closed keeps its activation until it times out (it may reconnect), but it cannot
     # relay meanwhile: it is left out of the plan and gets the newest snapshot when it says hello again.
     active = list(Worker.objects.filter(activations__job=job, activations__ended_at=None)
-                  .exclude(status=Worker.Status.OFFLINE).order_by("pk"))
+                  .exclude(status=Worker.Status.OFFLINE).order_by("pk").only(*PLANNED_FIELDS))
     plan = broadcast_plan(job=job, workers=active, now=time.time())
     telemetry.save_chain_plan(job.pk, version, plan)
     snap.n_chains = len(plan.chains)  # the learner sizes its relay's fan-out from this (API reply)
-    addresses = {w.pk: w.relay_address for w in active}
-    expires = credential_expiry()
-    routes = chains.routes(plan)
-    for worker in active:
-        push_to_worker(worker.pk, snapshot_message(snap, job=job, worker_id=worker.pk, expires=expires,
-                                                   route=routes.get(worker.pk), addresses=addresses))
     push_job_update(job.pk)
+    # One event to the job's agents group after the commit (the last push: the fan-out it starts keeps this
+    # process busy); each agent socket builds its own worker's message (route, credential, child's fingerprint)
+    # off this request: docs/broadcast.md "Publication at fleet size".
+    fanout.publication_announce(job_id=job.pk, version=version, plan=plan,
+                                addresses={w.pk: w.relay_address for w in active}, expires=credential_expiry())
     return snap
+
+
+# What planning reads of each active worker (``broadcast_plan``, ``selectors.chain_stats``): at 100 k workers,
+# loading whole rows took longer than the planning.
+PLANNED_FIELDS = ("pk", "relay_address", "bandwidth_bps", "measured_bandwidth_bps", "relay_successes",
+                  "relay_failures", "relay_last_failure_at", "last_heartbeat", "audits_passed", "audits_failed")
 
 
 def _check_base(job: Job, manifest: dict) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from decimal import Decimal
 
@@ -11,7 +12,7 @@ from dataplane import credentials
 from dataplane import messages as m
 from marketplace import services, telemetry
 from marketplace.models import Snapshot, Worker
-from marketplace.services import base
+from marketplace.services import base, fanout
 
 from . import factories
 
@@ -21,14 +22,23 @@ pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("redis_url")]
 @pytest.fixture
 def pushes(monkeypatch):
     """Every message pushed to an agent, per worker id, parsed as its agent parses it (taken before the commit
-    these tests never reach)."""
+    these tests never reach). A publication's one event to the job's agents group is expanded as the sockets
+    of the workers in its plan expand it (``fanout.Publication.text_for``; tests/marketplace/test_fanout.py
+    shows the sockets do)."""
     sent: dict[int, list] = {}
 
     def capture(group: str, event: dict) -> None:
         if event["type"] == "agent.message":
             sent.setdefault(int(group.removeprefix("worker.")), []).append(m.parse_site_message(event["message"]))
+        elif event["type"] == fanout.EVENT:
+            publication = fanout.publication_load(event["job_id"], event["version"])
+            assert group == fanout.agents_group(event["job_id"]) and publication.nonce == event["nonce"]
+            for worker_id in sorted(publication.members):
+                text = publication.text_for(worker_id)
+                sent.setdefault(worker_id, []).append(m.parse_site_message(json.loads(text)))
 
     monkeypatch.setattr(base, "_push", capture)
+    monkeypatch.setattr(fanout, "_push_event", capture)
     return sent
 
 

@@ -1,0 +1,300 @@
+"""Publication at fleet size (issue 25; docs/broadcast.md "Publication at fleet size"): one small event per
+published snapshot to the job's agents group, and each agent socket building its own worker's notice.
+
+The learner's ``POST /snapshots/`` (``broadcast.snapshot_publish``) records the snapshot, plans the chains
+(``telemetry.save_chain_plan``) and, with :func:`publication_announce`, saves in Redis what every site process
+needs besides the plan to tell any worker of the job where to pull from (the relay addresses of the plan's
+parents, the credentials' expiry, a nonce naming this announcement); after the commit it sends ONE event,
+``{"type": "agent.snapshot", "job_id", "version", "nonce"}``, to ``agents.job.<id>``. Every agent socket of a
+worker assigned to the job is in that group (:class:`JobFollower`: joined on the ``assign`` the socket forwards,
+left on ``release`` and close). Each socket then builds its own worker's ``snapshot`` message
+(:meth:`Publication.text_for`): its route from the plan, its credential (an HMAC of the job's secret, no database
+write) and, for a relay parent, the sha256 of its child's. The snapshot row, the job's secret, the plan and the
+addresses are read once per site process and announcement (:class:`PublicationCache`), so what a worker costs
+is two HMACs and a JSON splice, spread over the site's processes, after the learner has its reply.
+
+The event never carries the manifest: channels_redis 4 queues a group message once per site process, with the
+names of its member channels (~50 bytes each), so the event costs N x 50 bytes however big the snapshot's
+manifest; the messages of the old way (one ``group_send`` per worker) cost N x the manifest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from asgiref.sync import async_to_sync, sync_to_async
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+from dataplane import credentials
+from dataplane import messages as m
+
+from .. import chains, stream, telemetry
+from ..models import Snapshot
+
+log = logging.getLogger(__name__)
+EVENT = "agent.snapshot"  # handled by AgentConsumer.agent_snapshot
+RECORD_TTL_S = 3600  # as long as the chain plan it completes
+
+
+def agents_group(job_id: int) -> str:
+    """The channel group of the agent sockets of the workers assigned to ``job_id``."""
+    return f"agents.job.{job_id}"
+
+
+def _record_key(job_id: int, version: int) -> str:
+    return f"echo2:bcast:{job_id}:{version}:announced"
+
+
+def _latest_key(job_id: int) -> str:
+    return f"echo2:bcast:{job_id}:latest"
+
+
+@dataclass(frozen=True)
+class Announced:
+    """What every worker's ``snapshot`` message of one published version shares."""
+
+    job_id: int
+    version: int
+    url: str
+    manifest: dict[str, Any]
+    published_at: float
+    strategy: str
+    learner_relay: str
+    secret: str
+    expires: int
+
+    @property
+    def relaying(self) -> bool:
+        """Snapshots travel down relay chains: strategy ``chain`` and a learner relay to seed them."""
+        return self.strategy == "chain" and bool(self.learner_relay)
+
+    def credential(self, worker_id: int) -> str:
+        """The token letting ``worker_id`` fetch this version until ``expires`` (dataplane.credentials)."""
+        return credentials.issue(self.secret, job_id=self.job_id, worker_id=worker_id, lowest=self.version,
+                                 highest=self.version, expires=self.expires)
+
+
+def notice(shared: Announced, *, worker_id: int, route: tuple[int | None, int | None] | None = None,
+           addresses: dict[int, str] | None = None, manifest: dict[str, Any] | None = None) -> m.SnapshotAvailable:
+    """The snapshot for worker ``worker_id``, with its transfer credential. ``route`` is its (parent, child) in
+    the chain plan (parent None: the learner's relay); without a route it fetches over HTTP from the url. A
+    relay parent also gets the sha256 of its child's credential, the only child it will then serve.
+    ``manifest`` replaces the shared one (the fan-out passes ``{}`` and splices the manifest's JSON in once)."""
+    relay: dict[str, Any] = {"strategy": shared.strategy}
+    if route is not None and shared.relaying:
+        parent, child = route
+        address = shared.learner_relay if parent is None else (addresses or {}).get(parent, "")
+        if address:
+            children = [child] if child is not None else []
+            prints = {c: credentials.fingerprint(shared.credential(c)) for c in children}
+            relay.update(parent=address, parent_worker_id=parent, children=children, child_credential_sha256=prints)
+    return m.SnapshotAvailable(job_id=shared.job_id, version=shared.version, url=shared.url,
+                               manifest=shared.manifest if manifest is None else manifest,
+                               published_at=shared.published_at, credential=shared.credential(worker_id), **relay)
+
+
+_EMPTY_MANIFEST = '"manifest":{}'
+
+
+@dataclass(frozen=True)
+class Publication:
+    """One announcement of a published version, as a site process holds it to tell any worker of the job."""
+
+    shared: Announced
+    nonce: str
+    routes: dict[int, tuple[int | None, int | None]]  # chain members' (parent, child)
+    members: frozenset[int]  # every worker in the plan: chains and rollout-only
+    addresses: dict[int, str]  # relay address of every parent in the plan
+    manifest_json: str
+
+    @classmethod
+    def build(cls, shared: Announced, *, nonce: str, plan: chains.ChainPlan,
+              addresses: dict[int, str]) -> Publication:
+        members = frozenset(w for chain in plan.chains for w in chain) | frozenset(plan.rollout_only)
+        return cls(shared=shared, nonce=nonce, routes=chains.routes(plan), members=members, addresses=addresses,
+                   manifest_json=json.dumps(shared.manifest, separators=(",", ":")))
+
+    def text_for(self, worker_id: int) -> str | None:
+        """Worker ``worker_id``'s ``snapshot`` message as JSON text, or None when it is not in the plan (it was
+        offline when the plan was made: it gets the newest snapshot with the ``assign`` its next hello brings).
+        The message is validated as any other (pydantic) with an empty manifest, whose JSON, the same for every
+        worker, is then spliced in: what made per-worker messages 25x dearer (``bench/bench_publication.py``)."""
+        if worker_id not in self.members:
+            return None
+        message = notice(self.shared, worker_id=worker_id, route=self.routes.get(worker_id),
+                         addresses=self.addresses, manifest={})
+        text = message.model_dump_json()
+        # The first '"manifest":{}' is the field: a string value holding it would show its quotes escaped.
+        return text.replace(_EMPTY_MANIFEST, '"manifest":' + self.manifest_json, 1)
+
+
+def publication_announce(*, job_id: int, version: int, plan: chains.ChainPlan, addresses: dict[int, str],
+                         expires: int) -> str:
+    """Save what the fan-out needs besides the plan (one Redis round trip) and send the job's agents group one
+    event naming it once the transaction commits; returns the announcement's nonce. ``addresses`` may hold
+    every worker's relay address: only the plan's parents' are kept."""
+    nonce = secrets.token_hex(8)
+    parents = {w: addresses[w] for chain in plan.chains for w in chain[:-1] if addresses.get(w)}
+    record = json.dumps({"nonce": nonce, "expires": expires, "addresses": parents}, separators=(",", ":"))
+    pipe = stream.client().pipeline()
+    pipe.set(_record_key(job_id, version), record, ex=RECORD_TTL_S)
+    pipe.set(_latest_key(job_id), json.dumps([version, nonce]), ex=RECORD_TTL_S)
+    pipe.execute()
+    _push_event(agents_group(job_id), {"type": EVENT, "job_id": job_id, "version": version, "nonce": nonce})
+    return nonce
+
+
+def _push_event(group: str, event: dict) -> None:
+    """Send ``event`` to ``group`` once the transaction commits, best effort (as ``base._push``), on an event loop
+    of its own: the site process's loop may hold thousands of the job's sockets, and once the event is queued
+    it is busy building their messages; a send made through it (``async_to_sync``'s default) had the learner's
+    request wait behind them (0.2 to 2.6 s at 10 k sockets, ``bench/bench_publication.py``). So the learner's
+    request is answered after the event's own round trips, whatever the fan-out costs."""
+    def send() -> None:
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        try:
+            async_to_sync(layer.group_send, force_new_loop=True)(group, event)
+        except Exception as err:  # noqa: BLE001 - any transport failure of a best-effort push
+            log.warning("push to %s lost (%s: %s)", group, type(err).__name__, err)
+
+    transaction.on_commit(send)
+
+
+def publication_load(job_id: int, version: int) -> Publication | None:
+    """The announcement of ``version`` of ``job_id`` as saved last (with the snapshot's row, its URL the newest
+    the learner announced), or None when it is gone (expired, or its transaction never committed)."""
+    raw = stream.client().get(_record_key(job_id, version))
+    plan = telemetry.load_chain_plan(job_id, version)
+    snap = Snapshot.objects.select_related("job").filter(job_id=job_id, version=version).first()
+    if raw is None or plan is None or snap is None:
+        return None
+    record = json.loads(raw)
+    job = snap.job
+    shared = Announced(job_id=job_id, version=version, url=snap.url, manifest=snap.manifest,
+                       published_at=snap.published_at.timestamp(), strategy=job.broadcast_strategy,
+                       learner_relay=job.learner_relay or "", secret=job.transfer_secret,
+                       expires=int(record["expires"]))
+    return Publication.build(shared, nonce=record["nonce"], plan=plan,
+                             addresses={int(w): a for w, a in record["addresses"].items()})
+
+
+def latest_announced(job_id: int) -> tuple[int, str] | None:
+    """(version, nonce) of the newest announcement of ``job_id``, if any."""
+    raw = stream.client().get(_latest_key(job_id))
+    if raw is None:
+        return None
+    version, nonce = json.loads(raw)
+    return int(version), str(nonce)
+
+
+class PublicationCache:
+    """The announcements this site process has read, newest ``size`` kept: each read once however many of the
+    process's sockets ask at the same moment (they share the one read, on the database thread)."""
+
+    def __init__(self, size: int = 16, loader=publication_load) -> None:
+        self.size = size
+        self.loader = loader
+        self.loads = 0  # reads made (the benchmark and the tests count them)
+        self._held: OrderedDict[tuple[int, int, str], Publication] = OrderedDict()
+        self._loading: dict[tuple[int, int, str], asyncio.Task] = {}
+
+    async def get(self, job_id: int, version: int, nonce: str) -> Publication | None:
+        key = (job_id, version, nonce)
+        held = self._held.get(key)
+        if held is not None:
+            self._held.move_to_end(key)
+            return held
+        loop = asyncio.get_running_loop()
+        task = self._loading.get(key)
+        if task is None or task.get_loop() is not loop:
+            # A task of its own: a socket closing while it waits must not cancel the read the others wait on.
+            task = self._loading[key] = loop.create_task(self._load(key))
+        return await asyncio.shield(task)
+
+    async def _load(self, key: tuple[int, int, str]) -> Publication | None:
+        try:
+            self.loads += 1
+            publication = await database_sync_to_async(self.loader)(key[0], key[1])
+        finally:
+            self._loading.pop(key, None)
+        if publication is not None:  # held under its own nonce: a newer announcement is what was read
+            self._held[(key[0], key[1], publication.nonce)] = publication
+            while len(self._held) > self.size:
+                self._held.popitem(last=False)
+        return publication
+
+    def clear(self) -> None:
+        self._held.clear()
+
+
+PUBLICATIONS = PublicationCache()
+
+
+async def snapshot_text(worker_id: int, event: dict) -> str | None:
+    """The ``snapshot`` message of ``worker_id`` for an ``agent.snapshot`` event (None: not in that plan)."""
+    publication = await PUBLICATIONS.get(int(event["job_id"]), int(event["version"]), str(event["nonce"]))
+    return publication.text_for(worker_id) if publication is not None else None
+
+
+def membership(message: dict) -> tuple[str, int, int]:
+    """What a message the site sends an agent means for its socket's agents group: ``("join", job, newest version
+    it names)`` for an ``assign``, ``("leave", job, -1)`` for a ``release``, ``("", 0, -1)`` for anything else."""
+    kind = message.get("type")
+    if kind == "assign":
+        named = [int(s["version"]) for s in (message.get("base"), message.get("snapshot")) if s]
+        return "join", int(message["job_id"]), max(named, default=-1)
+    if kind == "release":
+        return "leave", int(message["job_id"]), -1
+    return "", 0, -1
+
+
+class JobFollower:
+    """Keeps one agent socket in the agents group of the job its worker is assigned to (at most one)."""
+
+    def __init__(self, layer, channel_name: str, worker_id: int) -> None:
+        self.layer, self.channel_name, self.worker_id = layer, channel_name, worker_id
+        self.group: str | None = None
+        self.caught_up: str | None = None  # nonce of the announcement sent on joining, if any
+
+    def follows(self, job_id: int) -> bool:
+        return self.group == agents_group(job_id)
+
+    def wants(self, event: dict) -> bool:
+        """Whether an ``agent.snapshot`` event is news for this socket: of the job it follows, and not the
+        announcement it caught up with on joining (the event may also reach it when both crossed)."""
+        return self.follows(int(event["job_id"])) and event["nonce"] != self.caught_up
+
+    async def follow(self, message: dict) -> str | None:
+        """Join or leave as ``message`` (just sent to the agent) says. After joining, the newest announcement's
+        message for this worker when it is newer than what the ``assign`` named: one published between the
+        assignment's writing and this join reached the group before this socket was in it."""
+        action, job_id, named = membership(message)
+        if not action or (action == "leave" and not self.follows(job_id)):
+            return None
+        await self.leave()
+        if action == "leave":
+            return None
+        self.group = agents_group(job_id)
+        await self.layer.group_add(self.group, self.channel_name)
+        latest = await sync_to_async(latest_announced, thread_sensitive=False)(job_id)
+        if latest is None or latest[0] <= named:
+            return None
+        self.caught_up = latest[1]
+        publication = await PUBLICATIONS.get(job_id, *latest)
+        return publication.text_for(self.worker_id) if publication is not None else None
+
+    async def leave(self) -> None:
+        self.caught_up = None
+        if self.group is not None:
+            group, self.group = self.group, None
+            await self.layer.group_discard(group, self.channel_name)
