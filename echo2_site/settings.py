@@ -183,6 +183,9 @@ CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 5, "interval_start": 0.1, "in
 CELERY_BEAT_SCHEDULE = {
     "replan-running-jobs": {"task": "marketplace.tasks.replan_running_jobs", "schedule": 5.0},
     "expire-silent-workers": {"task": "marketplace.tasks.expire_silent_workers", "schedule": 10.0},
+    # Heartbeats are kept in Redis (marketplace/liveness.py): Worker.last_heartbeat lags by at most this period.
+    "fold-worker-heartbeats": {"task": "marketplace.tasks.fold_worker_heartbeats",
+                               "schedule": env_float("ECHO2_HEARTBEAT_FOLD_S", 2.0)},
     "stall-silent-learners": {"task": "marketplace.tasks.stall_silent_learners", "schedule": 10.0},
 }
 
@@ -262,6 +265,12 @@ SPECTACULAR_SETTINGS = {
 ECHO2 = {
     "HEARTBEAT_INTERVAL_S": float(os.environ.get("ECHO2_HEARTBEAT_INTERVAL_S", "2.0")),
     "WORKER_TIMEOUT_S": float(os.environ.get("ECHO2_WORKER_TIMEOUT_S", "30.0")),
+    # A heartbeat goes to the database only when it changes something (marketplace/liveness.py); a worker in a billed
+    # state is reported at least this often (at most a third of WORKER_TIMEOUT_S), with its measured throughput.
+    "HEARTBEAT_DB_SYNC_S": env_float("ECHO2_HEARTBEAT_DB_SYNC_S", 10.0),
+    # A worker released for silence (socket closed, site outage) that says hello again within this many seconds
+    # rejoins its job at once, rather than after the scheduler's hysteresis.
+    "WORKER_REJOIN_S": env_float("ECHO2_WORKER_REJOIN_S", 300.0),
     "LEASE_TIMEOUT_S": float(os.environ.get("ECHO2_LEASE_TIMEOUT_S", "30.0")),
     # Hysteresis of the scheduler (paper C.2.1): act on a deviation from the target only after it lasted
     # this long; release only while capacity exceeds the target by this fraction.

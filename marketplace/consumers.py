@@ -113,7 +113,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_discard(services.worker_group(self.worker.pk), self.channel_name)
             if self.follower is not None:
                 await self.follower.leave()
-            await database_sync_to_async(services.worker_disconnected)(worker=self.worker, since=self.hello_at)
+            # Queued in Redis, no query (services.worker_socket_closed): a thousand closes fit daphne's close timeout.
+            await database_sync_to_async(services.worker_socket_closed)(worker_id=self.worker.pk, since=self.hello_at)
 
     async def _refuse(self, reason: str, code: int, ref: str | None = None) -> None:
         await self.send_json(m.Rejected(reason=reason, ref=ref).model_dump())
@@ -150,6 +151,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         try:
             if isinstance(message, ROLLOUT_MESSAGES):
                 replies = await self._rollout(message)
+            elif isinstance(message, m.Heartbeat):
+                replies = await self._heartbeat(message)
             else:
                 self.running.clear()  # a hello, a heartbeat or a report may change the activation: read it again
                 replies = await database_sync_to_async(self._dispatch)(message)
@@ -225,6 +228,19 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             self.running.put(job_id, running, read_at=read_at)
         return await sync_to_async(self._dispatch_rollout, thread_sensitive=False)(message, running)
 
+    async def _heartbeat(self, message: m.Heartbeat) -> list[m._Msg]:
+        """Recorded in Redis off the database thread (``services.worker_heartbeat_record``), so heartbeats never
+        queue behind other sockets' queries; the database hears of it only when something changes now. The
+        installed version it carries is not recorded: only hello and install reports set it."""
+        fields = {"throughput": message.throughput, "state": message.state, "job_id": message.job_id}
+        beat = await sync_to_async(services.worker_heartbeat_record, thread_sensitive=False)(
+            worker_id=self.worker.pk, **fields)
+        if beat.to_database:
+            self.running.clear()  # it may change the activation: read it again
+            await database_sync_to_async(services.worker_heartbeat_apply)(worker=self.worker, beat=beat,
+                                                                          reason=message.reason, **fields)
+        return []
+
     def _dispatch_rollout(self, message, running) -> list[m._Msg]:
         """The rollout messages' services, given the running job (no query: see :meth:`_rollout`)."""
         worker = self.worker
@@ -246,11 +262,6 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                 self.hello_at = timezone.now()
                 return services.worker_connected(worker=worker, installed_version=message.installed_version,
                                                  at=self.hello_at)
-            case m.Heartbeat():
-                # The installed version it carries is not recorded: only hello and install reports set it.
-                services.worker_heartbeat(worker=worker, throughput=message.throughput, state=message.state,
-                                          reason=message.reason, job_id=message.job_id)
-                return []
             case m.LeaseReturn():
                 services.lease_return(worker=worker, job_id=message.job_id, lease_id=message.lease_id,
                                       reason=message.reason)

@@ -60,6 +60,18 @@ def expire_silent_workers() -> int:
 
 
 @shared_task
+def fold_worker_heartbeats() -> int:
+    """Heartbeats kept in Redis into ``Worker.last_heartbeat``, and socket closes still queued (beat)."""
+    return services.worker_heartbeats_fold()
+
+
+@shared_task
+def record_worker_closes() -> int:
+    """Agent sockets that closed: sessions ended, workers offline, leases returned (coalesced, after the closes)."""
+    return services.worker_closes_record()
+
+
+@shared_task
 def stall_silent_learners() -> int:
     """Jobs whose learner went silent stop billing their workers (status ``stalled``)."""
     return services.jobs_stall_silent_learners()

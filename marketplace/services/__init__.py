@@ -4,7 +4,8 @@ Every public service that writes runs in its own transaction (``transaction.atom
 transaction it joins it), and its pushes and enqueued tasks leave only once that commits.
 
 - ``base``: ``ServiceError``, channel groups, the push helpers, tasks enqueued by name, shared checks.
-- ``workers``: register, calibrate, hello, heartbeat, close, activate, release, expire the silent.
+- ``workers``: register, calibrate, hello, heartbeat (kept in Redis, folded), close (queued, recorded), activate,
+  release, expire the silent.
 - ``billing``: billed time of activations from the states agents report (``marketplace.billing``: the rules).
 - ``jobs``: create, start, pause, resume, finish; the calibration phase and the scheduler's decisions applied.
 - ``rollouts``: prompt leases (and their early return) and trajectory submissions, whole or in parts, checked
@@ -48,11 +49,16 @@ from .workers import (
     expire_silent_workers,
     worker_activate,
     worker_calibrate,
+    worker_closes_record,
     worker_connected,
     worker_disconnected,
     worker_heartbeat,
+    worker_heartbeat_apply,
+    worker_heartbeat_record,
+    worker_heartbeats_fold,
     worker_register,
     worker_release,
+    worker_socket_closed,
 )
 
 __all__ = [
@@ -65,4 +71,6 @@ __all__ = [
     "trajectories_submit",
     "worker_activate", "worker_calibrate", "worker_connected", "worker_disconnected", "worker_group",
     "worker_heartbeat", "worker_register", "worker_release",
+    "worker_closes_record", "worker_heartbeat_apply", "worker_heartbeat_record", "worker_heartbeats_fold",
+    "worker_socket_closed",
 ]

@@ -64,8 +64,9 @@ def push_job_update(job: Job | int) -> None:
     _push(job_group(job_id), {"type": "job.changed", "job_id": job_id})
 
 
-def enqueue_task(name: str, *args: Any) -> None:
-    """Run the Celery task ``marketplace.tasks.<name>`` with ``args`` once the transaction commits.
+def enqueue_task(name: str, *args: Any, countdown: float | None = None) -> None:
+    """Run the Celery task ``marketplace.tasks.<name>`` with ``args`` once the transaction commits (and
+    ``countdown`` seconds later, if given; eager tasks run at once).
 
     By name, because services never import the tasks module: its tasks call services (and the scheduler),
     so importing it here would close a circle. Under ``CELERY_TASK_ALWAYS_EAGER`` (tests, the browser-test
@@ -84,7 +85,7 @@ def enqueue_task(name: str, *args: Any) -> None:
             current_app.tasks[task_name].delay(*args)
             return
         try:
-            current_app.send_task(task_name, args=list(args))
+            current_app.send_task(task_name, args=list(args), countdown=countdown)
         except Exception as err:  # noqa: BLE001 - kombu raises its own and the transport's errors
             log.warning("task %s%s not enqueued (%s: %s); Celery beat runs it again", task_name, args,
                         type(err).__name__, err)

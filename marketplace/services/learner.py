@@ -11,6 +11,9 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from dataplane.replay import RedisError
+
+from .. import liveness
 from ..models import Job, JobMetric
 from .audits import audits_record
 from .base import enqueue_task, learner_may_report, push_job_update
@@ -70,8 +73,19 @@ def _unstall(job: Job, fields: list[str]) -> None:
 def jobs_stall_silent_learners() -> int:
     """Running jobs whose learner has not been heard from for ``LEARNER_TIMEOUT_S`` (since the job started,
     if it never was) turn ``stalled``: their workers are released, so nobody is billed for rollouts no
-    learner will train. The learner's next announcement, heartbeat or report runs the job again."""
+    learner will train. The learner's next announcement, heartbeat or report runs the job again.
+
+    Silence is judged only over time the site was up (``liveness.site_up_since``: since its last outage, as its
+    agents' heartbeats show): a learner cannot report to a site that is down, and a job is not stalled because
+    the site was. Until the site has been up for ``LEARNER_TIMEOUT_S``, no job is stalled."""
     cutoff = timezone.now() - timezone.timedelta(seconds=settings.ECHO2["LEARNER_TIMEOUT_S"])
+    try:
+        up_since = liveness.site_up_since()
+    except RedisError as err:
+        log.warning("site up time unknown (Redis: %s); judging learners' silence over all of it", err)
+        up_since = None
+    if up_since is not None and up_since > cutoff.timestamp():
+        return 0
     silent = Job.objects.select_for_update().filter(status=Job.Status.RUNNING).filter(
         Q(learner_seen_at__lt=cutoff) | Q(learner_seen_at=None, started_at__lt=cutoff))
     count = 0

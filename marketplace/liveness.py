@@ -1,0 +1,209 @@
+"""Agent liveness kept in Redis, folded into the database periodically (issue 25).
+
+A heartbeat is Redis alone: one pipelined round trip records when the worker was last heard (``SEEN_KEY``, a sorted
+set of worker id by time), its telemetry sample (``telemetry.heartbeats_key``) and the state it reports
+(``state_key``), and says whether the database must hear of it now (:class:`Beat`): the reported state or job
+changed, the state is ``failed`` (the release limit is checked against the database), the site does not hold the
+worker as online (it said no hello on this site since it was marked offline, or Redis lost the key), or a billed
+state's periodic report is due (``sync_s``: billing bills the span between two reports and drops a span longer
+than the worker timeout, so a worker generating for minutes is reported at least every third of it).
+
+``Worker.last_heartbeat`` lags by at most the fold period (``services.worker_heartbeats_fold``, Celery beat);
+whatever judges silence folds first (``expire_silent_workers``), so a worker is never expired because the fold lagged.
+
+A socket's close is written here too (``CLOSED_KEY``, a list drained by ``services.worker_closes_record``), so a
+thousand closes at once cost a thousand Redis writes, not a thousand database transactions inside daphne's
+close timeout. Tasks that many sockets would each ask for (provisioning on hello, recording closes) are coalesced:
+:func:`claim` lets one caller per window enqueue, delayed until the window ends so it covers every caller of it.
+
+The site's up time (``site_seen``): each heartbeat stamps when the site last handled one and since when it has
+done so without a gap (``SITE_UP_SINCE_KEY``); the learner's silence is judged only since then
+(``services.jobs_stall_silent_learners``), so a site outage is not counted against the learner.
+
+Plain Redis, no ORM: the agent socket calls these off the database thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+from django.conf import settings
+
+from . import stream, telemetry
+from .billing import BILLABLE_STATES
+
+SEEN_KEY = "echo2:live:seen"  # zset: worker id -> Unix time of its last heartbeat (or hello)
+FOLDED_KEY = "echo2:live:folded"  # Unix time up to which SEEN_KEY was folded into Worker.last_heartbeat
+CLOSED_KEY = "echo2:live:closed"  # list of JSON {worker_id, since, at}: closed sockets not yet recorded
+SITE_SEEN_KEY = "echo2:site:seen"  # Unix time the site last handled a heartbeat
+SITE_UP_SINCE_KEY = "echo2:site:up_since"  # since when it handled them without a gap longer than site_gap_s()
+STATE_TTL_S = 86_400
+
+
+def state_key(worker_id: int) -> str:
+    """Hash: ``online`` ("1" while the site holds the worker online), ``state`` and ``job`` of its last heartbeat."""
+    return f"echo2:worker:{worker_id}:live"
+
+
+def _sync_key(worker_id: int) -> str:
+    return f"echo2:worker:{worker_id}:synced"
+
+
+def sync_s() -> float:
+    """Longest time between two database reports of a worker in a billed state: ``ECHO2_HEARTBEAT_DB_SYNC_S``, at
+    most a third of the worker timeout (billing drops a span between reports longer than the timeout)."""
+    return max(1.0, min(float(settings.ECHO2["HEARTBEAT_DB_SYNC_S"]), float(settings.ECHO2["WORKER_TIMEOUT_S"]) / 3))
+
+
+def site_gap_s() -> float:
+    """A pause in the site's heartbeat handling longer than this is an outage (three heartbeat intervals, 10 s
+    at least)."""
+    return max(10.0, 3 * telemetry.heartbeat_interval())
+
+
+# KEYS: site seen, site up since. ARGV: now, gap. The site handled a heartbeat now; after a gap, it is up since now.
+_SITE_SEEN = """
+local seen = tonumber(redis.call('GET', KEYS[1]) or '0')
+local now = tonumber(ARGV[1])
+if now - seen > tonumber(ARGV[2]) or not redis.call('GET', KEYS[2]) then redis.call('SET', KEYS[2], ARGV[1]) end
+if now > seen then redis.call('SET', KEYS[1], ARGV[1]) end
+"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Beat:
+    """What one heartbeat recorded, and whether the database must hear of it now (``reason``, else "")."""
+
+    previous_at: float | None  # the worker's heartbeat before this one
+    reason: str
+
+    @property
+    def to_database(self) -> bool:
+        return bool(self.reason)
+
+
+def heartbeat(worker_id: int, *, at: float, throughput: float | None, state: str, job_id: int | None) -> Beat:
+    """Record a heartbeat in Redis (one round trip) and say whether the database must hear of it now."""
+    client = stream.client()
+    key, samples = state_key(worker_id), telemetry.heartbeats_key(worker_id)
+    pipe = client.pipeline(transaction=False)
+    pipe.zscore(SEEN_KEY, worker_id)
+    pipe.zadd(SEEN_KEY, {str(worker_id): at}, gt=True)
+    pipe.lpush(samples, json.dumps([at, throughput]))
+    pipe.ltrim(samples, 0, telemetry.KEEP - 1)
+    pipe.hmget(key, ["online", "state", "job"])
+    pipe.hset(key, mapping={"state": state, "job": "" if job_id is None else str(job_id)})
+    pipe.expire(key, STATE_TTL_S)
+    pipe.set(_sync_key(worker_id), "1", nx=True, ex=max(1, round(sync_s())))
+    pipe.eval(_SITE_SEEN, 2, SITE_SEEN_KEY, SITE_UP_SINCE_KEY, repr(at), repr(site_gap_s()))
+    previous, _, _, _, (online, old_state, old_job), _, _, due, _ = pipe.execute()
+    job = "" if job_id is None else str(job_id)
+    if online != "1":
+        reason = "not online"
+    elif (old_state, old_job) != (state, job):
+        reason = "state changed"
+    elif state == "failed":
+        reason = "failing"
+    elif due and state in BILLABLE_STATES:
+        reason = "report due"
+    else:
+        reason = ""
+    return Beat(previous_at=None if previous is None else float(previous), reason=reason)
+
+
+def forget_state(worker_id: int) -> None:
+    """The database did not take the heartbeat's state: the next heartbeat goes to it again."""
+    stream.client().hdel(state_key(worker_id), "state", "job")
+
+
+def mark_online(worker_id: int, *, at: float, state: str | None = None, job_id: int | None = None) -> None:
+    """The database holds the worker online as of ``at`` (a hello, or a heartbeat that brought it back): its
+    heartbeats stay in Redis from now on. With ``state``, what the database recorded it doing."""
+    pipe = stream.client().pipeline(transaction=False)
+    pipe.zadd(SEEN_KEY, {str(worker_id): at}, gt=True)
+    fields = {"online": "1"}
+    if state is not None:
+        fields.update(state=state, job="" if job_id is None else str(job_id))
+    pipe.hset(state_key(worker_id), mapping=fields)
+    pipe.expire(state_key(worker_id), STATE_TTL_S)
+    pipe.execute()
+
+
+def mark_offline(worker_ids: list[int]) -> None:
+    """The database holds these workers offline: their next heartbeat goes to it (and brings them back)."""
+    if worker_ids:
+        pipe = stream.client().pipeline(transaction=False)
+        for wid in worker_ids:
+            pipe.hdel(state_key(wid), "online", "state", "job")
+        pipe.execute()
+
+
+def last_seen(worker_ids: list[int]) -> dict[int, float]:
+    """When each worker was last heard from (heartbeat or hello), as Redis holds it; absent if never."""
+    if not worker_ids:
+        return {}
+    scores = stream.client().zmscore(SEEN_KEY, [str(w) for w in worker_ids])
+    return {wid: float(s) for wid, s in zip(worker_ids, scores, strict=True) if s is not None}
+
+
+def seen_since(since: float) -> dict[int, float]:
+    """Every worker heard from at or after ``since``, with when."""
+    rows = stream.client().zrangebyscore(SEEN_KEY, since, "+inf", withscores=True)
+    return {int(wid): float(at) for wid, at in rows}
+
+
+def folded_at() -> float | None:
+    raw = stream.client().get(FOLDED_KEY)
+    return None if raw is None else float(raw)
+
+
+def set_folded_at(at: float) -> None:
+    stream.client().set(FOLDED_KEY, repr(at))
+
+
+def record_close(worker_id: int, *, since: str | None, at: float) -> None:
+    """The socket whose hello came at ``since`` (ISO 8601, the session's exact start; None: it said none) closed
+    at ``at``: queued for the database
+    (``services.worker_closes_record``); its heartbeats no longer count as the database's online worker."""
+    pipe = stream.client().pipeline(transaction=False)
+    pipe.rpush(CLOSED_KEY, json.dumps({"worker_id": worker_id, "since": since, "at": at}))
+    pipe.hdel(state_key(worker_id), "online")
+    pipe.execute()
+
+
+def take_closes(limit: int = 10_000) -> list[dict]:
+    """The closes queued so far (oldest first), removed from the queue."""
+    pipe = stream.client().pipeline(transaction=True)
+    pipe.lrange(CLOSED_KEY, 0, limit - 1)
+    pipe.ltrim(CLOSED_KEY, limit, -1)
+    rows, _ = pipe.execute()
+    return [json.loads(row) for row in rows]
+
+
+def requeue_closes(closes: list[dict]) -> None:
+    """Closes that could not be recorded go back to the head of the queue, for the next drain."""
+    if closes:
+        stream.client().lpush(CLOSED_KEY, *[json.dumps(c) for c in reversed(closes)])
+
+
+def pending_closes() -> int:
+    return int(stream.client().llen(CLOSED_KEY))
+
+
+def claim(name: str, *, window_s: float) -> bool:
+    """Whether the caller is the first to ask for task ``name`` in the current window (``window_s`` long): that
+    one enqueues it, delayed by the window so it runs after every other caller of the window."""
+    return bool(stream.client().set(f"echo2:coalesce:{name}", "1", nx=True, px=max(1, int(window_s * 1000))))
+
+
+def site_up_since(now: float | None = None) -> float | None:
+    """Since when the site has handled heartbeats without an outage; None when it never handled one (no agent
+    connected since Redis started: then nothing is known of its outages). While it is down (no heartbeat for
+    ``site_gap_s``), that is ``now``: silence is not judged during an outage."""
+    seen, since = stream.client().mget(SITE_SEEN_KEY, SITE_UP_SINCE_KEY)
+    if seen is None or since is None:
+        return None
+    now = time.time() if now is None else now
+    return now if now - float(seen) > site_gap_s() else float(since)
