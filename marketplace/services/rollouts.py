@@ -53,11 +53,11 @@ def running_job(*, worker: Worker, job_id: int) -> RunningJob:
 
 
 def lease_cap(job: Job) -> int:
-    """The most prompt groups one lease takes: half a learner step's groups (``R / n / 2``, at least 1). A fast
-    agent batches to save messages (``worker_agent/rollout_loop.py``), but every group of a batch is generated under
-    one version and waits in the stream behind the others: a lease of several steps' groups would age past the
+    """The most prompt groups one lease takes: one learner step's groups (``R / n``, at least 1). A fast agent
+    batches to save messages (``worker_agent/rollout_loop.py``), but every group of a batch is generated under one
+    version and waits in the stream behind the others: a lease of several steps' groups would age past the
     staleness budget ``S`` before the learner reached its last group, and starve the other workers of prompts."""
-    return max(1, job.batch_trajectories // max(1, job.group_size) // 2)
+    return max(1, job.batch_trajectories // max(1, job.group_size))
 
 
 def _checked(worker: Worker, job_id: int, running: RunningJob | None) -> RunningJob:

@@ -39,11 +39,11 @@ async def test_the_welcome_announces_the_budget_the_connection_enforces(settings
 
 
 async def test_a_submit_returns_a_batch_and_leases_more_in_one_round_trip(redis_client):
-    job, _, key = await setup_job_and_worker()
+    job, _, key = await setup_job_and_worker(batch_trajectories=12)  # R/n = 3 groups a lease at most
     comm = await connect(key)
     await started_with(comm, job)
     PromptFeeder(redis_client, job_id=job.pk, task=build_task({"name": "arithmetic"}), seed=0, backlog=4).top_up()
-    await comm.send_to(text_data=submit(job.pk, "a1", lease=3))
+    await comm.send_to(text_data=submit(job.pk, "a1", lease=5))  # capped
     first = await comm.receive_json_from(timeout=5)
     assert first["type"] == "submitted" and first["ref_id"] == "a1" and first["results"] == []
     leases = first["lease"]["leases"]

@@ -90,7 +90,7 @@ async def test_the_state_is_read_again_after_its_max_age(settings, redis_client)
 
 
 async def test_groups_sent_without_waiting_are_each_answered_and_counted_once(long_lived_state, redis_client):
-    job, worker, key = await setup_job_and_worker()
+    job, worker, key = await setup_job_and_worker(batch_trajectories=12)  # 3 groups a step: a lease of 3
     comm = await connect(key)
     await started_with(comm, job)
     leases = await leased(comm, redis_client, job, 3)
