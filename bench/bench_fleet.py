@@ -1,0 +1,126 @@
+"""Fleet bench (issue 25): N emulated agents against the real site, with 1 or more site processes.
+
+Run: ``.venv/bin/python bench/bench_fleet.py [--agents 100,300] [--site-processes 1,2] [--database postgres]
+[--window 30] [--tokens-per-s 256] [--no-drain] [--json PATH]``. N = 1000 is opt-in (``--agents 100,300,1000``):
+on a 2-core machine its row alone takes several minutes, and the emulated fleet's own CPU (1,000 websocket
+clients in Python) competes with the site it measures.
+
+Starts, on loopback: a private redis-server, a fresh PostgreSQL database (dropped at the end; ``--database
+sqlite``: a file), Celery worker and beat, and per row fresh daphne processes, a job and its real
+``echo2-learner`` (the tiny model of ``echo2-learner init-model``; it publishes snapshot version 0, the base).
+The agents are the real ``AgentSession`` and protocol code with a stand-in engine (``bench/fleet/engine.py``: no
+model; it sleeps ``tokens / --tokens-per-s``), ``--agent-processes`` processes of many sessions on one event loop
+each, spread over the site processes by port. Each agent's cache holds the base already (a provider that served
+this model before); it still installs version 0 through the session (digest checked, engine built).
+
+Each row: connect N agents; ``--idle`` s of heartbeats alone; create and start a job through the last site
+process (so with two, every push crosses processes for half the fleet); wait until every agent installed the
+base; measure ``--window`` s of generation; time one re-plan; cancel the job (release). Columns:
+
+- connected: agents welcomed, and seconds until the last was; heartbeats on time: share of the heartbeats sent
+  (idle / generating) that the site handled within 1 s (pairing each with the site's heartbeat record in Redis,
+  ``marketplace.telemetry``), and heartbeats handled on time per second while generating;
+- groups/s, records/s: what the site accepted (the job's Redis counters) over the window;
+- refused: ``rejected`` replies the agents received in the row; lost: groups leased more than 30 s (the agent's
+  reply timeout) before the release, never accepted, handed back, nor refused for their content;
+- lease / return p50 / p99: reply latency of lease requests and of group returns in the window;
+- activate / release: seconds from the job's start (cancel) request to the last agent's assign (release);
+  re-plan: one ``scheduling.job_replan`` of the running job (the bench process, against the live database);
+  push: snapshot notices (every one carries the chain assignment) from the first agent told to the last;
+- CPU ms/msg: the daphne processes' user+system CPU (``/proc``) over the window per agent message (heartbeats and
+  requests) sent in it; DB xact/msg: PostgreSQL transactions of the whole site (daphne and Celery; the learner and
+  agents use none) per message (``pg_stat_database`` xact_commit + xact_rollback; each autocommit query is one);
+- bubble: the learner's ``wait`` / (``wait`` + ``t_train``) over its steps logged in the window.
+
+``--drain`` (default): a bench-side consumer keeps prompts topped up for the whole fleet and acknowledges groups as
+they come (``bench/fleet/drain.py``): the real learner tops up only 2 x (groups per step) prompts, so without it
+ingest is bounded by the learner's training speed, not by the site. ``--no-drain`` measures that real loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+JOB = {"task": {"name": "arithmetic"}, "staleness": 3, "batch_trajectories": 128, "learning_rate": 1e-3,
+       "max_steps": 1_000_000}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ints = lambda text: [int(x) for x in text.split(",") if x.strip()]  # noqa: E731
+    parser.add_argument("--agents", type=ints, default=[100, 300], help="Fleet sizes, one row each (default "
+                        "100,300; 1000 is opt-in: minutes on 2 cores).")
+    parser.add_argument("--site-processes", type=ints, default=[1], help="daphne processes per row, e.g. 1,2 "
+                        "(every fleet size is run with each).")
+    parser.add_argument("--database", choices=("postgres", "sqlite"), default="postgres",
+                        help="PostgreSQL on 127.0.0.1:5432 (a fresh database, dropped at the end) or SQLite.")
+    parser.add_argument("--agent-processes", type=int, default=4, help="Processes the fleet runs in.")
+    parser.add_argument("--tokens-per-s", type=float, default=256.0, help="Each stand-in GPU's generation speed.")
+    parser.add_argument("--completion-tokens", type=int, default=16, help="Tokens per completion (max_new_tokens).")
+    parser.add_argument("--group-size", type=int, default=8, help="Samples per prompt (n).")
+    parser.add_argument("--groups-per-lease", type=int, default=2, help="The agent's --groups.")
+    parser.add_argument("--idle", type=float, default=10.0, help="Seconds of heartbeats alone, before the job.")
+    parser.add_argument("--window", type=float, default=30.0, help="Seconds of generation measured.")
+    parser.add_argument("--drain", action=argparse.BooleanOptionalAction, default=True,
+                        help="Acknowledge groups as they come (measure the site, not the learner).")
+    parser.add_argument("--workdir", type=Path, default=ROOT / "var" / "bench-fleet", help="State and logs (wiped).")
+    parser.add_argument("--json", type=Path, help="Also write the rows as JSON here.")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from rich.console import Console
+
+    from echo2_site.demo import _raise_stopped
+
+    console = Console(width=max(100, Console().width))
+    workdir = args.workdir.resolve()
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _raise_stopped)
+
+    from bench.fleet.rows import Row, table
+    from bench.fleet.site import Site
+
+    site = Site(workdir, database=args.database)
+    rows = []
+    try:
+        console.print(f"starting the stack ({args.database}, {max(args.agents)} workers registered) in {workdir}")
+        site.start_base(workers=max(args.agents))
+        for processes in args.site_processes:
+            for n in args.agents:
+                console.print(f"row: {n} agents, {processes} site process(es) ...")
+                row = Row(site, args, n=n, processes=processes, tag=f"{n}x{processes}").run()
+                rows.append(row)
+                console.print(table([row]))
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        return 130
+    except BaseException as err:  # the signal's Stopped, a stack that failed: stop everything, say why
+        console.print(f"[red]bench failed: {err!r}")
+        return 1
+    finally:
+        site.stop()
+        console.print(f"every process stopped; logs in {site.stack.logs}")
+    command = "bench/bench_fleet.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    Console(width=max(console.width, 44 + 34 * len(rows))).print(table(rows, title=f"fleet bench: {command}"))
+    from bench.fleet.rows import first_limit
+
+    console.print(first_limit(rows))
+    if args.json:
+        args.json.write_text(json.dumps([r.figures for r in rows], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
