@@ -27,7 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dataplane.replay import RedisError
 
-from . import selectors, stream
+from . import refusals, selectors, stream
 from .models import Job
 
 log = logging.getLogger(__name__)
@@ -129,6 +129,12 @@ class _SiteCollector:
                 family.add_metric([str(job.pk)], float(found.get(key, 0)))
         yield from gauges.values()
         yield from counters.values()
+        refused = CounterMetricFamily("echo2_agent_frames_refused", "Agent frames refused for the connection's rate "
+                                      "budget (each sent again; honest agents pace themselves to meet none).",
+                                      labels=["worker"])
+        for worker_id, count in sorted(refusals.counts().items()):
+            refused.add_metric([str(worker_id)], float(count))
+        yield refused
 
 
 @require_GET

@@ -15,7 +15,7 @@ from knox.models import AuthToken
 from dataplane.jobs import JobSpec
 from dataplane.timing import split_line
 
-from . import chains, provisioning, telemetry
+from . import chains, provisioning, refusals, telemetry
 from .models import Activation, Job, JobMetric, Snapshot, Worker, WorkerSession
 
 UPTIME_WINDOW = timedelta(days=7)
@@ -180,25 +180,28 @@ def job_live(job: Job, *, since_step: int = 0) -> dict:
     workers with their installed versions, and the forwarding chains."""
     active = _open_activations(job)
     workers = [a.worker for a in active]
+    refused = refusals.counts([w.pk for w in workers])
     metrics = JobMetric.objects.filter(job=job, step__gt=since_step).order_by("step")[:LIVE_METRICS]
     return {
         "summary": job_summary(job, active=active),
         "metrics": [metric_point(m) for m in metrics],
         "snapshots": [snapshot_point(s) for s in job.snapshots.order_by("-version")[:20]][::-1],
-        "workers": [live_worker(a, published=job.published_version) for a in active],
+        "workers": [live_worker(a, published=job.published_version, refused=refused.get(a.worker_id, 0))
+                    for a in active],
         "broadcast": job_broadcast(job, workers),
     }
 
 
-def live_worker(activation: Activation, *, published: int) -> dict:
+def live_worker(activation: Activation, *, published: int, refused: int = 0) -> dict:
     """One active worker as the job page lists it: its figures, what it reports doing (``state``: billed
-    while installing or generating) and what its activation has cost so far."""
+    while installing or generating), what its activation has cost so far, and how many of its frames the site
+    refused for its rate budget (``refusals``; each sent again by an honest agent, which is paced to meet none)."""
     w = activation.worker
     return {"id": w.pk, "name": w.name, "gpu": w.gpu, "price_per_hour": float(w.price_per_hour),
             "throughput": w.throughput, "status": w.status, "installed_version": w.installed_version,
             "behind": _behind(published, w.installed_version), "state": activation.state,
             "state_reason": activation.state_reason, "billed_s": round(activation.billed_seconds, 3),
-            "cost_usd": round(activation.cost_usd(), 6)}
+            "cost_usd": round(activation.cost_usd(), 6), "refused": refused}
 
 
 def worker_earnings(workers) -> dict[int, dict]:

@@ -9,13 +9,14 @@ import asyncio
 
 import pytest
 from channels.db import database_sync_to_async
+from prometheus_client import generate_latest
 
 from dataplane import messages as m
 from dataplane import replay
 from dataplane.tasks import build_task
 from learner.prompts import PromptFeeder
-from marketplace import refusals, services
-from marketplace.models import Activation
+from marketplace import refusals, selectors, services
+from marketplace.models import Activation, Job
 
 from .test_agent_socket import connect, settings_eager, setup_job_and_worker, started_with  # noqa: F401
 from .test_agent_socket_parts import answer
@@ -83,7 +84,25 @@ async def test_a_frame_over_budget_is_named_with_retry_after_and_applied_once_wh
     assert redis_client.xlen(replay.trajectories_key(job.pk)) == 1
     assert replay.ReplayBuffer(redis_client, job.pk).counters()["accepted_groups"] == 1
     assert await database_sync_to_async(refusals.counts)([worker.pk]) == {worker.pk: 1}
+
+    @database_sync_to_async
+    def shown() -> tuple[int, str]:
+        live = selectors.job_live(Job.objects.get(pk=job.pk))
+        return live["workers"][0]["refused"], generate_latest(_registry()).decode()
+
+    on_page, metrics = await shown()
+    assert on_page == 1 and f'echo2_agent_frames_refused_total{{worker="{worker.pk}"}} 1.0' in metrics
     await comm.disconnect()
+
+
+def _registry():
+    from prometheus_client import CollectorRegistry
+
+    from marketplace.observability import _SiteCollector
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_SiteCollector())
+    return registry
 
 
 async def test_an_agent_back_for_a_job_it_was_released_from_meanwhile_is_told_so(redis_client):

@@ -117,12 +117,12 @@
 
   function drawWorkers() {
     const body = document.querySelector("#workers tbody");
-    if (!live.workers.length) { body.innerHTML = '<tr><td colspan="8">None.</td></tr>'; return; }
+    if (!live.workers.length) { body.innerHTML = '<tr><td colspan="9">None.</td></tr>'; return; }
     body.innerHTML = live.workers.map((w) => `<tr data-worker="${w.id}"><td>${esc(w.name)}</td><td>${esc(w.gpu)}</td>` +
       `<td>${w.price_per_hour.toFixed(4)}</td><td>${w.throughput === null ? "–" : w.throughput.toFixed(1)}</td>` +
       `<td class="state state-${esc(w.state)}" title="${esc(w.state_reason)}">${esc(w.state)}</td>` +
       `<td class="version">${w.installed_version ?? "base"}</td><td>${w.behind}</td>` +
-      `<td class="cost">${w.cost_usd.toFixed(4)}</td></tr>`).join("");
+      `<td class="cost">${w.cost_usd.toFixed(4)}</td><td class="refused">${w.refused ?? 0}</td></tr>`).join("");
   }
 
   function applySummary(summary) {
