@@ -1,6 +1,13 @@
-"""Publication planning at fleet scale (issue 15): the chain plan and every worker's route for N workers.
+"""Publication at fleet scale (issues 15 and 25): the chain plan and every worker's route for N workers, then the
+learner's publish request and the fan-out to N agent sockets on the real site.
 
-Run: ``.venv/bin/python bench/bench_publication.py [--sizes 1000 10000 100000] [--no-relay 0.1]``
+Run: ``.venv/bin/python bench/bench_publication.py [--sizes 1000 10000 100000] [--no-relay 0.1]
+[--fanout-sizes 1000 10000 100000] [--members-max 10000] [--chunks 256] [--repeat 3] [--no-fanout]``
+
+The second table (``bench/publication_fanout.py`` says what is real there): the learner's ``POST /snapshots/``
+time, the time until every agent socket has its own message, the site's CPU per worker and the Redis bytes of the
+fan-out, beside the figures issue 25 measured before (one channel-layer send per worker in the request). Targets
+at 10 k workers: request under 1 s, every socket notified within 5 s.
 
 What a publication computes before it can tell N active workers where to pull from (``marketplace.services.
 broadcast.snapshot_publish``): the score and rank of the relays and their assembly into ``N_ch`` chains
@@ -97,6 +104,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000])
     parser.add_argument("--no-relay", type=float, default=0.1, help="share of workers without a relay address")
+    parser.add_argument("--fanout-sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000],
+                        help="active workers of the publication runs on the real site")
+    parser.add_argument("--members-max", type=int, default=10_000,
+                        help="agent sockets (channel-layer members) at most; a bigger fleet has the rest in the plan "
+                             "with no socket in this process, as other site processes would hold them")
+    parser.add_argument("--chunks", type=int, default=256, help="chunks in the published manifest (256: ~28 KB)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each publication size up to 10 k workers "
+                        "(bigger ones run once); the table shows medians and the worst")
+    parser.add_argument("--no-fanout", action="store_true", help="print only the planning table (no site)")
     args = parser.parse_args(argv)
     table = Table(title=f"Publication planning and routing ({args.no_relay:.0%} of workers without a relay)")
     for col in ("workers", "chains", "plan+route s", "target s", "plain O(N^2) s", "speed-up",
@@ -117,8 +133,18 @@ def main(argv: list[str] | None = None) -> int:
         ok &= n < 100_000 or seconds < TARGET_S
         table.add_row(f"{n:,}", f"{len(plan.chains):,}", f"{seconds:.3f}", f"{TARGET_S:.1f}", plain, speedup,
                       f"{cred_s:.3f}", f"{1e6 * cred_s / max(1, len(found)):.1f}")
-    Console().print(table)
+    console = Console(width=max(Console().width, 170))
+    console.print(table)
     print("PASS" if ok else f"FAIL: planning and routing took over {TARGET_S} s at 100 k workers")
+    if not args.no_fanout:
+        from bench import publication_fanout as fanout
+
+        rows, fanout_ok = fanout.run(args.fanout_sizes, no_relay=args.no_relay, members_max=args.members_max,
+                                     chunks=args.chunks, repeat=args.repeat)
+        console.print(fanout.table(rows, chunks=args.chunks))
+        print("PASS" if fanout_ok else f"FAIL: at {fanout.TARGET_N:,} workers the request took "
+              f"{fanout.REQUEST_TARGET_S} s or more, or some socket waited {fanout.NOTIFIED_TARGET_S} s or more")
+        ok &= fanout_ok
     return 0 if ok else 1
 
 
