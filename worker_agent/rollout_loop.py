@@ -111,17 +111,21 @@ class RolloutLoop:
         groups: list[TrajectoryGroup] = []  # generated, to return with the next request
         rate: float | None = None  # groups per second over the last round (generation and round trip)
         while True:
-            st.producing = st.producing and self.installs.ready(assign.job_id)  # waiting for a version is idle
-            if not groups:
+            ready = self.installs.ready(assign.job_id)
+            st.producing = st.producing and ready  # waiting for a version is idle
+            if not groups and not ready:
                 await self._until_ready(assign.job_id)
+                continue
             started = time.monotonic()
             want = batch_size(least=self.groups_per_lease, groups_per_s=rate, messages_per_s=self.connection.pacer.rate)
             if want != self.batch:
                 log.debug("job %d: leasing %d groups per round trip (%.1f groups/s, paced at %s messages/s)",
-                         assign.job_id, want, rate or 0.0, self.connection.pacer.rate)
+                          assign.job_id, want, rate or 0.0, self.connection.pacer.rate)
                 self.batch = want
-            reply = await self._return_and_lease(groups, lease=want)
+            reply = await self._return_and_lease(groups, lease=want if ready else 0)  # no lease it cannot answer
             groups = []
+            if not ready:
+                continue
             st.producing = isinstance(reply, m.Lease)
             await self.report_state()
             st.no_work = isinstance(reply, m.NoWork)
