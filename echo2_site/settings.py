@@ -292,10 +292,13 @@ ECHO2 = {
     # machine or a mount (the demo, the tests, docker compose); set false where the site cannot see the
     # learner's disk (then the learner refuses it at start).
     "CHECK_MODEL_DIR": env_bool("ECHO2_CHECK_MODEL_DIR", True),
-    # Messages one agent connection may send (token bucket): a rate per second and a burst; over it a message gets
-    # a `rejected` reply, and after this many refused in a row the site closes the socket (4429).
+    # Messages and bytes one agent connection may send (token buckets, announced in the welcome; dataplane/budget.py):
+    # over them a frame gets a `rejected` reply naming its request with `retry_after`, and after this many refused in
+    # a row the site closes the socket (4429). Honest agents pace themselves under them: batched, the fastest agent
+    # we support sends a few messages per second (docs/trust.md "Limits").
     "AGENT_MESSAGES_PER_S": env_float("ECHO2_AGENT_MESSAGES_PER_S", 50.0),
     "AGENT_MESSAGE_BURST": env_float("ECHO2_AGENT_MESSAGE_BURST", 200.0),
+    "AGENT_BYTES_PER_S": env_float("ECHO2_AGENT_BYTES_PER_S", float(64 << 20)),
     "AGENT_ABUSE_CLOSE_AFTER": env_int("ECHO2_AGENT_ABUSE_CLOSE_AFTER", 50),
     # How long an agent socket may check leases and groups against the running job it read (marketplace/jobcache.py)
     # without reading it again; every push that changes it (assign, release, snapshot) drops it sooner. 0: read always.

@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from dataplane import messages as m
 
-from . import selectors, services, throttling
+from . import refusals, selectors, services, throttling
 from .assembly import GroupAssembler
 from .jobcache import FreshFor
 from .jsonlimits import JSONLimitError, check_json
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 UNAUTHORIZED = 4401
 TOO_MANY_REQUESTS = 4429  # over the rate limits, sustained (the standard 1008 cannot be sent through daphne)
-ROLLOUT_MESSAGES = (m.LeaseRequest, m.Trajectories, m.TrajectoriesPart)  # the hot path: checked without a query
+ROLLOUT_MESSAGES = (m.LeaseRequest, m.Trajectories, m.TrajectoriesPart, m.Submit)  # the hot path: no query
 MESSAGE_TOO_BIG = 4413  # a frame over ECHO2_WS_MAX_MESSAGE_BYTES (the standard 1009 cannot be sent through daphne)
 
 
@@ -50,13 +50,14 @@ def _agent_key(scope) -> str:
 
 
 _TYPE = re.compile(r'"type"\s*:\s*"([a-z_]{1,32})"')
+_ID = re.compile(r'"id"\s*:\s*"([^"\\]{1,64})"')
 
 
-GROUP_FRAMES = ("trajectories", "trajectories_part")
+GROUP_FRAMES = ("trajectories", "trajectories_part", "submit")
 METADATA_LEVEL = 5  # frame > group > records > record > metadata: where a group's free-form JSON sits
 
 
-def _parsed_group(text: str) -> m.Trajectories | m.TrajectoriesPart | None:
+def _parsed_group(text: str) -> m.Trajectories | m.TrajectoriesPart | m.Submit | None:
     """A group frame parsed straight from its text (``messages.parse_agent_json``) when it is valid, its only
     free-form part (each record's metadata) within the nesting limit; else None, and the frame takes the general
     path, which says why (the same reasons as ever). The schema bounds the nesting of everything else."""
@@ -64,11 +65,13 @@ def _parsed_group(text: str) -> m.Trajectories | m.TrajectoriesPart | None:
         message = m.parse_agent_json(text)
     except m.MessageError:
         return None
-    if not isinstance(message, m.Trajectories | m.TrajectoriesPart):
+    if not isinstance(message, m.Trajectories | m.TrajectoriesPart | m.Submit):
         return None
-    depth = settings.ECHO2["JSON_MAX_DEPTH"] - METADATA_LEVEL + 1
+    level = METADATA_LEVEL + 1 if isinstance(message, m.Submit) else METADATA_LEVEL  # a submit's groups: a list
+    depth = settings.ECHO2["JSON_MAX_DEPTH"] - level + 1
+    groups = message.groups if isinstance(message, m.Submit) else [message.group]
     try:
-        for record in message.group.records:
+        for record in (record for group in groups for record in group.records):
             if record.metadata:
                 check_json(record.metadata, depth=depth)
     except JSONLimitError:
@@ -79,6 +82,12 @@ def _parsed_group(text: str) -> m.Trajectories | m.TrajectoriesPart | None:
 def _frame_type(text: str | None) -> str | None:
     """The ``type`` near the start of a frame, without parsing it (agents send it first)."""
     found = _TYPE.search(text[:256]) if text else None
+    return found[1] if found else None
+
+
+def _frame_id(text: str | None) -> str | None:
+    """The request ``id`` near the start of a frame, without parsing it (agents send it right after the type)."""
+    found = _ID.search(text[:256]) if text else None
     return found[1] if found else None
 
 
@@ -161,8 +170,14 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         except Exception:  # a bug must not kill the agent's session; it gets a reason, we get the traceback
             log.exception("agent %s: %s failed", self.worker.pk, message.type)
             replies = [m.Rejected(reason="internal error while handling the message", ref=message.type)]
+        if isinstance(message, m.Hello) and message.job_id is not None and not any(
+                isinstance(reply, m.Assign) and reply.job_id == message.job_id for reply in replies):
+            # it reconnected still serving a job it is no longer active in (released while it was away)
+            replies.append(m.Release(job_id=message.job_id, reason="not active in this job any more"))
         request_id = getattr(message, "id", None)
         for reply in replies:
+            if isinstance(reply, m.Welcome):  # the budget this connection enforces, so the agent keeps under it
+                reply = reply.model_copy(update=self.bucket.announced())
             if request_id is not None and "ref_id" in type(reply).model_fields:
                 reply = reply.model_copy(update={"ref_id": request_id})  # the agent pairs replies by id
             await self.send_json(reply.model_dump(mode="json"))
@@ -180,13 +195,9 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             await self._refuse(f"frame of {size} bytes exceeds the site's limit of {limit} bytes; split it",
                                MESSAGE_TOO_BIG)
             return
-        if not self.bucket.take():
-            reason = (f"rate limit: at most {self.bucket.rate:g} messages per second (bursts of "
-                      f"{self.bucket.burst:g}); message dropped")
-            if self.bucket.abusive:
-                await self._refuse(reason + "; closing after sustained abuse", TOO_MANY_REQUESTS)
-            else:  # named by its type (read from the frame's head, unparsed), so a refused group's lease is retried
-                await self.send_json(m.Rejected(reason=reason, ref=_frame_type(text_data)).model_dump())
+        wait = self.bucket.take(size)
+        if wait:
+            await self._over_budget(text_data, size, wait)
             return
         if text_data is None:
             await self.send_json(m.Rejected(reason="frames must be JSON text, not binary").model_dump())
@@ -211,11 +222,25 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             return
         await self.receive_json(content)
 
-    async def _rollout(self, message: m.LeaseRequest | m.Trajectories | m.TrajectoriesPart) -> list[m._Msg]:
+    async def _over_budget(self, text: str | None, size: int, wait: float) -> None:
+        """A frame over the connection's budget: refused unread, named by its type and request id (read from the
+        frame's head), with when to send it again; counted per worker. After sustained abuse, the socket closes."""
+        bucket = self.bucket
+        reason = (f"rate limit: at most {bucket.rate:g} messages per second (bursts of {bucket.burst:g})"
+                  + (f" and {bucket.bytes_per_s:.0f} bytes per second" if bucket.bytes_per_s else "")
+                  + f"; this {size}-byte frame was not read: send it again in {wait:.2f} s")
+        await sync_to_async(refusals.count, thread_sensitive=False)(self.worker.pk)
+        if bucket.abusive:
+            await self._refuse(reason + "; closing after sustained abuse", TOO_MANY_REQUESTS)
+            return
+        await self.send_json(m.Rejected(reason=reason, ref=_frame_type(text), ref_id=_frame_id(text),
+                                        retry_after=round(wait + 0.005, 3)).model_dump())
+
+    async def _rollout(self, message: m.LeaseRequest | m.Trajectories | m.TrajectoriesPart | m.Submit) -> list[m._Msg]:
         """A lease or a group, checked against the running job this socket read (``marketplace.jobcache``): read
         from the database when it is not held, then the work is Redis alone and runs off the database thread, so
         the sockets' rollouts do not queue behind one another's queries."""
-        job_id = message.job_id if isinstance(message, m.LeaseRequest) else message.group.job_id
+        job_id = message.job_id if isinstance(message, m.LeaseRequest | m.Submit) else message.group.job_id
         running = self.running.get(job_id)
         if running is None:
             read_at = time.monotonic()
@@ -250,6 +275,9 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                                                running=running)]
             case m.Trajectories():
                 return [services.trajectories_submit(worker=worker, group=message.group, running=running)]
+            case m.Submit():
+                return [services.groups_submit(worker=worker, job_id=message.job_id, groups=message.groups,
+                                               lease=message.lease, running=running)]
             case m.TrajectoriesPart():
                 return services.trajectories_part_submit(worker=worker, assembler=self.assembler, part=message,
                                                          frame_bytes=self.frame_bytes, running=running)

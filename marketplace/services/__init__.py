@@ -38,6 +38,7 @@ from .jobs import (
 from .learner import jobs_stall_silent_learners, learner_announce, metrics_record
 from .rollouts import (
     RunningJob,
+    groups_submit,
     lease_return,
     prompts_lease,
     running_job,
@@ -64,7 +65,8 @@ from .workers import (
 __all__ = [
     "ServiceError", "api_token_issue",
     "broadcast_plan", "expire_silent_workers", "job_activate_idle_workers", "job_create",
-    "job_finish", "job_group", "job_pause", "lease_return", "job_replan_apply", "job_resume", "job_start",
+    "groups_submit", "job_finish", "job_group", "job_pause", "lease_return", "job_replan_apply", "job_resume",
+    "job_start",
     "jobs_stall_silent_learners", "learner_announce", "metrics_record", "prompts_lease", "relay_failed",
     "RunningJob", "running_job",
     "snapshot_installed", "snapshot_publish", "snapshot_request", "trajectories_malformed", "trajectories_part_submit",
