@@ -2,7 +2,8 @@
 learner's publish request and the fan-out to N agent sockets on the real site.
 
 Run: ``.venv/bin/python bench/bench_publication.py [--sizes 1000 10000 100000] [--no-relay 0.1]
-[--fanout-sizes 1000 10000 100000] [--members-max 10000] [--chunks 256] [--repeat 3] [--no-fanout]``
+[--fanout-sizes 1000 10000 100000] [--members-max 10000] [--chunks 256] [--repeat 3]
+[--database sqlite|postgres] [--no-fanout]``
 
 The second table (``bench/publication_fanout.py`` says what is real there): the learner's ``POST /snapshots/``
 time, the time until every agent socket has its own message, the site's CPU per worker and the Redis bytes of the
@@ -112,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunks", type=int, default=256, help="chunks in the published manifest (256: ~28 KB)")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each publication size up to 10 k workers "
                         "(bigger ones run once); the table shows medians and the worst")
+    parser.add_argument("--database", choices=("sqlite", "postgres"), default="sqlite",
+                        help="the site's database: a fresh SQLite file, or a fresh database on PostgreSQL at "
+                             "127.0.0.1:5432 (dropped at the end)")
     parser.add_argument("--no-fanout", action="store_true", help="print only the planning table (no site)")
     args = parser.parse_args(argv)
     table = Table(title=f"Publication planning and routing ({args.no_relay:.0%} of workers without a relay)")
@@ -140,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         from bench import publication_fanout as fanout
 
         rows, fanout_ok = fanout.run(args.fanout_sizes, no_relay=args.no_relay, members_max=args.members_max,
-                                     chunks=args.chunks, repeat=args.repeat)
+                                     chunks=args.chunks, repeat=args.repeat, database=args.database)
         console.print(fanout.table(rows, chunks=args.chunks))
         print("PASS" if fanout_ok else f"FAIL: at {fanout.TARGET_N:,} workers the request took "
               f"{fanout.REQUEST_TARGET_S} s or more, or some socket waited {fanout.NOTIFIED_TARGET_S} s or more")

@@ -2,7 +2,8 @@
 ``POST /api/jobs/<id>/snapshots/`` against N active workers, and the fan-out to N agent sockets.
 
 What is real: the site's code (Django's test client through the API, authentication and ``snapshot_publish``),
-a fresh SQLite database (migrated) holding the job, N workers and their activations, a private ``redis-server``
+a fresh database (SQLite, or with ``--database postgres`` one on the machine's PostgreSQL, dropped at the end;
+migrated) holding the job, N workers and their activations, a private ``redis-server``
 (started on a free port, stopped by pid at the end) carrying the chain plan and the channel layer
 (``ResilientRedisChannelLayer``, the site's), and N channel-layer members of the job's agents group, each with
 a real ``layer.receive`` loop and the site's own ``AgentConsumer.agent_snapshot`` handler, all in this one
@@ -60,8 +61,36 @@ def start_redis(workdir: Path) -> tuple[subprocess.Popen, str]:
     return proc, f"redis://127.0.0.1:{port}/0"
 
 
-def setup_django(workdir: Path, redis_url: str) -> None:
-    os.environ.update(DJANGO_SETTINGS_MODULE="echo2_site.settings", DATABASE_URL=f"sqlite:///{workdir / 'site.db'}",
+PG_ADMIN_URL = "postgres://postgres@127.0.0.1:5432/postgres"
+
+
+class Postgres:
+    """A fresh database on the machine's PostgreSQL (``--database postgres``), dropped at the end."""
+
+    def __init__(self) -> None:
+        self.name = f"echo2_bench_publication_{os.getpid()}"
+        self.url = PG_ADMIN_URL.rpartition("/")[0] + "/" + self.name
+
+    def _run(self, sql: str) -> None:
+        import psycopg
+
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=10) as conn:
+            conn.execute(sql)
+
+    def create(self) -> str:
+        self._run(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+        self._run(f'CREATE DATABASE "{self.name}"')
+        return self.url
+
+    def drop(self) -> None:
+        from django.db import connections
+
+        connections.close_all()
+        self._run(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+
+def setup_django(workdir: Path, redis_url: str, database_url: str) -> None:
+    os.environ.update(DJANGO_SETTINGS_MODULE="echo2_site.settings", DATABASE_URL=database_url,
                       REDIS_URL=redis_url, DEBUG="false", SECRET_KEY="bench-publication", SECURE_SSL_REDIRECT="false",
                       ECHO2_DATA_DIR=str(workdir), ECHO2_THROTTLE_USER="100000/s",
                       ECHO2_CHANNEL_PREFIX="benchlayer")
@@ -214,16 +243,17 @@ async def one_size(n: int, *, no_relay: float, members_max: int, manifest: dict,
             "old_bytes": sockets.bytes * n // max(1, len(members)), "reads": fanout.PUBLICATIONS.loads - loads}
 
 
-def run(sizes: list[int], *, no_relay: float, members_max: int, chunks: int,
-        repeat: int = 3) -> tuple[list[dict], bool]:
+def run(sizes: list[int], *, no_relay: float, members_max: int, chunks: int, repeat: int = 3,
+        database: str = "sqlite") -> tuple[list[dict], bool]:
     """Every size on one fresh stack, ``repeat`` times up to ``TARGET_N`` workers (once above: minutes); one row
     per size, medians and worsts of its runs, and whether the medians meet the targets at ``TARGET_N``."""
     from dataplane.snapshot import build_manifest
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-publication-"))
     proc, redis_url = start_redis(workdir)
+    postgres = Postgres() if database == "postgres" else None
     try:
-        setup_django(workdir, redis_url)
+        setup_django(workdir, redis_url, postgres.create() if postgres else f"sqlite:///{workdir / 'site.db'}")
         manifest = build_manifest(bytes(chunks * 1024), job_id=1, version=1, chunk_bytes=1024).model_dump(mode="json")
         rows = []
         for n in sizes:
@@ -231,6 +261,8 @@ def run(sizes: list[int], *, no_relay: float, members_max: int, chunks: int,
                                          redis_url=redis_url)) for _ in range(repeat if n <= TARGET_N else 1)]
             rows.append(_summary(runs))
     finally:
+        if postgres is not None:
+            postgres.drop()
         proc.terminate()
         proc.wait(timeout=10)
         shutil.rmtree(workdir, ignore_errors=True)
