@@ -329,6 +329,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if self.follower is None or not self.follower.wants(event):
             return
         self.running.clear()  # the running job this socket holds names the published version: read it again
+        await self.follower.stay()
         text = await fanout.snapshot_text(self.worker.pk, event)
         if text is not None:
             await self.send(text_data=text)

@@ -24,6 +24,7 @@ import asyncio
 import json
 import logging
 import secrets
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,7 @@ from ..models import Snapshot
 log = logging.getLogger(__name__)
 EVENT = "agent.snapshot"  # handled by AgentConsumer.agent_snapshot
 RECORD_TTL_S = 3600  # as long as the chain plan it completes
+REJOIN_AFTER_S = 3600.0  # channels_redis forgets a group member after its group_expiry (a day by default)
 
 
 def agents_group(job_id: int) -> str:
@@ -265,6 +267,7 @@ class JobFollower:
         self.layer, self.channel_name, self.worker_id = layer, channel_name, worker_id
         self.group: str | None = None
         self.caught_up: str | None = None  # nonce of the announcement sent on joining, if any
+        self.joined_at = 0.0
 
     def follows(self, job_id: int) -> bool:
         return self.group == agents_group(job_id)
@@ -286,12 +289,21 @@ class JobFollower:
             return None
         self.group = agents_group(job_id)
         await self.layer.group_add(self.group, self.channel_name)
+        self.joined_at = time.monotonic()
         latest = await sync_to_async(latest_announced, thread_sensitive=False)(job_id)
         if latest is None or latest[0] <= named:
             return None
         self.caught_up = latest[1]
         publication = await PUBLICATIONS.get(job_id, *latest)
         return publication.text_for(self.worker_id) if publication is not None else None
+
+    async def stay(self) -> None:
+        """Join the group again when the membership is old: channels_redis drops a member ``group_expiry`` after it
+        joined (a day by default), and a job can run for longer. Called at each event, so it costs a round trip an
+        hour, not one per publication."""
+        if self.group is not None and time.monotonic() - self.joined_at > REJOIN_AFTER_S:
+            await self.layer.group_add(self.group, self.channel_name)
+            self.joined_at = time.monotonic()
 
     async def leave(self) -> None:
         self.caught_up = None

@@ -224,3 +224,15 @@ def test_the_spliced_message_is_the_message():
         expected = fanout.notice(shared, worker_id=worker_id, route=route, addresses={7: "a:1", 8: "b:2"})
         assert json.loads(publication.text_for(worker_id)) == expected.model_dump(mode="json")
     assert publication.text_for(11) is None  # not in the plan: nothing
+
+
+async def test_a_socket_joins_its_group_again_before_channels_redis_forgets_it(monkeypatch, redis_client):
+    layer = get_channel_layer()
+    follower = fanout.JobFollower(layer, await layer.new_channel(), 1)
+    await follower.follow({"type": "assign", "job_id": 5, "base": None, "snapshot": None})
+    redis_client.delete(layer._group_key(fanout.agents_group(5)))  # the membership expired (group_expiry)
+    monkeypatch.setattr(fanout, "REJOIN_AFTER_S", 0.0)
+    await follower.stay()
+    await layer.group_send(fanout.agents_group(5), {"type": "probe"})
+    assert (await asyncio.wait_for(layer.receive(follower.channel_name), 5))["type"] == "probe"
+    await follower.leave()
