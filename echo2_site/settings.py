@@ -156,7 +156,11 @@ REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "marketplace.channel_layer.ResilientRedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": os.environ.get("ECHO2_CHANNEL_PREFIX", "echo2")},
+        # capacity: messages waiting per channel. Every socket of one site process shares that process's channel,
+        # so channels_redis' default of 100 drops pushes silently when a fleet is assigned at once (1,000 agents on
+        # one process). group_expiry: a socket's group memberships outlive any agent connection (default: a day).
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": os.environ.get("ECHO2_CHANNEL_PREFIX", "echo2"),
+                   "capacity": env_int("ECHO2_CHANNEL_CAPACITY", 100_000), "group_expiry": 30 * 86400},
     }
 }
 

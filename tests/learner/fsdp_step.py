@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -102,3 +103,9 @@ def main() -> None:
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     main()
+    # Everything is saved and the group shut down. gloo's threads can still abort the process while C++ statics are
+    # torn down at interpreter exit ("terminate called without an active exception", seen under load), which torchrun
+    # reports as a failed rank: leave now, as learner/cli.py does.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
