@@ -100,14 +100,17 @@ def main(argv: list[str] | None = None) -> int:
         for processes in args.site_processes:
             for n in args.agents:
                 console.print(f"row: {n} agents, {processes} site process(es) ...")
-                row = Row(site, args, n=n, processes=processes, tag=f"{n}x{processes}").run()
-                rows.append(row)
+                row = Row(site, args, n=n, processes=processes, tag=f"{n}x{processes}")
+                rows.append(row)  # what it measured is shown even when it fails part way
+                row.run()
                 console.print(table([row]))
     except KeyboardInterrupt:
         console.print("interrupted")
         return 130
     except BaseException as err:  # the signal's Stopped, a stack that failed: stop everything, say why
         console.print(f"[red]bench failed: {err!r}")
+        if rows:
+            console.print(table(rows, title="fleet bench: the rows so far (the last one stopped part way)"))
         return 1
     finally:
         site.stop()

@@ -177,7 +177,14 @@ class Row:
         from marketplace import telemetry
 
         self.t_cancel = time.time()
-        api.post(f"jobs/{self.job_id}/cancel/").raise_for_status()
+        self.figures["cancel_errors"] = []
+        for _ in range(5):  # a 500 is a finding (the row says so); the owner would press Cancel again
+            reply = api.post(f"jobs/{self.job_id}/cancel/")
+            if reply.status_code < 500:
+                reply.raise_for_status()
+                break
+            self.figures["cancel_errors"].append(reply.status_code)
+            time.sleep(1.0)
         self._settle("released", self._progress()["assigned"], timeout=60)
         time.sleep(1.0)
         ids = [w["worker_id"] for w in self.site.workers[:self.n]]
@@ -229,6 +236,8 @@ class Row:
         messages = report.messages_in(fleet, w0, w1)
         fig["messages_per_s"] = messages / (w1 - w0)
         fig["cpu_ms_per_msg"] = 1000 * self._cpu / messages if messages else None
+        groups = fig["groups_per_s"] * (w1 - w0)
+        fig["cpu_ms_per_group"] = 1000 * self._cpu / groups if groups else None
         pg0, pg1 = self._pg
         if pg0 and pg1 and messages:
             fig["db_xact_per_msg"] = (pg1["xacts"] - pg0["xacts"]) / messages
@@ -300,12 +309,14 @@ FIGURES = [
     ("reply p50 / p99 s", _latencies),
     ("base installed by all: s after assigns", lambda f: _fmt(f["base_installed_s"], ".1f", "not all in 240 s")),
     ("activate: s to last assign", lambda f: f"{_fmt(f['activate_s'], '.1f')} ({f['activate_told']})"),
-    ("release: s to last release", lambda f: f"{_fmt(f['release_s'], '.1f')} ({f['release_told']})"),
+    ("release: s to last release", lambda f: f"{_fmt(f['release_s'], '.1f')} ({f['release_told']})"
+     + (f"; cancel answered {f['cancel_errors']} first" if f["cancel_errors"] else "")),
     ("re-plan (job_replan) s", lambda f: _fmt(f["replan_s"], ".3f")),
     ("snapshot push, first to last agent s", lambda f: f"{_fmt(f['push']['spread_p50'], '.2f')} (max "
                                                         f"{_fmt(f['push']['spread_max'], '.2f')}, "
                                                         f"{f['push']['versions']} versions)"),
     ("site CPU ms / message (core share)", lambda f: f"{_fmt(f['cpu_ms_per_msg'])} ({f['daphne_cpu_share']:.0%})"),
+    ("site CPU ms / group accepted", lambda f: _fmt(f["cpu_ms_per_group"])),
     ("machine CPU busy (all cores, everyone's)", lambda f: f"{f['machine_busy']:.0%} of {os.cpu_count()} cores"),
     ("DB transactions / message", lambda f: _fmt(f.get("db_xact_per_msg"), ".2f", "n/a (sqlite)")),
     ("DB rows / message", lambda f: _fmt(f.get("db_rows_per_msg"), ".1f", "n/a (sqlite)")),
@@ -314,23 +325,44 @@ FIGURES = [
 
 
 def first_limit(rows: list[Row]) -> str:
-    """Where the first limit is, from the smallest fleet up, and the figure that shows it."""
+    """Where the first limit is, from the smallest fleet up, the figure that shows it, and why."""
     for row in sorted(rows, key=lambda r: (r.figures["site_processes"], r.figures["agents"])):
         f, name = row.figures, f"{row.figures['agents']} agents on {row.figures['site_processes']} process(es)"
         hb = f.get("hb_gen") or {}
-        if f.get("connected", 0) < f["agents"]:
-            return f"first limit: {name}: only {f.get('connected')} connected"
-        if hb.get("sent") and hb["on_time"] / hb["sent"] < 0.99:
-            return (f"first limit: {name}: {hb['on_time'] / hb['sent']:.0%} of heartbeats handled within 1 s while "
-                    f"generating (p99 {_fmt(hb['p99'])} s), daphne at {_fmt(f.get('daphne_cpu_share'), '.0%')} of a "
-                    f"core per process, {_fmt(f.get('messages_per_s'), '.0f')} agent messages/s: each socket's "
-                    "frames wait behind the others' on the process's one event loop and database thread")
-        if f.get("refused"):
-            return f"first limit: {name}: {f['refused']} messages refused ({f.get('refused_why')})"
-        if f.get("lost"):
-            return f"first limit: {name}: {f['lost']} groups lost"
         offered, taken = f.get("engine_groups_per_s") or 0, f.get("groups_per_s") or 0
-        if offered and taken < 0.8 * offered:
-            return (f"first limit: {name}: the site accepted {taken:.0f} groups/s of the {offered:.0f} the engines "
-                    f"could generate; daphne at {_fmt(f.get('daphne_cpu_share'), '.0%')} of a core per process")
+        if f.get("connected", 0) < f["agents"]:
+            found = f"only {f.get('connected')} connected"
+        elif hb.get("sent") and hb["on_time"] / hb["sent"] < 0.99:
+            found = (f"{hb['on_time'] / hb['sent']:.0%} of heartbeats handled within 1 s while generating (p99 "
+                     f"{_fmt(hb['p99'])} s)")
+        elif f.get("refused"):
+            found = f"{f['refused']} messages refused ({f.get('refused_why')})"
+        elif f.get("lost"):
+            found = f"{f['lost']} groups lost"
+        elif f.get("activate_told", f["agents"]) < f["agents"]:
+            found = f"only {f['activate_told']} of {f['agents']} agents got their assignment"
+        elif offered and taken < 0.8 * offered:
+            found = f"the site accepted {taken:.0f} groups/s of the {offered:.0f} the engines could generate"
+        else:
+            continue
+        return f"first limit: {name}: {found}. {_why(f)}"
     return "no limit met at these sizes (every heartbeat on time, nothing refused or lost, all groups accepted)"
+
+
+def _why(f: dict) -> str:
+    """CPU-bound or waiting: the site's CPU per message against what its processes got."""
+    cpu_ms, rate, share = f.get("cpu_ms_per_msg"), f.get("messages_per_s"), f.get("daphne_cpu_share")
+    if not cpu_ms or not rate or share is None:
+        return ""
+    need = cpu_ms * rate / 1000 / f["site_processes"]
+    busy = f.get("machine_busy") or 0
+    per_core = 1000 / cpu_ms
+    agents = per_core / (rate / f["agents"])
+    text = (f"Why: each site process spent {cpu_ms:.2f} ms of CPU per agent message, {need:.2f} of a core at "
+            f"{rate:.0f} messages/s, and got {share:.0%} of a core")
+    if share >= 0.9 or busy >= 0.85:
+        return (text + f" with the machine {busy:.0%} busy: the site is CPU-bound (on this machine, at its share "
+                f"of the cores); one core at this cost handles ~{per_core:.0f} messages/s, ~{agents:.0f} agents at "
+                f"this fleet's {rate / f['agents']:.2f} messages per agent-second. Every socket's frames queue on "
+                "its process's one event loop, so a backlog there delays heartbeats, replies and pushes alike.")
+    return text + ": not CPU-bound; its messages wait (the database thread, Redis, the event loop's queue)."
