@@ -128,3 +128,29 @@ def verify_issued(token: object, fingerprints: Iterable[str], *, job_id: int, ve
     if grant.worker_id != worker_id:
         raise CredentialError(f"credential of worker {grant.worker_id}, not of worker {worker_id}")
     return _check_scope(grant, job_id=job_id, version=version, now=now)
+
+
+LEARNER_PREFIX = "e2l1"
+LEARNER_HEADER = "X-Echo2-Learner"
+"""The header a learner's reports carry its :func:`learner_token` in (``POST /api/jobs/<id>/metrics/``)."""
+
+
+def learner_token(secret: str, *, job_id: int) -> str:
+    """The job's learner credential, ``e2l1.<job>.<HMAC-SHA256 hex>``: what vouches that a report comes from a
+    process holding the job's secret (the learner, from its announcement's reply), not merely from someone with
+    the owner's API token. The site takes audits of workers only with it (docs/trust.md "Audits of work")."""
+    if not secret:
+        raise ValueError("a learner credential needs the job's secret")
+    body = f"{LEARNER_PREFIX}.{int(job_id)}"
+    return f"{body}.{_signature(secret, body)}"
+
+
+def verify_learner(secret: str | None, token: object, *, job_id: int) -> None:
+    """Raises :class:`CredentialError` unless ``token`` is job ``job_id``'s :func:`learner_token` (constant time)."""
+    if not isinstance(token, str) or not token:
+        raise CredentialError("no learner credential")
+    if not secret:
+        raise CredentialError("the job has no transfer secret")
+    if len(token) > MAX_TOKEN_CHARS or not hmac.compare_digest(token.encode(), learner_token(secret, job_id=job_id)
+                                                               .encode()):
+        raise CredentialError(f"not job {job_id}'s learner credential")

@@ -16,6 +16,9 @@ trajectories  ``echo2:job:j:trajectories``: stream of accepted groups (fields ``
               JSON). The consumer group ``learner`` feeds the trainer, which acknowledges (and deletes) an
               entry only once trained or dropped as stale.
 counters      ``echo2:job:j:counters``: hash of per-job counters (accepted_groups, accepted_records, ...).
+delivered     ``echo2:job:j:delivered``: hash of the groups accepted from each worker (field: the worker id), counted
+              with the group: the site's evidence of what a worker delivered to the job, which bounds the audits
+              the learner may report of it (docs/trust.md "Audits of work").
 
 Every operation rides out a Redis restart: a connection error is retried with exponential backoff and
 jitter for up to ``retry_for_s`` seconds, and a consumer group lost with the data (a Redis without
@@ -72,6 +75,10 @@ def trajectories_key(job_id: int) -> str:
 
 def counters_key(job_id: int) -> str:
     return f"echo2:job:{job_id}:counters"
+
+
+def delivered_key(job_id: int) -> str:
+    return f"echo2:job:{job_id}:delivered"
 
 
 def consumer_name(worker_id: int) -> str:
@@ -180,7 +187,7 @@ end
 return out
 """
 
-# KEYS: prompts, trajectories, counters[, event set].
+# KEYS: prompts, trajectories, counters, delivered[, event set].
 # ARGV: lease id, consumer, group id, payload, prompt group, records, prompt text, worker id[, event member, at,
 # keep after, ttl].
 _RETURN_GROUP = """
@@ -201,10 +208,11 @@ redis.call('XACK', KEYS[1], ARGV[5], ARGV[1])
 redis.call('XDEL', KEYS[1], ARGV[1])
 redis.call('HINCRBY', KEYS[3], 'accepted_groups', 1)
 redis.call('HINCRBY', KEYS[3], 'accepted_records', ARGV[6])
-if KEYS[4] then
-  redis.call('ZADD', KEYS[4], ARGV[10], ARGV[9])
-  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', ARGV[11])
-  redis.call('EXPIRE', KEYS[4], ARGV[12])
+redis.call('HINCRBY', KEYS[4], ARGV[8], 1)
+if KEYS[5] then
+  redis.call('ZADD', KEYS[5], ARGV[10], ARGV[9])
+  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', ARGV[11])
+  redis.call('EXPIRE', KEYS[5], ARGV[12])
 end
 return id
 """
@@ -252,7 +260,7 @@ class ReplayBuffer:
         (the learner waits minutes; a site request a few seconds)."""
         self.client, self.job_id, self.retry_for_s = client, job_id, retry_for_s
         self.prompts, self.trajectories = prompts_key(job_id), trajectories_key(job_id)
-        self.counters_key = counters_key(job_id)
+        self.counters_key, self.delivered_key = counters_key(job_id), delivered_key(job_id)
         self.reconnects = 0  # operations that succeeded only after a connection error: a reader re-reads pending
 
     def ensure_groups(self) -> None:
@@ -365,7 +373,7 @@ class ReplayBuffer:
         Raises :class:`LeaseError` when the lease expired, is another worker's or names another group (then
         ``event`` is not added).
         """
-        keys = [self.prompts, self.trajectories, self.counters_key]
+        keys = [self.prompts, self.trajectories, self.counters_key, self.delivered_key]
         args = [group.lease_id, consumer_name(worker_id), group.group_id, encode_group(group), PROMPT_GROUP,
                 len(group.records), group.records[0].prompt, worker_id]
         if event is not None:
@@ -386,6 +394,14 @@ class ReplayBuffer:
 
     def counters(self) -> dict[str, int]:
         return {_text(k): int(v) for k, v in self._retrying(lambda: self.client.hgetall(self.counters_key)).items()}
+
+    def delivered(self, worker_ids: Iterable[int]) -> dict[int, int]:
+        """The groups accepted from each of ``worker_ids`` since the job began (0 for one that delivered none)."""
+        ids = list(worker_ids)
+        if not ids:
+            return {}
+        counts = self._retrying(lambda: self.client.hmget(self.delivered_key, [str(w) for w in ids]))
+        return {w: int(c) if c is not None else 0 for w, c in zip(ids, counts, strict=True)}
 
     def drop(self) -> None:
         """Forget a finished job's streams (prompts no one will answer, groups no one will train on)."""

@@ -9,6 +9,8 @@ from typing import Any
 
 import httpx
 
+from dataplane import credentials
+
 log = logging.getLogger("echo2.learner")
 
 
@@ -33,6 +35,7 @@ class SiteClient:
         self.http = httpx.Client(base_url=server.rstrip("/") + "/api/", timeout=timeout,
                                  headers={"Authorization": f"Token {token}"})
         self.retries = retries
+        self.learner_credential: dict[int, str] = {}  # job id -> its learner credential, from the announce reply
 
     def _request(self, method: str, path: str, *, retries: int | None = None, **kwargs) -> Any:
         """One request, retried (``retries``, default the client's) with backoff through outages.
@@ -76,10 +79,18 @@ class SiteClient:
             body["relay_address"] = relay_address
         if vocab_size is not None:
             body["vocab_size"] = vocab_size
-        return self._request("POST", f"jobs/{job_id}/learner/", json=body, retries=retries)
+        reply = self._request("POST", f"jobs/{job_id}/learner/", json=body, retries=retries)
+        secret = (reply or {}).get("transfer_secret") if isinstance(reply, dict) else None
+        if secret:
+            self.learner_credential[job_id] = credentials.learner_token(secret, job_id=job_id)
+        return reply
 
     def report(self, job_id: int, metrics: dict, *, retries: int | None = None) -> dict:
-        return self._request("POST", f"jobs/{job_id}/metrics/", json=metrics, retries=retries)
+        """A step's report; it carries the job's learner credential (learned from the announcement), without
+        which the site takes no audits of workers (docs/trust.md "Audits of work")."""
+        token = self.learner_credential.get(job_id)
+        headers = {credentials.LEARNER_HEADER: token} if token else None
+        return self._request("POST", f"jobs/{job_id}/metrics/", json=metrics, retries=retries, headers=headers)
 
     def publish(self, job_id: int, *, version: int, url: str, manifest: dict, retries: int | None = None) -> dict:
         return self._request("POST", f"jobs/{job_id}/snapshots/", json={"version": version, "url": url,

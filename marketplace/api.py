@@ -18,7 +18,7 @@ from dataplane.jobs import JobSpec
 
 from . import exports, provisioning, scheduling, selectors, services, stream
 from . import serializers as s
-from .auth import AGENT_KEY_ALLOWED
+from .auth import AGENT_KEY_ALLOWED, learner_problem
 from .models import Job, Worker
 from .renderers import TomlRenderer, YamlRenderer
 from .schema import ErrorSerializer
@@ -136,10 +136,14 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
 
     @extend_schema(methods=["get"], responses=s.MetricSerializer(many=True), parameters=[OpenApiParameter(
         "since", int, description="Only the steps after this one (default 0: all).")])
-    @extend_schema(methods=["post"], request=s.MetricReportSerializer, responses={201: s.MetricSerializer})
+    @extend_schema(methods=["post"], request=s.MetricReportSerializer, responses={201: s.MetricSerializer},
+                   parameters=[OpenApiParameter("X-Echo2-Learner", str, OpenApiParameter.HEADER, description=(
+                       "The job's learner credential (from the transfer secret); required when `audits` is "
+                       "not empty."))])
     @action(detail=True, methods=["get", "post"], pagination_class=None)
     def metrics(self, request, pk=None):
-        """GET: the learner's per-step metrics (``?since=STEP`` for new ones). POST: the learner reports a step."""
+        """GET: the learner's per-step metrics (``?since=STEP`` for new ones). POST: the learner reports a step;
+        audits of workers only with the job's learner credential (header ``X-Echo2-Learner``, docs/trust.md)."""
         job = self.get_object()
         if request.method == "GET":
             rows = job.metrics.filter(step__gt=_since(request)).order_by("step")
@@ -147,6 +151,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         form = s.MetricReportSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         values = dict(form.validated_data)
+        if values.get("audits") and (problem := learner_problem(request, job)) is not None:
+            raise PermissionDenied(f"audits: only the job's learner reports audits of workers ({problem}; the "
+                                   f"learner sends its credential in the X-Echo2-Learner header)")
         step = values.pop("step")
         metric = _service_call(services.metrics_record, job=job, step=step, values=values)
         return Response(s.MetricSerializer(metric).data, status=status.HTTP_201_CREATED)

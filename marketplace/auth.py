@@ -13,8 +13,10 @@ import re
 from knox.auth import TokenAuthentication
 from rest_framework import authentication, exceptions, permissions
 
+from dataplane import credentials
+
 from . import selectors, throttling
-from .models import Worker
+from .models import Job, Worker
 
 _TOKEN_SHAPE = re.compile(rb"[A-Za-z0-9_-]{20,200}")
 
@@ -67,3 +69,16 @@ class NotAgentKey(permissions.BasePermission):
 
 AGENT_KEY_ALLOWED = [permissions.IsAuthenticated]
 """The permissions of the endpoints an agent key may call (they drop ``NotAgentKey``)."""
+
+
+def learner_problem(request, job: Job) -> str | None:
+    """Why the request does not come from ``job``'s learner (None when it does): a learner proves itself with the
+    job's learner credential (``dataplane.credentials.learner_token``, made from the transfer secret its
+    announcement got) in the ``X-Echo2-Learner`` header, beside the owner's API token. What only the learner may
+    report (audits of workers) needs it; an owner's token alone is not enough (docs/trust.md "Audits of work")."""
+    try:
+        credentials.verify_learner(job.transfer_secret, request.headers.get(credentials.LEARNER_HEADER),
+                                   job_id=job.pk)
+    except credentials.CredentialError as err:
+        return str(err)
+    return None

@@ -1,7 +1,12 @@
 """The learner's audits of workers' records (learner/audit.py, docs/trust.md "Audits"): stored per step, summed
 per worker, and a worker that failed ``ECHO2["AUDIT_SUSPEND_AFTER"]`` audits is suspended: its open activation
 ends (billing stops, its leases go back), and the scheduler never activates it again until staff lift the
-suspension (admin: clear ``suspended_at``)."""
+suspension (admin: clear ``suspended_at``).
+
+Audits are the learner's word, taken as evidence only within what the site saw: the API takes them only with the
+job's learner credential (``marketplace.auth.learner_problem``), and here only of workers the site accepted groups
+from for this job, never more groups in all (passed and failed, over every step of the job) than it accepted from
+that worker (``ReplayBuffer.delivered``). An owner cannot fail or launder another's worker through his own job."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from django.conf import settings
 from django.db.models import Sum
 from django.utils import timezone
 
+from .. import stream
 from ..models import Activation, Job, Worker, WorkerAudit
 from .workers import worker_release
 
@@ -20,20 +26,51 @@ log = logging.getLogger(__name__)
 
 def audits_record(*, job: Job, step: int, results: list[dict[str, Any]]) -> None:
     """Store the audit outcomes the learner reported with ``step`` (idempotent per job, worker and step), refresh
-    each worker's totals and suspend those past the limit. Runs inside the caller's transaction."""
-    known = set(Worker.objects.filter(pk__in=[r["worker_id"] for r in results]).values_list("pk", flat=True))
-    for result in results:
-        worker_id = result["worker_id"]
+    each worker's totals and suspend those past the limit. Runs inside the caller's transaction.
+
+    Only what the site can vouch for counts: an audit of a worker that delivered no group to this job is ignored,
+    and a worker's groups audited in this job (this step's with every other step's) are capped at the groups the
+    site accepted from it, failures kept first. Both are logged."""
+    results = _mergeable(results)
+    delivered = stream.replay(job.pk).delivered(results) if results else {}
+    known = set(Worker.objects.filter(pk__in=list(results)).values_list("pk", flat=True))
+    for worker_id, result in results.items():
         if worker_id not in known:  # a worker deleted since (or a learner's mistake): nothing to hold to account
             log.warning("job %s step %s: audit of unknown worker %s ignored", job.pk, step, worker_id)
             continue
+        if not delivered.get(worker_id):
+            log.warning("job %s step %s: audit of worker %s ignored: it delivered no group to this job", job.pk,
+                        step, worker_id)
+            continue
+        earlier = WorkerAudit.objects.filter(job=job, worker_id=worker_id).exclude(step=step).aggregate(
+            p=Sum("passed"), f=Sum("failed"))
+        room = max(0, delivered[worker_id] - (earlier["p"] or 0) - (earlier["f"] or 0))
+        failed = min(result["failed"], room)
+        passed = min(result["passed"], room - failed)
+        if (passed, failed) != (result["passed"], result["failed"]):
+            log.warning("job %s step %s: audits of worker %s capped at the %d groups it delivered: %d passed, %d "
+                        "failed (reported %d and %d)", job.pk, step, worker_id, delivered[worker_id], passed, failed,
+                        result["passed"], result["failed"])
+        if not passed and not failed:
+            continue
         WorkerAudit.objects.update_or_create(job=job, worker_id=worker_id, step=step, defaults={
-            "passed": result["passed"], "failed": result["failed"], "dropped_records": result["dropped_records"],
+            "passed": passed, "failed": failed, "dropped_records": result["dropped_records"],
             "reason": result.get("reason", "")})
         totals = WorkerAudit.objects.filter(worker_id=worker_id).aggregate(p=Sum("passed"), f=Sum("failed"))
         Worker.objects.filter(pk=worker_id).update(audits_passed=totals["p"] or 0, audits_failed=totals["f"] or 0)
-        if result["failed"]:
+        if failed:
             _suspend_if_due(worker_id, failures=totals["f"] or 0, reason=result.get("reason", ""))
+
+
+def _mergeable(results: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """One outcome per worker: a report naming a worker twice is summed (so it cannot pass the cap twice)."""
+    merged: dict[int, dict[str, Any]] = {}
+    for result in results:
+        into = merged.setdefault(result["worker_id"], {"passed": 0, "failed": 0, "dropped_records": 0, "reason": ""})
+        for field in ("passed", "failed", "dropped_records"):
+            into[field] += result.get(field, 0)
+        into["reason"] = result.get("reason", "") or into["reason"]
+    return merged
 
 
 def _suspend_if_due(worker_id: int, *, failures: int, reason: str) -> None:

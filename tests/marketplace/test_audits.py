@@ -1,6 +1,10 @@
 """The learner's audit outcomes at the site (marketplace/services/audits.py): counted once per step however
 often a report is re-sent, shown to the provider, and a worker past ECHO2_AUDIT_SUSPEND_AFTER failures is
-suspended: released from its job (billing stops) and never planned or activated again."""
+suspended: released from its job (billing stops) and never planned or activated again.
+
+Audits are evidence only within what the site saw (issue 26, High 1): only the job's learner reports them (its
+credential, not the owner's token alone), only of workers that delivered groups to that job, never more groups
+than they delivered."""
 
 from __future__ import annotations
 
@@ -8,8 +12,12 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
-from marketplace import scheduling, services
-from marketplace.models import Activation, Worker, WorkerAudit
+from dataplane.credentials import learner_token
+from dataplane.records import TrajectoryGroup
+from dataplane.tasks import build_task
+from learner.prompts import PromptFeeder
+from marketplace import scheduling, services, stream
+from marketplace.models import Activation, Job, Worker, WorkerAudit
 
 from . import factories
 
@@ -19,6 +27,33 @@ pytestmark = pytest.mark.django_db
 def report(api, job, step: int, audits: list[dict]):
     return api.post(f"/api/jobs/{job.pk}/metrics/", {"step": step, "reward_mean": 0.5, "audits": audits},
                     format="json")
+
+
+def learner_api(owner, job: Job, *, credential: bool = True) -> APIClient:
+    """The owner's API token, with the job's learner credential (as ``echo2-learner`` sends it) or without."""
+    api = APIClient()
+    headers = {"HTTP_AUTHORIZATION": f"Token {factories.token(owner)}"}
+    if credential:
+        headers["HTTP_X_ECHO2_LEARNER"] = learner_token(job.transfer_secret, job_id=job.pk)
+    api.credentials(**headers)
+    return api
+
+
+def deliver(job: Job, worker: Worker, groups: int) -> None:
+    """``worker`` leases and returns ``groups`` well-formed groups of ``job``, each accepted by the site."""
+    PromptFeeder(stream.client(), job_id=job.pk, task=build_task({"name": "arithmetic"}), seed=worker.pk,
+                 backlog=stream.replay(job.pk).outstanding() + groups).top_up()
+    done = 0
+    while done < groups:
+        lease = services.prompts_lease(worker=worker, job_id=job.pk, groups=groups - done)
+        for leased in lease.leases:
+            record = {"job_id": job.pk, "lease_id": leased.lease_id, "group_id": leased.group_id,
+                      "prompt": leased.prompt, "prompt_ids": [1, 5, 6], "completion": "7", "completion_ids": [12, 2],
+                      "logprobs": [-1.5, -0.2], "reward": 1.0, "version": 0}
+            group = TrajectoryGroup.model_validate({"job_id": job.pk, "lease_id": leased.lease_id, "version": 0,
+                                                    "group_id": leased.group_id, "records": [record] * job.group_size})
+            assert services.trajectories_submit(worker=worker, group=group).accepted == job.group_size
+            done += 1
 
 
 @pytest.fixture
@@ -33,9 +68,10 @@ def running(redis_url, settings):
     services.job_start(job=job)
     job.refresh_from_db()
     services.job_activate_idle_workers(job=job)  # the calibration phase: both idle workers join
-    api = APIClient()
-    api.credentials(HTTP_AUTHORIZATION=f"Token {factories.token(owner)}")
-    return {"api": api, "job": job, "honest": honest, "liar": liar, "provider": provider}
+    deliver(job, honest, 3)
+    deliver(job, liar, 5)
+    return {"api": learner_api(owner, job), "job": job, "honest": honest, "liar": liar, "provider": provider,
+            "owner": owner}
 
 
 def test_outcomes_count_once_per_step_and_repeat_failures_suspend(running):
@@ -92,3 +128,58 @@ def test_a_malformed_audit_report_is_a_400_naming_the_field(running, bad):
     assert reply.status_code == 400
     body = reply.json()
     assert body["detail"].startswith("audits.0.") and all(key.startswith("audits.0.") for key in body["errors"])
+
+
+def test_the_owners_token_alone_reports_no_audits(running):
+    """The owner's API token is not the learner: without the job's learner credential (or with another job's) a
+    report carrying audits is a 403 and nothing is counted; a report without audits still goes in."""
+    owner, job, liar = running["owner"], running["job"], running["liar"]
+    forged = [{"worker_id": liar.pk, "passed": 0, "failed": 3, "reason": "forged by the owner"}]
+    for api in (learner_api(owner, job, credential=False), _with_learner_header(owner, "e2l1.1.00")):
+        reply = report(api, job, 1, forged)
+        assert reply.status_code == 403 and "only the job's learner reports audits" in reply.json()["detail"]
+    liar.refresh_from_db()
+    assert (liar.audits_failed, liar.suspended_at) == (0, None) and not WorkerAudit.objects.exists()
+    assert report(learner_api(owner, job, credential=False), job, 1, []).status_code == 201
+
+
+def _with_learner_header(owner, value: str) -> APIClient:
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {factories.token(owner)}", HTTP_X_ECHO2_LEARNER=value)
+    return api
+
+
+def test_an_owner_cannot_fail_a_worker_of_another_job(running):
+    """The attack of issue 26: an owner with a running job of his own (and its learner's credential) reports
+    failed audits of a worker that serves someone else's job. It delivered nothing to his job: ignored."""
+    victim, victims_job = running["honest"], running["job"]
+    attacker = factories.user()
+    own_job = factories.job(attacker)
+    services.job_start(job=own_job)
+    api = learner_api(attacker, Job.objects.get(pk=own_job.pk))
+    for step in (1, 2, 3):
+        assert report(api, own_job, step, [{"worker_id": victim.pk, "passed": 0, "failed": 3,
+                                            "reason": "logprobs: made up"}]).status_code == 201
+    victim.refresh_from_db()
+    assert (victim.audits_failed, victim.suspended_at) == (0, None)
+    assert not WorkerAudit.objects.filter(worker=victim).exists()
+    assert Activation.objects.filter(worker=victim, job=victims_job, ended_at=None).exists()
+
+
+def test_audits_count_at_most_the_groups_a_worker_delivered(running):
+    """``passed: 1000000`` launders nothing: a worker's audited groups in a job (every step together) never
+    exceed the groups the site accepted from it there (5 for the liar), failures counted first."""
+    api, job, liar = running["api"], running["job"], running["liar"]
+    assert report(api, job, 1, [{"worker_id": liar.pk, "passed": 1_000_000, "failed": 1,
+                                 "reason": "records.0.reward: x"}]).status_code == 201
+    liar.refresh_from_db()
+    assert (liar.audits_passed, liar.audits_failed) == (4, 1)
+    assert report(api, job, 2, [{"worker_id": liar.pk, "passed": 1_000_000, "failed": 0}]).status_code == 201
+    # the same worker twice in one report is one outcome, under the same cap
+    assert report(api, job, 3, [{"worker_id": liar.pk, "passed": 3, "failed": 0}] * 2).status_code == 201
+    liar.refresh_from_db()
+    assert (liar.audits_passed, liar.audits_failed) == (4, 1)
+    deliver(job, liar, 2)  # two more groups delivered: room for two more verdicts
+    assert report(api, job, 4, [{"worker_id": liar.pk, "passed": 9, "failed": 0}]).status_code == 201
+    liar.refresh_from_db()
+    assert (liar.audits_passed, liar.audits_failed) == (6, 1)
