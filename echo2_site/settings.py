@@ -318,6 +318,11 @@ ECHO2 = {
     # ranges only where the whole marketplace runs on one private network (docker/compose.yaml).
     "ALLOW_LOOPBACK_PEERS": env_bool("ECHO2_ALLOW_LOOPBACK_PEERS", DEBUG),
     "ALLOW_PRIVATE_PEERS": env_bool("ECHO2_ALLOW_PRIVATE_PEERS", False),
+    # The only files the site reads for a task (a math task's JSONL): builtin:<file> or an absolute path under this
+    # root, resolved (no symlink out), a regular file of at most TASK_DATA_MAX_BYTES (dataplane/tasks/files.py). The
+    # learner and agents read their own machines' paths. Not ECHO2_DATA_DIR itself: it holds the database.
+    "TASK_DATA_ROOT": Path(os.environ.get("ECHO2_TASK_DATA_ROOT") or DATA_DIR / "tasks"),
+    "TASK_DATA_MAX_BYTES": env_int("ECHO2_TASK_DATA_MAX_BYTES", 64 << 20),
     # A worker whose records failed this many of the learners' audits (all jobs) is suspended (docs/trust.md).
     "AUDIT_SUSPEND_AFTER": env_int("ECHO2_AUDIT_SUSPEND_AFTER", 3),
     # GET /metrics (Prometheus) with "Authorization: Bearer <this>"; unset, only a staff session may scrape.

@@ -14,6 +14,8 @@ against the wrong answers. A prompt that is not in the file scores 0.
 
 ``path`` may be ``builtin:<file>`` for a file shipped in ``dataplane/tasks/data/`` (installed with the
 agent, so every machine has it): ``builtin:math_sample.jsonl`` is a tiny sample for demos and tests.
+The file is read under the process's policy (``dataplane.tasks.files``): any path on the learner's and agents'
+machines, only under ``ECHO2_TASK_DATA_ROOT`` and size-capped at the site.
 """
 
 from __future__ import annotations
@@ -23,13 +25,11 @@ import json
 import random
 import re
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 from .base import Prompt, TaskAdapter, TaskSpecError
+from .files import DATA_DIR, read_task_file  # noqa: F401  (DATA_DIR: where builtin: files are, named here too)
 
-DATA_DIR = Path(__file__).with_name("data")
-BUILTIN_PREFIX = "builtin:"
 DEFAULT_TEMPLATE = "{problem}\nPut the final answer in \\boxed{}."
 MAX_LINE_CHARS = 100_000
 
@@ -117,12 +117,6 @@ def answers_match(given: str, reference: str) -> bool:
     return bool(a) and a == b
 
 
-def resolve_path(path: str) -> Path:
-    if path.startswith(BUILTIN_PREFIX):
-        return DATA_DIR / path.removeprefix(BUILTIN_PREFIX)
-    return Path(path).expanduser()
-
-
 class MathTask(TaskAdapter):
     name = "math"
     reward_range = (0.0, 1.0)  # 1 for a right answer, else 0
@@ -134,11 +128,7 @@ class MathTask(TaskAdapter):
             raise TaskSpecError("template: must be a string containing '{problem}'")
         if sha256 is not None and not (isinstance(sha256, str) and re.fullmatch(r"[0-9a-f]{64}", sha256)):
             raise TaskSpecError("sha256: must be 64 lowercase hex digits")
-        file = resolve_path(path)
-        try:
-            raw = file.read_bytes()
-        except OSError as err:
-            raise TaskSpecError(f"path: cannot read {path!r}: {err.strerror or err}") from None
+        raw = read_task_file(path)
         digest = hashlib.sha256(raw).hexdigest()
         if sha256 is not None and sha256 != digest:
             raise TaskSpecError(f"sha256: {path!r} has sha256 {digest[:12]}..., the job expects {sha256[:12]}...; "

@@ -9,9 +9,18 @@ from pathlib import Path
 import pytest
 
 from dataplane.tasks import TaskSpecError, available_tasks, build_task
+from dataplane.tasks.files import UNCONFINED, using
 from dataplane.tasks.mathqa import DATA_DIR, MathTask, answers_match, extract_answer
 
 SAMPLE = {"name": "math", "path": "builtin:math_sample.jsonl"}
+
+
+@pytest.fixture(autouse=True)
+def on_the_learners_machine():
+    """These tests build the task as the learner and the agents do, reading any path; the test process is also a
+    site (Django loaded), which reads only under its task data root (tests/marketplace/test_task_files.py)."""
+    with using(UNCONFINED):
+        yield
 
 
 def write_jsonl(path: Path, rows: list) -> str:
