@@ -88,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True)
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _raise_stopped)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C, even where the parent ignored it (a & job)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
 
     from bench.fleet.rows import Row, table
     from bench.fleet.site import Site
@@ -104,15 +106,14 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)  # what it measured is shown even when it fails part way
                 row.run()
                 console.print(table([row]))
-    except KeyboardInterrupt:
-        console.print("interrupted")
-        return 130
-    except BaseException as err:  # the signal's Stopped, a stack that failed: stop everything, say why
-        console.print(f"[red]bench failed: {err!r}")
+    except BaseException as err:  # Ctrl-C, the signal's Stopped, a stack that failed: stop everything, say why
+        console.print("interrupted" if isinstance(err, KeyboardInterrupt) else f"[red]bench failed: {err!r}")
         if rows:
             console.print(table(rows, title="fleet bench: the rows so far (the last one stopped part way)"))
-        return 1
+        return 130 if isinstance(err, KeyboardInterrupt) else 1
     finally:
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second Ctrl-C must not cut the cleanup
+            signal.signal(signum, signal.SIG_IGN)
         site.stop()
         console.print(f"every process stopped; logs in {site.stack.logs}")
     command = "bench/bench_fleet.py " + " ".join(sys.argv[1:] if argv is None else argv)

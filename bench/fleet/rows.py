@@ -148,11 +148,13 @@ class Row:
 
         def sample():
             return (time.time(), redis.hgetall(counters), sum(cpu_seconds(p.pid) for p in self.daphnes),
-                    site.pg.stats() if site.pg else None, log.stat().st_size, machine_cpu())
+                    site.pg.stats() if site.pg else None, log.stat().st_size, machine_cpu(),
+                    sum(cpu_seconds(p.pid) for p in self.agent_procs))
 
-        (w0, c0, cpu0, pg0, log0, machine0) = sample()
+        (w0, c0, cpu0, pg0, log0, machine0, fleet0) = sample()
         time.sleep(self.args.window)
-        (w1, c1, cpu1, pg1, log1, machine1) = sample()
+        (w1, c1, cpu1, pg1, log1, machine1, fleet1) = sample()
+        fig["fleet_cpu_share"] = (fleet1 - fleet0) / (w1 - w0)  # the emulated agents' own CPU, in cores
         self.window, span = (w0, w1), w1 - w0
         fig["machine_busy"] = (machine1[0] - machine0[0]) / max(1, machine1[1] - machine0[1])
         for key in ("accepted_groups", "accepted_records"):
@@ -300,8 +302,7 @@ FIGURES = [
     ("records/s accepted", lambda f: f"{f['records_per_s']:.0f}"),
     ("groups the drain acknowledged", lambda f: "off (--no-drain)" if "drained" not in f else f"{f['drained']}"
      if f["drain_error"] == "None" else f"failed: {f['drain_error'][:60]}"),
-    ("lease requests answered no_work", lambda f: str(f["frames_received"].get("no_work (in submitted)", 0)
-                                                      + f["frames_received"].get("no_work", 0))),
+    ("lease requests answered no_work", lambda f: str(no_work(f))),
     ("agent messages/s", lambda f: f"{f['messages_per_s']:.0f}"),
     ("refused (rejected replies)", lambda f: f"{f['refused']}" + (f" {f['refused_why']}" if f["refused"] else "")),
     ("refused over budget (site's count)", lambda f: _fmt(f.get("site_refused"), "d", "not counted")),
@@ -318,6 +319,7 @@ FIGURES = [
     ("site CPU ms / message (core share)", lambda f: f"{_fmt(f['cpu_ms_per_msg'])} ({f['daphne_cpu_share']:.0%})"),
     ("site CPU ms / group accepted", lambda f: _fmt(f["cpu_ms_per_group"])),
     ("machine CPU busy (all cores, everyone's)", lambda f: f"{f['machine_busy']:.0%} of {os.cpu_count()} cores"),
+    ("the emulated fleet's own CPU (cores)", lambda f: f"{f['fleet_cpu_share']:.2f}"),
     ("DB transactions / message", lambda f: _fmt(f.get("db_xact_per_msg"), ".2f", "n/a (sqlite)")),
     ("DB rows / message", lambda f: _fmt(f.get("db_rows_per_msg"), ".1f", "n/a (sqlite)")),
     ("learner bubble (steps)", lambda f: f"{_fmt(f['bubble'], '.0%')} ({f['learner_steps']})"),
@@ -341,12 +343,22 @@ def first_limit(rows: list[Row]) -> str:
             found = f"{f['lost']} groups lost"
         elif f.get("activate_told", f["agents"]) < f["agents"]:
             found = f"only {f['activate_told']} of {f['agents']} agents got their assignment"
+        elif offered and taken < 0.8 * offered and no_work(f) and "drained" not in f:
+            return (f"first limit: {name}: the learner's prompts: the site accepted {taken:.0f} groups/s of the "
+                    f"{offered:.0f} the engines could generate and answered {no_work(f)} lease requests no_work; the "
+                    "learner keeps only 2 x (groups per step) prompt groups outstanding, so its training speed "
+                    "bounds ingest (--drain measures the site's ceiling)")
         elif offered and taken < 0.8 * offered:
             found = f"the site accepted {taken:.0f} groups/s of the {offered:.0f} the engines could generate"
         else:
             continue
         return f"first limit: {name}: {found}. {_why(f)}"
     return "no limit met at these sizes (every heartbeat on time, nothing refused or lost, all groups accepted)"
+
+
+def no_work(f: dict) -> int:
+    received = f.get("frames_received", {})
+    return received.get("no_work (in submitted)", 0) + received.get("no_work", 0)
 
 
 def _why(f: dict) -> str:
