@@ -2,8 +2,8 @@
 
 Run: ``.venv/bin/python bench/bench_fleet.py [--agents 100,300] [--site-processes 1,2] [--database postgres]
 [--window 30] [--tokens-per-s 256] [--no-drain] [--json PATH]``. N = 1000 is opt-in (``--agents 100,300,1000``):
-on a 2-core machine its row alone takes several minutes, and the emulated fleet's own CPU (1,000 websocket
-clients in Python) competes with the site it measures.
+its row adds 2-3 minutes on a 2-core machine, and the emulated fleet's own CPU (1,000 websocket clients in Python)
+competes with the site it measures (the table shows both).
 
 Starts, on loopback: a private redis-server, a fresh PostgreSQL database (dropped at the end; ``--database
 sqlite``: a file), Celery worker and beat, and per row fresh daphne processes, a job and its real
@@ -57,7 +57,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ints = lambda text: [int(x) for x in text.split(",") if x.strip()]  # noqa: E731
     parser.add_argument("--agents", type=ints, default=[100, 300], help="Fleet sizes, one row each (default "
-                        "100,300; 1000 is opt-in: minutes on 2 cores).")
+                        "100,300, about 4 min on 2 cores; 1000 is opt-in: its row adds 2-3 min, and the emulated "
+                        "fleet's own CPU competes with the site's).")
     parser.add_argument("--site-processes", type=ints, default=[1], help="daphne processes per row, e.g. 1,2 "
                         "(every fleet size is run with each).")
     parser.add_argument("--database", choices=("postgres", "sqlite"), default="postgres",
