@@ -144,6 +144,19 @@ DATABASES = {
         conn_max_age=env_int("CONN_MAX_AGE", 60), conn_health_checks=True,
     )
 }
+DB_POOL_MAX = env_int("ECHO2_DB_POOL_MAX", 20)
+if DATABASES["default"]["ENGINE"].endswith("postgresql") and DB_POOL_MAX > 0:
+    # PostgreSQL: one pool of at most ECHO2_DB_POOL_MAX connections per site process (Django's psycopg pool), so a
+    # burst of requests queues for a connection (up to ECHO2_DB_POOL_TIMEOUT_S) instead of each request thread
+    # opening its own and keeping it for CONN_MAX_AGE: 150 concurrent requests took more connections than the
+    # server allows and got 500s (issue 26). A request hands its connection back when it ends (the pool needs
+    # CONN_MAX_AGE 0); each is checked before it is handed out (CONN_HEALTH_CHECKS). Size it so that every
+    # process's pool together (daphne x P, Celery x its concurrency, beat) stays under the server's max_connections.
+    # 0: no pool (CONN_MAX_AGE as above; put pgbouncer in front instead).
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": min(2, DB_POOL_MAX), "max_size": DB_POOL_MAX, "timeout": env_float("ECHO2_DB_POOL_TIMEOUT_S", 10.0),
+    }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # Several processes (daphne, Celery) share the file in the demo: take the write lock when a
     # transaction begins (no lock upgrades that fail at once), wait for it, and let readers run (WAL).
