@@ -4,7 +4,11 @@ own machine or network would turn agents into probes of it: link-local ranges an
 always refused, loopback and private ranges unless a setting allows them (tests and the demo run on loopback).
 
 Host names are checked as names (``localhost``, metadata names), not resolved: what a name resolves to at the
-site says nothing of what it resolves to at the agent. Pure functions; the serializers call them with the
+site says nothing of what it resolves to at the agent. A host that is a number in any form a resolver takes as an
+IPv4 address (``inet_aton``: ``2852039166``, ``0xa9fea9fe``, ``127.1``, ``0177.0.0.1``, ``0``) is that address and
+checked as one (issue 26); a host whose last label is a number but is no such address is refused, as browsers do
+(WHATWG URL). An IPv6 address that carries an IPv4 one (``::ffff:a.b.c.d``, NAT64's ``64:ff9b::a.b.c.d``) is
+checked as the IPv4 address it reaches. Pure functions; the serializers call them with the
 settings ``ECHO2_ALLOW_LOOPBACK_PEERS`` and ``ECHO2_ALLOW_PRIVATE_PEERS``.
 """
 
@@ -40,10 +44,54 @@ def check_host(host: str, policy: PeerPolicy) -> str:
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
-        return _check_name(host, policy)
-    mapped = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
-    _check_ip(mapped or ip, policy)  # ::ffff:169.254.169.254 is 169.254.169.254
+        numeric = numeric_ipv4(host)
+        if numeric is None:
+            return _check_name(host, policy)
+        _check_ip(numeric, policy)
+        return str(numeric)  # 127.1 is dialled as 127.0.0.1: say so
+    _check_ip(_embedded_ipv4(ip) or ip, policy)  # ::ffff:169.254.169.254 is 169.254.169.254
     return host
+
+
+_NUMBER = re.compile(r"0x[0-9a-f]*|[0-9]+")
+NAT64 = ipaddress.ip_network("64:ff9b::/96")
+"""The well-known NAT64 prefix (RFC 6052): ``64:ff9b::a9fe:a9fe`` reaches 169.254.169.254 through a NAT64 gateway."""
+
+
+def numeric_ipv4(host: str) -> ipaddress.IPv4Address | None:
+    """The IPv4 address a numeric ``host`` (lower-case) means to a resolver, in every form ``inet_aton`` takes: one to
+    four dot-separated numbers, each decimal, octal (a leading 0) or hex (``0x``), the last filling the bytes left
+    (``127.1`` is 127.0.0.1, ``2852039166`` and ``0xa9fea9fe`` are 169.254.169.254, ``0`` is 0.0.0.0). None when
+    the last label is not a number (a host name); :class:`AddressError` when it is one but the host is no address
+    (``1.2.3.4.5``, ``256.1.1.1``, ``08.1``): WHATWG URL refuses such hosts, and no resolver should be asked."""
+    labels = host.split(".")
+    if not _NUMBER.fullmatch(labels[-1]):
+        return None
+    values = []
+    for label in labels if len(labels) <= 4 else ():
+        if not _NUMBER.fullmatch(label):
+            break
+        if label.startswith("0x"):
+            values.append(int(label[2:] or "0", 16))
+        elif len(label) > 1 and label.startswith("0"):
+            if not set(label) <= set("01234567"):
+                break
+            values.append(int(label, 8))
+        else:
+            values.append(int(label))
+    *head, last = values or [-1]
+    if len(values) != len(labels) or any(v > 255 for v in head) or not 0 <= last < 256 ** (4 - len(head)):
+        raise AddressError(f"{host!r} ends in a number but is no IPv4 address")
+    return ipaddress.IPv4Address(sum(v << 8 * (3 - i) for i, v in enumerate(head)) + last)
+
+
+def _embedded_ipv4(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 one reaches: IPv4-mapped (``::ffff:a.b.c.d``) or through NAT64 (``64:ff9b::/96``)."""
+    if not isinstance(ip, ipaddress.IPv6Address):
+        return None
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF) if ip in NAT64 else None
 
 
 def _check_name(host: str, policy: PeerPolicy) -> str:

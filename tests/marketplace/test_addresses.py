@@ -96,3 +96,48 @@ def test_the_api_refuses_with_a_400_naming_the_field(redis_url, settings, allow)
     good = api.post(f"/api/jobs/{job.pk}/snapshots/", {"version": 1, "url": "http://learner.example.net:9000/v1/",
                                                         "manifest": factories.manifest(job, 1)})
     assert good.status_code == 201, good.content
+
+
+ANY = PeerPolicy(allow_loopback=True, allow_private=True)
+
+
+@pytest.mark.parametrize(("host", "policy", "why"), [
+    # every numeric form a resolver takes as IPv4 (inet_aton), issue 26: they all passed as "host names"
+    ("2852039166", ANY, "169.254.169.254 is a cloud metadata service"),
+    ("0xa9fea9fe", ANY, "169.254.169.254 is a cloud metadata service"),
+    ("0251.0376.0251.0376", ANY, "169.254.169.254 is a cloud metadata service"),
+    ("169.254.43518", ANY, "169.254.169.254 is a cloud metadata service"),
+    ("0xA9.0xFE.0xA9.0xFE", ANY, "169.254.169.254 is a cloud metadata service"),
+    ("[64:ff9b::a9fe:a9fe]", ANY, "169.254.169.254 is a cloud metadata service"),
+    ("169.254.1", ANY, "169.254.0.1 is link-local"),
+    ("127.1", STRICT, "127.0.0.1 is loopback"),
+    ("2130706433", STRICT, "127.0.0.1 is loopback"),
+    ("0177.0.0.1", STRICT, "127.0.0.1 is loopback"),
+    ("0x7f.1", STRICT, "127.0.0.1 is loopback"),
+    ("0", ANY, "0.0.0.0 is not a unicast address"),
+    ("0x0", ANY, "0.0.0.0 is not a unicast address"),
+    ("10.1", STRICT, "10.0.0.1 is a private address"),
+    ("3232235777", STRICT, "192.168.1.1 is a private address"),
+    # a host ending in a number that is no address: refused, not looked up as a name
+    ("1.2.3.4.5", ANY, "ends in a number but is no IPv4 address"),
+    ("256.1.1.1", ANY, "ends in a number but is no IPv4 address"),
+    ("4294967296", ANY, "ends in a number but is no IPv4 address"),
+    ("08.0.0.1", ANY, "ends in a number but is no IPv4 address"),
+    ("relay.example.123", ANY, "ends in a number but is no IPv4 address"),
+])
+def test_numeric_address_forms_are_the_addresses_they_dial(host, policy, why):
+    with pytest.raises(AddressError, match=why):
+        check_host_port(f"{host}:7000", policy)
+    with pytest.raises(AddressError, match=why):
+        check_url(f"http://{host}:7000/v1/", policy)
+
+
+@pytest.mark.parametrize(("value", "policy", "tidy"), [
+    ("127.1:7000", LOOPBACK, "127.0.0.1:7000"),  # checked and written as the address it dials
+    ("134744072:53", STRICT, "8.8.8.8:53"),
+    ("0x08.0x08.0x08.0x08:53", STRICT, "8.8.8.8:53"),
+    ("1e100.net:443", STRICT, "1e100.net:443"),  # a name whose last label is not a number stays a name
+    ("7.example:443", STRICT, "7.example:443"),
+])
+def test_numeric_forms_that_peers_may_dial_are_tidied(value, policy, tidy):
+    assert check_host_port(value, policy) == tidy
