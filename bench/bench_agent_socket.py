@@ -48,6 +48,7 @@ BIN = Path(sys.executable).parent
 PG_ADMIN_URL = os.environ.get("ECHO2_BENCH_PG_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 CONNECTS_IN_FLIGHT = 64
+MAX_RETRIES = 200  # failed connects per row before the bench gives up and says why
 
 
 def cpu_seconds(pid: int) -> float:
@@ -65,13 +66,16 @@ async def _connect(url: str, key: str, stats: dict):
         try:
             ws = await websockets.connect(url, additional_headers={"Authorization": f"Bearer {key}"},
                                           ping_interval=None, open_timeout=30, max_size=None)
+            stats["last_error"] = "connected, no welcome"
             await ws.send(json.dumps({"type": "hello", "agent_version": "bench"}))
-            while json.loads(await asyncio.wait_for(ws.recv(), 60))["type"] != "welcome":
-                pass
+            while (reply := json.loads(await asyncio.wait_for(ws.recv(), 60)))["type"] != "welcome":
+                stats["last_error"] = f"before the welcome: {reply}"[:200]
             return ws
         except Exception as err:  # noqa: BLE001 - any failed connect is retried
             stats["retries"] += 1
             stats["last_error"] = f"{type(err).__name__}: {err}"[:200]
+            if stats["retries"] > MAX_RETRIES:
+                raise RuntimeError(f"{stats['retries']} connects failed; the last: {stats['last_error']}") from err
             await asyncio.sleep(1.0)
 
 
@@ -331,7 +335,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row['sent'] - row['handled']}/{row['sent']} | {_ms(row['p50'])} / {_ms(row['p99'])} | "
                   f"{100 * row['daphne_cpu']:.0f}% | {recorded} |", flush=True)
             time.sleep(2)
-    finally:
+    except BaseException:
+        print(f"failed; the stack's logs are kept in {workdir / 'logs'}")
+        bench.stop()
+        raise
+    else:
         bench.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     if args.json:
