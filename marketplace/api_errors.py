@@ -5,16 +5,18 @@ sent three bad fields hears of all three at once."""
 
 from __future__ import annotations
 
+from django.db import OperationalError
 from django.http import JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 
 def exception_handler(exc, context):
     response = drf_exception_handler(exc, context)
     if response is None:
-        return None
+        return _pool_exhausted(exc)
     data = response.data
     if isinstance(data, dict) and "detail" in data:
         return response
@@ -28,6 +30,15 @@ def exception_handler(exc, context):
     elif isinstance(data, list):
         response.data = {"detail": str(data[0]) if data else "invalid request", "errors": {"request": data}}
     return response
+
+
+def _pool_exhausted(exc) -> Response | None:
+    """A request that waited ``ECHO2_DB_POOL_TIMEOUT_S`` for one of its process's pooled database connections and got
+    none: a 503 with ``Retry-After`` (the learner and scripts retry it), not a 500 page."""
+    if not isinstance(exc, OperationalError) or type(exc.__cause__).__name__ != "PoolTimeout":
+        return None
+    return Response({"detail": "the site's database connections are all busy; retry in a moment"},
+                    status=503, headers={"Retry-After": "1"})
 
 
 def flat_errors(errors, prefix: str = "") -> dict[str, list[str]]:
