@@ -8,7 +8,7 @@ What it checks, on CUDA (``--cpu``: the same code on the CPU at toy sizes, to sh
 - the HF engine (``worker_agent/engines/hf.py``): n > 1 with seeds (same seed, same samples; another seed or the
   next call, others), its log-probs against a full forward, greedy n = 3; tokens/s at the demo's shape (16 prompts
   x 8, 2 new tokens) and at 64 prompts x 8 with 512 new tokens;
-- the learner (``learner.trainer.build_policy``, ``PolicyTrainer``) in bf16 autocast: fp32 master weights, the
+- the learner (``learner.policy.build_policy``, ``PolicyTrainer``) in bf16 autocast: fp32 master weights, the
   log-probs it scores the engine's completions with, two GRPO steps on those 512 completions (time, peak memory);
 - snapshots (``learner.snapshots.SnapshotStore``, bf16): version 1 full, version 2 a lossless delta, each
   verified and installed into the HF engine as an agent installs it (``worker_agent.weights.rebuild``,
@@ -402,8 +402,8 @@ class Run:
         import torch
 
         from learner.batch import collate, token_logprobs
+        from learner.policy import build_policy
         from learner.snapshots import SnapshotStore
-        from learner.trainer import build_policy
 
         dev, bf16_autocast = self.device, not self.args.cpu
 
@@ -529,8 +529,8 @@ class Run:
         from learner import fsdp
         from learner.checkpoint import Checkpoint, CheckpointStore
         from learner.distributed import DistContext
+        from learner.policy import build_policy
         from learner.step import PolicyTrainer
-        from learner.trainer import build_policy
 
         dev = self.device
         self.state.pop("trainer", None)  # the plain learner's memory goes back first

@@ -25,8 +25,8 @@ import torch
 from dataplane.jobs import JobSpec
 from learner import distributed
 from learner.checkpoint import Checkpoint, CheckpointStore
+from learner.policy import build_policy
 from learner.step import PolicyTrainer
-from learner.trainer import build_policy
 
 from .ddp_step import batches
 

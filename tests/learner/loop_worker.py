@@ -22,7 +22,7 @@ from dataplane.jobs import JobSpec
 from learner.checkpoint import CheckpointStore
 from learner.consumer import StalenessGatedConsumer
 from learner.loop import LearnerLoop
-from learner.trainer import build_policy
+from learner.policy import build_policy
 
 
 def main() -> int:

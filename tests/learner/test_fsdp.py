@@ -17,9 +17,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from dataplane.jobs import JobSpec
 from learner import fsdp
 from learner.checkpoint import Checkpoint, CheckpointStore
+from learner.policy import build_policy
 from learner.snapshots import SnapshotStore
 from learner.step import PolicyTrainer
-from learner.trainer import build_policy
 
 from .ddp_step import batches
 from .helpers import loss_config

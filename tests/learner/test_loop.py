@@ -21,8 +21,8 @@ from learner.checkpoint import CheckpointStore, capture_rng, restore_rng
 from learner.consumer import StalenessGatedConsumer
 from learner.loop import LearnerLoop, ResumeError, check_resume, republish_on_resume
 from learner.outbox import Outbox
+from learner.policy import build_policy
 from learner.prompts import PromptFeeder
-from learner.trainer import build_policy
 
 from ..groups import entry_ids, stream_fields
 

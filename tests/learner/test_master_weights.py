@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from dataplane.jobs import JobSpec
-from learner.trainer import build_policy, load_model
+from learner.policy import build_policy, load_model
 
 
 def test_a_bf16_checkpoint_is_trained_in_fp32(tmp_path, tiny_model_dir) -> None:

@@ -27,9 +27,9 @@ from learner.checkpoint import CheckpointStore
 from learner.consumer import StalenessGatedConsumer
 from learner.grpo import group_advantages
 from learner.loop import LearnerLoop
+from learner.policy import build_policy
 from learner.quarantine import all_fit, model_vocab_size, stored_problem
 from learner.report import step_metrics
-from learner.trainer import build_policy
 
 from ..groups import entry_ids, stream_fields
 

@@ -340,7 +340,8 @@ def test_a_crashed_rollout_loop_reports_failed_restarts_and_reports_generating_o
     async def scenario() -> None:
         nonlocal socket
         session, socket = make_session(tmp_path, [])
-        session.installs.engine_factory = lambda model_dir: CrashingOnce(make_engine("hf", model_dir, device="cpu", seed=0))
+        session.installs.engine_factory = lambda model_dir: CrashingOnce(make_engine("hf", model_dir, device="cpu",
+                                                                                     seed=0))
         session.heartbeat_interval = 0.2
         heartbeats = asyncio.create_task(session._heartbeats())
         await push(session, assign(1, snapshot(store, server, base), digest=base.sha256))
