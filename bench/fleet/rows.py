@@ -117,8 +117,10 @@ class Row:
         self.started += self.agent_procs
         self.figures["connect_s"] = self._settle("welcomed", n, timeout=60 + 0.3 * n)
         self.figures["connected"] = self._progress()["welcomed"]
-        self.idle = (time.time(), time.time() + args.idle)
+        t0, cpu0, pg0 = time.time(), sum(cpu_seconds(p.pid) for p in self.daphnes), site.pg.stats() if site.pg else None
         time.sleep(args.idle)
+        t1, cpu1, pg1 = time.time(), sum(cpu_seconds(p.pid) for p in self.daphnes), site.pg.stats() if site.pg else None
+        self.idle, self._idle_cost = (t0, t1), (cpu1 - cpu0, pg1["xacts"] - pg0["xacts"] if pg0 and pg1 else None)
         return servers
 
     def _start_job(self, api, server: str) -> None:
@@ -223,6 +225,10 @@ class Row:
             hb = report.heartbeat_lags(fleet["heartbeats"], getattr(self, "handled", {}), start, end)
             fig[f"hb_{name}"] = hb
         fig["hb_on_time_per_s"] = fig["hb_gen"]["on_time"] / (w1 - w0)
+        beats = fig["hb_idle"]["sent"]  # nothing else is sent while idle: the cost of a heartbeat alone
+        cpu, xacts = self._idle_cost
+        fig["idle_cpu_ms_per_hb"] = 1000 * cpu / beats if beats else None
+        fig["idle_xact_per_hb"] = xacts / beats if beats and xacts is not None else None
         fig["latency"] = report.reply_latencies(fleet["replies"], w0, w1)
         row_span = (self.t_row, self.t_cancel)  # after the release, a batch in flight is refused as expected
         fig["frames_received"] = dict(fleet["received"])
@@ -318,6 +324,8 @@ FIGURES = [
                                                         f"{f['push']['versions']} versions)"),
     ("site CPU ms / message (core share)", lambda f: f"{_fmt(f['cpu_ms_per_msg'])} ({f['daphne_cpu_share']:.0%})"),
     ("site CPU ms / group accepted", lambda f: _fmt(f["cpu_ms_per_group"])),
+    ("idle: site CPU ms / DB xact per heartbeat", lambda f: f"{_fmt(f['idle_cpu_ms_per_hb'])} / "
+                                                            f"{_fmt(f['idle_xact_per_hb'], '.2f', 'n/a')}"),
     ("machine CPU busy (all cores, everyone's)", lambda f: f"{f['machine_busy']:.0%} of {os.cpu_count()} cores"),
     ("the emulated fleet's own CPU (cores)", lambda f: f"{f['fleet_cpu_share']:.2f}"),
     ("DB transactions / message", lambda f: _fmt(f.get("db_xact_per_msg"), ".2f", "n/a (sqlite)")),
