@@ -381,8 +381,9 @@ def _why(f: dict) -> str:
     text = (f"Why: each site process spent {cpu_ms:.2f} ms of CPU per agent message, {need:.2f} of a core at "
             f"{rate:.0f} messages/s, and got {share:.0%} of a core")
     if share >= 0.9 or busy >= 0.85:
-        return (text + f" with the machine {busy:.0%} busy: the site is CPU-bound (on this machine, at its share "
-                f"of the cores); one core at this cost handles ~{per_core:.0f} messages/s, ~{agents:.0f} agents at "
-                f"this fleet's {rate / f['agents']:.2f} messages per agent-second. Every socket's frames queue on "
-                "its process's one event loop, so a backlog there delays heartbeats, replies and pushes alike.")
+        return (text + f" with the machine {busy:.0%} busy: the site is CPU-bound at its share of this machine. "
+                "A process's handlers run on its threads under one interpreter lock (at most one core), and a "
+                "socket's frames are handled in order, so a backlog delays heartbeats, replies and pushes alike; "
+                f"one core at this cost handles ~{per_core:.0f} messages/s, ~{agents:.0f} agents at this fleet's "
+                f"{rate / f['agents']:.2f} messages per agent-second.")
     return text + ": not CPU-bound; its messages wait (the database thread, Redis, the event loop's queue)."
