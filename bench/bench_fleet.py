@@ -74,6 +74,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="Acknowledge groups as they come (measure the site, not the learner).")
     parser.add_argument("--workdir", type=Path, default=ROOT / "var" / "bench-fleet", help="State and logs (wiped).")
     parser.add_argument("--json", type=Path, help="Also write the rows as JSON here.")
+    parser.add_argument("--markdown", type=Path, help="Also write the table as Markdown here.")
     return parser.parse_args(argv)
 
 
@@ -124,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     console.print(first_limit(rows))
     if args.json:
         args.json.write_text(json.dumps([r.figures for r in rows], indent=1))
+    if args.markdown:
+        from bench.fleet.rows import markdown
+
+        args.markdown.write_text(f"`{command}`\n\n" + markdown(rows) + f"\n{first_limit(rows)}\n")
     return 0
 
 

@@ -276,6 +276,16 @@ def table(rows: list[Row], title: str = "fleet bench"):
     return t
 
 
+def markdown(rows: list[Row]) -> str:
+    """The table of :func:`table` in Markdown (docs/fleet.md)."""
+    head = ["figure", *(f"{r.figures['agents']} x {r.figures['site_processes']}" for r in rows)]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for label, show in FIGURES:
+        cells = [label, *(_safe(show, r.figures).replace("|", "/") for r in rows)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def _safe(show, figures: dict) -> str:
     try:
         return show(figures)
