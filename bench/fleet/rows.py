@@ -389,11 +389,13 @@ def _why(f: dict) -> str:
     per_core = 1000 / cpu_ms
     agents = per_core / (rate / f["agents"])
     text = (f"Why: each site process spent {cpu_ms:.2f} ms of CPU per agent message, {need:.2f} of a core at "
-            f"{rate:.0f} messages/s, and got {share:.0%} of a core")
-    if share >= 0.9 or busy >= 0.85:
-        return (text + f" with the machine {busy:.0%} busy: the site is CPU-bound at its share of this machine. "
-                "A process's handlers run on its threads under one interpreter lock (at most one core), and a "
-                "socket's frames are handled in order, so a backlog delays heartbeats, replies and pushes alike; "
-                f"one core at this cost handles ~{per_core:.0f} messages/s, ~{agents:.0f} agents at this fleet's "
-                f"{rate / f['agents']:.2f} messages per agent-second.")
+            f"{rate:.0f} messages/s, and got {share:.0%} of a core with the machine {busy:.0%} busy")
+    scale = (f"; one core at this cost handles ~{per_core:.0f} messages/s, ~{agents:.0f} agents at this fleet's "
+             f"{rate / f['agents']:.2f} messages per agent-second. A socket's frames are handled in order, so a "
+             "backlog delays heartbeats, replies and pushes alike.")
+    if share >= 0.7:
+        return (text + ": the site process is at its ceiling (its handlers' threads share one interpreter lock: one "
+                "process uses at most one core, less under lock contention)" + scale)
+    if busy >= 0.85:
+        return text + ": the site is CPU-bound at its share of this (saturated) machine" + scale
     return text + ": not CPU-bound; its messages wait (the database thread, Redis, the event loop's queue)."
