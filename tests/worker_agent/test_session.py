@@ -112,6 +112,17 @@ def answering(socket: RecordingSocket, lease: m.Lease | m.NoWork | None = None, 
     return m.Submitted(job_id=request["job_id"], results=results, lease=lease, ref_id=request["id"])
 
 
+async def generating(tmp_path: Path, store: SnapshotStore, server: SnapshotServer, base) -> tuple:
+    """A session assigned to job 1 whose first lease ("1+2=") was generated and is being returned."""
+    session, socket = make_session(tmp_path, [])
+    await push(session, assign(1, snapshot(store, server, base), digest=base.sha256))
+    await until(lambda: submits(socket), "the first lease request")
+    lease = m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="l1", group_id="g1", prompt="1+2=")])
+    await push(session, answering(socket, lease))
+    await until(lambda: returned(socket), "a generated group")
+    return session, socket
+
+
 def test_nothing_is_leased_before_the_base_is_installed_then_records_carry_version_0(tmp_path, learner_side,
                                                                                        tiny_model_dir):
     store, server = learner_side
@@ -263,12 +274,7 @@ def test_a_refused_request_is_sent_again_after_retry_after_under_its_id_and_its_
     base = store.write_base(tiny_model_dir)
 
     async def scenario() -> None:
-        session, socket = make_session(tmp_path, [])
-        await push(session, assign(1, snapshot(store, server, base), digest=base.sha256))
-        await until(lambda: submits(socket), "the first lease request")
-        lease = m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="l1", group_id="g1", prompt="1+2=")])
-        await push(session, answering(socket, lease))
-        await until(lambda: returned(socket), "a generated group")
+        session, socket = await generating(tmp_path, store, server, base)
         refused = submits(socket)[-1]
         await push(session, m.Rejected(reason="rate limit", ref="submit", ref_id=refused["id"], retry_after=0.4))
         refused_at = time.monotonic()
@@ -293,12 +299,7 @@ def test_a_request_cut_off_by_a_lost_connection_goes_again_once_the_agent_is_bac
     base = store.write_base(tiny_model_dir)
 
     async def scenario() -> None:
-        session, socket = make_session(tmp_path, [])
-        await push(session, assign(1, snapshot(store, server, base), digest=base.sha256))
-        await until(lambda: submits(socket), "the first lease request")
-        lease = m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="l1", group_id="g1", prompt="1+2=")])
-        await push(session, answering(socket, lease))
-        await until(lambda: returned(socket), "a generated group")
+        session, socket = await generating(tmp_path, store, server, base)
         pending = submits(socket)[-1]
         session.connection.detach()  # the connection is lost
         await asyncio.sleep(0.3)
