@@ -216,7 +216,7 @@ class Row:
         for spec in self.specs:
             with contextlib.suppress(OSError, ValueError):
                 summaries.append(json.loads(Path(spec["out"]).read_text()))
-        if summaries and hasattr(self, "window"):
+        if summaries and hasattr(self, "t_cancel"):  # the row reached its release: its figures are whole
             self._figures(report.merge(summaries))
 
     def _figures(self, fleet: dict) -> None:
