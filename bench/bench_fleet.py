@@ -41,9 +41,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,7 +74,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--window", type=float, default=30.0, help="Seconds of generation measured.")
     parser.add_argument("--drain", action=argparse.BooleanOptionalAction, default=True,
                         help="Acknowledge groups as they come (measure the site, not the learner).")
-    parser.add_argument("--workdir", type=Path, default=ROOT / "var" / "bench-fleet", help="State and logs (wiped).")
+    parser.add_argument("--workdir", type=Path, help="State and logs (wiped; default: a fresh var/bench-fleet/run-* "
+                        "of its own, so two runs never share one).")
     parser.add_argument("--json", type=Path, help="Also write the rows as JSON here.")
     parser.add_argument("--markdown", type=Path, help="Also write the table as Markdown here.")
     return parser.parse_args(argv)
@@ -85,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     from echo2_site.demo import _raise_stopped
 
     console = Console(width=max(100, Console().width))
-    workdir = args.workdir.resolve()
+    run = time.strftime(f"run-%Y%m%d-%H%M%S-{os.getpid()}")
+    workdir = (args.workdir or ROOT / "var" / "bench-fleet" / run).resolve()
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     for signum in (signal.SIGTERM, signal.SIGHUP):
