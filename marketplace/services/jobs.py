@@ -67,7 +67,7 @@ def job_finish(*, job: Job, status: str, reason: str = "") -> Job:
     job.status_reason = reason[:500]
     job.finished_at = timezone.now()
     job.save(update_fields=["status", "status_reason", "finished_at"])
-    for activation in job.activations.filter(ended_at=None):
+    for activation in job.activations.filter(ended_at=None).order_by("worker_id"):  # rows locked in id order
         worker_release(activation=activation, reason=f"job {status}")
     if status != Job.Status.FAILED:
         transaction.on_commit(lambda: _drop_streams(job.pk))

@@ -355,9 +355,17 @@ def worker_heartbeats_fold() -> int:
     since = liveness.folded_at()
     seen = liveness.seen_since(0.0 if since is None else since - FOLD_SLACK_S)
     if seen:
-        rows = [Worker(pk=wid, last_heartbeat=Greatest(
-            Coalesce(F("last_heartbeat"), Value(_when(at))), Value(_when(at)))) for wid, at in seen.items()]
-        Worker.objects.bulk_update(rows, ["last_heartbeat"], batch_size=500)
+        with transaction.atomic():
+            # Only rows no request holds now, locked in id order: a job's finish or a heartbeat's billing that holds
+            # a worker's row while it waits for another's would deadlock against one UPDATE locking them in the
+            # table's order (seen with two site processes: a cancel answered 500). A skipped row is written by the
+            # next fold from its next heartbeat; a worker that fell silent meanwhile keeps an older last_heartbeat
+            # here, and expiry asks Redis before it acts on that (liveness.last_seen).
+            free = list(Worker.objects.select_for_update(skip_locked=True).filter(pk__in=list(seen))
+                        .order_by("pk").values_list("pk", flat=True))
+            rows = [Worker(pk=wid, last_heartbeat=Greatest(
+                Coalesce(F("last_heartbeat"), Value(_when(seen[wid]))), Value(_when(seen[wid])))) for wid in free]
+            Worker.objects.bulk_update(rows, ["last_heartbeat"], batch_size=500)
     liveness.set_folded_at(started)
     worker_closes_record()
     return len(seen)
