@@ -286,3 +286,41 @@ def test_a_worker_back_after_an_outage_rejoins_its_job_at_once(eager):
     # Released by the scheduler (not by silence), it waits for the scheduler like anyone else.
     services.worker_release(activation=back, reason="capacity above the target")
     assert services.workers._rejoin(worker, at=timezone.now()) is None
+
+
+def test_the_fold_never_waits_on_a_row_a_request_holds(eager):
+    """A job's finish holding one worker's row while the fold runs (two site processes, a cancel during heartbeats)
+    deadlocked against the fold's one UPDATE: the fold now writes the rows it can lock at once and leaves the held
+    one to the next fold, which writes it."""
+    import threading
+
+    from django.db import connection, transaction
+
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks: PostgreSQL")
+    held, free = connected(), connected()
+    at = time.time() + 5
+    for worker in (held, free):
+        services.worker_heartbeat_record(worker_id=worker.pk, throughput=None, at=at)
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with transaction.atomic():
+            Worker.objects.select_for_update().get(pk=held.pk)
+            locked.set()
+            release.wait(10)
+        connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert locked.wait(10)
+    started = time.monotonic()
+    services.worker_heartbeats_fold()
+    assert time.monotonic() - started < 5  # did not wait for the lock
+    assert Worker.objects.get(pk=free.pk).last_heartbeat.timestamp() == pytest.approx(at)
+    assert Worker.objects.get(pk=held.pk).last_heartbeat.timestamp() < at
+    release.set()
+    holder.join(10)
+    services.worker_heartbeat_record(worker_id=held.pk, throughput=None, at=at + 1)
+    services.worker_heartbeats_fold()
+    assert Worker.objects.get(pk=held.pk).last_heartbeat.timestamp() == pytest.approx(at + 1)
