@@ -28,7 +28,7 @@ from dataplane import messages as m
 from dataplane.snapshot import SnapshotError, parse_manifest
 
 from .. import chains, selectors, telemetry
-from ..models import Job, Snapshot, SnapshotInstall, Worker
+from ..models import Activation, Job, Snapshot, SnapshotInstall, Worker
 from . import fanout
 from .base import ServiceError, learner_may_report, push_job_update, push_to_worker, running_activation
 
@@ -267,7 +267,15 @@ def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: fl
     T_bcast is fixed once ceil(active/gamma) workers have the snapshot. An install received from a relay
     parent counts as a success for that parent (the chain score's Success term).
 
-    With the agent's hello, the one place that sets ``Worker.installed_version``."""
+    With the agent's hello, the one place that sets ``Worker.installed_version``.
+
+    A report that arrives after the worker's activation in the job ended (the install finished as the job completed
+    or the worker was released) is late, not wrong: it is ignored, with nothing to tell the agent."""
+    if (selectors.active_activation(worker=worker, job_id=job_id) is None
+            and Activation.objects.filter(worker=worker, job_id=job_id).exists()):
+        log.info("job %s v%s: worker %s reported an install after its activation ended; ignored", job_id, version,
+                 worker.pk)
+        return
     activation = running_activation(worker, job_id)
     Worker.objects.filter(pk=worker.pk).update(installed_version=version)
     snap = Snapshot.objects.select_for_update().filter(job_id=job_id, version=version).first()

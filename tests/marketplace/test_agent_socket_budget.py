@@ -122,3 +122,22 @@ async def test_an_agent_back_for_a_job_it_was_released_from_meanwhile_is_told_so
     assert replies[0]["type"] == "welcome"
     assert replies[1] == {"type": "release", "job_id": job.pk, "reason": "not active in this job any more"}
     await again.disconnect()
+
+
+async def test_an_install_reported_as_the_job_completed_is_ignored_not_refused(redis_client):
+    """The install finished as the job completed (seen in ``make demo``): the report is late, not wrong."""
+    job, _, key = await setup_job_and_worker()
+    comm = await connect(key)
+    await started_with(comm, job)
+
+    @database_sync_to_async
+    def complete() -> None:
+        services.job_finish(job=Job.objects.get(pk=job.pk), status=Job.Status.COMPLETED)
+
+    await complete()
+    assert (await comm.receive_json_from(timeout=5))["type"] == "release"
+    await comm.send_json_to({"type": "snapshot_installed", "job_id": job.pk, "version": 0, "seconds": 1.0})
+    assert await comm.receive_nothing(0.3)
+    await comm.send_json_to({"type": "snapshot_installed", "job_id": job.pk + 999, "version": 0, "seconds": 1.0})
+    assert (await comm.receive_json_from(timeout=5))["type"] == "rejected"  # a job it never served: refused
+    await comm.disconnect()
