@@ -27,7 +27,6 @@ class Pacer:
         self.share = share
         self.budget: ConnectionBudget | None = None
         self.paused_until = 0.0
-        self.waited_s = 0.0  # time frames spent waiting for the budget: the agent was budget-bound for that long
         self._lock = asyncio.Lock()
 
     def configure(self, *, messages_per_s: float | None, message_burst: float | None,
@@ -60,7 +59,6 @@ class Pacer:
                 wait = max(self.paused_until - now, self.budget.wait(size, now=now) if self.budget else 0.0)
                 if wait <= 0:
                     break
-                self.waited_s += wait
                 await asyncio.sleep(wait)
             if self.budget is not None:
                 self.budget.spend(size, now=time.monotonic())

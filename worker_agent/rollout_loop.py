@@ -76,7 +76,6 @@ class RolloutLoop:
         self.report_state = report_state
         self.groups_per_lease = groups_per_lease
         self.retry_delay = retry_delay
-        self.lease_timeout = 30.0  # the site's, from its last lease
         self.batch = groups_per_lease  # groups leased per round trip now
 
     async def supervised(self) -> None:
@@ -136,7 +135,6 @@ class RolloutLoop:
             if not isinstance(reply, m.Lease):
                 await asyncio.sleep(1.0)
                 continue
-            self.lease_timeout = reply.timeout
             async with self.installs.install_lock:  # no snapshot is installed while we generate
                 job = self.installs.engine_for(assign.job_id)
                 if job is None or not self.installs.ready(assign.job_id):
