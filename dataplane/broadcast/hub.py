@@ -14,7 +14,8 @@ import logging
 
 from . import framing
 from .framing import TransferError
-from .relay import SnapshotRelay, Waiters
+from .relay import SnapshotRelay
+from .relaystate import Waiters
 
 log = logging.getLogger("echo2.relay")
 

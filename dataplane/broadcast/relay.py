@@ -41,78 +41,12 @@ from ..snapshot import Manifest, SnapshotError, assemble, fetch_chunk, ordered_c
 from . import framing
 from .framing import Frame, PeerRefused, PeerStalled, TransferError
 from .ratelimit import TokenBucket
+from .relaystate import KEEPALIVE_S, RelayStats, RelayTimeouts, Waiters
+
+__all__ = ["KEEPALIVE_S", "Event", "RelayStats", "RelayTimeouts", "SnapshotRelay", "Waiters"]
 
 Event = dict[str, Any]
 log = logging.getLogger("echo2.relay")
-
-
-KEEPALIVE_S = 0.5  # a parent owing chunks it does not have yet says so this often; children's stall must exceed it
-
-
-@dataclass(frozen=True)
-class RelayTimeouts:
-    connect: float = 5.0
-    """Seconds to open a connection to the parent."""
-    stall: float = 3.0
-    """Seconds without a byte from the parent (or taken by the child) before the peer counts as stalled. A
-    parent waiting for its own parent sends an ``idle`` frame every ``KEEPALIVE_S``, so silence means frozen
-    (SIGSTOP, a hung host): the child then takes what is missing from the fallback at once and reports the
-    parent, rather than retrying it."""
-    parent_retries: int = 3
-    """Failed connections to one parent before the missing chunks come from the fallback (if any)."""
-    bad_chunk_retries: int = 2
-    """Bad copies of one chunk from the parent before it comes from the fallback (if any)."""
-    give_up: float = 300.0
-    """Seconds without progress, no parent and no fallback, before :meth:`SnapshotRelay.receive` raises."""
-    assign_wait: float = 5.0
-    """Seconds a child that is not (yet) assigned to this relay is held before it is refused. The site tells
-    parent and child about a (re)assignment at about the same time, so the child often knocks first."""
-
-
-@dataclass
-class RelayStats:
-    """What the agent reports to the site (it feeds Success/Stability of the chain score)."""
-
-    from_parent: int = 0
-    from_fallback: int = 0
-    bad_chunks: int = 0
-    parent_failures: int = 0
-    parent_switches: int = 0
-    resumed_with: int = 0
-    """Chunks already held when the latest parent accepted us (non-zero after a resume)."""
-    children_served: int = 0
-    child_failures: int = 0
-    refused: int = 0
-    """Hellos refused: no, a wrong, an expired or another's credential, an unassigned child, or busy."""
-
-
-class Waiters:
-    """Coroutines waiting for a condition on state this event loop owns; :meth:`notify` makes them look again."""
-
-    def __init__(self) -> None:
-        self._futures: set[asyncio.Future] = set()
-
-    def notify(self) -> None:
-        for waiter in self._futures:
-            if not waiter.done():
-                waiter.set_result(None)
-
-    async def wait_until(self, ready: Callable[[], bool], timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for ``ready()``, re-checked whenever :meth:`notify` runs."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not ready():
-            left = deadline - loop.time()
-            if left <= 0:
-                return False
-            waiter = loop.create_future()
-            self._futures.add(waiter)
-            try:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(waiter, left)
-            finally:
-                self._futures.discard(waiter)
-        return True
 
 
 @dataclass
