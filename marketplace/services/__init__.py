@@ -4,8 +4,9 @@ Every public service that writes runs in its own transaction (``transaction.atom
 transaction it joins it), and its pushes and enqueued tasks leave only once that commits.
 
 - ``base``: ``ServiceError``, channel groups, the push helpers, tasks enqueued by name, shared checks.
-- ``workers``: register, calibrate, hello, heartbeat (kept in Redis, folded), close (queued, recorded), activate,
-  release, expire the silent.
+- ``workers``: register, calibrate, activate, release.
+- ``presence``: the agent's connection: hello, heartbeat (kept in Redis, folded), close (queued, recorded), expire
+  the silent.
 - ``billing``: billed time of activations from the states agents report (``marketplace.billing``: the rules).
 - ``jobs``: create, start, pause, resume, finish; the calibration phase and the scheduler's decisions applied.
 - ``rollouts``: prompt leases (and their early return) and trajectory submissions, whole or in parts, checked
@@ -16,7 +17,8 @@ transaction it joins it), and its pushes and enqueued tasks leave only once that
 - ``accounts``: people's API tokens (stored hashed, shown once).
 
 Siblings import one way only: ``base`` imports none of them; ``broadcast`` and ``rollouts`` import ``base``;
-``billing`` imports none; ``workers`` imports ``broadcast`` (assignments, chain repair) and ``billing``; ``jobs``,
+``billing`` imports none; ``workers`` imports ``broadcast`` (assignments) and ``billing``; ``presence`` imports
+``workers``, ``broadcast`` (chain repair) and ``billing``; ``jobs``,
 ``audits`` (suspensions) and ``learner`` (stalled jobs) import ``workers``; ``learner`` imports ``audits``.
 None imports ``marketplace.tasks``: tasks call services,
 services enqueue tasks by name (``base.enqueue_task``).
@@ -36,6 +38,17 @@ from .jobs import (
     job_start,
 )
 from .learner import jobs_stall_silent_learners, learner_announce, metrics_record
+from .presence import (
+    expire_silent_workers,
+    worker_closes_record,
+    worker_connected,
+    worker_disconnected,
+    worker_heartbeat,
+    worker_heartbeat_apply,
+    worker_heartbeat_record,
+    worker_heartbeats_fold,
+    worker_socket_closed,
+)
 from .rollouts import (
     RunningJob,
     groups_submit,
@@ -46,21 +59,7 @@ from .rollouts import (
     trajectories_part_submit,
     trajectories_submit,
 )
-from .workers import (
-    expire_silent_workers,
-    worker_activate,
-    worker_calibrate,
-    worker_closes_record,
-    worker_connected,
-    worker_disconnected,
-    worker_heartbeat,
-    worker_heartbeat_apply,
-    worker_heartbeat_record,
-    worker_heartbeats_fold,
-    worker_register,
-    worker_release,
-    worker_socket_closed,
-)
+from .workers import worker_activate, worker_calibrate, worker_register, worker_release
 
 __all__ = [
     "ServiceError", "api_token_issue",

@@ -1,37 +1,27 @@
-"""Providers' machines: registration, calibration, the agent's connection (hello, heartbeats, close, silence)
-and its activations in jobs (billing starts and ends here).
+"""Providers' machines: registration, calibration, and their activations in jobs (billing starts and ends here).
 
-Heartbeats are kept in Redis (``marketplace.liveness``) and reach the database only when something must change
-now (``worker_heartbeat``); ``worker_heartbeats_fold`` writes ``Worker.last_heartbeat`` in bulk. A socket's close
-is queued in Redis and recorded by ``worker_closes_record`` (a coalesced task, and every fold)."""
+The agent's connection (hello, heartbeats, close, silence) is ``presence``."""
 
 from __future__ import annotations
 
 import logging
 import secrets
-import time
-from collections import defaultdict
-from datetime import UTC, datetime
 from decimal import Decimal
 
-from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F, Value
-from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from dataplane import messages as m
 from dataplane.replay import RedisError
 from dataplane.tasks import TaskSpecError, build_task
 
-from .. import billing, liveness, selectors, stream, telemetry
-from ..models import Activation, Job, Provider, Worker, WorkerCalibration, WorkerSession
-from .base import ServiceError, enqueue_task, push_job_update, push_to_worker
-from .billing import activation_report, gap_limit_s
-from .broadcast import assign_message, repair_without
+from .. import liveness, selectors, stream
+from ..models import Activation, Job, Provider, Worker, WorkerCalibration
+from .base import ServiceError, push_job_update, push_to_worker
+from .billing import activation_report
+from .broadcast import assign_message
 
 log = logging.getLogger(__name__)
-
 
 @transaction.atomic
 def worker_register(*, user, name: str, gpu: str, price_per_hour: Decimal, bandwidth_bps: int,
@@ -66,245 +56,6 @@ def worker_calibrate(*, worker: Worker, model_dir: str, task: dict, throughput: 
         defaults={"throughput": throughput, "tokens_per_s": tokens_per_s, "measured_at": timezone.now()},
     )
     return calibration
-
-
-def _session_open(worker_id: int, *, at: datetime) -> WorkerSession:
-    """Start a connection session (uptime). A session still open is stale: the site missed its end (a crash,
-    or the agent reconnected before the old socket's close arrived); it ends at the worker's last heartbeat
-    (Redis's, when the fold has not written it yet), the last moment the site knew the agent was there."""
-    stale = WorkerSession.objects.select_related("worker").filter(worker_id=worker_id, ended_at=None).first()
-    if stale is not None:
-        last = stale.worker.last_heartbeat or stale.started_at
-        seen = liveness.last_seen([worker_id]).get(worker_id)  # newer than the database's when not folded yet
-        _session_close(worker_id, at=max(last, _when(seen)) if seen is not None else last)
-    return WorkerSession.objects.create(worker_id=worker_id, started_at=at)
-
-
-def _session_close(worker_id: int, *, at: datetime) -> None:
-    """End the worker's open session at ``at`` (never before it started)."""
-    for session in WorkerSession.objects.filter(worker_id=worker_id, ended_at=None):
-        session.ended_at = max(at, session.started_at)
-        session.save(update_fields=["ended_at"])
-
-
-@transaction.atomic
-def worker_connected(*, worker: Worker, installed_version: int | None, at: datetime | None = None) -> list[m._Msg]:
-    """An agent said hello (at ``at``, default now): mark it live and open its session; re-send its assignment
-    if it is active in a job, or take it back into the job it left by going silent (``_rejoin``). With the
-    install report, the one place that sets ``installed_version``. Its heartbeats stay in Redis from here on."""
-    activation = selectors.active_activation(worker=worker)
-    now = at or timezone.now()
-    _session_open(worker.pk, at=now)
-    worker.status = Worker.Status.ACTIVE if activation else Worker.Status.IDLE
-    worker.last_heartbeat = now
-    worker.installed_version = installed_version
-    worker.save(update_fields=["status", "last_heartbeat", "installed_version"])
-    replies: list[m._Msg] = [m.Welcome(worker_id=worker.pk, heartbeat_interval=settings.ECHO2["HEARTBEAT_INTERVAL_S"],
-                                       max_message_bytes=settings.ECHO2["WS_MAX_MESSAGE_BYTES"])]
-    state, job_id = (activation.state, activation.job_id) if activation else ("idle", None)
-    transaction.on_commit(lambda: liveness.mark_online(worker.pk, at=now.timestamp(), state=state, job_id=job_id))
-    if activation:
-        replies.append(assign_message(activation.job, worker_id=worker.pk))
-    elif _rejoin(worker, at=now) is None:
-        # A new idle worker may be what a running job waits for; a thousand hellos queue one task a second.
-        enqueue_coalesced("provision_waiting_jobs", window_s=PROVISION_WINDOW_S)
-    return replies
-
-
-PROVISION_WINDOW_S = 1.0
-SILENCE_REASONS = ("worker stopped sending heartbeats", "worker disconnected")
-
-
-def _rejoin(worker: Worker, *, at: datetime) -> Activation | None:
-    """A worker the site released for silence (its socket closed, or a site outage cut every socket) that says
-    hello within ``WORKER_REJOIN_S`` goes back to its job at once if the job still runs, rather than waiting for
-    the scheduler's hysteresis (``REPLAN_INTERVAL_S``) to notice the missing capacity. The assignment is pushed."""
-    window = timezone.timedelta(seconds=float(settings.ECHO2["WORKER_REJOIN_S"]))
-    last = (Activation.objects.select_related("job").filter(worker=worker, ended_at__gte=at - window)
-            .order_by("-ended_at").first())
-    if last is None or last.end_reason not in SILENCE_REASONS or last.job.status != Job.Status.RUNNING:
-        return None
-    try:
-        activation = worker_activate(worker=worker, job=last.job)
-    except ServiceError:  # suspended meanwhile
-        return None
-    log.info("job %s: worker %s is back %.0f s after it went silent; rejoined", last.job_id, worker.pk,
-             (at - last.ended_at).total_seconds())
-    return activation
-
-
-def enqueue_coalesced(name: str, *, window_s: float) -> None:
-    """Enqueue task ``name`` (no arguments) once per ``window_s`` however many ask (after commit): the first
-    caller of a window enqueues it to run when the window ends, so it covers every caller of the window. Under
-    ``CELERY_TASK_ALWAYS_EAGER`` every caller runs it, as ``enqueue_task`` does. With Redis away, every caller
-    enqueues."""
-    def claim_and_send() -> None:
-        from celery import current_app
-
-        if current_app.conf.task_always_eager:
-            enqueue_task(name)
-            return
-        try:
-            first = liveness.claim(name, window_s=window_s)
-        except RedisError:
-            first = True
-        if first:
-            enqueue_task(name, countdown=window_s)
-
-    transaction.on_commit(claim_and_send)
-
-
-def worker_heartbeat_record(*, worker_id: int, throughput: float | None, state: str = "idle",
-                            job_id: int | None = None, at: float | None = None) -> liveness.Beat:
-    """A heartbeat, recorded in Redis alone (no query: the agent socket calls it off the database thread). The
-    returned ``Beat`` says whether the database must hear of it now: then call ``worker_heartbeat_apply``."""
-    return liveness.heartbeat(worker_id, at=time.time() if at is None else at, throughput=throughput, state=state,
-                              job_id=job_id)
-
-
-def worker_heartbeat_apply(*, worker: Worker, beat: liveness.Beat, throughput: float | None, state: str = "idle",
-                           reason: str = "", job_id: int | None = None) -> None:
-    """``worker_heartbeat`` for a heartbeat ``worker_heartbeat_record`` already put in Redis. When it fails, the
-    next heartbeat goes to the database again."""
-    try:
-        worker_heartbeat(worker=worker, throughput=throughput, state=state, reason=reason, job_id=job_id,
-                         previous_at=beat.previous_at, recorded=True)
-    except Exception:
-        liveness.forget_state(worker.pk)
-        raise
-
-
-@transaction.atomic
-def worker_heartbeat(*, worker: Worker, throughput: float | None, state: str = "idle", reason: str = "",
-                     job_id: int | None = None, previous_at: float | None = None, recorded: bool = False) -> None:
-    """Refresh the worker's liveness and throughput in the database; a heartbeat from a worker marked offline
-    brings it back. The ``state`` it reports doing for ``job_id`` bills its activation (``_bill_state``).
-    ``recorded``: Redis already has it (``worker_heartbeat_record``, which also gives ``previous_at``, the
-    worker's heartbeat before this one: when the last state report is older than the billing gap limit, the bill
-    is first brought up to it, as a report at every heartbeat would have done).
-
-    Whether it was offline is asked of the database, not of ``worker``: the consumer's copy is as old as the
-    socket, and expiry may have marked the worker offline since (the agent stalled, then resumed). The
-    version the agent says it has installed is not taken from heartbeats: only the hello and the install
-    report set it, so a heartbeat sent just after a release cannot erase the record of what was installed.
-    """
-    now = timezone.now()
-    if not recorded:
-        telemetry.record_heartbeat(worker.pk, at=now.timestamp(), throughput=throughput)
-    fields: dict = {"last_heartbeat": now}
-    activation = selectors.active_activation(worker=worker)
-    if activation is not None:  # mu_i is what the site accepted from it, never the figure it claims
-        measured = telemetry.measure_worker(worker.pk, job_id=activation.job_id,
-                                            since=activation.started_at.timestamp(), now=now.timestamp())
-        if measured is not None:
-            fields["throughput"] = measured
-    if Worker.objects.filter(pk=worker.pk, status=Worker.Status.OFFLINE).exists():
-        fields["status"] = Worker.Status.ACTIVE if activation is not None else Worker.Status.IDLE
-        _session_open(worker.pk, at=now)
-    Worker.objects.filter(pk=worker.pk).update(**fields)
-    transaction.on_commit(lambda: liveness.mark_online(worker.pk, at=now.timestamp(), state=state, job_id=job_id))
-    if activation is not None:
-        if previous_at is not None:
-            _bill_until(activation, at=datetime.fromtimestamp(previous_at, tz=UTC), now=now)
-        _bill_state(activation, at=now, state=billing.effective_state(
-            reported=state, reported_job_id=job_id, job_id=activation.job_id), reason=reason)
-
-
-def _bill_until(activation: Activation, *, at: datetime, now: datetime) -> None:
-    """Bring the activation's bill up to ``at`` (the worker's last heartbeat, in the state last reported) when the
-    span from its last report to ``now`` is longer than billing's gap limit: heartbeats that stayed in Redis
-    (``liveness``) kept the state, and a report at each of them would have billed that time."""
-    if (now - activation.reported_at).total_seconds() > gap_limit_s() and at > activation.reported_at:
-        activation_report(activation_id=activation.pk, at=at)
-
-
-def _bill_state(activation: Activation, *, at: datetime, state: str, reason: str) -> None:
-    """Bill the activation up to ``at`` and record its new state; a worker whose rollout loop has been failing
-    for ``ROLLOUT_FAILED_RELEASE_S`` is released, and its job re-planned so the scheduler can activate another."""
-    changed = activation.state != state
-    updated = activation_report(activation_id=activation.pk, at=at, state=state, reason=reason)
-    if updated is None:
-        return
-    if changed:
-        push_job_update(activation.job_id)  # the job page shows each worker's state
-    limit = settings.ECHO2["ROLLOUT_FAILED_RELEASE_S"]
-    if billing.failing_too_long(state=updated.state, since=updated.state_since.timestamp(), now=at.timestamp(),
-                                limit_s=limit):
-        log.warning("job %s: worker %s's rollout loop has failed for %.0f s (%s); releasing it", activation.job_id,
-                    activation.worker_id, limit, updated.state_reason)
-        worker_release(activation=updated, reason=f"rollout loop failing for {limit:.0f} s: "
-                                                  f"{updated.state_reason}"[:200])
-        enqueue_task("replan_job", activation.job_id)
-
-
-def worker_socket_closed(*, worker_id: int, since: datetime | None, at: datetime | None = None) -> None:
-    """The agent socket whose session began at ``since`` (its hello; None: it said none) closed at ``at``
-    (default now): queued in Redis, no query, so a thousand closes at once fit in daphne's close timeout;
-    ``worker_closes_record`` (a task, coalesced) records them."""
-    at = at or timezone.now()
-    liveness.record_close(worker_id, since=None if since is None else since.isoformat(), at=at.timestamp())
-    enqueue_coalesced("record_worker_closes", window_s=CLOSES_WINDOW_S)
-
-
-CLOSES_WINDOW_S = 0.2
-
-
-def worker_closes_record() -> int:
-    """Record every queued socket close (``worker_socket_closed``) in one transaction (``_closes_apply``): a
-    thousand closes cost a few queries, plus a few per worker that was active in a job. When it fails (the
-    database away), the closes are queued again. Returns how many were taken from the queue."""
-    closes = liveness.take_closes()
-    try:
-        _closes_apply([(c["worker_id"], None if c["since"] is None else datetime.fromisoformat(c["since"]),
-                        _when(c["at"])) for c in closes])
-    except Exception:
-        liveness.requeue_closes(closes)
-        raise
-    return len(closes)
-
-
-@transaction.atomic
-def worker_disconnected(*, worker: Worker, since: datetime | None = None, at: datetime | None = None) -> None:
-    """The socket whose session began at ``since`` (its hello) closed at ``at`` (default now): the session ends
-    then, the worker leaves the chains and the prompts it leased go back to the pool at once (its agent cannot
-    answer them on a closed socket). The activation stays open for a reconnect until the worker times out.
-    When the agent has already said hello on a newer socket (an open session began after ``since``), this
-    close is old news and changes nothing."""
-    _closes_apply([(worker.pk, since, at or timezone.now())])
-
-
-@transaction.atomic
-def _closes_apply(closes: list[tuple[int, datetime | None, datetime]]) -> None:
-    """``worker_disconnected`` for many ``(worker id, since, at)`` at once; per worker only its latest close
-    counts (an older one's session is older still)."""
-    latest: dict[int, tuple[datetime | None, datetime]] = {}
-    for wid, since, at in closes:
-        if wid not in latest or at >= latest[wid][1]:
-            latest[wid] = (since, at)
-    sessions = defaultdict(list)
-    for session in WorkerSession.objects.filter(worker_id__in=list(latest), ended_at=None):
-        sessions[session.worker_id].append(session)
-    gone = {wid: at for wid, (since, at) in latest.items()
-            if since is None or not any(s.started_at > since for s in sessions[wid])}  # else: a newer socket
-    if not gone:
-        return
-    Worker.objects.filter(pk__in=list(gone)).update(status=Worker.Status.OFFLINE)
-    ended = [s for wid in gone for s in sessions[wid]]
-    for session in ended:
-        session.ended_at = max(gone[session.worker_id], session.started_at)
-    WorkerSession.objects.bulk_update(ended, ["ended_at"], batch_size=500)
-    active = list(Activation.objects.filter(worker_id__in=list(gone), ended_at=None))
-    seen = liveness.last_seen(sorted({a.worker_id for a in active}))
-    for activation in active:
-        at, wid = gone[activation.worker_id], activation.worker_id
-        if wid in seen:
-            _bill_until(activation, at=_when(seen[wid]), now=at)
-        activation_report(activation_id=activation.pk, at=at, state="idle")  # a closed socket delivers nothing
-        transaction.on_commit(lambda job_id=activation.job_id, wid=wid: _return_leases(job_id, wid, why="disconnected"))
-    for wid in sorted({a.worker_id for a in active}):
-        repair_without(Worker(pk=wid))
-    transaction.on_commit(lambda: liveness.mark_offline(list(gone)))
-
 
 @transaction.atomic
 def worker_activate(*, worker: Worker, job: Job) -> Activation:
@@ -345,64 +96,3 @@ def _return_leases(job_id: int, worker_id: int, *, why: str = "released") -> Non
         return
     if returned:
         log.info("job %s: worker %s %s; %d leased prompts returned", job_id, worker_id, why, returned)
-
-
-def worker_heartbeats_fold() -> int:
-    """Write the heartbeats kept in Redis since the last fold into ``Worker.last_heartbeat`` (one bulk update;
-    a time never moves back), and record the socket closes still queued. Celery beat runs it every
-    ``HEARTBEAT_FOLD_S``; expiry runs it first. Returns how many workers it updated."""
-    started = time.time()
-    since = liveness.folded_at()
-    seen = liveness.seen_since(0.0 if since is None else since - FOLD_SLACK_S)
-    if seen:
-        with transaction.atomic():
-            # Only rows no request holds now, locked in id order: a job's finish or a heartbeat's billing that holds
-            # a worker's row while it waits for another's would deadlock against one UPDATE locking them in the
-            # table's order (seen with two site processes: a cancel answered 500). A skipped row is written by the
-            # next fold from its next heartbeat; a worker that fell silent meanwhile keeps an older last_heartbeat
-            # here, and expiry asks Redis before it acts on that (liveness.last_seen).
-            free = list(Worker.objects.select_for_update(skip_locked=True).filter(pk__in=list(seen))
-                        .order_by("pk").values_list("pk", flat=True))
-            rows = [Worker(pk=wid, last_heartbeat=Greatest(
-                Coalesce(F("last_heartbeat"), Value(_when(seen[wid]))), Value(_when(seen[wid])))) for wid in free]
-            Worker.objects.bulk_update(rows, ["last_heartbeat"], batch_size=500)
-    liveness.set_folded_at(started)
-    worker_closes_record()
-    return len(seen)
-
-
-FOLD_SLACK_S = 5.0  # a heartbeat stamped just before a fold read Redis may land just after: read a little back
-
-
-def _when(at: float) -> datetime:
-    return datetime.fromtimestamp(at, tz=UTC)
-
-
-def expire_silent_workers() -> int:
-    """Mark workers silent for longer than WORKER_TIMEOUT_S offline and end their sessions and activations
-    (one transaction per worker). Heartbeats kept in Redis are folded first, and each candidate is checked
-    against Redis too, so a lagging fold never expires a live worker."""
-    worker_heartbeats_fold()
-    now = timezone.now()
-    cutoff = now - timezone.timedelta(seconds=settings.ECHO2["WORKER_TIMEOUT_S"])
-    silent = list(Worker.objects.exclude(status=Worker.Status.OFFLINE).filter(last_heartbeat__lt=cutoff))
-    seen = liveness.last_seen([w.pk for w in silent])
-    count = 0
-    for worker in silent:
-        if seen.get(worker.pk, 0.0) >= cutoff.timestamp():
-            continue  # heard from since the fold
-        with transaction.atomic():
-            worker.status = Worker.Status.OFFLINE
-            worker.save(update_fields=["status"])
-            _session_close(worker.pk, at=worker.last_heartbeat)  # it went silent then, not now
-            repair_without(worker)  # before the release ends the activation that names its job
-            for activation in Activation.objects.filter(worker=worker, ended_at=None):
-                _bill_until(activation, at=worker.last_heartbeat, now=now)
-                worker_release(activation=activation, reason="worker stopped sending heartbeats")
-            transaction.on_commit(lambda wid=worker.pk: liveness.mark_offline([wid]))
-        count += 1
-    # Offline workers whose activation is still open (socket closed long ago) are released too.
-    for activation in Activation.objects.filter(ended_at=None, worker__status=Worker.Status.OFFLINE,
-                                                worker__last_heartbeat__lt=cutoff):
-        worker_release(activation=activation, reason="worker disconnected")
-    return count

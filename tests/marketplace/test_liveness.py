@@ -238,7 +238,7 @@ def test_a_thousand_hellos_queue_one_provisioning_task_per_window(settings):
         workers = [factories.worker(factories.user())[0] for _ in range(20)]
         for w in workers:
             services.worker_connected(worker=w, installed_version=None)
-        assert sent == [("marketplace.tasks.provision_waiting_jobs", services.workers.PROVISION_WINDOW_S)]
+        assert sent == [("marketplace.tasks.provision_waiting_jobs", services.presence.PROVISION_WINDOW_S)]
         liveness.stream.client().delete("echo2:coalesce:provision_waiting_jobs")  # the window ended
         services.worker_connected(worker=workers[0], installed_version=None)
         assert len(sent) == 2
@@ -285,7 +285,7 @@ def test_a_worker_back_after_an_outage_rejoins_its_job_at_once(eager):
 
     # Released by the scheduler (not by silence), it waits for the scheduler like anyone else.
     services.worker_release(activation=back, reason="capacity above the target")
-    assert services.workers._rejoin(worker, at=timezone.now()) is None
+    assert services.presence._rejoin(worker, at=timezone.now()) is None
 
 
 def test_the_fold_never_waits_on_a_row_a_request_holds(eager):
