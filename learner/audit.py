@@ -2,21 +2,29 @@
 
 A worker is a stranger: the site checks that a returned group is well-formed and answers the leased prompt,
 but not that its log-probs are those of the snapshot it names, nor that its rewards are the task's. The
-learner samples a fraction of the groups it reads (an HMAC of the stream entry id under a key drawn at
-start-up, so a worker cannot tell which of its groups will be audited) and
+learner
 
-- recomputes the behaviour log-probs of the group's completions under the version the group claims (the
-  published snapshot, read back from the learner's own snapshot store, or the base for version 0) and
-  compares them with the claimed ones: the mean absolute difference per learning token must be at most
-  ``logprob_tolerance`` (same weights, same fp32 arithmetic on the CPU engine: ~1e-6; vLLM in bf16 against
-  the learner's fp32: a few 1e-2, hence the default 0.05 and a setting);
-- recomputes every record's reward with the task adapter (``TaskAdapter.reward(prompt, completion)``); it
-  must match within ``reward_tolerance``.
+- checks **every** record it reads: its completion text must be its completion token ids decoded as the engines
+  decode them (``skip_special_tokens``; each run of equal loss-mask values decoded on its own, since a multi-turn
+  episode joins each turn's decoded text and the environment's replies), so the text the reward is computed from
+  cannot differ from the ids the policy is trained on;
+- samples groups (an HMAC of the stream entry id under a key drawn at start-up, so a worker cannot tell which of
+  its groups will be audited) at a rate that starts at 1 for a worker new to the job and falls to the base
+  fraction as it passes (:func:`audit_fraction`), and for a sampled group
+  - recomputes the behaviour log-probs of the group's completions under the version the group claims (the
+    published snapshot, read back from the learner's own snapshot store, or the base for version 0) and compares
+    them with the claimed ones: the mean absolute difference per learning token must be at most
+    ``logprob_tolerance`` (same weights, same fp32 arithmetic on the CPU engine: ~1e-6; vLLM in bf16 against the
+    learner's fp32: a few 1e-2, hence the default 0.05 and a setting);
+  - recomputes every record's reward with the task adapter (``TaskAdapter.reward(prompt, completion)``); it must
+    match within ``reward_tolerance``.
 
 A group that fails is dropped with every other group of that worker the learner holds and has not trained
-(its unaudited records of that window), and the outcome goes to the site with the step report, which
-suspends a worker after ``ECHO2_AUDIT_SUSPEND_AFTER`` failures. A group whose version the store no longer
-has is counted ``unauditable`` and trained (the store keeps every version within the staleness budget).
+(its unaudited records of that window), the worker goes back to full audit, and the outcome goes to the site
+with the step report, carrying what was checked (:class:`Verdict` evidence: the entry and group, claimed against
+recomputed reward and log-prob, the texts that differ), which suspends a worker (and its provider) after
+``ECHO2_AUDIT_SUSPEND_AFTER`` failures. A group whose version the store no longer has is counted ``unauditable``
+and trained (the store keeps every version within the staleness budget).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from dataplane.packed import PackedRecords, pack_records
@@ -41,13 +50,33 @@ from .batch import Workspace, collate_packed, concat, token_logprobs
 log = logging.getLogger("echo2.learner")
 
 Weights = Callable[[int], "dict[str, torch.Tensor] | None"]
+Decode = Callable[[list[list[int]]], list[str]]  # token id sequences -> texts, as the engines decode them
+
+EVIDENCE_FAILED, EVIDENCE_PASSED = 16, 2  # per worker and report: every failure up to 16, a sample of passes
+EXCERPT = 48  # characters of a claimed and a decoded text shown around their first difference
 
 
 @dataclass(frozen=True)
 class AuditSettings:
-    fraction: float = 0.05  # of the groups read, per worker in expectation
+    fraction: float = 0.05  # the base: of a worker's groups past probation (0: no audits at all)
     logprob_tolerance: float = 0.05  # mean |claimed - recomputed| per learning token
     reward_tolerance: float = 1e-6
+    probation_groups: int = 16  # a worker's first groups in the job, and after each failure, all audited
+
+
+def audit_fraction(groups_since_failure: int, *, base: float, probation: int) -> float:
+    """The share of a worker's next group to audit, given how many of its groups this learner read since the job
+    started or since its last failed audit (probation, docs/trust.md "Audits").
+
+    1 for its first ``probation`` groups; then ``probation / (k + 1)`` for its ``k``-th group, falling to ``base``
+    at ``k ~ probation / base`` (320 groups for 16 and 5 %); never below ``base``. Whatever a worker does, each
+    group it sends is audited with probability at least ``base``, so a forger is caught after ``(1 - base) /
+    base`` forged groups trained on average at most (19 at 5 %); before ``probation`` honest groups, at once."""
+    if base <= 0:
+        return 0.0
+    if groups_since_failure < probation:
+        return 1.0
+    return max(base, min(1.0, probation / (groups_since_failure + 1)))
 
 
 def sampled(entry_id: str, *, fraction: float, key: bytes) -> bool:
@@ -64,15 +93,77 @@ def logprob_gap(claimed: torch.Tensor, recomputed: torch.Tensor, mask: torch.Ten
     return float(((claimed - recomputed).abs() * mask).sum() / mask.sum().clamp(min=1.0))
 
 
-def reward_problem(group: TrajectoryGroup | PackedRecords, task: TaskAdapter, *, tolerance: float) -> str:
-    """The first record whose claimed reward is not the task's, as a reason; "" when all match."""
-    packed = group if isinstance(group, PackedRecords) else pack_records(group.records)
+def reward_check(packed: PackedRecords, task: TaskAdapter, *, tolerance: float) -> tuple[str, dict]:
+    """(the first record whose claimed reward is not the task's as a reason, "" when all match; the evidence:
+    that record, or the first, with its claimed and recomputed reward)."""
+    first: dict = {}
     for i, (prompt, completion, claimed) in enumerate(zip(packed.prompts, packed.completions, packed.rewards,
                                                           strict=True)):
         actual = task.reward(prompt, completion)
+        seen = {"record": i, "claimed_reward": claimed, "recomputed_reward": actual}
         if abs(actual - claimed) > tolerance:
-            return f"records.{i}.reward: claimed {claimed:.6g}, the task gives {actual:.6g}"
-    return ""
+            return f"records.{i}.reward: claimed {claimed:.6g}, the task gives {actual:.6g}", seen
+        first = first or seen
+    return "", first
+
+
+def reward_problem(group: TrajectoryGroup | PackedRecords, task: TaskAdapter, *, tolerance: float) -> str:
+    """The first record whose claimed reward is not the task's, as a reason; "" when all match."""
+    packed = group if isinstance(group, PackedRecords) else pack_records(group.records)
+    return reward_check(packed, task, tolerance=tolerance)[0]
+
+
+def _mask_runs(ids, mask) -> list[list[int]]:
+    """``ids`` cut where the loss mask changes: a multi-turn record's turns and environment replies, each decoded
+    on its own as the episode was built (dataplane/tasks/sandbox.py run_episodes)."""
+    m = np.asarray(mask)
+    if len(m) < 2 or m.min() == m.max():
+        return [list(ids)]
+    return [part.tolist() for part in np.split(np.asarray(ids), np.flatnonzero(m[1:] != m[:-1]) + 1)]
+
+
+def text_mismatches(groups: list[StoredGroup], decode: Decode) -> dict[str, Verdict]:
+    """The groups of which a record's completion text is not its completion ids decoded (one ``decode`` call for
+    every record of ``groups``), by entry id, each with the first such record and the texts where they differ."""
+    pieces, where = [], []
+    for stored in groups:
+        packed, tok, comp = stored.packed, 0, 0
+        for p, c in zip(packed.prompt_lens, packed.completion_lens, strict=True):
+            runs = _mask_runs(packed.tokens[tok + p:tok + p + c], packed.mask[comp:comp + c])
+            pieces.extend(runs)
+            where.append(len(runs))
+            tok, comp = tok + p + c, comp + c
+    texts, out, k, row = decode(pieces) if pieces else [], {}, 0, 0
+    for stored in groups:
+        for i, claimed in enumerate(stored.packed.completions):
+            decoded = "".join(texts[k:k + where[row]])
+            k, row = k + where[row], row + 1
+            if decoded != claimed and stored.entry_id not in out:
+                out[stored.entry_id] = _text_verdict(stored, i, claimed, decoded)
+    return out
+
+
+def _text_verdict(stored: StoredGroup, record: int, claimed: str, decoded: str) -> Verdict:
+    at = next((j for j, (a, b) in enumerate(zip(claimed, decoded, strict=False)) if a != b),
+              min(len(claimed), len(decoded)))
+    cut = slice(max(0, at - EXCERPT // 4), max(0, at - EXCERPT // 4) + EXCERPT)
+    return Verdict(f"records.{record}.completion: the text is not its token ids decoded (they differ at character "
+                   f"{at})", {**_head(stored), "check": "text", "passed": False, "record": record, "text_at": at,
+                              "claimed_text": claimed[cut], "decoded_text": decoded[cut]})
+
+
+def _head(stored: StoredGroup) -> dict:
+    packed = stored.packed
+    return {"entry_id": stored.entry_id, "group_id": packed.group_ids[0] if packed.group_ids else "",
+            "version": stored.version}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One group's audit: why it failed ("" when it passed) and what was checked (JSON-ready)."""
+
+    problem: str
+    evidence: dict
 
 
 @dataclass
@@ -83,50 +174,80 @@ class WorkerAudits:
     failed: int = 0
     dropped_records: int = 0  # records dropped because the worker failed (the failed groups' included)
     reason: str = ""  # the last failure's
+    evidence: list[dict] = field(default_factory=list)  # what was checked: its failures, a few of its passes
+
+    def add(self, verdict: Verdict) -> None:
+        if verdict.problem:
+            self.failed += 1
+            self.reason = verdict.problem
+        else:
+            self.passed += 1
+        kept = sum(e["passed"] == (not verdict.problem) for e in self.evidence)
+        if kept < (EVIDENCE_PASSED if not verdict.problem else EVIDENCE_FAILED):
+            self.evidence.append(verdict.evidence)
 
     def as_dict(self, worker_id: int) -> dict:
         return {"worker_id": worker_id, "passed": self.passed, "failed": self.failed,
-                "dropped_records": self.dropped_records, "reason": self.reason[:500]}
+                "dropped_records": self.dropped_records, "reason": self.reason[:500], "evidence": self.evidence}
 
 
 @dataclass
 class Auditor:
-    """Audits sampled groups against a scoring copy of the policy (never the one being trained)."""
+    """Audits the groups read against a scoring copy of the policy (never the one being trained)."""
 
     scorer: torch.nn.Module
     pad_id: int
     task: TaskAdapter
     weights: Weights  # version -> state dict of the snapshot workers got, or None when it is gone
+    decode: Decode  # the job's tokenizer, decoding as the engines do (skip_special_tokens)
     settings: AuditSettings = field(default_factory=AuditSettings)
     key: bytes = field(default_factory=lambda: os.urandom(32))
     outcomes: dict[int, WorkerAudits] = field(default_factory=lambda: collections.defaultdict(WorkerAudits))
+    # groups read per worker since it joined (this process's view of the job) or last failed: its probation
+    seen: collections.Counter[int] = field(default_factory=collections.Counter)
     unauditable: int = 0
     workspace: Workspace = field(default_factory=Workspace)
     _loaded: int | None = None
 
     def check(self, stored: StoredGroup) -> str | None:
         """Why the group fails its audit, "" when it passes, None when its version cannot be loaded."""
-        return self.check_many([stored])[stored.entry_id]
+        verdict = self.check_many([stored])[stored.entry_id]
+        return None if verdict is None else verdict.problem
 
-    def check_many(self, groups: list[StoredGroup]) -> dict[str, str | None]:
-        """:meth:`check` of every group, by entry id: the rewards one by one, the log-probs in one forward pass
-        per claimed version (each version's weights loaded once), which is what makes a sample cheap."""
-        verdicts: dict[str, str | None] = {}
-        by_version: dict[int, list[StoredGroup]] = collections.defaultdict(list)
-        for stored in groups:
-            problem = reward_problem(stored.packed, self.task, tolerance=self.settings.reward_tolerance)
-            if problem:
-                verdicts[stored.entry_id] = problem
-            else:
-                by_version[stored.version].append(stored)
-        for version, same in sorted(by_version.items()):
-            if not self._load(version):
-                verdicts.update(dict.fromkeys((g.entry_id for g in same), None))
-                continue
-            verdicts.update(self._logprob_verdicts(version, same))
+    def check_many(self, groups: list[StoredGroup]) -> dict[str, Verdict | None]:
+        """The full audit of every group, by entry id: the texts, then the rewards one by one and the log-probs in
+        one forward pass per claimed version (each version's weights loaded once), which makes a sample cheap."""
+        verdicts: dict[str, Verdict | None] = dict(text_mismatches(groups, self.decode))
+        verdicts.update(self._recompute([g for g in groups if g.entry_id not in verdicts]))
         return verdicts
 
-    def _logprob_verdicts(self, version: int, groups: list[StoredGroup]) -> dict[str, str]:
+    def _recompute(self, groups: list[StoredGroup]) -> dict[str, Verdict | None]:
+        tolerance = self.settings.logprob_tolerance
+        rewards = {g.entry_id: reward_check(g.packed, self.task, tolerance=self.settings.reward_tolerance)
+                   for g in groups}
+        verdicts: dict[str, Verdict | None] = {}
+        by_version: dict[int, list[StoredGroup]] = collections.defaultdict(list)
+        for stored in groups:
+            by_version[stored.version].append(stored)
+        for version, same in sorted(by_version.items()):
+            gaps = self._logprob_evidence(version, same) if self._load(version) else {}
+            for stored in same:
+                problem, seen = rewards[stored.entry_id]
+                found = gaps.get(stored.entry_id)
+                evidence = {**_head(stored), **seen, **(found or {})}
+                if problem:  # a wrong reward fails whether or not the version can be loaded
+                    verdicts[stored.entry_id] = Verdict(problem, {**evidence, "check": "reward", "passed": False})
+                elif found is None:
+                    verdicts[stored.entry_id] = None
+                elif found["logprob_gap"] > tolerance:
+                    verdicts[stored.entry_id] = Verdict(
+                        f"logprobs: mean |claimed - recomputed| {found['logprob_gap']:.4g} per token under v{version} "
+                        f"> tolerance {tolerance:g}", {**evidence, "check": "logprobs", "passed": False})
+                else:
+                    verdicts[stored.entry_id] = Verdict("", {**evidence, "check": "all", "passed": True})
+        return verdicts
+
+    def _logprob_evidence(self, version: int, groups: list[StoredGroup]) -> dict[str, dict]:
         batch = collate_packed(concat(g.packed for g in groups), pad_id=self.pad_id, workspace=self.workspace)
         with torch.no_grad():
             recomputed = token_logprobs(self.scorer, batch)
@@ -134,40 +255,51 @@ class Auditor:
         for stored in groups:
             rows = slice(row, row + stored.size)
             row = rows.stop
-            gap = logprob_gap(batch.behaviour_logp[rows], recomputed[rows], batch.token_mask[rows])
-            out[stored.entry_id] = "" if gap <= self.settings.logprob_tolerance else (
-                f"logprobs: mean |claimed - recomputed| {gap:.4g} per token under v{version} "
-                f"> tolerance {self.settings.logprob_tolerance:g}")
+            mask = batch.token_mask[rows].to(recomputed.dtype)
+            tokens = float(mask.sum().clamp(min=1.0))
+            out[stored.entry_id] = {
+                "logprob_gap": logprob_gap(batch.behaviour_logp[rows], recomputed[rows], mask),
+                "claimed_logprob": float((batch.behaviour_logp[rows] * mask).sum()) / tokens,
+                "recomputed_logprob": float((recomputed[rows] * mask).sum()) / tokens}
         return out
 
-    def verdicts(self, groups: list[StoredGroup]) -> dict[str, str | None]:
-        """:meth:`check_many` of the sampled ones of ``groups`` (what :meth:`screen` acts on; it changes nothing, so
-        the learner's reader computes it on its own thread while a step trains)."""
-        chosen = [g for g in groups if sampled(g.entry_id, fraction=self.settings.fraction, key=self.key)]
-        return self.check_many(chosen) if chosen else {}
+    def verdicts(self, groups: list[StoredGroup]) -> dict[str, Verdict | None]:
+        """The text check of every group, and the full audit of the sampled ones (each worker's share by
+        :func:`audit_fraction`): what :meth:`screen` acts on. It changes nothing but the probation counts (the
+        learner's reader computes it on its own thread while a step trains; never while :meth:`screen` runs)."""
+        out: dict[str, Verdict | None] = dict(text_mismatches(groups, self.decode))
+        chosen = []
+        for stored in groups:
+            share = audit_fraction(self.seen[stored.worker_id], base=self.settings.fraction,
+                                   probation=self.settings.probation_groups)
+            self.seen[stored.worker_id] += 1
+            if stored.entry_id not in out and sampled(stored.entry_id, fraction=share, key=self.key):
+                chosen.append(stored)
+        out.update(self._recompute(chosen) if chosen else {})
+        return out
 
-    def screen(self, groups: list[StoredGroup], verdicts: dict[str, str | None] | None = None,
+    def screen(self, groups: list[StoredGroup], verdicts: dict[str, Verdict | None] | None = None,
                ) -> tuple[list[StoredGroup], set[int]]:
-        """Audit the sampled ones of ``groups`` (or take their ``verdicts``, from :meth:`verdicts`): (the groups that
-        did not fail, the workers that failed)."""
+        """Audit ``groups`` (or take their ``verdicts``, from :meth:`verdicts`): (the groups that did not fail, the
+        workers that failed). A worker that failed starts its probation again (full audit)."""
         verdicts = self.verdicts(groups) if verdicts is None else verdicts
         kept, failed = [], set()
         for stored in groups:
             if stored.entry_id not in verdicts:
                 kept.append(stored)
                 continue
-            problem, outcome = verdicts[stored.entry_id], self.outcomes[stored.worker_id]
-            if problem is None:
+            verdict = verdicts[stored.entry_id]
+            if verdict is None:
                 self.unauditable += 1
                 kept.append(stored)
-            elif problem:
-                outcome.failed += 1
-                outcome.reason = problem
+                continue
+            self.outcomes[stored.worker_id].add(verdict)
+            if verdict.problem:
                 failed.add(stored.worker_id)
+                self.seen[stored.worker_id] = 0
                 log.warning("audit failed: stream entry %s from worker %s: %s", stored.entry_id, stored.worker_id,
-                            problem)
+                            verdict.problem)
             else:
-                outcome.passed += 1
                 kept.append(stored)
         return kept, failed
 

@@ -26,7 +26,7 @@ from dataplane.replay import DROPPED_STALE, Client, ReplayBuffer, StoredGroup
 from .quarantine import Quarantine, all_fit
 
 if TYPE_CHECKING:
-    from .audit import Auditor
+    from .audit import Auditor, Verdict
 
 ACKED_MEMORY = 100_000  # acknowledged entry ids remembered (a few MB)
 
@@ -49,7 +49,7 @@ class StalenessGatedConsumer:
     dropped_total: int = 0
     retry_for_s: float = 0.0  # ride out a Redis outage this long per operation (ReplayBuffer)
     limits: RecordLimits | None = None  # what the model takes (None: only the float32-safe bounds)
-    audit: Auditor | None = None  # audits a sampled few of the groups read (None: no audits)
+    audit: Auditor | None = None  # checks every text against its ids, audits a sample (None: none)
     # Read (and parse) the next batch's entries on a thread of its own while the current batch trains, so a learner
     # with data waiting does not wait for Redis. Only what is already there is read ahead (no blocking read), and it
     # is gated and audited when the next batch is formed, like any read; read and not trained, it stays pending.
@@ -108,7 +108,7 @@ class StalenessGatedConsumer:
         quarantined, self.quarantine.since_batch = self.quarantine.since_batch, 0
         return BatchWait(groups=batch, dropped=dropped, wait_s=time.monotonic() - start, quarantined=quarantined)
 
-    def _read_ahead(self, count: int) -> tuple[list[StoredGroup], dict[str, str | None] | None]:
+    def _read_ahead(self, count: int) -> tuple[list[StoredGroup], dict[str, Verdict | None] | None]:
         """On the reader's thread: the entries already waiting (no blocking read), and the audits of the sampled
         ones when every group read fits the model (an audit scores it: it must not hold a token id past the
         vocabulary); the training thread gates, quarantines and buffers them when it forms the next batch."""
@@ -147,7 +147,7 @@ class StalenessGatedConsumer:
         while len(self.acked) > ACKED_MEMORY:
             self.acked.popitem(last=False)
 
-    def _take(self, groups: list[StoredGroup], verdicts: dict[str, str | None] | None = None) -> None:
+    def _take(self, groups: list[StoredGroup], verdicts: dict[str, Verdict | None] | None = None) -> None:
         """Buffer groups not already held (a pending entry re-read after a reconnect may be one we hold);
         quarantine the ones the model must not see (acknowledged at once, counted per worker); audit the sampled
         ones (``verdicts``: their audits, already done by the read ahead)."""
@@ -167,7 +167,7 @@ class StalenessGatedConsumer:
             self.ack(bad)
             self.replay.count("quarantined_records", quarantined)
 
-    def _audited(self, groups: list[StoredGroup], verdicts: dict[str, str | None] | None) -> list[StoredGroup]:
+    def _audited(self, groups: list[StoredGroup], verdicts: dict[str, Verdict | None] | None) -> list[StoredGroup]:
         """``groups`` without those of workers that just failed an audit; their buffered groups go too."""
         kept, failed = self.audit.screen(groups, verdicts)
         if not failed:

@@ -52,6 +52,9 @@ class LearnerSettings(BaseSettings):
     audit_logprob_tolerance: float = option(0.05, gt=0, help="Largest mean |claimed - recomputed| log-prob per "
                                             "token an audit passes (CPU fp32 engines agree to ~1e-6; vLLM in bf16 "
                                             "within a few 1e-2).", flag="--audit-logprob-tolerance")
+    audit_probation: int = option(16, ge=0, le=1_000_000, help="A worker's first groups in the job, and its "
+                                  "groups after a failed audit, all audited; then its share falls as probation/k to "
+                                  "--audit-fraction (docs/trust.md \"Audits\").", flag="--audit-probation")
     snapshot_host: str = option("127.0.0.1", help="Address the snapshot server binds.")
     snapshot_port: int = option(0, help="Port of the snapshot server (0: any free port).")
     advertise_host: str | None = option(None, help="Host agents use to reach the snapshot server.")

@@ -414,10 +414,14 @@ def _auditor(spec: JobSpec, settings: LearnerSettings, trainer: PolicyTrainer, s
     """The audits of the workers' records (learner/audit.py) on a frozen scoring copy of the policy."""
     if settings.audit_fraction <= 0:
         return None
+    from transformers import AutoTokenizer
+
     scorer = _plain_copy(trainer, spec).eval().requires_grad_(False)
+    tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)  # texts checked against ids as the engines decode
     return Auditor(scorer, pad_id=trainer.pad_id, task=build_task(spec.task),
                    weights=snapshot_weights(store.root, spec.model_dir),
-                   settings=AuditSettings(fraction=settings.audit_fraction,
+                   decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
+                   settings=AuditSettings(fraction=settings.audit_fraction, probation_groups=settings.audit_probation,
                                           logprob_tolerance=settings.audit_logprob_tolerance))
 
 

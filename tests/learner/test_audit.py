@@ -33,14 +33,16 @@ def honest_group(model_dir, prompt: str = "3+4=", *, lease: str = "l1", n: int =
         reward=TASK.reward(prompt, c.text), version=0) for c in completions])
 
 
-def auditor(model_dir, *, fraction: float = 1.0) -> Auditor:
+def auditor(model_dir, *, fraction: float = 1.0, probation: int = 0) -> Auditor:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
     base = {k: v.clone() for k, v in model.state_dict().items()}
-    return Auditor(copy.deepcopy(model).eval(), pad_id=AutoTokenizer.from_pretrained(model_dir).pad_token_id,
-                   task=TASK, weights=lambda v: base if v == 0 else None,
-                   settings=AuditSettings(fraction=fraction), key=b"k" * 32)
+    return Auditor(copy.deepcopy(model).eval(), pad_id=tokenizer.pad_token_id, task=TASK,
+                   weights=lambda v: base if v == 0 else None,
+                   decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
+                   settings=AuditSettings(fraction=fraction, probation_groups=probation), key=b"k" * 32)
 
 
 def forged(group: TrajectoryGroup, **changes) -> TrajectoryGroup:
@@ -101,7 +103,8 @@ def test_a_failed_audit_drops_the_workers_held_groups_and_reports_it(tiny_model_
     assert replay.ReplayBuffer(client, JOB).counters()["audit_dropped_records"] == 8
     report = {r["worker_id"]: r for r in audit.report()}
     assert report[8]["failed"] == 1 and report[8]["dropped_records"] == 8 and "logprobs" in report[8]["reason"]
-    assert report[5] == {"worker_id": 5, "passed": 1, "failed": 0, "dropped_records": 0, "reason": ""}
+    assert {k: v for k, v in report[5].items() if k != "evidence"} == {
+        "worker_id": 5, "passed": 1, "failed": 0, "dropped_records": 0, "reason": ""}
     assert audit.report() == []  # reported once
 
 
