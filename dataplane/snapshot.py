@@ -14,6 +14,7 @@ peer. Chunks come over HTTP with the worker's transfer credential
 from __future__ import annotations
 
 import hashlib
+import http.client
 import math
 import urllib.error
 import urllib.request
@@ -23,6 +24,13 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
+MAX_CHUNK_BYTES = 64 << 20
+"""The largest chunk a manifest may declare (16 x what the learner cuts): every receiver reads at most a chunk's
+declared size, so this bounds what one read of a peer or a server can cost."""
+MAX_CHUNKS = 1 << 17
+"""The most chunks a manifest may list: a relay's ``hello`` naming every index still fits its 1 MiB header."""
+MAX_SNAPSHOT_BYTES = MAX_CHUNKS * MAX_CHUNK_BYTES
+"""What the manifest's shape allows at most (8 TiB); the site bounds it further (``ECHO2_MAX_SNAPSHOT_BYTES``)."""
 FULL = "full"  # where a delta version's full payload lives: {url}full/manifest.json, {url}full/chunks/<i>
 DeltaEncoding = Literal["xor-zstd"]
 DELTA_ENCODINGS: tuple[str, ...] = get_args(DeltaEncoding)
@@ -53,9 +61,9 @@ class Manifest(BaseModel):
     version: int = Field(ge=0)
     format: str = Field(default="safetensors", max_length=32, description="safetensors (weights), or "
                         "checkpoint-tar for a job's base, version 0 (dataplane.basemodel).")
-    total_bytes: int = Field(ge=0)
-    chunk_bytes: int = Field(ge=1)
-    chunks: list[ChunkInfo] = Field(min_length=1)
+    total_bytes: int = Field(ge=0, le=MAX_SNAPSHOT_BYTES)
+    chunk_bytes: int = Field(ge=1, le=MAX_CHUNK_BYTES)
+    chunks: list[ChunkInfo] = Field(min_length=1, max_length=MAX_CHUNKS)
     sha256: str = Field(pattern=SHA256_HEX, description="The learner's sha256 of the whole payload: a receiver "
                         "installs only bytes that hash to it.")
     kind: Literal["full", "delta"] = Field(default="full", description="full: the payload is the weights; delta: "
@@ -195,43 +203,79 @@ def full_url(url: str) -> str:
     return f"{url.rstrip('/')}/{FULL}/"
 
 
-def parse_manifest(raw: Any) -> Manifest:
-    """A manifest, or one line naming the field: ``manifest: chunks.0.sha256: String should match ...``."""
+def parse_manifest(raw: Any, *, max_total_bytes: int = MAX_SNAPSHOT_BYTES) -> Manifest:
+    """A manifest, or one line naming the field: ``manifest: chunks.0.sha256: String should match ...``.
+
+    Bounded as well as shaped: chunks of at most :data:`MAX_CHUNK_BYTES`, at most :data:`MAX_CHUNKS` of them, and
+    ``total_bytes`` (a delta's ``full`` payload too) at most ``max_total_bytes`` (the site's setting)."""
     if not isinstance(raw, dict):
         raise SnapshotError("manifest: must be a JSON object")
     try:
-        return Manifest.model_validate(raw)
+        manifest = Manifest.model_validate(raw)
     except ValidationError as err:
         first = err.errors()[0]
         where = "".join(f"{p}: " if i == len(first["loc"]) - 1 else f"{p}." for i, p in enumerate(first["loc"]))
         raise SnapshotError(f"manifest: {where}{first['msg'].removeprefix('Value error, ')}") from None
+    for where, part in (("", manifest), ("full.", manifest.full)):
+        if part is not None and part.total_bytes > max_total_bytes:
+            raise SnapshotError(f"manifest: {where}total_bytes: {part.total_bytes} bytes, this site takes snapshots "
+                                f"of at most {max_total_bytes}")
+    return manifest
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A snapshot server never redirects: following one would let it point the fetcher anywhere (its own machine,
+    a metadata service) past the address rules the URL was checked by."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001, ANN201 - urllib's signature
+        raise urllib.error.HTTPError(req.full_url, code, f"redirect to {newurl} refused", headers, fp)
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
+def read_bounded(response: Any, size: int) -> bytes:
+    """At most ``size`` bytes of ``response`` (an HTTP response), refused the moment it says or sends more: a
+    ``Content-Length`` over ``size`` is refused before a byte is read, and a body that goes on is cut off after
+    ``size + 1`` bytes, so a server sending far more than declared costs at most one declared size."""
+    length = response.headers.get("Content-Length")
+    if length is not None and (not length.strip().isdigit() or int(length) > size):
+        raise SnapshotError(f"the server announced {length.strip()[:20]} bytes, {size} were declared")
+    data = response.read(size + 1)
+    if len(data) > size:
+        raise SnapshotError(f"the server sent more than the {size} bytes declared")
+    return data
 
 
 def fetch_chunk(base_url: str, manifest: Manifest, index: int, *, timeout: float, retries: int = 3,
                 credential: str | None = None) -> bytes:
     """GET ``{base_url}chunks/{index}`` from a snapshot server (with ``Authorization: Bearer <credential>``) and
     verify it, re-fetching a bad or failed copy up to ``retries`` times; raise SnapshotError naming the chunk
-    when every attempt failed. A refusal (4xx: no or a bad credential, a version gone) is not retried.
+    when every attempt failed. A refusal (4xx: no or a bad credential, a version gone) is not retried. No
+    redirect is followed, and no more than the chunk's declared size is read (:func:`read_bounded`).
 
-    The one HTTP path for chunks: agents without a chain parent, and relays falling back to the learner.
+    The one HTTP path for chunks: agents without a chain parent, relays falling back to the learner, the site's
+    export.
     """
+    if not 0 <= index < len(manifest.chunks):
+        raise SnapshotError(f"chunk {index}: manifest has {len(manifest.chunks)} chunks")
     url = f"{base_url.rstrip('/')}/chunks/{index}"
     headers = {"Authorization": f"Bearer {credential}"} if credential else {}
+    what = f"chunk {index} of version {manifest.version} from {url}"
     for attempt in range(retries + 1):
         try:
             request = urllib.request.Request(url, headers=headers)  # noqa: S310 - the site hands out the URL
-            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
-                data = response.read()
+            with _OPENER.open(request, timeout=timeout) as response:
+                data = read_bounded(response, manifest.chunks[index].size)
             verify_chunk(manifest, index, data)
             return data
         except urllib.error.HTTPError as err:
-            if 400 <= err.code < 500 or attempt == retries:
-                reason = err.read(500).decode(errors="replace").strip() or err.reason
-                raise SnapshotError(f"chunk {index} of version {manifest.version} from {url}: {err.code} "
-                                    f"{reason}", status=err.code) from None
-        except (OSError, SnapshotError) as err:
+            if 400 <= err.code < 500 or 300 <= err.code < 400 or attempt == retries:
+                reason = err.read(500).decode(errors="replace").strip() if err.fp else ""
+                raise SnapshotError(f"{what}: {err.code} {reason or err.reason}", status=err.code) from None
+        except (OSError, http.client.HTTPException, SnapshotError) as err:
             if attempt == retries:
-                raise SnapshotError(f"chunk {index} of version {manifest.version} from {url}: {err}") from None
+                raise SnapshotError(f"{what}: {err or err.__class__.__name__}") from None
     raise AssertionError("unreachable")
 
 

@@ -336,6 +336,11 @@ ECHO2 = {
     # learner and agents read their own machines' paths. Not ECHO2_DATA_DIR itself: it holds the database.
     "TASK_DATA_ROOT": Path(os.environ.get("ECHO2_TASK_DATA_ROOT") or DATA_DIR / "tasks"),
     "TASK_DATA_MAX_BYTES": env_int("ECHO2_TASK_DATA_MAX_BYTES", 64 << 20),
+    # Bounds on what strangers send (docs/trust.md "Bounds"): a snapshot's total bytes as its manifest declares them
+    # (each chunk is at most 64 MiB, and no read takes more than a chunk's declared size), and the JSON of one
+    # record's task metadata.
+    "MAX_SNAPSHOT_BYTES": env_int("ECHO2_MAX_SNAPSHOT_BYTES", 1 << 40),
+    "MAX_RECORD_METADATA_BYTES": env_int("ECHO2_MAX_RECORD_METADATA_BYTES", 1024),
     # A worker whose records failed this many of the learners' audits (all jobs) is suspended (docs/trust.md).
     "AUDIT_SUSPEND_AFTER": env_int("ECHO2_AUDIT_SUSPEND_AFTER", 3),
     # GET /metrics (Prometheus) with "Authorization: Bearer <this>"; unset, only a staff session may scrape.

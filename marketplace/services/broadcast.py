@@ -91,7 +91,7 @@ def _checked_manifest(job: Job, version: int, manifest: Any) -> dict:
     """The learner's manifest, its shape checked (``dataplane.snapshot.parse_manifest``): agents verify every
     chunk and the whole payload against it, so a malformed one is refused here, naming the field."""
     try:
-        parsed = parse_manifest(manifest)
+        parsed = parse_manifest(manifest, max_total_bytes=settings.ECHO2["MAX_SNAPSHOT_BYTES"])
     except SnapshotError as err:
         raise ServiceError(str(err)) from None
     if (parsed.job_id, parsed.version) != (job.pk, version):
