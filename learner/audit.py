@@ -149,12 +149,16 @@ def _text_verdict(stored: StoredGroup, record: int, claimed: str, decoded: str) 
     cut = slice(max(0, at - EXCERPT // 4), max(0, at - EXCERPT // 4) + EXCERPT)
     return Verdict(f"records.{record}.completion: the text is not its token ids decoded (they differ at character "
                    f"{at})", {**_head(stored), "check": "text", "passed": False, "record": record, "text_at": at,
-                              "claimed_text": claimed[cut], "decoded_text": decoded[cut]})
+                              "claimed_text": _printable(claimed[cut]), "decoded_text": _printable(decoded[cut])})
+
+
+def _printable(text: str) -> str:
+    return text.replace("\x00", "\ufffd")  # the site refuses NUL anywhere in a report (PostgreSQL stores none)
 
 
 def _head(stored: StoredGroup) -> dict:
     packed = stored.packed
-    return {"entry_id": stored.entry_id, "group_id": packed.group_ids[0] if packed.group_ids else "",
+    return {"entry_id": stored.entry_id, "group_id": packed.group_ids[0][:200] if packed.group_ids else "",
             "version": stored.version}
 
 

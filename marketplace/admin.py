@@ -1,11 +1,19 @@
 from django.contrib import admin
 
 from .models import Activation, Job, JobMetric, Provider, Snapshot, Worker, WorkerAudit, WorkerSession
+from .services.audits import provider_lift_suspension
 
 
 @admin.register(Provider)
 class ProviderAdmin(admin.ModelAdmin):
-    list_display = ("id", "user", "display_name", "created_at")
+    list_display = ("id", "user", "display_name", "suspended_at", "suspended_reason", "created_at")
+    list_filter = (("suspended_at", admin.EmptyFieldListFilter),)
+    actions = ["lift_suspension"]
+
+    @admin.action(description="Lift the suspension (the account and all its workers)")
+    def lift_suspension(self, request, queryset) -> None:
+        for provider in queryset:
+            provider_lift_suspension(provider=provider)
 
 
 @admin.register(Worker)
@@ -46,3 +54,4 @@ class JobMetricAdmin(admin.ModelAdmin):
 class WorkerAuditAdmin(admin.ModelAdmin):
     list_display = ("id", "job", "worker", "step", "passed", "failed", "dropped_records", "reason")
     list_filter = ("worker",)
+    readonly_fields = ("evidence",)  # what the learner checked, shown on the row's page

@@ -24,6 +24,10 @@ class Provider(models.Model):
 
     user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="provider")
     display_name = models.CharField(max_length=100, blank=True)
+    suspended_at = models.DateTimeField(null=True, blank=True, help_text="When one of its workers was suspended for "
+                                        "failed audits: every worker of the account is suspended with it, a new one "
+                                        "starts suspended, until staff lift it (admin).")
+    suspended_reason = models.CharField(max_length=600, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:
@@ -291,6 +295,9 @@ class WorkerAudit(models.Model):
     failed = models.PositiveIntegerField(default=0)
     dropped_records = models.PositiveIntegerField(default=0, help_text="Its records dropped for the failures.")
     reason = models.CharField(max_length=500, blank=True, help_text="The last failure's.")
+    evidence = models.JSONField(default=list, blank=True, help_text="What was checked: per failed (and a few "
+                                "passed) groups, the entry and group, claimed against recomputed reward and "
+                                "log-prob, the texts that differ (learner/audit.py Verdict).")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -53,8 +53,8 @@ class WorkerSerializer(serializers.ModelSerializer):
                                              help_text="Start of the current connection; null while offline.")
     job_state = serializers.ChoiceField(
         choices=Activation.State.choices, read_only=True, allow_null=True, help_text=(
-            "What the agent last reported doing in its job (billed only while installing or generating); null "
-            "outside a job."))
+            "What the site last saw the worker do in its job (leases, accepted groups, installs; billed only while "
+            "generating or installing), never what its heartbeats claim; null outside a job."))
     job_state_reason = serializers.CharField(read_only=True, help_text="Why the job state is failed, if it is.")
     audit_pass_rate = serializers.FloatField(read_only=True, allow_null=True, help_text=(
         "Share of its audited groups the learners found right (docs/trust.md \"Audits\"); null before any audit."))
@@ -276,6 +276,32 @@ class MetricSerializer(serializers.ModelSerializer):
                   "extra", "created_at"]
 
 
+def _figure(**bounds) -> serializers.FloatField:
+    return serializers.FloatField(required=False, **{"min_value": -MAX_FIGURE, "max_value": MAX_FIGURE, **bounds})
+
+
+class AuditEvidenceSerializer(serializers.Serializer):
+    """What one audited group was checked for (learner/audit.py ``Verdict``): claimed against recomputed."""
+
+    entry_id = serializers.RegexField(r"^[0-9]{1,20}-[0-9]{1,20}\Z", max_length=41, help_text="Its stream entry.")
+    group_id = serializers.CharField(max_length=200, allow_blank=True)
+    version = serializers.IntegerField(min_value=0, max_value=MAX_INT)
+    check = serializers.ChoiceField(["text", "reward", "logprobs", "all"], help_text="What failed ('all': passed).")
+    passed = serializers.BooleanField()
+    record = serializers.IntegerField(min_value=0, max_value=100_000, required=False)
+    claimed_reward, recomputed_reward = _figure(), _figure()
+    claimed_logprob, recomputed_logprob = _figure(), _figure()
+    logprob_gap = _figure(min_value=0)
+    text_at = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False)
+    claimed_text = serializers.CharField(max_length=64, required=False, allow_blank=True, trim_whitespace=False)
+    decoded_text = serializers.CharField(max_length=64, required=False, allow_blank=True, trim_whitespace=False)
+
+    def validate(self, attrs: dict) -> dict:
+        if attrs["passed"] != (attrs["check"] == "all"):
+            raise serializers.ValidationError({"check": "'all' for a group that passed, what failed otherwise"})
+        return attrs
+
+
 class AuditResultSerializer(serializers.Serializer):
     """One worker's audit outcomes since the learner's previous report (learner/audit.py)."""
 
@@ -284,6 +310,8 @@ class AuditResultSerializer(serializers.Serializer):
     failed = serializers.IntegerField(min_value=0, max_value=1_000_000)
     dropped_records = serializers.IntegerField(min_value=0, max_value=MAX_INT, required=False, default=0)
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+    evidence = AuditEvidenceSerializer(many=True, required=False, default=list, max_length=32,
+                                       help_text="What was checked: each failed group, a few passed ones.")
 
 
 class MetricReportSerializer(serializers.Serializer):

@@ -24,6 +24,7 @@ import contextlib
 import json
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,10 @@ _PREFIX = struct.Struct(">4sIQ")
 MAX_HEADER_BYTES = 1 << 20
 """A ``hello`` lists the chunks a child has: 1 MiB holds ~150k indices (a 600 GB snapshot in 4 MiB chunks)."""
 MAX_PAYLOAD_BYTES = 256 << 20
+"""The largest payload any frame may declare; a reader that knows better (a child knows each chunk's size from its
+manifest, a parent expects no payload from its child) passes its own ``max_payload``."""
+PayloadLimit = int | Callable[[dict[str, Any]], int]
+"""The most payload bytes a reader takes: a number, or a function of the frame's (valid) header."""
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _REQUIRED: dict[str, dict[str, type | tuple[type, ...]]] = {
@@ -114,16 +119,17 @@ def validate_header(header: Any, payload_len: int) -> None:
 
 
 async def read_frame(reader: asyncio.StreamReader, *, peer: str, timeout: float,
-                     max_payload: int = MAX_PAYLOAD_BYTES, downlink: TokenBucket | None = None) -> Frame:
-    """Read one frame; ``timeout`` bounds every read (a stall mid-payload is detected too)."""
+                     max_payload: PayloadLimit = MAX_PAYLOAD_BYTES, downlink: TokenBucket | None = None) -> Frame:
+    """Read one frame; ``timeout`` bounds every read (a stall mid-payload is detected too). A payload declared
+    over ``max_payload`` (given the header, when it is a function) is refused before a byte of it is read."""
     prefix = await _read_exactly(reader, _PREFIX.size, peer=peer, timeout=timeout, between_frames=True)
     magic, header_len, payload_len = _PREFIX.unpack(prefix)
     if magic != MAGIC:
         raise FrameError(f"{peer} sent bytes that are not a frame (magic {magic!r})")
     if header_len > MAX_HEADER_BYTES:
         raise FrameError(f"{peer} sent a {header_len}-byte header (limit {MAX_HEADER_BYTES})")
-    if payload_len > max_payload:
-        raise FrameError(f"{peer} sent a {payload_len}-byte payload (limit {max_payload})")
+    if payload_len > MAX_PAYLOAD_BYTES:
+        raise FrameError(f"{peer} sent a {payload_len}-byte payload (limit {MAX_PAYLOAD_BYTES})")
     try:
         header = json.loads(await _read_exactly(reader, header_len, peer=peer, timeout=timeout))
     except (UnicodeDecodeError, json.JSONDecodeError):
@@ -132,6 +138,10 @@ async def read_frame(reader: asyncio.StreamReader, *, peer: str, timeout: float,
         validate_header(header, payload_len)
     except FrameError as err:
         raise FrameError(f"{peer}: {err}") from None
+    limit = max_payload(header) if callable(max_payload) else max_payload
+    if payload_len > limit:
+        raise FrameError(f"{peer} declared a {payload_len}-byte payload for a {header['type']} frame, which takes at "
+                         f"most {limit}")
     parts: list[bytes] = []
     left = payload_len
     while left:

@@ -3,7 +3,9 @@
 A :class:`RelayHub` reads each child's ``hello`` and hands the stream to the
 :class:`~dataplane.broadcast.relay.SnapshotRelay` registered for its (job, version); a peer asking for
 anything else is refused with the reason (counted in :attr:`RelayHub.refused` and logged with the peer). The
-relay then checks the child's credential (docs/trust.md).
+relay then checks the child's credential (docs/trust.md). A refusal tells a peer nothing it did not say: not
+which jobs and versions the hub serves (a hello is read before any credential is checked, so a stranger's
+hello must learn nothing), and a hello carries no payload (one declaring any is refused unread).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class RelayHub:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = framing.peer_name(writer)
         try:
-            frame = await framing.read_frame(reader, peer=peer, timeout=self.handshake_timeout)
+            frame = await framing.read_frame(reader, peer=peer, timeout=self.handshake_timeout, max_payload=0)
         except TransferError:
             writer.close()
             return
@@ -65,8 +67,10 @@ class RelayHub:
         await self._waiters.wait_until(lambda: key in self.relays, self.assign_wait)
         relay = self.relays.get(key)
         if relay is None:
+            # Nothing before a credential: the reason names only what the hello asked for, never what we serve.
             offered = ", ".join(f"job {j} version {v}" for j, v in sorted(self.relays)) or "nothing"
-            await self._refuse(writer, peer, f"not assigned job {key[0]} version {key[1]}; this relay serves {offered}")
+            log.info("relay hub: %s asked for job %s version %s; serving %s", peer, key[0], key[1], offered)
+            await self._refuse(writer, peer, f"not assigned job {key[0]} version {key[1]} (or not yet)")
             return
         await relay.serve_child(reader, writer, frame)
 

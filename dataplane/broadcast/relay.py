@@ -216,7 +216,7 @@ class SnapshotRelay:
         """Read the child's ``want``/``bye`` frames; returning (EOF, bye, error) ends the session."""
         try:
             while True:
-                frame = await framing.read_frame(reader, peer=peer, timeout=self.timeouts.give_up)
+                frame = await framing.read_frame(reader, peer=peer, timeout=self.timeouts.give_up, max_payload=0)
                 if frame.type == "want":
                     wants.extend(i for i in frame.header["indices"] if i < len(self.manifest.chunks))
                 elif frame.type == "bye":
@@ -323,7 +323,7 @@ class SnapshotRelay:
                                                             credential=self.credential),
                                        peer=peer, timeout=self.timeouts.stall)
             # the parent may hold us until the site's word reaches it (assign_wait)
-            frame = await framing.read_frame(reader, peer=peer,
+            frame = await framing.read_frame(reader, peer=peer, max_payload=0,
                                              timeout=self.timeouts.assign_wait + self.timeouts.stall)
             if frame.type == "refuse":
                 raise PeerRefused(peer, frame.header["reason"])
@@ -333,7 +333,7 @@ class SnapshotRelay:
             bad: Counter[int] = Counter()
             while not self.complete:
                 frame = await framing.read_frame(reader, peer=peer, timeout=self.timeouts.stall,
-                                                 downlink=self.downlink)
+                                                 downlink=self.downlink, max_payload=self._declared_size)
                 if frame.type == "refuse":
                     raise PeerRefused(peer, frame.header["reason"])
                 if frame.type == "idle":
@@ -362,6 +362,12 @@ class SnapshotRelay:
                 await framing.write_frame(writer, framing.bye(), peer=peer, timeout=self.timeouts.connect)
         finally:
             writer.close()
+
+    def _declared_size(self, header: dict[str, Any]) -> int:
+        """The most payload a parent's frame may carry: the manifest's size of the chunk it names (a frame declaring
+        more is refused before a byte of it is read), nothing for any other frame."""
+        index = header.get("index", -1) if header["type"] == "chunk" else -1
+        return self.manifest.chunks[index].size if 0 <= index < len(self.manifest.chunks) else 0
 
     async def _check_assignment(self, writer: asyncio.StreamWriter, frame: Frame, peer: str) -> None:
         """Accept only ``accept``/``chunk`` frames for our own job and version; refuse and close otherwise."""

@@ -1,7 +1,9 @@
 """The learner's audits of workers' records (learner/audit.py, docs/trust.md "Audits"): stored per step, summed
-per worker, and a worker that failed ``ECHO2["AUDIT_SUSPEND_AFTER"]`` audits is suspended: its open activation
-ends (billing stops, its leases go back), and the scheduler never activates it again until staff lift the
-suspension (admin: clear ``suspended_at``).
+per worker, and a worker that failed ``ECHO2["AUDIT_SUSPEND_AFTER"]`` audits is suspended with its provider
+account: every worker of that provider is suspended and its open activations end (billing stops, its leases go
+back), a worker the provider registers later starts suspended, and the scheduler never activates any of them
+until staff lift the suspension (admin: the provider's "lift suspension" action).
+Each outcome keeps what the learner checked (``evidence``, at most ``MAX_EVIDENCE`` groups per row).
 
 Audits are the learner's word, taken as evidence only within what the site saw: the API takes them only with the
 job's learner credential (``marketplace.auth.learner_problem``), and here only of workers the site accepted groups
@@ -18,10 +20,11 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from .. import stream
-from ..models import Activation, Job, Worker, WorkerAudit
+from ..models import Activation, Job, Provider, Worker, WorkerAudit
 from .workers import worker_release
 
 log = logging.getLogger(__name__)
+MAX_EVIDENCE = 32  # groups' evidence kept per job, worker and step (the serializer's bound, after merging)
 
 
 def audits_record(*, job: Job, step: int, results: list[dict[str, Any]]) -> None:
@@ -55,7 +58,7 @@ def audits_record(*, job: Job, step: int, results: list[dict[str, Any]]) -> None
             continue
         WorkerAudit.objects.update_or_create(job=job, worker_id=worker_id, step=step, defaults={
             "passed": passed, "failed": failed, "dropped_records": result["dropped_records"],
-            "reason": result.get("reason", "")})
+            "reason": result.get("reason", ""), "evidence": result["evidence"][:MAX_EVIDENCE]})
         totals = WorkerAudit.objects.filter(worker_id=worker_id).aggregate(p=Sum("passed"), f=Sum("failed"))
         Worker.objects.filter(pk=worker_id).update(audits_passed=totals["p"] or 0, audits_failed=totals["f"] or 0)
         if failed:
@@ -66,9 +69,11 @@ def _mergeable(results: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     """One outcome per worker: a report naming a worker twice is summed (so it cannot pass the cap twice)."""
     merged: dict[int, dict[str, Any]] = {}
     for result in results:
-        into = merged.setdefault(result["worker_id"], {"passed": 0, "failed": 0, "dropped_records": 0, "reason": ""})
+        into = merged.setdefault(result["worker_id"], {"passed": 0, "failed": 0, "dropped_records": 0, "reason": "",
+                                                       "evidence": []})
         for field in ("passed", "failed", "dropped_records"):
             into[field] += result.get(field, 0)
+        into["evidence"] += result.get("evidence", [])
         into["reason"] = result.get("reason", "") or into["reason"]
     return merged
 
@@ -78,7 +83,27 @@ def _suspend_if_due(worker_id: int, *, failures: int, reason: str) -> None:
     if failures < limit or Worker.objects.filter(pk=worker_id, suspended_at__isnull=False).exists():
         return
     why = f"suspended after {failures} failed audits (limit {limit}); last: {reason}"[:600]
-    Worker.objects.filter(pk=worker_id).update(suspended_at=timezone.now(), suspended_reason=why)
-    log.warning("worker %s %s", worker_id, why)
-    for activation in Activation.objects.filter(worker_id=worker_id, ended_at=None):
-        worker_release(activation=activation, reason="suspended: failed audits")
+    provider_suspend(provider=Provider.objects.get(workers=worker_id), worker_id=worker_id, reason=why)
+
+
+def provider_suspend(*, provider: Provider, worker_id: int, reason: str) -> None:
+    """Suspend ``provider``'s account for its worker ``worker_id`` (``reason``): that worker and every other worker
+    of the account are suspended, and their open activations end (billing stops, leases go back). A worker the
+    provider registers later starts suspended (``services.workers.worker_register``)."""
+    now = timezone.now()
+    Worker.objects.filter(pk=worker_id).update(suspended_at=now, suspended_reason=reason)
+    Worker.objects.filter(provider=provider, suspended_at__isnull=True).update(
+        suspended_at=now, suspended_reason=f"provider suspended: worker {worker_id} {reason}"[:600])
+    Provider.objects.filter(pk=provider.pk, suspended_at__isnull=True).update(
+        suspended_at=now, suspended_reason=f"worker {worker_id} {reason}"[:600])
+    log.warning("worker %s %s; its provider %s is suspended with every worker", worker_id, reason, provider.pk)
+    for activation in Activation.objects.filter(worker__provider=provider, ended_at=None).order_by("worker_id"):
+        worker_release(activation=activation, reason="suspended: failed audits" if activation.worker_id == worker_id
+                       else f"suspended: provider's worker {worker_id} failed audits")
+
+
+def provider_lift_suspension(*, provider: Provider) -> None:
+    """Staff lift a provider's suspension (admin): the account and every worker of it may be planned again."""
+    Provider.objects.filter(pk=provider.pk).update(suspended_at=None, suspended_reason="")
+    Worker.objects.filter(provider=provider).update(suspended_at=None, suspended_reason="")
+    log.warning("provider %s: suspension lifted by staff", provider.pk)

@@ -37,6 +37,9 @@ def worker_register(*, user, name: str, gpu: str, price_per_hour: Decimal, bandw
             worker = Worker.objects.create(
                 provider=provider, name=name, gpu=gpu, price_per_hour=price_per_hour, bandwidth_bps=bandwidth_bps,
                 relay_address=relay_address, key_hash=selectors.hash_key(key),
+                # a suspended provider's new worker starts suspended (services/audits.py provider_suspend)
+                suspended_at=provider.suspended_at, suspended_reason=provider.suspended_reason and
+                f"provider suspended: {provider.suspended_reason}"[:600],
             )
     except IntegrityError:
         raise ServiceError(f"name: you already have a worker named {name!r}") from None

@@ -17,7 +17,7 @@ from dataplane.records import TrajectoryGroup
 from dataplane.tasks import build_task
 from learner.prompts import PromptFeeder
 from marketplace import scheduling, services, stream
-from marketplace.models import Activation, Job, Worker, WorkerAudit
+from marketplace.models import Activation, Job, Provider, Worker, WorkerAudit
 
 from . import factories
 
@@ -60,8 +60,8 @@ def deliver(job: Job, worker: Worker, groups: int) -> None:
 def running(redis_url, settings):
     settings.CELERY_TASK_ALWAYS_EAGER = True
     settings.ECHO2 = {**settings.ECHO2, "AUDIT_SUSPEND_AFTER": 2}
-    owner, provider = factories.user(), factories.user()
-    honest, _ = factories.worker(provider, name="honest")
+    owner, provider, other = factories.user(), factories.user(), factories.user()
+    honest, _ = factories.worker(other, name="honest")  # another provider's (a suspension takes the whole account)
     liar, _ = factories.worker(provider, name="liar")
     Worker.objects.update(status=Worker.Status.IDLE)
     job = factories.job(owner)
@@ -114,7 +114,7 @@ def test_the_provider_sees_pass_rates_and_the_suspension(running):
     listed = {w["name"]: w for w in APIClient().get("/api/workers/", HTTP_AUTHORIZATION=f"Token "
                                                                  f"{factories.token(provider)}").json()["results"]}
     assert listed["liar"]["audit_pass_rate"] == pytest.approx(0.6) and listed["liar"]["suspended_at"]
-    assert listed["honest"]["audit_pass_rate"] is None
+    assert list(listed) == ["liar"]  # the honest worker is another provider's
 
 
 @pytest.mark.parametrize("bad", [
@@ -183,3 +183,89 @@ def test_audits_count_at_most_the_groups_a_worker_delivered(running):
     assert report(api, job, 4, [{"worker_id": liar.pk, "passed": 9, "failed": 0}]).status_code == 201
     liar.refresh_from_db()
     assert (liar.audits_passed, liar.audits_failed) == (6, 1)
+
+
+def evidence(entry: str, *, check: str = "logprobs", **extra) -> dict:
+    return {"entry_id": entry, "group_id": "g-1", "version": 0, "check": check, "passed": check == "all",
+            "record": 0, "claimed_reward": 1.0, "recomputed_reward": 1.0, "claimed_logprob": -0.01,
+            "recomputed_logprob": -2.7, "logprob_gap": 2.69, **extra}
+
+
+def test_a_suspension_takes_the_provider_account(running):
+    """Issue 26: a suspended provider registered a new worker and went on. Now the account is suspended with the
+    worker: its other workers' activations end and they are never planned, a worker it registers later starts
+    suspended; another provider's worker is untouched; staff lift it all in the admin."""
+    api, job, liar, honest, provider = running["api"], running["job"], running["liar"], running["honest"], \
+        running["provider"]
+    sibling, _ = factories.worker(provider, name="sibling")
+    Worker.objects.filter(pk=sibling.pk).update(status=Worker.Status.IDLE)
+    services.worker_activate(worker=Worker.objects.get(pk=sibling.pk), job=job)
+    fail = [{"worker_id": liar.pk, "passed": 0, "failed": 2, "reason": "logprobs: forged",
+             "evidence": [evidence("1-0"), evidence("2-0")]}]
+    assert report(api, job, 1, fail).status_code == 201
+
+    account = Provider.objects.get(user=provider)
+    assert account.suspended_at is not None and f"worker {liar.pk} suspended after 2 failed audits" in \
+        account.suspended_reason
+    sibling.refresh_from_db()
+    assert sibling.suspended_at is not None and sibling.suspended_reason.startswith("provider suspended")
+    assert not Activation.objects.filter(worker__provider=account, ended_at=None).exists()
+    assert Activation.objects.get(worker=sibling).end_reason == f"suspended: provider's worker {liar.pk} failed audits"
+    assert Activation.objects.filter(worker=honest, ended_at=None).exists()  # another provider's
+    with pytest.raises(services.ServiceError, match="suspended"):  # never activated again (nor planned: scheduling)
+        services.worker_activate(worker=sibling, job=job)
+
+    reply = APIClient().post("/api/workers/", {"name": "fresh", "gpu": "x", "price_per_hour": "0.1",
+                                               "bandwidth_bps": 1000}, format="json",
+                             HTTP_AUTHORIZATION=f"Token {factories.token(provider)}")
+    assert reply.status_code == 201, reply.content
+    fresh = Worker.objects.get(name="fresh")
+    assert fresh.suspended_at is not None and "provider suspended" in fresh.suspended_reason
+    with pytest.raises(services.ServiceError, match="suspended"):
+        services.worker_activate(worker=fresh, job=job)
+
+    staff = factories.user()
+    type(staff).objects.filter(pk=staff.pk).update(is_staff=True, is_superuser=True)
+    admin = Client()
+    admin.force_login(type(staff).objects.get(pk=staff.pk))
+    assert admin.post("/admin/marketplace/provider/", {"action": "lift_suspension",
+                                                       "_selected_action": [account.pk]}).status_code == 302
+    assert Provider.objects.get(pk=account.pk).suspended_at is None
+    assert not Worker.objects.filter(provider=account, suspended_at__isnull=False).exists()
+
+
+def test_evidence_is_stored_with_the_verdict(running):
+    api, job, liar = running["api"], running["job"], running["liar"]
+    shown = [evidence("5-0"), evidence("6-0", check="all", logprob_gap=1e-6),
+             evidence("7-0", check="text", claimed_text="7", decoded_text="3")]
+    assert report(api, job, 1, [{"worker_id": liar.pk, "passed": 1, "failed": 2, "reason": "x",
+                                 "evidence": shown}]).status_code == 201
+    row = WorkerAudit.objects.get(worker=liar, step=1)
+    assert [e["entry_id"] for e in row.evidence] == ["5-0", "6-0", "7-0"]
+    assert row.evidence[0]["claimed_logprob"] == -0.01 and row.evidence[0]["recomputed_logprob"] == -2.7
+    assert row.evidence[2]["decoded_text"] == "3"
+
+
+@pytest.mark.parametrize(("bad", "field"), [
+    ({"logprob_gap": "NaN"}, "logprob_gap"),
+    ({"claimed_reward": 1e300}, "claimed_reward"),
+    ({"entry_id": "../etc"}, "entry_id"),
+    ({"check": "vibes"}, "check"),
+    ({"check": "all", "passed": False}, "check"),  # a pass must say so, and a failure what failed
+    ({"claimed_text": "x" * 65}, "claimed_text"),
+    ({"version": -1}, "version"),
+])
+def test_bad_evidence_is_a_400_naming_the_field(running, bad, field):
+    api, job, liar = running["api"], running["job"], running["liar"]
+    reply = report(api, job, 1, [{"worker_id": liar.pk, "passed": 0, "failed": 1,
+                                  "evidence": [evidence("1-0", **bad)]}])
+    assert reply.status_code == 400, reply.content
+    assert reply.json()["detail"].startswith(f"audits.0.evidence.0.{field}")
+    assert not WorkerAudit.objects.exists()
+
+
+def test_too_much_evidence_is_a_400(running):
+    api, job, liar = running["api"], running["job"], running["liar"]
+    reply = report(api, job, 1, [{"worker_id": liar.pk, "passed": 0, "failed": 1,
+                                  "evidence": [evidence(f"{i}-0") for i in range(33)]}])
+    assert reply.status_code == 400 and reply.json()["detail"].startswith("audits.0.evidence")

@@ -269,7 +269,8 @@ def test_peer_asking_for_an_unassigned_version_or_not_its_child_is_refused(snaps
         return frame.header["reason"]
 
     reason = asyncio.run(ask(VERSION + 1, 2))
-    assert f"not assigned job {JOB} version {VERSION + 1}" in reason and f"version {VERSION}" in reason
+    assert f"not assigned job {JOB} version {VERSION + 1}" in reason
+    assert f"version {VERSION} " not in reason + " "  # never what the hub does serve (issue 26)
     assert "worker 9 is not an assigned child of worker 1" in asyncio.run(ask(VERSION, 9))
 
 
