@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from .broadcast import BroadcastStrategy
 from .records import MAX_GROUP, TrajectoryGroup, error_reason
@@ -35,10 +35,23 @@ class MessageError(ValueError):
 
 MAX_VERSION = 2**31 - 1  # versions and ids fit the site's integer columns
 MAX_THROUGHPUT = 1e6  # trajectories/s: far beyond any one machine, so a larger figure is a lie or a bug
+MAX_SECONDS = 1e7  # any duration an agent reports (~116 days): beyond it a figure is a lie or a bug
+
+JobId = Annotated[int, Field(ge=1, le=MAX_VERSION)]
+Version = Annotated[int, Field(ge=0, le=MAX_VERSION)]
+Count = Annotated[int, Field(ge=0, le=MAX_VERSION)]
 
 
 class _Msg(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # Infinity and NaN are never a figure
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_nul(cls, value: Any) -> Any:
+        """No text field holds a NUL character: PostgreSQL stores none, and no honest agent sends one."""
+        if isinstance(value, str) and "\x00" in value:
+            raise ValueError("must not contain a NUL character")
+        return value
 
 
 # ---- agent -> site -------------------------------------------------------------------------
@@ -68,7 +81,7 @@ class Heartbeat(_Msg):
     throughput: float | None = Field(default=None, ge=0, le=MAX_THROUGHPUT,
                                      description="mu_i, trajectories/s over a window.")
     installed_version: int | None = Field(default=None, ge=0, le=MAX_VERSION)
-    job_id: int | None = Field(default=None, ge=1)
+    job_id: int | None = Field(default=None, ge=1, le=MAX_VERSION)
     state: WorkerState = Field(default="idle", description="What the agent is doing for ``job_id`` since its last "
                                "report; an agent that reports none is idle (billed nothing).")
     reason: str = Field(default="", max_length=200, description="Why the state is ``failed`` (the crash, short).")
@@ -76,7 +89,7 @@ class Heartbeat(_Msg):
 
 class LeaseRequest(_Msg):
     type: Literal["lease_request"] = "lease_request"
-    job_id: int = Field(ge=1)
+    job_id: JobId
     groups: int = Field(default=1, ge=1, le=64, description="How many prompt groups to lease.")
     id: str | None = Field(default=None, min_length=1, max_length=64,
                            description="Names this request; its reply carries it back as ``ref_id``.")
@@ -132,7 +145,7 @@ class Submit(_Msg):
     type: Literal["submit"] = "submit"
     id: str | None = Field(default=None, min_length=1, max_length=64,
                            description="Names this request; its reply carries it back as ``ref_id``.")
-    job_id: int = Field(ge=1)
+    job_id: JobId
     groups: list[TrajectoryGroup] = Field(default_factory=list, max_length=MAX_BATCH,
                                           description="Answered leases of ``job_id``, each checked on its own.")
     lease: int = Field(default=0, ge=0, le=MAX_BATCH, description="Prompt groups to lease in the same round trip.")
@@ -152,31 +165,31 @@ class LeaseReturn(_Msg):
     prompt goes back to the stream at once, for the next worker that asks."""
 
     type: Literal["lease_return"] = "lease_return"
-    job_id: int = Field(ge=1)
+    job_id: JobId
     lease_id: str = Field(min_length=1, max_length=64)
     reason: str = Field(default="", max_length=500)
 
 
 class SnapshotInstalled(_Msg):
     type: Literal["snapshot_installed"] = "snapshot_installed"
-    job_id: int = Field(ge=1)
-    version: int = Field(ge=0)
-    seconds: float = Field(ge=0, description="Publication-to-install time seen by this agent.")
+    job_id: JobId
+    version: Version
+    seconds: float = Field(ge=0, le=MAX_SECONDS, description="Publication-to-install time seen by this agent.")
     source: Literal["parent", "fallback", "http", "cache"] = Field(
         default="http", description="Where most chunks came from: a relay parent, the learner's HTTP fallback "
         "after a relay failed, plain HTTP (no parent assigned), or (version 0 only) the agent's cache of base "
         "snapshots.")
-    from_parent: int = Field(default=0, ge=0, description="Chunks received from the relay parent.")
-    from_fallback: int = Field(default=0, ge=0, description="Chunks fetched over HTTP.")
+    from_parent: Count = Field(default=0, description="Chunks received from the relay parent.")
+    from_fallback: Count = Field(default=0, description="Chunks fetched over HTTP.")
 
 
 class RelayFailed(_Msg):
     """A relay link broke: the agent's parent (``culprit_worker_id``; None: the learner or unknown) failed."""
 
     type: Literal["relay_failed"] = "relay_failed"
-    job_id: int = Field(ge=1)
-    version: int = Field(ge=0)
-    culprit_worker_id: int | None = Field(default=None, ge=1)
+    job_id: JobId
+    version: Version
+    culprit_worker_id: int | None = Field(default=None, ge=1, le=MAX_VERSION)
     reason: str = Field(default="", max_length=500)
 
 
@@ -186,7 +199,7 @@ class SnapshotRequest(_Msg):
     that joined late, restarted, or failed to install what it was told."""
 
     type: Literal["snapshot_request"] = "snapshot_request"
-    job_id: int = Field(ge=1)
+    job_id: JobId
     which: Literal["base", "newest"] = "newest"
 
 
