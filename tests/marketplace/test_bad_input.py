@@ -86,3 +86,14 @@ def test_only_json_bodies_are_parsed(owner):
     api, job = owner
     reply = api.post("/api/jobs/", "name=j&model_dir=/m", content_type="application/x-www-form-urlencoded")
     assert reply.status_code == 415
+
+
+@pytest.mark.parametrize("url", ["/accounts/login/", "/admin/login/"])
+@pytest.mark.parametrize("name", ["x" * 300, "a\x00b"])
+def test_a_sign_in_name_too_long_or_with_nul_is_a_form_error(url, name):
+    """Django checked only the widget's maxlength: django-axes wrote a 300-character name into its 255-character
+    column on the way to recording the failure, a 500 on PostgreSQL."""
+    from django.test import Client
+
+    reply = Client(raise_request_exception=False).post(url, {"username": name, "password": "guess"})
+    assert reply.status_code == 200 and "errorlist" in reply.content.decode()
