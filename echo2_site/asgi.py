@@ -10,9 +10,9 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.urls import path  # noqa: E402
 
+from echo2_site.staticfiles import StaticFilesHandler  # noqa: E402
 from frontend import dist  # noqa: E402
 from frontend.consumers import JobLiveConsumer  # noqa: E402
 from marketplace.consumers import AgentConsumer  # noqa: E402
@@ -27,7 +27,7 @@ dist.log_startup()  # which agent wheel providers get, or why none
 
 application = ProtocolTypeRouter(
     {
-        "http": ASGIStaticFilesHandler(django_asgi_app),
+        "http": StaticFilesHandler(django_asgi_app),
         # Agents are not browsers: they authenticate with their worker key (see AgentConsumer).
         "websocket": URLRouter(websocket_urlpatterns),
     }
