@@ -237,6 +237,9 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         """The learner announces itself and its calibrated T_train. The reply carries the job's transfer secret
         (the learner checks workers' credentials with it), so it takes the owner's token, not an agent key."""
         job = self.get_object()
+        if job.owner_id != request.user.pk:  # staff see every job, but its secret only if they may export it
+            raise PermissionDenied("only the job's owner announces its learner: the reply carries the job's "
+                                   "transfer secret, which only those who may export its weights hold")
         form = s.LearnerAnnounceSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         job = _service_call(services.learner_announce, job=job, **form.validated_data)

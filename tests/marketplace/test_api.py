@@ -198,6 +198,10 @@ def test_the_transfer_secret_reaches_only_the_learner_in_the_reply_to_its_announ
     assert refused.status_code == 403 and secret.encode() not in refused.content
     stranger = client_for(provider).post(f"/api/jobs/{job.pk}/learner/", {"t_train": 1.0}, format="json")
     assert stranger.status_code == 404
+    staff = client_for(factories.user(is_staff=True)).post(f"/api/jobs/{job.pk}/learner/", {"t_train": 1.0},
+                                                             format="json")
+    assert staff.status_code == 403 and secret.encode() not in staff.content, "staff may not export it: no secret"
+    assert "only the job's owner announces its learner" in staff.json()["detail"]
 
 
 def test_a_malformed_manifest_is_a_400_naming_the_field(redis_url, settings):
