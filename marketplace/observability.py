@@ -56,7 +56,7 @@ def _checks() -> dict[str, str]:
             cursor.execute("SELECT 1")
         out["database"] = "ok"
     except Exception as err:  # noqa: BLE001 - any driver error means not ready
-        out["database"] = f"down: {type(err).__name__}: {err}"
+        out["database"] = _down("database", err)
     try:
         stamp = stream.client().get(CELERY_ALIVE_KEY)
         out["redis"] = "ok"
@@ -66,9 +66,16 @@ def _checks() -> dict[str, str]:
                          f"down: no beat task ran in the last {stale_s:.0f} s" if age is not None else
                          "down: no beat task has run yet")
     except RedisError as err:
-        out["redis"] = f"down: {err}"
+        out["redis"] = _down("Redis", err)
         out["celery"] = "unknown: Redis is down"
     return out
+
+
+def _down(what: str, err: Exception) -> str:
+    """What a probe anyone may call says of a failed dependency: "down", never the driver's message (it names
+    hosts, ports and users); the log keeps it for the operator."""
+    log.warning("readiness: %s is down: %s: %s", what, type(err).__name__, err)
+    return "down (the site's log says why)"
 
 
 @require_GET
