@@ -31,6 +31,7 @@ from . import refusals, selectors, services, throttling
 from .assembly import GroupAssembler
 from .jobcache import FreshFor
 from .jsonlimits import JSONLimitError, check_json
+from .models import Worker
 from .services import fanout
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,21 @@ def _frame_id(text: str | None) -> str | None:
     return found[1] if found else None
 
 
+def _worker_by_key(client: str, key: str | None) -> tuple[Worker | None, float]:
+    """(the worker of agent key ``key``, 0), or (None, 0) for a wrong key (a failure counted against ``client``),
+    or (None, seconds to wait) when ``client`` may have no credential checked now (throttling.AUTH_FAILURES)."""
+    wait, ticket = throttling.AUTH_FAILURES.reserve(client)
+    if ticket is None:
+        return None, wait
+    try:
+        worker = selectors.worker_by_key(key)
+    except Exception:
+        throttling.AUTH_FAILURES.finish(ticket, failed=False)  # no verdict (the database did not answer)
+        raise
+    throttling.AUTH_FAILURES.finish(ticket, failed=worker is None)
+    return worker, 0.0
+
+
 class AgentConsumer(AsyncJsonWebsocketConsumer):
     worker = None
     follower = None  # keeps the socket in its job's agents group (services.fanout)
@@ -103,14 +119,12 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         self.running = FreshFor(settings.ECHO2["AGENT_STATE_MAX_AGE_S"])  # the worker's running job, as last read
         await self.accept()
         client = (self.scope.get("client") or ["unknown"])[0]
-        wait = await database_sync_to_async(throttling.AUTH_FAILURES.wait)(client)
+        self.worker, wait = await database_sync_to_async(_worker_by_key)(client, _agent_key(self.scope))
         if wait:  # not "agent key" in the reason: an agent takes that as final, and this one is not
             await self._refuse(f"too many failed credentials from {client}; retry in {wait:.0f} s",
                                TOO_MANY_REQUESTS)
             return
-        self.worker = await database_sync_to_async(selectors.worker_by_key)(_agent_key(self.scope))
         if self.worker is None:
-            await database_sync_to_async(throttling.AUTH_FAILURES.hit)(client)
             await self._refuse("unknown or missing agent key", UNAUTHORIZED)
             return
         await self.channel_layer.group_add(services.worker_group(self.worker.pk), self.channel_name)

@@ -8,6 +8,7 @@ Request rates of the REST API are DRF's own throttles (``REST_FRAMEWORK["DEFAULT
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import time
 
@@ -75,7 +76,63 @@ def client_address(request) -> str | None:
     return None
 
 
-AUTH_FAILURES = SlidingWindow("auth_failures")
+class FailureBudget:
+    """At most ``N`` failed credential checks per ``T`` seconds per client address (the rate of ``scope``), counted
+    atomically, so concurrent guesses cannot all be checked before the first failure is counted (issue 26: 40 of 40
+    concurrent guesses were checked against a limit of 30).
+
+    Two counters per address, each changed by one atomic cache increment (Redis ``INCR`` in production): the
+    failures of the current window of ``T`` seconds, and the checks in flight. A check first counts itself in
+    flight, and runs only if failures + in flight stay within ``N``; a failure is added to the window before it
+    leaves the flight, so the sum never dips. An address over its failures waits for the window's end; one whose
+    honest checks merely crowd the budget waits a second. Fixed windows: at most ``2N`` failures across an edge."""
+
+    FLIGHT_TTL_S = 60  # a unit a crashed process never gave back is forgotten after this
+
+    def __init__(self, scope: str) -> None:
+        self.scope = scope
+
+    def _keys(self, ident: str, now: float) -> tuple[str, str, int, float]:
+        """(the window's failures key, the in-flight key, the failures allowed, seconds left in the window)."""
+        allowed, window = _rate(self.scope)
+        index = int(now // window)
+        base = f"echo2:authfail:{self.scope}:{ident}"
+        return f"{base}:{index}", f"{base}:flight", allowed, (index + 1) * window - now
+
+    @staticmethod
+    def _add(key: str, delta: int, timeout: float) -> int:
+        cache.add(key, 0, timeout=int(timeout) + 2)
+        try:
+            return cache.incr(key, delta)
+        except ValueError:  # expired between add and incr
+            cache.add(key, max(delta, 0), timeout=int(timeout) + 2)
+            return max(delta, 0)
+
+    def reserve(self, ident: str, *, now: float | None = None) -> tuple[float, tuple[str, str] | None]:
+        """(0, a ticket) when ``ident`` may have one credential checked (it is counted in flight), else (seconds to
+        wait, None). Every ticket goes back by :meth:`finish`."""
+        failures_key, flight_key, allowed, left = self._keys(ident, time.time() if now is None else now)
+        flying = self._add(flight_key, 1, self.FLIGHT_TTL_S)
+        failed = cache.get(failures_key) or 0
+        if failed + flying <= allowed:
+            return 0.0, (failures_key, flight_key)
+        self._leave(flight_key)
+        return (max(1.0, left) if failed >= allowed else 1.0), None
+
+    def finish(self, ticket: tuple[str, str], *, failed: bool) -> None:
+        """The check of ``ticket`` is over: a wrong credential is counted in its window, then it leaves the flight."""
+        failures_key, flight_key = ticket
+        if failed:
+            self._add(failures_key, 1, _rate(self.scope)[1])
+        self._leave(flight_key)
+
+    @staticmethod
+    def _leave(flight_key: str) -> None:
+        with contextlib.suppress(ValueError):  # forgotten meanwhile (FLIGHT_TTL_S)
+            cache.decr(flight_key)
+
+
+AUTH_FAILURES = FailureBudget("auth_failures")
 """Wrong API tokens and agent keys per client address, on HTTP and the agent websocket alike."""
 
 HELLOS = SlidingWindow("agent_hellos")
@@ -85,20 +142,27 @@ HELLOS = SlidingWindow("agent_hellos")
 def guarded_authenticate(request, keyword: str, authenticate):
     """``authenticate(request)`` for a request carrying ``Authorization: <keyword> ...``, unless its client
     address failed too often lately: then a 429 (DRF's ``Throttled``, with Retry-After) before any credential is
-    looked up. A failure is counted. Requests with another scheme, or none, pass through untouched."""
+    looked up. A failure is counted (:class:`FailureBudget`). Requests with another scheme, or none, pass through
+    untouched."""
     header = get_authorization_header(request).split()
     if not header or header[0].lower() != keyword.lower().encode():
         return None
-    ident = client_address(request) or "unknown"
-    wait = AUTH_FAILURES.wait(ident)
-    if wait:
+    wait, ticket = AUTH_FAILURES.reserve(client_address(request) or "unknown")
+    if ticket is None:
         raise exceptions.Throttled(wait, detail=f"too many failed credentials from this address; retry in "
                                                 f"{wait:.0f} s")
+    failed = True
     try:
-        return authenticate(request)
+        found = authenticate(request)
+        failed = False
+        return found
     except exceptions.AuthenticationFailed:
-        AUTH_FAILURES.hit(ident)
         raise
+    except Exception:
+        failed = False  # no verdict (the database did not answer): nothing counted
+        raise
+    finally:
+        AUTH_FAILURES.finish(ticket, failed=failed)
 
 
 class MessageBucket:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from django.test import Client
 from rest_framework.test import APIClient
@@ -87,3 +89,47 @@ def test_behind_a_proxy_the_forwarded_address_counts_and_garbage_in_it_is_no_500
     assert other.status_code == 302, "another client behind the same proxy is not locked out"
     forged = sign_in(Client(REMOTE_ADDR="10.0.0.1", HTTP_X_FORWARDED_FOR="not-an-address"), "bob", "guess")
     assert forged.status_code == 200
+
+
+@pytest.mark.parametrize("backend", ["locmem", "redis"])
+def test_concurrent_wrong_guesses_are_counted_before_they_are_checked(settings, redis_url, backend):
+    """Issue 26: the count was read before a check and written after it, so 40 concurrent guesses were all checked
+    against a limit of 30. Now a check counts itself before it runs (one atomic increment): 30 are checked, the
+    other 10 refused unchecked, whatever the cache (Django's local memory, or Redis as in production)."""
+    import threading
+    import uuid
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rest_framework.exceptions import AuthenticationFailed, Throttled
+    from rest_framework.test import APIRequestFactory
+
+    from marketplace.throttling import guarded_authenticate
+
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {
+        **settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], "auth_failures": "30/d"}}  # no window edge mid-test
+    if backend == "redis":
+        settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                                       "LOCATION": redis_url}}
+    address = f"2001:db8::{uuid.uuid4().int % 0xFFFF:x}"  # a fresh client: no count left by another run
+    checked, lock, start = [], threading.Lock(), threading.Barrier(40)
+
+    def wrong(request):
+        with lock:
+            checked.append(1)
+        time.sleep(0.05)  # the lookup takes a while: the others arrive meanwhile
+        raise AuthenticationFailed("invalid token")
+
+    def guess(_) -> int:
+        request = APIRequestFactory().get("/api/jobs/", REMOTE_ADDR=address, HTTP_AUTHORIZATION="Token e2u_guess")
+        start.wait()
+        try:
+            guarded_authenticate(request, "Token", wrong)
+        except Throttled:
+            return 429
+        except AuthenticationFailed:
+            return 401
+        return 200
+
+    with ThreadPoolExecutor(40) as pool:
+        codes = list(pool.map(guess, range(40)))
+    assert len(checked) == 30 and codes.count(401) == 30 and codes.count(429) == 10
