@@ -15,10 +15,12 @@ is rejected with a reason, never silently dropped.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 MAX_TOKENS = 65_536
@@ -31,6 +33,10 @@ MAX_REWARD = 1e6
 #: The lowest behaviour log-prob a record may carry: a sampled token's log-prob is far above it, and the
 #: learner's float32 ratio ``exp(logp - behaviour)`` would overflow well below it.
 MIN_LOGPROB = -1e4
+#: The most bytes of JSON a record's task metadata (Omega) may take: our tasks write a few dozen (the sandbox's
+#: ``{"turns": 3}``); padding there grew a group from under 2 KB to 7 MiB (issue 26). The site's setting
+#: ``ECHO2_MAX_RECORD_METADATA_BYTES`` may change it.
+MAX_METADATA_BYTES = 1024
 
 
 class RecordError(ValueError):
@@ -161,6 +167,7 @@ class RecordLimits:
     vocab_size: int | None = None  # the model's embedding rows; None until the learner reported it
     max_completion_tokens: int = MAX_TOKENS  # the task's budget for one completion (TaskAdapter)
     reward_range: tuple[float, float] = (-MAX_REWARD, MAX_REWARD)  # the task's declared range
+    max_metadata_bytes: int = MAX_METADATA_BYTES  # a record's metadata as JSON (the site's setting)
 
 
 def prompt_token_bound(prompt: str) -> int:
@@ -191,10 +198,23 @@ def record_problem(rec: Trajectory, limits: RecordLimits) -> str:
     return ""
 
 
+def metadata_problem(rec: Trajectory, limits: RecordLimits) -> str:
+    """Why ``rec``'s metadata is too big for ``limits`` (``metadata: why``), or "". Measured as compact JSON."""
+    try:
+        size = len(orjson.dumps(rec.metadata))
+    except TypeError:  # an integer past 64 bits: the standard library writes it
+        size = len(json.dumps(rec.metadata, separators=(",", ":"), ensure_ascii=False).encode())
+    if size > limits.max_metadata_bytes:
+        return f"metadata: {size} bytes of JSON, a record's metadata may take at most {limits.max_metadata_bytes}"
+    return ""
+
+
 def group_problem(group: TrajectoryGroup, limits: RecordLimits) -> str:
-    """The first record of ``group`` that breaks ``limits``, as ``records.i.field: why``; "" when all fit."""
+    """The first record of ``group`` that breaks ``limits``, as ``records.i.field: why``; "" when all fit. The
+    group's size follows: its ``n`` records (``check_for_job``), each of a prompt the lease gave and at most the
+    task's completion tokens, and of metadata within its cap (:func:`metadata_problem`)."""
     for i, rec in enumerate(group.records):
-        problem = record_problem(rec, limits)
+        problem = record_problem(rec, limits) or metadata_problem(rec, limits)
         if problem:
             return f"records.{i}.{problem}"
     return ""

@@ -123,7 +123,8 @@ def record_limits(job: Job) -> RecordLimits:
     except TaskSpecError as err:
         log.warning("job %s: cannot build its task to check records (%s); checking the generic bounds", job.pk, err)
         limits = RecordLimits()
-    return dataclasses.replace(limits, vocab_size=job.vocab_size)
+    return dataclasses.replace(limits, vocab_size=job.vocab_size,
+                               max_metadata_bytes=settings.ECHO2["MAX_RECORD_METADATA_BYTES"])
 
 
 @functools.lru_cache(maxsize=256)

@@ -65,6 +65,9 @@ async def refused(comm, job_id: int, lease: dict, **bad) -> list[str]:
                                                           "most 8"),
     ({"prompt_ids": [1] * 200}, "records.0.prompt_ids: 200 tokens for a prompt of"),
     ({"logprobs": [-1e300, -0.2]}, "records.3.logprobs: must be finite and within [-10000, 0]"),
+    # issue 26: 7 MB of padding in one frame, where a legal group of this job is under 2 KB
+    ({"metadata": {"pad": "x" * 7_000_000}}, "records.3.metadata: 7000010 bytes of JSON, a record's metadata may "
+                                             "take at most 1024"),
 ])
 async def test_a_group_outside_the_jobs_limits_is_refused_with_its_reason_and_the_lease_stays_open(
         settings_eager, redis_client, bad, reason):
