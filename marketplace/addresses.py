@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -147,3 +149,34 @@ def check_url(value: str, policy: PeerPolicy) -> str:
         raise AddressError("port must be 1-65535")
     check_host(parts.hostname or "", policy)
     return value.strip()
+
+
+Resolver = Callable[..., list]
+"""``socket.getaddrinfo``'s shape."""
+
+
+def check_dial_url(value: str, policy: PeerPolicy, *, resolve: Resolver = socket.getaddrinfo) -> str:
+    """:func:`check_url` for a URL the site itself is about to dial (an export's snapshot URL), checked again at
+    dial time (a URL stored before a rule, or under other settings, is not trusted) and, the site being the dialer
+    this time, a host name's resolved addresses checked too: a name that resolves to the site's own machine, its
+    network or a metadata service is refused like the address itself. (urllib resolves again when it connects: a
+    name whose answer changes in between is not caught.)"""
+    url = check_url(value, policy)
+    host = (urlsplit(url).hostname or "").rstrip(".")
+    try:
+        ipaddress.ip_address(host)
+        return url  # an IP literal: checked as one already
+    except ValueError:
+        if numeric_ipv4(host) is not None:
+            return url
+    try:
+        answers = resolve(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as err:
+        raise AddressError(f"{host} does not resolve: {err}") from None
+    for *_, sockaddr in answers:
+        ip = ipaddress.ip_address(sockaddr[0].partition("%")[0])
+        try:
+            _check_ip(_embedded_ipv4(ip) or ip, policy)
+        except AddressError as err:
+            raise AddressError(f"{host} resolves to {ip}: {err}") from None
+    return url

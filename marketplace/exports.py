@@ -14,6 +14,7 @@ the learner-side command (``echo2-learner export``), which reads its snapshot di
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -28,11 +29,17 @@ from dataplane.export import ExportError, Member, plan, tar_size, tar_stream
 from dataplane.snapshot import Manifest, SnapshotError, fetch_chunk, full_url, parse_manifest
 from dataplane.weights import DTYPES
 
+from .addresses import AddressError, PeerPolicy, check_dial_url
 from .models import Job, Snapshot
 
+log = logging.getLogger(__name__)
 SITE_CREDENTIAL_HOLDER = 0
 """The worker id in the credentials the site issues itself (no worker has id 0)."""
 FETCH_TIMEOUT_S = 30.0
+UNREACHABLE = "the learner's snapshot server could not be reached"
+"""What the owner is told of any failure to fetch but a 404: a closed port, a service that is not HTTP, a timeout, a
+TLS error, a refusal, bytes that do not verify, an address the rules refuse all read the same (the log has which),
+so an export cannot be used to learn what answers at an address."""
 
 
 class LearnerUnavailable(APIException):
@@ -117,7 +124,7 @@ def job_export(*, job: Job, user, version: int | None, dtype: str) -> Export:
 
 def _source(job: Job, snap: Snapshot, highest: int) -> tuple[Manifest, Callable[[int], bytes]]:
     """The manifest and chunk reader of ``snap``'s full payload (a delta version's is served under full/)."""
-    manifest, url = parse_manifest(snap.manifest), snap.url
+    manifest, url = parse_manifest(snap.manifest), _dialable(snap.url)
     if manifest.kind == "delta":
         manifest, url = manifest.full, full_url(snap.url)
     secret, ttl = job.transfer_secret, settings.ECHO2["TRANSFER_CREDENTIAL_TTL_S"]
@@ -130,13 +137,22 @@ def _source(job: Job, snap: Snapshot, highest: int) -> tuple[Manifest, Callable[
     return manifest, fetch
 
 
+def _dialable(url: str) -> str:
+    """``url`` if the site may dial it now, by the rules every peer address passes (marketplace/addresses.py), its
+    host name's addresses included; else a :class:`SnapshotError` (told to the owner as :data:`UNREACHABLE`)."""
+    policy = PeerPolicy(allow_loopback=settings.ECHO2["ALLOW_LOOPBACK_PEERS"],
+                        allow_private=settings.ECHO2["ALLOW_PRIVATE_PEERS"])
+    try:
+        return check_dial_url(url, policy)
+    except AddressError as err:
+        raise SnapshotError(f"snapshot URL {url!r} refused: {err}") from None
+
+
 def _learner_error(job: Job, version: int, err: SnapshotError) -> APIException:
     offline = (f"on the learner's machine, `echo2-learner export --job {job.pk} --version {version} --out DIR` "
                "(with its --snapshot-dir) reads it from disk")
     if err.status == 404:
         return NotFound(f"version {version} of job {job.pk} is no longer on its learner (it keeps the base, the "
                         f"newest S+2 versions and those of the last --snapshot-retain seconds); {offline}")
-    if err.status is None and "mismatch" not in str(err):
-        return LearnerUnavailable(f"the learner of job {job.pk} does not answer (it serves snapshots only while "
-                                  f"it runs): {err}; {offline}")
-    return LearnerRefused(f"the learner of job {job.pk} refused: {err}")
+    log.warning("export of job %s version %s: %s", job.pk, version, err)
+    return LearnerUnavailable(f"{UNREACHABLE} (it serves snapshots only while it runs); {offline}")
