@@ -218,7 +218,8 @@ class SnapshotRelay:
             while True:
                 frame = await framing.read_frame(reader, peer=peer, timeout=self.timeouts.give_up, max_payload=0)
                 if frame.type == "want":
-                    wants.extend(i for i in frame.header["indices"] if i < len(self.manifest.chunks))
+                    room = len(self.manifest.chunks) - len(wants)  # never more asks queued than chunks
+                    wants.extend([i for i in frame.header["indices"] if i < len(self.manifest.chunks)][:max(0, room)])
                 elif frame.type == "bye":
                     return
                 session.wake.set()
