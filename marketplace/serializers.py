@@ -20,6 +20,7 @@ from .models import Activation, Job, JobMetric, Snapshot, Worker, WorkerCalibrat
 # bits), every float is finite (DRF) and small enough that sums and means of many stay finite (JSON has no inf).
 MAX_INT = 2**31 - 1
 MAX_SECONDS = 1e9
+MIN_STEP_SECONDS = 1e-6  # a learner step (T_train) shorter than a microsecond is a lie or a bug: rates divide by it
 MAX_FIGURE = 1e15
 MAX_BANDWIDTH_BPS = 10**12  # 8 Tbit/s
 MAX_VOCAB = 2**24  # token embedding rows: far beyond any real vocabulary (~256k)
@@ -35,6 +36,13 @@ def _peer_address(value: str | None, *, url: bool = False) -> str | None:
         return check_url(value, policy) if url else check_host_port(value, policy)
     except AddressError as err:
         raise serializers.ValidationError(str(err)) from None
+
+
+def _step_seconds(value: float | None, *, unknown: float | None) -> None:
+    """A learner's T_train: ``unknown`` (not measured) or at least MIN_STEP_SECONDS. 1e-308 was finite, and every
+    rate the site derives from it (throughput target, pool size) came out infinite: a 500 on the summary (issue 26)."""
+    if value is not None and value != unknown and value < MIN_STEP_SECONDS:
+        raise serializers.ValidationError(f"must be 0 (not measured) or at least {MIN_STEP_SECONDS:g} s")
 
 
 class WorkerSerializer(serializers.ModelSerializer):
@@ -175,8 +183,8 @@ class JobPlanRequestSerializer(JobSerializer):
         fields = [*JobSerializer.Meta.fields, "t_train_s", "t_bcast_s"]
 
     def validate_t_train_s(self, value: float | None) -> float | None:
-        if value is not None and not (math.isfinite(value) and value > 0):
-            raise serializers.ValidationError("must be a positive number of seconds")
+        if value is not None and not (math.isfinite(value) and value >= MIN_STEP_SECONDS):
+            raise serializers.ValidationError(f"must be a number of seconds >= {MIN_STEP_SECONDS:g}")
         return value
 
     def validate_t_bcast_s(self, value: float | None) -> float | None:
@@ -321,7 +329,8 @@ class MetricReportSerializer(serializers.Serializer):
     loss = serializers.FloatField(required=False, default=0.0, min_value=-MAX_FIGURE, max_value=MAX_FIGURE)
     max_staleness = serializers.IntegerField(min_value=0, max_value=MAX_INT, required=False, default=0)
     dropped_stale = serializers.IntegerField(min_value=0, max_value=MAX_INT, required=False, default=0)
-    t_train = serializers.FloatField(min_value=0, max_value=MAX_SECONDS, required=False, default=0.0)
+    t_train = serializers.FloatField(min_value=0, max_value=MAX_SECONDS, required=False, default=0.0,
+                                     validators=[lambda v: _step_seconds(v, unknown=0.0)])
     wait_s = serializers.FloatField(min_value=0, max_value=MAX_SECONDS, required=False, default=0.0)
     extra = serializers.DictField(required=False, default=dict)
     audits = AuditResultSerializer(many=True, required=False, default=list, max_length=10_000,
@@ -348,7 +357,8 @@ class SnapshotSerializer(serializers.ModelSerializer):
 
 
 class LearnerAnnounceSerializer(serializers.Serializer):
-    t_train = serializers.FloatField(min_value=0, max_value=MAX_SECONDS, required=False, allow_null=True, default=None)
+    t_train = serializers.FloatField(min_value=0, max_value=MAX_SECONDS, required=False, allow_null=True, default=None,
+                                     validators=[lambda v: _step_seconds(v, unknown=0.0)])
     relay_address = serializers.CharField(max_length=200, required=False, allow_null=True, allow_blank=True,
                                           default=None, help_text=(
                                               "host:port of the learner's relay hub (chain broadcast); empty: it "

@@ -37,14 +37,20 @@ def names(reply, field: str) -> bool:
     ("/api/jobs/{job}/snapshots/", {"version": 2**40, "url": "http://203.0.113.1/v1/", "manifest": {}}, "version"),
     ("/api/jobs/{job}/learner/", {"t_train": 1e308}, "t_train"),
     ("/api/jobs/plan/", {**JOB, "t_train_s": 1e308}, "t_train_s"),
+    # Issue 26 (Low): finite, but every rate derived from it was infinite: the summary and live view were 500s
+    ("/api/jobs/{job}/learner/", {"t_train": 1e-308}, "t_train"),
+    ("/api/jobs/{job}/metrics/", {"step": 1, "reward_mean": 0.5, "t_train": 1e-308}, "t_train"),
+    ("/api/jobs/plan/", {**JOB, "t_train_s": 1e-308}, "t_train_s"),
     ("/api/jobs/", {**JOB, "seed": 2**40}, "seed"),
     ("/api/jobs/", {**JOB, "learner_uplink_bps": 2**62}, "learner_uplink_bps"),
     ("/api/jobs/", {**JOB, "target_reward": 1e300}, "target_reward"),
 ])
 def test_numbers_beyond_their_columns_are_a_400_naming_the_field(owner, path, body, field):
     api, job = owner
-    reply = api.post(path.format(job=job.pk), body)
+    reply = api.post(path.format(job=job.pk), body, format="json")
     assert names(reply, field), reply.content
+    for view in ("summary", "live"):
+        assert api.get(f"/api/jobs/{job.pk}/{view}/").status_code == 200
 
 
 @pytest.mark.parametrize("path", ["/api/jobs/abc/learner/", "/api/jobs/1.5/", "/api/jobs/abc/summary/",
