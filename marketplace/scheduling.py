@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 import time
 
 from django.conf import settings
@@ -30,7 +31,7 @@ class Pool:
     standby: list[p.Candidate]
     unmeasured: list[Worker]  # standby workers with no figure for this job's model and task
     workers: dict[int, Worker]
-    sources: dict[int, str]  # where each mu_i comes from: measured, reported, calibration or last measured
+    sources: dict[int, str]  # where each mu_i comes from: measured, calibration or last measured (never reported)
 
     @property
     def capacity(self) -> float:
@@ -41,12 +42,14 @@ def candidate_pool(*, model_dir: str, task_name: str, job: Job | None = None, no
     """Everyone ``job`` (or a job not created yet, ``job=None``) could use: its own active workers and every
     online worker not busy in another job, each with the ``mu_i`` the scheduler plans with.
 
-    ``mu_i`` is, most trusted first: ``measured``, the trajectories the site accepted from a worker active in
-    this job per second over the window (``controller.accepted_rate``); until that exists, ``reported``, the
-    mean its heartbeats claimed (bounded by the message schema); its ``calibration`` for this model and
-    task (``echo2-agent bench --report``, bounded too); ``last measured``, what the site measured on whatever
-    it ran before (``Worker.throughput``); else the worker is unmeasured and only the calibration phase uses
-    it. Availability ``a_i`` is always the site's own count of heartbeats received.
+    ``mu_i`` is what the site saw, never what a worker says (docs/trust.md, "What the scheduler believes"). Most
+    trusted first: ``measured``, the trajectories the site accepted from a worker active in this job per second over
+    the window (``controller.accepted_rate``), and 0 once it has been active a whole window with none accepted;
+    until then its ``calibration`` for this model and task (``echo2-agent bench --report``: the agent's own
+    benchmark, so only a prior, capped by ``_prior_cap``); ``last measured``, what the site measured on whatever it
+    ran before (``Worker.throughput``); else the worker is unmeasured and only the calibration phase uses it. The
+    figure its heartbeats claim is never planned with. Availability ``a_i`` is the site's own count of heartbeats
+    received.
     """
     now = time.time() if now is None else now
     started = dict(job.activations.filter(ended_at=None).values_list("worker_id", "started_at")) if job else {}
@@ -59,18 +62,16 @@ def candidate_pool(*, model_dir: str, task_name: str, job: Job | None = None, no
     accepted = telemetry.recent_accepted(list(started), job_id=job.pk, now=now) if job else {}
     calibrated = dict(WorkerCalibration.objects.filter(worker_id__in=list(workers), model_dir=model_dir,
                                                        task_name=task_name).values_list("worker_id", "throughput"))
+    measured = {wid: _measured(accepted[wid], since=started[wid].timestamp(), now=now) for wid in started}
+    cap = _prior_cap(measured, workers)
     active, standby, unmeasured, sources = [], [], [], {}
     for wid, worker in workers.items():
-        window = _heartbeat_window(beats[wid])
-        availability = window.availability(now) if beats[wid] else 1.0
-        measured = reported = None
-        if wid in started:
-            measured = telemetry.measured_throughput(accepted[wid], since=started[wid].timestamp(), now=now)
-            reported = window.throughput(now)
-        figures = (("measured", measured), ("reported", reported), ("calibration", calibrated.get(wid)),
-                   ("last measured", worker.throughput))
-        source, mu = next(((name, mu) for name, mu in figures if mu), (None, None))
-        candidate = p.Candidate(wid, float(worker.price_per_hour), mu, availability)
+        availability = _heartbeat_window(beats[wid]).availability(now) if beats[wid] else 1.0
+        prior = calibrated.get(wid)
+        figures = (("measured", measured.get(wid)), ("calibration", prior if cap is None or prior is None
+                                                     else min(prior, cap)), ("last measured", worker.throughput))
+        source, mu = next(((name, mu) for name, mu in figures if mu is not None), (None, None))
+        candidate = p.Candidate(wid, float(worker.price_per_hour), mu or None, availability)  # 0: adds nothing
         if source:
             sources[wid] = source
         if wid in started:
@@ -80,6 +81,26 @@ def candidate_pool(*, model_dir: str, task_name: str, job: Job | None = None, no
         else:
             standby.append(candidate)
     return Pool(active=active, standby=standby, unmeasured=unmeasured, workers=workers, sources=sources)
+
+
+def _measured(events: list[tuple[float, int]], *, since: float, now: float) -> float | None:
+    """The site's ``mu_i`` of a worker active in the job since ``since``: its accepted rate; 0 once it has been active
+    a whole window and none was accepted (a worker that returns nothing has no throughput, whatever it claims);
+    None before (its prior stands in)."""
+    rate = telemetry.measured_throughput(events, since=since, now=now)
+    if rate is None and now - since >= telemetry.window_s():
+        return 0.0
+    return rate
+
+
+def _prior_cap(measured: dict[int, float | None], workers: dict[int, Worker]) -> float | None:
+    """The most a worker's calibration (its own benchmark) may claim: the median of what the site measured of this
+    job's active workers, or, where none has been measured here yet, of what it last measured of the pool's
+    workers anywhere (``Worker.throughput``); None (the claim stands, bounded by the API) when neither exists."""
+    here = [mu for mu in measured.values() if mu]
+    anywhere = [w.throughput for w in workers.values() if w.throughput]
+    figures = here or anywhere
+    return statistics.median(figures) if figures else None
 
 
 def _heartbeat_window(beats: list[tuple[float, float | None]]) -> ctl.HeartbeatWindow:

@@ -49,8 +49,8 @@ def test_the_pool_plans_with_the_measured_figure_not_the_claimed_one(settings) -
         telemetry.record_heartbeat(worker.pk, at=now - t, throughput=9e5)
 
     pool = scheduling.job_pool(job, now=now)
-    assert pool.sources[worker.pk] == "reported"  # nothing accepted yet: its word stands in, bounded
-    assert pool.active[0].throughput == 9e5
+    assert pool.sources[worker.pk] == "measured"  # active a whole window, nothing accepted: it adds nothing
+    assert pool.active[0].throughput is None and pool.capacity == 0.0
 
     for t in (50, 35, 20, 5):  # the site accepted 4 groups of 8 over the last minute
         telemetry.record_accepted(worker.pk, job_id=job.pk, at=now - t, records=8)

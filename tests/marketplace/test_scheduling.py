@@ -34,10 +34,15 @@ def idle_worker(provider, price: str, *, calibrated: float | None, model_dir: st
     return worker
 
 
-def beat(worker: Worker, throughput: float, *, until: float, seconds: float = 60.0, interval: float = 2.0) -> None:
+def beat(worker: Worker, throughput: float, *, until: float, seconds: float = 60.0, interval: float = 2.0,
+         job: Job | None = None) -> None:
+    """Heartbeats claiming ``throughput``; with ``job``, the site also accepts that many trajectories per second
+    from the worker (what the scheduler believes)."""
     t = until - seconds
     while t <= until:
         telemetry.record_heartbeat(worker.pk, at=t, throughput=throughput)
+        if job is not None:
+            telemetry.record_accepted(worker.pk, job_id=job.pk, at=t, records=round(throughput * interval))
         t += interval
 
 
@@ -93,22 +98,22 @@ def test_replan_acts_only_on_a_sustained_deficit_then_releases_surplus(eager, dj
     job.save()
     now = time.time()
 
-    beat(active, 4.0, until=now)  # live capacity 4 < target 7.04
+    beat(active, 4.0, until=now, job=job)  # live capacity 4 < target 7.04
     assert tasks.replan(job, now=now).activate == ()  # the deficit has to last
-    beat(active, 4.0, until=now + 20, seconds=20)
+    beat(active, 4.0, until=now + 20, seconds=20, job=job)
     assert tasks.replan(job, now=now + 20).activate == ()
-    beat(active, 4.0, until=now + 31, seconds=11)
+    beat(active, 4.0, until=now + 31, seconds=11, job=job)
     decision = tasks.replan(job, now=now + 31)
     assert decision.activate == (cheap.pk,)  # cheapest unit cost covering the deficit of 3.04
     assert Activation.objects.get(worker=cheap, ended_at=None).job_id == job.pk
 
-    # Now everyone reports far more than needed: after the interval the priciest per unit goes.
+    # Now everyone delivers far more than needed: after the interval the priciest per unit goes.
     services.worker_activate(worker=pricey, job=job)
     for worker in (active, cheap, pricey):
-        beat(worker, 20.0, until=now + 100, seconds=60)
+        beat(worker, 20.0, until=now + 100, seconds=60, job=job)
     assert tasks.replan(job, now=now + 100).release == ()
     for worker in (active, cheap, pricey):
-        beat(worker, 20.0, until=now + 131, seconds=31)
+        beat(worker, 20.0, until=now + 131, seconds=31, job=job)
     decision = tasks.replan(job, now=now + 131)
     assert pricey.pk in decision.release and cheap.pk not in decision.release
     assert not Activation.objects.filter(worker=pricey, ended_at=None).exists()
