@@ -300,6 +300,17 @@ ECHO2 = {
     # An active worker whose agent reports its rollout loop failed (crashing and being restarted) for this long is
     # released, so the scheduler can activate another; failed time is never billed (docs/faults.md).
     "ROLLOUT_FAILED_RELEASE_S": env_float("ECHO2_ROLLOUT_FAILED_RELEASE_S", 120.0),
+    # A worker that holds an activation and returns nothing is released (docs/trust.md "What the scheduler believes"):
+    # installed, no group accepted for max(SILENT_RELEASE_S, SILENT_RELEASE_GROUPS x its expected group time n/mu_i);
+    # no install of a published version reported LOADING_RELEASE_S after its assignment. Silent time is never billed.
+    "SILENT_RELEASE_S": env_float("ECHO2_SILENT_RELEASE_S", 180.0),
+    "SILENT_RELEASE_GROUPS": env_float("ECHO2_SILENT_RELEASE_GROUPS", 5.0),
+    "LOADING_RELEASE_S": env_float("ECHO2_LOADING_RELEASE_S", 900.0),
+    # A relay failure counts against the parent only when this many distinct children report it within the chain
+    # score's decay window, or the parent itself is silent (RELAY_PARENT_SILENT_S without a heartbeat; or that long
+    # after the publication without an install of the version reported); one child's word moves only that child.
+    "RELAY_FAILURE_WITNESSES": env_int("ECHO2_RELAY_FAILURE_WITNESSES", 2),
+    "RELAY_PARENT_SILENT_S": env_float("ECHO2_RELAY_PARENT_SILENT_S", 60.0),
     # Lifetime of a weight-transfer credential (docs/trust.md), re-issued with every snapshot message (publication,
     # repair, assignment). It must outlast a whole download at the slowest link: the learner's HTTP server checks
     # it on every chunk, a relay at each hello.

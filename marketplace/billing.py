@@ -1,12 +1,14 @@
 """Billing only useful work: which of an activation's time is paid for (docs/faults.md, "Billing only useful work").
 
-An agent reports its state in every heartbeat (``dataplane.messages.WorkerState``). A state holds from the report
-that carried it until the next report; the site bills the interval between two reports when the earlier one was
-``installing`` or ``generating``. The paper's cost model pays a worker while it serves the job (section 3.4);
-issue 13 narrows "serves" to installing snapshots and generating rollouts, so ``loading`` (building the engine
-from the job's base, version 0, which happens once per activation), ``idle`` (waiting for work or a version) and
-``failed`` (a crashed rollout loop, being restarted) are free. An interval longer than the worker timeout is
-not billed at all: the site does not know what the worker did while it was silent.
+The state billed is the one the site observes (:func:`observed_state`: leases taken, groups accepted, installs of
+published versions; docs/trust.md, "What the scheduler believes"), never the one a heartbeat claims
+(``WorkerState``, shown as "reported"). A state holds from the report that recorded it until the next; the site
+bills the interval between two reports when the earlier one was ``installing`` or ``generating``. The paper's cost
+model pays a worker while it serves the job (section 3.4); issue 13 narrows "serves" to installing snapshots and
+generating rollouts, so ``loading`` (building the engine from the job's base, version 0, which happens once per
+activation), ``idle`` (waiting for work or a version) and ``failed`` (a crashed rollout loop, being restarted) are
+free; issue 26 makes "generating" what the site saw (leases, accepted groups), so silent time is free too. An
+interval longer than the worker timeout is not billed at all: the site does not know what the worker did meanwhile.
 
 Plain functions over plain values; the database side is ``services.billing``.
 """
@@ -30,6 +32,54 @@ def effective_state(*, reported: str, reported_job_id: int | None, job_id: int) 
     """The state the activation of ``job_id`` is in, from a heartbeat about ``reported_job_id``: an agent that
     has not yet taken the assignment (or still speaks of another job) is not working for this job: ``idle``."""
     return reported if reported_job_id == job_id else "idle"
+
+
+def observed_state(*, reported: str, started: float, installed: float | None, active: float | None, now: float,
+                   hold_s: float) -> tuple[str, float]:
+    """The state an activation started at ``started`` is in at ``now`` as the site saw it, and the time from which
+    it holds (earlier than ``now`` only for ``idle``: the bill in ``generating`` stops ``hold_s`` after the last work).
+
+    - ``failed``: the agent says its rollout loop crashed; believed, since the word only lowers its own bill;
+    - ``loading``: no install of a published version of the job reported (``installed``) since the activation
+      started: building the engine from the base, free as issue 13 asks; a worker that never installs is never
+      billed;
+    - ``generating``: a lease taken or a group accepted (``active``) within ``hold_s`` (the lease timeout: a lease
+      is work outstanding until it would time out);
+    - ``idle`` otherwise, from ``hold_s`` after the last work: silent time is not billed, whatever the heartbeat
+      says.
+    """
+    if reported == "failed":
+        return "failed", now
+    if installed is None or installed < started:
+        return "loading", now
+    if active is None or active < started:
+        return "idle", now
+    if now - active <= hold_s:
+        return "generating", now
+    return "idle", active + hold_s
+
+
+def silence_bound_s(*, min_s: float, groups: float, group_size: int, throughput: float | None) -> float:
+    """How long an installed worker may hold an activation without a group accepted: ``groups`` expected group times
+    (``group_size / mu_i``, with the site's measured ``mu_i``), never under ``min_s`` (all there is until measured)."""
+    if not throughput:
+        return min_s
+    return max(min_s, groups * group_size / throughput)
+
+
+def silent_reason(*, started: float, installed: float | None, accepted: float | None, now: float, bound_s: float,
+                  loading_bound_s: float) -> str:
+    """Why an activation that returned nothing ends now ("": it does not): no install reported ``loading_bound_s``
+    after it started, or no group accepted for ``bound_s`` since its install or its last accepted group. Leases
+    taken do not count here: a worker that leases and never returns returns nothing."""
+    if installed is None or installed < started:
+        if now - started > loading_bound_s:
+            return f"silent: no install reported in {loading_bound_s:.0f} s"
+        return ""
+    last = max(t for t in (started, installed, accepted) if t is not None)
+    if now - last > bound_s:
+        return f"silent: no group accepted for {bound_s:.0f} s"
+    return ""
 
 
 def failing_too_long(*, state: str, since: float, now: float, limit_s: float) -> bool:

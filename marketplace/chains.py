@@ -220,6 +220,16 @@ def repair(plan: ChainPlan, dead_worker_id: int) -> tuple[ChainPlan, list[tuple[
     return ChainPlan(chains=tuple(chains), rollout_only=rollout_only), moves
 
 
+def detach(plan: ChainPlan, worker_id: int) -> tuple[ChainPlan, list[tuple[int, int | None]]]:
+    """Take ``worker_id`` out of its chain and make it rollout-only (it fetches from the learner's HTTP fallback):
+    its child re-attaches to its parent (:func:`repair`). What one child's unconfirmed report of its parent's failure
+    does: the reporter moves, the parent keeps its place, and nobody is promoted toward the seeds."""
+    new_plan, moves = repair(plan, worker_id)
+    if any(worker_id in chain for chain in plan.chains):
+        new_plan = ChainPlan(chains=new_plan.chains, rollout_only=(*new_plan.rollout_only, worker_id))
+    return new_plan, moves
+
+
 BANDWIDTH_EWMA = 0.3
 """Weight of the newest transfer in a relay's measured bandwidth ``Bw_hat``."""
 BANDWIDTH_MIN_SECONDS = 1.0

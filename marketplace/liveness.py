@@ -4,9 +4,10 @@ A heartbeat is Redis alone: one pipelined round trip records when the worker was
 set of worker id by time), its telemetry sample (``telemetry.heartbeats_key``) and the state it reports
 (``state_key``), and says whether the database must hear of it now (:class:`Beat`): the reported state or job
 changed, the state is ``failed`` (the release limit is checked against the database), the site does not hold the
-worker as online (it said no hello on this site since it was marked offline, or Redis lost the key), or a billed
-state's periodic report is due (``sync_s``: billing bills the span between two reports and drops a span longer
-than the worker timeout, so a worker generating for minutes is reported at least every third of it).
+worker as online (it said no hello on this site since it was marked offline, or Redis lost the key), or, for a
+worker in a job, the periodic report is due (``sync_s``: billing bills the span between two reports by what the
+site observed, and drops a span longer than the worker timeout, so a worker in a job is reported at least every
+third of it, whatever state it claims).
 
 ``Worker.last_heartbeat`` lags by at most the fold period (``services.worker_heartbeats_fold``, Celery beat);
 whatever judges silence folds first (``expire_silent_workers``), so a worker is never expired because the fold lagged.
@@ -32,7 +33,6 @@ import time
 from django.conf import settings
 
 from . import stream, telemetry
-from .billing import BILLABLE_STATES
 
 SEEN_KEY = "echo2:live:seen"  # zset: worker id -> Unix time of its last heartbeat (or hello)
 FOLDED_KEY = "echo2:live:folded"  # Unix time up to which SEEN_KEY was folded into Worker.last_heartbeat
@@ -106,7 +106,7 @@ def heartbeat(worker_id: int, *, at: float, throughput: float | None, state: str
         reason = "state changed"
     elif state == "failed":
         reason = "failing"
-    elif due and state in BILLABLE_STATES:
+    elif due and job:  # in a job: what the site saw it do (leases, groups) is billed, whatever state it reports
         reason = "report due"
     else:
         reason = ""

@@ -1,13 +1,16 @@
-"""Live state kept in Redis so every site process and Celery worker sees it: recent heartbeats per worker
-and the forwarding-chain plan of each published snapshot.
+"""Live state kept in Redis so every site process and Celery worker sees it: recent heartbeats per worker, what
+the site observed each worker do for a job (groups accepted, leases taken, installs) and the
+forwarding-chain plan of each published snapshot.
 
-The scheduler turns heartbeats into the sliding-window throughput ``mu_i(t)`` and availability ``a_i(t)``
-of paper section 4.3 (``controller.HeartbeatWindow``); the chain plans drive relay repair and the job
-page's picture of who feeds whom.
+The scheduler's throughput ``mu_i(t)`` is what the site accepted (``measured_throughput``); heartbeats give only the
+availability ``a_i(t)`` of paper section 4.3 (their arrival, which the site sees) and a ``reported`` figure shown,
+never planned with (docs/trust.md, "What the scheduler believes"). Billing and the silence bound read
+``observed``; the chain plans drive relay repair and the job page's picture of who feeds whom.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 
@@ -93,6 +96,67 @@ def measured_throughput(events: list[tuple[float, int]], *, since: float, now: f
 def measure_worker(worker_id: int, *, job_id: int, since: float, now: float) -> float | None:
     """``measured_throughput`` of one worker in ``job_id``, read from Redis."""
     return measured_throughput(recent_accepted([worker_id], job_id=job_id, now=now)[worker_id], since=since, now=now)
+
+
+def observed_key(worker_id: int, job_id: int) -> str:
+    return f"echo2:worker:{worker_id}:job:{job_id}:observed"
+
+
+OBSERVED_TTL_S = 86_400
+
+
+def record_observed(worker_id: int, *, job_id: int, what: str, at: float) -> None:
+    """The site saw the worker do ``what`` for ``job_id`` at ``at``: ``leased`` (it was given prompts) or
+    ``installed`` (it reported installing a published version of the job, ``services.snapshot_installed``).
+    Groups accepted are read from :func:`accepted_key`, written with the group."""
+    pipe = stream.client().pipeline(transaction=False)
+    pipe.hset(observed_key(worker_id, job_id), what, repr(at))
+    pipe.expire(observed_key(worker_id, job_id), OBSERVED_TTL_S)
+    pipe.execute()
+
+
+@dataclasses.dataclass(frozen=True)
+class Observed:
+    """When the site last saw a worker take a lease, have a group accepted and report an install, for one
+    job (Unix times; None: never, or not within the keys' lifetimes)."""
+
+    leased: float | None = None
+    accepted: float | None = None
+    installed: float | None = None
+
+    @property
+    def active(self) -> float | None:
+        """The last lease or accepted group."""
+        times = [t for t in (self.leased, self.accepted) if t is not None]
+        return max(times) if times else None
+
+
+def observed(worker_ids: list[int], *, job_id: int) -> dict[int, Observed]:
+    """:class:`Observed` of each worker in ``job_id``, in one round trip."""
+    pipe = stream.client().pipeline(transaction=False)
+    for wid in worker_ids:
+        pipe.hmget(observed_key(wid, job_id), ["leased", "installed"])
+        pipe.zrevrange(accepted_key(wid, job_id), 0, 0, withscores=True)
+    rows = pipe.execute()
+    out = {}
+    for i, wid in enumerate(worker_ids):
+        (leased, installed), last = rows[2 * i], rows[2 * i + 1]
+        out[wid] = Observed(leased=None if leased is None else float(leased),
+                            accepted=float(last[0][1]) if last else None,
+                            installed=None if installed is None else float(installed))
+    return out
+
+
+def relay_failure_witness(job_id: int, *, parent_id: int, child_id: int, window_s: float) -> int:
+    """Child ``child_id`` says its relay parent ``parent_id`` failed in ``job_id``: counted once per child, and
+    forgotten ``window_s`` after the last report (the chain score's decay window). Returns how many distinct
+    children have said so: one child's word is not enough to count a failure (``services.broadcast``)."""
+    key = f"echo2:relayfail:{job_id}:{parent_id}"
+    pipe = stream.client().pipeline(transaction=True)
+    pipe.sadd(key, str(child_id))
+    pipe.expire(key, max(1, round(window_s)))
+    pipe.scard(key)
+    return int(pipe.execute()[-1])
 
 
 def _chain_plan_key(job_id: int, version: int) -> str:

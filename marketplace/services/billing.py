@@ -1,4 +1,7 @@
-"""Billed time of activations, from the states agents report (the rules: ``marketplace.billing``).
+"""Billed time of activations, from the states the site observes (the rules: ``marketplace.billing``).
+
+``activation_observe`` turns what the site saw a worker do (``telemetry.observed``) into the state to bill;
+``activation_report`` bills and records it.
 
 Each report bills the interval since the previous one in the previous state, then records the new state. The
 update is one ``UPDATE`` that adds with ``F()`` and only applies if no other report landed since the row was
@@ -14,7 +17,7 @@ from datetime import datetime
 from django.conf import settings
 from django.db.models import F
 
-from .. import billing
+from .. import billing, telemetry
 from ..models import Activation
 
 log = logging.getLogger(__name__)
@@ -26,6 +29,28 @@ def gap_limit_s() -> float:
     """The longest interval between two reports that is billed: the worker timeout (past it the site would have
     released the worker; it does not know what the worker did meanwhile)."""
     return float(settings.ECHO2["WORKER_TIMEOUT_S"])
+
+
+def hold_s() -> float:
+    """How long after a lease or an accepted group a worker counts as generating: the lease timeout."""
+    return float(settings.ECHO2["LEASE_TIMEOUT_S"])
+
+
+def activation_observe(*, activation: Activation, at: datetime, reported: str = "idle", reason: str = "",
+                       seen: telemetry.Observed | None = None) -> Activation | None:
+    """Bill ``activation`` up to ``at`` by what the site observed (``billing.observed_state``; ``seen``: read now
+    when not given) and record that state. ``reported``: the state the agent claims for this job, which counts only
+    when it is ``failed``. Returns the updated activation, None when it has ended."""
+    if seen is None:
+        seen = telemetry.observed([activation.worker_id], job_id=activation.job_id)[activation.worker_id]
+    state, since = billing.observed_state(reported=reported, started=activation.started_at.timestamp(),
+                                          installed=seen.installed, active=seen.active, now=at.timestamp(),
+                                          hold_s=hold_s())
+    reason = reason if state == "failed" else ""
+    if since < at.timestamp():  # generating stopped at ``since``: billed up to it, idle after
+        activation_report(activation_id=activation.pk, at=datetime.fromtimestamp(since, tz=at.tzinfo), state=state,
+                          reason=reason)
+    return activation_report(activation_id=activation.pk, at=at, state=state, reason=reason)
 
 
 def activation_report(*, activation_id: int, at: datetime, state: str | None = None,

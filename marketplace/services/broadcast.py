@@ -27,7 +27,7 @@ from dataplane import basemodel, credentials
 from dataplane import messages as m
 from dataplane.snapshot import SnapshotError, parse_manifest
 
-from .. import chains, selectors, telemetry
+from .. import chains, liveness, selectors, telemetry
 from ..models import Activation, Job, Snapshot, SnapshotInstall, Worker
 from . import fanout
 from .base import ServiceError, learner_may_report, push_job_update, push_to_worker, running_activation
@@ -209,8 +209,10 @@ def broadcast_plan(*, job: Job, workers: Sequence[Worker | PlannedWorker], now: 
 
 @transaction.atomic
 def relay_failed(*, worker: Worker, job_id: int, version: int, culprit_worker_id: int | None, reason: str) -> None:
-    """An agent's relay parent failed: count the failure against the parent, excise it from the plan
-    (``chains.repair``) and re-point its orphaned child (and tell the new parent to serve it)."""
+    """An agent says its relay parent failed. The parent is counted failed and excised from the plan
+    (``chains.repair``) only when the site can confirm it (``_parent_failure_confirmed``: other children said so
+    too, or the parent is silent); on one child's word alone, the child leaves the chains and fetches from the
+    learner (``chains.detach``), so its own install is not blocked, and the parent keeps its place and its score."""
     activation = running_activation(worker, job_id)
     job = activation.job
     plan = telemetry.load_chain_plan(job_id, version)
@@ -221,30 +223,67 @@ def relay_failed(*, worker: Worker, job_id: int, version: int, culprit_worker_id
     route = chains.route(plan, worker.pk)
     if route is None or route[0] != culprit_worker_id:
         raise ServiceError(f"culprit_worker_id: worker {culprit_worker_id} is not your parent for version {version}")
+    witnesses = telemetry.relay_failure_witness(job_id, parent_id=culprit_worker_id, child_id=worker.pk,
+                                                window_s=chains.ScoreParams().decay_window_s)
+    why = _parent_failure_confirmed(job_id, version, culprit_worker_id, witnesses=witnesses)
+    if not why:
+        log.info("job %s v%s: worker %s's word alone: it fetches from the learner; parent %s not counted", job_id,
+                 version, worker.pk, culprit_worker_id)
+        _apply_repair(job, version, *chains.detach(plan, worker.pk), also=(worker.pk,))
+        return
+    log.warning("job %s v%s: relay parent %s failed (%s)", job_id, version, culprit_worker_id, why)
     Worker.objects.filter(pk=culprit_worker_id).update(relay_failures=F("relay_failures") + 1,
                                                        relay_last_failure_at=timezone.now())
     _excise(job, version, plan, culprit_worker_id)
 
 
+def _parent_failure_confirmed(job_id: int, version: int, parent_id: int, *, witnesses: int) -> str:
+    """Why the site believes relay parent ``parent_id`` failed ("" when it does not): ``RELAY_FAILURE_WITNESSES``
+    distinct children reported it within the decay window, or it is silent: no heartbeat for
+    ``RELAY_PARENT_SILENT_S``, or no install of ``version`` reported that long after its publication."""
+    echo = settings.ECHO2
+    if witnesses >= int(echo["RELAY_FAILURE_WITNESSES"]):
+        return f"{witnesses} children reported it"
+    bound = float(echo["RELAY_PARENT_SILENT_S"])
+    now = time.time()
+    parent = Worker.objects.filter(pk=parent_id).values("status", "last_heartbeat").first()
+    if parent is None or parent["status"] == Worker.Status.OFFLINE:
+        return "it is offline"
+    heard = [t for t in (liveness.last_seen([parent_id]).get(parent_id),
+                         parent["last_heartbeat"] and parent["last_heartbeat"].timestamp()) if t]
+    if not heard or now - max(heard) > bound:
+        return f"no heartbeat for {bound:.0f} s"
+    snap = Snapshot.objects.filter(job_id=job_id, version=version).values("pk", "published_at").first()
+    if (snap is not None and now - snap["published_at"].timestamp() > bound
+            and not SnapshotInstall.objects.filter(snapshot_id=snap["pk"], worker_id=parent_id).exists()):
+        return f"no install of v{version} {bound:.0f} s after its publication"
+    return ""
+
+
 def _excise(job: Job, version: int, plan: chains.ChainPlan, gone: int) -> None:
     """Take worker ``gone`` out of the chain plan of ``version`` (``chains.repair``) and re-point whoever
     pulled from it (telling each new parent which child to serve)."""
-    new_plan, moves = chains.repair(plan, gone)
+    _apply_repair(job, version, *chains.repair(plan, gone))
+
+
+def _apply_repair(job: Job, version: int, new_plan: chains.ChainPlan, moves: list[tuple[int, int | None]],
+                  also: Sequence[int] = ()) -> None:
+    """Save ``new_plan`` of ``version`` and send its new route to each worker a move concerns (the child, its new
+    parent) and to the workers in ``also`` (one taken out of the chains: it fetches over HTTP)."""
     telemetry.save_chain_plan(job.pk, version, new_plan)
     push_job_update(job.pk)
     snap = Snapshot.objects.filter(job_id=job.pk, version=version).first()
     if snap is None:
         return
-    ids = {c for c, _ in moves} | {p for _, p in moves if p is not None}
-    addresses = dict(Worker.objects.filter(pk__in=ids).values_list("pk", "relay_address"))
+    targets = [*also, *(t for move in moves for t in move if t is not None)]
+    addresses = dict(Worker.objects.filter(pk__in=targets).values_list("pk", "relay_address"))
     expires = credential_expiry()  # re-issued: the repair may come late in a long transfer
     for child, new_parent in moves:
         log.info("job %s v%s: repair: worker %s now pulls from %s", job.pk, version, child,
                  new_parent if new_parent is not None else "the learner")
-        for target in (child, new_parent):
-            if target is not None:
-                push_to_worker(target, snapshot_message(snap, job=job, worker_id=target, expires=expires,
-                                                        route=chains.route(new_plan, target), addresses=addresses))
+    for target in dict.fromkeys(targets):
+        push_to_worker(target, snapshot_message(snap, job=job, worker_id=target, expires=expires,
+                                                route=chains.route(new_plan, target), addresses=addresses))
 
 
 def repair_without(worker: Worker) -> None:
@@ -277,10 +316,12 @@ def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: fl
                  worker.pk)
         return
     activation = running_activation(worker, job_id)
-    Worker.objects.filter(pk=worker.pk).update(installed_version=version)
     snap = Snapshot.objects.select_for_update().filter(job_id=job_id, version=version).first()
     if snap is None:
         raise ServiceError(f"version: snapshot {version} of job {job_id} was never published")
+    Worker.objects.filter(pk=worker.pk).update(installed_version=version)
+    at = time.time()  # the install the site can check (a published version of this job): it leaves "loading"
+    transaction.on_commit(lambda: telemetry.record_observed(worker.pk, job_id=job_id, what="installed", at=at))
     _, first = SnapshotInstall.objects.get_or_create(snapshot=snap, worker=worker,
                                                      defaults={"source": source, "seconds": seconds})
     if not first:

@@ -23,7 +23,7 @@ from dataplane.replay import RedisError
 from .. import billing, liveness, selectors, telemetry
 from ..models import Activation, Job, Worker, WorkerSession
 from .base import ServiceError, enqueue_task, push_job_update
-from .billing import activation_report, gap_limit_s
+from .billing import activation_observe, activation_report, gap_limit_s, hold_s
 from .broadcast import assign_message, repair_without
 from .workers import _return_leases, worker_activate, worker_release
 
@@ -138,11 +138,12 @@ def worker_heartbeat_apply(*, worker: Worker, beat: liveness.Beat, throughput: f
 @transaction.atomic
 def worker_heartbeat(*, worker: Worker, throughput: float | None, state: str = "idle", reason: str = "",
                      job_id: int | None = None, previous_at: float | None = None, recorded: bool = False) -> None:
-    """Refresh the worker's liveness and throughput in the database; a heartbeat from a worker marked offline
-    brings it back. The ``state`` it reports doing for ``job_id`` bills its activation (``_bill_state``).
-    ``recorded``: Redis already has it (``worker_heartbeat_record``, which also gives ``previous_at``, the
-    worker's heartbeat before this one: when the last state report is older than the billing gap limit, the bill
-    is first brought up to it, as a report at every heartbeat would have done).
+    """Refresh the worker's liveness in the database; a heartbeat from a worker marked offline brings it back. Its
+    activation is billed by what the site observed it do (``_observe``), never by the ``state`` or ``throughput``
+    it claims: those are kept as "reported" (``telemetry.record_heartbeat``), and only a ``failed`` state for its
+    job counts (it lowers its own bill). ``recorded``: Redis already has it (``worker_heartbeat_record``, which also
+    gives ``previous_at``, the worker's heartbeat before this one: when the last report is older than the billing
+    gap limit, the bill is first brought up to it, as a report at every heartbeat would have done).
 
     Whether it was offline is asked of the database, not of ``worker``: the consumer's copy is as old as the
     socket, and expiry may have marked the worker offline since (the agent stalled, then resumed). The
@@ -167,35 +168,83 @@ def worker_heartbeat(*, worker: Worker, throughput: float | None, state: str = "
     if activation is not None:
         if previous_at is not None:
             _bill_until(activation, at=datetime.fromtimestamp(previous_at, tz=UTC), now=now)
-        _bill_state(activation, at=now, state=billing.effective_state(
-            reported=state, reported_job_id=job_id, job_id=activation.job_id), reason=reason)
+        reported = billing.effective_state(reported=state, reported_job_id=job_id, job_id=activation.job_id)
+        _observe(activation, at=now, reported=reported, reason=reason,
+                 throughput=fields.get("throughput", worker.throughput))
 
 
 def _bill_until(activation: Activation, *, at: datetime, now: datetime) -> None:
-    """Bring the activation's bill up to ``at`` (the worker's last heartbeat, in the state last reported) when the
+    """Bring the activation's bill up to ``at`` (the worker's last heartbeat, by what was observed then) when the
     span from its last report to ``now`` is longer than billing's gap limit: heartbeats that stayed in Redis
-    (``liveness``) kept the state, and a report at each of them would have billed that time."""
+    (``liveness``) would each have brought it up to date."""
     if (now - activation.reported_at).total_seconds() > gap_limit_s() and at > activation.reported_at:
-        activation_report(activation_id=activation.pk, at=at)
+        activation_observe(activation=activation, at=at, reported=activation.state)
 
 
-def _bill_state(activation: Activation, *, at: datetime, state: str, reason: str) -> None:
-    """Bill the activation up to ``at`` and record its new state; a worker whose rollout loop has been failing
-    for ``ROLLOUT_FAILED_RELEASE_S`` is released, and its job re-planned so the scheduler can activate another."""
-    changed = activation.state != state
-    updated = activation_report(activation_id=activation.pk, at=at, state=state, reason=reason)
+def _observe(activation: Activation, *, at: datetime, reported: str, reason: str, throughput: float | None,
+             seen: telemetry.Observed | None = None) -> None:
+    """Bill the activation up to ``at`` by what the site observed and record that state (pushed to the job page
+    when it changed); then release the worker, and re-plan its job, when it returned nothing past the silence
+    bound (``billing.silent_reason``) or its own rollout loop has been failing for ``ROLLOUT_FAILED_RELEASE_S``."""
+    if seen is None:
+        seen = telemetry.observed([activation.worker_id], job_id=activation.job_id)[activation.worker_id]
+    updated = activation_observe(activation=activation, at=at, reported=reported, reason=reason, seen=seen)
     if updated is None:
         return
-    if changed:
+    if updated.state != activation.state:
         push_job_update(activation.job_id)  # the job page shows each worker's state
-    limit = settings.ECHO2["ROLLOUT_FAILED_RELEASE_S"]
-    if billing.failing_too_long(state=updated.state, since=updated.state_since.timestamp(), now=at.timestamp(),
-                                limit_s=limit):
-        log.warning("job %s: worker %s's rollout loop has failed for %.0f s (%s); releasing it", activation.job_id,
-                    activation.worker_id, limit, updated.state_reason)
-        worker_release(activation=updated, reason=f"rollout loop failing for {limit:.0f} s: "
-                                                  f"{updated.state_reason}"[:200])
+    why = _release_reason(updated, seen=seen, now=at.timestamp(), throughput=throughput)
+    if why:
+        log.warning("job %s: worker %s released: %s", activation.job_id, activation.worker_id, why)
+        worker_release(activation=updated, reason=why[:200])
         enqueue_task("replan_job", activation.job_id)
+
+
+def _release_reason(activation: Activation, *, seen: telemetry.Observed, now: float, throughput: float | None) -> str:
+    """Why the activation must end now ("" if it need not): its rollout loop failing too long (its own word), or
+    nothing returned past the silence bound (what the site saw)."""
+    echo = settings.ECHO2
+    limit = float(echo["ROLLOUT_FAILED_RELEASE_S"])
+    if billing.failing_too_long(state=activation.state, since=activation.state_since.timestamp(), now=now,
+                                limit_s=limit):
+        return f"rollout loop failing for {limit:.0f} s: {activation.state_reason}"
+    bound = billing.silence_bound_s(min_s=float(echo["SILENT_RELEASE_S"]), groups=float(echo["SILENT_RELEASE_GROUPS"]),
+                                    group_size=activation.job.group_size, throughput=throughput)
+    return billing.silent_reason(started=activation.started_at.timestamp(), installed=seen.installed,
+                                 accepted=seen.accepted, now=now, bound_s=bound,
+                                 loading_bound_s=float(echo["LOADING_RELEASE_S"]))
+
+
+def activations_release_silent(*, now: datetime | None = None) -> int:
+    """Look at every open activation of a running job by what the site saw (one Redis round trip per job) and, for
+    the ones whose observed state changed, whose billed state was not reported for ``liveness.sync_s``, or that
+    returned nothing past the bound, bill them and release those (``_observe``, one transaction each), whatever
+    their heartbeats say or whether they reach the database. Expiry runs it. Returns how many it released."""
+    now = now or timezone.now()
+    by_job: dict[int, list[Activation]] = defaultdict(list)
+    for activation in (Activation.objects.filter(ended_at=None, job__status=Job.Status.RUNNING)
+                       .select_related("worker", "job")):
+        by_job[activation.job_id].append(activation)
+    released = 0
+    for job_id, activations in by_job.items():
+        seen = telemetry.observed([a.worker_id for a in activations], job_id=job_id)
+        for activation in activations:
+            observed = seen[activation.worker_id]
+            reported = activation.state if activation.state == "failed" else "idle"
+            state, _ = billing.observed_state(reported=reported, started=activation.started_at.timestamp(),
+                                              installed=observed.installed, active=observed.active,
+                                              now=now.timestamp(), hold_s=hold_s())
+            why = _release_reason(activation, seen=observed, now=now.timestamp(),
+                                  throughput=activation.worker.throughput)
+            age = (now - activation.reported_at).total_seconds()
+            due = state in billing.BILLABLE_STATES and age >= liveness.sync_s()
+            if state == activation.state and not why and not due:
+                continue  # nothing to change, and the bill is recent
+            with transaction.atomic():
+                _observe(activation, at=now, reported=reported, reason=activation.state_reason,
+                         throughput=activation.worker.throughput, seen=observed)
+            released += bool(why)
+    return released
 
 
 def worker_socket_closed(*, worker_id: int, since: datetime | None, at: datetime | None = None) -> None:
@@ -260,6 +309,7 @@ def _closes_apply(closes: list[tuple[int, datetime | None, datetime]]) -> None:
         at, wid = gone[activation.worker_id], activation.worker_id
         if wid in seen:
             _bill_until(activation, at=_when(seen[wid]), now=at)
+        activation_observe(activation=activation, at=at)
         activation_report(activation_id=activation.pk, at=at, state="idle")  # a closed socket delivers nothing
         transaction.on_commit(lambda job_id=activation.job_id, wid=wid: _return_leases(job_id, wid, why="disconnected"))
     for wid in sorted({a.worker_id for a in active}):
@@ -318,6 +368,8 @@ def expire_silent_workers() -> int:
             repair_without(worker)  # before the release ends the activation that names its job
             for activation in Activation.objects.filter(worker=worker, ended_at=None):
                 _bill_until(activation, at=worker.last_heartbeat, now=now)
+                # nothing is billed after its last heartbeat, whatever it leased before
+                activation_report(activation_id=activation.pk, at=worker.last_heartbeat, state="idle")
                 worker_release(activation=activation, reason="worker stopped sending heartbeats")
             transaction.on_commit(lambda wid=worker.pk: liveness.mark_offline([wid]))
         count += 1
@@ -325,4 +377,5 @@ def expire_silent_workers() -> int:
     for activation in Activation.objects.filter(ended_at=None, worker__status=Worker.Status.OFFLINE,
                                                 worker__last_heartbeat__lt=cutoff):
         worker_release(activation=activation, reason="worker disconnected")
+    activations_release_silent(now=now)
     return count

@@ -76,6 +76,7 @@ def prompts_lease(*, worker: Worker, job_id: int, groups: int, running: RunningJ
     leased = stream.replay(job_id).lease(worker_id=worker.pk, count=count, timeout_s=timeout)
     if not leased:
         return m.NoWork(job_id=job_id, retry_after=0.2)
+    telemetry.record_observed(worker.pk, job_id=job_id, what="leased", at=time.time())  # it is working: billed
     return m.Lease(job_id=job_id, timeout=timeout, leases=[
         m.LeasedPrompt(lease_id=g.lease_id, group_id=g.group_id, prompt=g.prompt) for g in leased
     ])

@@ -18,7 +18,7 @@ from dataplane.tasks import TaskSpecError, build_task
 from .. import liveness, selectors, stream
 from ..models import Activation, Job, Provider, Worker, WorkerCalibration
 from .base import ServiceError, push_job_update, push_to_worker
-from .billing import activation_report
+from .billing import activation_observe
 from .broadcast import assign_message
 
 log = logging.getLogger(__name__)
@@ -76,11 +76,12 @@ def worker_activate(*, worker: Worker, job: Job) -> Activation:
 
 @transaction.atomic
 def worker_release(*, activation: Activation, reason: str) -> None:
-    """Stop billing the activation (its time since the last state report billed as that state) and tell the
-    agent to stop generating for its job."""
+    """Stop billing the activation (its time since the last report billed by what the site observed:
+    ``activation_observe``) and tell the agent to stop generating for its job."""
     activation.ended_at = timezone.now()
     activation.end_reason = reason
-    billed = activation_report(activation_id=activation.pk, at=activation.ended_at)
+    billed = activation_observe(activation=activation, at=activation.ended_at,
+                                reported="failed" if activation.state == "failed" else "idle")
     activation.billed_seconds = billed.billed_seconds if billed else activation.billed_seconds
     activation.save(update_fields=["ended_at", "end_reason"])
     Worker.objects.filter(pk=activation.worker_id, status=Worker.Status.ACTIVE).update(status=Worker.Status.IDLE)

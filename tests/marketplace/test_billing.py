@@ -1,15 +1,19 @@
-"""Billing only useful work (issue 13): an activation is billed for the time its agent reported installing or
-generating, never for loading, idling, a crashed rollout loop, or a silence longer than the worker timeout."""
+"""Billing only useful work (issues 13 and 26): an activation is billed for the time the site saw its worker
+generating (leases taken, groups accepted), never for loading, idling, a crashed rollout loop, a silence longer than
+the worker timeout, or what its heartbeats claim."""
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from marketplace import billing, selectors, services
+from dataplane.tasks import build_task
+from learner.prompts import PromptFeeder
+from marketplace import billing, liveness, selectors, services, telemetry
 from marketplace.models import Activation, Job
 from marketplace.services.billing import activation_report
 
@@ -131,31 +135,43 @@ def billed(job_id: int) -> Activation:
 
 
 async def heartbeat(comm, job_id: int | None, state: str, reason: str = "") -> None:
-    """Send a heartbeat and wait until the site has handled it (the lease request behind it is answered after)."""
+    """Send a heartbeat that reaches the database (its periodic report made due) and wait until the site has handled
+    it (the lease request behind it is answered after)."""
+    for worker_id in await database_sync_to_async(lambda: list(Activation.objects.filter(
+            job_id=job_id, ended_at=None).values_list("worker_id", flat=True)))():
+        liveness.stream.client().delete(liveness._sync_key(worker_id))
     await comm.send_json_to({"type": "heartbeat", "job_id": job_id, "state": state, "reason": reason})
     await comm.send_json_to({"type": "lease_request", "job_id": job_id or 1})
     assert (await comm.receive_json_from(timeout=5))["type"] in ("no_work", "rejected")
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.usefixtures("redis_url")
-async def test_idle_heartbeats_accrue_nothing_and_generating_ones_do(settings_eager):
-    job, _, key = await setup_job_and_worker()
+async def test_heartbeats_bill_nothing_and_what_the_site_saw_bills(settings_eager, redis_client):
+    job, worker, key = await setup_job_and_worker()
     comm = await connect(key)
     await started_with(comm, job)
+    await heartbeat(comm, job.pk, "generating")
+    await rewind(job.pk, 10)
+    await heartbeat(comm, job.pk, "generating")  # it says so, but no install was seen: loading, free
+    row = await billed(job.pk)
+    assert row.billed_seconds == 0.0 and row.state == "loading"
+
+    telemetry.record_observed(worker.pk, job_id=job.pk, what="installed", at=time.time())  # an install report
+    await rewind(job.pk, 10)
+    await heartbeat(comm, job.pk, "generating")  # installed, no lease taken: idle, whatever it says
+    row = await billed(job.pk)
+    assert row.billed_seconds == 0.0 and row.state == "idle"
+
+    PromptFeeder(redis_client, job_id=job.pk, task=build_task({"name": "arithmetic"}), seed=0, backlog=1).top_up()
+    await comm.send_json_to({"type": "lease_request", "job_id": job.pk})
+    assert (await comm.receive_json_from(timeout=5))["type"] == "lease"  # the site saw it take work
     await heartbeat(comm, job.pk, "idle")
     await rewind(job.pk, 10)
-    await heartbeat(comm, job.pk, "generating")  # the 10 s before it were idle: free
-    assert (await billed(job.pk)).billed_seconds < 0.5
-    await rewind(job.pk, 10)
-    await heartbeat(comm, job.pk, "idle")  # the 10 s before it were generating: billed
+    await heartbeat(comm, job.pk, "idle")  # the 10 s before it were generating (a lease outstanding): billed
     row = await billed(job.pk)
-    assert row.billed_seconds == pytest.approx(10.0, abs=0.5) and row.state == "idle"
-    await rewind(job.pk, 10)
-    await heartbeat(comm, job.pk, "loading")
-    assert (await billed(job.pk)).billed_seconds == pytest.approx(row.billed_seconds)
+    assert row.billed_seconds == pytest.approx(10.0, abs=0.5) and row.state == "generating"
     live = await database_sync_to_async(lambda: selectors.job_live(Job.objects.get(pk=job.pk)))()
-    assert [(w["state"], w["billed_s"]) for w in live["workers"]] == [("loading", round(row.billed_seconds, 3))]
+    assert [(w["state"], w["billed_s"]) for w in live["workers"]] == [("generating", round(row.billed_seconds, 3))]
     await comm.disconnect()
 
 

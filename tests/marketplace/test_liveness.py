@@ -91,6 +91,11 @@ def test_a_heartbeat_goes_to_the_database_when_its_state_changes_or_its_report_i
 def test_billing_is_exact_when_reports_are_sparser_than_heartbeats(eager):
     worker = connected()
     activation = activated(worker)
+    # The site saw it install 59 s ago and lease a second ago: it is generating (what its heartbeats say is not read).
+    Activation.objects.filter(pk=activation.pk).update(started_at=timezone.now() - timedelta(seconds=60))
+    activation.refresh_from_db()
+    telemetry.record_observed(worker.pk, job_id=activation.job_id, what="installed", at=time.time() - 59)
+    telemetry.record_observed(worker.pk, job_id=activation.job_id, what="leased", at=time.time() - 1)
     beat = services.worker_heartbeat_record(worker_id=worker.pk, throughput=1.0, state="generating",
                                             job_id=activation.job_id)
     services.worker_heartbeat_apply(worker=worker, beat=beat, throughput=1.0, state="generating",
