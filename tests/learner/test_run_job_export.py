@@ -67,7 +67,8 @@ def test_export_while_training_final_publication_and_tensorboard(stack, tmp_path
     assert [e.step for e in events.Scalars("step_time/train_share")] == [1, 2, 3]
 
     gone = echo2("job", "export", str(job["id"]), "--out", str(tmp_path / "gone"), env=cli)
-    assert "does not answer (it serves snapshots only while it runs)" in one_line_error(gone, 1)
+    unreachable = "the learner's snapshot server could not be reached (it serves snapshots only while it runs)"
+    assert unreachable in one_line_error(gone, 1)
     offline = stack.run(str(BIN / "echo2-learner"), "export", "--job", str(job["id"]), "--snapshot-dir",
                         str(snapshots), "--out", str(tmp_path / "final"))
     assert json.loads(offline.strip().splitlines()[-1])["version"] == 3
