@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dataplane.jobs import JobSpec  # noqa: E402
 from dataplane.records import TrajectoryGroup  # noqa: E402
-from dataplane.replay import ReplayBuffer, StoredGroup  # noqa: E402
+from dataplane.replay import ReplayBuffer, StoredGroup, trajectories_key  # noqa: E402
 from dataplane.tasks import build_task  # noqa: E402
 from echo2_site.demo import free_port  # noqa: E402
 from learner.audit import Auditor, AuditSettings, text_mismatches  # noqa: E402
@@ -174,16 +174,26 @@ class PoisoningRun:
             self.engine_version = self.loop.version
         working = [p for p in self.producers if not p.suspended and
                    (p.forgery is None or p.sent < p.honest_first + self.args.forged_cap)]
-        count = self.args.groups_per_round
+        # at most half the staleness budget's groups per round, so that what a round returns is trained, not stale
+        count = max(1, min(self.args.groups_per_round,
+                           self.spec.staleness * self.args.groups_per_step // (2 * len(working))))
         self.replay.add_prompts([q.text for q in TASK.sample_prompts(self.rng, count * len(working))])
         for producer in working:
             made = producer.produce(self.replay, self.engine, count=count, n=self.args.n, version=self.loop.version,
                                     params=self.params)
             if producer.forgery is None and len(self.honest_sample) < 256:
                 self.honest_sample.extend(made)
-        while self.loop.step(timeout_s=0.01) is not None:
+        while self._unread() + len(self.loop.consumer.buffer) >= self.args.groups_per_step:
+            if self.loop.step(timeout_s=0.2) is None:  # what was read was dropped (audits, staleness)
+                break
             self._site_reads_report()
         self._site_reads_report()
+
+    def _unread(self) -> int:
+        """Entries of the trajectory stream not yet delivered to the learner: in the stream, less those delivered
+        and not acknowledged (Redis's ``lag`` is unknown once entries were deleted, as acknowledged ones are)."""
+        key = trajectories_key(JOB)
+        return self.client.xlen(key) - int(self.client.xpending(key, "learner")["pending"])
 
     def _site_reads_report(self) -> None:
         by_id = {p.worker_id: p for p in self.producers}
