@@ -68,15 +68,16 @@ def silence_bound_s(*, min_s: float, groups: float, group_size: int, throughput:
 
 
 def silent_reason(*, started: float, installed: float | None, accepted: float | None, now: float, bound_s: float,
-                  loading_bound_s: float) -> str:
+                  loading_bound_s: float, starved: float | None = None) -> str:
     """Why an activation that returned nothing ends now ("": it does not): no install reported ``loading_bound_s``
-    after it started, or no group accepted for ``bound_s`` since its install or its last accepted group. Leases
-    taken do not count here: a worker that leases and never returns returns nothing."""
+    after it started, or no group accepted for ``bound_s`` since its install, its last accepted group or the last
+    time it asked for work and the job had none (``starved``: an empty pool is not the worker's silence). Leases
+    taken do not count: a worker that leases and never returns returns nothing."""
     if installed is None or installed < started:
         if now - started > loading_bound_s:
             return f"silent: no install reported in {loading_bound_s:.0f} s"
         return ""
-    last = max(t for t in (started, installed, accepted) if t is not None)
+    last = max(t for t in (started, installed, accepted, starved) if t is not None)
     if now - last > bound_s:
         return f"silent: no group accepted for {bound_s:.0f} s"
     return ""

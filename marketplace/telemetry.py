@@ -106,9 +106,10 @@ OBSERVED_TTL_S = 86_400
 
 
 def record_observed(worker_id: int, *, job_id: int, what: str, at: float) -> None:
-    """The site saw the worker do ``what`` for ``job_id`` at ``at``: ``leased`` (it was given prompts) or
-    ``installed`` (it reported installing a published version of the job, ``services.snapshot_installed``).
-    Groups accepted are read from :func:`accepted_key`, written with the group."""
+    """The site saw the worker do ``what`` for ``job_id`` at ``at``: ``leased`` (it was given prompts), ``starved``
+    (it asked for prompts and the job had none) or ``installed`` (it reported installing a published version of the
+    job, ``services.snapshot_installed``). Groups accepted are read from :func:`accepted_key`, written with the
+    group."""
     pipe = stream.client().pipeline(transaction=False)
     pipe.hset(observed_key(worker_id, job_id), what, repr(at))
     pipe.expire(observed_key(worker_id, job_id), OBSERVED_TTL_S)
@@ -117,12 +118,13 @@ def record_observed(worker_id: int, *, job_id: int, what: str, at: float) -> Non
 
 @dataclasses.dataclass(frozen=True)
 class Observed:
-    """When the site last saw a worker take a lease, have a group accepted and report an install, for one
-    job (Unix times; None: never, or not within the keys' lifetimes)."""
+    """When the site last saw a worker take a lease, have a group accepted, report an install and ask for work in
+    vain, for one job (Unix times; None: never, or not within the keys' lifetimes)."""
 
     leased: float | None = None
     accepted: float | None = None
     installed: float | None = None
+    starved: float | None = None  # it asked for work and there was none
 
     @property
     def active(self) -> float | None:
@@ -135,16 +137,19 @@ def observed(worker_ids: list[int], *, job_id: int) -> dict[int, Observed]:
     """:class:`Observed` of each worker in ``job_id``, in one round trip."""
     pipe = stream.client().pipeline(transaction=False)
     for wid in worker_ids:
-        pipe.hmget(observed_key(wid, job_id), ["leased", "installed"])
+        pipe.hmget(observed_key(wid, job_id), ["leased", "installed", "starved"])
         pipe.zrevrange(accepted_key(wid, job_id), 0, 0, withscores=True)
     rows = pipe.execute()
     out = {}
     for i, wid in enumerate(worker_ids):
-        (leased, installed), last = rows[2 * i], rows[2 * i + 1]
-        out[wid] = Observed(leased=None if leased is None else float(leased),
-                            accepted=float(last[0][1]) if last else None,
-                            installed=None if installed is None else float(installed))
+        (leased, installed, starved), last = rows[2 * i], rows[2 * i + 1]
+        out[wid] = Observed(leased=_time(leased), accepted=float(last[0][1]) if last else None,
+                            installed=_time(installed), starved=_time(starved))
     return out
+
+
+def _time(raw: str | None) -> float | None:
+    return None if raw is None else float(raw)
 
 
 def relay_failure_witness(job_id: int, *, parent_id: int, child_id: int, window_s: float) -> int:

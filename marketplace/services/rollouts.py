@@ -75,11 +75,24 @@ def prompts_lease(*, worker: Worker, job_id: int, groups: int, running: RunningJ
     count = min(groups, job.max_lease_groups)
     leased = stream.replay(job_id).lease(worker_id=worker.pk, count=count, timeout_s=timeout)
     if not leased:
+        _starved(worker.pk, job_id, now=time.time())
         return m.NoWork(job_id=job_id, retry_after=0.2)
     telemetry.record_observed(worker.pk, job_id=job_id, what="leased", at=time.time())  # it is working: billed
     return m.Lease(job_id=job_id, timeout=timeout, leases=[
         m.LeasedPrompt(lease_id=g.lease_id, group_id=g.group_id, prompt=g.prompt) for g in leased
     ])
+
+
+STARVED_EVERY_S = 5.0
+_starved_written: dict[tuple[int, int], float] = {}  # (worker, job) -> when this process last wrote it
+
+
+def _starved(worker_id: int, job_id: int, *, now: float) -> None:
+    """The worker asked for work and the job had none: not silent (``billing.silent_reason``), not billed either.
+    Written at most every ``STARVED_EVERY_S`` per worker and process: an idle agent asks several times a second."""
+    if now - _starved_written.get((worker_id, job_id), 0.0) >= STARVED_EVERY_S:
+        _starved_written[(worker_id, job_id)] = now
+        telemetry.record_observed(worker_id, job_id=job_id, what="starved", at=now)
 
 
 def trajectories_submit(*, worker: Worker, group: TrajectoryGroup, running: RunningJob | None = None) -> m.Accepted:

@@ -51,6 +51,7 @@ def test_the_silence_bound_and_its_reasons():
     assert billing.silent_reason(installed=10.0, accepted=None, now=191.0, **rule) == \
         "silent: no group accepted for 180 s"
     assert billing.silent_reason(installed=10.0, accepted=100.0, now=279.0, **rule) == ""
+    assert billing.silent_reason(installed=10.0, accepted=None, starved=100.0, now=279.0, **rule) == ""  # no work
 
 
 # ---- the scheduler ---------------------------------------------------------------------------------------------
@@ -191,13 +192,15 @@ def test_expiry_releases_the_silent_whatever_their_heartbeats_say(eager):
     quiet, _ = lying_worker(job, started_s=200, installed_s=199)  # installed, then nothing
     never, _ = lying_worker(job, started_s=901, installed_s=None)  # never installed
     fresh, _ = lying_worker(job, started_s=100, installed_s=99)  # within the bound
-    for worker in (quiet, never, fresh):
+    starving, _ = lying_worker(job, started_s=200, installed_s=199)  # installed, and asks for work the job lacks
+    services.prompts_lease(worker=starving, job_id=job.pk, groups=1)
+    for worker in (quiet, never, fresh, starving):
         liveness.mark_online(worker.pk, at=time.time())
         Worker.objects.filter(pk=worker.pk).update(last_heartbeat=timezone.now())
     assert services.expire_silent_workers() == 0  # nobody went offline
     ended = dict(Activation.objects.filter(job=job).values_list("worker_id", "end_reason"))
     assert ended == {quiet.pk: "silent: no group accepted for 180 s", never.pk: "silent: no install reported in 900 s",
-                     fresh.pk: ""}
+                     fresh.pk: "", starving.pk: ""}
     assert set(Activation.objects.filter(job=job).values_list("billed_seconds", flat=True)) == {0.0}
 
 
