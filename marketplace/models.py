@@ -205,7 +205,7 @@ class Job(models.Model):
 
 class Activation(models.Model):
     """A worker serving a job from ``started_at`` to ``ended_at``; the price is frozen for billing, and only the
-    time its agent reported ``installing`` or ``generating`` is billed (``marketplace.billing``)."""
+    time the site saw its worker generating (leases taken, groups accepted) is billed (``marketplace.billing``)."""
 
     State = models.TextChoices("State", [(state, state) for state in get_args(WorkerState)])
 
@@ -215,10 +215,11 @@ class Activation(models.Model):
     started_at = models.DateTimeField(default=timezone.now)
     ended_at = models.DateTimeField(null=True, blank=True)
     end_reason = models.CharField(max_length=200, blank=True)
-    billed_seconds = models.FloatField(default=0.0, help_text="Seconds billed: installing and generating time "
-                                       "its agent reported, up to its last report (or the end).")
+    billed_seconds = models.FloatField(default=0.0, help_text="Seconds billed: generating time the site saw "
+                                       "(leases, accepted groups), up to its last report (or the end).")
     state = models.CharField(max_length=16, choices=State.choices, default="loading",
-                             help_text="What the agent last reported doing for the job (a new activation loads).")
+                             help_text="What the site last saw the worker do for the job, never what its "
+                             "heartbeats claim (a new activation loads).")
     state_reason = models.CharField(max_length=200, blank=True, help_text="Why the state is failed, if it is.")
     state_since = models.DateTimeField(default=timezone.now, help_text="When the agent entered ``state``.")
     reported_at = models.DateTimeField(default=timezone.now, help_text="The last state report: time is billed up "
