@@ -193,6 +193,7 @@ def _observe(activation: Activation, *, at: datetime, reported: str, reason: str
         return
     if updated.state != activation.state:
         push_job_update(activation.job_id)  # the job page shows each worker's state
+    updated.job = activation.job  # read with it (``selectors.active_activation``): no query per heartbeat
     why = _release_reason(updated, seen=seen, now=at.timestamp(), throughput=throughput)
     if why:
         log.warning("job %s: worker %s released: %s", activation.job_id, activation.worker_id, why)
