@@ -247,9 +247,11 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
 
     @extend_schema(
         responses={(200, "application/x-tar"): OpenApiTypes.BINARY,
-                   503: OpenApiResponse(ErrorSerializer, description="The learner does not answer (it serves "
-                                        "snapshots only while it runs); `detail` names the offline command."),
-                   502: OpenApiResponse(ErrorSerializer, description="The learner refused, or served bad bytes.")},
+                   503: OpenApiResponse(ErrorSerializer, description="The learner's snapshot server could not "
+                                        "be reached, refused, or served bad bytes (one message for all: the site's "
+                                        "log has the detail); `detail` names the offline command."),
+                   502: OpenApiResponse(ErrorSerializer, description="The snapshot cannot be exported as asked "
+                                        "(its files do not make a model).")},
         parameters=[OpenApiParameter("version", int, description="Snapshot version (default: the newest "
                                      "published; 0 is the base model)."),
                     OpenApiParameter("dtype", str, enum=list(exports.DTYPES), description="as-trained (default) "
