@@ -105,7 +105,7 @@ class _SiteCollector:
         "reward_mean": ("echo2_job_reward_mean", "Mean reward of the last step."),
         "max_staleness": ("echo2_job_max_staleness", "Largest version lag trained on over the run."),
         "bubble_ratio": ("echo2_job_bubble_ratio", "wait / (wait + T_train) of the last step."),
-        "pool_throughput": ("echo2_job_pool_throughput", "Trajectories/s of the active pool (heartbeats)."),
+        "pool_throughput": ("echo2_job_pool_throughput", "Trajectories/s the site accepted from the active pool."),
         "active_workers": ("echo2_job_active_workers", "Workers active in the job."),
         "cost_usd": ("echo2_job_cost_usd", "Cost billed so far, USD."),
         "published_version": ("echo2_job_published_version", "Newest snapshot version published."),
