@@ -35,6 +35,7 @@ def names(reply, field: str) -> bool:
     ("/api/jobs/{job}/metrics/", {"step": 1, "reward_mean": 0.5, "max_staleness": 2**40}, "max_staleness"),
     ("/api/jobs/{job}/metrics/", {"step": 1, "reward_mean": 1e300}, "reward_mean"),
     ("/api/jobs/{job}/snapshots/", {"version": 2**40, "url": "http://203.0.113.1/v1/", "manifest": {}}, "version"),
+    ("/api/jobs/{job}/snapshots/", {"version": 1, "url": "http://learner.example.org/v1/", "manifest": []}, "manifest"),
     ("/api/jobs/{job}/learner/", {"t_train": 1e308}, "t_train"),
     ("/api/jobs/plan/", {**JOB, "t_train_s": 1e308}, "t_train_s"),
     # Issue 26 (Low): finite, but every rate derived from it was infinite: the summary and live view were 500s
