@@ -17,6 +17,8 @@ import torch
 
 from dataplane.jobs import LossConfig
 
+from .losses.base import clipped_surrogate, sequence_ratio
+
 
 def group_advantages(rewards: torch.Tensor, group_index: torch.Tensor, *, eps: float = 1e-6,
                      scale: bool = True) -> torch.Tensor:
@@ -85,14 +87,6 @@ def aggregation_weights(mask: torch.Tensor, *, mode: str, norm_length: int = 1) 
     raise ValueError(f"unknown aggregation {mode!r}")
 
 
-def sequence_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """GSPO's per-sequence ratio ``s_i = exp(mean_t (logp - old_logp))``: the geometric mean of the token
-    ratios over learning tokens (Zheng et al., 2025, Eq. 7). [B]; 1 for a row with no learning token."""
-    mask = mask.to(logp.dtype)
-    mean_log_ratio = ((logp - old_logp) * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
-    return torch.exp(mean_log_ratio)
-
-
 def behaviour_weights(prox_logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor, *, mode: str,
                       cap: float, per_sequence: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Importance weight of each token for a record sampled by the behaviour policy: (weights, corrected) [B, T].
@@ -118,31 +112,6 @@ def behaviour_weights(prox_logp: torch.Tensor, behaviour_logp: torch.Tensor, mas
         corrected = (rho > cap).expand_as(log_w)
         return torch.where(corrected, torch.zeros_like(weights), weights), corrected
     raise ValueError(f"unknown off-policy correction {mode!r}")
-
-
-def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, *, clip_low: float, clip_high: float,
-                      dual_clip: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """PPO-clip ``min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)`` and where the clip binds.
-
-    ratio: [B, T]; advantages: [B] or [B, T]. Asymmetric bounds are DAPO's clip-higher (Yu et al., 2025):
-    a larger ``eps_high`` lets unlikely tokens with positive advantage grow further. ``dual_clip`` is the
-    dual-clip bound ``c > 1`` (Ye et al., 2020; verl's ``clip_ratio_c``, the bound delta of the paper's E.3
-    run): where ``A < 0`` the surrogate is at least ``c * A``, so a stale token whose ratio exploded cannot
-    push the loss without limit. Returns the surrogate and three [B, T] bools: clipped below (ratio < 1 -
-    eps_low, A < 0), above (ratio > 1 + eps_high, A > 0), and by the dual clip (ratio > c, A < 0): the
-    tokens whose gradient the clips zero.
-    """
-    adv = advantages[:, None] if advantages.dim() == 1 else advantages
-    unclipped = ratio * adv
-    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
-    surrogate = torch.minimum(unclipped, clipped)
-    with torch.no_grad():
-        low = (ratio < 1.0 - clip_low) & (adv < 0)
-        high = (ratio > 1.0 + clip_high) & (adv > 0)
-        dual = (ratio > dual_clip) & (adv < 0) if dual_clip is not None else torch.zeros_like(low)
-    if dual_clip is not None:
-        surrogate = torch.where(adv < 0, torch.maximum(surrogate, dual_clip * adv), surrogate)
-    return surrogate, low, high, dual
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""Policy-loss variants (docs/learner.md): the pieces they share live in :mod:`.base`."""
