@@ -64,14 +64,6 @@ def check_resume(job_id: int, *, learner_step: int, published_version: int, chec
                           f"v{checkpoint_version}; the newer policy is lost, so the run cannot continue consistently")
 
 
-def republish_on_resume(checkpoint_version: int, *, kappa: int, published_version: int) -> bool:
-    """Whether a restarted learner at ``checkpoint_version`` publishes it at once: the site lacks the last
-    publication due by then (the learner died before its outbox announced it). Otherwise the agents go on
-    generating under an older version, and past S versions behind every record they return is dropped stale,
-    so the learner never trains the step that would publish the next one."""
-    return published_version < checkpoint_version - checkpoint_version % kappa
-
-
 class LearnerLoop:
     """Consume admissible groups, train, checkpoint every ``checkpoint_every`` steps (and at every
     publication step, multiples of kappa, and the last step), acknowledge what the checkpoint holds.

@@ -34,10 +34,11 @@ from .client import Heartbeat, SiteClient, SiteError
 from .consumer import StalenessGatedConsumer
 from .explog import ExperimentLog, experiment_log
 from .lifecycle import Lifecycle, State
-from .loop import LearnerLoop, ResumeError, StepOutcome, check_resume, republish_on_resume
+from .loop import LearnerLoop, ResumeError, StepOutcome, check_resume
 from .outbox import Outbox, Publication
 from .policy import build_policy, load_model
 from .prompts import PromptFeeder
+from .publication import _each_tensor_once, republish_on_resume
 from .publisher import LearnerRelay, SnapshotServer, SnapshotStore, manifest_json
 from .quarantine import model_vocab_size
 from .report import log_step, step_metrics
@@ -431,13 +432,6 @@ def _plain_copy(trainer: PolicyTrainer, spec: JobSpec) -> torch.nn.Module:
     if not trainer.sharded:
         return copy.deepcopy(trainer.module)
     return load_model(spec.model_dir).to(trainer.ctx.device)
-
-
-def _each_tensor_once(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A checkpoint's copy of the weights as a snapshot publishes them: a tied tensor once, under its first name
-    (the copy keeps tied tensors shared, as ``PolicyTrainer.full_state`` gives them)."""
-    seen: set[int] = set()
-    return {name: t for name, t in state.items() if not (t.data_ptr() in seen or seen.add(t.data_ptr()))}
 
 
 def _fail(site: SiteClient, job_id: int, reason: str) -> JobStatus:

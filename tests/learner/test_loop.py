@@ -19,7 +19,7 @@ from dataplane.jobs import JobSpec
 from dataplane.tasks import build_task
 from learner.checkpoint import CheckpointStore, capture_rng, restore_rng
 from learner.consumer import StalenessGatedConsumer
-from learner.loop import LearnerLoop, ResumeError, check_resume, republish_on_resume
+from learner.loop import LearnerLoop, ResumeError, check_resume
 from learner.outbox import Outbox
 from learner.policy import build_policy
 from learner.prompts import PromptFeeder
@@ -219,14 +219,6 @@ def test_resume_rules() -> None:
         check_resume(1, learner_step=5, published_version=4, checkpoint_version=None, path=path)
     with pytest.raises(ResumeError, match="published v6 but the checkpoint .* holds v4"):
         check_resume(1, learner_step=6, published_version=6, checkpoint_version=4, path=path)
-
-
-@pytest.mark.parametrize(("checkpoint", "published", "due"), [
-    (4, 4, False), (4, 2, True),  # the checkpoint of a publication step, announced or not
-    (5, 4, False), (5, 2, True), (5, 0, True),  # a checkpoint between two (--checkpoint-every): v4 was due
-    (0, 0, False)])
-def test_a_restarted_learner_publishes_when_the_site_lacks_the_last_publication_due(checkpoint, published, due):
-    assert republish_on_resume(checkpoint, kappa=2, published_version=published) is due
 
 
 def test_checkpoint_store_is_atomic_and_round_trips(tmp_path) -> None:

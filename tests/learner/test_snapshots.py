@@ -139,7 +139,7 @@ def test_a_snapshot_written_from_the_checkpoints_copy_is_the_one_written_from_th
     weights its checkpoint took (tied tensors kept shared, then given once): the same bytes, full and delta, as a
     snapshot written from the policy itself."""
     from learner.checkpoint import copied
-    from learner.trainer import _each_tensor_once
+    from learner.publication import _each_tensor_once
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     assert model.get_input_embeddings().weight is model.get_output_embeddings().weight  # tied: the case that matters
