@@ -142,7 +142,8 @@ class PoisoningRun:
             Producer(100 + len(FORGERIES) * len(STRATEGIES) * life + k, forgery=kind, strategy=strategy,
                      honest_first=0 if strategy == "always" else wait)
             for life in range(args.lives)
-            for k, (kind, strategy) in enumerate((f, s) for f in FORGERIES for s in STRATEGIES)]
+            for k, (kind, strategy) in enumerate((f, s) for f in FORGERIES for s in STRATEGIES)
+            if kind in args.forgeries and strategy in args.strategies]
         self.honest_sample: list[StoredGroup] = []
         self.rng = random.Random(args.seed)
 
@@ -240,8 +241,8 @@ def table(run: PoisoningRun, args: argparse.Namespace) -> Table:
     for col in ("forgery", "strategy", "forged sent", "trained before 1st failure, mean / max",
                 "trained in all, mean / max", "suspended", "bound, docs/trust.md"):
         out.add_column(col, justify="right")
-    for kind in FORGERIES:
-        for strategy in STRATEGIES:
+    for kind in args.forgeries:
+        for strategy in args.strategies:
             lives = [p for p in run.producers if p.forgery == kind and p.strategy == strategy]
             first = [p.trained_at_detection if p.trained_at_detection is not None else len(p.forged & run.trained)
                      for p in lives]
@@ -267,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups-per-round", type=int, default=4, help="Groups each producer returns per round.")
     parser.add_argument("--groups-per-step", type=int, default=8, help="Groups per learner step (R / n).")
     parser.add_argument("--n", type=int, default=4, help="Records per group.")
+    parser.add_argument("--forgeries", nargs="+", choices=FORGERIES, default=list(FORGERIES))
+    parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES))
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if not 0 < args.fraction <= 1 or min(args.lives, args.probation, args.suspend_after, args.n) < 1:

@@ -1,6 +1,7 @@
 """Audits end to end (issue 14): one provider's agent forges its log-probs, another's reports every answer as
-right; the learner's audits catch both, the site suspends both, and the job still reaches its target on the
-honest workers. Real processes: daphne, Celery, the learner and four ``echo2-agent`` (two of them tampered by
+right; the learner's audits catch both, the site suspends both (with their provider accounts, issue 26: each
+forger has its own, the honest agents a third), and the job still reaches its target on the honest workers.
+Real processes: daphne, Celery, the learner and four ``echo2-agent`` (two of them tampered by
 tests/forging_agent.py, the real agent with its rollouts rewritten)."""
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # ~4 min on the 2-cor
 def test_forged_logprobs_and_wrong_rewards_are_caught_and_suspended_and_the_job_completes(stack, tmp_path,
                                                                                          tiny_model_dir):
     stack.env["ECHO2_AUDIT_SUSPEND_AFTER"] = "2"
-    tokens = create_users(stack, "own", "prov")
+    tokens = create_users(stack, "own", "prov", "prov-forger", "prov-liar")
     server = start_site(stack)
     token_files = {}
     for user, token in tokens.items():
@@ -31,12 +32,17 @@ def test_forged_logprobs_and_wrong_rewards_are_caught_and_suspended_and_the_job_
               "liar": [sys.executable, "-m", "tests.forging_agent", "rewards"]}
     for name, command in agents.items():
         cfg = tmp_path / f"agent-{name}.json"
-        stack.run(str(BIN / "echo2-agent"), "register", "--server", server, "--token-file", str(token_files["prov"]),
+        account = {"forger": "prov-forger", "liar": "prov-liar"}.get(name, "prov")
+        stack.run(str(BIN / "echo2-agent"), "register", "--server", server, "--token-file", str(token_files[account]),
                   "--name", name, "--price", "0.3", "--config", str(cfg))
         stack.start(f"agent-{name}", *command, "run", "--config", str(cfg), "--threads", "1")
     owner, provider = api(server, tokens["own"]), api(server, tokens["prov"])
-    wait_for(lambda: sum(w["status"] == "idle" for w in provider.get("workers/").json()["results"]) == 4,
-             "four idle workers", 90)
+    accounts = [provider, api(server, tokens["prov-forger"]), api(server, tokens["prov-liar"])]
+
+    def listed() -> dict[str, dict]:
+        return {w["name"]: w for account in accounts for w in account.get("workers/").json()["results"]}
+
+    wait_for(lambda: sum(w["status"] == "idle" for w in listed().values()) == 4, "four idle workers", 90)
 
     job = owner.post("jobs/", json={
         "name": "audited", "model_dir": str(tiny_model_dir), "task": {"name": "arithmetic", "max_operand": 4},
@@ -52,7 +58,7 @@ def test_forged_logprobs_and_wrong_rewards_are_caught_and_suspended_and_the_job_
     final = owner.get(f"jobs/{job['id']}/").json()
     assert final["status"] == "completed", final["status_reason"]
 
-    workers = {w["name"]: w for w in provider.get("workers/").json()["results"]}
+    workers = listed()
     assert workers["forger"]["suspended_at"] and "logprobs: mean |claimed - recomputed|" in \
         workers["forger"]["suspended_reason"]
     assert workers["liar"]["suspended_at"] and ".reward: claimed 1, the task gives 0" in \
