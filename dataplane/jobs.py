@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .broadcast import BroadcastStrategy
+from .losses import LOSS_TYPES, loss_types_help
 from .tasks import TaskSpecError, build_task
 
 
@@ -62,7 +63,7 @@ class JobSpecError(ValueError):
 
 
 class LossConfig(BaseModel):
-    """GRPO loss settings; the learner implements them (learner/grpo.py, docs/learner.md).
+    """GRPO loss settings; the learner implements them (learner/grpo.py, its variants ``type`` in learner/losses/).
 
     The defaults are the plain token-level PPO-clip surrogate against the behaviour log-probs the
     workers returned, clip range ``clip_eps``, token-mean aggregation, no KL term. Four defaults depend
@@ -72,9 +73,9 @@ class LossConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["grpo", "gspo"] = Field(
-        default="grpo", description="grpo: token-level ratio (Shao et al., 2024); gspo: per-sequence "
-        "geometric-mean ratio (Zheng et al., 2025).")
+    type: str = Field(
+        default="grpo", description=loss_types_help(),
+        json_schema_extra=lambda schema: schema.update(enum=list(LOSS_TYPES)))  # the declared variants
     advantage: Literal["std", "mean"] = Field(
         default="std", description="std: (r - group mean) / (group std + eps); mean: r - group mean (Dr.GRPO).")
     advantage_eps: float = Field(default=1e-6, ge=0.0, le=1.0, description="eps added to the group std.")
@@ -109,6 +110,13 @@ class LossConfig(BaseModel):
         "(the usual 1.0 of TRL and verl; it stops one noisy batch from wrecking a small policy); null: no "
         "clipping.")
 
+    @field_validator("type")
+    @classmethod
+    def _declared_type(cls, value: str) -> str:
+        if value not in LOSS_TYPES:
+            raise ValueError(f"unknown loss type {value!r}; available: {', '.join(LOSS_TYPES)}")
+        return value
+
     @property
     def is_resolved(self) -> bool:
         """Every default filled in (see :meth:`resolved`): what the loss code needs."""
@@ -116,13 +124,14 @@ class LossConfig(BaseModel):
 
     def resolved(self, *, clip_eps: float, max_new_tokens: int) -> LossConfig:
         """A copy with every default filled in: ``clip_eps_low`` the job's ``clip_eps``, ``clip_eps_high``
-        ``clip_eps_low``, ``aggregation`` by ``type`` (token-mean for grpo, seq-mean-token-mean for gspo),
+        ``clip_eps_low``, ``aggregation`` by ``type`` (its declared default: token-mean for grpo,
+        seq-mean-token-mean for gspo),
         ``norm_length`` the job's ``max_new_tokens``. Values already set are kept."""
         low = self.clip_eps_low if self.clip_eps_low is not None else clip_eps
         return self.model_copy(update={
             "clip_eps_low": low,
             "clip_eps_high": self.clip_eps_high if self.clip_eps_high is not None else low,
-            "aggregation": self.aggregation or ("seq-mean-token-mean" if self.type == "gspo" else "token-mean"),
+            "aggregation": self.aggregation or LOSS_TYPES[self.type].default_aggregation,
             "norm_length": self.norm_length or max_new_tokens,
         })
 

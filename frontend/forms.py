@@ -9,6 +9,7 @@ from django import forms
 
 from dataplane.jobfiles import JobFileError, file_kind, read_job_text
 from dataplane.jobs import JobSpec, JobSpecError, LossConfig, parse_job_spec
+from dataplane.losses import LOSS_TYPES
 from dataplane.tasks import available_tasks
 
 _FIELDS = JobSpec.model_fields
@@ -28,10 +29,15 @@ def _literal_choices(annotation: object) -> list[tuple[str, str]]:
     return [choice for arg in typing.get_args(annotation) for choice in _literal_choices(arg)]
 
 
+def _loss_type_choices() -> list[tuple[str, str]]:
+    """The declared policy-loss variants (dataplane/losses.py), read when a form is built."""
+    return [(name, name) for name in LOSS_TYPES]
+
+
 def _loss_field(name: str, field_class: type[forms.Field], label: str, **kwargs) -> forms.Field:
     """A LossConfig setting: optional (blank keeps LossConfig's default), shown with its default and its doc."""
     spec = _LOSS[name]
-    if field_class is forms.ChoiceField:
+    if field_class is forms.ChoiceField and "choices" not in kwargs:
         choices = _literal_choices(spec.annotation)
         kwargs["choices"] = choices if spec.default is not None else [("", "default"), *choices]
     return field_class(label=label, required=False, initial=spec.default, help_text=spec.description or "", **kwargs)
@@ -70,7 +76,7 @@ class JobLaunchForm(forms.Form):
     temperature = forms.FloatField(initial=1.0, help_text=_help("temperature"))
     top_p = forms.FloatField(initial=1.0, help_text=_help("top_p"))
     seed = forms.IntegerField(initial=0, help_text=_help("seed"))
-    loss_type = _loss_field("type", forms.ChoiceField, "Loss")
+    loss_type = _loss_field("type", forms.ChoiceField, "Loss", choices=_loss_type_choices)
     loss_advantage = _loss_field("advantage", forms.ChoiceField, "Advantage")
     loss_advantage_eps = _loss_field("advantage_eps", forms.FloatField, "Advantage ε")
     loss_clip_eps_low = _loss_field("clip_eps_low", forms.FloatField, "clip ε low")

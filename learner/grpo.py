@@ -17,7 +17,10 @@ import torch
 
 from dataplane.jobs import LossConfig
 
+from .losses import get_policy_loss
 from .losses.base import clipped_surrogate, sequence_ratio
+
+__all__ = ["clipped_surrogate", "sequence_ratio"]  # moved to learner/losses/base.py; still importable from here
 
 
 def group_advantages(rewards: torch.Tensor, group_index: torch.Tensor, *, eps: float = 1e-6,
@@ -171,14 +174,16 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: to
     own detached log-probs with a separate behaviour weight ``w`` (``tis``/``mis``, decoupled PPO; with
     one optimizer update per batch that ratio is 1 in value and the clip does not bind, so ``w`` carries
     the whole off-policy correction), or against the detached log-probs with no weight at all (``none``:
-    stale records treated as on-policy, the ablation baseline). ``type="gspo"`` replaces the token ratio
-    by the sequence's geometric-mean ratio (:func:`sequence_ratio`) and clips it per sequence.
+    stale records treated as on-policy, the ablation baseline). ``type`` names the variant that takes the ratio
+    and its surrogate (``learner/losses/<type>.py``): ``grpo`` the token ratio, ``gspo`` the sequence's
+    geometric-mean ratio (:func:`sequence_ratio`), clipped per sequence.
 
     logp, behaviour_logp, mask, ref_logp: [B, T]; advantages: [B]. ``denominator`` is the full batch's
     ``D`` when this call sees only part of it (micro-batch, rank). ``config`` is resolved (every default
     filled in: :meth:`LossConfig.resolved`; a job's ``loss`` always is).
     """
     s = config
+    variant = get_policy_loss(s.type)
     mask = mask.to(logp.dtype)
     if s.off_policy == "behaviour":
         old, weights, corrected = behaviour_logp, torch.ones_like(logp), torch.zeros_like(mask, dtype=torch.bool)
@@ -187,18 +192,11 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: to
     else:
         old = logp.detach()
         weights, corrected = behaviour_weights(old, behaviour_logp, mask, mode=s.off_policy, cap=s.is_cap,
-                                               per_sequence=s.type == "gspo")
-    if s.type == "gspo":
-        ratio = sequence_ratio(logp, old, mask)[:, None].expand_as(logp)
-    elif s.type == "grpo":
-        ratio = torch.exp(logp - old)
-    else:
-        raise ValueError(f"unknown loss type {s.type!r}")
-    surrogate, low, high, dual = clipped_surrogate(ratio, advantages, clip_low=s.clip_eps_low,
-                                                   clip_high=s.clip_eps_high, dual_clip=s.dual_clip)
+                                               per_sequence=variant.sequence_level)
+    surrogate = variant.surrogate(logp, old, advantages, mask, s)
     coef, full_denominator = aggregation_weights(mask, mode=s.aggregation, norm_length=s.norm_length)
     denom = full_denominator if denominator is None else denominator
-    pg = -(coef * weights * surrogate).sum() / denom
+    pg = -(coef * weights * surrogate.value).sum() / denom
     kl_term = torch.zeros((), dtype=logp.dtype, device=logp.device)
     kl = torch.zeros_like(logp)
     if s.kl_beta > 0:
@@ -208,8 +206,9 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: to
         kl_term = s.kl_beta * (coef * kl).sum() / denom
     with torch.no_grad():  # one device-to-host copy for all the statistics
         sums = torch.stack([
-            pg, kl_term, mask.sum(), (mask.sum(dim=1) > 0).sum().to(mask.dtype), (low * mask).sum(),
-            (high * mask).sum(), (ratio * mask).sum(), (kl * mask).sum(), (k3_kl(behaviour_logp, logp) * mask).sum(),
-            (weights * mask).sum(), (corrected * mask).sum(), (dual * mask).sum(),
+            pg, kl_term, mask.sum(), (mask.sum(dim=1) > 0).sum().to(mask.dtype), (surrogate.clip_low * mask).sum(),
+            (surrogate.clip_high * mask).sum(), (surrogate.ratio * mask).sum(), (kl * mask).sum(),
+            (k3_kl(behaviour_logp, logp) * mask).sum(), (weights * mask).sum(), (corrected * mask).sum(),
+            (surrogate.dual * mask).sum(),
         ]).detach().double().tolist()
     return LossTerms(loss=pg + kl_term, stats=LossStats(*sums))

@@ -1,11 +1,16 @@
-"""What the policy-loss variants share: the PPO clip and GSPO's sequence ratio (pure tensor functions).
+"""What the policy-loss variants share: their interface, the PPO clip and GSPO's sequence ratio (pure tensor
+functions).
 
 Shapes as in :mod:`learner.grpo`: ``B`` sequences, ``T`` token positions, ``mask`` 1 on learning tokens.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+from dataplane.jobs import LossConfig
 
 
 def sequence_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -39,3 +44,40 @@ def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, *, clip_low
     if dual_clip is not None:
         surrogate = torch.where(adv < 0, torch.maximum(surrogate, dual_clip * adv), surrogate)
     return surrogate, low, high, dual
+
+
+@dataclass
+class Surrogate:
+    """What a variant's surrogate gives :func:`learner.grpo.policy_loss`: the per-token objective (maximized) and
+    the masks behind the step's statistics. All [B, T]."""
+
+    value: torch.Tensor  # the objective per token, differentiable; the loss is -sum(c * w * value) / D
+    ratio: torch.Tensor  # the ratio the variant used (for the mean_ratio statistic)
+    clip_low: torch.Tensor  # bool: clipped below (the clip zeroes the gradient)
+    clip_high: torch.Tensor  # bool: clipped above
+    dual: torch.Tensor  # bool: clipped by the dual clip
+
+
+class PolicyLoss:
+    """One policy-loss variant (``LossConfig.type``): how the policy ratio is taken and turned into a surrogate.
+
+    The rest of the loss is common to every variant (:func:`learner.grpo.policy_loss`): the off-policy weights
+    ``w``, the aggregation coefficients ``c`` and denominator ``D``, the KL term. A variant is registered under its
+    name with :func:`learner.losses.register_policy_loss`; the default surrogate is PPO's clip of :meth:`ratio`.
+    """
+
+    name: str = ""  # set by the registration
+    #: The TIS/MIS behaviour weight of a token is its sequence's geometric-mean weight (GSPO), not its own.
+    sequence_level: bool = False
+
+    def ratio(self, logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The policy ratio [B, T] against ``old_logp`` (the behaviour log-probs, or the detached ``logp``)."""
+        raise NotImplementedError
+
+    def surrogate(self, logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                  config: LossConfig) -> Surrogate:
+        """PPO-clip of :meth:`ratio` with the job's clip range (and dual clip); advantages [B]."""
+        ratio = self.ratio(logp, old_logp, mask)
+        value, low, high, dual = clipped_surrogate(ratio, advantages, clip_low=config.clip_eps_low,
+                                                   clip_high=config.clip_eps_high, dual_clip=config.dual_clip)
+        return Surrogate(value, ratio, low, high, dual)
