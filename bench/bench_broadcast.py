@@ -6,7 +6,7 @@ Run: ``.venv/bin/python bench/bench_broadcast.py [--sizes 4 8 16 32 64] [--mb 4]
 
 Each of the N workers is one ``python -m dataplane.broadcast.process`` process capped at ``Bw`` down and up; the
 learner is one more, capped at ``B0 = ratio * Bw`` shared by its children (not capped for star-unlimited).
-Chains: ``N_ch = floor(B0/Bw)`` (marketplace.chains). ``T_bcast`` is publication until a fraction q = 1/1.1
+Chains: ``N_ch = floor(B0/Bw)`` (dataplane.broadcast.chains). ``T_bcast`` is publication until a fraction q = 1/1.1
 of the workers installed (section 5.5.1); ``T_all`` until every worker did. Theory beside it: star-limited
 ``max(M/Bw, N*M/B0)``, chain ``M/Bw + (L-1)*c/Bw`` with ``L`` the longest chain and ``c`` the chunk.
 Prints PASS when chain ``T_bcast`` at the largest N is within 1.25x of ``M/Bw`` (exit 1 otherwise). The
@@ -33,10 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dataplane.broadcast import BROADCAST_STRATEGIES  # noqa: E402
+from dataplane.broadcast.chains import WorkerStats, assemble_chains, n_chains, parents  # noqa: E402
 from dataplane.broadcast.store import write_version  # noqa: E402
 from dataplane.credentials import fingerprint, issue, new_secret  # noqa: E402
 from dataplane.snapshot import build_manifest  # noqa: E402
-from marketplace.chains import WorkerStats, assemble_chains, n_chains, parents  # noqa: E402
 
 Q = 1 / 1.1
 JOB, VERSION = 1, 1

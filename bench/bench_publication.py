@@ -37,8 +37,7 @@ sys.path.insert(0, str(ROOT))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from dataplane.credentials import issue, new_secret  # noqa: E402
-from marketplace.chains import (  # noqa: E402
+from dataplane.broadcast.chains import (  # noqa: E402
     ChainPlan,
     WorkerStats,
     assemble_chains,
@@ -47,6 +46,7 @@ from marketplace.chains import (  # noqa: E402
     route,
     routes,
 )
+from dataplane.credentials import issue, new_secret  # noqa: E402
 
 TARGET_S = 1.0
 PEER_MAX_N = 10_000
@@ -73,7 +73,7 @@ def plan_and_route(stats, tails, uplink) -> tuple[ChainPlan, dict]:
 
 def place_tails_plainly(plan: ChainPlan, tails, *, relays, n_ch: int) -> ChainPlan:
     """``chains.place_tails``' rule stated plainly, a sort of the chains per tail (O(T C log C)): the peer here
-    and the reference tests/marketplace/test_chains.py checks the fast one against."""
+    and the reference tests/dataplane/broadcast/test_chains.py checks the fast one against."""
     built, rollout_only = [list(c) for c in plan.chains], list(plan.rollout_only)
     for worker_id in tails:
         open_chain = next((c for c in sorted(built, key=len) if not c or c[-1] in relays), None)

@@ -1,8 +1,9 @@
 """The replay buffer: a job's version-tagged storage in Redis streams (paper section 4.1, appendix F).
 
-One module owns every key, consumer group and script, and both the site (leases, returns) and the
-learner (prompt top-up, the staleness-gated reader in ``learner.consumer``) use it. ``redis`` is an
-optional dependency of this module alone: the agent never imports it (agents never talk to Redis).
+One module owns every key and consumer group (its Lua scripts are in ``replay_scripts``, the groups the learner
+reads back in ``stored``), and both the site (leases, returns) and the learner (prompt top-up, the staleness-gated
+reader in ``learner.consumer``) use it. ``redis`` is an optional dependency of this module alone: the agent never
+imports it (agents never talk to Redis).
 
 Keys of job ``j``:
 
@@ -35,7 +36,6 @@ expired leases first (XAUTOCLAIM), fresh prompts for the remainder (XREADGROUP).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
 import time
@@ -45,14 +45,14 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import redis
-from pydantic import ValidationError
 from redis.backoff import NoBackoff
 from redis.client import NEVER_DECODE
 from redis.retry import Retry
 
-from .groupcodec import decode_group, decode_packed, encode_group
-from .packed import PackedRecords, pack_records
-from .records import RecordError, TrajectoryGroup
+from .groupcodec import encode_group
+from .records import TrajectoryGroup
+from .replay_scripts import ACK_COUNTED, LEASE, RETURN_ERRORS, RETURN_GROUP, script
+from .stored import StoredGroup, field, stored_entry, text
 
 log = logging.getLogger("echo2.replay")
 T = TypeVar("T")
@@ -105,49 +105,6 @@ class LeasedPrompt:
     prompt: str
 
 
-class StoredGroup:
-    """A group read back from the trajectory stream: the entry id that acknowledges it, the worker the site accepted
-    it from (stamped by the site, never claimed by the worker; 0 for entries written before the stamp existed), and
-    its records in columns (``packed``: what the learner trains on, ``dataplane.packed``). An entry that is not a
-    group has no ``packed`` and says why in ``problem``: the reader hands it on rather than raise, so the learner
-    quarantines it instead of crashing on it forever. ``group``, the whole validated ``TrajectoryGroup``, is built
-    from the stored JSON on first use only (the learner's hot path never asks for it)."""
-
-    __slots__ = ("entry_id", "worker_id", "problem", "packed", "_group", "_data")
-
-    def __init__(self, entry_id: str, group: TrajectoryGroup | None = None, worker_id: int = 0, problem: str = "", *,
-                 packed: PackedRecords | None = None, data: bytes | str | None = None) -> None:
-        self.entry_id, self.worker_id, self.problem = entry_id, worker_id, problem
-        self._group, self._data = group, data
-        self.packed = packed if packed is not None or group is None else pack_records(group.records)
-
-    def __repr__(self) -> str:
-        return f"StoredGroup({self.entry_id!r}, worker {self.worker_id}, {self.size} records {self.problem!r})"
-
-    @property
-    def group(self) -> TrajectoryGroup | None:
-        if self._group is None and self._data is not None:
-            data, self._data = self._data, None
-            # None when it is not a valid group (its packed columns, if any, are what the learner judges)
-            with contextlib.suppress(ValidationError, RecordError):
-                self._group = decode_group(data)
-        return self._group
-
-    @property
-    def records(self):
-        group = self.group
-        return group.records if group is not None else []
-
-    @property
-    def size(self) -> int:
-        """Records in the group (0 for an entry that is no group)."""
-        return len(self.packed) if self.packed is not None else 0
-
-    @property
-    def version(self) -> int:
-        return self.packed.versions[0] if self.packed is not None else -1
-
-
 @dataclass(frozen=True)
 class TimedEvent:
     """A member added to a time-sorted set (score ``at``), dropping members older than ``keep_after`` and keeping
@@ -170,87 +127,9 @@ def add_event(client: redis.Redis, event: TimedEvent) -> None:
     pipe.execute()
 
 
-# KEYS: prompts. ARGV: prompt group, consumer, min idle ms, count.
-_LEASE = """
-local count = tonumber(ARGV[4])
-local out = {}
-local claimed = redis.call('XAUTOCLAIM', KEYS[1], ARGV[1], ARGV[2], ARGV[3], '0-0', 'COUNT', count)
-for _, entry in ipairs(claimed[2]) do
-  if entry[2] then out[#out + 1] = entry end
-end
-if #out < count then
-  local fresh = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count - #out, 'STREAMS', KEYS[1], '>')
-  if fresh then
-    for _, entry in ipairs(fresh[1][2]) do out[#out + 1] = entry end
-  end
-end
-return out
-"""
-
-# KEYS: prompts, trajectories, counters, delivered[, event set].
-# ARGV: lease id, consumer, group id, payload, prompt group, records, prompt text, worker id[, event member, at,
-# keep after, ttl].
-_RETURN_GROUP = """
-local pending = redis.call('XPENDING', KEYS[1], ARGV[5], ARGV[1], ARGV[1], 1)
-if #pending == 0 then return 'expired' end
-if pending[1][2] ~= ARGV[2] then return 'taken' end
-local entry = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
-if #entry == 0 then return 'expired' end
-local fields = entry[1][2]
-local group_id, prompt
-for i = 1, #fields, 2 do
-  if fields[i] == 'group_id' then group_id = fields[i + 1] elseif fields[i] == 'prompt' then prompt = fields[i + 1] end
-end
-if group_id ~= ARGV[3] then return 'group' end
-if prompt ~= ARGV[7] then return 'prompt' end
-local id = redis.call('XADD', KEYS[2], '*', 'lease_id', ARGV[1], 'worker_id', ARGV[8], 'data', ARGV[4])
-redis.call('XACK', KEYS[1], ARGV[5], ARGV[1])
-redis.call('XDEL', KEYS[1], ARGV[1])
-redis.call('HINCRBY', KEYS[3], 'accepted_groups', 1)
-redis.call('HINCRBY', KEYS[3], 'accepted_records', ARGV[6])
-redis.call('HINCRBY', KEYS[4], ARGV[8], 1)
-if KEYS[5] then
-  redis.call('ZADD', KEYS[5], ARGV[10], ARGV[9])
-  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', ARGV[11])
-  redis.call('EXPIRE', KEYS[5], ARGV[12])
-end
-return id
-"""
-
-_RETURN_ERRORS = {
-    "expired": "lease expired or unknown: its prompt was handed to another worker",
-    "taken": "lease belongs to another worker",
-    "group": "group_id does not match the leased prompt",
-    "prompt": "prompt: differs from the leased prompt",
-}
-
-# KEYS: trajectories, counters. ARGV: learner group, counter, then entry id and records per entry.
-# Only an entry this call acknowledges is counted, so a retry after a lost reply counts nothing twice.
-_ACK_COUNTED = """
-local n = 0
-for i = 3, #ARGV - 1, 2 do
-  if redis.call('XACK', KEYS[1], ARGV[1], ARGV[i]) == 1 then n = n + tonumber(ARGV[i + 1]) end
-  redis.call('XDEL', KEYS[1], ARGV[i])
-end
-if n > 0 then redis.call('HINCRBY', KEYS[2], ARGV[2], n) end
-return n
-"""
-
 DROPPED_STALE = "dropped_stale_records"
 """The counter of records the learner dropped as stale, counted in Redis with their acknowledgement: a learner
 killed after dropping them, before its next checkpoint, still knows they were dropped (not lost) when it resumes."""
-
-_scripts: dict[tuple[int, str], redis.commands.core.Script] = {}
-
-
-def _script(client: redis.Redis, text: str):
-    """Script ``text`` registered on ``client`` once; redis-py calls it by SHA (EVALSHA), loading the
-    text only when the server does not know it (after a restart or SCRIPT FLUSH)."""
-    script = _scripts.get((id(client), text))
-    if script is None or script.registered_client is not client:
-        script = _scripts[(id(client), text)] = client.register_script(text)
-    return script
-
 
 class ReplayBuffer:
     """The streams of one job, over a Redis client (decoded or not: both are handled)."""
@@ -338,12 +217,12 @@ class ReplayBuffer:
         """Lease up to ``count`` prompt groups to ``worker_id``: expired leases first, then fresh prompts (one
         round trip: the lease script)."""
         args = [PROMPT_GROUP, consumer_name(worker_id), int(timeout_s * 1000), count]
-        entries = self._retrying(lambda: _script(self.client, _LEASE)(keys=[self.prompts], args=args))
+        entries = self._retrying(lambda: script(self.client, LEASE)(keys=[self.prompts], args=args))
         leased = []
         for entry_id, flat in entries:
             fields = dict(zip(flat[::2], flat[1::2], strict=True))
-            leased.append(LeasedPrompt(lease_id=_text(entry_id), group_id=_text(_field(fields, "group_id")),
-                                       prompt=_text(_field(fields, "prompt"))))
+            leased.append(LeasedPrompt(lease_id=text(entry_id), group_id=text(field(fields, "group_id")),
+                                       prompt=text(field(fields, "prompt"))))
         return leased
 
     def return_leases(self, *, worker_id: int, lease_id: str | None = None) -> int:
@@ -380,11 +259,11 @@ class ReplayBuffer:
             keys.append(event.key)
             args += [event.member, repr(event.at), repr(event.keep_after), event.ttl_s]
         try:
-            result = _text(self._retrying(lambda: _script(self.client, _RETURN_GROUP)(keys=keys, args=args)))
+            result = text(self._retrying(lambda: script(self.client, RETURN_GROUP)(keys=keys, args=args)))
         except redis.ResponseError as err:  # e.g. a lease id that is not a stream id
             raise LeaseError(f"lease_id: {group.lease_id!r} is not a lease ({err})") from None
-        if result in _RETURN_ERRORS:
-            raise LeaseError(_RETURN_ERRORS[result])
+        if result in RETURN_ERRORS:
+            raise LeaseError(RETURN_ERRORS[result])
         return result
 
     # ---- counters and end of job ----------------------------------------------------------------
@@ -393,7 +272,7 @@ class ReplayBuffer:
         self._retrying(lambda: self.client.hincrby(self.counters_key, name, amount))
 
     def counters(self) -> dict[str, int]:
-        return {_text(k): int(v) for k, v in self._retrying(lambda: self.client.hgetall(self.counters_key)).items()}
+        return {text(k): int(v) for k, v in self._retrying(lambda: self.client.hgetall(self.counters_key)).items()}
 
     def delivered(self, worker_ids: Iterable[int]) -> dict[int, int]:
         """The groups accepted from each of ``worker_ids`` since the job began (0 for one that delivered none)."""
@@ -424,7 +303,7 @@ class ReplayBuffer:
             if not entries:
                 return out
             out.extend(self._parse(reply))
-            last = _text(entries[-1][0])
+            last = text(entries[-1][0])
 
     def _read_raw(self, consumer: str, last: str, *, count: int, block_ms: int | None = None):
         """XREADGROUP with the entries' fields as bytes, whatever the client decodes: a stored group is binary
@@ -450,37 +329,15 @@ class ReplayBuffer:
         if not sized:
             return 0
         args = [LEARNER_GROUP, counter, *(x for entry_id, records in sized for x in (entry_id, records))]
-        return int(self._retrying(lambda: _script(self.client, _ACK_COUNTED)(
+        return int(self._retrying(lambda: script(self.client, ACK_COUNTED)(
             keys=[self.trajectories, self.counters_key], args=args)))
 
     def _parse(self, reply) -> list[StoredGroup]:
         out = []
         for entry_id, fields in (reply[0][1] if reply else []):
-            entry_id = _text(entry_id)
+            entry_id = text(entry_id)
             if not fields:  # deleted while still pending: nothing to train on, so acknowledge it
                 self._retrying(lambda entry_id=entry_id: self.client.xack(self.trajectories, LEARNER_GROUP, entry_id))
                 continue
-            out.append(_stored(entry_id, fields))
+            out.append(stored_entry(entry_id, fields))
         return out
-
-
-def _stored(entry_id: str, fields: dict) -> StoredGroup:
-    """The group of one stream entry, or the entry with the reason it is not one (see :class:`StoredGroup`)."""
-    worker = _text(_field(fields, "worker_id") or "0")
-    worker_id = int(worker) if worker.isdigit() else 0
-    data = _field(fields, "data")
-    if data is None:
-        return StoredGroup(entry_id, None, worker_id, problem="data: missing")
-    try:
-        return StoredGroup(entry_id, None, worker_id, packed=decode_packed(data), data=data)
-    except RecordError as err:
-        return StoredGroup(entry_id, None, worker_id, problem=str(err))
-
-
-def _field(fields: dict, name: str):
-    value = fields.get(name)
-    return fields.get(name.encode()) if value is None else value
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else value

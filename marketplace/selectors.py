@@ -12,10 +12,11 @@ from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
 from knox.models import AuthToken
 
+from dataplane.broadcast import chains
 from dataplane.jobs import JobSpec
 from dataplane.timing import split_line
 
-from . import chains, provisioning, refusals, telemetry
+from . import provisioning, refusals, telemetry
 from .models import Activation, Job, JobMetric, Snapshot, Worker, WorkerSession
 
 UPTIME_WINDOW = timedelta(days=7)

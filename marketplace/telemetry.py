@@ -16,9 +16,10 @@ import secrets
 
 from django.conf import settings
 
+from dataplane.broadcast import chains
 from dataplane.replay import TimedEvent, add_event
 
-from . import chains, controller, stream
+from . import controller, stream
 
 KEEP = 512  # heartbeats kept per worker: minutes of history at the default interval
 

@@ -1,5 +1,5 @@
 """When each worker holds a whole snapshot: the dissemination model of section 4.2 and appendix C.3, over the
-project's own chain plans (marketplace.chains).
+project's own chain plans (dataplane.broadcast.chains).
 
 Chains (store-and-forward in chunks of ``c`` bytes): the hop into position ``j`` of a chain runs at
 ``r_j`` (the seed's hop at ``min(Bw_seed, B0 / chains)``, the learner's uplink shared fairly between the
@@ -19,7 +19,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 
-from marketplace.chains import ChainPlan, WorkerStats, assemble_chains, n_chains, star_plan
+from dataplane.broadcast.chains import ChainPlan, WorkerStats, assemble_chains, n_chains, star_plan
 
 STRATEGIES = ("chain", "star-limited", "star-unlimited")
 

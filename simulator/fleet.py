@@ -1,7 +1,7 @@
 """The discrete-event fleet: a learner, rollout workers, snapshot broadcasts, the scheduler, faults (SimPy).
 
 What runs here is the project's own logic where it exists (activation and the target through
-marketplace.provisioning, chains through marketplace.chains, the hysteresis controller and heartbeat windows
+marketplace.provisioning, chains through dataplane.broadcast.chains, the hysteresis controller and heartbeat windows
 through marketplace.controller); what is modelled is the world around it:
 
 - the learner (section 3.2, learner/loop.py): waits until ``R / n`` admissible groups are buffered (a group
@@ -12,7 +12,7 @@ through marketplace.controller); what is modelled is the world around it:
 - workers: lease a group, generate it under the version they have installed (gamma-distributed time of mean
   ``n / mu_i``), return it; a newly activated worker first fetches the current snapshot from cloud storage;
 - broadcast (simulator.broadcast): install times of the publication's plan; a dead forwarder stalls its
-  downstream until its child gives it up (``relay_stall_s``) and ``marketplace.chains.repair`` re-attaches it;
+  downstream until its child gives it up (``relay_stall_s``) and ``dataplane.broadcast.chains.repair`` re-attaches it;
 - the scheduler, every ``tick_s``: heartbeats into ``HeartbeatWindow``s, dead workers released after
   ``worker_timeout_s``, ``HysteresisController.decide`` against ``gamma * mu_min``.
 """
@@ -26,7 +26,7 @@ import random
 
 import simpy
 
-from marketplace.chains import ChainPlan, WorkerStats, repair, routes
+from dataplane.broadcast.chains import ChainPlan, WorkerStats, repair, routes
 from marketplace.controller import HeartbeatWindow, HysteresisController
 from marketplace.provisioning import Candidate, pool_capacity
 

@@ -28,12 +28,13 @@ FORBIDDEN: dict[str, set[str]] = {
     "frontend": {"learner", "worker_agent", "torch", "transformers"},
     # the owner's CLI: the REST API over httpx (typer, rich) and dataplane's job files; nothing of the site
     "echo2_cli": {"learner", "worker_agent", "redis", *SITE_ONLY, "torch", "transformers", "safetensors"},
-    # the fleet simulator runs marketplace's pure cores (below) and nothing of the site, the planes or Redis
-    "simulator": {"learner", "worker_agent", "dataplane", "redis", "torch", "transformers",
-                  *(SITE_ONLY - {"marketplace"})},
+    # the fleet simulator runs the pure cores (below) and nothing of the site, the planes or Redis
+    "simulator": {"learner", "worker_agent", "redis", "torch", "transformers", *(SITE_ONLY - {"marketplace"})},
 }
-# The only marketplace modules the simulator may import: plain functions over plain data, no Django.
-SIMULATOR_MAY_IMPORT = ("marketplace.chains", "marketplace.provisioning", "marketplace.controller")
+# The only modules of the site and the planes the simulator may import: plain functions over plain data, no Django,
+# no I/O (the chain plans are shared with the site through dataplane, which the job spec reads too).
+SIMULATOR_MAY_IMPORT = ("marketplace.provisioning", "marketplace.controller", "dataplane.broadcast.chains")
+SIMULATOR_PACKAGES = ("marketplace", "dataplane", "dataplane.broadcast")  # whose ``__init__`` imports nothing
 # Agents never talk to Redis, and redis-py is a dependency of the replay buffer alone among the planes.
 REDIS_ALLOWED = {"dataplane.replay"}
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 500, 60
@@ -76,7 +77,8 @@ def violations(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> list[
             top = target.split(".")[0]
             if top in FORBIDDEN.get(plane, set()):
                 out.append(f"{name} imports {target}")
-            elif plane == "simulator" and top == "marketplace" and not target.startswith(SIMULATOR_MAY_IMPORT):
+            elif (plane == "simulator" and top in ("marketplace", "dataplane") and target not in SIMULATOR_PACKAGES
+                  and not target.startswith(SIMULATOR_MAY_IMPORT)):
                 out.append(f"{name} imports {target} (only {', '.join(SIMULATOR_MAY_IMPORT)})")
             elif top == "redis" and plane in ("dataplane", "learner", "worker_agent") and name not in REDIS_ALLOWED:
                 out.append(f"{name} imports {target} (only {', '.join(sorted(REDIS_ALLOWED))} may)")
@@ -168,7 +170,7 @@ def test_modules_and_functions_stay_readable() -> None:
     ("dataplane.records, dataplane.messages, dataplane.jobs, dataplane.snapshot, dataplane.tasks",
      SITE_ONLY | {"learner", "worker_agent", "torch", "redis"}),
     ("simulator.fleet, simulator.scenarios, simulator.metrics",
-     SITE_ONLY - {"marketplace"} | {"learner", "worker_agent", "dataplane", "torch", "redis"}),
+     SITE_ONLY - {"marketplace"} | {"learner", "worker_agent", "torch", "redis"}),
 ])
 def test_what_each_plane_pulls_in_when_imported(imports: str, banned: set[str]) -> None:
     """The agent installs and runs without the site or Redis; the learner without the agent or the site."""
@@ -177,3 +179,12 @@ def test_what_each_plane_pulls_in_when_imported(imports: str, banned: set[str]) 
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == ""
+
+
+def test_the_simulator_pulls_in_only_the_pure_cores_it_may() -> None:
+    code = ("import sys\nimport simulator.fleet, simulator.scenarios, simulator.metrics\n"
+            "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in ('dataplane', 'marketplace'))))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    pulled = set(done.stdout.strip().split(","))
+    assert {m for m in pulled if m not in SIMULATOR_PACKAGES and not m.startswith(SIMULATOR_MAY_IMPORT)} == set()

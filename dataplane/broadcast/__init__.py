@@ -6,6 +6,7 @@
 - :mod:`.hub`: :class:`~.hub.RelayHub`, the one listening port of an agent or the learner.
 - :mod:`.process`: one relay as a process (``python -m dataplane.broadcast.process``), for tests and
   ``bench/bench_broadcast.py``.
+- :mod:`.chains`: who forwards to whom: the chain score, assembly and repair (pure; the site and the simulator).
 
 This ``__init__`` holds only :data:`BroadcastStrategy` (the job spec, the site's messages and its model use
 it) and imports nothing but ``typing``, so importing them does not pull in the relay.

@@ -25,9 +25,10 @@ from django.utils import timezone
 
 from dataplane import basemodel, credentials
 from dataplane import messages as m
+from dataplane.broadcast import chains
 from dataplane.snapshot import SnapshotError, parse_manifest
 
-from .. import chains, liveness, selectors, telemetry
+from .. import liveness, selectors, telemetry
 from ..models import Activation, Job, Snapshot, SnapshotInstall, Worker
 from . import fanout
 from .base import ServiceError, learner_may_report, push_job_update, push_to_worker, running_activation

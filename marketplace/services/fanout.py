@@ -36,8 +36,9 @@ from django.db import transaction
 
 from dataplane import credentials
 from dataplane import messages as m
+from dataplane.broadcast import chains
 
-from .. import chains, stream, telemetry
+from .. import stream, telemetry
 from ..models import Snapshot
 
 log = logging.getLogger(__name__)

@@ -216,7 +216,7 @@ def test_the_spliced_message_is_the_message():
     shared = fanout.Announced(job_id=3, version=4, url='http://l/"manifest":{}/', manifest=manifest,
                               published_at=12.5, strategy="chain", learner_relay=LEARNER_RELAY,
                               secret=credentials.new_secret(), expires=2_000_000_000)
-    from marketplace.chains import ChainPlan
+    from dataplane.broadcast.chains import ChainPlan
 
     plan = ChainPlan(chains=((7, 8, 9),), rollout_only=(10,))
     publication = fanout.Publication.build(shared, nonce="x", plan=plan, addresses={7: "a:1", 8: "b:2"})

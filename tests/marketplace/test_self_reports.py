@@ -11,7 +11,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from marketplace import billing, chains, liveness, scheduling, services, tasks, telemetry
+from dataplane.broadcast import chains
+from marketplace import billing, liveness, scheduling, services, tasks, telemetry
 from marketplace.models import Activation, Job, Worker, WorkerCalibration
 
 from . import factories

@@ -12,8 +12,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from dataplane.broadcast import chains
 from echo2_site.asgi import application
-from marketplace import chains, selectors, services
+from marketplace import selectors, services
 from marketplace.models import Activation, Worker, WorkerSession
 
 from . import factories

@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 
 from dataplane.broadcast import framing
+from dataplane.broadcast.chains import ChainPlan, repair
 from dataplane.broadcast.hub import RelayHub
 from dataplane.broadcast.relay import SnapshotRelay
 from dataplane.broadcast.store import read_version, write_version
 from dataplane.credentials import fingerprint, issue, new_secret
 from dataplane.snapshot import build_manifest
-from marketplace.chains import ChainPlan, repair
 
 ROOT = Path(__file__).resolve().parents[3]
 JOB, VERSION = 1, 3

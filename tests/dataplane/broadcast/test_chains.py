@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from marketplace.chains import (
+from dataplane.broadcast.chains import (
     BANDWIDTH_EWMA,
     LEARNER,
     ChainPlan,
@@ -31,7 +31,7 @@ from marketplace.chains import (
 )
 
 NOW = 10_000.0
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
 from bench_publication import place_tails_plainly  # noqa: E402
 
 
