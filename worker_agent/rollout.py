@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from dataplane.records import Trajectory, TrajectoryGroup
 from dataplane.tasks import TaskAdapter
-from dataplane.tasks.sandbox import SandboxTask, Turn, run_episodes
+from dataplane.tasks.episodes import Turn
 
 from .engines.base import Engine, SamplingParams
 
@@ -22,10 +22,10 @@ def rollout_groups(engine: Engine, task: TaskAdapter, leases: list[GroupLease], 
                    params: SamplingParams, version: int) -> list[TrajectoryGroup]:
     """Sample ``n`` completions of every leased prompt in one batch and score them.
 
-    Every record carries ``version``, the snapshot the engine held for the whole batch. Multi-turn tasks
-    (``sandbox``) play whole episodes instead: see :func:`rollout_episodes`.
+    Every record carries ``version``, the snapshot the engine held for the whole batch. A multi-turn task
+    (``task.multi_turn``, e.g. ``sandbox``) plays whole episodes instead: see :func:`rollout_episodes`.
     """
-    if isinstance(task, SandboxTask):
+    if task.multi_turn:
         return rollout_episodes(engine, task, leases, job_id=job_id, n=n, params=params, version=version)
     completions = engine.generate([lease.prompt for lease in leases], n=n, params=params)
     return [
@@ -39,9 +39,10 @@ def rollout_groups(engine: Engine, task: TaskAdapter, leases: list[GroupLease], 
     ]
 
 
-def rollout_episodes(engine: Engine, task: SandboxTask, leases: list[GroupLease], *, job_id: int, n: int,
+def rollout_episodes(engine: Engine, task: TaskAdapter, leases: list[GroupLease], *, job_id: int, n: int,
                      params: SamplingParams, version: int) -> list[TrajectoryGroup]:
-    """Play ``n`` episodes per leased prompt, all in lockstep (one engine call per turn).
+    """Play ``n`` episodes per leased prompt, all in lockstep (one engine call per turn); the task plays them
+    (:meth:`TaskAdapter.play`), the engine samples each turn.
 
     The record's completion is every turn after the prompt: assistant turns learn (loss mask 1), the
     environment's replies do not (mask 0); the reward is the episode's return (paper appendix F.5).
@@ -54,8 +55,8 @@ def rollout_episodes(engine: Engine, task: SandboxTask, leases: list[GroupLease]
         groups = engine.generate_ids(contexts, n=1, params=params, stop=["</answer>"])
         return [Turn(ids=c.completion_ids, logprobs=c.logprobs, text=c.text) for (c,) in groups]
 
-    episodes = run_episodes(task, prompts, generate=generate, prompt_ids=prompt_ids,
-                            encode=lambda text: engine.tokenizer(text, add_special_tokens=False)["input_ids"])
+    episodes = task.play(prompts, generate=generate, prompt_ids=prompt_ids,
+                         encode=lambda text: engine.tokenizer(text, add_special_tokens=False)["input_ids"])
     return [
         TrajectoryGroup.of([episodes[i * n + k].record(job_id=job_id, lease_id=lease.lease_id,
                                                        group_id=lease.group_id, version=version)

@@ -6,28 +6,35 @@ A third-party package adds a task without touching this code::
     mytask = "mypkg.tasks:MyTask"
 
 and a job selects it with ``{"name": "mytask", ...options}``.
+
+A built-in task is one module of this folder whose adapter class is decorated with ``@register_task``: importing
+the package imports every module here but the shared ones (:data:`SHARED`), so adding a task is that file alone
+(docs/architecture.md, "How to extend"; docs/tasks.md).
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from importlib.metadata import entry_points
 from typing import Any
 
-from .arithmetic import ArithmeticTask
-from .base import Prompt, TaskAdapter, TaskSpecError
-from .countdown import CountdownTask
-from .mathqa import MathTask
-from .sandbox import SandboxTask
+from .base import TASKS, Prompt, TaskAdapter, TaskSpecError, register_task
 
-BUILTIN: dict[str, type[TaskAdapter]] = {
-    task.name: task for task in (ArithmeticTask, MathTask, CountdownTask, SandboxTask)
-}
+SHARED = ("base", "episodes", "files")  # the modules of this folder that hold no task
 
-__all__ = ["Prompt", "TaskAdapter", "TaskSpecError", "available_tasks", "build_task"]
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name not in SHARED:
+        importlib.import_module(f"{__name__}.{_module.name}")
+
+BUILTIN: dict[str, type[TaskAdapter]] = dict(TASKS)  # what this package registered (tests may register more)
+
+__all__ = ["Prompt", "TaskAdapter", "TaskSpecError", "available_tasks", "build_task", "register_task"]
 
 
 def available_tasks() -> dict[str, type[TaskAdapter]]:
-    tasks = dict(BUILTIN)
+    """Every task a job may name: the registered ones, then those of installed packages' entry points."""
+    tasks = dict(TASKS)
     for ep in entry_points(group="echo2.tasks"):
         tasks.setdefault(ep.name, ep.load())
     return tasks

@@ -12,12 +12,13 @@ import random
 import re
 from typing import Any
 
-from .base import Prompt, TaskAdapter, TaskSpecError
+from .base import Prompt, TaskAdapter, TaskSpecError, register_task
 
 _OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 _PROMPT = re.compile(r"^(\d+)([+\-*])(\d+)=$")
 
 
+@register_task
 class ArithmeticTask(TaskAdapter):
     name = "arithmetic"
     reward_range = (0.0, 1.0)  # 1 for a right answer, else 0

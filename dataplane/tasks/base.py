@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..records import MAX_REWARD, RecordLimits
+
+if TYPE_CHECKING:
+    from .episodes import Episode, Turn
 
 
 class TaskSpecError(ValueError):
@@ -36,6 +40,9 @@ class TaskAdapter(ABC):
     #: outside it and the learner quarantines one (docs/trust.md): a worker cannot claim a reward its task
     #: never gives. Every adapter declares its own; the default only keeps rewards float32-safe.
     reward_range: tuple[float, float] = (-MAX_REWARD, MAX_REWARD)
+    #: A worker gets this task's records by playing whole episodes of several turns (:meth:`play`), not by
+    #: sampling one completion per prompt and scoring it with :meth:`reward`.
+    multi_turn: bool = False
 
     @abstractmethod
     def sample_prompts(self, rng: random.Random, count: int) -> list[Prompt]:
@@ -54,8 +61,31 @@ class TaskAdapter(ABC):
         one turn here; a multi-turn task adds its turns and the environment's replies."""
         return max_new_tokens
 
+    def play(self, prompts: list[str], *, generate: Callable[[list[list[int]]], list[Turn]],
+             encode: Callable[[str], list[int]], prompt_ids: list[list[int]] | None = None) -> list[Episode]:
+        """Play one episode per prompt, all in lockstep (a :attr:`multi_turn` task says how).
+
+        ``generate(contexts)`` samples one assistant turn for each context (token ids: the prompt and the turns so
+        far); ``encode(text)`` gives the token ids of the environment's replies; ``prompt_ids`` the engine's own
+        encoding of the prompts. Each :class:`~dataplane.tasks.episodes.Episode` becomes one record."""
+        raise NotImplementedError(f"task {self.name!r} plays no episodes: one completion per prompt")
+
     def record_limits(self, *, max_new_tokens: int, vocab_size: int | None) -> RecordLimits:
         """What a record of this task may hold under a job's ``max_new_tokens`` and model (``vocab_size``)."""
         low, high = self.reward_range
         return RecordLimits(vocab_size=vocab_size, max_completion_tokens=self.max_completion_tokens(max_new_tokens),
                             reward_range=(max(low, -MAX_REWARD), min(high, MAX_REWARD)))
+
+
+#: The task adapters of this package by name, filled by :func:`register_task` (dataplane/tasks/__init__.py).
+TASKS: dict[str, type[TaskAdapter]] = {}
+
+
+def register_task(cls: type[TaskAdapter]) -> type[TaskAdapter]:
+    """Class decorator: make ``cls`` a task a job can name (``{"name": cls.name, ...options}``)."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no name")
+    if TASKS.get(cls.name, cls) is not cls:
+        raise ValueError(f"task {cls.name!r} is already registered ({TASKS[cls.name].__name__})")
+    TASKS[cls.name] = cls
+    return cls

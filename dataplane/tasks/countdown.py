@@ -21,7 +21,7 @@ from collections import Counter
 from fractions import Fraction
 from typing import Any
 
-from .base import Prompt, TaskAdapter, TaskSpecError
+from .base import Prompt, TaskAdapter, TaskSpecError, register_task
 
 TEMPLATE = ("Using the numbers {numbers}, make {target}. Use each number at most once, with + - * / and "
             "parentheses. Answer with the expression in <answer></answer>.\n")
@@ -91,6 +91,7 @@ def solves(numbers: list[int], target: int, expression: str) -> bool:
     return value == target and not Counter(used) - Counter(numbers)
 
 
+@register_task
 class CountdownTask(TaskAdapter):
     name = "countdown"
     reward_range = (0.0, 1.0)  # 1 for a right answer, else 0

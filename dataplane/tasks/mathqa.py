@@ -27,7 +27,7 @@ import re
 from fractions import Fraction
 from typing import Any
 
-from .base import Prompt, TaskAdapter, TaskSpecError
+from .base import Prompt, TaskAdapter, TaskSpecError, register_task
 from .files import DATA_DIR, read_task_file  # noqa: F401  (DATA_DIR: where builtin: files are, named here too)
 
 DEFAULT_TEMPLATE = "{problem}\nPut the final answer in \\boxed{}."
@@ -117,6 +117,7 @@ def answers_match(given: str, reference: str) -> bool:
     return bool(a) and a == b
 
 
+@register_task
 class MathTask(TaskAdapter):
     name = "math"
     reward_range = (0.0, 1.0)  # 1 for a right answer, else 0

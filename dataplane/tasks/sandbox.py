@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .base import Prompt, TaskAdapter, TaskSpecError
+from .base import Prompt, TaskAdapter, TaskSpecError, register_task
 from .episodes import Episode, Turn
 
 #: The most tokens of one environment reply in a completion (a one-line message).
@@ -158,8 +158,10 @@ class NimState(GameState):
 GAMES: dict[str, type[Game]] = {Nim.name: Nim}
 
 
+@register_task
 class SandboxTask(TaskAdapter):
     name = "sandbox"
+    multi_turn = True
 
     def __init__(self, *, env: str = "nim", max_turns: int = 10, **options: Any) -> None:
         if not isinstance(env, str) or env not in GAMES:
@@ -198,6 +200,10 @@ class SandboxTask(TaskAdapter):
         if not prompt.startswith(head) or not prompt.endswith("\n"):
             return None
         return self.game.start(prompt[len(head):-1])
+
+    def play(self, prompts: list[str], *, generate: Callable[[list[list[int]]], list[Turn]],
+             encode: Callable[[str], list[int]], prompt_ids: list[list[int]] | None = None) -> list[Episode]:
+        return run_episodes(self, prompts, generate=generate, encode=encode, prompt_ids=prompt_ids)
 
     def reward(self, prompt: str, completion: str) -> float:
         """Replay the episode from its transcript: each turn's first action, then the reply that must follow it."""
