@@ -32,8 +32,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fault_audit as fa  # noqa: E402
-from fault_catalog import BEAT_S, DEFAULT_FAULTS, FAULTS, WORKER_TIMEOUT_S, Fault, detection_s  # noqa: E402
 from fault_stack import BIN, PRICE, Setup, prepare, redis_argv, redis_up, site_env, site_up  # noqa: E402
+from faults import DEFAULT_FAULTS, FAULTS, Fault, doc_table  # noqa: E402
+from faults.base import BEAT_S, WORKER_TIMEOUT_S  # noqa: E402
 
 from echo2_site.demo import DAPHNE_WEBSOCKET_LIMITS, Stack, free_port, wait_for  # noqa: E402
 
@@ -188,7 +189,8 @@ class Run:
                 return
 
     def inject(self, sample: fa.Sample, fresh: bool) -> None:
-        """Start the fault's actions (delay, label, action) in a thread of their own once its moment came."""
+        """Start the fault's actions (its ``plan``: delay, label, action) in a thread of their own once its moment
+        came."""
         if not self.fault.target or sample.step < fault_step(self.args.steps):
             return
         victim = self.pick_victim(fresh)
@@ -196,25 +198,7 @@ class Run:
             return
         self.victim, name = victim, victim[0]
         self.injected_at = self.now()
-        plans = {
-            "relay-kill": [(0, f"SIGKILL {name}", lambda: self.signal(name, signal.SIGKILL))],
-            "worker-kill": [(0, f"SIGKILL {name}", lambda: self.signal(name, signal.SIGKILL)),
-                            (3, f"restart {name}", lambda: self.came_back(self.restart_agent, name))],
-            "learner-kill": [(0, "SIGKILL learner", lambda: self.signal(name, signal.SIGKILL)),
-                             (0.5, "restart learner", lambda: self.restart(name))],
-            "redis-restart": [(0, "SIGKILL redis", lambda: self.signal(name, signal.SIGKILL)),
-                              (1, "restart redis", lambda: self.came_back(self.restart_redis))],
-            "site-restart": [(0, "SIGKILL daphne", lambda: self.signal(name, signal.SIGKILL)),
-                             (0, "restart daphne", lambda: self.came_back(self.restart_site))],
-            "site-outage": [(0, "SIGKILL daphne", lambda: self.signal(name, signal.SIGKILL)),
-                            (self.args.outage, "restart daphne", lambda: self.came_back(self.restart_site))],
-            "worker-stop": [(0, f"SIGSTOP {name}", lambda: self.signal(name, signal.SIGSTOP)),
-                            (WORKER_TIMEOUT_S, f"SIGCONT {name} once released", lambda: self.came_back(
-                                self.cont_once_released, name))],
-            "relay-stop": [(0, f"SIGSTOP {name}", lambda: self.signal(name, signal.SIGSTOP)),
-                           (20, f"SIGCONT {name}", lambda: self.came_back(self.signal, name, signal.SIGCONT))],
-        }
-        self.player = threading.Thread(target=self.play, args=(plans[self.fault.name],), daemon=True)
+        self.player = threading.Thread(target=self.play, args=(self.fault.plan(self, name),), daemon=True)
         self.player.start()
 
     def pick_victim(self, fresh: bool) -> tuple[str, int | None] | None:
@@ -272,20 +256,21 @@ class Run:
 
     def allowed_s(self) -> float | None:
         """Issue 13's bound on recovery: one training step (the mean step period before the fault) plus what
-        detects the fault (``fault_catalog.detection_s``)."""
+        detects the fault (its ``detection_s``, bench/faults/)."""
         t = self.injected_at
         period = fa.step_period(self.tail.steps, t) if t is not None else None
         if t is None or period is None:
             return None
         restart = fa.first_after(self.tail.ready, t)
-        return period + detection_s(self.fault.name, down=(self.back_at or t) - t,
-                                    restart=None if restart is None else restart - t)
+        return period + self.fault.detection_s(down=(self.back_at or t) - t,
+                                               restart=None if restart is None else restart - t)
 
     def allowed_pool_s(self) -> float | None:
-        """The bound on the pool's recovery where it differs from :meth:`allowed_s`: after ``worker-kill`` the
-        pool is short of the killed worker until it runs again, so one step after the restarted agent said it
-        installed a snapshot (kill -> ready counts as the learner's restart does in ``learner-kill``)."""
-        if self.fault.name != "worker-kill":
+        """The bound on the pool's recovery where it differs from :meth:`allowed_s`: after a fault whose pool waits
+        for the restart (``worker-kill``) the pool is short of the killed worker until it runs again, so one step
+        after the restarted agent said it installed a snapshot (kill -> ready counts as the learner's restart does
+        in ``learner-kill``)."""
+        if not self.fault.pool_waits_for_restart:
             return self.allowed_s()
         t = self.injected_at
         period = fa.step_period(self.tail.steps, t) if t is not None else None
@@ -362,6 +347,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep-logs", action="store_true", help="Keep every run's logs and state (default: only "
                         "the logs of failing rows).")
     parser.add_argument("--json", type=Path, help="Also write the rows as JSON here.")
+    parser.add_argument("--list", action="store_true", help="Print the faults (docs/faults.md's table, from "
+                        "bench/faults/) and exit.")
     args = parser.parse_args(argv)
     args.run_timeout += args.outage
     return args
@@ -371,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
     args, console = parse_args(argv), Console()
+    if args.list:
+        print(doc_table())
+        return 0
     if not console.is_terminal:
         console = Console(width=170)  # a log file gets the whole table
     if shutil.which("redis-server") is None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from fault_catalog import LEASE_TIMEOUT_S, WORKER_TIMEOUT_S
+from faults.base import LEASE_TIMEOUT_S, WORKER_TIMEOUT_S
 
 from echo2_site.demo import DAPHNE_WEBSOCKET_LIMITS, Stack, free_port, wait_for
 

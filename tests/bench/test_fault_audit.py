@@ -113,7 +113,11 @@ def test_after_a_learner_kill_the_next_step_is_the_restarted_learners() -> None:
 
 
 def test_what_detects_a_fault_bounds_its_recovery() -> None:
-    from fault_catalog import LEASE_TIMEOUT_S, RECONNECT_CAP_S, REDIS_BACKOFF_S, detection_s
+    from faults import FAULTS
+    from faults.base import LEASE_TIMEOUT_S, RECONNECT_CAP_S, REDIS_BACKOFF_S
+
+    def detection_s(name: str, *, down: float, restart: float | None) -> float:
+        return FAULTS[name].detection_s(down=down, restart=restart)
 
     assert detection_s("worker-kill", down=0.0, restart=None) == LEASE_TIMEOUT_S
     assert detection_s("redis-restart", down=2.0, restart=None) == 2.0 + REDIS_BACKOFF_S
