@@ -1,4 +1,5 @@
-"""Snapshot publication: serve the versions the store wrote (:mod:`learner.snapshots`) over HTTP and the relay.
+"""The doors of snapshot publication: serve the versions the store wrote (:mod:`learner.snapshots`) over HTTP and
+the relay. What is published, and when, is the :class:`~learner.publication.Publisher`'s to decide.
 
 Each version lives in its own directory (manifest.json + chunks/<i>, and a delta's full payload under full/,
 :mod:`dataplane.broadcast.store`) and is never modified, so a slow agent can keep downloading an old version

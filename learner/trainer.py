@@ -2,9 +2,9 @@
 
 Reads top to bottom in :func:`run_job` and :func:`_train_job`. The core cycle (consume -> step ->
 checkpoint -> acknowledge) lives in :class:`learner.loop.LearnerLoop`; pause, idle and failure are the
-state machine of :mod:`learner.lifecycle`; this module adds the site (job, snapshots, metrics, status)
-and the data-parallel ranks. Under ``torchrun`` every rank runs :func:`run_job`; rank 0 alone talks to
-the site and Redis, the others follow its commands.
+state machine of :mod:`learner.lifecycle`; what is published and when, the :class:`~learner.publication.Publisher`;
+this module adds the site (job, metrics, status) and the data-parallel ranks. Under ``torchrun`` every rank
+runs :func:`run_job`; rank 0 alone talks to the site and Redis, the others follow its commands.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import torch
 
 from dataplane import replay
 from dataplane.jobs import JobSpec, JobStatus, LossConfig, model_dir_problem
-from dataplane.snapshot import Manifest
 from dataplane.tasks import build_task
 from dataplane.timing import step_split
 
@@ -35,14 +34,14 @@ from .consumer import StalenessGatedConsumer
 from .explog import ExperimentLog, experiment_log
 from .lifecycle import Lifecycle, State
 from .loop import LearnerLoop, ResumeError, StepOutcome, check_resume
-from .outbox import Outbox, Publication
+from .outbox import Outbox
 from .policy import build_policy, load_model
 from .prompts import PromptFeeder
-from .publication import _each_tensor_once, republish_on_resume
-from .publisher import LearnerRelay, SnapshotServer, SnapshotStore, manifest_json
+from .publication import Publisher, PublishError
 from .quarantine import model_vocab_size
 from .report import log_step, step_metrics
 from .settings import LearnerSettings
+from .snapshots import SnapshotStore
 from .step import PolicyTrainer
 
 log = logging.getLogger("echo2.learner")
@@ -137,26 +136,22 @@ def _streams(client: replay.Client, job_id: int, spec: JobSpec, retry_for_s: flo
 
 @dataclasses.dataclass
 class _JobRun:
-    """Rank 0's job: the site, the core loop and the snapshot endpoints; one method per stage."""
+    """Rank 0's job: the site, the core loop and its publications (learner/publication.py); one method per stage."""
 
     site: SiteClient
     settings: LearnerSettings
     spec: JobSpec
     loop: LearnerLoop
-    store: SnapshotStore
-    server: SnapshotServer
-    relay: LearnerRelay | None
+    publisher: Publisher
     ctx: distributed.DistContext
     explog: ExperimentLog
-    outbox: Outbox = dataclasses.field(init=False)
     report_started: float = dataclasses.field(default_factory=time.perf_counter)  # the step wall clock (timing.py)
     last_report_s: float = 0.0
-    last_publish_s: float = 0.0
-    publish_failure: tuple[int, str] | None = None  # (version, reason) of a publication the committer could not make
 
-    def __post_init__(self) -> None:
-        self.outbox = Outbox(self.site, self.job_id, on_published=self._published)
-        self.store.pinned = self.outbox.pending_versions  # a delta queued behind its base: both stay on disk
+    @property
+    def outbox(self) -> Outbox:
+        """The queue to the site (the publisher's): step reports and T_train go through it too, in order."""
+        return self.publisher.outbox
 
     @property
     def job_id(self) -> int:
@@ -183,51 +178,38 @@ class _JobRun:
             checkpoints.save_config(resolved)
             explog = _experiment_log(settings, raw, resolved)
             stack.callback(explog.close)
-            store = SnapshotStore(settings.snapshot_dir / f"job{job_id}", job_id=job_id, keep=spec.staleness + 2,
-                                  retain_s=settings.snapshot_retain_s, dtype=spec.snapshot_dtype,
-                                  full_every=spec.snapshot_full_every)
-            consumer.audit = _auditor(spec, settings, trainer, store)
-            server = SnapshotServer(store, host=settings.snapshot_host, port=settings.snapshot_port,
-                                    advertise_host=settings.advertise_host).start()
-            stack.callback(server.stop)
-            relay = None
-            if settings.relay and spec.broadcast_strategy == "chain":
-                relay = LearnerRelay(store, uplink_bps=spec.learner_uplink_bps, host=settings.snapshot_host,
-                                     port=settings.relay_port, advertise_host=settings.advertise_host)
-                stack.callback(relay.stop)
+            publisher = stack.enter_context(Publisher.opened(site, settings, spec, loop))
+            consumer.audit = _auditor(spec, settings, trainer, publisher.store)
             heartbeat = Heartbeat(settings.server, settings.token, job_id, interval_s=settings.heartbeat_s,
                                   timeout=settings.site_timeout_s).start()
             stack.callback(heartbeat.stop)
-            run = cls(site, settings, spec, loop, store, server, relay, ctx, explog)
+            run = cls(site, settings, spec, loop, publisher, ctx, explog)
             run.announce(resumed=ckpt is not None)
-            run.publish_base(raw.get("base_digest") or "")
+            publisher.publish_base(raw.get("base_digest") or "")
             if ckpt is not None:
-                run.publish_resumed(raw.get("published_version", 0))
-                run.outbox.resend(ckpt.state, raw.get("learner_step", 0))
-            run.outbox.start()  # from now on reports and publications leave from a thread of their own
-            stack.callback(run.outbox.stop)
+                publisher.publish_resumed(raw.get("published_version", 0))
+                publisher.outbox.resend(ckpt.state, raw.get("learner_step", 0))
+            publisher.outbox.start()  # from now on reports and publications leave from a thread of their own
             log.info("job %s: %s, set up; training", job_id, f"resumed at v{loop.version}" if ckpt else "fresh start")
             yield run
 
     def announce(self, *, resumed: bool) -> None:
         """Tell the site the learner is up (and where its relay is), queue prompts, log the run's shape."""
-        spec, loop, relay = self.spec, self.loop, self.relay
-        reply = self.site.announce(self.job_id, t_train=loop.t_train_avg, relay_address=relay.address if relay else "",
+        spec, loop, publisher = self.spec, self.loop, self.publisher
+        reply = self.site.announce(self.job_id, t_train=loop.t_train_avg, relay_address=publisher.relay_address,
                                    vocab_size=loop.consumer.quarantine.limits.vocab_size)
         # The reply alone carries the job's transfer secret: from now on both doors admit credential holders.
         secret = (reply or {}).get("transfer_secret")
         if not secret:
             log.warning("job %s: the site sent no transfer secret; every worker will be refused", self.job_id)
-        for door in (self.server, relay):
-            if door is not None:
-                door.set_secret(secret)
+        publisher.set_secret(secret)
         if loop.feeder is not None:
             loop.feeder.top_up()
         log.info("job %s: %s on %s, S=%d kappa=%d R=%d n=%d, loss %s, %d rank(s)%s; snapshots at %s; from %s",
                  self.job_id, spec.task["name"], spec.model_dir, spec.staleness, spec.kappa, spec.batch_trajectories,
                  spec.group_size, _loss_line(spec.loss) + f" max_grad_norm={loop.trainer.max_grad_norm}",
                  self.ctx.world, " sharded (FSDP)" if loop.trainer.sharded else "",
-                 self.server.url_for(0) + (f" and relay {relay.address}" if relay else ""),
+                 publisher.doors,
                  f"its checkpoint v{loop.version}" if resumed else "the base model")
 
     def wait_and_train(self, life: Lifecycle) -> StepOutcome | None:
@@ -252,86 +234,15 @@ class _JobRun:
         return dataclasses.replace(outcome, wait_s=outcome.wait_s + life.trained())
 
     def publish_due(self, life: Lifecycle, version: int) -> None:
-        self.last_publish_s = 0.0
-        if self.publish_failure is not None:  # met by the committer's thread, after an earlier step
-            failed, reason = self.publish_failure
-            self.publish_failure = None
-            life.publish_failed(failed, reason)
-        if life.final or version % self.spec.kappa:
-            return
-        started = time.perf_counter()
         try:
-            self.publish(version)
-        except SiteError as err:
-            life.publish_failed(version, str(err))
-        self.last_publish_s = time.perf_counter() - started
-
-    def publish_base(self, published_digest: str) -> None:
-        """Publish the job's base checkpoint directory as version 0, before any training, so workers need no
-        copy of their own (dataplane/basemodel.py). Once per job: a restarted learner whose job has its base
-        published only lays it out again when its store lost it, and checks it is still the same files."""
-        manifest = self.store.base_manifest() if published_digest else None
-        if manifest is None or manifest.sha256 != published_digest:
-            manifest = self.store.write_base(self.spec.model_dir)
-        if published_digest and manifest.sha256 != published_digest:
-            raise SiteError(f"model_dir: the files in {self.spec.model_dir} changed since the job's base snapshot "
-                            f"was published (sha256 {manifest.sha256[:12]}..., published {published_digest[:12]}...)")
-        if published_digest:
-            log.info("base snapshot v0 already published (sha256 %s...)", published_digest[:12])
-        self._announce_version(manifest)  # again after a restart: the site learns the new address it is served at
-
-    def publish_resumed(self, published: int) -> None:
-        """After a restart: publish the checkpoint's version if the site lacks the last publication due by then (we
-        died before announcing it), else announce the site's newest again from the store: the site keeps the address
-        each version was announced at, and an agent still fetching it would wait on the dead process's ports."""
-        version = self.loop.version
-        if republish_on_resume(version, kappa=self.spec.kappa, published_version=published):
-            self.publish(version)
-        elif published > 0 and (manifest := self.store.manifest(published)) is not None:
-            self._announce_version(manifest)
-        elif published > 0:
-            log.warning("job %s: snapshot v%d is no longer in %s; agents that lack it wait for v%d", self.job_id,
-                        published, self.store.root, version + self.spec.kappa - version % self.spec.kappa)
-
-    def publish(self, version: int, *, background: bool = True) -> None:
-        """Write snapshot ``version``, offer it on the relay, announce it (now, or once the site answers again);
-        the site pushes it to the workers. With ``background``, the version just checkpointed in the background is
-        written by the committer's thread from the checkpoint's copy of the weights, after the checkpoint (never
-        ahead of it); anything else (a restart's republication, a sharded policy, the final model) here, from the
-        policy itself."""
-        last = self.loop.last_state
-        if not background or self.loop.committer is None or last is None or last[0] != version or not last[1]:
-            self._announce_version(self.store.write(self.loop.trainer.full_state(), version))
-            return
-
-        def write() -> None:
-            try:
-                self._announce_version(self.store.write(_each_tensor_once(last[1]), version))
-            except SiteError as err:  # a refusal the outbox met earlier: the training thread fails the job with it
-                self.publish_failure = (version, str(err))
-
-        self.loop.committer.submit(write)
-
-    def _announce_version(self, manifest: Manifest) -> None:
-        version = manifest.version
-        if self.relay is not None:  # before the site tells the seeds to connect
-            self.relay.serve(version)
-        self.outbox.publish(Publication(version, self.server.url_for(version), manifest_json(manifest)))
-
-    def _published(self, pub: Publication, reply: dict) -> None:
-        n_chains = reply.get("n_chains") or 0
-        if self.relay is not None and n_chains:
-            self.relay.set_fan_out(pub.version, n_chains)
-        kind = pub.manifest.get("kind", "full")
-        log.info("published v%d (%s, %s%s, %d bytes)%s", pub.version, pub.manifest.get("format", "safetensors"),
-                 kind, f" against v{pub.manifest.get('base_version')}" if kind == "delta" else "",
-                 pub.manifest.get("total_bytes", 0),
-                 f" to {n_chains} chain(s)" if n_chains else " over HTTP")
+            self.publisher.publish_due(version)
+        except PublishError as err:  # this version's, or an earlier one's met by the committer's thread
+            life.publish_failed(err.version, str(err))
 
     def report(self, life: Lifecycle, outcome: StepOutcome) -> None:
         now = time.perf_counter()
         outcome.timing = step_split(now - self.report_started, wait=outcome.wait_s, train=outcome.t_train,
-                                    checkpoint=outcome.t_checkpoint, publish=self.last_publish_s,
+                                    checkpoint=outcome.t_checkpoint, publish=self.publisher.seconds,
                                     report=self.last_report_s)
         self.report_started = now
         try:
@@ -364,8 +275,8 @@ class _JobRun:
         if life.commit and self.loop.uncommitted:
             self.loop.commit()
         self.loop.settle(acknowledge=life.commit)  # what the committer was handed is on disk before the job ends
-        if life.state is State.COMPLETED and self.loop.version % self.spec.kappa:
-            self._publish_final()
+        if life.state is State.COMPLETED:
+            self.publisher.publish_final()
         try:
             drained = self.outbox.drain(within_s=self.settings.site_outage_s)
         except SiteError as err:  # a report refused at the very end: the job's outcome stands
@@ -381,15 +292,6 @@ class _JobRun:
         else:
             self.site.finish(self.job_id, status=JobStatus.COMPLETED, reason=life.reason)
         return life.status
-
-    def _publish_final(self) -> None:
-        """The final model between two publications (max_steps or the target not a multiple of kappa) is
-        published too: the job's newest snapshot is its final model, which the owner exports (docs/cli.md)."""
-        try:
-            self.publish(self.loop.version, background=False)
-            log.info("job %s: published the final model as v%d", self.job_id, self.loop.version)
-        except (SiteError, OSError) as err:  # the job's outcome stands; the checkpoint holds the model
-            log.error("job %s: could not publish the final model v%d: %s", self.job_id, self.loop.version, err)
 
     def site_status(self) -> str | None:
         """The job's status on the site, or None when the site does not answer (the caller carries on)."""
