@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from marketplace.provisioning import Candidate, InfeasibleError, exact_min_cost, greedy_by_unit_cost, mu_target
 
-from .broadcast import install_times, plan_for, t_bcast
+from .broadcast import install_times, plan_for, t_bcast, uplink
 from .model import SimConfig, WorkerSpec
 
 ACTIVATIONS = ("greedy", "exact", "random", "fastest", "fixed")
@@ -57,7 +57,7 @@ def broadcast_estimate(config: SimConfig, ids: Sequence[int]) -> float:
     net = config.net
     plan = plan_for(net.strategy, bandwidth, b0_bps=net.b0_bps)
     times = install_times(plan, bandwidth, size=config.learner.snapshot_bytes, chunk=net.chunk_bytes,
-                          b0_bps=None if net.strategy == "star-unlimited" else net.b0_bps)
+                          b0_bps=uplink(net.strategy, net.b0_bps))
     return t_bcast(times, q=net.q or 1 / config.control.gamma)
 
 

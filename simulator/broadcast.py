@@ -1,5 +1,5 @@
 """When each worker holds a whole snapshot: the dissemination model of section 4.2 and appendix C.3, over the
-project's own chain plans (dataplane.broadcast.chains).
+plans of the project's own chain strategies (``dataplane.broadcast.strategies``, the objects the site plans with).
 
 Chains (store-and-forward in chunks of ``c`` bytes): the hop into position ``j`` of a chain runs at
 ``r_j`` (the seed's hop at ``min(Bw_seed, B0 / chains)``, the learner's uplink shared fairly between the
@@ -16,29 +16,28 @@ still running (a worker never above its own ``Bw``); with equal caps every worke
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Mapping, Sequence
 
-from dataplane.broadcast.chains import ChainPlan, WorkerStats, assemble_chains, n_chains, star_plan
-
-STRATEGIES = ("chain", "star-limited", "star-unlimited")
+from dataplane.broadcast import strategies
+from dataplane.broadcast.chains import ChainPlan, WorkerStats
 
 
 def plan_for(strategy: str, bandwidth: Mapping[int, float], *, b0_bps: float, now: float = 0.0,
              stats: Mapping[int, WorkerStats] | None = None) -> ChainPlan:
-    """The forwarding plan a publication uses: ``assemble_chains`` over the workers' statistics with
-    ``N_ch = n_chains(B0, median Bw_hat)`` (as marketplace's publication planning does), or a star.
-    ``stats`` are the workers' relay statistics; without them every worker is ranked by its ``Bw``."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown broadcast strategy {strategy!r}; one of {', '.join(STRATEGIES)}")
-    ids = sorted(bandwidth)
-    if strategy != "chain" or not ids:
-        return star_plan(ids)
+    """The forwarding plan a publication uses: the plan of the registered strategy called ``strategy``, as the
+    site's publication planning makes it (every simulated worker can relay). ``stats`` are the workers' relay
+    statistics, their ``bandwidth_bps`` what their installs measured; a worker without any is ranked by its
+    registered ``Bw`` with a full success count."""
+    plan = strategies.get(strategy).plan
     stats = stats or {}
-    ranked = [stats.get(w) or WorkerStats(w, bandwidth[w], successes=10, last_seen=now) for w in ids]
-    measured = [s.bandwidth_bps for s in ranked if s.bandwidth_bps]
-    bw_hat = statistics.median(measured) if measured else statistics.median(bandwidth.values())
-    return assemble_chains(ranked, n_ch=n_chains(b0_bps, bw_hat), now=now)
+    ids = sorted(bandwidth)
+    workers = [stats.get(w) or WorkerStats(w, bandwidth[w], successes=10, last_seen=now) for w in ids]
+    return plan(workers, can_relay=set(ids), b0_bps=b0_bps, now=now)
+
+
+def uplink(strategy: str, b0_bps: float) -> float | None:
+    """The learner's uplink cap under ``strategy``: ``b0_bps``, or None where the strategy has none."""
+    return b0_bps if strategies.get(strategy).capped else None
 
 
 def flow_line_finish(rates: Sequence[float], *, size: float, chunk: float) -> list[float]:
@@ -124,13 +123,6 @@ def t_bcast(times: Mapping[int, float] | Sequence[float], *, q: float) -> float:
 
 
 def closed_form(strategy: str, n: int, *, size: float, bw: float, b0: float, chunk: float) -> float:
-    """The paper's formulas for ``n`` equal workers (section 5.5.1): what tests and benches compare to.
-    Chain: ``M/Bw + (L-1) c/Bw`` with ``L = ceil(n / N_ch)`` and the seeds' share ``B0/N_ch >= Bw``."""
-    if strategy == "star-unlimited":
-        return size / bw
-    if strategy == "star-limited":
-        return max(size / bw, n * size / b0)
-    chains = min(n, n_chains(b0, bw))
-    longest = math.ceil(n / chains)
-    seed = min(bw, b0 / chains)
-    return size / seed + (longest - 1) * min(chunk, size) / bw
+    """The paper's formulas for ``n`` equal workers (section 5.5.1), each strategy's own
+    (``Strategy.closed_form``): what tests and benches compare to."""
+    return strategies.get(strategy).closed_form(n, size=size, bw=bw, b0=b0, chunk=chunk)

@@ -31,7 +31,7 @@ from marketplace.controller import HeartbeatWindow, HysteresisController
 from marketplace.provisioning import Candidate, pool_capacity
 
 from .activation import provision
-from .broadcast import install_times, plan_for
+from .broadcast import install_times, plan_for, uplink
 from .model import Fault, SimConfig, SimResult, StepRecord
 
 
@@ -220,7 +220,7 @@ class FleetSim:
     def _times(self, plan: ChainPlan, bandwidth: dict[int, float]) -> dict[int, float]:
         net = self.cfg.net
         return install_times(plan, bandwidth, size=self.cfg.learner.snapshot_bytes, chunk=net.chunk_bytes,
-                             b0_bps=None if net.strategy == "star-unlimited" else net.b0_bps,
+                             b0_bps=uplink(net.strategy, net.b0_bps),
                              upload=self._upload(bandwidth))
 
     def _publish(self, version: int) -> None:

@@ -32,8 +32,9 @@ FORBIDDEN: dict[str, set[str]] = {
     "simulator": {"learner", "worker_agent", "redis", "torch", "transformers", *(SITE_ONLY - {"marketplace"})},
 }
 # The only modules of the site and the planes the simulator may import: plain functions over plain data, no Django,
-# no I/O (the chain plans are shared with the site through dataplane, which the job spec reads too).
-SIMULATOR_MAY_IMPORT = ("marketplace.provisioning", "marketplace.controller", "dataplane.broadcast.chains")
+# no I/O (the chain strategies are shared with the site through dataplane, whose job spec reads their names).
+SIMULATOR_MAY_IMPORT = ("marketplace.provisioning", "marketplace.controller", "dataplane.broadcast.chains",
+                        "dataplane.broadcast.strategies")
 SIMULATOR_PACKAGES = ("marketplace", "dataplane", "dataplane.broadcast")  # whose ``__init__`` imports nothing
 # Agents never talk to Redis, and redis-py is a dependency of the replay buffer alone among the planes.
 REDIS_ALLOWED = {"dataplane.replay"}

@@ -9,15 +9,19 @@
 - :mod:`.chains`: who forwards to whom: the chain score, assembly and repair (pure; the site and the simulator).
 
 This ``__init__`` holds only :data:`BroadcastStrategy` (the job spec, the site's messages and its model use
-it) and imports nothing but ``typing``, so importing them does not pull in the relay.
+it), whose names are those of the registry :mod:`.strategies` (pure: the chain core, no I/O), so importing them
+does not pull in the relay.
 """
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Literal
 
-BroadcastStrategy = Literal["chain", "star-limited", "star-unlimited"]
-"""How a job's snapshots reach its workers (section 4.2; the ablation of section 5.5.1): ``chain``, the learner
-feeds ``N_ch`` seeds that forward down chains; ``star-limited``, every worker pulls from the learner under one
-shared ``B0``; ``star-unlimited``, every worker pulls from the learner with no cap."""
-BROADCAST_STRATEGIES: tuple[BroadcastStrategy, ...] = get_args(BroadcastStrategy)
+from .strategies import names
+
+BroadcastStrategy = Literal[names()]  # type: ignore[valid-type]
+"""How a job's snapshots reach its workers: a name registered in :mod:`.strategies` (section 4.2; the ablation of
+section 5.5.1): ``chain``, the learner feeds ``N_ch`` seeds that forward down chains; ``star-limited``, every
+worker pulls from the learner under one shared ``B0``; ``star-unlimited``, every worker pulls from the learner
+with no cap."""
+BROADCAST_STRATEGIES: tuple[str, ...] = names()

@@ -53,7 +53,8 @@ class ScoreParams:
 class WorkerStats:
     worker_id: int
     bandwidth_bps: float | None
-    """Measured relay bandwidth (bytes/s); None until a transfer measured it."""
+    """``Bw_hat`` (bytes/s): measured relay bandwidth, or the registered ``Bw`` where the caller falls back to it
+    until a transfer measured one (the site and the simulator do); None: unknown (Speed 0)."""
     successes: int = 0
     failures: int = 0
     last_seen: float = 0.0
@@ -159,8 +160,9 @@ def place_tails(plan: ChainPlan, tails: Sequence[int], *, relays: Collection[int
 
 
 def star_plan(worker_ids: Sequence[int]) -> ChainPlan:
-    """Every worker pulls from the learner (strategies ``star-unlimited`` and ``star-limited``)."""
-    return ChainPlan(chains=tuple((w,) for w in worker_ids))
+    """Every worker pulls from the learner, over its HTTP server: no chains, everyone rollout-only (the star
+    strategies, and a relayed one whose learner announced no relay)."""
+    return ChainPlan(chains=(), rollout_only=tuple(worker_ids))
 
 
 def parents(plan: ChainPlan) -> dict[int, int | None]:

@@ -1,7 +1,8 @@
 """Snapshot broadcast (paper section 4.2, appendix C.3 and D; docs/broadcast.md): publication, the chain plan
 and each worker's place in it, relay failures and repair, installs and the relay statistics they feed.
 
-The planning itself (score, assembly, tails, repair, bandwidth average) is the pure core ``chains``; this
+The planning itself is the job's chain strategy (``dataplane.broadcast.strategies``, the same objects the
+simulator plans with) over the pure core ``chains`` (score, assembly, tails, repair, bandwidth average); this
 module loads its inputs, saves the plan (``telemetry``) and tells each agent where to pull from, with the
 transfer credential that lets it (docs/trust.md): every snapshot message carries a fresh one for its worker
 and, for a relay parent, the sha256 of its child's.
@@ -12,7 +13,6 @@ from __future__ import annotations
 import logging
 import math
 import re
-import statistics
 import time
 from collections.abc import Sequence
 from datetime import datetime
@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from dataplane import basemodel, credentials
 from dataplane import messages as m
-from dataplane.broadcast import chains
+from dataplane.broadcast import chains, strategies
 from dataplane.snapshot import SnapshotError, parse_manifest
 
 from .. import liveness, selectors, telemetry
@@ -37,8 +37,8 @@ log = logging.getLogger(__name__)
 
 
 def relaying(job: Job) -> bool:
-    """Snapshots travel down relay chains: strategy ``chain`` and a learner relay to seed them."""
-    return job.broadcast_strategy == "chain" and bool(job.learner_relay)
+    """Snapshots travel down relay chains: a relayed strategy (``chain``) and a learner relay to seed them."""
+    return strategies.get(job.broadcast_strategy).relayed and bool(job.learner_relay)
 
 
 def assign_message(job: Job, *, worker_id: int) -> m.Assign:
@@ -190,22 +190,15 @@ def snapshot_request(*, worker: Worker, job_id: int, which: str) -> list[m._Msg]
 
 
 def broadcast_plan(*, job: Job, workers: Sequence[Worker | PlannedWorker], now: float) -> chains.ChainPlan:
-    """The chain plan for ``workers`` (docs/broadcast.md "Chain assignment").
-
-    Strategy ``chain`` with a learner relay: workers with a ``relay_address`` are scored and assembled into
-    ``n_ch = n_chains(B0, median Bw)`` chains (``chains.assemble_chains``); a worker without one cannot serve
-    a child, so it may only be a chain's tail (``chains.place_tails``, fastest first); those left over, and
-    workers the score drops, are rollout-only and fetch over HTTP. Star strategies, or no learner relay:
-    everyone is rollout-only (HTTP).
-    """
-    if not relaying(job) or not workers:
-        return chains.ChainPlan(chains=(), rollout_only=tuple(w.pk for w in workers))
-    n_ch = chains.n_chains(job.learner_uplink_bps, statistics.median(w.relay_bandwidth_bps for w in workers))
-    relays = [w for w in workers if w.relay_address]
-    stats = selectors.chain_stats(relays, now=now)
-    plan = chains.assemble_chains(stats, n_ch=n_ch, now=now) if stats else chains.ChainPlan(chains=())
-    tails = sorted((w for w in workers if not w.relay_address), key=lambda w: (-w.relay_bandwidth_bps, w.pk))
-    return chains.place_tails(plan, [w.pk for w in tails], relays={w.pk for w in relays}, n_ch=n_ch)
+    """The plan of the job's strategy (``strategies.get(job.broadcast_strategy).plan``; docs/broadcast.md "Chain
+    assignment") over the workers' relay statistics (``selectors.chain_stats``: each one's ``Bw_hat``, measured,
+    else registered); a worker can serve a child when it registered a ``relay_address``. A relayed strategy
+    whose learner announced no relay: everyone is rollout-only (HTTP)."""
+    strategy = strategies.get(job.broadcast_strategy)
+    if strategy.relayed and not job.learner_relay:
+        return chains.star_plan([w.pk for w in workers])
+    return strategy.plan(selectors.chain_stats(workers, now=now), can_relay={w.pk for w in workers if w.relay_address},
+                         b0_bps=job.learner_uplink_bps, now=now)
 
 
 @transaction.atomic

@@ -36,7 +36,7 @@ from django.db import transaction
 
 from dataplane import credentials
 from dataplane import messages as m
-from dataplane.broadcast import chains
+from dataplane.broadcast import chains, strategies
 
 from .. import stream, telemetry
 from ..models import Snapshot
@@ -76,8 +76,8 @@ class Announced:
 
     @property
     def relaying(self) -> bool:
-        """Snapshots travel down relay chains: strategy ``chain`` and a learner relay to seed them."""
-        return self.strategy == "chain" and bool(self.learner_relay)
+        """Snapshots travel down relay chains: a relayed strategy (``chain``) and a learner relay to seed them."""
+        return strategies.get(self.strategy).relayed and bool(self.learner_relay)
 
     def credential(self, worker_id: int) -> str:
         """The token letting ``worker_id`` fetch this version until ``expires`` (dataplane.credentials)."""
