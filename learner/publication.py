@@ -31,6 +31,7 @@ from collections.abc import Iterator
 
 import torch
 
+from dataplane.broadcast import strategies
 from dataplane.jobs import JobSpec
 from dataplane.snapshot import Manifest
 
@@ -93,7 +94,7 @@ class Publisher:
                                     advertise_host=settings.advertise_host).start()
             stack.callback(server.stop)
             relay = None
-            if settings.relay and spec.broadcast_strategy == "chain":
+            if settings.relay and strategies.get(spec.broadcast_strategy).relayed:
                 relay = LearnerRelay(store, uplink_bps=spec.learner_uplink_bps, host=settings.snapshot_host,
                                      port=settings.relay_port, advertise_host=settings.advertise_host)
                 stack.callback(relay.stop)
