@@ -3,91 +3,71 @@
 from __future__ import annotations
 
 import json
-import typing
 
 from django import forms
 
+from dataplane.jobfields import Setting, settings_of
 from dataplane.jobfiles import JobFileError, file_kind, read_job_text
 from dataplane.jobs import JobSpec, JobSpecError, LossConfig, parse_job_spec
-from dataplane.losses import LOSS_TYPES
 from dataplane.tasks import available_tasks
 
 _FIELDS = JobSpec.model_fields
 _LOSS = LossConfig.model_fields
 MAX_JOB_FILE_BYTES = 64 * 1024
 LOSS_PREFIX = "loss_"  # the form field of LossConfig's ``kl_beta`` is ``loss_kl_beta`` (JobSpecError: "loss.kl_beta")
+# JobSpec settings drawn by hand: ``task`` as a task name and its options, ``learner_uplink_bps`` in Mbit/s,
+# ``loss`` as one ``loss_*`` field per LossConfig setting. Every other JobSpec field is drawn from JobSpec alone.
+_DRAWN_BY_HAND = ("task", "learner_uplink_bps", "loss")
+# How the page names a setting (its symbol in the paper); a setting not listed is named after its field.
+LABELS = {
+    "model_dir": "Model directory", "staleness": "S (staleness budget)", "kappa": "κ (snapshot period)",
+    "batch_trajectories": "R (trajectories per step)", "group_size": "n (group size)", "gamma": "γ (safety factor)",
+    "broadcast_strategy": "Snapshot broadcast", "snapshot_dtype": "Snapshot dtype",
+    "snapshot_full_every": "K (a full snapshot every K versions)", "clip_eps": "clip ε",
+    "loss_type": "Loss", "loss_advantage": "Advantage", "loss_advantage_eps": "Advantage ε",
+    "loss_clip_eps_low": "clip ε low", "loss_clip_eps_high": "clip ε high", "loss_kl_beta": "KL β",
+    "loss_aggregation": "Aggregation", "loss_norm_length": "Length normalizer",
+    "loss_off_policy": "Off-policy correction", "loss_is_cap": "IS cap C", "loss_max_grad_norm": "Max gradient norm",
+    "loss_dual_clip": "Dual-clip bound c",
+}
+_FORM_FIELDS: dict[str, type[forms.Field]] = {
+    "int": forms.IntegerField, "float": forms.FloatField, "str": forms.CharField, "bool": forms.BooleanField,
+    "choice": forms.ChoiceField,
+}
 
 
-def _help(name: str) -> str:
-    return _FIELDS[name].description or ""
+def _form_field(setting: Setting, name: str) -> forms.Field:
+    """A JobSpec (or LossConfig) setting as a form field: its default shown, its help under it. Only a setting
+    without a default is required; a blank one is the default. Bounds are JobSpec's to check (its message)."""
+    kwargs: dict = {"required": setting.required, "help_text": setting.help}
+    if name in LABELS:
+        kwargs["label"] = LABELS[name]
+    if setting.has_default and setting.default is not None:
+        kwargs["initial"] = setting.default
+    if setting.kind == "choice":  # read when a form is built: a registry's names (loss.type) may grow
+        blank = [] if setting.required or setting.default is not None else [("", "default")]
+        kwargs["choices"] = lambda: [*blank, *((value, value) for value in setting.choices)]
+    elif setting.kind == "str":
+        kwargs["max_length"] = setting.max_length
+    return _FORM_FIELDS[setting.kind](**kwargs)
 
 
-def _literal_choices(annotation: object) -> list[tuple[str, str]]:
-    """The values of a ``Literal[...]`` (or ``Literal[...] | None``) pydantic field, as form choices."""
-    if typing.get_origin(annotation) is typing.Literal:
-        return [(value, value) for value in typing.get_args(annotation)]
-    return [choice for arg in typing.get_args(annotation) for choice in _literal_choices(arg)]
-
-
-def _loss_type_choices() -> list[tuple[str, str]]:
-    """The declared policy-loss variants (dataplane/losses.py), read when a form is built."""
-    return [(name, name) for name in LOSS_TYPES]
-
-
-def _loss_field(name: str, field_class: type[forms.Field], label: str, **kwargs) -> forms.Field:
-    """A LossConfig setting: optional (blank keeps LossConfig's default), shown with its default and its doc."""
-    spec = _LOSS[name]
-    if field_class is forms.ChoiceField and "choices" not in kwargs:
-        choices = _literal_choices(spec.annotation)
-        kwargs["choices"] = choices if spec.default is not None else [("", "default"), *choices]
-    return field_class(label=label, required=False, initial=spec.default, help_text=spec.description or "", **kwargs)
+def _spec_form_fields() -> dict[str, forms.Field]:
+    """Every JobSpec setting not drawn by hand, then every LossConfig one as ``loss_<name>``."""
+    fields = {s.name: _form_field(s, s.name) for s in settings_of(JobSpec) if s.name not in _DRAWN_BY_HAND}
+    return fields | {LOSS_PREFIX + s.name: _form_field(s, LOSS_PREFIX + s.name) for s in settings_of(LossConfig)}
 
 
 class JobLaunchForm(forms.Form):
-    name = forms.CharField(max_length=100, help_text=_help("name"))
-    model_dir = forms.CharField(max_length=500, label="Model directory", help_text=_help("model_dir"))
+    """The launch form: JobSpec's settings (added below the class, from JobSpec), and those drawn by hand."""
+
     task_name = forms.ChoiceField(label="Task", choices=(), help_text="Task adapter.")
     task_options = forms.CharField(required=False, label="Task options (JSON)", initial="{}",
                                    widget=forms.Textarea(attrs={"rows": 2}),
                                    help_text='e.g. {"max_operand": 4}')
-    staleness = forms.IntegerField(label="S (staleness budget)", initial=3, help_text=_help("staleness"))
-    kappa = forms.IntegerField(label="κ (snapshot period)", required=False, help_text=_help("kappa"))
-    batch_trajectories = forms.IntegerField(label="R (trajectories per step)", initial=128,
-                                            help_text=_help("batch_trajectories"))
-    group_size = forms.IntegerField(label="n (group size)", initial=8, help_text=_help("group_size"))
-    gamma = forms.FloatField(label="γ (safety factor)", initial=1.1, help_text=_help("gamma"))
-    learner_uplink_mbps = forms.FloatField(label="B0 (learner uplink, Mbit/s)", initial=1000.0,
+    learner_uplink_mbps = forms.FloatField(label="B0 (learner uplink, Mbit/s)",
+                                           initial=_FIELDS["learner_uplink_bps"].default * 8 / 1e6,
                                            help_text="Learner uplink; stored in bytes/s.")
-    broadcast_strategy = forms.ChoiceField(label="Snapshot broadcast", required=False,
-                                           choices=_literal_choices(_FIELDS["broadcast_strategy"].annotation),
-                                           initial=_FIELDS["broadcast_strategy"].default,
-                                           help_text=_help("broadcast_strategy"))
-    snapshot_dtype = forms.ChoiceField(label="Snapshot dtype", required=False,
-                                       choices=_literal_choices(_FIELDS["snapshot_dtype"].annotation),
-                                       initial=_FIELDS["snapshot_dtype"].default, help_text=_help("snapshot_dtype"))
-    snapshot_full_every = forms.IntegerField(label="K (a full snapshot every K versions)", required=False,
-                                             initial=_FIELDS["snapshot_full_every"].default,
-                                             help_text=_help("snapshot_full_every"))
-    learning_rate = forms.FloatField(initial=1e-3, help_text=_help("learning_rate"))
-    clip_eps = forms.FloatField(label="clip ε", initial=0.2, help_text=_help("clip_eps"))
-    max_steps = forms.IntegerField(initial=300, help_text=_help("max_steps"))
-    target_reward = forms.FloatField(required=False, help_text=_help("target_reward"))
-    max_new_tokens = forms.IntegerField(initial=8, help_text=_help("max_new_tokens"))
-    temperature = forms.FloatField(initial=1.0, help_text=_help("temperature"))
-    top_p = forms.FloatField(initial=1.0, help_text=_help("top_p"))
-    seed = forms.IntegerField(initial=0, help_text=_help("seed"))
-    loss_type = _loss_field("type", forms.ChoiceField, "Loss", choices=_loss_type_choices)
-    loss_advantage = _loss_field("advantage", forms.ChoiceField, "Advantage")
-    loss_advantage_eps = _loss_field("advantage_eps", forms.FloatField, "Advantage ε")
-    loss_clip_eps_low = _loss_field("clip_eps_low", forms.FloatField, "clip ε low")
-    loss_clip_eps_high = _loss_field("clip_eps_high", forms.FloatField, "clip ε high")
-    loss_kl_beta = _loss_field("kl_beta", forms.FloatField, "KL β")
-    loss_aggregation = _loss_field("aggregation", forms.ChoiceField, "Aggregation")
-    loss_norm_length = _loss_field("norm_length", forms.IntegerField, "Length normalizer")
-    loss_off_policy = _loss_field("off_policy", forms.ChoiceField, "Off-policy correction")
-    loss_is_cap = _loss_field("is_cap", forms.FloatField, "IS cap C")
-    loss_max_grad_norm = _loss_field("max_grad_norm", forms.FloatField, "Max gradient norm")
-    loss_dual_clip = _loss_field("dual_clip", forms.FloatField, "Dual-clip bound c")
     t_train_s = forms.FloatField(label="Expected T_train (s)", required=False,
                                  help_text="Seconds per learner step, for the plan only; blank: what an earlier "
                                            "job of this model and task measured, else the calibration phase.")
@@ -96,6 +76,7 @@ class JobLaunchForm(forms.Form):
                                            "earlier job of this model and task measured, else 0.")
     start_now = forms.BooleanField(required=False, initial=True, label="Start right away")
 
+    # Where the page draws each field; a JobSpec setting placed in none goes under "More settings" (see below).
     fieldsets = (
         ("Job", ("name", "model_dir", "task_name", "task_options", "start_now")),
         ("Staleness and capacity", ("staleness", "kappa", "batch_trajectories", "group_size", "gamma",
@@ -146,6 +127,16 @@ class JobLaunchForm(forms.Form):
                     name, name.replace("loss.", LOSS_PREFIX))
                 self.add_error(field if field in self.fields else None, message)
         return data
+
+
+
+# The JobSpec settings' fields join the declared ones: a form's fields are its class's ``base_fields``.
+JobLaunchForm.base_fields = {**_spec_form_fields(), **JobLaunchForm.base_fields}
+JobLaunchForm.declared_fields = dict(JobLaunchForm.base_fields)
+_unplaced = tuple(name for name in JobLaunchForm.base_fields
+                  if all(name not in names for _, names in JobLaunchForm.fieldsets))
+if _unplaced:
+    JobLaunchForm.fieldsets = (*JobLaunchForm.fieldsets[:-1], ("More settings", _unplaced), JobLaunchForm.fieldsets[-1])
 
 
 def job_file_initial(upload) -> tuple[dict, list[str]]:

@@ -10,10 +10,9 @@ from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
-from dataplane.broadcast import BROADCAST_STRATEGIES
 from dataplane.credentials import new_secret
 from dataplane.jobs import TERMINAL as TERMINAL_STATUSES
-from dataplane.jobs import JobStatus
+from dataplane.jobs import JobSpec, JobStatus
 from dataplane.messages import WorkerState
 
 from . import billing
@@ -131,38 +130,25 @@ class WorkerCalibration(models.Model):
 
 
 class Job(models.Model):
-    """A GRPO post-training job and its hyper-parameters (paper section 3.2 notation)."""
+    """A GRPO post-training job: its settings and its life (paper section 3.2 notation).
+
+    The settings are ``dataplane.jobs.JobSpec``'s, stored whole in ``spec`` (validated, every default filled in);
+    the few the site filters by (``SPEC_COLUMNS``) are columns as well, copied from it when the job is created
+    (:meth:`from_spec`). Every other setting reads as an attribute (``job.kappa``, ``job.loss``) from ``spec``
+    (:func:`_spec_setting`): a new JobSpec field needs no column and no migration.
+    """
 
     # The statuses are dataplane's JobStatus (the learner reads them too); labels as before ("Draft", ...).
     Status = models.TextChoices("Status", [(status.name, status.value) for status in JobStatus])
     TERMINAL = frozenset(map(Status, TERMINAL_STATUSES))
+    SPEC_COLUMNS = ("name", "model_dir", "task")  # shown in lists, and how an earlier job of a model is found
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
     name = models.CharField(max_length=100)
     model_dir = models.CharField(max_length=500, help_text="Checkpoint directory in Hugging Face layout.")
     task = models.JSONField(help_text='Task adapter spec, e.g. {"name": "arithmetic"}.')
-    staleness = models.PositiveIntegerField(help_text="S: largest admissible version lag.")
-    kappa = models.PositiveIntegerField(help_text="Publish a snapshot every kappa steps (default S-1).")
-    batch_trajectories = models.PositiveIntegerField(help_text="R: trajectories per learner step.")
-    group_size = models.PositiveIntegerField(help_text="n: samples per prompt (GRPO group).")
-    gamma = models.FloatField(default=1.1, help_text="Safety factor on the needed throughput.")
-    learner_uplink_bps = models.BigIntegerField(help_text="B0: learner uplink, bytes/s.")
-    learning_rate = models.FloatField(default=1e-3)
-    clip_eps = models.FloatField(default=0.2)
-    max_steps = models.PositiveIntegerField(default=300)
-    max_new_tokens = models.PositiveIntegerField(default=8)
-    temperature = models.FloatField(default=1.0)
-    top_p = models.FloatField(default=1.0)
-    seed = models.IntegerField(default=0)
-    target_reward = models.FloatField(null=True, blank=True, help_text="Complete once the 10-step mean reaches it.")
-    loss = models.JSONField(default=dict, blank=True, help_text="GRPO loss settings (dataplane.jobs.LossConfig).")
-    broadcast_strategy = models.CharField(
-        max_length=16, default="chain", choices=[(s, s) for s in BROADCAST_STRATEGIES],
-        help_text="Snapshot broadcast: relay chains, or every worker pulls from the learner (docs/broadcast.md).")
-    snapshot_dtype = models.CharField(max_length=8, default="bf16", choices=[("bf16", "bf16"), ("fp32", "fp32")],
-                                      help_text="The dtype snapshots carry the weights in (docs/broadcast.md).")
-    snapshot_full_every = models.PositiveIntegerField(
-        default=10, help_text="K: every K-th published version is a full snapshot, the others lossless deltas.")
+    spec = models.JSONField(default=dict, help_text="The job's settings (dataplane.jobs.JobSpec) as validated when it "
+                            "was created, every default filled in: what its job file and its learner read.")
 
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.DRAFT)
     status_reason = models.CharField(max_length=500, blank=True)
@@ -201,6 +187,34 @@ class Job(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in self.TERMINAL
+
+    @classmethod
+    def from_spec(cls, spec: JobSpec, **fields) -> Job:
+        """An unsaved job with the settings ``spec``: all in ``spec``, the queried ones in their columns too."""
+        values = spec.model_dump(mode="json")
+        return cls(spec=values, **{name: values[name] for name in cls.SPEC_COLUMNS}, **fields)
+
+    def as_spec(self) -> JobSpec:
+        """The job's settings as a JobSpec, with the defaults of settings added since the job was created."""
+        return JobSpec.model_validate(self.spec | {name: getattr(self, name) for name in self.SPEC_COLUMNS})
+
+
+def _spec_setting(name: str) -> property:
+    """``job.<name>``: the setting as the job stored it; one added to JobSpec later reads as the job's resolved
+    JobSpec has it (its default, or what its validator derives from the others)."""
+
+    def read(job: Job):
+        if name in job.spec:
+            return job.spec[name]
+        return job.as_spec().model_dump(mode="json")[name]
+
+    read.__name__ = name
+    return property(read, doc=JobSpec.model_fields[name].description)
+
+
+for _name in JobSpec.model_fields:
+    if _name not in Job.SPEC_COLUMNS:
+        setattr(Job, _name, _spec_setting(_name))
 
 
 class Activation(models.Model):

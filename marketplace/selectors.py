@@ -13,7 +13,6 @@ from django.utils import timezone
 from knox.models import AuthToken
 
 from dataplane.broadcast import chains
-from dataplane.jobs import JobSpec
 from dataplane.timing import split_line
 
 from . import provisioning, refusals, telemetry
@@ -39,8 +38,9 @@ def user_has_api_token(user) -> bool:
 
 def job_spec(job: Job) -> dict:
     """The job's resolved settings (every default filled in, as the learner trains with them) as a JobSpec
-    mapping: what ``echo2 job submit`` takes back. Every JobSpec field has its own column, so nothing is lost."""
-    return JobSpec.model_validate({name: getattr(job, name) for name in JobSpec.model_fields}).model_dump(mode="json")
+    mapping: what ``echo2 job submit`` takes back. A setting added to JobSpec after the job was created has its
+    default."""
+    return job.as_spec().model_dump(mode="json")
 
 
 def jobs_visible_to(user) -> QuerySet[Job]:

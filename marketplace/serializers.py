@@ -13,6 +13,7 @@ from rest_framework.fields import empty
 from dataplane.jobs import JobSpec, JobSpecError, parse_job_spec
 from dataplane.messages import MAX_THROUGHPUT
 
+from . import spec_fields
 from .addresses import AddressError, PeerPolicy, check_host_port, check_url
 from .models import Activation, Job, JobMetric, Snapshot, Worker, WorkerCalibration
 
@@ -126,20 +127,24 @@ def _run_field(serializer: serializers.Serializer, name: str, field: serializers
 
 
 class JobSerializer(serializers.ModelSerializer):
+    """A job: its settings, one field per JobSpec field (type, default, bounds and help from JobSpec), then what
+    the site keeps about its life."""
+
     owner = serializers.CharField(source="owner.username", read_only=True)
 
     class Meta:
         model = Job
-        fields = ["id", "owner", "name", "model_dir", "task", "staleness", "kappa", "batch_trajectories",
-                  "group_size", "gamma", "learner_uplink_bps", "learning_rate", "clip_eps", "max_steps",
-                  "max_new_tokens", "temperature", "top_p", "seed", "target_reward", "loss", "broadcast_strategy",
-                  "snapshot_dtype", "snapshot_full_every", "status", "status_reason",
+        fields = ["id", "owner", *JobSpec.model_fields, "status", "status_reason",
                   "created_at", "started_at", "finished_at", "learner_step", "published_version",
                   "learner_relay", "base_digest", "vocab_size"]
         read_only_fields = ["status", "status_reason", "created_at", "started_at", "finished_at", "learner_step",
                             "published_version", "learner_relay", "base_digest", "vocab_size"]
-        extra_kwargs = {f: {"required": False} for f in JobSpec.model_fields
-                        if f not in {"name", "model_dir", "task"}}
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        """The job settings' fields are JobSpec's (``spec_fields``), in the place ``Meta.fields`` gives them."""
+        fields = super().get_fields()
+        fields.update(spec_fields.serializer_fields(JobSpec))
+        return fields
 
     def to_internal_value(self, data):
         """The body is a JobSpec (plus this serializer's own settings, such as a plan's estimates): unknown keys are

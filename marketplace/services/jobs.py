@@ -33,7 +33,9 @@ def check_model_dir(model_dir: str) -> None:
 @transaction.atomic
 def job_create(*, owner, spec: JobSpec) -> Job:
     check_model_dir(spec.model_dir)
-    return Job.objects.create(owner=owner, **spec.model_dump())
+    job = Job.from_spec(spec, owner=owner)
+    job.save(force_insert=True)
+    return job
 
 
 @transaction.atomic
