@@ -25,14 +25,12 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script
     sys.path.insert(0, str(ROOT))
 
-from bench.bench_db_burst import Database, PrivatePostgres, site_env  # noqa: E402
-from echo2_site.demo import Stack, free_port, wait_for  # noqa: E402
+from bench.bench_db_burst import Database, PrivatePostgres, site_env, start_site  # noqa: E402
+from echo2_site.demo import Stack  # noqa: E402
 
 BIN = Path(sys.executable).parent
 PHASES = "examples,coverage,fuzzing,stateful"
@@ -127,12 +125,7 @@ def run(db: Database, args: argparse.Namespace) -> tuple[list, int]:
     env = site_env(workdir, db.url, args.redis_url, pool_max=10) | {"CELERY_TASK_ALWAYS_EAGER": "true"}
     stack = Stack(workdir, env)
     try:
-        stack.run(str(BIN / "python"), "manage.py", "migrate", "--noinput")
-        made = json.loads(stack.run(str(BIN / "python"), "manage.py", "shell", "-c", SETUP).strip().splitlines()[-1])
-        port = free_port()
-        stack.start("daphne", str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "echo2_site.asgi:application")
-        server = f"http://127.0.0.1:{port}"
-        wait_for(lambda: httpx.get(server + "/healthz", timeout=2).status_code == 200, "the site", 60)
+        server, made = start_site(stack, SETUP)
         for own_ids in (False, True):
             print(f"schemathesis, {'own' if own_ids else 'made-up'} ids, up to {args.max_time} s ...", flush=True)
             start = time.monotonic()

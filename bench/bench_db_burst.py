@@ -207,17 +207,24 @@ def site_env(workdir: Path, database_url: str, redis_url: str, *, pool_max: int)
                 CONN_MAX_AGE="60", ECHO2_THROTTLE_USER="1000000/s", ECHO2_THROTTLE_AUTH_FAILURES="1000000/min")
 
 
+def start_site(stack: Stack, setup: str) -> tuple[str, dict]:
+    """The site of ``stack`` on its fresh database: migrated, ``setup`` run (a ``manage.py shell`` script printing
+    one JSON line), daphne started and answering; (its URL, what ``setup`` printed)."""
+    stack.run(str(BIN / "python"), "manage.py", "migrate", "--noinput")
+    made = json.loads(stack.run(str(BIN / "python"), "manage.py", "shell", "-c", setup).strip().splitlines()[-1])
+    port = free_port()
+    stack.start("daphne", str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "echo2_site.asgi:application")
+    server = f"http://127.0.0.1:{port}"
+    wait_for(lambda: httpx.get(server + "/healthz", timeout=2).status_code == 200, "the site", 60)
+    return server, made
+
+
 def run_row(db: Database, redis_url: str, *, pool_max: int, requests: int, workdir: Path) -> dict:
     """One row: a fresh database, migrated, a user and a job, daphne, the burst, the peak of connections."""
     db.create()
     stack = Stack(workdir, site_env(workdir, db.url, redis_url, pool_max=pool_max))
     try:
-        stack.run(str(BIN / "python"), "manage.py", "migrate", "--noinput")
-        made = json.loads(stack.run(str(BIN / "python"), "manage.py", "shell", "-c", SETUP).strip().splitlines()[-1])
-        port = free_port()
-        stack.start("daphne", str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port), "echo2_site.asgi:application")
-        server = f"http://127.0.0.1:{port}"
-        wait_for(lambda: httpx.get(server + "/healthz", timeout=2).status_code == 200, "the site", 60)
+        server, made = start_site(stack, SETUP)
         with ConnectionSampler(db) as sampler:
             got = burst(server, made["token"], made["job"], requests=requests)
             time.sleep(0.2)
