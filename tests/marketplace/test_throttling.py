@@ -94,8 +94,8 @@ def test_behind_a_proxy_the_forwarded_address_counts_and_garbage_in_it_is_no_500
 @pytest.mark.parametrize("backend", ["locmem", "redis"])
 def test_concurrent_wrong_guesses_are_counted_before_they_are_checked(settings, redis_url, backend):
     """Issue 26: the count was read before a check and written after it, so 40 concurrent guesses were all checked
-    against a limit of 30. Now a check counts itself before it runs (one atomic increment): 30 are checked, the
-    other 10 refused unchecked, whatever the cache (Django's local memory, or Redis as in production)."""
+    against a limit of 30. Now a check counts itself before it runs (one atomic increment): at most 30 are checked,
+    the others refused unchecked, whatever the cache (Django's local memory, or Redis as in production)."""
     import threading
     import uuid
     from concurrent.futures import ThreadPoolExecutor
@@ -119,9 +119,10 @@ def test_concurrent_wrong_guesses_are_counted_before_they_are_checked(settings, 
         time.sleep(0.05)  # the lookup takes a while: the others arrive meanwhile
         raise AuthenticationFailed("invalid token")
 
-    def guess(_) -> int:
+    def guess(_, *, together: bool = True) -> int:
         request = APIRequestFactory().get("/api/jobs/", REMOTE_ADDR=address, HTTP_AUTHORIZATION="Token e2u_guess")
-        start.wait()
+        if together:
+            start.wait()
         try:
             guarded_authenticate(request, "Token", wrong)
         except Throttled:
@@ -132,4 +133,9 @@ def test_concurrent_wrong_guesses_are_counted_before_they_are_checked(settings, 
 
     with ThreadPoolExecutor(40) as pool:
         codes = list(pool.map(guess, range(40)))
-    assert len(checked) == 30 and codes.count(401) == 30 and codes.count(429) == 10
+    burst = len(checked)
+    # Never more than 30 checked; fewer when refused guesses, counted in flight a moment, crowd out others.
+    assert 0 < burst <= 30 and codes.count(401) == burst and codes.count(429) == 40 - burst
+    while guess(0, together=False) == 401:  # one at a time, the window's failures are spent exactly
+        assert len(checked) <= 30
+    assert len(checked) == 30
