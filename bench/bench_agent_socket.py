@@ -15,7 +15,7 @@ What is measured, and how:
   failed connect is retried after 1 s and counted).
 - *heartbeat handling*: each heartbeat carries its sequence number as its ``throughput`` figure; the site records
   every heartbeat it handles as a telemetry sample ``[handled at, throughput]`` in Redis
-  (``marketplace.telemetry.record_heartbeat``: before this issue at the start of the database work, since then in
+  (``marketplace.infra.telemetry.record_heartbeat``: before this issue at the start of the database work, since then in
   the Redis-only path). Latency = handled at - sent at (one machine, one clock), read from Redis 3 s after the
   last heartbeat; a heartbeat with no sample by then was never handled (counted; its latency is unknown, so the
   percentiles are over handled ones and the "within 1 s" share is over all sent).

@@ -19,7 +19,7 @@ base; measure ``--window`` s of generation; time one re-plan; cancel the job (re
 
 - connected: agents welcomed, and seconds until the last was; heartbeats on time: share of the heartbeats sent
   (idle / generating) that the site handled within 1 s (pairing each with the site's heartbeat record in Redis,
-  ``marketplace.telemetry``), and heartbeats handled on time per second while generating;
+  ``marketplace.infra.telemetry``), and heartbeats handled on time per second while generating;
 - groups/s, records/s: what the site accepted (the job's Redis counters) over the window;
 - refused: ``rejected`` replies the agents received in the row; lost: groups leased more than 30 s (the agent's
   reply timeout) before the release, never accepted, handed back, nor refused for their content;

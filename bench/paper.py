@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from marketplace.provisioning import mu_min  # noqa: E402
+from marketplace.core.provisioning import mu_min  # noqa: E402
 from simulator import metrics, scenarios  # noqa: E402
 from simulator.broadcast import closed_form, install_times, plan_for, t_bcast  # noqa: E402
 from simulator.fleet import simulate  # noqa: E402

@@ -157,8 +157,8 @@ class Sockets:
 
 async def join_members(layer, job_id: int, member_ids: list[int], sockets: Sockets) -> list[asyncio.Task]:
     """One channel-layer member per worker in the job's agents group, receiving as a consumer does."""
-    from marketplace.consumers import AgentConsumer
-    from marketplace.jobcache import FreshFor
+    from marketplace.realtime.consumers import AgentConsumer
+    from marketplace.realtime.jobcache import FreshFor
     from marketplace.services import fanout
 
     group = fanout.agents_group(job_id)

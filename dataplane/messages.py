@@ -7,7 +7,8 @@ discarded.
 
 A group whose ``trajectories`` frame would exceed the site's frame limit (announced in the ``welcome``) goes as
 ``trajectories_part`` frames: each carries a slice of the group's records as a valid group of its own, its index and
-the count, and the request's one ``id``; the site assembles them (``marketplace/assembly.py``) and answers the whole
+the count, and the request's one ``id``; the site assembles them (``marketplace/realtime/assembly.py``) and answers the
+whole
 group once. A single record too big for a frame cannot be split: the agent hands its lease back (``lease_return``).
 
 The ``id`` comes right after the ``type`` in every request, so the site can name a request it refuses unparsed (over
@@ -73,7 +74,7 @@ useful work"): ``loading`` (building the job's engine from its base), ``idle`` (
 waiting for a version) and ``failed`` (the rollout loop crashed; the agent restarts it) are not billed."""
 
 BILLED_STATES: frozenset[str] = frozenset({"installing", "generating"})
-"""The states the site bills (``marketplace.billing``); the agent reports entering one at once."""
+"""The states the site bills (``marketplace.core.billing``); the agent reports entering one at once."""
 
 
 class Heartbeat(_Msg):
@@ -360,7 +361,7 @@ def parse_agent_json(text: str | bytes) -> AgentMessage:
     """An agent message straight from its frame's text, by pydantic's own JSON parser: no tree of Python objects
     is built first, which is most of the cost of a large group (issue 15). It accepts what
     :func:`parse_agent_message` of the parsed text accepts; its reasons may be worded differently, so a caller that
-    shows one parses the frame that way again (see ``marketplace.consumers``)."""
+    shows one parses the frame that way again (see ``marketplace.realtime.consumers``)."""
     try:
         return _agent_adapter.validate_json(text)
     except ValidationError as err:

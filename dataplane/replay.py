@@ -109,7 +109,7 @@ class LeasedPrompt:
 class TimedEvent:
     """A member added to a time-sorted set (score ``at``), dropping members older than ``keep_after`` and keeping
     the key ``ttl_s`` seconds: what a caller counts alongside an accepted group. The key and the member's layout
-    are the caller's (``marketplace.telemetry``); this module only writes them."""
+    are the caller's (``marketplace.infra.telemetry``); this module only writes them."""
 
     key: str
     member: str

@@ -15,7 +15,7 @@ from django.urls import path  # noqa: E402
 from echo2_site.staticfiles import StaticFilesHandler  # noqa: E402
 from frontend import dist  # noqa: E402
 from frontend.consumers import JobLiveConsumer  # noqa: E402
-from marketplace.consumers import AgentConsumer  # noqa: E402
+from marketplace.realtime.consumers import AgentConsumer  # noqa: E402
 
 websocket_urlpatterns = [
     path("ws/agent/", AgentConsumer.as_asgi()),

@@ -168,7 +168,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "marketplace.channel_layer.ResilientRedisChannelLayer",
+        "BACKEND": "marketplace.realtime.channel_layer.ResilientRedisChannelLayer",
         # capacity: messages waiting per channel. Every socket of one site process shares that process's channel,
         # so channels_redis' default of 100 drops pushes silently when a fleet is assigned at once (1,000 agents on
         # one process). group_expiry: a socket's group memberships outlive any agent connection (default: a day).
@@ -200,7 +200,7 @@ CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 5, "interval_start": 0.1, "in
 CELERY_BEAT_SCHEDULE = {
     "replan-running-jobs": {"task": "marketplace.tasks.replan_running_jobs", "schedule": 5.0},
     "expire-silent-workers": {"task": "marketplace.tasks.expire_silent_workers", "schedule": 10.0},
-    # Heartbeats are kept in Redis (marketplace/liveness.py): Worker.last_heartbeat lags by at most this period.
+    # Heartbeats are kept in Redis (marketplace/infra/liveness.py): Worker.last_heartbeat lags by at most this period.
     "fold-worker-heartbeats": {"task": "marketplace.tasks.fold_worker_heartbeats",
                                "schedule": env_float("ECHO2_HEARTBEAT_FOLD_S", 2.0)},
     "stall-silent-learners": {"task": "marketplace.tasks.stall_silent_learners", "schedule": 10.0},
@@ -222,18 +222,18 @@ LOGOUT_REDIRECT_URL = "login"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "marketplace.auth.ApiTokenAuthentication",
-        "marketplace.auth.AgentKeyAuthentication",
+        "marketplace.api.auth.ApiTokenAuthentication",
+        "marketplace.api.auth.AgentKeyAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    # An agent key opens only the endpoints the agent calls (marketplace.auth.NotAgentKey, docs/trust.md).
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated", "marketplace.auth.NotAgentKey"],
-    "DEFAULT_SCHEMA_CLASS": "marketplace.schema.AutoSchema",  # documents the error responses too
-    "EXCEPTION_HANDLER": "marketplace.api_errors.exception_handler",
-    # JSON only (every client of ours sends JSON), with depth and NUL limits (marketplace.parsers).
-    "DEFAULT_PARSER_CLASSES": ["marketplace.parsers.JSONParser"],
+    # An agent key opens only the endpoints the agent calls (marketplace.api.auth.NotAgentKey, docs/trust.md).
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated", "marketplace.api.auth.NotAgentKey"],
+    "DEFAULT_SCHEMA_CLASS": "marketplace.api.schema.AutoSchema",  # documents the error responses too
+    "EXCEPTION_HANDLER": "marketplace.api.errors.exception_handler",
+    # JSON only (every client of ours sends JSON), with depth and NUL limits (marketplace.api.parsers).
+    "DEFAULT_PARSER_CLASSES": ["marketplace.api.parsers.JSONParser"],
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
-    "DEFAULT_PAGINATION_CLASS": "marketplace.api_errors.Pagination",
+    "DEFAULT_PAGINATION_CLASS": "marketplace.api.errors.Pagination",
     "PAGE_SIZE": 100,
     # Request rates (429 with Retry-After beyond them): per signed-in user, per anonymous address, and failed
     # credentials (wrong tokens, wrong agent keys, on HTTP and the agent websocket) per address. Generous: the
@@ -258,7 +258,7 @@ AXES_COOLOFF_TIME = timedelta(seconds=env_float("ECHO2_LOGIN_COOLOFF_S", 900))
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
-AXES_CLIENT_IP_CALLABLE = "marketplace.throttling.client_address"  # the address the API throttles count by
+AXES_CLIENT_IP_CALLABLE = "marketplace.api.throttling.client_address"  # the address the API throttles count by
 # API tokens (``Authorization: Token e2u_...``): knox keeps only their sha512 and shows a token once, when it is
 # made (provider page, ``manage.py drf_create_token``). They do not expire; replacing one revokes the old at once.
 REST_KNOX = {"TOKEN_TTL": None, "TOKEN_PREFIX": "e2u_", "AUTH_HEADER_PREFIX": "Token", "AUTO_REFRESH": False}
@@ -282,7 +282,8 @@ SPECTACULAR_SETTINGS = {
 ECHO2 = {
     "HEARTBEAT_INTERVAL_S": float(os.environ.get("ECHO2_HEARTBEAT_INTERVAL_S", "2.0")),
     "WORKER_TIMEOUT_S": float(os.environ.get("ECHO2_WORKER_TIMEOUT_S", "30.0")),
-    # A heartbeat goes to the database only when it changes something (marketplace/liveness.py); a worker in a billed
+    # A heartbeat goes to the database only when it changes something (marketplace/infra/liveness.py); a worker in a
+    # billed
     # state is reported at least this often (at most a third of WORKER_TIMEOUT_S), with its measured throughput.
     "HEARTBEAT_DB_SYNC_S": env_float("ECHO2_HEARTBEAT_DB_SYNC_S", 10.0),
     # A worker released for silence (socket closed, site outage) that says hello again within this many seconds
@@ -328,7 +329,8 @@ ECHO2 = {
     "AGENT_MESSAGE_BURST": env_float("ECHO2_AGENT_MESSAGE_BURST", 200.0),
     "AGENT_BYTES_PER_S": env_float("ECHO2_AGENT_BYTES_PER_S", float(64 << 20)),
     "AGENT_ABUSE_CLOSE_AFTER": env_int("ECHO2_AGENT_ABUSE_CLOSE_AFTER", 50),
-    # How long an agent socket may check leases and groups against the running job it read (marketplace/jobcache.py)
+    # How long an agent socket may check leases and groups against the running job it read
+    # (marketplace/realtime/jobcache.py)
     # without reading it again; every push that changes it (assign, release, snapshot) drops it sooner. 0: read always.
     "AGENT_STATE_MAX_AGE_S": env_float("ECHO2_AGENT_STATE_MAX_AGE_S", 2.0),
     # Largest agent websocket frame (bytes), announced to agents in the welcome. A legal group of 16 x 4096 tokens is
@@ -337,7 +339,7 @@ ECHO2 = {
     "WS_MAX_MESSAGE_BYTES": env_int("ECHO2_WS_MAX_MESSAGE_BYTES", 8 << 20),
     # Deepest nesting of JSON objects and arrays accepted on the API and the agent websocket (ours need < 10).
     "JSON_MAX_DEPTH": env_int("ECHO2_JSON_MAX_DEPTH", 32),
-    # Relay addresses and snapshot URLs that agents will dial (marketplace/addresses.py): link-local and cloud
+    # Relay addresses and snapshot URLs that agents will dial (marketplace/core/addresses.py): link-local and cloud
     # metadata addresses are always refused; loopback only where allowed (development, tests, the demo), private
     # ranges only where the whole marketplace runs on one private network (docker/compose.yaml).
     "ALLOW_LOOPBACK_PEERS": env_bool("ECHO2_ALLOW_LOOPBACK_PEERS", DEBUG),

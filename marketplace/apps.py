@@ -12,7 +12,6 @@ class MarketplaceConfig(AppConfig):
 
         from dataplane.tasks import files
 
-        from . import schema  # noqa: F401  (registers the OpenAPI descriptions of our auth schemes)
 
         # The site reads task data only under its root and up to its cap; learners and agents are not Django.
         files.configure(files.TaskFiles(root=Path(settings.ECHO2["TASK_DATA_ROOT"]),

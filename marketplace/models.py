@@ -15,7 +15,7 @@ from dataplane.jobs import TERMINAL as TERMINAL_STATUSES
 from dataplane.jobs import JobSpec, JobStatus
 from dataplane.messages import WorkerState
 
-from . import billing
+from .core import billing
 
 
 class Provider(models.Model):
@@ -219,7 +219,7 @@ for _name in JobSpec.model_fields:
 
 class Activation(models.Model):
     """A worker serving a job from ``started_at`` to ``ended_at``; the price is frozen for billing, and only the
-    time the site saw its worker generating (leases taken, groups accepted) is billed (``marketplace.billing``)."""
+    time the site saw its worker generating (leases taken, groups accepted) is billed (``marketplace.core.billing``)."""
 
     State = models.TextChoices("State", [(state, state) for state in get_args(WorkerState)])
 

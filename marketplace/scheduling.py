@@ -17,9 +17,10 @@ from django.conf import settings
 
 from dataplane.jobs import JobSpec
 
-from . import controller as ctl
-from . import provisioning as p
-from . import selectors, telemetry
+from . import selectors
+from .core import controller as ctl
+from .core import provisioning as p
+from .infra import telemetry
 from .models import Activation, Job, Worker, WorkerCalibration
 
 

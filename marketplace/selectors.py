@@ -15,7 +15,8 @@ from knox.models import AuthToken
 from dataplane.broadcast import chains
 from dataplane.timing import split_line
 
-from . import provisioning, refusals, telemetry
+from .core import provisioning
+from .infra import refusals, telemetry
 from .models import Activation, Job, JobMetric, Snapshot, Worker, WorkerSession
 
 UPTIME_WINDOW = timedelta(days=7)

@@ -14,7 +14,7 @@ from dataplane.jobs import JobSpec, JobSpecError, parse_job_spec
 from dataplane.messages import MAX_THROUGHPUT
 
 from . import spec_fields
-from .addresses import AddressError, PeerPolicy, check_host_port, check_url
+from .core.addresses import AddressError, PeerPolicy, check_host_port, check_url
 from .models import Activation, Job, JobMetric, Snapshot, Worker, WorkerCalibration
 
 # Bounds of numbers the API stores: every integer fits its column on every database (PostgreSQL's integer is 32
@@ -28,7 +28,7 @@ MAX_VOCAB = 2**24  # token embedding rows: far beyond any real vocabulary (~256k
 
 
 def _peer_address(value: str | None, *, url: bool = False) -> str | None:
-    """A relay address (host:port) or snapshot URL that other machines will dial (marketplace/addresses.py)."""
+    """A relay address (host:port) or snapshot URL that other machines will dial (marketplace/core/addresses.py)."""
     if not value:
         return value
     policy = PeerPolicy(allow_loopback=settings.ECHO2["ALLOW_LOOPBACK_PEERS"],

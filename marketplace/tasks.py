@@ -10,7 +10,8 @@ import logging
 
 from celery import shared_task
 
-from . import observability, scheduling, services
+from . import scheduling, services
+from .infra import observability
 from .models import Job
 
 log = logging.getLogger(__name__)

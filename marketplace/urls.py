@@ -1,6 +1,6 @@
 from rest_framework.routers import DefaultRouter
 
-from .api import JobViewSet, WorkerViewSet
+from .api.views import JobViewSet, WorkerViewSet
 
 router = DefaultRouter()
 router.register("workers", WorkerViewSet, basename="worker")

@@ -1,5 +1,5 @@
 """Which workers a job starts with: the provisioning rule of section 3.3-3.4 run through the project's own
-cores (marketplace.provisioning), plus the ablations of Table 2 (random and fastest-first activation).
+cores (marketplace.core.provisioning), plus the ablations of Table 2 (random and fastest-first activation).
 
 ``T_bcast`` and the pool depend on each other (a bigger pool means longer chains, or under a star a longer
 broadcast), so :func:`provision` iterates: estimate ``T_bcast`` for the current pool, compute the target
@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from marketplace.provisioning import Candidate, InfeasibleError, exact_min_cost, greedy_by_unit_cost, mu_target
+from marketplace.core.provisioning import Candidate, InfeasibleError, exact_min_cost, greedy_by_unit_cost, mu_target
 
 from .broadcast import install_times, plan_for, t_bcast, uplink
 from .model import SimConfig, WorkerSpec

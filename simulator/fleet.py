@@ -1,8 +1,9 @@
 """The discrete-event fleet: a learner, rollout workers, snapshot broadcasts, the scheduler, faults (SimPy).
 
 What runs here is the project's own logic where it exists (activation and the target through
-marketplace.provisioning, chains through dataplane.broadcast.chains, the hysteresis controller and heartbeat windows
-through marketplace.controller); what is modelled is the world around it:
+marketplace.core.provisioning, chains through dataplane.broadcast.chains, the hysteresis controller and heartbeat
+windows
+through marketplace.core.controller); what is modelled is the world around it:
 
 - the learner (section 3.2, learner/loop.py): waits until ``R / n`` admissible groups are buffered (a group
   of version ``v`` is admissible at learner version ``v_t`` when ``v >= v_t - S``; older ones are dropped and
@@ -27,8 +28,8 @@ import random
 import simpy
 
 from dataplane.broadcast.chains import ChainPlan, WorkerStats, repair, routes
-from marketplace.controller import HeartbeatWindow, HysteresisController
-from marketplace.provisioning import Candidate, pool_capacity
+from marketplace.core.controller import HeartbeatWindow, HysteresisController
+from marketplace.core.provisioning import Candidate, pool_capacity
 
 from .activation import provision
 from .broadcast import install_times, plan_for, uplink

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from marketplace.provisioning import mu_min
+from marketplace.core.provisioning import mu_min
 
 from .broadcast import closed_form
 from .model import MBIT, ControlSpec, Fault, LearnerSpec, NetSpec, SimConfig, WorkerSpec

@@ -22,11 +22,11 @@ def redis_url(settings) -> str:
         pytest.fail(f"Redis is not reachable at {TEST_REDIS_URL}: run `make services` (or set TEST_REDIS_URL)")
     client.flushdb()
     settings.REDIS_URL = TEST_REDIS_URL
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "marketplace.channel_layer.ResilientRedisChannelLayer",
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "marketplace.realtime.channel_layer.ResilientRedisChannelLayer",
                                            "CONFIG": {"hosts": [TEST_REDIS_URL], "prefix": "echo2test"}}}
     from channels.layers import channel_layers
 
-    from marketplace import stream
+    from marketplace.infra import stream
 
     channel_layers.backends.clear()
     stream.client.cache_clear()

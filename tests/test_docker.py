@@ -217,7 +217,7 @@ def test_services_wait_for_what_they_need(services):
 def test_health_check_calls_a_url_that_answers_without_login(services, client, settings, redis_url):
     """The image's own check is liveness (/healthz: the process answers); compose's is readiness (/readyz: the
     database, Redis and a recent Celery beat), which other services wait for."""
-    from marketplace import observability
+    from marketplace.infra import observability
 
     test = services["site"]["healthcheck"]["test"]
     (url,) = re.findall(r"https?://[^'\"\s]+", " ".join(test))

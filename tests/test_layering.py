@@ -33,9 +33,23 @@ FORBIDDEN: dict[str, set[str]] = {
 }
 # The only modules of the site and the planes the simulator may import: plain functions over plain data, no Django,
 # no I/O (the chain strategies are shared with the site through dataplane, whose job spec reads their names).
-SIMULATOR_MAY_IMPORT = ("marketplace.provisioning", "marketplace.controller", "dataplane.broadcast.chains",
+SIMULATOR_MAY_IMPORT = ("marketplace.core.provisioning", "marketplace.core.controller", "dataplane.broadcast.chains",
                         "dataplane.broadcast.strategies")
-SIMULATOR_PACKAGES = ("marketplace", "dataplane", "dataplane.broadcast")  # whose ``__init__`` imports nothing
+SIMULATOR_PACKAGES = ("marketplace", "marketplace.core", "dataplane", "dataplane.broadcast")  # empty __init__s
+# The site's rooms (issue 27): marketplace/ is split by kind, and each room keeps to its kind. Sub-package -> names
+# (top-level packages, or modules of ours) its modules may never import.
+SITE_ROOMS: dict[str, set[str]] = {
+    # pure cores: plain functions over plain data, which the simulator runs as the site does
+    "marketplace.core": {"django", "rest_framework", "drf_spectacular", "channels", "celery", "redis", "knox",
+                         "marketplace.models", "marketplace.services", "marketplace.selectors", "marketplace.api",
+                         "marketplace.realtime", "marketplace.infra"},
+    # the REST API and its HTTP plumbing: no websockets
+    "marketplace.api": {"channels", "channels_redis", "marketplace.realtime"},
+    # the agents' websocket: no REST views
+    "marketplace.realtime": {"rest_framework", "drf_spectacular", "marketplace.api.views"},
+    # what the site leans on (Redis, probes, metrics): neither the API's nor the websocket's
+    "marketplace.infra": {"rest_framework", "drf_spectacular", "channels", "marketplace.api", "marketplace.realtime"},
+}
 # Agents never talk to Redis, and redis-py is a dependency of the replay buffer alone among the planes.
 REDIS_ALLOWED = {"dataplane.replay"}
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 500, 60
@@ -83,7 +97,13 @@ def violations(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> list[
                 out.append(f"{name} imports {target} (only {', '.join(SIMULATOR_MAY_IMPORT)})")
             elif top == "redis" and plane in ("dataplane", "learner", "worker_agent") and name not in REDIS_ALLOWED:
                 out.append(f"{name} imports {target} (only {', '.join(sorted(REDIS_ALLOWED))} may)")
+            elif (room := _room(name)) and any(target == f or target.startswith(f + ".") for f in SITE_ROOMS[room]):
+                out.append(f"{name} imports {target} (not from {room})")
     return out
+
+
+def _room(name: str) -> str | None:
+    return next((room for room in SITE_ROOMS if name == room or name.startswith(room + ".")), None)
 
 
 def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
@@ -136,6 +156,23 @@ def test_a_planted_import_from_learner_into_the_agent_is_caught(tmp_path: Path) 
     assert "learner.sneaky imports worker_agent.relay" in found
     assert "learner.relative imports worker_agent.session" in found
     assert any(v.startswith("learner.cache imports redis") for v in found)
+
+
+def test_a_planted_import_across_the_site_rooms_is_caught(tmp_path: Path) -> None:
+    for room in ("", "core", "api", "infra"):
+        (tmp_path / "marketplace" / room).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "marketplace" / room / "__init__.py").write_text("")
+    (tmp_path / "marketplace" / "core" / "pricing.py").write_text("from django.db import models\n"
+                                                                  "from ..models import Job\n")
+    (tmp_path / "marketplace" / "infra" / "probe.py").write_text("def f():\n    from ..api import views\n")
+    (tmp_path / "marketplace" / "api" / "push.py").write_text("from channels.layers import get_channel_layer\n")
+
+    found = violations(tmp_path, ("marketplace",))
+
+    assert "marketplace.core.pricing imports django.db (not from marketplace.core)" in found
+    assert "marketplace.core.pricing imports marketplace.models (not from marketplace.core)" in found
+    assert "marketplace.infra.probe imports marketplace.api.views (not from marketplace.infra)" in found
+    assert "marketplace.api.push imports channels.layers (not from marketplace.api)" in found
 
 
 def test_the_import_graph_of_our_packages_has_no_cycle() -> None:

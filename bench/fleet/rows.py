@@ -29,10 +29,10 @@ def _django(site: Site) -> None:
 
 
 def _site_refusals() -> int | None:
-    """Frames the site refused over a connection's budget, all workers (``marketplace.refusals``; None where the
+    """Frames the site refused over a connection's budget, all workers (``marketplace.infra.refusals``; None where the
     site does not count them)."""
     try:
-        from marketplace import refusals
+        from marketplace.infra import refusals
     except ImportError:
         return None
     return sum(refusals.counts().values())
@@ -178,7 +178,7 @@ class Row:
 
     def _release(self, api) -> None:
         """Cancel the job (every worker released), then read the site's heartbeat records of the fleet."""
-        from marketplace import telemetry
+        from marketplace.infra import telemetry
 
         self.t_cancel = time.time()
         self.figures["cancel_errors"] = []

@@ -7,7 +7,7 @@ transaction it joins it), and its pushes and enqueued tasks leave only once that
 - ``workers``: register, calibrate, activate, release.
 - ``presence``: the agent's connection: hello, heartbeat (kept in Redis, folded), close (queued, recorded), expire
   the silent.
-- ``billing``: billed time of activations from the states agents report (``marketplace.billing``: the rules).
+- ``billing``: billed time of activations from the states agents report (``marketplace.core.billing``: the rules).
 - ``jobs``: create, start, pause, resume, finish; the calibration phase and the scheduler's decisions applied.
 - ``rollouts``: prompt leases (and their early return) and trajectory submissions, whole or in parts, checked
   against the worker's running job read once (``RunningJob``, held by the agent socket).

@@ -6,7 +6,7 @@ until staff lift the suspension (admin: the provider's "lift suspension" action)
 Each outcome keeps what the learner checked (``evidence``, at most ``MAX_EVIDENCE`` groups per row).
 
 Audits are the learner's word, taken as evidence only within what the site saw: the API takes them only with the
-job's learner credential (``marketplace.auth.learner_problem``), and here only of workers the site accepted groups
+job's learner credential (``marketplace.api.auth.learner_problem``), and here only of workers the site accepted groups
 from for this job, never more groups in all (passed and failed, over every step of the job) than it accepted from
 that worker (``ReplayBuffer.delivered``). An owner cannot fail or launder another's worker through his own job."""
 
@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db.models import Sum
 from django.utils import timezone
 
-from .. import stream
+from ..infra import stream
 from ..models import Activation, Job, Provider, Worker, WorkerAudit
 from .workers import worker_release
 

@@ -1,4 +1,4 @@
-"""Billed time of activations, from the states the site observes (the rules: ``marketplace.billing``).
+"""Billed time of activations, from the states the site observes (the rules: ``marketplace.core.billing``).
 
 ``activation_observe`` turns what the site saw a worker do (``telemetry.observed``) into the state to bill;
 ``activation_report`` bills and records it.
@@ -17,7 +17,8 @@ from datetime import datetime
 from django.conf import settings
 from django.db.models import F
 
-from .. import billing, telemetry
+from ..core import billing
+from ..infra import telemetry
 from ..models import Activation
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,8 @@ from dataplane import messages as m
 from dataplane.broadcast import chains, strategies
 from dataplane.snapshot import SnapshotError, parse_manifest
 
-from .. import liveness, selectors, telemetry
+from .. import selectors
+from ..infra import liveness, telemetry
 from ..models import Activation, Job, Snapshot, SnapshotInstall, Worker
 from . import fanout
 from .base import ServiceError, learner_may_report, push_job_update, push_to_worker, running_activation

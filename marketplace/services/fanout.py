@@ -38,7 +38,7 @@ from dataplane import credentials
 from dataplane import messages as m
 from dataplane.broadcast import chains, strategies
 
-from .. import stream, telemetry
+from ..infra import stream, telemetry
 from ..models import Snapshot
 
 log = logging.getLogger(__name__)

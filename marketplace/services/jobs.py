@@ -13,7 +13,7 @@ from django.utils import timezone
 from dataplane.jobs import JobSpec, model_dir_problem
 from dataplane.replay import RedisError
 
-from .. import stream
+from ..infra import stream
 from ..models import Activation, Job, Worker
 from .base import ServiceError, enqueue_task, push_job_update
 from .workers import worker_activate, worker_release

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from dataplane.replay import RedisError
 
-from .. import liveness
+from ..infra import liveness
 from ..models import Job, JobMetric
 from .audits import audits_record
 from .base import enqueue_task, learner_may_report, push_job_update

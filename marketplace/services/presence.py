@@ -1,6 +1,6 @@
 """The agent's connection: hello, heartbeats, close, silence (``workers``: registration and activations).
 
-Heartbeats are kept in Redis (``marketplace.liveness``) and reach the database only when something must change
+Heartbeats are kept in Redis (``marketplace.infra.liveness``) and reach the database only when something must change
 now (``worker_heartbeat``); ``worker_heartbeats_fold`` writes ``Worker.last_heartbeat`` in bulk. A socket's close
 is queued in Redis and recorded by ``worker_closes_record`` (a coalesced task, and every fold)."""
 
@@ -20,7 +20,9 @@ from django.utils import timezone
 from dataplane import messages as m
 from dataplane.replay import RedisError
 
-from .. import billing, liveness, selectors, telemetry
+from .. import selectors
+from ..core import billing
+from ..infra import liveness, telemetry
 from ..models import Activation, Job, Worker, WorkerSession
 from .base import ServiceError, enqueue_task, push_job_update
 from .billing import activation_observe, activation_report, gap_limit_s, hold_s

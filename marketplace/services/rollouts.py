@@ -16,9 +16,10 @@ from dataplane.records import RecordError, RecordLimits, TrajectoryGroup
 from dataplane.replay import LeaseError
 from dataplane.tasks import TaskSpecError, build_task
 
-from .. import selectors, stream, telemetry
-from ..assembly import AssemblyError, GroupAssembler, JobLimits, group_bytes_bound
+from .. import selectors
+from ..infra import stream, telemetry
 from ..models import Job, Worker
+from ..realtime.assembly import AssemblyError, GroupAssembler, JobLimits, group_bytes_bound
 from .base import ServiceError, running_activation
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 class RunningJob:
     """What checking a worker's leases and groups in one running job needs, read from the database once.
 
-    The agent socket keeps one per connection (``marketplace.jobcache``) so that the hot path, a lease or a
+    The agent socket keeps one per connection (``marketplace.realtime.jobcache``) so that the hot path, a lease or a
     group, costs Redis round trips and no query: the ORM on every message was most of the site's time under
     load (issue 15). It is only as fresh as its read: the socket drops it on every push that changes it
     (assign, release, snapshot) and after a short max age; whatever it misses, the lease script still refuses
@@ -157,7 +158,8 @@ def trajectories_malformed(*, worker: Worker, job_id: object, records: object) -
 
 def trajectories_part_submit(*, worker: Worker, assembler: GroupAssembler, part: m.TrajectoriesPart,
                              frame_bytes: int, running: RunningJob | None = None) -> list[m.Accepted | m.Rejected]:
-    """Join one part of a group too big for one frame (``marketplace/assembly.py``); after its last part, submit the
+    """Join one part of a group too big for one frame (``marketplace/realtime/assembly.py``); after its last part,
+    submit the
     whole group exactly as one sent in one frame. No reply while parts are still to come; a refused part drops the
     assembly with the reason (the lease stays open, so the prompt is leased again: nothing is lost)."""
     try:

@@ -15,7 +15,8 @@ from dataplane import messages as m
 from dataplane.replay import RedisError
 from dataplane.tasks import TaskSpecError, build_task
 
-from .. import liveness, selectors, stream
+from .. import selectors
+from ..infra import liveness, stream
 from ..models import Activation, Job, Provider, Worker, WorkerCalibration
 from .base import ServiceError, push_job_update, push_to_worker
 from .billing import activation_observe

@@ -26,7 +26,7 @@ def group_records(group_id: str, versions: list[int]) -> list[dict]:
 
 
 def append_group(client: redis.Redis, group_id: str, versions: list[int]) -> str:
-    """Append one accepted group the way the site does (marketplace/stream.py: field ``data``)."""
+    """Append one accepted group the way the site does (marketplace/infra/stream.py: field ``data``)."""
     return client.xadd(replay.trajectories_key(JOB), stream_fields(group_records(group_id, versions)))
 
 

@@ -28,7 +28,7 @@ STEPS, R, N = 6, 4, 2  # kappa = 2: checkpoint and publish at v2, v4, v6
 
 
 def push_groups(client: redis.Redis, job_id: int, first: int, count: int) -> None:
-    """Append accepted groups the way the site does (marketplace/stream.py), generated under v0."""
+    """Append accepted groups the way the site does (marketplace/infra/stream.py), generated under v0."""
     for g in range(first, first + count):
         records = [{"job_id": job_id, "lease_id": f"l{g}", "group_id": f"g{g}", "prompt": "3+4=",
                     "prompt_ids": [1, 10, 5, 11, 17], "completion": answer, "completion_ids": [7 + int(answer), 2],

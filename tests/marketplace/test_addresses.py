@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-from marketplace.addresses import AddressError, PeerPolicy, check_host_port, check_url
+from marketplace.core.addresses import AddressError, PeerPolicy, check_host_port, check_url
 
 from . import factories
 

@@ -15,7 +15,8 @@ from dataplane import messages as m
 from dataplane import replay
 from dataplane.tasks import build_task
 from learner.prompts import PromptFeeder
-from marketplace import refusals, selectors, services
+from marketplace import selectors, services
+from marketplace.infra import refusals
 from marketplace.models import Activation, Job
 
 from .test_agent_socket import connect, settings_eager, setup_job_and_worker, started_with  # noqa: F401
@@ -98,7 +99,7 @@ async def test_a_frame_over_budget_is_named_with_retry_after_and_applied_once_wh
 def _registry():
     from prometheus_client import CollectorRegistry
 
-    from marketplace.observability import _SiteCollector
+    from marketplace.infra.observability import _SiteCollector
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_SiteCollector())

@@ -11,7 +11,8 @@ from channels.db import database_sync_to_async
 from dataplane import replay
 from dataplane.tasks import build_task
 from learner.prompts import PromptFeeder
-from marketplace import services, telemetry
+from marketplace import services
+from marketplace.infra import telemetry
 from marketplace.models import Job
 
 from . import factories

@@ -16,7 +16,8 @@ from dataplane.credentials import learner_token
 from dataplane.records import TrajectoryGroup
 from dataplane.tasks import build_task
 from learner.prompts import PromptFeeder
-from marketplace import scheduling, services, stream
+from marketplace import scheduling, services
+from marketplace.infra import stream
 from marketplace.models import Activation, Job, Provider, Worker, WorkerAudit
 
 from . import factories

@@ -13,7 +13,9 @@ from django.utils import timezone
 
 from dataplane.tasks import build_task
 from learner.prompts import PromptFeeder
-from marketplace import billing, liveness, selectors, services, telemetry
+from marketplace import selectors, services
+from marketplace.core import billing
+from marketplace.infra import liveness, telemetry
 from marketplace.models import Activation, Job
 from marketplace.services.billing import activation_report
 

@@ -10,7 +10,8 @@ import pytest
 
 from dataplane import credentials
 from dataplane import messages as m
-from marketplace import services, telemetry
+from marketplace import services
+from marketplace.infra import telemetry
 from marketplace.models import Snapshot, Worker
 from marketplace.services import base, fanout
 

@@ -9,7 +9,8 @@ import pytest
 
 from dataplane.broadcast import strategies
 from dataplane.broadcast.chains import ChainPlan
-from marketplace import services, telemetry
+from marketplace import services
+from marketplace.infra import telemetry
 from marketplace.models import Job, Worker
 from simulator.broadcast import closed_form, install_times, plan_for
 from simulator.fleet import simulate

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from marketplace.channel_layer import ResilientRedisChannelLayer
+from marketplace.realtime.channel_layer import ResilientRedisChannelLayer
 from tests.private_redis import PrivateRedis
 
 

@@ -14,7 +14,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from dataplane.snapshot import build_manifest
-from marketplace import exports
+from marketplace.api import exports
 from marketplace.models import Snapshot
 
 from ..lying_servers import LyingHTTPServer, RawServer, closed_port
@@ -49,7 +49,7 @@ def unreachable(job) -> str:
 def test_whatever_answers_the_owner_reads_one_message_and_the_log_says_which(dial_loopback, monkeypatch,
                                                                              caplog) -> None:
     monkeypatch.setattr(exports, "FETCH_TIMEOUT_S", 0.5)  # the silent service's wait
-    caplog.set_level(logging.WARNING, logger="marketplace.exports")
+    caplog.set_level(logging.WARNING, logger="marketplace.api.exports")
     with RawServer(b"SSH-2.0-OpenSSH_9.6\r\n") as ssh, RawServer() as silent, LyingHTTPServer(100) as plain:
         cases = {"closed port": f"http://127.0.0.1:{closed_port()}/v2/",
                  "not HTTP": f"http://127.0.0.1:{ssh.port}/v2/",
@@ -58,7 +58,7 @@ def test_whatever_answers_the_owner_reads_one_message_and_the_log_says_which(dia
         replies = {case: export_from(url) for case, url in cases.items()}
     for case, (job, reply) in replies.items():
         assert (reply.status_code, reply.json()["detail"]) == (503, unreachable(job)), case
-    logged = [r.getMessage() for r in caplog.records if r.name == "marketplace.exports"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "marketplace.api.exports"]
     assert len(logged) == len(cases)
     assert len({line.split(": ", 1)[1] for line in logged}) == len(cases)  # the detail, different each time
 
@@ -78,7 +78,7 @@ def test_a_learner_sending_far_more_than_a_chunk_declares_is_cut_off(dial_loopba
 
 @pytest.mark.parametrize("url", ["http://0xa9fea9fe/v2/", "http://2852039166/v2/", "http://[::ffff:a9fe:a9fe]/v2/"])
 def test_a_stored_url_the_rules_refuse_is_not_dialled(url, caplog) -> None:
-    caplog.set_level(logging.WARNING, logger="marketplace.exports")
+    caplog.set_level(logging.WARNING, logger="marketplace.api.exports")
     job, reply = export_from(url)  # stored before the numeric forms were parsed, say
     assert (reply.status_code, reply.json()["detail"]) == (503, unreachable(job))
     assert "169.254.169.254 is a cloud metadata service" in caplog.text
@@ -90,7 +90,7 @@ def test_a_name_that_resolves_to_the_sites_own_machine_is_not_dialled(settings, 
     if not all(ip.startswith("127.") for ip in resolved):
         pytest.skip(f"{name} resolves to {resolved}, not only to loopback")
     settings.ECHO2 = {**settings.ECHO2, "ALLOW_LOOPBACK_PEERS": False}
-    caplog.set_level(logging.WARNING, logger="marketplace.exports")
+    caplog.set_level(logging.WARNING, logger="marketplace.api.exports")
     with LyingHTTPServer(100) as server:
         job, reply = export_from(f"http://{name}:{server.port}/v2/")
     assert (reply.status_code, reply.json()["detail"]) == (503, unreachable(job))

@@ -15,8 +15,10 @@ from channels.layers import get_channel_layer
 
 from dataplane import credentials
 from dataplane import messages as m
-from marketplace import channel_layer, services, telemetry
+from marketplace import services
+from marketplace.infra import telemetry
 from marketplace.models import Activation, Job, Worker
+from marketplace.realtime import channel_layer
 from marketplace.services import fanout
 
 from . import factories

@@ -1,8 +1,8 @@
-"""What an agent socket holds between messages, and for how long (marketplace/jobcache.py)."""
+"""What an agent socket holds between messages, and for how long (marketplace/realtime/jobcache.py)."""
 
 from __future__ import annotations
 
-from marketplace.jobcache import FreshFor
+from marketplace.realtime.jobcache import FreshFor
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""Agent liveness kept in Redis (marketplace/liveness.py): heartbeats without the database, folded into it; expiry
+"""Agent liveness kept in Redis (marketplace/infra/liveness.py): heartbeats without the database, folded into it; expiry
 only of the truly silent; closes queued and recorded, leases returned at once; hellos coalescing provisioning;
 no stall blamed on the learner while the site was down; a worker back after an outage rejoining its job."""
 
@@ -14,7 +14,8 @@ from django.utils import timezone
 from dataplane import replay
 from dataplane.tasks import build_task
 from learner.prompts import PromptFeeder
-from marketplace import liveness, services, tasks, telemetry
+from marketplace import services, tasks
+from marketplace.infra import liveness, telemetry
 from marketplace.models import Activation, Job, Worker, WorkerSession
 
 from . import factories

@@ -15,7 +15,9 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from echo2_site.asgi import application
-from marketplace import controller, scheduling, services, telemetry
+from marketplace import scheduling, services
+from marketplace.core import controller
+from marketplace.infra import telemetry
 from marketplace.models import Activation, Worker
 
 from . import factories

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from marketplace import observability
+from marketplace.infra import observability
 from marketplace.models import Job
 
 from . import factories
@@ -28,7 +28,7 @@ def test_readyz_needs_a_recent_celery_beat(redis_url) -> None:
 
 
 def test_readyz_says_which_dependency_is_down_but_not_where_it_is(settings, tmp_path, caplog) -> None:
-    from marketplace import stream
+    from marketplace.infra import stream
     from tests.private_redis import PrivateRedis
 
     settings.REDIS_URL = PrivateRedis(tmp_path).url  # nothing listens there

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from marketplace.provisioning import (
+from marketplace.core.provisioning import (
     OPTIMALITY_TOLERANCE,
     Candidate,
     InfeasibleError,

@@ -7,7 +7,8 @@ import time
 import pytest
 from rest_framework.test import APIClient
 
-from marketplace import scheduling, services, tasks, telemetry
+from marketplace import scheduling, services, tasks
+from marketplace.infra import telemetry
 from marketplace.models import Activation, Job, Worker, WorkerCalibration
 
 from . import factories

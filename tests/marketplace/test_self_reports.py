@@ -12,7 +12,9 @@ import pytest
 from django.utils import timezone
 
 from dataplane.broadcast import chains
-from marketplace import billing, liveness, scheduling, services, tasks, telemetry
+from marketplace import scheduling, services, tasks
+from marketplace.core import billing
+from marketplace.infra import liveness, telemetry
 from marketplace.models import Activation, Job, Worker, WorkerCalibration
 
 from . import factories

@@ -103,7 +103,7 @@ def test_concurrent_wrong_guesses_are_counted_before_they_are_checked(settings, 
     from rest_framework.exceptions import AuthenticationFailed, Throttled
     from rest_framework.test import APIRequestFactory
 
-    from marketplace.throttling import guarded_authenticate
+    from marketplace.api.throttling import guarded_authenticate
 
     settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {
         **settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"], "auth_failures": "30/d"}}  # no window edge mid-test

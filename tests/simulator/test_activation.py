@@ -1,4 +1,4 @@
-"""Initial activation through marketplace.provisioning, and the ablations of Table 2."""
+"""Initial activation through marketplace.core.provisioning, and the ablations of Table 2."""
 
 from __future__ import annotations
 

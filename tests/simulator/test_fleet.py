@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from marketplace.provisioning import feasibility
+from marketplace.core.provisioning import feasibility
 from simulator import metrics
 from simulator.fleet import simulate
 from simulator.model import MBIT, ControlSpec, Fault, LearnerSpec, NetSpec, SimConfig, WorkerSpec

@@ -27,8 +27,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dataplane.replay import RedisError
 
-from . import refusals, selectors, stream
-from .models import Job
+from .. import selectors
+from ..models import Job
+from . import refusals, stream
 
 log = logging.getLogger(__name__)
 

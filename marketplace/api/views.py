@@ -16,10 +16,13 @@ from rest_framework.response import Response
 
 from dataplane.jobs import JobSpec
 
-from . import exports, provisioning, scheduling, selectors, services, stream
-from . import serializers as s
+from .. import scheduling, selectors, services
+from .. import serializers as s
+from ..core import provisioning
+from ..infra import stream
+from ..models import Job, Worker
+from . import exports
 from .auth import AGENT_KEY_ALLOWED, learner_problem
-from .models import Job, Worker
 from .renderers import TomlRenderer, YamlRenderer
 from .schema import ErrorSerializer
 

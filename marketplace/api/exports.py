@@ -4,7 +4,7 @@ The site keeps no weights: the learner does, and serves them to credential holde
 The site holds each job's transfer secret, so it issues itself a credential (worker id 0: no worker) for
 versions 0..v, fetches the base (version 0: config and tokenizer, reading only the chunks that hold them)
 and version ``v`` from the snapshot URLs the learner announced (checked when they were published:
-marketplace/addresses.py), and streams the archive that :mod:`dataplane.export` plans, chunk by chunk,
+marketplace/core/addresses.py), and streams the archive that :mod:`dataplane.export` plans, chunk by chunk,
 verified against the manifests the site recorded. Only the job's owner may export (a job is otherwise
 404 to strangers, as everywhere; staff are refused: weights are the owner's).
 
@@ -29,8 +29,8 @@ from dataplane.export import ExportError, Member, plan, tar_size, tar_stream
 from dataplane.snapshot import Manifest, SnapshotError, fetch_chunk, full_url, parse_manifest
 from dataplane.weights import DTYPES
 
-from .addresses import AddressError, PeerPolicy, check_dial_url
-from .models import Job, Snapshot
+from ..core.addresses import AddressError, PeerPolicy, check_dial_url
+from ..models import Job, Snapshot
 
 log = logging.getLogger(__name__)
 SITE_CREDENTIAL_HOLDER = 0
@@ -138,7 +138,7 @@ def _source(job: Job, snap: Snapshot, highest: int) -> tuple[Manifest, Callable[
 
 
 def _dialable(url: str) -> str:
-    """``url`` if the site may dial it now, by the rules every peer address passes (marketplace/addresses.py), its
+    """``url`` if the site may dial it now, by the rules every peer address passes (marketplace/core/addresses.py), its
     host name's addresses included; else a :class:`SnapshotError` (told to the owner as :data:`UNREACHABLE`)."""
     policy = PeerPolicy(allow_loopback=settings.ECHO2["ALLOW_LOOPBACK_PEERS"],
                         allow_private=settings.ECHO2["ALLOW_PRIVATE_PEERS"])

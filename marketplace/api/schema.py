@@ -43,7 +43,7 @@ class AutoSchema(openapi.AutoSchema):
 
 
 class AgentKeyScheme(OpenApiAuthenticationExtension):
-    target_class = "marketplace.auth.AgentKeyAuthentication"
+    target_class = "marketplace.api.auth.AgentKeyAuthentication"
     name = "agentKey"
 
     def get_security_definition(self, auto_schema):
@@ -53,7 +53,7 @@ class AgentKeyScheme(OpenApiAuthenticationExtension):
 
 
 class ApiTokenScheme(OpenApiAuthenticationExtension):
-    target_class = "marketplace.auth.ApiTokenAuthentication"
+    target_class = "marketplace.api.auth.ApiTokenAuthentication"
     name = "apiToken"
 
     def get_security_definition(self, auto_schema):

@@ -6,7 +6,7 @@ is applied. Pushes from services (assign, release, snapshot) arrive as ``agent.m
 Limits (docs/trust.md "Limits"): failed keys per client address, hellos per worker, a token bucket of
 messages per connection (closed with 4429 after sustained abuse), frames up to ``ECHO2_WS_MAX_MESSAGE_BYTES``
 (closed with 4413 beyond; the ``welcome`` announces the limit, and a bigger group comes as ``trajectories_part``
-frames, joined per connection by ``marketplace/assembly.py``), JSON nested at most ``ECHO2_JSON_MAX_DEPTH``
+frames, joined per connection by ``marketplace/realtime/assembly.py``), JSON nested at most ``ECHO2_JSON_MAX_DEPTH``
 levels. The reason always comes as a ``rejected`` frame first: daphne passes no close reason text on, and its
 websocket library lets a server close only with 1000 or 3000-4999, so the codes are HTTP's in the application
 range (as 4401), not 1008/1009.
@@ -27,12 +27,14 @@ from django.utils import timezone
 
 from dataplane import messages as m
 
-from . import refusals, selectors, services, throttling
+from .. import selectors, services
+from ..api import throttling
+from ..api.jsonlimits import JSONLimitError, check_json
+from ..infra import refusals
+from ..models import Worker
+from ..services import fanout
 from .assembly import GroupAssembler
 from .jobcache import FreshFor
-from .jsonlimits import JSONLimitError, check_json
-from .models import Worker
-from .services import fanout
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +253,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                                         retry_after=round(wait + 0.005, 3)).model_dump())
 
     async def _rollout(self, message: m.LeaseRequest | m.Trajectories | m.TrajectoriesPart | m.Submit) -> list[m._Msg]:
-        """A lease or a group, checked against the running job this socket read (``marketplace.jobcache``): read
+        """A lease or a group, checked against the running job this socket read (``marketplace.realtime.jobcache``):
+        read
         from the database when it is not held, then the work is Redis alone and runs off the database thread, so
         the sockets' rollouts do not queue behind one another's queries."""
         job_id = message.job_id if isinstance(message, m.LeaseRequest | m.Submit) else message.group.job_id

@@ -19,7 +19,8 @@ from django.conf import settings
 from dataplane.broadcast import chains
 from dataplane.replay import TimedEvent, add_event
 
-from . import controller, stream
+from ..core import controller
+from . import stream
 
 KEEP = 512  # heartbeats kept per worker: minutes of history at the default interval
 
