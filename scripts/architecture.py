@@ -19,8 +19,11 @@ from tests.test_layering import import_graph, modules  # noqa: E402
 # (x, y, width, height) of each plane on a 16 x 10 canvas, and its colour
 PLANES = {
     "echo2_site": ((4.0, 8.6, 8.0, 1.0), "#e8c5e0", "Django project: settings, urls, ASGI, Celery app, demo"),
-    "frontend": ((0.2, 6.6, 5.0, 1.5), "#c3e6e3", "dashboard and provider portal"),
-    "marketplace": ((0.2, 2.9, 7.2, 3.3), "#c4d7ea", "control plane: activation, chains, jobs, REST, agent socket"),
+    "frontend": ((0.2, 6.6, 4.6, 1.5), "#c3e6e3", "dashboard and provider portal"),
+    "echo2_cli": ((5.1, 6.6, 3.4, 1.5), "#f3e3c3", "the owner's CLI over the REST API"),
+    "simulator": ((8.8, 6.6, 7.0, 1.5), "#e3e3e3", "discrete-event fleet simulator over the pure cores"),
+    "marketplace": ((0.2, 2.9, 7.2, 3.3), "#c4d7ea", "control plane in rooms: core/ (pure), api/, realtime/, infra/, "
+                    "services/, models"),
     "learner": ((7.7, 2.9, 4.0, 3.3), "#f0cdd5", "learning plane: GRPO, staleness gate, checkpoints, publisher"),
     "worker_agent": ((12.0, 2.9, 3.8, 3.3), "#cdebcf", "rollout plane: echo2-agent, engines, rollouts"),
     "dataplane": ((0.2, 0.3, 15.6, 2.1), "#d8d0ec", "what flows between planes: records, replay buffer, snapshots, "
