@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[server,dev]'
+	$(PY) -m pip install -q -e '.[server,dev,tasks]'
 	touch $@
 
 $(DIST)/.built: $(VENV)/.installed $(WHEEL_SOURCES)
