@@ -20,7 +20,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from marketplace.core.provisioning import Candidate, Selection, exact_min_cost, greedy_by_unit_cost, pool_capacity
+from marketplace.core.activation import Candidate, Selection, exact_min_cost, greedy_by_unit_cost, pool_capacity
 
 # class: (share of the pool, USD/h, relative trajectories/s)
 GPUS = {

@@ -18,6 +18,7 @@ from django.conf import settings
 from dataplane.jobs import JobSpec
 
 from . import selectors
+from .core import activation
 from .core import controller as ctl
 from .core import provisioning as p
 from .infra import telemetry
@@ -28,15 +29,15 @@ from .models import Activation, Job, Worker, WorkerCalibration
 class Pool:
     """Everyone a job could use right now, as the pure core sees them."""
 
-    active: list[p.Candidate]
-    standby: list[p.Candidate]
+    active: list[activation.Candidate]
+    standby: list[activation.Candidate]
     unmeasured: list[Worker]  # standby workers with no figure for this job's model and task
     workers: dict[int, Worker]
     sources: dict[int, str]  # where each mu_i comes from: measured, calibration or last measured (never reported)
 
     @property
     def capacity(self) -> float:
-        return p.pool_capacity(self.active)
+        return activation.pool_capacity(self.active)
 
 
 def candidate_pool(*, model_dir: str, task_name: str, job: Job | None = None, now: float | None = None) -> Pool:
@@ -72,7 +73,7 @@ def candidate_pool(*, model_dir: str, task_name: str, job: Job | None = None, no
         figures = (("measured", measured.get(wid)), ("calibration", prior if cap is None or prior is None
                                                      else min(prior, cap)), ("last measured", worker.throughput))
         source, mu = next(((name, mu) for name, mu in figures if mu is not None), (None, None))
-        candidate = p.Candidate(wid, float(worker.price_per_hour), mu or None, availability)  # 0: adds nothing
+        candidate = activation.Candidate(wid, float(worker.price_per_hour), mu or None, availability)  # 0: adds nothing
         if source:
             sources[wid] = source
         if wid in started:
@@ -215,11 +216,11 @@ def capacity_plan(config: Job | JobSpec, *, t_train: Estimate, t_bcast: Estimate
         out["plan"] = out["greedy"] = None
         return out
     measured = [c for c in pool.active + pool.standby if c.throughput]
-    exact = p.exact_min_cost(measured, report.target)
+    exact = activation.exact_min_cost(measured, report.target)
     # The lag to expect is that of the planned pool (B.3 under overlap, B.2 when it falls short).
     out["report"] = dataclasses.asdict(p.feasibility(**args, mu_pool=exact.throughput))
     out["plan"] = _selection(exact, pool)
-    out["greedy"] = _selection(p.greedy_by_unit_cost(measured, report.target), pool)
+    out["greedy"] = _selection(activation.greedy_by_unit_cost(measured, report.target), pool)
     return out
 
 
@@ -239,7 +240,7 @@ def _calibration(pool: Pool) -> dict:
             "throughput": math.fsum(c.effective_throughput for c in pool.active + pool.standby)}
 
 
-def _selection(sel: p.Selection, pool: Pool) -> dict:
+def _selection(sel: activation.Selection, pool: Pool) -> dict:
     candidates = {c.worker_id: c for c in pool.active + pool.standby}
     return {
         "method": sel.method, "optimal": sel.optimal, "note": sel.note, "target": sel.target,
@@ -283,7 +284,7 @@ def job_replan(job: Job, *, now: float | None = None) -> Replan | None:
     if not pool.active:
         # An empty active set is not noise to wait out (the job was resumed, or every worker left): take
         # the cheapest cover of the target now, or everyone available when nobody is measured yet.
-        pick = p.exact_min_cost([c for c in pool.standby if c.throughput], target)
+        pick = activation.exact_min_cost([c for c in pool.standby if c.throughput], target)
         if not pick.worker_ids:
             return Replan(calibrate=True, reason="no active worker and nobody measured: every idle worker")
         controller.restore(below_since=None, above_since=None)

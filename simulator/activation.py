@@ -11,7 +11,8 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from marketplace.core.provisioning import Candidate, InfeasibleError, exact_min_cost, greedy_by_unit_cost, mu_target
+from marketplace.core.activation import Candidate, exact_min_cost, greedy_by_unit_cost
+from marketplace.core.provisioning import InfeasibleError, mu_target
 
 from .broadcast import install_times, plan_for, t_bcast, uplink
 from .model import SimConfig, WorkerSpec

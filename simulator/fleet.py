@@ -28,8 +28,8 @@ import random
 import simpy
 
 from dataplane.broadcast.chains import ChainPlan, WorkerStats, repair, routes
+from marketplace.core.activation import Candidate, pool_capacity
 from marketplace.core.controller import HeartbeatWindow, HysteresisController
-from marketplace.core.provisioning import Candidate, pool_capacity
 
 from .activation import provision
 from .broadcast import install_times, plan_for, uplink

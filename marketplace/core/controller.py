@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import fmean
 
-from .provisioning import Candidate, _checked, _finite, _non_negative, _positive, _require, greedy_by_unit_cost
+from .activation import Candidate, checked_candidates, greedy_by_unit_cost
+from .inputs import finite, non_negative, positive, require
 
 
 class HeartbeatWindow:
@@ -22,9 +23,9 @@ class HeartbeatWindow:
     """
 
     def __init__(self, *, window_s: float, interval_s: float) -> None:
-        _positive("window_s", window_s)
-        _positive("interval_s", interval_s)
-        _require(interval_s <= window_s, "interval_s", f"the heartbeat interval {interval_s} s is longer than the "
+        positive("window_s", window_s)
+        positive("interval_s", interval_s)
+        require(interval_s <= window_s, "interval_s", f"the heartbeat interval {interval_s} s is longer than the "
                                                        f"window {window_s} s")
         self.window_s, self.interval_s = window_s, interval_s
         self._beats: list[tuple[float, float | None, bool]] = []  # (t, mu, alive), sorted by t
@@ -32,15 +33,15 @@ class HeartbeatWindow:
         self._latest = -math.inf
 
     def add(self, t: float, throughput: float | None, alive: bool = True) -> None:
-        _require(_finite(t), "t", f"must be a finite time in seconds, got {t!r}")
+        require(finite(t), "t", f"must be a finite time in seconds, got {t!r}")
         if throughput is not None:
-            _non_negative("throughput", throughput)
+            non_negative("throughput", throughput)
         bisect.insort(self._beats, (t, throughput, alive), key=lambda b: b[0])
         self._first, self._latest = min(self._first, t), max(self._latest, t)
         del self._beats[:bisect.bisect_right(self._beats, self._latest - self.window_s, key=lambda b: b[0])]
 
     def _window(self, now: float) -> list[tuple[float, float | None, bool]]:
-        _require(_finite(now), "now", f"must be a finite time in seconds, got {now!r}")
+        require(finite(now), "now", f"must be a finite time in seconds, got {now!r}")
         lo = bisect.bisect_right(self._beats, now - self.window_s, key=lambda b: b[0])
         return self._beats[lo:bisect.bisect_right(self._beats, now, key=lambda b: b[0])]
 
@@ -72,8 +73,8 @@ def accepted_rate(events: Sequence[tuple[float, int]], *, now: float, window_s: 
     ``(time, records accepted)``. None while the span is shorter than ``min_span_s`` or nothing was accepted
     in it: a worker's own figure (its heartbeats, its calibration) stands in until then.
     """
-    _positive("window_s", window_s)
-    _non_negative("min_span_s", min_span_s)
+    positive("window_s", window_s)
+    non_negative("min_span_s", min_span_s)
     start = max(now - window_s, since)
     span = now - start
     accepted = sum(n for t, n in events if start < t <= now)
@@ -102,8 +103,8 @@ class HysteresisController:
     """
 
     def __init__(self, interval_s: float, release_margin: float) -> None:
-        _positive("interval_s", interval_s)
-        _non_negative("release_margin", release_margin)
+        positive("interval_s", interval_s)
+        non_negative("release_margin", release_margin)
         self.interval_s, self.release_margin = interval_s, release_margin
         self._below_since: float | None = None
         self._above_since: float | None = None
@@ -115,14 +116,14 @@ class HysteresisController:
     def restore(self, *, below_since: float | None, above_since: float | None) -> None:
         """Take back clocks saved by ``state()`` (another process's controller, say)."""
         for field, value in (("below_since", below_since), ("above_since", above_since)):
-            _require(value is None or _finite(value), field, f"must be a finite time or None, got {value!r}")
+            require(value is None or finite(value), field, f"must be a finite time or None, got {value!r}")
         self._below_since, self._above_since = below_since, above_since
 
     def decide(self, now: float, capacity: float, target: float, standby: Sequence[Candidate],
                active: Sequence[Candidate]) -> Decision:
-        _require(_finite(now), "now", f"must be a finite time in seconds, got {now!r}")
-        _non_negative("capacity", capacity)
-        _positive("target", target)
+        require(finite(now), "now", f"must be a finite time in seconds, got {now!r}")
+        non_negative("capacity", capacity)
+        positive("target", target)
         state = f"capacity {capacity:.4g} vs target {target:.4g} traj/s"
         if capacity < target:
             self._above_since = None
@@ -151,8 +152,8 @@ class HysteresisController:
                                         f"{self.interval_s:.0f} s, waiting")
             self._above_since = now
             left, release = capacity, []
-            by_cost = sorted((c for c in _checked(active, need_throughput=False) if c.effective_throughput > 0),
-                             key=lambda c: (-c.price_per_hour / c.effective_throughput, c.worker_id))
+            adding = (c for c in checked_candidates(active, need_throughput=False) if c.effective_throughput > 0)
+            by_cost = sorted(adding, key=lambda c: (-c.price_per_hour / c.effective_throughput, c.worker_id))
             for c in by_cost:
                 if left - c.effective_throughput >= target:
                     release.append(c.worker_id)

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from marketplace.core.activation import Candidate, pool_capacity
 from marketplace.core.controller import Decision, HeartbeatWindow, HysteresisController
-from marketplace.core.provisioning import Candidate, ProvisioningInputError, pool_capacity
+from marketplace.core.provisioning import ProvisioningInputError
 
 # ---- heartbeat windows ---------------------------------------------------------------------------------
 

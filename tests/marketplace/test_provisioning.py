@@ -12,22 +12,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from marketplace.core.provisioning import (
+from marketplace.core.activation import (
     OPTIMALITY_TOLERANCE,
     Candidate,
+    Selection,
+    exact_min_cost,
+    greedy_by_unit_cost,
+    pool_capacity,
+)
+from marketplace.core.provisioning import (
     InfeasibleError,
     ProvisioningInputError,
-    Selection,
     default_kappa,
     delta_max_cons,
     delta_max_tight,
-    exact_min_cost,
     feasibility,
-    greedy_by_unit_cost,
     mu_min,
     mu_target,
     overlap_holds,
-    pool_capacity,
 )
 
 
