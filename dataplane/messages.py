@@ -8,8 +8,8 @@ discarded.
 A group whose ``trajectories`` frame would exceed the site's frame limit (announced in the ``welcome``) goes as
 ``trajectories_part`` frames: each carries a slice of the group's records as a valid group of its own, its index and
 the count, and the request's one ``id``; the site assembles them (``marketplace/realtime/assembly.py``) and answers the
-whole
-group once. A single record too big for a frame cannot be split: the agent hands its lease back (``lease_return``).
+whole group once. A single record too big for a frame cannot be split: the agent hands its lease back
+(``lease_return``).
 
 The ``id`` comes right after the ``type`` in every request, so the site can name a request it refuses unparsed (over
 its rate budget) by reading the frame's head; such a refusal carries ``retry_after``, and the agent sends the same

@@ -283,8 +283,7 @@ ECHO2 = {
     "HEARTBEAT_INTERVAL_S": float(os.environ.get("ECHO2_HEARTBEAT_INTERVAL_S", "2.0")),
     "WORKER_TIMEOUT_S": float(os.environ.get("ECHO2_WORKER_TIMEOUT_S", "30.0")),
     # A heartbeat goes to the database only when it changes something (marketplace/infra/liveness.py); a worker in a
-    # billed
-    # state is reported at least this often (at most a third of WORKER_TIMEOUT_S), with its measured throughput.
+    # billed state is reported at least this often (at most a third of WORKER_TIMEOUT_S), with its measured throughput.
     "HEARTBEAT_DB_SYNC_S": env_float("ECHO2_HEARTBEAT_DB_SYNC_S", 10.0),
     # A worker released for silence (socket closed, site outage) that says hello again within this many seconds
     # rejoins its job at once, rather than after the scheduler's hysteresis.
@@ -330,8 +329,8 @@ ECHO2 = {
     "AGENT_BYTES_PER_S": env_float("ECHO2_AGENT_BYTES_PER_S", float(64 << 20)),
     "AGENT_ABUSE_CLOSE_AFTER": env_int("ECHO2_AGENT_ABUSE_CLOSE_AFTER", 50),
     # How long an agent socket may check leases and groups against the running job it read
-    # (marketplace/realtime/jobcache.py)
-    # without reading it again; every push that changes it (assign, release, snapshot) drops it sooner. 0: read always.
+    # (marketplace/realtime/jobcache.py) without reading it again; every push that changes it (assign, release,
+    # snapshot) drops it sooner. 0: read always.
     "AGENT_STATE_MAX_AGE_S": env_float("ECHO2_AGENT_STATE_MAX_AGE_S", 2.0),
     # Largest agent websocket frame (bytes), announced to agents in the welcome. A legal group of 16 x 4096 tokens is
     # about 1.8 MiB of JSON; a bigger group comes as `trajectories_part` frames (docs/trust.md); a bigger frame is

@@ -254,8 +254,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
 
     async def _rollout(self, message: m.LeaseRequest | m.Trajectories | m.TrajectoriesPart | m.Submit) -> list[m._Msg]:
         """A lease or a group, checked against the running job this socket read (``marketplace.realtime.jobcache``):
-        read
-        from the database when it is not held, then the work is Redis alone and runs off the database thread, so
+        read from the database when it is not held, then the work is Redis alone and runs off the database thread, so
         the sockets' rollouts do not queue behind one another's queries."""
         job_id = message.job_id if isinstance(message, m.LeaseRequest | m.Submit) else message.group.job_id
         running = self.running.get(job_id)

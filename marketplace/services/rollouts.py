@@ -159,9 +159,8 @@ def trajectories_malformed(*, worker: Worker, job_id: object, records: object) -
 def trajectories_part_submit(*, worker: Worker, assembler: GroupAssembler, part: m.TrajectoriesPart,
                              frame_bytes: int, running: RunningJob | None = None) -> list[m.Accepted | m.Rejected]:
     """Join one part of a group too big for one frame (``marketplace/realtime/assembly.py``); after its last part,
-    submit the
-    whole group exactly as one sent in one frame. No reply while parts are still to come; a refused part drops the
-    assembly with the reason (the lease stays open, so the prompt is leased again: nothing is lost)."""
+    submit the whole group exactly as one sent in one frame. No reply while parts are still to come; a refused part
+    drops the assembly with the reason (the lease stays open, so the prompt is leased again: nothing is lost)."""
     try:
         job = _checked(worker, part.group.job_id, running)
     except ServiceError:
