@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from ..records import MAX_REWARD, RecordLimits
 
 if TYPE_CHECKING:
+    from ..rewards import RewardStats
     from .episodes import Episode, Turn
 
 
@@ -55,6 +56,20 @@ class TaskAdapter(ABC):
     def spec(self) -> dict[str, Any]:
         """The JSON spec that rebuilds this adapter."""
         return {"name": self.name}
+
+    def prepare(self, *, allow_user_code: bool) -> None:
+        """Get ready to score on this machine: an agent calls it before it leases work for the job, the learner
+        before it audits. A task that runs code its spec names (a reward function ``pkg.module:fn``, a verifiers
+        environment) loads it here, never in its constructor (the site builds tasks to validate specs and must not
+        run owners' code), and raises :class:`~dataplane.rewards.UserCodeRefused` when ``allow_user_code`` is false
+        (the provider did not run ``echo2-agent run --allow-user-code``; the learner passes true: it is the owner's
+        machine). Built-ins load nothing."""
+        return None
+
+    def reward_stats(self) -> RewardStats | None:
+        """What the task's reward functions did wrong so far (errors, non-finite scores; cumulative), for the agent
+        to report per job; None for a task that runs no user reward functions."""
+        return None
 
     def max_completion_tokens(self, max_new_tokens: int) -> int:
         """The longest completion an honest worker returns for a job sampling ``max_new_tokens`` per turn:

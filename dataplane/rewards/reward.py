@@ -1,0 +1,174 @@
+"""A built reward: call each function of a :class:`RewardSpec` on a batch, catch what they do wrong, sum with weights.
+
+``Reward(prompts, completions, **columns) -> list[float]`` is what a task calls; each function gets TRL's
+``reward_funcs`` arguments (``fn(prompts, completions, **columns)``, the dataset's extra columns as lists, plus the
+function's ``options`` as keyword arguments) and returns one score per completion, or ``None`` where it does not
+apply (TRL's convention: that function adds nothing to that record).
+
+A user's function is a stranger's code running inside a worker: whatever it does wrong costs one record, never the
+worker. A call that raises is repeated record by record so that one bad record does not zero its batch; a record it
+still cannot score, and one it scores with something that is not a finite number within the records' bound
+(``MAX_REWARD``), gets the function's ``fallback`` (0 unless the spec says otherwise) and is counted in
+:class:`RewardStats`, which the agent reports to the site per job (docs/rewards.md).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import numbers
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..records import MAX_REWARD
+from .builtins import SCORERS, MathVerifyMissing
+from .spec import RewardError, RewardFunctionSpec, RewardSpec, UserCodeRefused, parse_reward_spec
+
+MAX_ERROR_TEXT = 200
+
+
+@dataclass(frozen=True)
+class RewardStats:
+    """What a reward's functions did wrong: ``calls`` (function calls on a batch), ``errors`` (records a function
+    failed to score: it raised, or returned no list of one number per completion), ``non_finite`` (records scored
+    NaN, an infinity or beyond +-MAX_REWARD), ``last_error`` (the latest, one short line)."""
+
+    calls: int = 0
+    errors: int = 0
+    non_finite: int = 0
+    last_error: str = ""
+
+    def minus(self, earlier: RewardStats) -> RewardStats:
+        """What happened since ``earlier`` (a snapshot of the same reward): the agent reports these deltas."""
+        return RewardStats(calls=self.calls - earlier.calls, errors=self.errors - earlier.errors,
+                           non_finite=self.non_finite - earlier.non_finite,
+                           last_error=self.last_error if self.errors + self.non_finite
+                           > earlier.errors + earlier.non_finite else "")
+
+
+def error_text(err: BaseException, function: str) -> str:
+    """``function: Type: message``, one line, at most ``MAX_ERROR_TEXT`` characters."""
+    message = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    text = f"{function}: {type(err).__name__}" + (f": {message}" if message else "")
+    return text if len(text) <= MAX_ERROR_TEXT else text[: MAX_ERROR_TEXT - 3] + "..."
+
+
+class _Scorer:
+    """One function of the sum, with its weight and fallback."""
+
+    def __init__(self, spec: RewardFunctionSpec, fn: Callable[..., Any], options: dict[str, Any]) -> None:
+        self.spec, self.fn, self.options = spec, fn, options
+
+    def call(self, prompts: list[str], completions: list[str], columns: dict[str, Sequence[Any]]) -> list[Any]:
+        out = self.fn(prompts, completions, **columns, **self.options)
+        if isinstance(out, str | bytes) or not isinstance(out, Sequence) or len(out) != len(completions):
+            got = f"{len(out)} values" if isinstance(out, Sequence) else type(out).__name__
+            raise TypeError(f"returned {got}, expected a list of {len(completions)} floats")
+        return list(out)
+
+
+class Reward:
+    """The weighted sum of a :class:`RewardSpec`'s functions; see the module's docstring."""
+
+    def __init__(self, spec: RewardSpec, scorers: list[_Scorer]) -> None:
+        self.spec = spec
+        self._scorers = scorers
+        self._lock = threading.Lock()
+        self._stats = RewardStats()
+
+    @property
+    def stats(self) -> RewardStats:
+        """Everything counted so far (a frozen snapshot)."""
+        return self._stats
+
+    def __call__(self, prompts: list[str], completions: list[str], **columns: Sequence[Any]) -> list[float]:
+        count = len(completions)
+        if len(prompts) != count:
+            raise ValueError(f"{len(prompts)} prompts for {count} completions")
+        totals = [0.0] * count
+        for scorer in self._scorers:
+            for i, score in enumerate(self._scores(scorer, prompts, completions, columns)):
+                totals[i] += scorer.spec.weight * score
+        return totals
+
+    def _scores(self, scorer: _Scorer, prompts: list[str], completions: list[str],
+                columns: dict[str, Sequence[Any]]) -> list[float]:
+        """One function's scores of a batch, every failure replaced by its fallback and counted."""
+        self._count(calls=1)
+        try:
+            raw = scorer.call(prompts, completions, columns)
+        except Exception:  # noqa: BLE001 - a user's function may raise anything; find the records at fault
+            raw = [self._one(scorer, i, prompts, completions, columns) for i in range(len(completions))]
+        return [self._finite(scorer, value) for value in raw]
+
+    def _one(self, scorer: _Scorer, i: int, prompts: list[str], completions: list[str],
+             columns: dict[str, Sequence[Any]]) -> Any:
+        """Record ``i`` scored alone (its batch raised); a failure is the fallback, counted."""
+        self._count(calls=1)
+        try:
+            return scorer.call(prompts[i:i + 1], completions[i:i + 1], {k: v[i:i + 1] for k, v in columns.items()})[0]
+        except Exception as err:  # noqa: BLE001 - counted and reported, never raised into the worker
+            self._count(errors=1, last_error=error_text(err, scorer.spec.function))
+            return None if scorer.spec.fallback == 0.0 else scorer.spec.fallback
+
+    def _finite(self, scorer: _Scorer, value: Any) -> float:
+        if value is None:  # the function does not apply to this record (TRL), or it failed with fallback 0
+            return 0.0
+        if isinstance(value, numbers.Real):
+            number = float(value)
+            if math.isfinite(number) and abs(number) <= MAX_REWARD:
+                return number
+        self._count(non_finite=1, last_error=f"{scorer.spec.function}: returned {value!r:.60}, not a finite number")
+        return scorer.spec.fallback
+
+    def _count(self, *, calls: int = 0, errors: int = 0, non_finite: int = 0, last_error: str = "") -> None:
+        with self._lock:
+            s = self._stats
+            self._stats = replace(s, calls=s.calls + calls, errors=s.errors + errors,
+                                  non_finite=s.non_finite + non_finite, last_error=last_error or s.last_error)
+
+
+def build_reward(spec: Any, *, allow_user_code: bool, field: str = "reward") -> Reward:
+    """Build the reward of ``spec`` (a :class:`RewardSpec` or any shape it parses). User functions are imported only
+    with ``allow_user_code`` (an agent run with ``--allow-user-code``, or the learner: the owner's machine), else
+    :class:`UserCodeRefused`. Raise :class:`RewardError` naming the field for anything else wrong."""
+    parsed = parse_reward_spec(spec, field=field)
+    refused = parsed.user_functions
+    if refused and not allow_user_code:
+        raise UserCodeRefused(f"{field}: runs user code ({', '.join(refused)}) and this worker does not run user code "
+                              "(its provider did not start it with `echo2-agent run --allow-user-code`)")
+    return Reward(parsed, [_scorer(f, f"{field}.functions.{i}") for i, f in enumerate(parsed.functions)])
+
+
+def _scorer(spec: RewardFunctionSpec, where: str) -> _Scorer:
+    if not spec.is_user_code:
+        factory = SCORERS[spec.function]
+        known = set(inspect.signature(factory).parameters)
+        unknown = sorted(set(spec.options) - known)
+        if unknown:
+            raise RewardError(f"{where}.options: unknown option {unknown[0]!r} of {spec.function} (its options: "
+                              f"{', '.join(sorted(known))})")
+        try:
+            return _Scorer(spec, factory(**spec.options), {})
+        except MathVerifyMissing as err:
+            raise RewardError(f"{where}: {err}") from None
+        except ValueError as err:
+            raise RewardError(f"{where}.options.{err}") from None
+    return _Scorer(spec, load_function(spec.function, where=f"{where}.function"), dict(spec.options))
+
+
+def load_function(name: str, *, where: str) -> Callable[..., Any]:
+    """Import ``pkg.module:attr.path`` and return it; :class:`RewardError` naming ``where`` if it cannot."""
+    module_name, _, attr_path = name.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+        for attr in attr_path.split("."):
+            target = getattr(target, attr)
+    except Exception as err:  # noqa: BLE001 - importing a user's module runs its code: any error is a bad spec
+        raise RewardError(f"{where}: cannot load {name!r} ({error_text(err, module_name)})") from None
+    if not callable(target):
+        raise RewardError(f"{where}: {name!r} is not callable")
+    return target
