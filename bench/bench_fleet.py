@@ -97,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C, even where the parent ignored it (a & job)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
 
-    from bench.fleet.rows import Row, table
+    from bench.fleet.rows import Row
     from bench.fleet.site import Site
+    from bench.fleet.tables import table
 
     site = Site(workdir, database=args.database)
     rows = []
@@ -124,13 +125,13 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"every process stopped; logs in {site.stack.logs}")
     command = "bench/bench_fleet.py " + " ".join(sys.argv[1:] if argv is None else argv)
     Console(width=max(console.width, 44 + 34 * len(rows))).print(table(rows, title=f"fleet bench: {command}"))
-    from bench.fleet.rows import first_limit
+    from bench.fleet.tables import first_limit
 
     console.print(first_limit(rows))
     if args.json:
         args.json.write_text(json.dumps([r.figures for r in rows], indent=1))
     if args.markdown:
-        from bench.fleet.rows import markdown
+        from bench.fleet.tables import markdown
 
         args.markdown.write_text(f"`{command}`\n\n" + markdown(rows) + f"\n{first_limit(rows)}\n")
     return 0
