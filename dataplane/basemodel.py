@@ -41,8 +41,14 @@ def checkpoint_files(directory: str | Path) -> list[Path]:
 
 def write_archive(directory: str | Path, out: BinaryIO) -> None:
     """Write the deterministic archive of ``directory`` to ``out`` (anything with ``write`` and ``tell``)."""
+    write_files(checkpoint_files(directory), out)
+
+
+def write_files(files: list[Path], out: BinaryIO) -> None:
+    """The archive of ``files`` (regular files of distinct plain names, in order) written to ``out``: the same
+    bytes for the same files, whatever their mtimes, modes or owners (a data set's archive is one too)."""
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT, encoding="utf-8") as tar:
-        for path in checkpoint_files(directory):
+        for path in files:
             info = tarfile.TarInfo(path.name)
             info.size, info.mtime, info.mode, info.type = path.stat().st_size, 0, 0o644, tarfile.REGTYPE
             info.uid = info.gid = 0

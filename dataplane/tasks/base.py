@@ -66,6 +66,12 @@ class TaskAdapter(ABC):
         machine). Built-ins load nothing."""
         return None
 
+    def content_digests(self) -> list[str]:
+        """The data sets this task reads, by digest (docs/datasets.md): the learner serves each to the job's workers,
+        and an agent fetches each it lacks (into its cache) before :meth:`prepare`. Empty for a task whose data ships
+        with it."""
+        return []
+
     def reward_stats(self) -> RewardStats | None:
         """What the task's reward functions did wrong so far (errors, non-finite scores; cumulative), for the agent
         to report per job; None for a task that runs no user reward functions."""
