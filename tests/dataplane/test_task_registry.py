@@ -14,7 +14,8 @@ def test_every_task_module_of_the_folder_registers_its_adapter() -> None:
     modules = {m.name for m in pkgutil.iter_modules(dataplane.tasks.__path__)} - set(SHARED)
 
     assert {cls.__module__.rpartition(".")[2] for cls in BUILTIN.values()} == modules
-    assert {"arithmetic", "math", "countdown", "sandbox", "reasoning_gym"} <= set(BUILTIN) <= set(available_tasks())
+    ours = {"arithmetic", "math", "countdown", "sandbox", "reasoning_gym", "verifiers"}
+    assert ours <= set(BUILTIN) <= set(available_tasks())
     assert [name for name, cls in BUILTIN.items() if cls.multi_turn] == ["sandbox"]
 
 
