@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .broadcast import BroadcastStrategy
+from .chat import PromptFormat
 from .losses import LOSS_TYPES, loss_types_help
 from .tasks import TaskSpecError, build_task
 
@@ -171,6 +172,11 @@ class JobSpec(BaseModel):
     snapshot_dtype: Literal["bf16", "fp32"] = Field(
         default="bf16", description="The dtype snapshots carry the weights in: bf16 (what engines serve; half the "
         "bytes of fp32) or fp32 (the learner's own precision).")
+    prompt_format: PromptFormat = Field(
+        default_factory=PromptFormat, description="How a prompt becomes the model's input, the same for the engines, "
+        "the learner and the exported model (docs/prompts.md): {\"chat\": false} the text with the tokenizer's own "
+        "special tokens (a base model); {\"chat\": true, \"system_prompt\": \"...\"} the tokenizer's chat template "
+        "with add_generation_prompt (an instruct model).")
     snapshot_full_every: int = Field(
         default=10, ge=1, le=10_000, description="K: every K-th published version is a full snapshot; the others "
         "are lossless deltas against the version before (1: every version full).")
@@ -230,16 +236,23 @@ def model_dir_problem(model_dir: str) -> str | None:
     return None
 
 
+NESTED: dict[str, type[BaseModel]] = {"loss": LossConfig, "prompt_format": PromptFormat}
+"""The job settings that are tables of settings, each refusing unknown keys."""
+
+
 def unknown_keys(raw: dict[str, Any]) -> list[tuple[str, str]]:
-    """``(field, message)`` for every key of ``raw`` (and of its ``loss``) that is no job setting, each with the
-    closest known name: a misspelt ``stalenes`` would otherwise be dropped and its default used in silence."""
-    known = {name: name for name in JobSpec.model_fields} | {name: f"loss.{name}" for name in LossConfig.model_fields
-                                                            if name not in JobSpec.model_fields}
+    """``(field, message)`` for every key of ``raw`` (and of its tables, :data:`NESTED`) that is no job setting,
+    each with the closest known name: a misspelt ``stalenes`` would otherwise be dropped and its default used in
+    silence."""
+    known = {name: name for name in JobSpec.model_fields}
+    for table, model in NESTED.items():
+        known |= {name: f"{table}.{name}" for name in model.model_fields if name not in known}
     found = [(str(key), _did_you_mean(str(key), known)) for key in raw if key not in JobSpec.model_fields]
-    loss = raw.get("loss")
-    if isinstance(loss, dict):
-        in_loss = {name: f"loss.{name}" for name in LossConfig.model_fields}
-        found += [(f"loss.{key}", _did_you_mean(str(key), in_loss)) for key in loss if key not in in_loss]
+    for table, model in NESTED.items():
+        value = raw.get(table)
+        if isinstance(value, dict):
+            inside = {name: f"{table}.{name}" for name in model.model_fields}
+            found += [(f"{table}.{key}", _did_you_mean(str(key), inside)) for key in value if key not in inside]
     return found
 
 
@@ -250,7 +263,8 @@ def _did_you_mean(key: str, known: dict[str, str]) -> str:
 
 
 def _validation_errors(err: ValidationError) -> list[tuple[str, str]]:
-    """pydantic's errors as ``(field, message)``; a cross-field check names its fields itself, one per line."""
+    """pydantic's errors as ``(field, message)``; a cross-field check names its fields itself, one per line (a
+    table's check its keys: ``prompt_format.system_prompt``)."""
     out = []
     for error in err.errors():
         if error["type"] == "extra_forbidden":
@@ -259,8 +273,9 @@ def _validation_errors(err: ValidationError) -> list[tuple[str, str]]:
         message = error["msg"].removeprefix("Value error, ")
         for line in message.splitlines():
             name, reason = (field, line)
-            if not field and ":" in line:
-                name, reason = line.split(":", 1)
+            head, _, rest = line.partition(":")
+            if rest and (not field or field in NESTED and head.isidentifier()):  # a check naming its field
+                name, reason = (f"{field}.{head}" if field else head), rest
             out.append((name.strip() or "job", reason.strip()))
     return out
 

@@ -27,6 +27,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from .broadcast import BroadcastStrategy
+from .chat import PromptFormat
+from .hardware import Hardware
 from .records import MAX_GROUP, TrajectoryGroup, error_reason
 
 
@@ -65,6 +67,8 @@ class Hello(_Msg):
                                           "if any.")
     job_id: int | None = Field(default=None, ge=1, le=MAX_VERSION, description="The job the agent was serving when "
                                "it (re)connected: a site that no longer has it active in that job answers ``release``.")
+    hardware: Hardware | None = Field(default=None, description="What the machine has, as the agent measured it "
+                                      "(dataplane/hardware.py): claims, used only for matching jobs' requirements.")
 
 
 WorkerState = Literal["loading", "installing", "generating", "idle", "failed"]
@@ -245,6 +249,8 @@ class Assign(_Msg):
     max_new_tokens: int
     temperature: float
     top_p: float = 1.0
+    prompt_format: PromptFormat = Field(default_factory=PromptFormat, description="How prompts become token ids "
+                                        "(the job's; an older site sends none: plain).")
     snapshot: dict[str, Any] | None = Field(default=None, description="Newest snapshot after the base to install, "
                                             "if any.")
 

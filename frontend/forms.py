@@ -15,9 +15,12 @@ _FIELDS = JobSpec.model_fields
 _LOSS = LossConfig.model_fields
 MAX_JOB_FILE_BYTES = 64 * 1024
 LOSS_PREFIX = "loss_"  # the form field of LossConfig's ``kl_beta`` is ``loss_kl_beta`` (JobSpecError: "loss.kl_beta")
-# JobSpec settings drawn by hand: ``task`` as a task name and its options, ``learner_uplink_bps`` in Mbit/s,
-# ``loss`` as one ``loss_*`` field per LossConfig setting. Every other JobSpec field is drawn from JobSpec alone.
-_DRAWN_BY_HAND = ("task", "learner_uplink_bps", "loss")
+# The JobSpec settings that are tables of settings (``loss``, ``prompt_format``): one ``<table>_<name>`` form field
+# per setting of the table.
+_TABLES: dict[str, type] = {s.name: s.model for s in settings_of(JobSpec) if s.kind == "model"}
+# JobSpec settings drawn by hand: ``task`` as a task name and its options, ``learner_uplink_bps`` in Mbit/s, and
+# the tables. Every other JobSpec field is drawn from JobSpec alone.
+_DRAWN_BY_HAND = ("task", "learner_uplink_bps", *_TABLES)
 # How the page names a setting (its symbol in the paper); a setting not listed is named after its field.
 LABELS = {
     "model_dir": "Model directory", "staleness": "S (staleness budget)", "kappa": "κ (snapshot period)",
@@ -28,7 +31,8 @@ LABELS = {
     "loss_clip_eps_low": "clip ε low", "loss_clip_eps_high": "clip ε high", "loss_kl_beta": "KL β",
     "loss_aggregation": "Aggregation", "loss_norm_length": "Length normalizer",
     "loss_off_policy": "Off-policy correction", "loss_is_cap": "IS cap C", "loss_max_grad_norm": "Max gradient norm",
-    "loss_dual_clip": "Dual-clip bound c",
+    "loss_dual_clip": "Dual-clip bound c", "prompt_format_chat": "Chat template",
+    "prompt_format_system_prompt": "System prompt",
 }
 _FORM_FIELDS: dict[str, type[forms.Field]] = {
     "int": forms.IntegerField, "float": forms.FloatField, "str": forms.CharField, "bool": forms.BooleanField,
@@ -49,13 +53,18 @@ def _form_field(setting: Setting, name: str) -> forms.Field:
         kwargs["choices"] = lambda: [*blank, *((value, value) for value in setting.choices)]
     elif setting.kind == "str":
         kwargs["max_length"] = setting.max_length
+        if setting.max_length and setting.max_length > 1000:  # a paragraph (a system prompt)
+            kwargs["widget"] = forms.Textarea(attrs={"rows": 3})
     return _FORM_FIELDS[setting.kind](**kwargs)
 
 
 def _spec_form_fields() -> dict[str, forms.Field]:
-    """Every JobSpec setting not drawn by hand, then every LossConfig one as ``loss_<name>``."""
+    """Every JobSpec setting not drawn by hand, then every setting of each table as ``<table>_<name>``
+    (``loss_kl_beta``)."""
     fields = {s.name: _form_field(s, s.name) for s in settings_of(JobSpec) if s.name not in _DRAWN_BY_HAND}
-    return fields | {LOSS_PREFIX + s.name: _form_field(s, LOSS_PREFIX + s.name) for s in settings_of(LossConfig)}
+    for table, model in _TABLES.items():
+        fields |= {f"{table}_{s.name}": _form_field(s, f"{table}_{s.name}") for s in settings_of(model)}
+    return fields
 
 
 class JobLaunchForm(forms.Form):
@@ -84,6 +93,7 @@ class JobLaunchForm(forms.Form):
                                     "snapshot_full_every")),
         ("Training", ("learning_rate", "clip_eps", "max_steps", "target_reward")),
         ("Sampling", ("max_new_tokens", "temperature", "top_p", "seed")),
+        ("Prompts", tuple(f"prompt_format_{name}" for name in _TABLES["prompt_format"].model_fields)),
         ("Loss", tuple(LOSS_PREFIX + name for name in _LOSS)),
         ("Plan estimates (not saved with the job)", ("t_train_s", "t_bcast_s")),
     )
@@ -118,13 +128,16 @@ class JobLaunchForm(forms.Form):
         raw = {k: v for k, v in data.items() if k in _FIELDS and v not in blank}
         raw["task"] = {"name": data["task_name"], **options}
         raw["learner_uplink_bps"] = int(data["learner_uplink_mbps"] * 1e6 / 8)
-        raw["loss"] = {name: data[LOSS_PREFIX + name] for name in _LOSS if data[LOSS_PREFIX + name] not in blank}
+        for table, model in _TABLES.items():
+            raw[table] = {name: data[f"{table}_{name}"] for name in model.model_fields
+                          if data[f"{table}_{name}"] not in blank}
         try:
             self.spec = parse_job_spec(raw)
         except JobSpecError as err:
             for name, message in err.errors:  # every one, by the form field that holds it
+                table, dot, key = name.partition(".")
                 field = {"task": "task_options", "learner_uplink_bps": "learner_uplink_mbps"}.get(
-                    name, name.replace("loss.", LOSS_PREFIX))
+                    name, f"{table}_{key}" if dot and table in _TABLES else name)
                 self.add_error(field if field in self.fields else None, message)
         return data
 
@@ -163,12 +176,13 @@ def job_file_initial(upload) -> tuple[dict, list[str]]:
 
 
 def _initial_from_raw(raw: dict) -> dict:
-    """A job file's settings as the launch form's fields (task name and options, Mbit/s, ``loss_*``)."""
+    """A job file's settings as the launch form's fields (task name and options, Mbit/s, ``<table>_*``)."""
     initial = {k: v for k, v in raw.items() if k in _FIELDS and not isinstance(v, dict) and v is not None}
     task = dict(raw["task"])
     initial["task_name"] = task.pop("name", "")
     initial["task_options"] = json.dumps(task)
     if "learner_uplink_bps" in raw:
         initial["learner_uplink_mbps"] = raw["learner_uplink_bps"] * 8 / 1e6
-    initial |= {LOSS_PREFIX + k: v for k, v in (raw.get("loss") or {}).items() if v is not None}
+    for table in _TABLES:
+        initial |= {f"{table}_{k}": v for k, v in (raw.get(table) or {}).items() if v is not None}
     return initial

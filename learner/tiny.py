@@ -12,8 +12,9 @@ PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 
 
 def build_tokenizer(alphabet: str):
-    """A character-level fast tokenizer: one token per character of ``alphabet`` plus pad/bos/eos."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    """A character-level fast tokenizer: one token per character of ``alphabet`` plus pad/bos/eos; its
+    post-processor puts the BOS in front of every text encoded with special tokens (the default)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     chars = sorted(set(alphabet))
@@ -22,6 +23,10 @@ def build_tokenizer(alphabet: str):
     # One token per character; in Oniguruma's syntax (?m) lets "." match newlines as well.
     core.pre_tokenizer = pre_tokenizers.Split(Regex("(?m)."), behavior="isolated")
     core.decoder = decoders.Fuse()
+    # The tokenizer adds its BOS itself, as Llama's does: tokenizer(prompt) is the stream the model is trained on
+    # (dataplane/chat.py), with no BOS put in front by hand.
+    core.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B",
+                                                        special_tokens=[(BOS, vocab[BOS])])
     return PreTrainedTokenizerFast(tokenizer_object=core, bos_token=BOS, eos_token=EOS, pad_token=PAD,
                                    unk_token=PAD, padding_side="left")
 

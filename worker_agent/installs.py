@@ -153,6 +153,7 @@ class Installer:
         async with self.install_lock:
             if not self._wants(snap):  # reassigned meanwhile
                 return
+            engine.prompt_format = self.assignment.prompt_format  # the job's, for every prompt it encodes
             self.job = JobEngine(job_id=snap.job_id, base_digest=manifest.sha256, engine=engine)
         await self._report_installed(snap, manifest, source)
 

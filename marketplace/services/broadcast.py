@@ -55,6 +55,7 @@ def assign_message(job: Job, *, worker_id: int) -> m.Assign:
     return m.Assign(
         job_id=job.pk, model=job.model_dir, task=job.task, group_size=job.group_size,
         max_new_tokens=job.max_new_tokens, temperature=job.temperature, top_p=job.top_p,
+        prompt_format=job.prompt_format,
         base_digest=job.base_digest or None, base=message(base) if base else None,
         snapshot=message(snap) if snap and snap.version > 0 else None,
     )

@@ -91,6 +91,16 @@ def test_launch_form_creates_a_job_with_every_setting():
     assert reply.status_code == 302 and reply["Location"] == f"/jobs/{job.pk}/"
     assert (job.status, job.kappa, job.task, job.learner_uplink_bps) == (
         "draft", 2, {"name": "arithmetic", "max_operand": 4, "ops": "+", "modulus": 10}, 12_500_000)
+    assert job.prompt_format == {"chat": False, "system_prompt": None}  # the default: plain prompts
+
+
+@pytest.mark.django_db
+def test_launch_form_sets_the_prompt_format():
+    owner = factories.user()
+    assert 'name="prompt_format_system_prompt"' in signed_in(owner).get("/jobs/new/").content.decode()
+    signed_in(owner).post("/jobs/new/", {**LAUNCH, "prompt_format_chat": "on",
+                                         "prompt_format_system_prompt": "Answer with the number only."})
+    assert Job.objects.get().prompt_format == {"chat": True, "system_prompt": "Answer with the number only."}
 
 
 @pytest.mark.django_db
@@ -103,6 +113,7 @@ def test_launch_form_creates_a_job_with_every_setting():
     ({"batch_trajectories": 10}, "batch_trajectories", "multiple of group_size"),
     ({"model_dir": "meta-llama/Llama-3-8B"}, "model_dir", "is not an absolute path"),
     ({"model_dir": "/no/such/checkpoint"}, "model_dir", "no directory /no/such/checkpoint"),
+    ({"prompt_format_system_prompt": "be brief"}, "prompt_format_system_prompt", "needs chat: true"),
 ])
 def test_launch_form_shows_the_error_next_to_the_field(change, field, message):
     reply = signed_in(factories.user()).post("/jobs/new/", {**LAUNCH, **change})

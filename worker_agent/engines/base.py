@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
+
+from dataplane.chat import PLAIN, PromptFormat, prompt_ids
 
 GREEDY_BELOW = 0.01  # temperatures under this sample greedily, on every engine
 
@@ -40,7 +43,18 @@ class Completion:
 
 
 class Engine(ABC):
-    """Loads a checkpoint directory once, samples completions, and installs new weights in place."""
+    """Loads a checkpoint directory once, samples completions, and installs new weights in place.
+
+    ``prompt_format`` is the job's (the agent sets it when it builds the job's engine): how a prompt's text becomes
+    the ids generated from, the same ids the learner checks and trains on (:func:`dataplane.chat.prompt_ids`)."""
+
+    tokenizer: Any
+    prompt_format: PromptFormat = PLAIN
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """The token ids of ``prompt`` under the job's prompt format: the tokenizer's own special tokens, or its
+        chat template (never a token added by hand)."""
+        return prompt_ids(self.tokenizer, prompt, self.prompt_format)
 
     @abstractmethod
     def generate(self, prompts: list[str], *, n: int, params: SamplingParams) -> list[list[Completion]]:

@@ -11,6 +11,8 @@ import inspect
 
 import torch
 
+from dataplane.chat import PLAIN, PromptFormat
+
 from .base import Completion, Engine, SamplingParams
 
 
@@ -28,7 +30,8 @@ def warm_imports(model_dir: str | None = None) -> None:
 
 
 class HFEngine(Engine):
-    def __init__(self, model_dir: str, *, device: str | None = None, seed: int | None = None) -> None:
+    def __init__(self, model_dir: str, *, device: str | None = None, seed: int | None = None,
+                 prompt_format: PromptFormat = PLAIN) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from transformers.utils import logging as hf_logging
 
@@ -36,6 +39,7 @@ class HFEngine(Engine):
 
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.prompt_format = prompt_format
         self.model = AutoModelForCausalLM.from_pretrained(model_dir).to(self.device).eval()
         self.generator = torch.Generator(device=self.device)
         if seed is not None:
@@ -43,13 +47,6 @@ class HFEngine(Engine):
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.cache_name = cache_argument(self.model)
-
-    def encode_prompt(self, prompt: str) -> list[int]:
-        ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
-        bos = self.tokenizer.bos_token_id
-        if bos is not None and (not ids or ids[0] != bos):
-            ids = [bos, *ids]
-        return ids
 
     def load_weights(self, tensors: dict) -> None:
         state = {k: v.to(self.device) for k, v in tensors.items()}

@@ -37,6 +37,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from dataplane.chat import PLAIN, PromptFormat
+
 from .base import Completion, Engine, SamplingParams
 from .seeds import SeedStream
 from .vllm_support import (
@@ -98,12 +100,13 @@ def _import_vllm():
 class VLLMEngine(Engine):
     def __init__(self, model_dir: str, *, seed: int | None = None, gpu_memory_utilization: float = 0.85,
                  dtype: str = "auto", stop: list[str] | None = None, install_dir: str | None = None,
-                 **engine_kwargs: Any) -> None:
+                 prompt_format: PromptFormat = PLAIN, **engine_kwargs: Any) -> None:
         vllm = _import_vllm()
         from transformers import AutoTokenizer
 
         self.expected_keys, self.tied_head = checkpoint_keys(model_dir)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)  # prompts become ids here (Engine.encode_prompt)
+        self.prompt_format = prompt_format
         self.stop = list(stop or [])
         self.seeds = SeedStream(seed) if seed is not None else None
         self.install_dir = install_dir
@@ -113,14 +116,6 @@ class VLLMEngine(Engine):
         self.llm = vllm.LLM(model=model_dir, tokenizer=model_dir, seed=seed if seed is not None else 0, dtype=dtype,
                             gpu_memory_utilization=gpu_memory_utilization,
                             worker_extension_cls=f"{__name__}.WeightLoader", **engine_kwargs)
-
-    def encode_prompt(self, prompt: str) -> list[int]:
-        """The same ids as the HF engine: the tokenizer's, with a BOS in front when it has one."""
-        ids = self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
-        bos = self.tokenizer.bos_token_id
-        if bos is not None and (not ids or ids[0] != bos):
-            ids = [bos, *ids]
-        return ids
 
     def generate(self, prompts: list[str], *, n: int, params: SamplingParams) -> list[list[Completion]]:
         return self.generate_ids([self.encode_prompt(p) for p in prompts], n=n, params=params)

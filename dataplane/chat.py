@@ -1,0 +1,125 @@
+"""The token ids of a prompt: one function for the learner, every engine and the export.
+
+A model sees during RL the ids built here, and a user of the exported model must be able to build the same ids
+with plain ``transformers``. So the ids come only from what the tokenizer itself knows, never from a convention of
+ours (the engines once put a BOS in front by hand, which a user calling ``tokenizer(prompt)`` did not get: 4 sums
+of 25 right instead of 24, issue 28):
+
+- **plain** (``PromptFormat(chat=False)``, the default): ``tokenizer(prompt, add_special_tokens=True)``, the
+  tokenizer's own special tokens (its post-processor: a BOS for Llama-style tokenizers, nothing for Qwen's); what
+  ``tokenizer(prompt)`` gives, since ``add_special_tokens`` defaults to true;
+- **chat** (``PromptFormat(chat=True, system_prompt=...)``): the task's prompt as the user message, after the job's
+  system message if it has one, rendered by the tokenizer's chat template with ``add_generation_prompt=True`` and
+  tokenized without adding special tokens (the template writes them), as ``tokenizer.apply_chat_template(messages,
+  add_generation_prompt=True)`` does.
+
+Tokenizers are passed in as objects (a ``transformers`` tokenizer): this module imports neither transformers nor
+torch. The export writes the job's system prompt into the exported chat template (:func:`template_with_system`),
+so that ``apply_chat_template`` on the user's message alone gives the trained ids (dataplane/export.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MAX_SYSTEM_PROMPT_CHARS = 16_384
+#: Tokens a chat template may add around the messages (role markers, a default system prompt or date line that
+#: the template writes itself): what the site allows beyond the prompt's and the system prompt's bytes.
+CHAT_TEMPLATE_TOKENS = 512
+
+Message = dict[str, str]
+
+
+class PromptFormatError(ValueError):
+    """A prompt the tokenizer cannot build as the job asks (a chat job on a tokenizer without a chat template)."""
+
+
+class PromptFormat(BaseModel):
+    """How a task's prompt text becomes the model's input: the job setting ``prompt_format``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    chat: bool = Field(
+        default=False, description="true: the prompt is the user message of a chat, rendered by the tokenizer's "
+        "chat template with add_generation_prompt (an instruct model); false: the prompt text as is, with the "
+        "tokenizer's own special tokens (a base model: what tokenizer(prompt) gives).")
+    system_prompt: str | None = Field(
+        default=None, min_length=1, max_length=MAX_SYSTEM_PROMPT_CHARS, description="The system message before "
+        "every prompt of a chat job (chat only); null: none, or the chat template's own default. The export "
+        "writes it into the exported chat template.")
+
+    @model_validator(mode="after")
+    def _system_needs_chat(self) -> PromptFormat:
+        if self.system_prompt is not None and not self.chat:
+            raise ValueError("system_prompt: a system prompt needs chat: true (a plain prompt has no system message)")
+        return self
+
+    def token_allowance(self) -> int:
+        """The most token ids this format adds to a prompt's own (at most one per UTF-8 byte): special tokens, and
+        for chat the system prompt and the template's markers. Needs no tokenizer, so the site can check it."""
+        from .records import PROMPT_SPECIAL_TOKENS
+
+        if not self.chat:
+            return PROMPT_SPECIAL_TOKENS
+        return PROMPT_SPECIAL_TOKENS + CHAT_TEMPLATE_TOKENS + len((self.system_prompt or "").encode("utf-8"))
+
+
+PLAIN = PromptFormat()
+
+
+def as_prompt_format(value: PromptFormat | dict[str, Any] | None) -> PromptFormat:
+    """A job's ``prompt_format`` as it travels (a JobSpec's, a dict of an assignment or saved config, None from an
+    older site: plain)."""
+    if value is None:
+        return PLAIN
+    return value if isinstance(value, PromptFormat) else PromptFormat.model_validate(value)
+
+
+def chat_messages(prompt: str | list[Message], fmt: PromptFormat) -> list[Message]:
+    """The chat of ``prompt``: the job's system message (unless the messages bring their own), then the prompt as
+    the user's message, or the messages themselves (an environment that writes whole chats)."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+    if fmt.system_prompt is not None and (not messages or messages[0].get("role") != "system"):
+        messages.insert(0, {"role": "system", "content": fmt.system_prompt})
+    return messages
+
+
+def check_tokenizer(tokenizer: Any, fmt: PromptFormat) -> None:
+    """Raise :class:`PromptFormatError` when ``tokenizer`` cannot build ``fmt``'s prompts (the learner checks it
+    before training, so a job that cannot work fails at once with the reason)."""
+    if fmt.chat and not getattr(tokenizer, "chat_template", None):
+        raise PromptFormatError("prompt_format.chat: the model's tokenizer has no chat template (a base model); "
+                                "set prompt_format.chat = false, or use an instruct model")
+
+
+def prompt_text(tokenizer: Any, prompt: str | list[Message], fmt: PromptFormat = PLAIN) -> str:
+    """The text the model is prompted with: ``prompt`` itself (plain), or the rendered chat (its special tokens
+    written by the template)."""
+    if not fmt.chat:
+        if not isinstance(prompt, str):
+            raise PromptFormatError("a chat (a list of messages) needs prompt_format.chat = true")
+        return prompt
+    check_tokenizer(tokenizer, fmt)
+    return tokenizer.apply_chat_template(chat_messages(prompt, fmt), tokenize=False, add_generation_prompt=True)
+
+
+def prompt_ids(tokenizer: Any, prompt: str | list[Message], fmt: PromptFormat | None = None) -> list[int]:
+    """The token ids of ``prompt`` under ``fmt`` (default plain): what every engine generates from, the learner
+    checks and trains on, and the exported tokenizer gives (``tokenizer(prompt)``, or ``apply_chat_template``
+    with ``add_generation_prompt=True`` for a chat job)."""
+    fmt = fmt or PLAIN
+    text = prompt_text(tokenizer, prompt, fmt)
+    return list(tokenizer(text, add_special_tokens=not fmt.chat)["input_ids"])
+
+
+def template_with_system(template: str, system_prompt: str) -> str:
+    """``template`` with ``system_prompt`` as its default system message: a chat without a system message gets it
+    first, a chat with one keeps its own. What the export writes, so ``apply_chat_template([user])`` gives the
+    ids the job trained on."""
+    quoted = system_prompt.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n").replace("\r", "\\r")
+    head = ("{%- if not messages or messages[0]['role'] != 'system' -%}"
+            f"{{%- set messages = [{{'role': 'system', 'content': '{quoted}'}}] + messages -%}}"
+            "{%- endif -%}")
+    return head + template
