@@ -23,12 +23,14 @@ import threading
 import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 from dataplane.broadcast.hub import RelayHub
 from dataplane.broadcast.ratelimit import bucket
 from dataplane.broadcast.relay import SnapshotRelay
 from dataplane.broadcast.store import CHUNKS, MANIFEST, list_versions, read_version, version_dir
-from dataplane.credentials import CredentialError, verify
+from dataplane.credentials import CredentialError, parse, verify
+from dataplane.dataset.content import PREFIX as DATA
 from dataplane.snapshot import FULL, Manifest
 
 from .snapshots import SnapshotStore
@@ -40,41 +42,56 @@ log = logging.getLogger(__name__)
 
 _SNAPSHOT_PATH = re.compile(rf"^/v(\d{{1,10}})/(?:({FULL})/)?"
                             rf"(?:{re.escape(MANIFEST)}|{re.escape(CHUNKS)}/(\d{{1,10}}))$")
+_DATA_PATH = re.compile(rf"^/{DATA}/([0-9a-f]{{64}})/(?:{re.escape(MANIFEST)}|{re.escape(CHUNKS)}/(\d{{1,10}}))$")
 
 
 class _SnapshotHandler(BaseHTTPRequestHandler):
     """GET ``/v<version>/manifest.json`` and ``/v<version>/chunks/<i>`` (and a delta's full payload, the same under
     ``/v<version>/full/``) with ``Authorization: Bearer <credential>`` valid for this job and version; nothing
-    else, and never a listing. 401 without a credential, 403 with one
+    else but the job's data sets (``/data/<digest>/manifest.json`` and ``chunks/<i>``, any credential of the job),
+    and never a listing. 401 without a credential, 403 with one
     that does not admit (the reason in a plain body), 404 for a version or chunk not on disk."""
 
     server: _SnapshotHTTPServer
 
     def do_GET(self) -> None:  # noqa: N802 - the name is http.server's
-        gate = self.server.gate
         scheme, _, token = self.headers.get("Authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             self._refuse(401, "a transfer credential is required (Authorization: Bearer <credential>)")
             return
-        match = _SNAPSHOT_PATH.match(self.path.split("?", 1)[0])
-        if match is None:
-            self._reply(404, b"not found\n")
-            return
         try:
-            verify(gate.secret, token.strip(), job_id=gate.store.job_id, version=int(match.group(1)),
-                   now=time.time())
+            path = self._target(self.path.split("?", 1)[0], token.strip())
         except CredentialError as err:
             self._refuse(403, str(err))
             return
-        version, full, chunk = int(match.group(1)), match.group(2), match.group(3)
-        path = version_dir(gate.store.root, version) / (full or "") / (MANIFEST if chunk is None
-                                                                        else f"{CHUNKS}/{int(chunk)}")
+        if path is None:
+            self._reply(404, b"not found\n")
+            return
         try:
             body = path.read_bytes()
         except OSError:
             self._reply(404, f"{self.path}: no such version or chunk (pruned?)\n".encode())
             return
         self._reply(200, body, content_type="application/octet-stream")
+
+    def _target(self, url_path: str, token: str) -> Path | None:
+        """The file ``url_path`` names, once ``token`` admits it (else CredentialError); None: no such path. A data
+        set the job trains on (``/data/<digest>/...``, dataplane/dataset/content.py) is open to any credential
+        of the job (any of its versions): every worker of the job reads it."""
+        gate = self.server.gate
+        data = _DATA_PATH.match(url_path)
+        if data is not None:
+            grant, _, _ = parse(token)
+            verify(gate.secret, token, job_id=gate.store.job_id, version=grant.lowest, now=time.time())
+            chunk = data.group(2)
+            return gate.store.root / DATA / data.group(1) / (MANIFEST if chunk is None else f"{CHUNKS}/{int(chunk)}")
+        match = _SNAPSHOT_PATH.match(url_path)
+        if match is None:
+            return None
+        verify(gate.secret, token, job_id=gate.store.job_id, version=int(match.group(1)), now=time.time())
+        version, full, chunk = int(match.group(1)), match.group(2), match.group(3)
+        return version_dir(gate.store.root, version) / (full or "") / (MANIFEST if chunk is None
+                                                                        else f"{CHUNKS}/{int(chunk)}")
 
     def _refuse(self, code: int, reason: str) -> None:
         self.server.gate.refused[code] += 1

@@ -43,6 +43,9 @@ class LearnerSettings(BaseSettings):
     redis_retry_s: float = option(300.0, ge=0, help="Ride out a Redis outage (a restart) this long per operation, "
                                   "retrying with backoff, before the job fails.", flag="--redis-retry")
     snapshot_dir: Path = option(Path("var/snapshots"), help="Where snapshots are written.")
+    dataset: Path | None = option(None, help="The data set a `dataset` job names by digest (a file, or a directory "
+                                  "of its files), read here and served to the workers; without it an uploaded data "
+                                  "set comes from the site (docs/datasets.md).")
     snapshot_retain_s: float = option(600.0, ge=0, help="Keep every snapshot published in the last this many "
                                       "seconds, besides the newest S+2 and the base (version 0, kept for the whole "
                                       "job), so an agent still downloading one finds it.", flag="--snapshot-retain")

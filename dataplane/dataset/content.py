@@ -20,14 +20,27 @@ receiver checks every chunk against it and the whole against the digest the job 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import io
+import json
 import re
 import tarfile
 import threading
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from .. import basemodel
-from ..snapshot import DEFAULT_CHUNK_BYTES, Manifest, SnapshotError, build_manifest
+from ..snapshot import (
+    _OPENER,
+    DEFAULT_CHUNK_BYTES,
+    Manifest,
+    SnapshotError,
+    build_manifest,
+    fetch_payload,
+    parse_manifest,
+    read_bounded,
+)
 
 FORMAT = "dataset-tar"
 """The manifest ``format`` of a data set served by the learner."""
@@ -35,6 +48,9 @@ PREFIX = "data"
 """The learner's snapshot server serves digest ``d`` under ``/data/<d>/``."""
 DIGEST = re.compile(r"[0-9a-f]{64}")
 MAX_FILES = 10_000
+MAX_BYTES = 1 << 30
+"""The largest data set an agent fetches (1 GiB): rows are held in memory on every machine (docs/datasets.md)."""
+MAX_MANIFEST_BYTES = 16 << 20
 
 _where: dict[str, Path] = {}
 _lock = threading.Lock()
@@ -132,6 +148,27 @@ def check_manifest(manifest: Manifest, *, digest_: str, max_bytes: int) -> None:
     if manifest.total_bytes > max_bytes:
         raise SnapshotError(f"dataset {digest_[:12]}...: {manifest.total_bytes} bytes, this agent takes data sets "
                             f"of at most {max_bytes}")
+
+
+def fetch(base_url: str, digest_: str, *, credential: str | None, timeout: float = 30.0,
+          max_bytes: int = MAX_BYTES) -> bytes:
+    """The archive of data set ``digest_`` from the learner serving it at ``base_url`` (:func:`data_url`), with the
+    worker's transfer credential: the manifest must be the digest's, every chunk is checked against it (a bad copy
+    fetched again, then refused) and the whole against the digest. Raises SnapshotError naming what failed."""
+    url = f"{base_url.rstrip('/')}/manifest.json"
+    headers = {"Authorization": f"Bearer {credential}"} if credential else {}
+    try:
+        with _OPENER.open(urllib.request.Request(url, headers=headers), timeout=timeout) as response:  # noqa: S310
+            raw = json.loads(read_bounded(response, MAX_MANIFEST_BYTES))
+    except urllib.error.HTTPError as err:
+        reason = err.read(500).decode(errors="replace").strip() if err.fp else ""
+        raise SnapshotError(f"dataset manifest from {url}: {err.code} {reason or err.reason}",
+                            status=err.code) from None
+    except (OSError, ValueError, http.client.HTTPException) as err:
+        raise SnapshotError(f"dataset manifest from {url}: {err or type(err).__name__}") from None
+    manifest = parse_manifest(raw, max_total_bytes=max_bytes)
+    check_manifest(manifest, digest_=digest_, max_bytes=max_bytes)
+    return fetch_payload(base_url, manifest, timeout=timeout, credential=credential)
 
 
 def sha256(payload: bytes) -> str:

@@ -82,10 +82,12 @@ class DatasetTask(TaskAdapter):
         return [self.data.digest]
 
     def prepare(self, *, allow_user_code: bool) -> None:
-        """Build the reward (user functions only with ``allow_user_code``) and read the rows (this machine must
-        hold the data set: fetched or registered first)."""
+        """Build the reward (user functions only with ``allow_user_code``) and, when this machine holds the data set
+        already, read the rows (else they are read when first needed: an agent fetches the data set with the
+        job's base)."""
         self._reward = build_reward(self.reward_spec, allow_user_code=allow_user_code)
-        self._rows()
+        if locate(self.data.digest) is not None:
+            self._rows()
 
     def reward_stats(self):  # noqa: ANN201 - RewardStats | None, as the base class says
         return self._reward.stats if self._reward is not None else None
