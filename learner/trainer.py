@@ -26,7 +26,7 @@ from dataplane.jobs import JobSpec, JobStatus, LossConfig, model_dir_problem
 from dataplane.tasks import build_task
 from dataplane.timing import step_split
 
-from . import distributed
+from . import datasets, distributed
 from .audit import Auditor, AuditSettings, snapshot_weights
 from .checkpoint import Checkpoint, CheckpointStore
 from .client import Heartbeat, SiteClient, SiteError
@@ -166,6 +166,8 @@ class _JobRun:
         with contextlib.ExitStack() as stack:
             client = replay.connect(settings.redis_url, decode_responses=False, socket_timeout=30)
             stack.callback(client.close)
+            datasets.provide(build_task(spec.task), root=settings.snapshot_dir / f"job{job_id}", job_id=job_id,
+                             dataset=settings.dataset, site=site)  # before a prompt is sampled: the rows are there
             consumer, feeder = _streams(client, job_id, spec, settings.redis_retry_s, model_vocab_size(trainer.module))
             checkpoints = CheckpointStore(settings.checkpoint_dir or settings.snapshot_dir / f"job{job_id}-checkpoint")
             identity = {"job_id": job_id, "created_at": raw.get("created_at"), "model_dir": spec.model_dir}

@@ -30,6 +30,7 @@ from dataplane.snapshot import Manifest, SnapshotError, fetch_chunks, full_url, 
 from .cache import BaseCache
 from .engines.base import Engine
 from .relaying import Relays
+from .taskdata import fetch_task_data
 from .weights import HeldWeights, rebuild
 
 log = logging.getLogger("echo2.agent")
@@ -148,6 +149,9 @@ class Installer:
             raise SnapshotError(f"base snapshot sha256 {manifest.sha256[:12]}... is not the job's base digest "
                                 f"{expected[:12]}...")
         path, source = await self._base_directory(snap, manifest)
+        if self.assignment is not None and self.assignment.job_id == snap.job_id:  # the job's data sets, if any
+            await asyncio.to_thread(fetch_task_data, self.cache, self.assignment.task, snapshot_url=snap.url,
+                                    credential=snap.credential)
         log.info("job %d: building the engine from base snapshot %s... (%s)", snap.job_id, manifest.sha256[:12], path)
         engine = await asyncio.to_thread(self.engine_factory, str(path))
         async with self.install_lock:
