@@ -29,6 +29,11 @@ class AgentConfig:
     """host:port registered for chain peers ('' : this machine is a tail only)."""
     bandwidth_bps: int | None = None
     """Registered link bandwidth B_w (bytes/s): the relay's up- and downlink cap."""
+    allow_user_code: bool = False
+    """Run job owners' code in this process (reward functions ``pkg.module:fn``, verifiers environments): the
+    provider's opt-in, ``echo2-agent run --allow-user-code`` (or ``"allow_user_code": true`` here); off, a job whose
+    task names user code is refused (docs/trust.md, "User code on workers"). The one place the agent keeps it: the
+    session hands it to every task it builds (``TaskAdapter.prepare(allow_user_code=...)``)."""
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -44,7 +49,8 @@ class AgentConfig:
         try:
             data = json.loads(path.read_text())
             return cls(**{k: data[k] for k in ("server", "worker_id", "name", "agent_key")},
-                       relay_address=data.get("relay_address", ""), bandwidth_bps=data.get("bandwidth_bps"))
+                       relay_address=data.get("relay_address", ""), bandwidth_bps=data.get("bandwidth_bps"),
+                       allow_user_code=data.get("allow_user_code", False) is True)
         except FileNotFoundError:
             raise ConfigError(f"no agent config at {path}; run `echo2-agent register` first") from None
         except (ValueError, KeyError, TypeError) as err:

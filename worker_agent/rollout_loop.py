@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from dataplane import messages as m
 from dataplane.records import TrajectoryGroup
+from dataplane.rewards import REFUSED, UserCodeRefused
 from dataplane.tasks import build_task
 
 from . import status, submit
@@ -29,7 +30,7 @@ from .connection import SiteConnection
 from .engines.base import SamplingParams
 from .installs import Installer
 from .rollout import GroupLease, rollout_groups
-from .state import crash_reason
+from .state import MAX_REASON_CHARS, crash_reason
 
 log = logging.getLogger("echo2.agent")
 
@@ -66,8 +67,9 @@ class RolloutLoop:
 
     def __init__(self, assign: m.Assign, *, connection: SiteConnection, installs: Installer, rollout: RolloutStatus,
                  tally: status.Tally, meter, report_state: Callable[[], Awaitable[None]], groups_per_lease: int,
-                 retry_delay: float) -> None:
+                 retry_delay: float, allow_user_code: bool = False) -> None:
         self.assign = assign
+        self.allow_user_code = allow_user_code  # the provider's opt-in (echo2-agent run --allow-user-code)
         self.connection = connection
         self.installs = installs
         self.status = rollout
@@ -105,6 +107,11 @@ class RolloutLoop:
         assign, st = self.assign, self.status
         await self.installs.join(assign)
         task = build_task(assign.task)
+        try:  # after the join: the task's data sets are fetched with the base
+            await asyncio.to_thread(task.prepare, allow_user_code=self.allow_user_code)
+        except UserCodeRefused as err:
+            await self._refuse(str(err))
+            return
         params = SamplingParams(max_new_tokens=assign.max_new_tokens, temperature=assign.temperature,
                                 top_p=assign.top_p)
         groups: list[TrajectoryGroup] = []  # generated, to return with the next request
@@ -144,6 +151,17 @@ class RolloutLoop:
                 groups = await asyncio.to_thread(rollout_groups, job.engine, task, leases, job_id=assign.job_id,
                                                  n=assign.group_size, params=params, version=job.version)
             rate = len(groups) / max(time.monotonic() - started, 1e-3)
+
+    async def _refuse(self, why: str) -> None:
+        """This worker will not serve the job (its task runs user code the provider did not allow): say so in the
+        state the site sees (``failed``, the reason starting with :data:`REFUSED`; the site releases it at once and
+        plans it no more for this job) and stop, without restarting: retrying cannot change the answer."""
+        st = self.status
+        text = f"{REFUSED}{why}"
+        st.producing = False
+        st.failure = text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
+        log.error("job %s: %s", self.assign.job_id, st.failure)
+        await self.report_state()
 
     async def _return_and_lease(self, groups: list[TrajectoryGroup], *, lease: int) -> m.Lease | m.NoWork | None:
         """Return ``groups`` and lease ``lease`` more, in as few requests as the frame limit allows (the lease

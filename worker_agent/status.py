@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from dataplane.messages import WorkerState
+from dataplane.rewards import REFUSED
 
 log = logging.getLogger("echo2.agent")
 
@@ -84,6 +85,8 @@ def describe(view: View) -> Status | None:
     if job is None:
         why = view.released or "waiting for the scheduler to pick this machine"
         return Status(("idle", "not activated"), f"idle: not activated ({why})")
+    if view.state == "failed" and (view.failure or "").startswith(REFUSED):
+        return Status(("failed", job), f"job {job}: this worker {view.failure} (waiting for the site to release it)")
     if view.state == "failed":
         return Status(("failed", job), f"job {job}: the rollout loop failed ({view.failure}); restarting it")
     if view.state == "generating" or (view.state == "idle" and view.recent_work and view.version is not None):

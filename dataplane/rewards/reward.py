@@ -1,9 +1,10 @@
 """A built reward: call each function of a :class:`RewardSpec` on a batch, catch what they do wrong, sum with weights.
 
 ``Reward(prompts, completions, **columns) -> list[float]`` is what a task calls; each function gets TRL's
-``reward_funcs`` arguments (``fn(prompts, completions, **columns)``, the dataset's extra columns as lists, plus the
-function's ``options`` as keyword arguments) and returns one score per completion, or ``None`` where it does not
-apply (TRL's convention: that function adds nothing to that record).
+``reward_funcs`` arguments, by keyword as TRL passes them (``fn(prompts=..., completions=..., **columns)``: so
+``def f(completions, **kwargs)`` works too; the dataset's extra columns as lists, plus the function's ``options``)
+and returns one score per completion, or ``None`` where it does not apply (TRL's convention: that function adds
+nothing to that record).
 
 A user's function is a stranger's code running inside a worker: whatever it does wrong costs one record, never the
 worker. A call that raises is repeated record by record so that one bad record does not zero its batch; a record it
@@ -51,7 +52,8 @@ class RewardStats:
 
 def error_text(err: BaseException, function: str) -> str:
     """``function: Type: message``, one line, at most ``MAX_ERROR_TEXT`` characters."""
-    message = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    message = str(err).replace("\x00", "\\0").strip()
+    message = message.splitlines()[0] if message else ""
     text = f"{function}: {type(err).__name__}" + (f": {message}" if message else "")
     return text if len(text) <= MAX_ERROR_TEXT else text[: MAX_ERROR_TEXT - 3] + "..."
 
@@ -63,7 +65,7 @@ class _Scorer:
         self.spec, self.fn, self.options = spec, fn, options
 
     def call(self, prompts: list[str], completions: list[str], columns: dict[str, Sequence[Any]]) -> list[Any]:
-        out = self.fn(prompts, completions, **columns, **self.options)
+        out = self.fn(prompts=prompts, completions=completions, **columns, **self.options)  # as TRL calls: by keyword
         if isinstance(out, str | bytes) or not isinstance(out, Sequence) or len(out) != len(completions):
             got = f"{len(out)} values" if isinstance(out, Sequence) else type(out).__name__
             raise TypeError(f"returned {got}, expected a list of {len(completions)} floats")

@@ -28,6 +28,11 @@ MAX_OPTIONS_BYTES = 4096
 USER_FUNCTION = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
+#: How a worker's ``failed`` state reason starts when it refuses a job rather than crashed serving it (its task runs
+#: user code its provider did not allow): the site releases it at once and plans it no more for that job.
+REFUSED = "refuses the job: "
+
+
 class RewardError(ValueError):
     """A reward spec that cannot be built; the message starts with the field at fault (``reward.functions.0...``)."""
 
