@@ -348,6 +348,10 @@ ECHO2 = {
     # learner and agents read their own machines' paths. Not ECHO2_DATA_DIR itself: it holds the database.
     "TASK_DATA_ROOT": Path(os.environ.get("ECHO2_TASK_DATA_ROOT") or DATA_DIR / "tasks"),
     "TASK_DATA_MAX_BYTES": env_int("ECHO2_TASK_DATA_MAX_BYTES", 64 << 20),
+    # Data sets owners upload (POST /api/datasets/, docs/datasets.md): stored by digest in this folder, each at most
+    # DATASET_MAX_BYTES. The site never reads a data set by a path a request names.
+    "DATASET_DIR": Path(os.environ.get("ECHO2_DATASET_DIR") or DATA_DIR / "datasets"),
+    "DATASET_MAX_BYTES": env_int("ECHO2_DATASET_MAX_BYTES", 256 << 20),
     # Bounds on what strangers send (docs/trust.md "Bounds"): a snapshot's total bytes as its manifest declares them
     # (each chunk is at most 64 MiB, and no read takes more than a chunk's declared size), and the JSON of one
     # record's task metadata.

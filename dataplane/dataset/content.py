@@ -29,6 +29,7 @@ import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import BinaryIO
 
 from .. import basemodel
 from ..snapshot import (
@@ -90,13 +91,14 @@ def digest(path: str | Path) -> str:
     return sink.hash.hexdigest()
 
 
-def check_archive(payload: bytes) -> list[str]:
+def check_archive(payload: bytes | BinaryIO) -> list[str]:
     """The member names of a data set archive, if ``payload`` is one :func:`pack` could have written (regular
     files with plain names, no duplicates, at least one); else :class:`DatasetError`. The site checks an upload
     with it before storing it."""
     names: list[str] = []
     try:
-        with tarfile.open(fileobj=io.BytesIO(payload), mode="r:") as tar:
+        source = io.BytesIO(payload) if isinstance(payload, bytes) else payload
+        with tarfile.open(fileobj=source, mode="r:") as tar:
             for member in tar:
                 names.append(basemodel.checked_member(member, names))
                 if len(names) > MAX_FILES:
