@@ -16,6 +16,7 @@ from dataplane.replay import RedisError
 from ..infra import stream
 from ..models import Activation, Job, Worker
 from .base import ServiceError, enqueue_task, push_job_update
+from .datasets import datasets_check
 from .workers import worker_activate, worker_release
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ def check_model_dir(model_dir: str) -> None:
 @transaction.atomic
 def job_create(*, owner, spec: JobSpec) -> Job:
     check_model_dir(spec.model_dir)
+    datasets_check(owner=owner, spec=spec)
     job = Job.from_spec(spec, owner=owner)
     job.save(force_insert=True)
     return job
