@@ -27,6 +27,8 @@ from typing import Annotated, Any
 
 import typer
 
+from dataplane.dataset.content import DatasetError, pack
+from dataplane.dataset.jobfile import resolve_data_path
 from dataplane.jobfiles import JobFileError, apply_overrides, dump_toml, load_job_file
 from dataplane.jobs import JobSpecError, parse_job_spec
 
@@ -99,12 +101,18 @@ def submit(
 ) -> None:
     """Create a job from a job file (checked here first: every error at once, unknown keys named)."""
     raw = apply_overrides(load_job_file(file), set_ or [])
+    try:
+        raw, upload = resolve_data_path(raw, base=file.parent)  # the site takes a data set's content, never a path
+    except DatasetError as err:
+        raise CliError(str(err), BAD_INPUT) from None
     spec = parse_job_spec(raw)  # the site checks again; this answers at once, before any network
     if dry_run:
         resolved = spec.model_dump(mode="json")
         typer.echo(json.dumps(resolved) if json_output else dump_toml(resolved), nl=json_output)
         return
     with _site(server, token_file) as site:
+        if upload is not None:
+            site.request("POST", "datasets/", content=pack(upload), headers={"Content-Type": "application/x-tar"})
         job = site.post("jobs/", json.loads(json.dumps(raw, default=str)))
         if start:
             try:
