@@ -59,7 +59,8 @@ def honest_groups(model_dir: Path, *, groups: int, n: int) -> list[StoredGroup]:
 def audit_seconds(auditor: Auditor, groups: list[StoredGroup], fraction: float, repeats: int) -> tuple[float, int]:
     times, audited = [], 0
     for r in range(repeats):
-        auditor.settings = AuditSettings(fraction=fraction, logprob_tolerance=1.0)  # timing, not judging
+        # timing at a fixed share, not judging: no probation
+        auditor.settings = AuditSettings(fraction=fraction, logprob_tolerance=1.0, probation_groups=0)
         auditor.key = bytes([r]) * 32
         started = time.perf_counter()
         kept, _ = auditor.screen(groups)
@@ -83,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = build_tiny_model(Path(tmp) / "tiny", alphabet=TASK.alphabet)
         groups = honest_groups(model_dir, groups=args.groups, n=args.n)
         model = AutoModelForCausalLM.from_pretrained(model_dir)
-        pad = AutoTokenizer.from_pretrained(model_dir).pad_token_id
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        pad = tokenizer.pad_token_id
     base = {k: v.clone() for k, v in model.state_dict().items()}
     later = {k: v + 1e-3 * torch.randn_like(v) for k, v in base.items()}
     groups = [StoredGroup(g.entry_id, TrajectoryGroup.of([r.model_copy(update={"version": 2 * (i % 2)})
@@ -96,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         trainer.step(records)
     train_s = statistics.median(timed(lambda: trainer.step(records)) for _ in range(args.repeats))
     auditor = Auditor(copy.deepcopy(model).eval(), pad_id=pad, task=TASK,
-                      weights=lambda v: base if v == 0 else later)
+                      weights=lambda v: base if v == 0 else later,
+                      decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True))
 
     table = Table(title=f"Audit cost per learner step ({args.groups} groups x {args.n} records, tiny model, CPU)")
     for col in ("fraction", "groups audited", "audit s/step", "train s/step", "overhead", "theory f/3"):
