@@ -14,6 +14,9 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from .dataset.content import DatasetError
+from .dataset.jobfile import resolve_data_path
+
 TOML_SUFFIXES = (".toml",)
 YAML_SUFFIXES = (".yaml", ".yml")
 _KEY = re.compile(r"[A-Za-z0-9_-]+")
@@ -54,13 +57,18 @@ def file_kind(name: str) -> str:
 
 
 def load_job_file(path: Path | str) -> dict[str, Any]:
-    """The settings in the TOML or YAML job file at ``path``."""
+    """The settings in the TOML or YAML job file at ``path``; a data set it names by path (``task.data.path``,
+    relative to the file) becomes its digest (:mod:`dataplane.dataset.jobfile`)."""
     kind = file_kind(str(path))
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
         raise JobFileError(f"{path}: cannot read: {err}") from None
-    return read_job_text(text, kind=kind, name=str(path))
+    raw = read_job_text(text, kind=kind, name=str(path))
+    try:  # a data set named by its path (task.data.path) becomes its digest, the files this machine's copy
+        return resolve_data_path(raw, base=Path(path).parent)
+    except DatasetError as err:
+        raise JobFileError(f"{path}: {err}") from None
 
 
 def parse_value(text: str) -> Any:

@@ -27,8 +27,8 @@ from typing import Annotated, Any
 
 import typer
 
-from dataplane.dataset.content import DatasetError, pack
-from dataplane.dataset.jobfile import resolve_data_path
+from dataplane.dataset.content import pack
+from dataplane.dataset.jobfile import upload_path
 from dataplane.jobfiles import JobFileError, apply_overrides, dump_toml, load_job_file
 from dataplane.jobs import JobSpecError, parse_job_spec
 
@@ -101,10 +101,7 @@ def submit(
 ) -> None:
     """Create a job from a job file (checked here first: every error at once, unknown keys named)."""
     raw = apply_overrides(load_job_file(file), set_ or [])
-    try:
-        raw, upload = resolve_data_path(raw, base=file.parent)  # the site takes a data set's content, never a path
-    except DatasetError as err:
-        raise CliError(str(err), BAD_INPUT) from None
+    upload = upload_path(raw)  # a data set named by path in the file: the site takes its content, never a path
     spec = parse_job_spec(raw)  # the site checks again; this answers at once, before any network
     if dry_run:
         resolved = spec.model_dump(mode="json")

@@ -74,6 +74,14 @@ class DatasetTask(TaskAdapter):
         self._order: list[int] = []
         self._reward: Reward | None = None
 
+    @property
+    def alphabet(self) -> str:  # type: ignore[override]  # the base class's is a constant; this one is read
+        """The characters of the prompts and answers (for tiny char tokenizers), when this machine holds the rows."""
+        if locate(self.data.digest) is None:
+            return ""
+        answers = [str(row.get(self.data.answer_column, "")) for row in self._rows().values()]
+        return "".join(sorted(set("".join(self._prompts) + "".join(answers))))
+
     def spec(self) -> dict[str, Any]:
         return {"name": self.name, "data": self.data.model_dump(mode="json"),
                 "reward": self.reward_spec.model_dump(mode="json")}

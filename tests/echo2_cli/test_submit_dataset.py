@@ -47,6 +47,6 @@ def test_a_local_data_set_is_uploaded_and_the_job_names_its_digest(owner, live_s
 
     (tmp_path / "bad.toml").write_text(JOB.format(model_dir=model_dir, path="missing.parquet"))
     reason = one_line_error(echo2("job", "submit", str(tmp_path / "bad.toml"), env=env), 2)
-    assert reason.startswith("task.data.path: no file or directory at")
+    assert reason.startswith(f"{tmp_path / 'bad.toml'}: task.data.path: no file or directory at")
     jobs = httpx.get(f"{live_server.url}/api/jobs/", headers={"Authorization": f"Token {token}"}).json()
     assert jobs["count"] == 1
