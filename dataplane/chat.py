@@ -20,6 +20,7 @@ so that ``apply_chat_template`` on the user's message alone gives the trained id
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -123,3 +124,41 @@ def template_with_system(template: str, system_prompt: str) -> str:
             f"{{%- set messages = [{{'role': 'system', 'content': '{quoted}'}}] + messages -%}}"
             "{%- endif -%}")
     return head + template
+
+
+#: The files of a Hugging Face checkpoint that may hold its chat template (transformers reads the first it finds).
+TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "tokenizer_config.json")
+
+
+def exported_template_files(files: dict[str, bytes], fmt: PromptFormat) -> dict[str, bytes]:
+    """The tokenizer files of an export (``files``: name -> bytes, of :data:`TEMPLATE_FILES` those the base has)
+    rewritten so that plain ``transformers`` builds the prompts ``fmt`` trained on: a chat job's system prompt
+    becomes its chat template's default system message (:func:`template_with_system`), in every file holding a
+    template. Only the changed files are returned; a plain job (``tokenizer(prompt)`` already gives the trained
+    ids) or a chat job without a system prompt changes none. Raises :class:`PromptFormatError` when a chat job's
+    base has no template to write into."""
+    if not fmt.chat or fmt.system_prompt is None:
+        return {}
+    changed: dict[str, bytes] = {}
+    for name, data in files.items():
+        if name == "chat_template.jinja":
+            changed[name] = template_with_system(data.decode("utf-8"), fmt.system_prompt).encode("utf-8")
+            continue
+        try:
+            config = json.loads(data)
+        except ValueError as err:
+            raise PromptFormatError(f"{name} of the base is not JSON: {err}") from None
+        found = config.get("chat_template") if isinstance(config, dict) else None
+        if isinstance(found, str):
+            config["chat_template"] = template_with_system(found, fmt.system_prompt)
+        elif isinstance(found, list):  # named templates: [{"name": "default", "template": "..."}, ...]
+            config["chat_template"] = [{**t, "template": template_with_system(t["template"], fmt.system_prompt)}
+                                       if isinstance(t, dict) and isinstance(t.get("template"), str) else t
+                                       for t in found]
+        else:
+            continue
+        changed[name] = (json.dumps(config, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+    if not changed:
+        raise PromptFormatError("prompt_format.chat: the base model has no chat template (chat_template.jinja, or "
+                                "chat_template in tokenizer_config.json) to write the system prompt into")
+    return changed

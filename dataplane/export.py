@@ -7,9 +7,13 @@ checkpoint directory (:mod:`dataplane.basemodel`). An export of version ``v`` is
   files, chat template, custom code): taken from version 0's archive, which is read through a seekable view
   of its chunks (:class:`ChunkReader`), so only the chunks holding those small files are fetched;
 - ``model.safetensors``: version ``v``'s payload with the header ``save_pretrained`` writes, as trained or
-  cast to bf16 (:mod:`dataplane.weights`); ``config.json``'s ``dtype`` says which.
+  cast to bf16 (:mod:`dataplane.weights`); ``config.json``'s ``dtype`` says which;
+- for a chat job with a system prompt, its chat template with that prompt as the default system message
+  (:func:`dataplane.chat.exported_template_files`), so that plain ``transformers`` builds the prompts the job
+  trained on: ``tokenizer(prompt)`` for a plain job, ``apply_chat_template([user message],
+  add_generation_prompt=True)`` for a chat job (docs/prompts.md).
 
-Version 0 exports the base files unchanged. The same plan feeds the site's archive (``GET
+Version 0 exports the base files unchanged but for that template. The same plan feeds the site's archive (``GET
 /api/jobs/<id>/export/``: :func:`tar_stream`, over the learner's snapshot server) and the learner-side
 ``echo2-learner export`` (:func:`write_directory`, over the snapshot directory on disk); the owner CLI unpacks
 the site's archive with :func:`unpack`. The export refuses a base whose ``config.json`` names no
@@ -30,6 +34,7 @@ from typing import BinaryIO
 
 from . import basemodel, weights
 from .broadcast.store import full_payload
+from .chat import PLAIN, TEMPLATE_FILES, PromptFormat, PromptFormatError, exported_template_files
 from .snapshot import Manifest, verify_chunk
 
 WEIGHTS_FILE = "model.safetensors"
@@ -102,21 +107,22 @@ class Member:
 
 
 def plan(base: Manifest, fetch_base: Fetch, snapshot: Manifest, fetch_snapshot: Fetch, *,
-         dtype: str = "as-trained") -> list[Member]:
-    """The files of the export of ``snapshot`` (version 0: ``base`` itself) in a fixed order, the config first."""
+         dtype: str = "as-trained", prompt_format: PromptFormat = PLAIN) -> list[Member]:
+    """The files of the export of ``snapshot`` (version 0: ``base`` itself) in a fixed order, the config first;
+    the tokenizer's as the job's ``prompt_format`` prompted the model."""
     if base.version != 0 or base.format != basemodel.FORMAT:
         raise ExportError(f"version {base.version} is not a base snapshot ({basemodel.FORMAT})")
     archive = open_payload(base, fetch_base)
     if snapshot.version == 0:
         if dtype != "as-trained":
             raise ExportError("dtype: version 0 is the base model as published; it is exported unchanged")
-        return _base_members(archive, keep_weights=True)
+        return _prompted(_base_members(archive, keep_weights=True), prompt_format)
     if snapshot.format != "safetensors":
         raise ExportError(f"version {snapshot.version} is {snapshot.format!r}, not safetensors weights")
     if snapshot.kind != "full":
         raise ExportError(f"version {snapshot.version} is a delta: export its full payload (its manifest's "
                           "`full`, served under full/)")
-    members = _base_members(archive, keep_weights=False)
+    members = _prompted(_base_members(archive, keep_weights=False), prompt_format)
     payload = open_payload(snapshot, fetch_snapshot)
     try:
         written = weights.plan(payload, dtype=dtype)
@@ -151,6 +157,17 @@ def _base_members(archive: BinaryIO, *, keep_weights: bool) -> list[Member]:
     if not any(m.name == "config.json" for m in out):
         raise ExportError("the base model has no config.json")
     return sorted(out, key=lambda m: (m.name != "config.json", m.name))
+
+
+def _prompted(members: list[Member], fmt: PromptFormat) -> list[Member]:
+    """``members`` with the tokenizer files that hold a chat template rewritten for ``fmt`` (dataplane/chat.py)."""
+    files = {m.name: b"".join(m.pieces()) for m in members if m.name in TEMPLATE_FILES}
+    try:
+        changed = exported_template_files(files, fmt)
+    except PromptFormatError as err:
+        raise ExportError(str(err)) from None
+    return [Member(m.name, len(changed[m.name]), lambda data=changed[m.name]: [data]) if m.name in changed else m
+            for m in members]
 
 
 def _slice(source: BinaryIO, start: int, size: int) -> Callable[[], Iterator[bytes]]:

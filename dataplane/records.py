@@ -168,20 +168,23 @@ class RecordLimits:
     max_completion_tokens: int = MAX_TOKENS  # the task's budget for one completion (TaskAdapter)
     reward_range: tuple[float, float] = (-MAX_REWARD, MAX_REWARD)  # the task's declared range
     max_metadata_bytes: int = MAX_METADATA_BYTES  # a record's metadata as JSON (the site's setting)
+    # token ids the job's prompt format adds to a prompt's own (``PromptFormat.token_allowance``: a chat template)
+    prompt_extra_tokens: int = PROMPT_SPECIAL_TOKENS
 
 
-def prompt_token_bound(prompt: str) -> int:
+def prompt_token_bound(prompt: str, extra: int = PROMPT_SPECIAL_TOKENS) -> int:
     """The most token ids an honest engine makes of ``prompt``: no tokenizer needs more than one token per
-    UTF-8 byte (byte-level BPE, byte fallback), plus a few special tokens. Needs no tokenizer, so the site
-    can check it; the prompt text itself was checked against the lease."""
-    return len(prompt.encode("utf-8")) + PROMPT_SPECIAL_TOKENS
+    UTF-8 byte (byte-level BPE, byte fallback), plus ``extra``: a few special tokens, or what the job's chat
+    template and system prompt add (``RecordLimits.prompt_extra_tokens``). Needs no tokenizer, so the site can
+    check it; the prompt text itself was checked against the lease."""
+    return len(prompt.encode("utf-8")) + extra
 
 
 def record_problem(rec: Trajectory, limits: RecordLimits) -> str:
     """Why ``rec`` breaks ``limits`` (one line, ``field: why``), or "" when it fits."""
-    if len(rec.prompt_ids) > prompt_token_bound(rec.prompt):
+    if len(rec.prompt_ids) > prompt_token_bound(rec.prompt, limits.prompt_extra_tokens):
         return (f"prompt_ids: {len(rec.prompt_ids)} tokens for a prompt of {len(rec.prompt.encode('utf-8'))} "
-                f"bytes (at most {prompt_token_bound(rec.prompt)})")
+                f"bytes (at most {prompt_token_bound(rec.prompt, limits.prompt_extra_tokens)})")
     if len(rec.completion_ids) > limits.max_completion_tokens:
         return (f"completion_ids: {len(rec.completion_ids)} tokens, the job allows at most "
                 f"{limits.max_completion_tokens}")

@@ -46,6 +46,7 @@ from dataplane.replay import StoredGroup
 from dataplane.tasks import TaskAdapter
 
 from .batch import Workspace, collate_packed, concat, token_logprobs
+from .prompt_audit import Encode, prompt_mismatches
 
 log = logging.getLogger("echo2.learner")
 
@@ -143,13 +144,14 @@ def text_mismatches(groups: list[StoredGroup], decode: Decode) -> dict[str, Verd
     return out
 
 
-def _text_verdict(stored: StoredGroup, record: int, claimed: str, decoded: str) -> Verdict:
+def _text_verdict(stored: StoredGroup, record: int, claimed: str, decoded: str,
+                  what: str = "completion: the text is not its token ids decoded") -> Verdict:
     at = next((j for j, (a, b) in enumerate(zip(claimed, decoded, strict=False)) if a != b),
               min(len(claimed), len(decoded)))
     cut = slice(max(0, at - EXCERPT // 4), max(0, at - EXCERPT // 4) + EXCERPT)
-    return Verdict(f"records.{record}.completion: the text is not its token ids decoded (they differ at character "
-                   f"{at})", {**_head(stored), "check": "text", "passed": False, "record": record, "text_at": at,
-                              "claimed_text": _printable(claimed[cut]), "decoded_text": _printable(decoded[cut])})
+    return Verdict(f"records.{record}.{what} (they differ at character {at})",
+                   {**_head(stored), "check": "text", "passed": False, "record": record, "text_at": at,
+                    "claimed_text": _printable(claimed[cut]), "decoded_text": _printable(decoded[cut])})
 
 
 def _printable(text: str) -> str:
@@ -212,6 +214,7 @@ class Auditor:
     unauditable: int = 0
     workspace: Workspace = field(default_factory=Workspace)
     _loaded: int | None = None
+    encode: Encode | None = None  # the job's prompt ids of a prompt (dataplane.chat.prompt_ids); None: not checked
 
     def check(self, stored: StoredGroup) -> str | None:
         """Why the group fails its audit, "" when it passes, None when its version cannot be loaded."""
@@ -221,9 +224,20 @@ class Auditor:
     def check_many(self, groups: list[StoredGroup]) -> dict[str, Verdict | None]:
         """The full audit of every group, by entry id: the texts, then the rewards one by one and the log-probs in
         one forward pass per claimed version (each version's weights loaded once), which makes a sample cheap."""
-        verdicts: dict[str, Verdict | None] = dict(text_mismatches(groups, self.decode))
+        verdicts: dict[str, Verdict | None] = self._texts(groups)
         verdicts.update(self._recompute([g for g in groups if g.entry_id not in verdicts]))
         return verdicts
+
+    def _texts(self, groups: list[StoredGroup]) -> dict[str, Verdict | None]:
+        """The checks every group gets: its completions' texts against their ids, its prompt ids against its
+        prompt (learner/prompt_audit.py)."""
+        out: dict[str, Verdict | None] = dict(text_mismatches(groups, self.decode))
+        if self.encode is not None:
+            rest = {g.entry_id: g for g in groups if g.entry_id not in out}
+            for entry, (claimed, wanted) in prompt_mismatches(list(rest.values()), self.encode).items():
+                out[entry] = _text_verdict(rest[entry], 0, claimed, wanted, what="prompt_ids: not the ids the job's "
+                                           "prompt format gives its prompt (claimed against the job's, as text)")
+        return out
 
     def _recompute(self, groups: list[StoredGroup]) -> dict[str, Verdict | None]:
         tolerance = self.settings.logprob_tolerance
@@ -271,7 +285,7 @@ class Auditor:
         """The text check of every group, and the full audit of the sampled ones (each worker's share by
         :func:`audit_fraction`): what :meth:`screen` acts on. It changes nothing but the probation counts (the
         learner's reader computes it on its own thread while a step trains; never while :meth:`screen` runs)."""
-        out: dict[str, Verdict | None] = dict(text_mismatches(groups, self.decode))
+        out: dict[str, Verdict | None] = self._texts(groups)
         chosen = []
         for stored in groups:
             share = audit_fraction(self.seen[stored.worker_id], base=self.settings.fraction,

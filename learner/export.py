@@ -4,11 +4,13 @@ The offline path beside the site's ``GET /api/jobs/<id>/export/`` (which needs t
 its snapshots): it reads the snapshot directory the learner wrote (``<snapshot-dir>/job<ID>``), so it works
 after the job ended, with the site down, or for a version the site was never told of. ``--checkpoint``
 exports the weights of the last checkpoint instead of a published version: the final model of a job whose
-last steps were not published. The files are those of :mod:`dataplane.export`.
+last steps were not published. The files are those of :mod:`dataplane.export`; the job's prompt format, which
+shapes the exported chat template, is read from the run configuration the learner saved beside its checkpoint.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -16,6 +18,7 @@ from safetensors.torch import save
 
 from dataplane import export
 from dataplane.broadcast.store import list_versions
+from dataplane.chat import PLAIN, PromptFormat, as_prompt_format
 from dataplane.snapshot import build_manifest, split
 
 from . import fsdp
@@ -44,10 +47,28 @@ def job_store(snapshot_dir: Path, job_id: int) -> Path:
     return root
 
 
+def saved_prompt_format(snapshot_dir: Path, job_id: int, checkpoint_dir: Path | None = None) -> PromptFormat:
+    """Job ``job_id``'s prompt format, from the run configuration its learner saved (``run-config.json`` in
+    ``checkpoint_dir``, by default ``<snapshot-dir>/job<ID>-checkpoint``); plain where there is none (a learner
+    from before the setting: every job was plain)."""
+    path = Path(checkpoint_dir or Path(snapshot_dir) / f"job{job_id}-checkpoint") / "run-config.json"
+    try:
+        saved = json.loads(path.read_text())
+    except FileNotFoundError:
+        return PLAIN
+    except (OSError, ValueError) as err:
+        raise export.ExportError(f"{path}: {err}") from None
+    try:
+        return as_prompt_format((saved.get("job") or {}).get("prompt_format"))
+    except ValueError as err:
+        raise export.ExportError(f"{path}: job.prompt_format: {err}") from None
+
+
 def export_version(snapshot_dir: Path, job_id: int, out: Path, *, version: int | None = None,
-                   dtype: str = "as-trained") -> dict:
-    """Write version ``version`` (default: the newest on disk) of job ``job_id`` to ``out``; returns what was
-    written (job, version, dtype, directory, files)."""
+                   dtype: str = "as-trained", prompt_format: PromptFormat | None = None) -> dict:
+    """Write version ``version`` (default: the newest on disk) of job ``job_id`` to ``out``, its tokenizer as
+    ``prompt_format`` (default: the saved one) prompted it; returns what was written (job, version, dtype,
+    prompt format, directory, files)."""
     root = job_store(snapshot_dir, job_id)
     held = list_versions(root)
     if version is None:
@@ -58,14 +79,15 @@ def export_version(snapshot_dir: Path, job_id: int, out: Path, *, version: int |
                                  "S+2 and those of the last --snapshot-retain seconds)")
     base, fetch_base = export.local_version(root, 0)
     snapshot, fetch = export.local_version(root, version)
-    members = export.plan(base, fetch_base, snapshot, fetch, dtype=dtype)
-    return _written(job_id, version, dtype, export.write_directory(members, out), members)
+    fmt = prompt_format or saved_prompt_format(snapshot_dir, job_id)
+    members = export.plan(base, fetch_base, snapshot, fetch, dtype=dtype, prompt_format=fmt)
+    return _written(job_id, version, dtype, export.write_directory(members, out), members, fmt)
 
 
 def export_checkpoint(snapshot_dir: Path, job_id: int, out: Path, *, checkpoint_dir: Path | None = None,
-                      dtype: str = "as-trained") -> dict:
+                      dtype: str = "as-trained", prompt_format: PromptFormat | None = None) -> dict:
     """Write the model of job ``job_id``'s last checkpoint (``<snapshot-dir>/job<ID>-checkpoint`` unless
-    ``checkpoint_dir``) to ``out``, with the base's config and tokenizer."""
+    ``checkpoint_dir``) to ``out``, with the base's config and tokenizer (as :func:`export_version`)."""
     root = job_store(snapshot_dir, job_id)
     store = CheckpointStore(checkpoint_dir or Path(snapshot_dir) / f"job{job_id}-checkpoint")
     checkpoint = store.load()
@@ -78,10 +100,12 @@ def export_checkpoint(snapshot_dir: Path, job_id: int, out: Path, *, checkpoint_
     manifest = build_manifest(payload, job_id=job_id, version=checkpoint.version)
     parts = split(payload, manifest.chunk_bytes)
     base, fetch_base = export.local_version(root, 0)
-    members = export.plan(base, fetch_base, manifest, parts.__getitem__, dtype=dtype)
-    return _written(job_id, checkpoint.version, dtype, export.write_directory(members, out), members)
+    fmt = prompt_format or saved_prompt_format(snapshot_dir, job_id, checkpoint_dir)
+    members = export.plan(base, fetch_base, manifest, parts.__getitem__, dtype=dtype, prompt_format=fmt)
+    return _written(job_id, checkpoint.version, dtype, export.write_directory(members, out), members, fmt)
 
 
-def _written(job_id: int, version: int, dtype: str, out: Path, members: list[export.Member]) -> dict:
-    return {"job": job_id, "version": version, "dtype": dtype, "out": str(out.resolve()),
-            "files": {m.name: m.size for m in members}}
+def _written(job_id: int, version: int, dtype: str, out: Path, members: list[export.Member],
+             fmt: PromptFormat) -> dict:
+    return {"job": job_id, "version": version, "dtype": dtype, "prompt_format": fmt.model_dump(),
+            "out": str(out.resolve()), "files": {m.name: m.size for m in members}}

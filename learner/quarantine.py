@@ -19,14 +19,7 @@ import numpy as np
 import torch
 
 from dataplane.packed import PackedRecords
-from dataplane.records import (
-    MIN_LOGPROB,
-    PROMPT_SPECIAL_TOKENS,
-    RecordLimits,
-    prompt_token_bound,
-    record_problem,
-    value_problem,
-)
+from dataplane.records import MIN_LOGPROB, RecordLimits, prompt_token_bound, record_problem, value_problem
 from dataplane.replay import StoredGroup
 
 from .batch import Workspace
@@ -86,13 +79,14 @@ def all_fit(packed: PackedRecords | list[PackedRecords], limits: RecordLimits,
     rewards = np.array([r for pack in packs for r in pack.rewards], dtype=np.float64)
     prompts = {(p, n) for pack in packs for p, n in zip(pack.prompts, pack.prompt_lens, strict=True)}  # a group's one
     low, high = limits.reward_range
+    extra = limits.prompt_extra_tokens
     # NaN fails every comparison (min and max propagate it); an infinity fails the bounds
     return bool(tokens.min() >= 0 and (limits.vocab_size is None or tokens.max() < limits.vocab_size)
                 and mask.min() >= 0 and mask.max() <= 1
                 and logprobs.min() >= MIN_LOGPROB and logprobs.max() <= 1e-4
                 and bool(np.isfinite(rewards).all()) and rewards.min() >= low and rewards.max() <= high
                 and max(max(pack.completion_lens) for pack in packs) <= limits.max_completion_tokens
-                and all(n <= len(p) + PROMPT_SPECIAL_TOKENS or n <= prompt_token_bound(p) for p, n in prompts))
+                and all(n <= len(p) + extra or n <= prompt_token_bound(p, extra) for p, n in prompts))
 
 
 @dataclass

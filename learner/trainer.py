@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from dataplane import replay
+from dataplane.chat import PromptFormatError, check_tokenizer, prompt_ids
 from dataplane.jobs import JobSpec, JobStatus, LossConfig, model_dir_problem
 from dataplane.tasks import build_task
 from dataplane.timing import step_split
@@ -54,9 +55,13 @@ def run_job(site: SiteClient, settings: LearnerSettings) -> JobStatus:
     try:
         # --- set up: the job (rank 0 asks the site; every rank gets the answer or the error) and the policy
         raw, spec = _job_on_every_rank(site, settings.job, ctx)
-        trainer, _ = build_policy(spec, device=ctx.device, ctx=ctx, micro_batch=settings.micro_batch,
-                                  bf16=settings.bf16, parallel=settings.parallel,
-                                  activation_checkpointing=settings.activation_checkpointing)
+        trainer, tokenizer = build_policy(spec, device=ctx.device, ctx=ctx, micro_batch=settings.micro_batch,
+                                          bf16=settings.bf16, parallel=settings.parallel,
+                                          activation_checkpointing=settings.activation_checkpointing)
+        try:  # a job whose prompts the model's tokenizer cannot build fails now, with the reason
+            check_tokenizer(tokenizer, spec.prompt_format)
+        except PromptFormatError as err:
+            return _fail(site, settings.job, str(err)) if ctx.is_main else JobStatus.FAILED
         if not ctx.is_main:
             trainer.serve()  # until rank 0 releases us
             return distributed.broadcast(ctx, None)
@@ -126,9 +131,10 @@ def _streams(client: replay.Client, job_id: int, spec: JobSpec, retry_for_s: flo
     """The job's trajectory reader (the staleness gate, quarantining what the model must not see: the task's
     limits and the model's ``vocab_size``) and prompt writer, both riding out Redis restarts."""
     task = build_task(spec.task)
-    consumer = StalenessGatedConsumer(client, job_id, spec.staleness, retry_for_s=retry_for_s,
-                                      limits=task.record_limits(max_new_tokens=spec.max_new_tokens,
-                                                                vocab_size=vocab_size), prefetch=True)
+    limits = task.record_limits(max_new_tokens=spec.max_new_tokens, vocab_size=vocab_size)
+    limits = dataclasses.replace(limits, prompt_extra_tokens=spec.prompt_format.token_allowance())
+    consumer = StalenessGatedConsumer(client, job_id, spec.staleness, retry_for_s=retry_for_s, limits=limits,
+                                      prefetch=True)
     feeder = PromptFeeder(client, job_id=job_id, task=task, seed=spec.seed, backlog=2 * spec.groups_per_step,
                           retry_for_s=retry_for_s, background=True)
     return consumer, feeder
@@ -326,6 +332,7 @@ def _auditor(spec: JobSpec, settings: LearnerSettings, trainer: PolicyTrainer, s
     return Auditor(scorer, pad_id=trainer.pad_id, task=build_task(spec.task),
                    weights=snapshot_weights(store.root, spec.model_dir),
                    decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
+                   encode=lambda prompt: prompt_ids(tokenizer, prompt, spec.prompt_format),
                    settings=AuditSettings(fraction=settings.audit_fraction, probation_groups=settings.audit_probation,
                                           logprob_tolerance=settings.audit_logprob_tolerance))
 

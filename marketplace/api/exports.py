@@ -25,6 +25,7 @@ from rest_framework import status
 from rest_framework.exceptions import APIException, NotFound, PermissionDenied, ValidationError
 
 from dataplane import credentials
+from dataplane.chat import as_prompt_format
 from dataplane.export import ExportError, Member, plan, tar_size, tar_stream
 from dataplane.snapshot import Manifest, SnapshotError, fetch_chunk, full_url, parse_manifest
 from dataplane.weights import DTYPES
@@ -111,7 +112,7 @@ def job_export(*, job: Job, user, version: int | None, dtype: str) -> Export:
     try:
         base = _source(job, snapshots[0], version)
         snapshot = _source(job, snapshots[version], version)
-        members = plan(*base, *snapshot, dtype=dtype)
+        members = plan(*base, *snapshot, dtype=dtype, prompt_format=as_prompt_format(job.prompt_format))
     except SnapshotError as err:
         raise _learner_error(job, version, err) from None
     except ExportError as err:

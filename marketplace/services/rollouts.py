@@ -12,6 +12,7 @@ import time
 from django.conf import settings
 
 from dataplane import messages as m
+from dataplane.chat import as_prompt_format
 from dataplane.records import RecordError, RecordLimits, TrajectoryGroup
 from dataplane.replay import LeaseError
 from dataplane.tasks import TaskSpecError, build_task
@@ -129,8 +130,9 @@ def groups_submit(*, worker: Worker, job_id: int, groups: list[TrajectoryGroup],
 
 
 def record_limits(job: Job) -> RecordLimits:
-    """What a record of ``job`` may hold: its task's reward range and completion budget, and its model's
-    vocabulary once the learner reported it (until then token ids are checked by the learner alone).
+    """What a record of ``job`` may hold: its task's reward range and completion budget, the tokens its prompt
+    format adds to a prompt (a chat template), and its model's vocabulary once the learner reported it (until then
+    token ids are checked by the learner alone).
     A task this site cannot build any more (its data file gone) keeps only the generic, float32-safe bounds."""
     spec = json.dumps(job.task, sort_keys=True)
     try:
@@ -139,7 +141,8 @@ def record_limits(job: Job) -> RecordLimits:
         log.warning("job %s: cannot build its task to check records (%s); checking the generic bounds", job.pk, err)
         limits = RecordLimits()
     return dataclasses.replace(limits, vocab_size=job.vocab_size,
-                               max_metadata_bytes=settings.ECHO2["MAX_RECORD_METADATA_BYTES"])
+                               max_metadata_bytes=settings.ECHO2["MAX_RECORD_METADATA_BYTES"],
+                               prompt_extra_tokens=as_prompt_format(job.prompt_format).token_allowance())
 
 
 @functools.lru_cache(maxsize=256)

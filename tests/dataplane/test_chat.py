@@ -98,3 +98,14 @@ def test_the_job_setting() -> None:
 def test_the_site_allows_the_format_its_tokens() -> None:
     plain, chat = PLAIN.token_allowance(), PromptFormat(chat=True, system_prompt="é" * 10).token_allowance()
     assert chat == plain + 512 + 20
+
+
+def test_a_chat_prompt_longer_than_its_text_passes_the_record_checks(chat_tokenizer) -> None:
+    from dataplane.records import RecordLimits, Trajectory, record_problem
+
+    fmt = PromptFormat(chat=True, system_prompt="answer with the sum and nothing else")
+    ids = prompt_ids(chat_tokenizer, "3+4=", fmt)
+    rec = Trajectory(job_id=1, lease_id="l", group_id="g", prompt="3+4=", prompt_ids=ids, completion="7",
+                     completion_ids=[5, 2], logprobs=[-1.0, -1.0], reward=1.0, version=0)
+    assert "prompt_ids" in record_problem(rec, RecordLimits())  # the plain allowance: 16 tokens beyond the text
+    assert record_problem(rec, RecordLimits(prompt_extra_tokens=fmt.token_allowance())) == ""

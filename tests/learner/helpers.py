@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from dataplane.chat import prompt_ids as build_prompt_ids
 from dataplane.jobs import LossConfig
 from dataplane.records import Trajectory
 from learner import distributed
@@ -35,7 +36,7 @@ def trained_snapshots(model_dir, root, job_id: int):
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    prompt_ids = [tokenizer.bos_token_id, *tokenizer("3+4=", add_special_tokens=False)["input_ids"]]
+    prompt_ids = build_prompt_ids(tokenizer, "3+4=")  # as the engines prompt it (dataplane/chat.py)
     records = [Trajectory(job_id=job_id, lease_id="lease-g", group_id="g", prompt="3+4=", prompt_ids=prompt_ids,
                           completion=answer, completion_ids=[*tokenizer(answer, add_special_tokens=False)["input_ids"],
                                                              tokenizer.eos_token_id],

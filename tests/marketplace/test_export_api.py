@@ -165,3 +165,38 @@ def test_a_version_published_as_a_delta_exports_its_full_payload(tiny_model_dir,
     written = load_file(tmp_path / "out" / "model.safetensors")
     for name, tensor in publishable_state(model).items():
         assert torch.equal(written[name], tensor.bfloat16()), name
+
+
+def test_a_chat_jobs_export_prompts_with_its_system_prompt(tiny_model_dir, tmp_path) -> None:
+    """The job's system prompt is the exported chat template's default: apply_chat_template on the user's message
+    alone gives what the engines prompted with (dataplane/chat.py)."""
+    from transformers import AutoTokenizer
+
+    from dataplane.chat import PromptFormat, prompt_ids
+
+    model_dir = tmp_path / "chat-model"
+    shutil.copytree(tiny_model_dir, model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}={% endfor %}"
+    tokenizer.save_pretrained(model_dir)
+    owner = factories.user("owner")
+    job = factories.job(owner, model_dir=str(model_dir))
+    fmt = PromptFormat(chat=True, system_prompt="12")
+    job.spec = {**job.spec, "prompt_format": fmt.model_dump()}
+    job.save()
+    _, store = trained_snapshots(model_dir, tmp_path / "snapshots" / f"job{job.pk}", job.pk)
+    server = SnapshotServer(store, secret=job.transfer_secret).start()
+    try:
+        for version in (0, 2):
+            Snapshot.objects.create(job=job, version=version, url=server.url_for(version),
+                                    manifest=read_manifest(store.root, version).model_dump(mode="json"))
+        reply = client_for(owner).get(f"/api/jobs/{job.pk}/export/")
+        assert reply.status_code == 200
+        export.unpack(io.BytesIO(b"".join(reply.streaming_content)), tmp_path / "out")
+    finally:
+        server.stop()
+    exported = AutoTokenizer.from_pretrained(tmp_path / "out")
+    user = [{"role": "user", "content": "3+4"}]
+    assert exported.apply_chat_template(user, tokenize=False, add_generation_prompt=True) == "12=3+4="
+    assert exported.apply_chat_template(user, add_generation_prompt=True, return_dict=True)["input_ids"] == \
+        prompt_ids(tokenizer, "3+4", fmt)
