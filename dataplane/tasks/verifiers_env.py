@@ -21,8 +21,10 @@ ends or ``max_turns`` assistant turns are taken, and the completion is the assis
 the replies'). :meth:`VerifiersTask.reward` replays the transcript: each turn ends where the reply the
 environment gives to it follows.
 
-**User code.** The environment is the job owner's code: it is imported only on a machine that opted in
-(:func:`user_code_allowed`), never on the site (building the adapter from a spec imports nothing).
+**User code.** The environment is the job owner's code: it is imported by :meth:`VerifiersTask.prepare` with
+``allow_user_code`` (the agent passes the provider's ``echo2-agent run --allow-user-code``, the learner true), or on
+first use in a process that set ``ECHO2_ALLOW_USER_CODE=1``; never on the site (building the adapter from a spec
+imports nothing). Refused, it raises :class:`~dataplane.rewards.UserCodeRefused` and the agent refuses the job.
 """
 
 from __future__ import annotations
@@ -36,23 +38,22 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ..rewards import UserCodeRefused
 from .base import Prompt, TaskAdapter, TaskSpecError, register_task
 from .episodes import Episode, Turn
 
 INSTALL = "pip install 'echo2[verifiers]'"
-#: Set to 1 by a machine whose owner accepts running a job's environment code (``echo2-agent run
-#: --allow-user-code``; the learner, the owner's machine). Without it a verifiers task refuses to load.
+#: Set to 1 in a process that runs a job's environment code without :meth:`VerifiersTask.prepare` (tests, benches).
 ALLOW_USER_CODE = "ECHO2_ALLOW_USER_CODE"
 REPLY_TOKENS = 1024  # the most tokens of one environment reply in a completion
 _REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
 
-class UserCodeRefused(TaskSpecError):
-    """The task runs the job owner's code and this machine did not opt in."""
+__all__ = ["ALLOW_USER_CODE", "UserCodeRefused", "VerifiersTask"]
 
 
 def user_code_allowed() -> bool:
-    """Whether this process may run a job's own code (docs/trust.md)."""
+    """Whether this process said it runs a job's own code (``ECHO2_ALLOW_USER_CODE=1``; docs/trust.md)."""
     return os.environ.get(ALLOW_USER_CODE, "") == "1"
 
 
@@ -93,6 +94,7 @@ class VerifiersTask(TaskAdapter):
         self.reward_range = (float(reward_range[0]), float(reward_range[1]))
         self.multi_turn = max_turns > 1
         self._loaded: tuple[Any, dict[str, Any], Callable | None] | None = None
+        self._allowed = False  # prepare(allow_user_code=True) was called
 
     def spec(self) -> dict[str, Any]:
         return {"name": self.name, "env": self.env, "args": dict(self.args), "size": self.size,
@@ -101,12 +103,17 @@ class VerifiersTask(TaskAdapter):
     def max_completion_tokens(self, max_new_tokens: int) -> int:
         return max_new_tokens if not self.multi_turn else self.max_turns * (max_new_tokens + REPLY_TOKENS)
 
-    # -- the environment (user code, loaded on first use) ---------------------------------------------------------
+    # -- the environment (user code, loaded by prepare or on first use) -------------------------------------------
+
+    def prepare(self, *, allow_user_code: bool) -> None:
+        """Load the environment, if this machine runs user code (else :class:`UserCodeRefused`)."""
+        self._allowed = allow_user_code
+        self._load()
 
     def _load(self) -> tuple[Any, dict[str, Any], Callable | None]:
         """``(taskset, prompt text -> task, env_response or None)``, loaded once."""
         if self._loaded is None:
-            if not user_code_allowed():
+            if not (self._allowed or user_code_allowed()):
                 raise UserCodeRefused(f"env: runs the job's own code ({self.env}) and this machine did not opt in "
                                       "(`echo2-agent run --allow-user-code`)")
             try:

@@ -111,6 +111,16 @@ def test_without_the_providers_opt_in_the_environment_is_never_imported(monkeypa
 
     with pytest.raises(UserCodeRefused, match=r"^env: runs the job's own code .*--allow-user-code"):
         task.sample_prompts(random.Random(0), 1)
+    with pytest.raises(UserCodeRefused):  # an agent whose provider did not opt in: it refuses the job
+        task.prepare(allow_user_code=False)
+
+
+def test_prepare_with_the_opt_in_loads_the_environment(monkeypatch) -> None:
+    monkeypatch.delenv(ALLOW_USER_CODE, raising=False)
+    task = build_task(SINGLE)
+    task.prepare(allow_user_code=True)  # the learner; an agent run with --allow-user-code
+
+    assert task.reward("Add.\n4+1=\n", "5") == 1.5
 
 
 @pytest.mark.parametrize(("options", "field"), [
