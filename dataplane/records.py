@@ -100,6 +100,30 @@ def value_problem(rec: Trajectory | Any) -> str:
     return ""
 
 
+#: The most errors a group may report of its reward functions: each of a reward's (at most 16) functions failing on
+#: each record (``dataplane/rewards``).
+MAX_REWARD_ERRORS = 16 * MAX_GROUP
+
+
+class RewardErrors(BaseModel):
+    """What the task's reward functions did wrong while scoring a group's records (docs/rewards.md): ``errors``
+    (records a function failed to score: it raised), ``non_finite`` (records it scored NaN, an infinity or beyond
+    the bound), ``last_error`` (the latest, one short line). Each record so scored got the function's fallback. The
+    agent counts them (``dataplane.rewards.RewardStats``); the site adds up the groups it accepts, per job."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    errors: int = Field(default=0, ge=0, le=MAX_REWARD_ERRORS)
+    non_finite: int = Field(default=0, ge=0, le=MAX_REWARD_ERRORS)
+    last_error: str = Field(default="", max_length=200)
+
+    @model_validator(mode="after")
+    def _no_nul(self) -> RewardErrors:
+        if "\x00" in self.last_error:
+            raise ValueError("last_error: must not contain a NUL character")
+        return self
+
+
 class TrajectoryGroup(BaseModel):
     """The ``n`` completions of one leased prompt, all generated under one installed snapshot version.
 
@@ -116,6 +140,8 @@ class TrajectoryGroup(BaseModel):
     group_id: str = Field(min_length=1, max_length=64, description="GRPO group id of the leased prompt.")
     version: int = Field(ge=0, description="v: snapshot version installed while the group was generated.")
     records: list[Trajectory] = Field(min_length=1, max_length=MAX_GROUP, description="The n completions.")
+    reward_errors: RewardErrors | None = Field(default=None, description="What the task's reward functions did "
+                                               "wrong scoring these records; none: nothing.")
 
     @model_validator(mode="after")
     def _one_group(self) -> TrajectoryGroup:

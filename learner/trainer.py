@@ -329,7 +329,11 @@ def _auditor(spec: JobSpec, settings: LearnerSettings, trainer: PolicyTrainer, s
 
     scorer = _plain_copy(trainer, spec).eval().requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(spec.model_dir)  # texts checked against ids as the engines decode
-    return Auditor(scorer, pad_id=trainer.pad_id, task=build_task(spec.task),
+    task = build_task(spec.task)
+    # The audit recomputes rewards with the same code the workers ran, user functions included: the learner is the
+    # job owner's own machine, so it runs the owner's code (docs/trust.md, "User code on workers").
+    task.prepare(allow_user_code=True)
+    return Auditor(scorer, pad_id=trainer.pad_id, task=task,
                    weights=snapshot_weights(store.root, spec.model_dir),
                    decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
                    encode=lambda prompt: prompt_ids(tokenizer, prompt, spec.prompt_format),

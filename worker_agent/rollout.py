@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dataplane.records import Trajectory, TrajectoryGroup
+from dataplane.records import MAX_REWARD_ERRORS, RewardErrors, Trajectory, TrajectoryGroup
+from dataplane.rewards import RewardStats
 from dataplane.tasks import TaskAdapter
 from dataplane.tasks.episodes import Turn
 
@@ -26,17 +27,34 @@ def rollout_groups(engine: Engine, task: TaskAdapter, leases: list[GroupLease], 
     (``task.multi_turn``, e.g. ``sandbox``) plays whole episodes instead: see :func:`rollout_episodes`.
     """
     if task.multi_turn:
-        return rollout_episodes(engine, task, leases, job_id=job_id, n=n, params=params, version=version)
+        before = task.reward_stats()
+        groups = rollout_episodes(engine, task, leases, job_id=job_id, n=n, params=params, version=version)
+        return [with_reward_errors(groups[0], task, before), *groups[1:]] if groups else groups
     completions = engine.generate([lease.prompt for lease in leases], n=n, params=params)
-    return [
-        TrajectoryGroup.of([
+    out = []
+    for lease, group in zip(leases, completions, strict=True):
+        before = task.reward_stats()
+        out.append(with_reward_errors(TrajectoryGroup.of([
             Trajectory(job_id=job_id, lease_id=lease.lease_id, group_id=lease.group_id, prompt=lease.prompt,
                        prompt_ids=c.prompt_ids, completion=c.text, completion_ids=c.completion_ids,
                        logprobs=c.logprobs, reward=task.reward(lease.prompt, c.text), version=version)
             for c in group
-        ])
-        for lease, group in zip(leases, completions, strict=True)
-    ]
+        ]), task, before))
+    return out
+
+
+def with_reward_errors(group: TrajectoryGroup, task: TaskAdapter, before: RewardStats | None) -> TrajectoryGroup:
+    """``group`` carrying what the task's reward functions did wrong since ``before`` (``task.reward_stats()`` taken
+    before it was scored), for the site to count per job (docs/rewards.md); unchanged when nothing went wrong."""
+    after = task.reward_stats()
+    if after is None:
+        return group
+    delta = after.minus(before) if before is not None else after
+    if not delta.errors and not delta.non_finite:
+        return group
+    errors = RewardErrors(errors=min(delta.errors, MAX_REWARD_ERRORS), non_finite=min(delta.non_finite,
+                          MAX_REWARD_ERRORS), last_error=delta.last_error.replace("\x00", "")[:200])
+    return group.model_copy(update={"reward_errors": errors})
 
 
 def rollout_episodes(engine: Engine, task: TaskAdapter, leases: list[GroupLease], *, job_id: int, n: int,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 
 from dataplane import messages as m
-from dataplane.records import MAX_TOKENS, Trajectory, TrajectoryGroup, error_reason
+from dataplane.records import MAX_TOKENS, RewardErrors, Trajectory, TrajectoryGroup, error_reason
 
 # Bytes of JSON one record can take, from the schema's bounds (dataplane/records.py): a prompt text and a completion
 # text of up to 100,000 characters (6 bytes each at worst, escaped), up to MAX_TOKENS prompt ids (7 bytes each with
@@ -62,6 +62,7 @@ class _Partial:
     records: list[Trajectory] = field(default_factory=list)
     next_part: int = 0
     size: int = 0
+    reward_errors: RewardErrors | None = None  # part 0's (every part carries the group's)
 
 
 def _header(group: TrajectoryGroup) -> tuple:
@@ -94,7 +95,7 @@ class GroupAssembler:
              now: float) -> TrajectoryGroup | None:
         if message.part == 0:
             self.partial = _Partial(header=_header(message.group), request_id=message.id, parts=message.parts,
-                                    started=now)
+                                    started=now, reward_errors=message.group.reward_errors)
         partial = self.partial
         held = len(partial.records) if partial else 0
         refuse = _refusal(partial, message, limits=limits, now=now, frame_bytes=frame_bytes)
@@ -142,6 +143,6 @@ def _whole(partial: _Partial) -> TrajectoryGroup:
     job_id, lease_id, group_id, version = partial.header
     try:
         return TrajectoryGroup(job_id=job_id, lease_id=lease_id, group_id=group_id, version=version,
-                               records=partial.records)
+                               records=partial.records, reward_errors=partial.reward_errors)
     except ValidationError as err:
         raise AssemblyError(error_reason(err, default="group"), records=len(partial.records)) from None

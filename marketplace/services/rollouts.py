@@ -18,7 +18,7 @@ from dataplane.replay import LeaseError
 from dataplane.tasks import TaskSpecError, build_task
 
 from .. import selectors
-from ..infra import stream, telemetry
+from ..infra import reward_errors, stream, telemetry
 from ..models import Job, Worker
 from ..realtime.assembly import AssemblyError, GroupAssembler, JobLimits, group_bytes_bound
 from .base import ServiceError, running_activation
@@ -116,6 +116,8 @@ def trajectories_submit(*, worker: Worker, group: TrajectoryGroup, running: Runn
     except (RecordError, LeaseError) as err:
         buffer.count("rejected_records", n)
         return m.Accepted(job_id=group.job_id, lease_id=group.lease_id, accepted=0, rejected=n, reasons=[str(err)])
+    if group.reward_errors is not None:  # counted once: a group is accepted at most once
+        reward_errors.record(job.job_id, group.reward_errors)
     return m.Accepted(job_id=group.job_id, lease_id=group.lease_id, accepted=n, rejected=0)
 
 
