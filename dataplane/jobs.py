@@ -158,6 +158,10 @@ class JobSpec(BaseModel):
     learning_rate: float = Field(default=1e-3, gt=0, le=1.0, description="AdamW learning rate.")
     clip_eps: float = Field(default=0.2, gt=0, le=10.0, description="PPO clip range epsilon.")
     max_steps: int = Field(default=300, ge=1, le=10_000_000, description="Learner steps before completion.")
+    budget_usd: float | None = Field(
+        default=None, gt=0, le=1e9, allow_inf_nan=False, description="Most the job may spend, USD: the site pauses it "
+        "before a step would take its spend past this (docs/ledger.md \"Budgets\"); the owner may raise it later. "
+        "None: no cap.")
     max_new_tokens: int = Field(default=8, ge=1, le=32_768, description="Longest completion, in tokens.")
     temperature: float = Field(default=1.0, ge=0.0, le=10.0, description="Sampling temperature (0 = greedy).")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")

@@ -32,7 +32,7 @@ LABELS = {
     "loss_aggregation": "Aggregation", "loss_norm_length": "Length normalizer",
     "loss_off_policy": "Off-policy correction", "loss_is_cap": "IS cap C", "loss_max_grad_norm": "Max gradient norm",
     "loss_dual_clip": "Dual-clip bound c", "prompt_format_chat": "Chat template",
-    "prompt_format_system_prompt": "System prompt",
+    "prompt_format_system_prompt": "System prompt", "budget_usd": "Budget (USD)",
 }
 _FORM_FIELDS: dict[str, type[forms.Field]] = {
     "int": forms.IntegerField, "float": forms.FloatField, "str": forms.CharField, "bool": forms.BooleanField,
@@ -91,7 +91,7 @@ class JobLaunchForm(forms.Form):
         ("Staleness and capacity", ("staleness", "kappa", "batch_trajectories", "group_size", "gamma",
                                     "learner_uplink_mbps", "broadcast_strategy", "snapshot_dtype",
                                     "snapshot_full_every")),
-        ("Training", ("learning_rate", "clip_eps", "max_steps", "target_reward")),
+        ("Training", ("learning_rate", "clip_eps", "max_steps", "budget_usd", "target_reward")),
         ("Sampling", ("max_new_tokens", "temperature", "top_p", "seed")),
         ("Prompts", tuple(f"prompt_format_{name}" for name in _TABLES["prompt_format"].model_fields)),
         ("Loss", tuple(LOSS_PREFIX + name for name in _LOSS)),

@@ -15,7 +15,7 @@ from dataplane.jobs import TERMINAL as TERMINAL_STATUSES
 from dataplane.jobs import JobSpec, JobStatus
 from dataplane.messages import WorkerState
 
-from .core import billing
+from .ledger_models import AMOUNT_PLACES, LedgerEntry, PriceChange  # noqa: F401 (Django finds the models here)
 
 
 class Provider(models.Model):
@@ -66,6 +66,10 @@ class Worker(models.Model):
     suspended_at = models.DateTimeField(null=True, blank=True, help_text="When repeated audit failures suspended "
                                         "it: never activated again until staff lift it (admin).")
     suspended_reason = models.CharField(max_length=600, blank=True)
+    paused_at = models.DateTimeField(null=True, blank=True, help_text="When its provider paused it: never "
+                                     "activated until resumed (docs/ledger.md \"Provider and owner controls\").")
+    removed_at = models.DateTimeField(null=True, blank=True, help_text="When its provider removed it: its key "
+                                      "revoked, hidden from lists; its history and ledger kept.")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -155,6 +159,8 @@ class Job(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    archived_at = models.DateTimeField(null=True, blank=True, help_text="When its owner archived it: hidden from "
+                                       "lists unless asked for; its ledger kept.")
 
     learner_step = models.PositiveIntegerField(default=0, help_text="v_t: learner updates done.")
     published_version = models.PositiveIntegerField(default=0, help_text="Newest snapshot agents may use.")
@@ -218,7 +224,8 @@ for _name in JobSpec.model_fields:
 
 
 class Activation(models.Model):
-    """A worker serving a job from ``started_at`` to ``ended_at``; the price is frozen for billing, and only the
+    """A worker serving a job from ``started_at`` to ``ended_at`` at its worker's price (changed from a date on:
+    docs/ledger.md); each billed interval is a ledger entry, and only the
     time the site saw its worker generating (leases taken, groups accepted) is billed (``marketplace.core.billing``)."""
 
     State = models.TextChoices("State", [(state, state) for state in get_args(WorkerState)])
@@ -231,6 +238,8 @@ class Activation(models.Model):
     end_reason = models.CharField(max_length=200, blank=True)
     billed_seconds = models.FloatField(default=0.0, help_text="Seconds billed: generating time the site saw "
                                        "(leases, accepted groups), up to its last report (or the end).")
+    billed_usd = models.DecimalField(max_digits=20, decimal_places=AMOUNT_PLACES, default=Decimal(0), help_text=(
+        "USD billed: the sum of its ledger entries, written with each (each interval at the rate then in force)."))
     state = models.CharField(max_length=16, choices=State.choices, default="loading",
                              help_text="What the site last saw the worker do for the job, never what its "
                              "heartbeats claim (a new activation loads).")
@@ -245,8 +254,9 @@ class Activation(models.Model):
         ]
 
     def cost_usd(self) -> float:
-        """The billed time at the frozen price; an open activation's time since its last report is not in it yet."""
-        return billing.cost_usd(price_per_hour=float(self.price_per_hour), billed_seconds=self.billed_seconds)
+        """Its ledger's sum: each billed interval at the price then in force (``price_per_hour`` is the price now);
+        an open activation's time since its last report is not in it yet."""
+        return float(self.billed_usd)
 
 
 class Snapshot(models.Model):

@@ -58,7 +58,8 @@ def candidate_pool(*, model_dir: str, task_name: str, job: Job | None = None, no
     busy = Activation.objects.filter(ended_at=None)
     busy = (busy.exclude(job=job) if job else busy).values("worker_id")
     workers = {w.pk: w for w in Worker.objects.exclude(status=Worker.Status.OFFLINE).exclude(pk__in=busy)
-               .filter(suspended_at__isnull=True)}  # suspended after failed audits: never planned
+               .filter(suspended_at__isnull=True,  # suspended after failed audits: never planned
+                       paused_at=None, removed_at=None)}  # nor one its provider paused or removed
     workers.update({w.pk: w for w in Worker.objects.filter(pk__in=list(started))})
     beats = telemetry.recent_heartbeats(list(workers))
     accepted = telemetry.recent_accepted(list(started), job_id=job.pk, now=now) if job else {}

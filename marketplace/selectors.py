@@ -15,6 +15,7 @@ from knox.models import AuthToken
 from dataplane.broadcast import chains
 from dataplane.timing import split_line
 
+from . import ledger
 from .core import provisioning
 from .infra import refusals, telemetry
 from .models import Activation, Job, JobMetric, Snapshot, Worker, WorkerSession
@@ -62,9 +63,9 @@ def active_activation(*, worker: Worker, job_id: int | None = None) -> Activatio
 
 
 def job_cost_usd(job: Job) -> float:
-    """What the job's owner pays: the billed (installing and generating) time of every activation, each at its
-    frozen price, up to each worker's last state report."""
-    return sum(a.cost_usd() for a in job.activations.all())
+    """What the job's owner pays: the sum of its ledger (billed installing and generating time, each interval at
+    the rate then in force), up to each worker's last state report."""
+    return ledger.job_spent_usd(job)
 
 
 def latest_snapshot(job: Job) -> Snapshot | None:
@@ -133,7 +134,10 @@ def job_summary(job: Job, *, active: list[Activation] | None = None) -> dict:
         "step_time": (last.extra or {}).get("timing") if last else None,
         "step_time_line": split_line((last.extra or {}).get("timing") or {}) if last else "–",
         "cost_usd": round(cost, 6),
-        "projected_cost_usd": round(cost * job.max_steps / job.learner_step, 6) if job.learner_step else None,
+        # a finished job's is its spend; a running one's the pool's cost per step times the steps left (ledger.py)
+        "projected_cost_usd": None if (projected := ledger.projected_cost_usd(job, cost)) is None else round(
+            projected, 6),
+        "budget_usd": job.budget_usd,
     }
 
 

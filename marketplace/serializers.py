@@ -73,9 +73,11 @@ class WorkerSerializer(serializers.ModelSerializer):
         fields = ["id", "provider", "name", "gpu", "price_per_hour", "bandwidth_bps", "measured_bandwidth_bps",
                   "relay_address", "status", "last_heartbeat", "throughput", "unit_cost", "score", "uptime",
                   "online_since", "job_state", "job_state_reason", "installed_version", "audits_passed",
-                  "audits_failed", "audit_pass_rate", "suspended_at", "suspended_reason", "created_at"]
+                  "audits_failed", "audit_pass_rate", "suspended_at", "suspended_reason", "paused_at",
+                  "removed_at", "created_at"]
         read_only_fields = ["status", "last_heartbeat", "throughput", "measured_bandwidth_bps", "installed_version",
-                            "audits_passed", "audits_failed", "suspended_at", "suspended_reason", "created_at"]
+                            "audits_passed", "audits_failed", "suspended_at", "suspended_reason", "paused_at",
+                            "removed_at", "created_at"]
 
 
 class CalibrationSerializer(serializers.ModelSerializer):
@@ -135,10 +137,10 @@ class JobSerializer(serializers.ModelSerializer):
     class Meta:
         model = Job
         fields = ["id", "owner", *JobSpec.model_fields, "status", "status_reason",
-                  "created_at", "started_at", "finished_at", "learner_step", "published_version",
+                  "created_at", "started_at", "finished_at", "archived_at", "learner_step", "published_version",
                   "learner_relay", "base_digest", "vocab_size"]
-        read_only_fields = ["status", "status_reason", "created_at", "started_at", "finished_at", "learner_step",
-                            "published_version", "learner_relay", "base_digest", "vocab_size"]
+        read_only_fields = ["status", "status_reason", "created_at", "started_at", "finished_at", "archived_at",
+                            "learner_step", "published_version", "learner_relay", "base_digest", "vocab_size"]
 
     def get_fields(self) -> dict[str, serializers.Field]:
         """The job settings' fields are JobSpec's (``spec_fields``), in the place ``Meta.fields`` gives them."""

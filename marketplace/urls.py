@@ -1,6 +1,8 @@
+from django.urls import path
 from rest_framework.routers import DefaultRouter
 
 from .api.datasets import DatasetViewSet
+from .api.ledger import LedgerView
 from .api.views import JobViewSet, WorkerViewSet
 
 router = DefaultRouter()
@@ -8,4 +10,4 @@ router.register("workers", WorkerViewSet, basename="worker")
 router.register("jobs", JobViewSet, basename="job")
 router.register("datasets", DatasetViewSet, basename="dataset")
 
-urlpatterns = router.urls
+urlpatterns = [path("ledger/", LedgerView.as_view(), name="ledger"), *router.urls]

@@ -16,12 +16,12 @@ from rest_framework.response import Response
 
 from dataplane.jobs import JobSpec
 
-from .. import scheduling, selectors, services
+from .. import ledger, scheduling, selectors, services
 from .. import serializers as s
 from ..core import provisioning
 from ..infra import stream
 from ..models import Job, Worker
-from . import exports
+from . import controls, exports
 from .auth import AGENT_KEY_ALLOWED, learner_problem
 from .renderers import TomlRenderer, YamlRenderer
 from .schema import ErrorSerializer
@@ -54,9 +54,46 @@ class WorkerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
             return Worker.objects.none()
         return selectors.workers_visible_to(self.request.user)
 
+    @extend_schema(parameters=[OpenApiParameter("removed", bool, description="Include removed workers.")])
     def list(self, request):
-        page = selectors.workers_with_figures(self.paginate_queryset(self.get_queryset()))
+        qs = self.get_queryset() if controls.listed(request.query_params, "removed") else \
+            self.get_queryset().filter(removed_at=None)
+        page = selectors.workers_with_figures(self.paginate_queryset(qs))
         return self.get_paginated_response(s.WorkerSerializer(page, many=True).data)
+
+    def _worker_reply(self, worker: Worker) -> Response:
+        return Response(s.WorkerSerializer(selectors.workers_with_figures([worker])[0]).data)
+
+    @extend_schema(request=None, responses=s.WorkerSerializer)
+    def destroy(self, request, pk=None):
+        """Remove (unregister) the worker: its activation released, its agent key revoked, hidden from lists;
+        its history and ledger entries kept (docs/ledger.md)."""
+        return self._worker_reply(_service_call(services.worker_remove, worker=self.get_object()))
+
+    @extend_schema(methods=["get"], responses=dict)
+    @extend_schema(methods=["post"], request=controls.PriceSerializer, responses=s.WorkerSerializer)
+    @action(detail=True, methods=["get", "post"])
+    def price(self, request, pk=None):
+        """GET: the worker's price history. POST: its price from now on (its open activation's later intervals
+        are billed at it; the ledger shows both rates)."""
+        worker = self.get_object()
+        if request.method == "GET":
+            return Response({"price_per_hour": str(worker.price_per_hour), "history": ledger.price_history(worker)})
+        form = controls.PriceSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        return self._worker_reply(_service_call(services.worker_price_set, worker=worker, **form.validated_data))
+
+    @extend_schema(request=None, responses=s.WorkerSerializer)
+    @action(detail=True, methods=["post"])
+    def pause(self, request, pk=None):
+        """No new activations; its open activation is released now (billed up to now, leases returned)."""
+        return self._worker_reply(_service_call(services.worker_pause, worker=self.get_object()))
+
+    @extend_schema(request=None, responses=s.WorkerSerializer)
+    @action(detail=True, methods=["post"])
+    def resume(self, request, pk=None):
+        """Activations again, from the scheduler's next re-plan."""
+        return self._worker_reply(_service_call(services.worker_resume, worker=self.get_object()))
 
     def retrieve(self, request, pk=None):
         worker = selectors.workers_with_figures([self.get_object()])[0]
@@ -94,11 +131,42 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
             return Job.objects.none()
-        return selectors.jobs_visible_to(self.request.user).select_related("owner")
+        qs = selectors.jobs_visible_to(self.request.user).select_related("owner")
+        if self.action == "list" and not controls.listed(self.request.query_params, "archived"):
+            return qs.filter(archived_at=None)  # archived jobs are listed only when asked for (?archived=1)
+        return qs
 
     def perform_create(self, serializer):
         spec = serializer.validated_data["spec"]
         serializer.instance = _service_call(services.job_create, owner=self.request.user, spec=spec)
+
+    @extend_schema(request=None, responses={204: None})
+    def destroy(self, request, pk=None):
+        """Delete a job that never ran; one that did is archived instead (its ledger stays)."""
+        _service_call(services.job_delete, job=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request=None, responses=s.JobSerializer)
+    @action(detail=True, methods=["post"])
+    def archive(self, request, pk=None):
+        """Hide an ended (or draft) job from lists (``?archived=1`` shows it); its ledger and history stay."""
+        return Response(s.JobSerializer(_service_call(services.job_archive, job=self.get_object())).data)
+
+    @extend_schema(request=None, responses=s.JobSerializer)
+    @action(detail=True, methods=["post"])
+    def unarchive(self, request, pk=None):
+        job = _service_call(services.job_archive, job=self.get_object(), archived=False)
+        return Response(s.JobSerializer(job).data)
+
+    @extend_schema(request=controls.BudgetSerializer, responses=s.JobSerializer)
+    @action(detail=True, methods=["post"])
+    def budget(self, request, pk=None):
+        """Change the job's budget (``budget_usd``; null: no cap). A job paused at its budget runs again when the
+        new one leaves room for its next step."""
+        form = controls.BudgetSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        job = _service_call(services.job_budget_set, job=self.get_object(), **form.validated_data)
+        return Response(s.JobSerializer(job).data)
 
     @extend_schema(request=None, responses=s.JobSerializer)
     @action(detail=True, methods=["post"])

@@ -15,6 +15,8 @@ Plain functions over plain values; the database side is ``services.billing``.
 
 from __future__ import annotations
 
+from decimal import ROUND_HALF_UP, Decimal
+
 from dataplane.messages import BILLED_STATES as BILLABLE_STATES
 
 
@@ -90,5 +92,23 @@ def failing_too_long(*, state: str, since: float, now: float, limit_s: float) ->
 
 
 def cost_usd(*, price_per_hour: float, billed_seconds: float) -> float:
-    """USD for ``billed_seconds`` at ``price_per_hour`` (the activation's frozen price ``c_i``)."""
+    """USD for ``billed_seconds`` at ``price_per_hour`` (``c_i``), as a float: for forecasts, never for the bill."""
     return price_per_hour * max(0.0, billed_seconds) / 3600.0
+
+
+MICROSECOND = Decimal("0.000001")
+NANO_USD = Decimal("0.000000001")  # a ledger amount's last place (marketplace/ledger_models.py AMOUNT_PLACES)
+CENT = Decimal("0.01")
+
+
+def interval_amount(*, seconds: float, rate: Decimal) -> tuple[Decimal, Decimal]:
+    """``(seconds, amount)`` of one billed interval as the ledger stores them: the seconds to the microsecond, the
+    amount (``seconds x rate / 3600``, rate in USD/h) to 1e-9 USD, from the rounded seconds so that an entry's
+    amount is what its own columns say."""
+    exact = Decimal(repr(max(0.0, seconds))).quantize(MICROSECOND, rounding=ROUND_HALF_UP)
+    return exact, (exact * Decimal(rate) / 3600).quantize(NANO_USD, rounding=ROUND_HALF_UP)
+
+
+def cents(amount: Decimal | float | int) -> Decimal:
+    """A total to the cent (half up), as statements, invoices and pages show it."""
+    return Decimal(str(amount)).quantize(CENT, rounding=ROUND_HALF_UP)

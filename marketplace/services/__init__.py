@@ -15,11 +15,14 @@ transaction it joins it), and its pushes and enqueued tasks leave only once that
 - ``learner``: the learner's announcement, heartbeat and step metrics; jobs whose learner went silent.
 - ``audits``: the learner's audits of workers' records, reported with its steps; repeat failures suspended.
 - ``accounts``: people's API tokens (stored hashed, shown once).
+- ``budgets``: a job's budget checked after each learner step (paused at the cap) and raised by its owner.
+- ``controls``: a worker's price (from now on), pause, resume, removal; a job archived or deleted (docs/ledger.md).
 
 Siblings import one way only: ``base`` imports none of them; ``broadcast`` and ``rollouts`` import ``base``;
 ``billing`` imports none; ``workers`` imports ``broadcast`` (assignments) and ``billing``; ``presence`` imports
 ``workers``, ``broadcast`` (chain repair) and ``billing``; ``jobs``,
-``audits`` (suspensions) and ``learner`` (stalled jobs) import ``workers``; ``learner`` imports ``audits``.
+``audits`` (suspensions) and ``learner`` (stalled jobs) import ``workers``; ``learner`` imports ``audits`` and
+``budgets``, which imports ``jobs``; ``controls`` imports ``workers`` and ``billing``.
 None imports ``marketplace.tasks``: tasks call services,
 services enqueue tasks by name (``base.enqueue_task``).
 The public names are re-exported here, so callers write ``services.job_start(...)``.
@@ -28,6 +31,8 @@ The public names are re-exported here, so callers write ``services.job_start(...
 from .accounts import api_token_issue
 from .base import ServiceError, job_group, worker_group
 from .broadcast import broadcast_plan, relay_failed, snapshot_installed, snapshot_publish, snapshot_request
+from .budgets import job_budget_check, job_budget_set
+from .controls import job_archive, job_delete, worker_pause, worker_price_set, worker_remove, worker_resume
 from .jobs import (
     job_activate_idle_workers,
     job_create,
@@ -74,4 +79,6 @@ __all__ = [
     "worker_heartbeat", "worker_register", "worker_release",
     "worker_closes_record", "worker_heartbeat_apply", "worker_heartbeat_record", "worker_heartbeats_fold",
     "worker_socket_closed",
+    "job_archive", "job_budget_check", "job_budget_set", "job_delete", "worker_pause", "worker_price_set",
+    "worker_remove", "worker_resume",
 ]

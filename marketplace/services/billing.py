@@ -6,7 +6,9 @@
 Each report bills the interval since the previous one in the previous state, then records the new state. The
 update is one ``UPDATE`` that adds with ``F()`` and only applies if no other report landed since the row was
 read (compare-and-set on ``reported_at``), so two reports at once (an old socket and a new one, a heartbeat
-and a release) neither lose time nor bill an interval twice.
+and a release) neither lose time nor bill an interval twice. A billed interval is also a ledger entry
+(``LedgerEntry``, docs/ledger.md), written in the same transaction as the sums it adds to, at the activation's
+``price_per_hour`` then (a price change bills up to its date first: ``marketplace.services.controls``).
 """
 
 from __future__ import annotations
@@ -15,15 +17,18 @@ import logging
 from datetime import datetime
 
 from django.conf import settings
+from django.db import transaction
 from django.db.models import F
 
 from ..core import billing
 from ..infra import telemetry
-from ..models import Activation
+from ..models import Activation, LedgerEntry
 
 log = logging.getLogger(__name__)
 
 ATTEMPTS = 8  # compare-and-set retries: each failure means another report just landed, so this is plenty
+_ROW = ("state", "state_reason", "reported_at", "price_per_hour", "job_id", "worker_id", "worker__name",
+        "worker__provider_id", "job__name", "job__owner_id")
 
 
 def gap_limit_s() -> float:
@@ -60,19 +65,33 @@ def activation_report(*, activation_id: int, at: datetime, state: str | None = N
     bring the bill up to ``at``) record that it is in ``state`` from ``at``. Returns the updated activation,
     None when it has ended. A report older than the last one changes nothing but the state."""
     for _ in range(ATTEMPTS):
-        row = Activation.objects.filter(pk=activation_id, ended_at=None).values(
-            "state", "state_reason", "reported_at").first()
+        row = Activation.objects.filter(pk=activation_id, ended_at=None).values(*_ROW).first()
         if row is None:
             return None
         last = row["reported_at"]
         seconds = billing.billable_seconds(state=row["state"], since=last.timestamp(), until=at.timestamp(),
                                            gap_limit_s=gap_limit_s())
+        exact, amount = billing.interval_amount(seconds=seconds, rate=row["price_per_hour"])
         new_state = row["state"] if state is None else state
-        fields: dict = {"billed_seconds": F("billed_seconds") + seconds, "reported_at": max(at, last),
-                        "state": new_state, "state_reason": row["state_reason"] if state is None else reason}
+        fields: dict = {"billed_seconds": F("billed_seconds") + seconds, "billed_usd": F("billed_usd") + amount,
+                        "reported_at": max(at, last), "state": new_state,
+                        "state_reason": row["state_reason"] if state is None else reason}
         if new_state != row["state"]:
             fields["state_since"] = max(at, last)
-        if Activation.objects.filter(pk=activation_id, ended_at=None, reported_at=last).update(**fields):
-            return Activation.objects.get(pk=activation_id)
+        with transaction.atomic():
+            if not Activation.objects.filter(pk=activation_id, ended_at=None, reported_at=last).update(**fields):
+                continue
+            if exact > 0:
+                _ledger_write(row, activation_id=activation_id, since=last, at=at, seconds=exact, amount=amount)
+        return Activation.objects.get(pk=activation_id)
     log.warning("activation %s: state report at %s lost to %d concurrent reports", activation_id, at, ATTEMPTS)
     return None
+
+
+def _ledger_write(row: dict, *, activation_id: int, since: datetime, at: datetime, seconds, amount) -> None:
+    """The ledger entry of one billed interval (``row``: the activation as :func:`activation_report` read it)."""
+    LedgerEntry.objects.create(
+        activation_id=activation_id, job_id=row["job_id"], worker_id=row["worker_id"],
+        provider_id=row["worker__provider_id"], owner_id=row["job__owner_id"], worker_name=row["worker__name"],
+        job_name=row["job__name"], state=row["state"], started_at=since, at=at, seconds=seconds,
+        rate=row["price_per_hour"], amount=amount)

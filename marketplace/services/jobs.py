@@ -13,6 +13,7 @@ from django.utils import timezone
 from dataplane.jobs import JobSpec, model_dir_problem
 from dataplane.replay import RedisError
 
+from .. import ledger
 from ..infra import stream
 from ..models import Activation, Job, Worker
 from .base import ServiceError, enqueue_task, push_job_update
@@ -80,7 +81,7 @@ def job_finish(*, job: Job, status: str, reason: str = "") -> Job:
 
 
 @transaction.atomic
-def job_pause(*, job: Job, by: str = "") -> Job:
+def job_pause(*, job: Job, by: str = "", reason: str = "") -> Job:
     """Stop generation (and billing) for a running job without losing anything.
 
     Its workers are released; the prompt and trajectory streams stay. Trajectories already queued are
@@ -90,7 +91,7 @@ def job_pause(*, job: Job, by: str = "") -> Job:
     if job.status != Job.Status.RUNNING:
         raise ServiceError(f"status: job is {job.status}; only a running job can be paused")
     job.status = Job.Status.PAUSED
-    job.status_reason = f"paused by {by}" if by else "paused"
+    job.status_reason = (reason or (f"paused by {by}" if by else "paused"))[:500]
     job.save(update_fields=["status", "status_reason"])
     for activation in job.activations.filter(ended_at=None):
         worker_release(activation=activation, reason="job paused")
@@ -107,6 +108,8 @@ def job_resume(*, job: Job) -> Job:
     """
     if job.status not in (Job.Status.PAUSED, Job.Status.FAILED):
         raise ServiceError(f"status: job is {job.status}; only a paused or failed job can be resumed")
+    if job.budget_usd is not None and (spent := ledger.job_spent_usd(job)) >= job.budget_usd:
+        raise ServiceError(f"budget_usd: spent ${spent:.2f} of ${job.budget_usd:.2f}; raise the budget first")
     job.status = Job.Status.RUNNING
     job.status_reason = ""
     job.finished_at = None
@@ -129,7 +132,8 @@ def job_activate_idle_workers(*, job: Job) -> list[Activation]:
         return []
     busy = Activation.objects.filter(ended_at=None).values("worker_id")
     return [worker_activate(worker=worker, job=job)
-            for worker in Worker.objects.filter(status=Worker.Status.IDLE, suspended_at__isnull=True)
+            for worker in Worker.objects.filter(status=Worker.Status.IDLE, suspended_at__isnull=True, paused_at=None,
+                                                 removed_at=None)
             .exclude(pk__in=busy)]
 
 

@@ -17,6 +17,7 @@ from ..infra import liveness
 from ..models import Job, JobMetric
 from .audits import audits_record
 from .base import enqueue_task, learner_may_report, push_job_update
+from .budgets import job_budget_check
 from .workers import worker_release
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ def metrics_record(*, job: Job, step: int, values: dict[str, Any]) -> JobMetric:
         fields: list[str] = []
         _unstall(job, fields)
         job.save(update_fields=fields)
+    job_budget_check(job=job)  # paused before the next step would pass its budget
     push_job_update(job)
     return metric
 

@@ -17,7 +17,7 @@ from dataplane.tasks import TaskSpecError, build_task
 
 from .. import selectors
 from ..infra import liveness, stream
-from ..models import Activation, Job, Provider, Worker, WorkerCalibration
+from ..models import Activation, Job, PriceChange, Provider, Worker, WorkerCalibration
 from .base import ServiceError, push_job_update, push_to_worker
 from .billing import activation_observe
 from .broadcast import assign_message
@@ -44,6 +44,7 @@ def worker_register(*, user, name: str, gpu: str, price_per_hour: Decimal, bandw
             )
     except IntegrityError:
         raise ServiceError(f"name: you already have a worker named {name!r}") from None
+    PriceChange.objects.create(worker=worker, price_per_hour=price_per_hour, at=worker.created_at)
     return worker, key
 
 
@@ -66,6 +67,8 @@ def worker_activate(*, worker: Worker, job: Job) -> Activation:
     """Start billing ``worker`` for ``job`` and send it the assignment (never a worker suspended for audits)."""
     if Worker.objects.filter(pk=worker.pk, suspended_at__isnull=False).exists():
         raise ServiceError(f"worker {worker.pk} is suspended (failed audits) and cannot be activated")
+    if Worker.objects.filter(pk=worker.pk).exclude(paused_at=None, removed_at=None).exists():
+        raise ServiceError(f"worker {worker.pk} is paused or removed by its provider and cannot be activated")
     activation = Activation.objects.create(job=job, worker=worker, price_per_hour=worker.price_per_hour)
     Worker.objects.filter(pk=worker.pk).update(status=Worker.Status.ACTIVE)
     push_to_worker(worker.pk, assign_message(job, worker_id=worker.pk))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from channels.db import database_sync_to_async
@@ -105,7 +106,7 @@ def test_a_release_bills_up_to_its_end_and_nothing_after(activation, settings):
 
 @pytest.mark.django_db
 def test_earnings_are_billed_hours_not_hours_in_the_job(activation):
-    Activation.objects.filter(pk=activation.pk).update(billed_seconds=900.0,
+    Activation.objects.filter(pk=activation.pk).update(billed_seconds=900.0, billed_usd=Decimal("0.9"),  # the ledger's
                                                        started_at=timezone.now() - timedelta(hours=1))
     row = selectors.worker_earnings([activation.worker])[activation.worker_id]
     assert row["hours"] == pytest.approx(0.25) and row["active_hours"] == pytest.approx(1.0, abs=0.01)

@@ -1,0 +1,127 @@
+"""Reads over the ledger (docs/ledger.md): the entries a person may see, their totals, the rows of a statement or
+an invoice (JSON or CSV), a worker's price history, and a job's spend against its budget.
+
+Scoped like everything else (DESIGN.md "Invariants"): an owner sees the entries of its jobs, a provider those of its
+workers, staff all. Amounts are exact decimals; a total is rounded to the cent once (``billing.cents``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import datetime
+from decimal import Decimal
+
+from django.db.models import Count, Q, QuerySet, Sum
+
+from .core import billing, budget
+from .models import Activation, Job, JobMetric, LedgerEntry, Worker
+
+COLUMNS = ("id", "at", "started_at", "job_id", "job_name", "worker_id", "worker_name", "state", "seconds",
+           "rate_per_hour", "amount_usd")
+
+
+def entries_visible_to(user) -> QuerySet[LedgerEntry]:
+    """The entries ``user`` may read: of its jobs (as owner) and of its workers (as provider); staff: all."""
+    if user.is_staff:
+        return LedgerEntry.objects.all()
+    return LedgerEntry.objects.filter(Q(owner=user) | Q(provider__user=user))
+
+
+def entries(*, user, job: int | None = None, worker: int | None = None, since: datetime | None = None,
+            until: datetime | None = None) -> QuerySet[LedgerEntry]:
+    """The entries ``user`` may read, of one job and/or worker, billed in ``[since, until)`` (by ``at``)."""
+    qs = entries_visible_to(user)
+    if job is not None:
+        qs = qs.filter(job_id=job)
+    if worker is not None:
+        qs = qs.filter(worker_id=worker)
+    if since is not None:
+        qs = qs.filter(at__gte=since)
+    if until is not None:
+        qs = qs.filter(at__lt=until)
+    return qs.order_by("at", "id")
+
+
+def row(entry: LedgerEntry) -> dict:
+    """One entry as the API, the CLI and the CSV show it (decimals as strings: exact)."""
+    return {"id": entry.pk, "at": entry.at.isoformat(), "started_at": entry.started_at.isoformat(),
+            "job_id": entry.job_id, "job_name": entry.job_name, "worker_id": entry.worker_id,
+            "worker_name": entry.worker_name, "state": entry.state, "seconds": str(entry.seconds),
+            "rate_per_hour": str(entry.rate), "amount_usd": str(entry.amount)}
+
+
+def totals(qs: QuerySet[LedgerEntry]) -> dict:
+    """The sum of ``qs``, exact and to the cent, and per rate (a price change shows as two rows)."""
+    whole = qs.aggregate(n=Count("id"), seconds=Sum("seconds"), amount=Sum("amount"))
+    amount = whole["amount"] or Decimal(0)
+    by_rate = (qs.order_by().values("rate").annotate(seconds=Sum("seconds"), amount=Sum("amount"))
+               .order_by("rate"))
+    return {"entries": whole["n"], "seconds": str(whole["seconds"] or Decimal(0)), "amount_usd": str(amount),
+            "total_usd": str(billing.cents(amount)),
+            "by_rate": [{"rate_per_hour": str(r["rate"]), "seconds": str(r["seconds"]), "amount_usd": str(r["amount"])}
+                        for r in by_rate],
+            "by_job": _balances(qs, "job_id", "job_name"), "by_worker": _balances(qs, "worker_id", "worker_name")}
+
+
+def _balances(qs: QuerySet[LedgerEntry], key: str, name: str) -> list[dict]:
+    """Per job (an owner's invoice lines) or per worker (a provider's statement lines): the sum, to the cent."""
+    rows = qs.order_by().values(key, name).annotate(amount=Sum("amount"), seconds=Sum("seconds")).order_by(key)
+    return [{"id": r[key], "name": r[name], "seconds": str(r["seconds"]), "amount_usd": str(r["amount"]),
+             "total_usd": str(billing.cents(r["amount"]))} for r in rows]
+
+
+def as_csv(qs: QuerySet[LedgerEntry]) -> str:
+    """The entries as CSV (one header line, one line per entry, a last line with the total to the cent)."""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for entry in qs.iterator():
+        writer.writerow(row(entry))
+    writer.writerow({"id": "total", "amount_usd": totals(qs)["total_usd"]})
+    return out.getvalue()
+
+
+def price_history(worker: Worker) -> list[dict]:
+    """The worker's prices, each from its date on, oldest first."""
+    return [{"price_per_hour": str(p.price_per_hour), "from": p.at.isoformat()} for p in worker.prices.all()]
+
+
+def job_spent_usd(job: Job) -> float:
+    """What the job has cost so far: the sum of its ledger, kept per activation (``Activation.billed_usd``)."""
+    return float(Activation.objects.filter(job=job).aggregate(s=Sum("billed_usd"))["s"] or 0)
+
+
+def _step_seconds(job: Job) -> float:
+    """The learner's last step, train and wait (its wall time between two reports), else its calibrated T_train."""
+    last = JobMetric.objects.filter(job=job).order_by("-step").values("t_train", "wait_s").first()
+    if last and last["t_train"] + last["wait_s"] > 0:
+        return last["t_train"] + last["wait_s"]
+    return job.learner_t_train or 0.0
+
+
+def job_budget(job: Job) -> dict:
+    """Spend, cost per step with the pool active now, and the forecast at the job's end (capped by its budget;
+    a finished job's forecast is its spend)."""
+    spent = job_spent_usd(job)
+    prices = [float(p) for p in job.activations.filter(ended_at=None).values_list("price_per_hour", flat=True)]
+    per_step = budget.cost_per_step(prices_per_hour=prices, step_s=_step_seconds(job))
+    left = 0 if job.is_terminal else job.max_steps - job.learner_step
+    return {"spent_usd": spent, "cost_per_step_usd": per_step, "budget_usd": job.budget_usd,
+            "forecast_usd": budget.forecast(spent=spent, per_step=per_step, steps_left=left, budget=job.budget_usd)}
+
+
+
+def projected_cost_usd(job: Job, spent: float) -> float | None:
+    """What the job will have cost at its end: a finished job its spend; a running one its forecast with the pool
+    now (:func:`job_budget`), else its spend per step so far times its steps; None before its first step. Never
+    more than its budget, where it pauses."""
+    if job.is_terminal:
+        return spent
+    figures = job_budget(job)
+    if figures["cost_per_step_usd"] > 0:
+        return figures["forecast_usd"]
+    if not job.learner_step:
+        return None
+    linear = spent * job.max_steps / job.learner_step
+    return min(linear, job.budget_usd) if job.budget_usd is not None else linear

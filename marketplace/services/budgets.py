@@ -1,0 +1,60 @@
+"""A job's budget (``JobSpec.budget_usd``; the rules: ``marketplace.core.budget``; docs/ledger.md "Budgets"):
+checked after every learner step, paused at the cap with the reason, raised by the owner."""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+
+from dataplane.jobs import JobSpecError, parse_job_spec
+
+from .. import ledger
+from ..core import budget
+from ..models import Job
+from .base import ServiceError, push_job_update
+from .jobs import job_pause, job_resume
+
+log = logging.getLogger(__name__)
+
+OVER_BUDGET = "over budget"
+"""How the reason of a job paused at its budget begins: raising the budget runs such a job again."""
+
+
+def budget_problem(job: Job) -> str:
+    """Why ``job`` may not run on ("": it may): its spend, or its spend plus the next step, passes its budget."""
+    figures = ledger.job_budget(job)
+    return budget.over_budget(spent=figures["spent_usd"], per_step=figures["cost_per_step_usd"],
+                              budget=job.budget_usd)
+
+
+@transaction.atomic
+def job_budget_check(*, job: Job) -> str:
+    """Pause a running job that its next step would take past its budget; returns the reason ("" when it runs on).
+    Called after each learner step (``learner.metrics_record``)."""
+    if job.status != Job.Status.RUNNING or job.budget_usd is None:
+        return ""
+    reason = budget_problem(job)
+    if reason:
+        log.info("job %s: %s", job.pk, reason)
+        job_pause(job=job, reason=reason)
+    return reason
+
+
+@transaction.atomic
+def job_budget_set(*, job: Job, budget_usd: float | None) -> Job:
+    """Change the job's budget (None: no cap). A job paused at its budget runs again when the new one leaves room
+    for its next step; any other paused job stays paused."""
+    job = Job.objects.select_for_update().get(pk=job.pk)
+    if job.is_terminal:
+        raise ServiceError(f"budget_usd: job is {job.status}; its budget no longer matters")
+    try:
+        spec = parse_job_spec(job.as_spec().model_dump(mode="json") | {"budget_usd": budget_usd})
+    except JobSpecError as err:
+        raise ServiceError(str(err)) from None
+    job.spec = job.spec | {"budget_usd": spec.budget_usd}
+    job.save(update_fields=["spec"])
+    if job.status == Job.Status.PAUSED and job.status_reason.startswith(OVER_BUDGET) and not budget_problem(job):
+        return job_resume(job=job)
+    push_job_update(job)
+    return job
