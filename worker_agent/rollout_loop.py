@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from dataplane import messages as m
 from dataplane.records import TrajectoryGroup
-from dataplane.rewards import REFUSED, UserCodeRefused
+from dataplane.rewards import REFUSED, CannotServe
 from dataplane.tasks import build_task
 
 from . import status, submit
@@ -109,7 +109,7 @@ class RolloutLoop:
         task = build_task(assign.task)
         try:  # after the join: the task's data sets are fetched with the base
             await asyncio.to_thread(task.prepare, allow_user_code=self.allow_user_code)
-        except UserCodeRefused as err:
+        except CannotServe as err:  # user code it does not run, a scorer's package missing: it will not change
             await self._refuse(str(err))
             return
         params = SamplingParams(max_new_tokens=assign.max_new_tokens, temperature=assign.temperature,
@@ -153,9 +153,10 @@ class RolloutLoop:
             rate = len(groups) / max(time.monotonic() - started, 1e-3)
 
     async def _refuse(self, why: str) -> None:
-        """This worker will not serve the job (its task runs user code the provider did not allow): say so in the
-        state the site sees (``failed``, the reason starting with :data:`REFUSED`; the site releases it at once and
-        plans it no more for this job) and stop, without restarting: retrying cannot change the answer."""
+        """This worker will not serve the job (its task runs user code the provider did not allow, or needs a package
+        not installed here): say so in the state the site sees (``failed``, the reason starting with :data:`REFUSED`;
+        the site releases it at once and plans it no more for this job) and stop, without restarting: retrying cannot
+        change the answer."""
         st = self.status
         text = f"{REFUSED}{why}"
         st.producing = False

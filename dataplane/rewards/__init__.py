@@ -9,7 +9,16 @@ function's fallback and counts it (:class:`RewardStats`).
 
 from .builtins import SCORERS
 from .reward import Reward, RewardStats, build_reward, load_function
-from .spec import REFUSED, RewardError, RewardFunctionSpec, RewardSpec, UserCodeRefused, parse_reward_spec
+from .spec import (
+    REFUSED,
+    CannotServe,
+    RewardError,
+    RewardFunctionSpec,
+    RewardSpec,
+    ScorerMissing,
+    UserCodeRefused,
+    parse_reward_spec,
+)
 
-__all__ = ["REFUSED", "SCORERS", "Reward", "RewardError", "RewardFunctionSpec", "RewardSpec", "RewardStats",
-           "UserCodeRefused", "build_reward", "load_function", "parse_reward_spec"]
+__all__ = ["REFUSED", "SCORERS", "CannotServe", "Reward", "RewardError", "RewardFunctionSpec", "RewardSpec",
+           "RewardStats", "ScorerMissing", "UserCodeRefused", "build_reward", "load_function", "parse_reward_spec"]

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..records import MAX_REWARD
 from .builtins import SCORERS, MathVerifyMissing
-from .spec import RewardError, RewardFunctionSpec, RewardSpec, UserCodeRefused, parse_reward_spec
+from .spec import RewardError, RewardFunctionSpec, RewardSpec, ScorerMissing, UserCodeRefused, parse_reward_spec
 
 MAX_ERROR_TEXT = 200
 
@@ -156,7 +156,7 @@ def _scorer(spec: RewardFunctionSpec, where: str) -> _Scorer:
         try:
             return _Scorer(spec, factory(**spec.options), {})
         except MathVerifyMissing as err:
-            raise RewardError(f"{where}: {err}") from None
+            raise ScorerMissing(f"{where}: {err}") from None
         except ValueError as err:
             raise RewardError(f"{where}.options.{err}") from None
     return _Scorer(spec, load_function(spec.function, where=f"{where}.function"), dict(spec.options))

@@ -37,9 +37,19 @@ class RewardError(ValueError):
     """A reward spec that cannot be built; the message starts with the field at fault (``reward.functions.0...``)."""
 
 
-class UserCodeRefused(RewardError):
+class CannotServe(RewardError):
+    """What the spec names cannot run on this machine, and will not until its provider changes something: a worker
+    refuses the job (its reason starting with :data:`REFUSED`) rather than crash and retry. A task's own such error
+    (a verifiers environment refused) may subclass it to be refused alike."""
+
+
+class UserCodeRefused(CannotServe):
     """The spec names user code (``pkg.module:fn``) and this machine does not run it (the provider did not opt in
     with ``echo2-agent run --allow-user-code``)."""
+
+
+class ScorerMissing(CannotServe):
+    """A built-in scorer's package is not installed here (``math_verify``: ``pip install 'echo2[math]'``)."""
 
 
 class RewardFunctionSpec(BaseModel):

@@ -10,7 +10,15 @@ import threading
 import pytest
 
 from dataplane.records import MAX_REWARD
-from dataplane.rewards import RewardError, RewardStats, UserCodeRefused, build_reward, parse_reward_spec
+from dataplane.rewards import (
+    CannotServe,
+    RewardError,
+    RewardStats,
+    ScorerMissing,
+    UserCodeRefused,
+    build_reward,
+    parse_reward_spec,
+)
 
 USER_MODULE = '''
 import math
@@ -95,7 +103,7 @@ def test_math_verify_runs_off_the_main_thread_where_its_alarm_cannot() -> None:
 
 def test_math_verify_without_its_package_names_the_extra(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "math_verify", None)  # an import of it fails, as when not installed
-    with pytest.raises(RewardError, match=r"reward.functions.0: .*pip install 'echo2\[math\]'"):
+    with pytest.raises(ScorerMissing, match=r"reward.functions.0: .*pip install 'echo2\[math\]'"):
         build_reward("math_verify", allow_user_code=False)
 
 
@@ -126,8 +134,9 @@ def test_weights_combine_two_functions_into_one_sum(user_module) -> None:
 
 
 def test_user_code_is_refused_without_the_opt_in_and_never_imported(user_module) -> None:
-    with pytest.raises(UserCodeRefused, match="--allow-user-code"):
+    with pytest.raises(UserCodeRefused, match="--allow-user-code") as err:
         build_reward(["math_verify", f"{user_module}:length"], allow_user_code=False)
+    assert isinstance(err.value, CannotServe)  # a worker refuses the job for it
     assert user_module not in sys.modules
     parse_reward_spec(f"{user_module}:length")  # the site checks the spec: nothing imported either
     assert user_module not in sys.modules
