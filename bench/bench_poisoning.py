@@ -287,8 +287,10 @@ def main(argv: list[str] | None = None) -> int:
             seconds = run.run()
             Console(width=150).print(table(run, args))
             text_us, audit_us = run.text_check_us()
-            print(f"{run.loop.version} learner steps in {seconds:.1f} s; the text check of every group read: "
-                  f"{text_us:.0f} us per group of {args.n} (a full audit of a sampled group: {audit_us:.0f} us)")
+            print(f"{run.loop.version} learner steps in {seconds:.1f} s; {run.auditor.unauditable} sampled groups "
+                  f"unauditable, {run.loop.consumer.dropped_total} records dropped as stale; the text check of every "
+                  f"group read: {text_us:.0f} us per group of {args.n} (a full audit of a sampled group: "
+                  f"{audit_us:.0f} us)")
         finally:
             server.terminate()
             server.wait(timeout=10)
