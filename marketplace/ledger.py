@@ -101,15 +101,26 @@ def _step_seconds(job: Job) -> float:
 
 
 def job_budget(job: Job) -> dict:
-    """Spend, cost per step with the pool active now, and the forecast at the job's end (capped by its budget;
-    a finished job's forecast is its spend)."""
+    """Spend, cost per step (with the pool active now: its prices times the last step's time; with no pool, e.g.
+    paused, what a step has cost on average so far), and the forecast at the job's end (capped by its budget; a
+    finished job's forecast is its spend)."""
     spent = job_spent_usd(job)
     prices = [float(p) for p in job.activations.filter(ended_at=None).values_list("price_per_hour", flat=True)]
-    per_step = budget.cost_per_step(prices_per_hour=prices, step_s=_step_seconds(job))
+    per_step = budget.cost_per_step(prices_per_hour=prices, step_s=_step_seconds(job)) or (
+        spent / job.learner_step if job.learner_step else 0.0)
     left = 0 if job.is_terminal else job.max_steps - job.learner_step
     return {"spent_usd": spent, "cost_per_step_usd": per_step, "budget_usd": job.budget_usd,
             "forecast_usd": budget.forecast(spent=spent, per_step=per_step, steps_left=left, budget=job.budget_usd)}
 
+
+
+def budget_problem(job: Job) -> str:
+    """Why ``job`` may not run on ("": it may): its spend, or its spend plus the next step, passes its budget."""
+    if job.budget_usd is None:
+        return ""
+    figures = job_budget(job)
+    return budget.over_budget(spent=figures["spent_usd"], per_step=figures["cost_per_step_usd"],
+                              budget=job.budget_usd)
 
 
 def projected_cost_usd(job: Job, spent: float) -> float | None:

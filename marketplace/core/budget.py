@@ -30,6 +30,13 @@ def over_budget(*, spent: float, per_step: float, budget: float | None) -> str:
     if budget is None:
         return ""
     if spent >= budget or spent + per_step > budget:
-        return (f"over budget: spent ${spent:.2f} of ${budget:.2f}, the next step would cost ${per_step:.4f} "
+        return (f"over budget: spent {usd(spent)} of {usd(budget)}, the next step would cost {usd(per_step)} "
                 f"(raise budget_usd to continue)")
     return ""
+
+
+def usd(amount: float) -> str:
+    """``$1.25``; below a dollar, to the tenth of a cent where it has one (``$0.055``), so a small budget reads
+    as it was set."""
+    text = f"{amount:.2f}" if amount >= 1 else f"{amount:.4f}".rstrip("0")
+    return "$" + (text + "0" if text.endswith(".") or len(text.split(".")[1]) < 2 else text)

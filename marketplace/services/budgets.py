@@ -10,7 +10,6 @@ from django.db import transaction
 from dataplane.jobs import JobSpecError, parse_job_spec
 
 from .. import ledger
-from ..core import budget
 from ..models import Job
 from .base import ServiceError, push_job_update
 from .jobs import job_pause, job_resume
@@ -21,20 +20,13 @@ OVER_BUDGET = "over budget"
 """How the reason of a job paused at its budget begins: raising the budget runs such a job again."""
 
 
-def budget_problem(job: Job) -> str:
-    """Why ``job`` may not run on ("": it may): its spend, or its spend plus the next step, passes its budget."""
-    figures = ledger.job_budget(job)
-    return budget.over_budget(spent=figures["spent_usd"], per_step=figures["cost_per_step_usd"],
-                              budget=job.budget_usd)
-
-
 @transaction.atomic
 def job_budget_check(*, job: Job) -> str:
     """Pause a running job that its next step would take past its budget; returns the reason ("" when it runs on).
     Called after each learner step (``learner.metrics_record``)."""
     if job.status != Job.Status.RUNNING or job.budget_usd is None:
         return ""
-    reason = budget_problem(job)
+    reason = ledger.budget_problem(job)
     if reason:
         log.info("job %s: %s", job.pk, reason)
         job_pause(job=job, reason=reason)
@@ -54,7 +46,7 @@ def job_budget_set(*, job: Job, budget_usd: float | None) -> Job:
         raise ServiceError(str(err)) from None
     job.spec = job.spec | {"budget_usd": spec.budget_usd}
     job.save(update_fields=["spec"])
-    if job.status == Job.Status.PAUSED and job.status_reason.startswith(OVER_BUDGET) and not budget_problem(job):
+    if job.status == Job.Status.PAUSED and job.status_reason.startswith(OVER_BUDGET) and not ledger.budget_problem(job):
         return job_resume(job=job)
     push_job_update(job)
     return job

@@ -108,8 +108,8 @@ def job_resume(*, job: Job) -> Job:
     """
     if job.status not in (Job.Status.PAUSED, Job.Status.FAILED):
         raise ServiceError(f"status: job is {job.status}; only a paused or failed job can be resumed")
-    if job.budget_usd is not None and (spent := ledger.job_spent_usd(job)) >= job.budget_usd:
-        raise ServiceError(f"budget_usd: spent ${spent:.2f} of ${job.budget_usd:.2f}; raise the budget first")
+    if problem := ledger.budget_problem(job):
+        raise ServiceError(f"budget_usd: {problem}")
     job.status = Job.Status.RUNNING
     job.status_reason = ""
     job.finished_at = None
