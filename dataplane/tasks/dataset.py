@@ -22,13 +22,17 @@ import threading
 from typing import Any
 
 from ..dataset.content import DatasetError, locate
-from ..dataset.load import load_rows
+from ..dataset.load import INSTALL_HINT, load_rows
 from ..dataset.spec import DataSpec, parse_data
 from ..records import MAX_REWARD
-from ..rewards import Reward, RewardError, RewardSpec, build_reward, parse_reward_spec
+from ..rewards import CannotServe, Reward, RewardError, RewardSpec, build_reward, parse_reward_spec
 from .base import Prompt, TaskAdapter, TaskSpecError, register_task
 
 MAX_PROMPT_CHARS = 100_000
+
+
+class DatasetsMissing(CannotServe):
+    """This machine cannot read data sets (no Hugging Face ``datasets``): a worker refuses the job, once."""
 
 
 def index_rows(rows: list[dict[str, Any]], data: DataSpec) -> dict[str, dict[str, Any]]:
@@ -93,6 +97,10 @@ class DatasetTask(TaskAdapter):
         """Build the reward (user functions only with ``allow_user_code``) and, when this machine holds the data set
         already, read the rows (else they are read when first needed: an agent fetches the data set with the
         job's base)."""
+        try:
+            import datasets  # noqa: F401 - only whether it is there
+        except ImportError:
+            raise DatasetsMissing(f"data: reading data sets needs Hugging Face datasets: {INSTALL_HINT}") from None
         self._reward = build_reward(self.reward_spec, allow_user_code=allow_user_code)
         if locate(self.data.digest) is not None:
             self._rows()

@@ -4,6 +4,7 @@ mapping, filter and seeded shuffle, scored by reward functions in TRL's shape; b
 from __future__ import annotations
 
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,13 @@ def test_a_machine_without_the_content_says_so(tmp_path) -> None:
     assert task.content_digests() == ["1" * 64]
     with pytest.raises(DatasetError, match=r"^data.digest: this machine holds no copy of data set 111111111111"):
         task.sample_prompts(random.Random(0), 1)
+
+
+def test_a_machine_without_hugging_face_datasets_refuses_the_job(monkeypatch) -> None:
+    from dataplane.rewards import CannotServe
+
+    task = build_task({"name": "dataset", "reward": "exact_match", "data": {"digest": "1" * 64, "format": "jsonl"}})
+    monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets raises ImportError
+
+    with pytest.raises(CannotServe, match=r"^data: reading data sets needs .* pip install 'echo2\[datasets\]'"):
+        task.prepare(allow_user_code=False)
