@@ -10,6 +10,7 @@ import pytest
 
 from dataplane import credentials
 from dataplane import messages as m
+from dataplane.chat import PromptFormat
 from marketplace import services
 from marketplace.infra import telemetry
 from marketplace.models import Snapshot, Worker
@@ -391,3 +392,13 @@ def test_a_restarted_learner_moves_its_snapshots_to_its_new_address(pushes):
     with pytest.raises(services.ServiceError, match="not newer"):  # a different payload still may not move in
         services.snapshot_publish(job=job, version=2, url="http://new/v2/",
                                   manifest=factories.manifest(job, 2, total_bytes=32))
+
+
+def test_the_assignment_carries_the_jobs_prompt_format(pushes):
+    job = running_job(make_workers(1), b0=1000)
+    job.spec = {**job.spec, "prompt_format": {"chat": True, "system_prompt": "Answer with the number only."}}
+    job.save()
+    late = make_workers(1)[0]
+    services.worker_activate(worker=late, job=job)
+    assign = next(msg for msg in pushes[late.pk] if msg.type == "assign")
+    assert assign.prompt_format == PromptFormat(chat=True, system_prompt="Answer with the number only.")
