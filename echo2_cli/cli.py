@@ -305,5 +305,8 @@ class _Counted:
         return data
 
 
+from . import money  # noqa: E402, F401 - registers `echo2 ledger`, `echo2 worker` and the job's budget/archive/delete
+
+
 def main() -> None:
     app()

@@ -18,8 +18,11 @@ from .forms import JobLaunchForm, job_file_initial
 
 @login_required
 def job_list(request):
+    """The jobs, archived ones only with ``?archived=1``."""
+    archived = request.GET.get("archived") == "1"
     jobs = selectors.jobs_visible_to(request.user).select_related("owner")
-    return render(request, "frontend/job_list.html", {"jobs": jobs})
+    jobs = jobs if archived else jobs.filter(archived_at=None)
+    return render(request, "frontend/job_list.html", {"jobs": jobs, "archived": archived})
 
 
 # (verb, button, the statuses it shows in); job.js shows and hides them as the status changes.
@@ -45,7 +48,7 @@ def job_detail(request, job_id: int):
 @login_required
 def provider_workers(request, new_token: str | None = None):
     workers = selectors.workers_with_figures(selectors.workers_visible_to(request.user)
-                                             .filter(provider__user=request.user))
+                                             .filter(provider__user=request.user, removed_at=None))
     earnings = selectors.worker_earnings(workers)
     for worker in workers:
         worker.earnings = earnings.get(worker.pk, {"hours": 0.0, "earned_usd": 0.0})
