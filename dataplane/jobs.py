@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .broadcast import BroadcastStrategy
 from .chat import PromptFormat
 from .losses import LOSS_TYPES, loss_types_help
+from .requirements import Requirements
 from .tasks import TaskSpecError, build_task
 
 
@@ -181,6 +182,10 @@ class JobSpec(BaseModel):
         "the learner and the exported model (docs/prompts.md): {\"chat\": false} the text with the tokenizer's own "
         "special tokens (a base model); {\"chat\": true, \"system_prompt\": \"...\"} the tokenizer's chat template "
         "with add_generation_prompt (an instruct model).")
+    requirements: Requirements = Field(
+        default_factory=Requirements, description="What a worker must have to be activated for this job: "
+        "min_gpu_memory_gb (default: estimated from the model), engine (any, hf, vllm), max_price_per_hour, "
+        "min_reliability (README \"How workers are chosen\").")
     snapshot_full_every: int = Field(
         default=10, ge=1, le=10_000, description="K: every K-th published version is a full snapshot; the others "
         "are lossless deltas against the version before (1: every version full).")
@@ -240,7 +245,7 @@ def model_dir_problem(model_dir: str) -> str | None:
     return None
 
 
-NESTED: dict[str, type[BaseModel]] = {"loss": LossConfig, "prompt_format": PromptFormat}
+NESTED: dict[str, type[BaseModel]] = {"requirements": Requirements, "loss": LossConfig, "prompt_format": PromptFormat}
 """The job settings that are tables of settings, each refusing unknown keys."""
 
 

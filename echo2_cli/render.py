@@ -41,6 +41,7 @@ def summary_rows(summary: dict, *, staleness: int | None = None) -> list[tuple[s
     target = fmt(s.get("throughput_target"), 1)
     return [
         ("status", s["status"] + (f" ({s['status_reason']})" if s.get("status_reason") else "")),
+        *([("waiting", s["waiting_reason"])] if s.get("waiting_reason") else []),  # why it has no workers now
         ("step", f"{s['step']} / {s['max_steps']}"),
         ("mean reward", fmt(s.get("reward_mean"))),
         ("max staleness" + (f" (S={staleness})" if staleness else ""), fmt(s.get("max_staleness"))),

@@ -32,6 +32,8 @@ LABELS = {
     "loss_aggregation": "Aggregation", "loss_norm_length": "Length normalizer",
     "loss_off_policy": "Off-policy correction", "loss_is_cap": "IS cap C", "loss_max_grad_norm": "Max gradient norm",
     "loss_dual_clip": "Dual-clip bound c", "prompt_format_chat": "Chat template",
+    "requirements_min_gpu_memory_gb": "GPU memory (GB)", "requirements_engine": "Engine",
+    "requirements_max_price_per_hour": "Max price (USD/h)", "requirements_min_reliability": "Min reliability",
     "prompt_format_system_prompt": "System prompt", "budget_usd": "Budget (USD)",
 }
 _FORM_FIELDS: dict[str, type[forms.Field]] = {
@@ -94,6 +96,7 @@ class JobLaunchForm(forms.Form):
         ("Training", ("learning_rate", "clip_eps", "max_steps", "budget_usd", "target_reward")),
         ("Sampling", ("max_new_tokens", "temperature", "top_p", "seed")),
         ("Prompts", tuple(f"prompt_format_{name}" for name in _TABLES["prompt_format"].model_fields)),
+        ("Workers", tuple(f"requirements_{name}" for name in _TABLES["requirements"].model_fields)),
         ("Loss", tuple(LOSS_PREFIX + name for name in _LOSS)),
         ("Plan estimates (not saved with the job)", ("t_train_s", "t_bcast_s")),
     )

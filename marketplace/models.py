@@ -11,6 +11,7 @@ from django.db import models
 from django.utils import timezone
 
 from dataplane.credentials import new_secret
+from dataplane.hardware import Hardware
 from dataplane.jobs import TERMINAL as TERMINAL_STATUSES
 from dataplane.jobs import JobSpec, JobStatus
 from dataplane.messages import WorkerState
@@ -70,6 +71,10 @@ class Worker(models.Model):
                                      "activated until resumed (docs/ledger.md \"Provider and owner controls\").")
     removed_at = models.DateTimeField(null=True, blank=True, help_text="When its provider removed it: its key "
                                       "revoked, hidden from lists; its history and ledger kept.")
+    hardware = models.JSONField(default=dict, blank=True, help_text="What the machine has, as its agent measured "
+                                "it at registration and in its last hello (dataplane.hardware.Hardware); claims "
+                                "used only for matching jobs' requirements. Empty: never reported.")
+    hardware_at = models.DateTimeField(null=True, blank=True, help_text="When the agent last reported its hardware.")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -84,6 +89,11 @@ class Worker(models.Model):
         """Share of its audited groups that passed; None before its first audit."""
         audited = self.audits_passed + self.audits_failed
         return self.audits_passed / audited if audited else None
+
+    @property
+    def facts(self) -> Hardware | None:
+        """Its hardware as the agent reported it (checked when stored), None if never reported."""
+        return Hardware.model_validate(self.hardware) if self.hardware else None
 
     @property
     def relay_bandwidth_bps(self) -> float:

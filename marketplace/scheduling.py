@@ -17,9 +17,10 @@ from django.conf import settings
 
 from dataplane.jobs import JobSpec
 
-from . import selectors
+from . import matching, selectors
 from .core import activation
 from .core import controller as ctl
+from .core import matching as match
 from .core import provisioning as p
 from .infra import telemetry
 from .models import Activation, Job, Worker, WorkerCalibration
@@ -34,13 +35,16 @@ class Pool:
     unmeasured: list[Worker]  # standby workers with no figure for this job's model and task
     workers: dict[int, Worker]
     sources: dict[int, str]  # where each mu_i comes from: measured, calibration or last measured (never reported)
+    matching: match.Matching | None = None  # the online workers against the job's requirements (None: not matched)
+    needs: dict | None = None  # the requirements matched on, the memory's source named
 
     @property
     def capacity(self) -> float:
         return activation.pool_capacity(self.active)
 
 
-def candidate_pool(*, model_dir: str, task_name: str, job: Job | None = None, now: float | None = None) -> Pool:
+def candidate_pool(*, model_dir: str, task_name: str, job: Job | None = None, now: float | None = None,
+                   spec: JobSpec | None = None) -> Pool:
     """Everyone ``job`` (or a job not created yet, ``job=None``) could use: its own active workers and every
     online worker not busy in another job, each with the ``mu_i`` the scheduler plans with.
 
@@ -51,7 +55,9 @@ def candidate_pool(*, model_dir: str, task_name: str, job: Job | None = None, no
     benchmark, so only a prior, capped by ``_prior_cap``); ``last measured``, what the site measured on whatever it
     ran before (``Worker.throughput``); else the worker is unmeasured and only the calibration phase uses it. The
     figure its heartbeats claim is never planned with. Availability ``a_i`` is the site's own count of heartbeats
-    received.
+    received; reliability ``r_i`` its long-run record (``matching.worker_reliability``). With ``spec`` (the job's
+    settings) only the workers that meet its ``requirements`` are candidates (its active ones stay); ``matching``
+    counts, over every online worker, who does and why the others do not.
     """
     now = time.time() if now is None else now
     started = dict(job.activations.filter(ended_at=None).values_list("worker_id", "started_at")) if job else {}
@@ -61,6 +67,14 @@ def candidate_pool(*, model_dir: str, task_name: str, job: Job | None = None, no
                .filter(suspended_at__isnull=True,  # suspended after failed audits: never planned
                        paused_at=None, removed_at=None)}  # nor one its provider paused or removed
     workers.update({w.pk: w for w in Worker.objects.filter(pk__in=list(started))})
+    online = {w.pk: w for w in matching.online_workers()} | workers
+    reliabilities = matching.worker_reliability(online.values())
+    matched, needs = None, None
+    if spec is not None:
+        need, needs = matching.needs_of(spec)
+        matched = matching.match_workers(need, [w for wid, w in online.items() if wid not in started],
+                                         reliabilities=reliabilities)
+        workers = {wid: w for wid, w in workers.items() if wid in started or wid not in matched.reasons}
     beats = telemetry.recent_heartbeats(list(workers))
     accepted = telemetry.recent_accepted(list(started), job_id=job.pk, now=now) if job else {}
     calibrated = dict(WorkerCalibration.objects.filter(worker_id__in=list(workers), model_dir=model_dir,
@@ -74,7 +88,8 @@ def candidate_pool(*, model_dir: str, task_name: str, job: Job | None = None, no
         figures = (("measured", measured.get(wid)), ("calibration", prior if cap is None or prior is None
                                                      else min(prior, cap)), ("last measured", worker.throughput))
         source, mu = next(((name, mu) for name, mu in figures if mu is not None), (None, None))
-        candidate = activation.Candidate(wid, float(worker.price_per_hour), mu or None, availability)  # 0: adds nothing
+        candidate = activation.Candidate(wid, float(worker.price_per_hour), mu or None, availability,  # 0: adds nothing
+                                         reliabilities[wid].value)
         if source:
             sources[wid] = source
         if wid in started:
@@ -83,7 +98,8 @@ def candidate_pool(*, model_dir: str, task_name: str, job: Job | None = None, no
             unmeasured.append(worker)
         else:
             standby.append(candidate)
-    return Pool(active=active, standby=standby, unmeasured=unmeasured, workers=workers, sources=sources)
+    return Pool(active=active, standby=standby, unmeasured=unmeasured, workers=workers, sources=sources,
+                matching=matched, needs=needs)
 
 
 def _measured(events: list[tuple[float, int]], *, since: float, now: float) -> float | None:
@@ -116,7 +132,8 @@ def _heartbeat_window(beats: list[tuple[float, float | None]]) -> ctl.HeartbeatW
 
 def job_pool(job: Job, *, now: float | None = None) -> Pool:
     """The pool of a saved job: its active workers and everyone available (``candidate_pool``)."""
-    return candidate_pool(model_dir=job.model_dir, task_name=job.task.get("name", ""), job=job, now=now)
+    return candidate_pool(model_dir=job.model_dir, task_name=job.task.get("name", ""), job=job, now=now,
+                          spec=job.as_spec())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,7 +201,7 @@ def spec_plan(spec: JobSpec, *, user, t_train: float | None = None, t_bcast: flo
     else:
         bcast = Estimate(0.0, "none", "no T_bcast entered or measured before: 0 assumed, so the target and the lag "
                          "are lower bounds")
-    pool = candidate_pool(model_dir=spec.model_dir, task_name=spec.task.get("name", ""))
+    pool = candidate_pool(model_dir=spec.model_dir, task_name=spec.task.get("name", ""), spec=spec)
     return capacity_plan(spec, t_train=train, t_bcast=bcast, pool=pool)
 
 
@@ -202,6 +219,8 @@ def capacity_plan(config: Job | JobSpec, *, t_train: Estimate, t_bcast: Estimate
         "unmeasured": [{"id": w.pk, "name": w.name, "price_per_hour": float(w.price_per_hour)}
                        for w in pool.unmeasured],
         "calibration": None,
+        # who meets the job's requirements, of every online worker, and why the others do not
+        "requirements": None if pool.matching is None else pool.needs | pool.matching.as_dict(),
     }
     if not t_train.value:
         out["report"] = {"feasible": None, "reason": "calibrating: T_train is not known yet (the learner measures it "
@@ -248,6 +267,7 @@ def _selection(sel: activation.Selection, pool: Pool) -> dict:
         "price_per_hour": sel.price_per_hour, "throughput": sel.throughput, "shortfall": sel.shortfall,
         "workers": [{"id": wid, "name": pool.workers[wid].name, "price_per_hour": candidates[wid].price_per_hour,
                      "throughput": candidates[wid].throughput, "availability": candidates[wid].availability,
+                     "reliability": candidates[wid].reliability,
                      "unit_cost": candidates[wid].price_per_hour / candidates[wid].effective_throughput,
                      "source": pool.sources[wid]}
                     for wid in sel.worker_ids],

@@ -15,7 +15,7 @@ from knox.models import AuthToken
 from dataplane.broadcast import chains
 from dataplane.timing import split_line
 
-from . import ledger
+from . import ledger, matching
 from .core import provisioning
 from .infra import refusals, telemetry
 from .models import Activation, Job, JobMetric, Snapshot, Worker, WorkerSession
@@ -135,6 +135,8 @@ def job_summary(job: Job, *, active: list[Activation] | None = None) -> dict:
         "step_time_line": split_line((last.extra or {}).get("timing") or {}) if last else "–",
         "cost_usd": round(cost, 6),
         # a finished job's is its spend; a running one's the pool's cost per step times the steps left (ledger.py)
+        # why a running job has no worker (or no learner) now; "" when it runs (matching.job_waiting_reason)
+        "waiting_reason": matching.job_waiting_reason(job),
         "projected_cost_usd": None if (projected := ledger.projected_cost_usd(job, cost)) is None else round(
             projected, 6),
         "budget_usd": job.budget_usd,
@@ -318,8 +320,11 @@ def workers_with_figures(workers: Iterable[Worker], *, now: datetime | None = No
     workers, now = list(workers), now or timezone.now()
     scores, uptime = worker_scores(workers, now=now), worker_uptime(workers, now=now)
     states = worker_job_states(workers)
+    reliabilities = matching.worker_reliability(workers, now=now)
     for worker in workers:
         worker.score = scores[worker.pk]
+        worker.reliability = reliabilities[worker.pk].as_dict()
+        worker.hardware_line = worker.facts.summary() if worker.hardware else "not reported"
         worker.uptime = uptime[worker.pk]["uptime"]
         worker.online_since = uptime[worker.pk]["online_since"]
         worker.job_state, worker.job_state_reason = states.get(worker.pk, (None, ""))

@@ -10,6 +10,7 @@ from django.conf import settings
 from rest_framework import serializers
 from rest_framework.fields import empty
 
+from dataplane.hardware import Hardware, parse_hardware
 from dataplane.jobs import JobSpec, JobSpecError, parse_job_spec
 from dataplane.messages import MAX_THROUGHPUT
 
@@ -67,6 +68,13 @@ class WorkerSerializer(serializers.ModelSerializer):
     job_state_reason = serializers.CharField(read_only=True, help_text="Why the job state is failed, if it is.")
     audit_pass_rate = serializers.FloatField(read_only=True, allow_null=True, help_text=(
         "Share of its audited groups the learners found right (docs/trust.md \"Audits\"); null before any audit."))
+    hardware = serializers.JSONField(read_only=True, help_text=(
+        "What the machine has, as its agent measured it (dataplane/hardware.py: gpus [name, memory_gb, "
+        "capability], cuda, driver, engines, cpu_count, ram_gb, disk_free_gb); claims used only for matching jobs' "
+        "requirements; {} if never reported."))
+    reliability = serializers.JSONField(read_only=True, allow_null=True, help_text=(
+        "The long-run reliability figure in [0, 1] the scheduler weighs a_i mu_i by and jobs filter on "
+        "(min_reliability), with its parts (marketplace/core/reliability.py; README \"Reliability\")."))
 
     class Meta:
         model = Worker
@@ -74,10 +82,11 @@ class WorkerSerializer(serializers.ModelSerializer):
                   "relay_address", "status", "last_heartbeat", "throughput", "unit_cost", "score", "uptime",
                   "online_since", "job_state", "job_state_reason", "installed_version", "audits_passed",
                   "audits_failed", "audit_pass_rate", "suspended_at", "suspended_reason", "paused_at",
-                  "removed_at", "created_at"]
+                  "removed_at", "hardware", "hardware_at",
+                  "reliability", "created_at"]
         read_only_fields = ["status", "last_heartbeat", "throughput", "measured_bandwidth_bps", "installed_version",
                             "audits_passed", "audits_failed", "suspended_at", "suspended_reason", "paused_at",
-                            "removed_at", "created_at"]
+                            "removed_at", "hardware_at", "created_at"]
 
 
 class CalibrationSerializer(serializers.ModelSerializer):
@@ -110,8 +119,19 @@ class WorkerRegisterSerializer(serializers.Serializer):
                                                     "addresses only, unless the site allows loopback or private "
                                                     "ones.")
 
+    hardware = serializers.JSONField(required=False, default=None, help_text=(
+        "What the machine has, as the agent measured it (dataplane/hardware.py); optional."))
+
     def validate_relay_address(self, value: str) -> str:
         return _peer_address(value)
+
+    def validate_hardware(self, value) -> Hardware | None:
+        if value is None:
+            return None
+        try:
+            return parse_hardware(value)
+        except ValueError as err:
+            raise serializers.ValidationError(str(err)) from None
 
 
 class WorkerRegisteredSerializer(WorkerSerializer):
@@ -246,7 +266,8 @@ class PlanWorkerSerializer(serializers.Serializer):
     price_per_hour = serializers.FloatField(help_text="c_i, USD/h.")
     throughput = serializers.FloatField(allow_null=True, help_text="mu_i, trajectories/s; null if unmeasured.")
     availability = serializers.FloatField(required=False, help_text="a_i in [0, 1].")
-    unit_cost = serializers.FloatField(required=False, help_text="rho_i = c_i / (a_i mu_i).")
+    reliability = serializers.FloatField(required=False, help_text="r_i in [0, 1]: the long-run record.")
+    unit_cost = serializers.FloatField(required=False, help_text="rho_i = c_i / (a_i r_i mu_i).")
     source = serializers.CharField(allow_null=True, help_text="Where mu_i comes from: live, calibration or last "
                                                               "measured.")
 
@@ -274,6 +295,19 @@ class PlanUnmeasuredSerializer(serializers.Serializer):
     price_per_hour = serializers.FloatField()
 
 
+class PlanRequirementsSerializer(serializers.Serializer):
+    min_gpu_memory_gb = serializers.FloatField(allow_null=True, help_text="Memory matched on, GB; null: none.")
+    memory = serializers.CharField(help_text="Where it comes from: given, or the estimate and its parts.")
+    engine = serializers.CharField()
+    max_price_per_hour = serializers.FloatField(allow_null=True)
+    min_reliability = serializers.FloatField()
+    qualify = serializers.IntegerField(help_text="Online workers that meet them.")
+    total = serializers.IntegerField(help_text="Online workers (busy in other jobs too).")
+    excluded = serializers.DictField(child=serializers.IntegerField(), help_text=(
+        "Workers that do not, per reason: memory, engine, price, reliability, hardware unknown."))
+    line = serializers.CharField(help_text="'3 of 12 match (memory 8, price 1)'.")
+
+
 class CapacityPlanSerializer(serializers.Serializer):
     measurements = PlanMeasurementsSerializer()
     active = serializers.ListField(child=serializers.IntegerField(), help_text="Ids of the job's active workers.")
@@ -282,6 +316,8 @@ class CapacityPlanSerializer(serializers.Serializer):
     plan = PlanSelectionSerializer(allow_null=True, help_text="Cheapest set meeting the target (exact solver).")
     greedy = PlanSelectionSerializer(allow_null=True, help_text="The paper's greedy by unit cost, for comparison.")
     calibration = PlanCalibrationSerializer(allow_null=True, help_text="Without T_train: every available worker.")
+    requirements = PlanRequirementsSerializer(allow_null=True, help_text="Who meets the job's requirements, and "
+                                              "why the others do not.")
 
 
 class MetricSerializer(serializers.ModelSerializer):

@@ -63,8 +63,13 @@ def register(
         _fail("--price must be > 0 USD per hour")
     if bandwidth_mbps <= 0:
         _fail("--bandwidth-mbps must be > 0")
-    body = {"name": name or socket.gethostname(), "gpu": gpu or _detect_gpu(), "price_per_hour": f"{price:.4f}",
-            "bandwidth_bps": int(bandwidth_mbps * 1e6 / 8), "relay_address": relay_address}
+    from .hardware import probe
+
+    hardware = probe()
+    detected = hardware.gpus[0].name if hardware.gpus else "cpu"
+    body = {"name": name or socket.gethostname(), "gpu": gpu or detected, "price_per_hour": f"{price:.4f}",
+            "bandwidth_bps": int(bandwidth_mbps * 1e6 / 8), "relay_address": relay_address,
+            "hardware": hardware.model_dump()}
     try:
         response = httpx.post(server.rstrip("/") + "/api/workers/", json=body, timeout=30,
                               headers={"Authorization": f"Token {token}"})
@@ -296,17 +301,6 @@ def _reason(response) -> str:
         return response.json().get("detail", response.text)
     except ValueError:
         return response.text[:200]
-
-
-def _detect_gpu() -> str:
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_name(0)
-    except Exception:  # detection is a convenience; registration must not fail on it
-        pass
-    return "cpu"
 
 
 def main() -> None:

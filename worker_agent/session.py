@@ -24,12 +24,14 @@ import time
 from collections.abc import Callable
 
 from dataplane import messages as m
+from dataplane.hardware import Hardware
 
 from . import __version__, status
 from .cache import BaseCache
 from .config import AgentConfig
 from .connection import AgentRejected, NotConnected, SiteConnection, reconnect_delays, websocket_url
 from .engines.base import Engine
+from .hardware import probe
 from .installs import Installer
 from .relaying import Relays
 from .rollout_loop import RolloutLoop, RolloutStatus
@@ -72,12 +74,14 @@ class ThroughputMeter:
 class AgentSession:
     def __init__(self, config: AgentConfig, *, engine_factory: Callable[[str], Engine], cache: BaseCache,
                  groups_per_lease: int = 2, max_reconnect_delay: float = 30.0, relay_listen: str | None = None,
-                 retry_delay: float = 2.0, status_every: float = 30.0) -> None:
+                 retry_delay: float = 2.0, status_every: float = 30.0, hardware: Hardware | None = None) -> None:
         """``engine_factory`` builds an engine from a checkpoint directory (the job's base, unpacked in ``cache``);
         ``groups_per_lease``: the least groups leased per round trip (more when the agent is fast);
         ``retry_delay``: first wait before asking the site again for a snapshot the agent lacks (doubling, <= 30 s);
-        ``status_every``: seconds between two summaries of what the agent does (:mod:`worker_agent.status`)."""
+        ``status_every``: seconds between two summaries of what the agent does (:mod:`worker_agent.status`);
+        ``hardware``: what this machine has, sent with every hello (default: :func:`worker_agent.hardware.probe`)."""
         self.config = config
+        self.hardware = hardware or probe(cache.root)
         self.groups_per_lease = groups_per_lease
         self.retry_delay = retry_delay
         self.connection = SiteConnection(config.server, config.agent_key, max_reconnect_delay=max_reconnect_delay)
@@ -172,7 +176,8 @@ class AgentSession:
         """One socket's life: hello, heartbeats, and every frame the site sends, until it closes."""
         log.info("connected as worker %s", self.config.worker_id)
         job = self.assignment.job_id if self.assignment else None
-        await self.send(m.Hello(agent_version=__version__, installed_version=self.installed_version(job), job_id=job))
+        await self.send(m.Hello(agent_version=__version__, installed_version=self.installed_version(job), job_id=job,
+                                hardware=self.hardware))
         heartbeat = asyncio.create_task(self._heartbeats())
         try:
             async for frame in self.connection.ws:

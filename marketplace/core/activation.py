@@ -1,5 +1,5 @@
 """Cost-aware activation (paper section 3.4, appendix C.2): which workers to activate for a throughput target, by
-the paper's greedy on unit cost ``rho_i = c_i / (a_i mu_i)`` or exactly (a MILP with HiGHS, within a time budget).
+the paper's greedy on unit cost ``rho_i = c_i / (a_i r_i mu_i)`` or exactly (a MILP with HiGHS, within a time budget).
 Pure: no Django, no I/O; the one clock inside is the solver's time budget."""
 
 from __future__ import annotations
@@ -26,11 +26,13 @@ class Candidate:
     price_per_hour: float
     throughput: float | None  # mu_i in trajectories/s; None until measured
     availability: float = 1.0  # a_i in [0, 1]: share of the recent window the worker was there (section 4.3)
+    reliability: float = 1.0  # r_i in [0, 1]: its long-run record (core/reliability.py); ours, not the paper's
 
     @property
     def effective_throughput(self) -> float:
-        """``a_i * mu_i``, what the worker adds to ``mu_pool`` (section 3.4); 0 while unmeasured."""
-        return (self.throughput or 0.0) * self.availability
+        """``a_i * r_i * mu_i``, what the worker adds to ``mu_pool`` (section 3.4's ``a_i mu_i``, weighed by the
+        long-run reliability the paper does not have); 0 while unmeasured."""
+        return (self.throughput or 0.0) * self.availability * self.reliability
 
 
 def checked_candidates(candidates: Sequence[Candidate], *, need_throughput: bool) -> list[Candidate]:
@@ -51,6 +53,9 @@ def checked_candidates(candidates: Sequence[Candidate], *, need_throughput: bool
                                                        "must be positive")
         if not (finite(a) and 0 <= a <= 1):
             raise ProvisioningInputError("availability", f"worker {wid} has availability {a!r}; it must lie in [0, 1]")
+        if not (finite(c.reliability) and 0 <= c.reliability <= 1):
+            raise ProvisioningInputError("reliability", f"worker {wid} has reliability {c.reliability!r}; it must lie "
+                                                        "in [0, 1]")
     return list(candidates)
 
 

@@ -13,7 +13,7 @@ from django.utils import timezone
 from dataplane.jobs import JobSpec, model_dir_problem
 from dataplane.replay import RedisError
 
-from .. import ledger
+from .. import ledger, matching
 from ..infra import stream
 from ..models import Activation, Job, Worker
 from .base import ServiceError, enqueue_task, push_job_update
@@ -122,7 +122,7 @@ def job_resume(*, job: Job) -> Job:
 
 @transaction.atomic
 def job_activate_idle_workers(*, job: Job) -> list[Activation]:
-    """Activate every idle worker for a running job.
+    """Activate every idle worker that meets the job's requirements (``matching``) for a running job.
 
     This is the calibration phase (the learner has not measured ``T_train`` yet, so no target exists and
     every worker's ``mu_i`` for this model gets measured) and the answer when no pool can keep up. Once
@@ -131,10 +131,12 @@ def job_activate_idle_workers(*, job: Job) -> list[Activation]:
     if job.status != Job.Status.RUNNING:
         return []
     busy = Activation.objects.filter(ended_at=None).values("worker_id")
-    return [worker_activate(worker=worker, job=job)
+    idle = [worker
             for worker in Worker.objects.filter(status=Worker.Status.IDLE, suspended_at__isnull=True, paused_at=None,
                                                  removed_at=None)
             .exclude(pk__in=busy)]
+    qualify = set(matching.match_workers(matching.needs_of(job.as_spec())[0], idle).qualify)
+    return [worker_activate(worker=worker, job=job) for worker in idle if worker.pk in qualify]
 
 
 @transaction.atomic

@@ -18,6 +18,7 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from dataplane import messages as m
+from dataplane.hardware import Hardware
 from dataplane.replay import RedisError
 
 from .. import selectors
@@ -51,17 +52,24 @@ def _session_close(worker_id: int, *, at: datetime) -> None:
 
 
 @transaction.atomic
-def worker_connected(*, worker: Worker, installed_version: int | None, at: datetime | None = None) -> list[m._Msg]:
+def worker_connected(*, worker: Worker, installed_version: int | None, at: datetime | None = None,
+                     hardware: Hardware | None = None) -> list[m._Msg]:
     """An agent said hello (at ``at``, default now): mark it live and open its session; re-send its assignment
     if it is active in a job, or take it back into the job it left by going silent (``_rejoin``). With the
-    install report, the one place that sets ``installed_version``. Its heartbeats stay in Redis from here on."""
+    install report, the one place that sets ``installed_version``; with registration, the one that stores the
+    ``hardware`` the agent measured (a hello without it keeps what was stored). Its heartbeats stay in Redis from
+    here on."""
     activation = selectors.active_activation(worker=worker)
     now = at or timezone.now()
     _session_open(worker.pk, at=now)
     worker.status = Worker.Status.ACTIVE if activation else Worker.Status.IDLE
     worker.last_heartbeat = now
     worker.installed_version = installed_version
-    worker.save(update_fields=["status", "last_heartbeat", "installed_version"])
+    fields = ["status", "last_heartbeat", "installed_version"]
+    if hardware is not None:
+        worker.hardware, worker.hardware_at = hardware.model_dump(), now
+        fields += ["hardware", "hardware_at"]
+    worker.save(update_fields=fields)
     replies: list[m._Msg] = [m.Welcome(worker_id=worker.pk, heartbeat_interval=settings.ECHO2["HEARTBEAT_INTERVAL_S"],
                                        max_message_bytes=settings.ECHO2["WS_MAX_MESSAGE_BYTES"])]
     state, job_id = (activation.state, activation.job_id) if activation else ("idle", None)

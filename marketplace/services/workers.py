@@ -12,6 +12,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from dataplane import messages as m
+from dataplane.hardware import Hardware
 from dataplane.replay import RedisError
 from dataplane.tasks import TaskSpecError, build_task
 
@@ -26,8 +27,9 @@ log = logging.getLogger(__name__)
 
 @transaction.atomic
 def worker_register(*, user, name: str, gpu: str, price_per_hour: Decimal, bandwidth_bps: int,
-                    relay_address: str = "") -> tuple[Worker, str]:
-    """Register a machine for ``user`` (made a provider if needed); returns the worker and its agent key.
+                    relay_address: str = "", hardware: Hardware | None = None) -> tuple[Worker, str]:
+    """Register a machine for ``user`` (made a provider if needed), with the ``hardware`` its agent measured;
+    returns the worker and its agent key.
 
     The key is shown once: only its hash is stored.
     """
@@ -38,6 +40,7 @@ def worker_register(*, user, name: str, gpu: str, price_per_hour: Decimal, bandw
             worker = Worker.objects.create(
                 provider=provider, name=name, gpu=gpu, price_per_hour=price_per_hour, bandwidth_bps=bandwidth_bps,
                 relay_address=relay_address, key_hash=selectors.hash_key(key),
+                hardware=hardware.model_dump() if hardware else {}, hardware_at=timezone.now() if hardware else None,
                 # a suspended provider's new worker starts suspended (services/audits.py provider_suspend)
                 suspended_at=provider.suspended_at, suspended_reason=provider.suspended_reason and
                 f"provider suspended: {provider.suspended_reason}"[:600],

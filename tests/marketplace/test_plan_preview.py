@@ -153,7 +153,8 @@ def test_api_previews_the_plan_and_creates_nothing(fleet):
                                               format="json")
     assert reply.status_code == 200, reply.content
     plan = reply.json()
-    assert set(plan) == {"measurements", "active", "unmeasured", "report", "plan", "greedy", "calibration"}
+    assert set(plan) == {"measurements", "active", "unmeasured", "report", "plan", "greedy", "calibration",
+                         "requirements"}
     assert plan["report"]["target"] == pytest.approx(8.8)
     assert [w["name"] for w in plan["plan"]["workers"]] == [fleet["a"].name]
     assert plan["plan"]["price_per_hour"] == pytest.approx(5.0) and plan["greedy"]["price_per_hour"] == 6.2

@@ -1,0 +1,80 @@
+"""Which workers meet a job's requirements, and why the others do not (issue 29). Pure: plain data in, reasons out.
+
+A worker's hardware is what its agent reported (``dataplane/hardware.py``): a claim, used for matching only. A
+worker that never reported any (an older agent) is matched on price and reliability alone, unless the owner asked
+for memory or an engine explicitly: then it is left out as ``hardware unknown``. A derived memory need (an
+estimate) never excludes it, so older agents keep serving the jobs they served.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+REASONS = ("memory", "engine", "price", "reliability", "hardware unknown")
+"""Why a worker does not qualify, in the order a reason is given (the first that applies)."""
+
+
+@dataclass(frozen=True)
+class Needs:
+    memory_gb: float | None = None  # on one GPU (RAM on a CPU-only worker); None: not matched on
+    memory_given: bool = False  # the owner's figure, not an estimate
+    engine: str = "any"  # any, hf or vllm
+    max_price_per_hour: float | None = None
+    min_reliability: float = 0.0
+
+    @property
+    def explicit_hardware(self) -> bool:
+        return self.memory_given or self.engine != "any"
+
+
+@dataclass(frozen=True)
+class Offer:
+    """One worker as matching sees it."""
+
+    worker_id: int
+    price_per_hour: float
+    reliability: float
+    memory_gb: float | None = None  # its largest GPU's memory, else its RAM; None: no hardware reported
+    engines: tuple[str, ...] = ()
+
+
+def unmet(offer: Offer, needs: Needs) -> str | None:
+    """The first requirement ``offer`` fails (one of :data:`REASONS`), None when it meets them all."""
+    if offer.memory_gb is None and needs.explicit_hardware:
+        return "hardware unknown"
+    if offer.memory_gb is not None and needs.memory_gb is not None and offer.memory_gb < needs.memory_gb:
+        return "memory"
+    if offer.memory_gb is not None and not (offer.engines if needs.engine == "any" else needs.engine in offer.engines):
+        return "engine"
+    if needs.max_price_per_hour is not None and offer.price_per_hour > needs.max_price_per_hour:
+        return "price"
+    if offer.reliability < needs.min_reliability:
+        return "reliability"
+    return None
+
+
+@dataclass(frozen=True)
+class Matching:
+    qualify: tuple[int, ...]  # worker ids, sorted
+    total: int
+    excluded: dict[str, int] = field(default_factory=dict)  # reason -> workers, in REASONS order
+    reasons: dict[int, str] = field(default_factory=dict)  # worker id -> its reason
+
+    def line(self) -> str:
+        """``3 of 12 match (memory 8, price 1)``."""
+        why = ", ".join(f"{reason} {count}" for reason, count in self.excluded.items())
+        return f"{len(self.qualify)} of {self.total} match" + (f" ({why})" if why else "")
+
+    def as_dict(self) -> dict:
+        return {"qualify": len(self.qualify), "total": self.total, "excluded": dict(self.excluded),
+                "line": self.line()}
+
+
+def match(offers: Sequence[Offer], needs: Needs) -> Matching:
+    """Every offer sorted into those that qualify and those that do not, with the count per reason."""
+    reasons = {o.worker_id: why for o in offers if (why := unmet(o, needs)) is not None}
+    counts = Counter(reasons.values())
+    return Matching(tuple(sorted(o.worker_id for o in offers if o.worker_id not in reasons)), len(offers),
+                    {reason: counts[reason] for reason in REASONS if counts[reason]}, reasons)
