@@ -1,6 +1,6 @@
 """``/api/datasets/``: an owner uploads a data set's archive; the job's learner downloads it (docs/datasets.md).
 
-``POST /api/datasets/`` takes the archive as the raw body (``Content-Type: application/x-tar``, what
+``POST /api/datasets/`` takes the archive as the raw body (any ``Content-Type``: ``application/x-tar``, what
 ``dataplane.dataset.content.pack`` writes and ``echo2 job submit`` sends) and answers its digest; ``GET
 /api/datasets/<digest>/`` gives it back to the person who uploaded it (the learner runs with the owner's token).
 Nothing here reads a path a request names: uploads are stored and found by digest.
@@ -27,7 +27,7 @@ class DatasetViewSet(viewsets.ViewSet):
     parser_classes: list = []  # the body is the archive, read as a stream by the service
     lookup_value_regex = "[0-9a-f]{64}"
 
-    @extend_schema(request={"application/x-tar": OpenApiTypes.BINARY},
+    @extend_schema(request={"application/octet-stream": OpenApiTypes.BINARY},
                    responses={201: UPLOADED, 400: ErrorSerializer},
                    description="Upload a data set's archive (the raw body, at most ECHO2_DATASET_MAX_BYTES); "
                                "the answer names its digest, which a dataset job's data.digest names.")
