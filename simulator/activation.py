@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from marketplace.core.activation import Candidate, exact_min_cost, greedy_by_unit_cost
 from marketplace.core.provisioning import InfeasibleError, mu_target
+from marketplace.core.reliability import HORIZON_S, Record, reliability
 
 from .broadcast import install_times, plan_for, t_bcast, uplink
 from .model import SimConfig, WorkerSpec
@@ -20,14 +21,35 @@ from .model import SimConfig, WorkerSpec
 ACTIVATIONS = ("greedy", "exact", "random", "fastest", "fixed")
 
 
-def candidates(workers: Sequence[WorkerSpec]) -> list[Candidate]:
-    return [Candidate(w.worker_id, w.price_per_hour, w.throughput, w.availability) for w in workers]
+WEEK_S = 7 * 86_400.0
 
 
-def select(method: str, workers: Sequence[WorkerSpec], target: float, rng: random.Random) -> tuple[int, ...]:
+def reliability_of(w: WorkerSpec, *, absence_s: float, absences: int = 0, run_s: float = 0.0) -> float:
+    """``r_i`` (marketplace/core/reliability.py) of a worker whose spells away average ``absence_s``: the record of
+    the week before the run, at its availability (connected ``a`` of the week, ``(1 - a) / (a absence_s)`` departures
+    per connected second, the rate of :meth:`simulator.faults.Faults.availability`), plus the run's ``absences``."""
+    a = w.availability
+    connected = WEEK_S * a + run_s * a
+    departures = WEEK_S * a * (1 - a) / (a * absence_s) if 0 < a < 1 else 0.0
+    record = Record(connected_s=connected, sessions_ended=round(departures) + absences)
+    return reliability(record, horizon_s=HORIZON_S).value if a > 0 else 0.0
+
+
+def candidates(workers: Sequence[WorkerSpec], config: SimConfig | None = None) -> list[Candidate]:
+    """The workers as the activation core sees them: ``a_i`` the spec's long-run availability, or 1 (what the site's
+    window sees of a present worker, ``availability_seen="window"``); ``r_i`` with ``control.reliability``."""
+    control = config.control if config else None
+    window = control is not None and control.availability_seen == "window"
+    return [Candidate(w.worker_id, w.price_per_hour, w.throughput, 1.0 if window and w.availability > 0 else
+                      w.availability, reliability_of(w, absence_s=config.absence_s)
+                      if control is not None and control.reliability else 1.0) for w in workers]
+
+
+def select(method: str, workers: Sequence[WorkerSpec], target: float, rng: random.Random,
+           config: SimConfig | None = None) -> tuple[int, ...]:
     """Worker ids meeting ``target`` by ``method``: the paper's greedy on ``rho = c/mu``, the exact MILP,
     or the ablations: a random order, fastest first (each adds workers until ``sum a_i mu_i >= target``)."""
-    pool = candidates(workers)
+    pool = candidates(workers, config)
     if method == "greedy":
         return greedy_by_unit_cost(pool, target).worker_ids
     if method == "exact":
@@ -87,7 +109,7 @@ def provision(config: SimConfig, rng: random.Random) -> tuple[tuple[int, ...], f
         if target == float("inf"):
             return tuple(w.worker_id for w in config.workers), target, t_b
         pick_rng = random.Random(pick_seed) if control.activation == "random" else rng
-        ids = select(control.activation, config.workers, target, pick_rng)
+        ids = select(control.activation, config.workers, target, pick_rng, config)
         if ids in seen:
             break
         seen.add(ids)

@@ -34,6 +34,7 @@ class Faults:
     def _go_away(self, w: int) -> None:
         """The worker vanishes: the group in hand is lost, its chain tail (if a broadcast is in flight) stalls."""
         self.alive[w], self.died_at[w] = False, self.env.now
+        self.absences[w] += 1
         self.epoch[w] += 1
         self.env.process(self._relay_died(w))
 

@@ -31,7 +31,7 @@ from dataplane.broadcast.chains import ChainPlan, WorkerStats, repair
 from marketplace.core.activation import Candidate, pool_capacity
 from marketplace.core.controller import HeartbeatWindow, HysteresisController
 
-from .activation import provision
+from .activation import provision, reliability_of
 from .broadcast import install_times, plan_for, uplink
 from .faults import Faults
 from .model import SimConfig, SimResult, StepRecord
@@ -61,6 +61,7 @@ class FleetSim(Faults):
         self.windows: dict[int, HeartbeatWindow] = {}
         self.wake = {w: self.env.event() for w in self.spec}
         self.epoch = dict.fromkeys(self.spec, 0)
+        self.absences = dict.fromkeys(self.spec, 0)  # departures during the run (the reliability record's)
         self.plan, self.broadcast_gen = ChainPlan(chains=()), 0
         self.schedule: dict[int, float] = {}  # worker -> when it installs the broadcast in flight (inf: stalled)
         self.installs = {"version": 0, "need": 0, "done": 0, "n": 0}  # that broadcast's progress
@@ -311,11 +312,15 @@ class FleetSim(Faults):
             yield self.env.timeout(min(control.tick_s, self.cfg.sample_s))
 
     def _control(self, hysteresis: HysteresisController, now: float) -> None:
+        control = self.cfg.control
+        r = {w: reliability_of(s, absence_s=self.cfg.absence_s, absences=self.absences[w], run_s=now)
+             if control.reliability else 1.0 for w, s in self.spec.items()}
+        window = control.availability_seen == "window"
         active = [Candidate(w, self.spec[w].price_per_hour, self.windows[w].throughput(now) or
-                            self.spec[w].throughput, self.windows[w].availability(now))
+                            self.spec[w].throughput, self.windows[w].availability(now), r[w])
                   for w in self.active if w in self.windows]
-        standby = [Candidate(w, s.price_per_hour, s.throughput, s.availability) for w, s in self.spec.items()
-                   if w not in self.active and self.alive[w] and w not in self.died_at]
+        standby = [Candidate(w, s.price_per_hour, s.throughput, 1.0 if window else s.availability, r[w])
+                   for w, s in self.spec.items() if w not in self.active and self.alive[w] and w not in self.died_at]
         decision = hysteresis.decide(now, pool_capacity(active), self.target, standby, active)
         for w in decision.activate:
             self._activate(w, fetch=True)

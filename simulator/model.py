@@ -103,6 +103,13 @@ class ControlSpec:
     """``T_bcast`` the provisioning rule uses; None = the broadcast model's value for the chosen pool."""
     controller: bool = True
     """Run the hysteresis controller (off: the initial activation stays as it is)."""
+    availability_seen: str = "long-run"
+    """The ``a_i`` a standby worker is planned with: ``long-run``, its true share of time there (the spec's; what
+    the simulator always did), or ``window``, what the site's heartbeat window sees of a worker that is there now:
+    1 (ours: the site has no other availability figure)."""
+    reliability: bool = False
+    """Weigh ``a_i mu_i`` by the long-run reliability ``r_i`` of marketplace/core/reliability.py, from each worker's
+    record: a week before the run at its availability, plus the absences of the run (ours, issue 29)."""
 
 
 @dataclass(frozen=True)
