@@ -69,8 +69,6 @@ class Hello(_Msg):
                                "it (re)connected: a site that no longer has it active in that job answers ``release``.")
     hardware: Hardware | None = Field(default=None, description="What the machine has, as the agent measured it "
                                       "(dataplane/hardware.py): claims, used only for matching jobs' requirements.")
-    hardware: Hardware | None = Field(default=None, description="What the machine has, as the agent measured it "
-                                      "(dataplane/hardware.py): claims, used only for matching jobs' requirements.")
 
 
 WorkerState = Literal["loading", "installing", "generating", "idle", "failed"]
