@@ -83,8 +83,9 @@ def match_workers(needs: core.Needs, workers: Iterable[Worker], *,
 
 
 def online_workers() -> list[Worker]:
-    """Every worker a job could ever get now: connected and not suspended (busy or not)."""
-    return list(Worker.objects.exclude(status=Worker.Status.OFFLINE).filter(suspended_at__isnull=True))
+    """Every worker a job could ever get now: connected, not suspended, paused or removed (busy or not)."""
+    return list(Worker.objects.exclude(status=Worker.Status.OFFLINE).filter(suspended_at__isnull=True, paused_at=None,
+                                                                            removed_at=None))
 
 
 def job_waiting_reason(job: Job) -> str:
