@@ -27,6 +27,16 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import sys, transform
     echo "making $venv (${TORCH_SPEC}, transformers==$version)"
     rm -rf "$venv"
     "$PYTHON" -m venv "$venv"
-    "$venv/bin/python" -m pip install -q "$TORCH_SPEC" "transformers==$version" safetensors pydantic
+    "$venv/bin/python" -m pip install -q "$TORCH_SPEC" "transformers==$version"
 fi
+# The base install's other dependencies (what the engine's imports reach: pydantic, orjson, ...), on every run: a venv
+# made before one was added gets it (a no-op when all are there).
+mapfile -t deps < <("$PYTHON" - <<'PY'
+import re, tomllib
+for dep in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]:
+    if not re.match(r"(torch|transformers)\b", dep):
+        print(dep)
+PY
+)
+"$venv/bin/python" -m pip install -q "${deps[@]}"
 PYTHONPATH="$PWD" "$venv/bin/python" scripts/hf_engine_check.py
