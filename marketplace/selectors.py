@@ -13,11 +13,12 @@ from django.utils import timezone
 from knox.models import AuthToken
 
 from dataplane.broadcast import chains
+from dataplane.rewards import REFUSED
 from dataplane.timing import split_line
 
 from . import ledger, matching
 from .core import provisioning
-from .infra import refusals, telemetry
+from .infra import refusals, reward_errors, telemetry
 from .models import Activation, Job, JobMetric, Snapshot, Worker, WorkerSession
 
 UPTIME_WINDOW = timedelta(days=7)
@@ -104,6 +105,23 @@ def _behind(published: int, installed: int | None) -> int:
     return published - (installed or 0) if published else 0
 
 
+def refused_workers(job: Job) -> QuerySet:
+    """The workers that refused ``job``'s task (it runs user code their providers did not allow: docs/trust.md, "User
+    code on workers"), as a ``worker_id`` values query: the scheduler plans them no more for this job."""
+    return job.activations.filter(end_reason__startswith=REFUSED).values("worker_id")
+
+
+def refusals_line(job: Job) -> str:
+    """The job page's line for the workers that refused its user code: ``0``, or ``2 (last: rig-7: reward: runs user
+    code (...) ...)``: how its owner learns why workers come and go (their providers did not opt in)."""
+    last = (job.activations.filter(end_reason__startswith=REFUSED).select_related("worker").order_by("-ended_at")
+            .first())
+    if last is None:
+        return "0"
+    count = refused_workers(job).distinct().count()
+    return f"{count} (last: {last.worker.name}: {last.end_reason.removeprefix(REFUSED)})"
+
+
 def job_summary(job: Job, *, active: list[Activation] | None = None) -> dict:
     """The figures the dashboard and the demo show for a job (``active``: its open activations, if the
     caller has them already)."""
@@ -140,6 +158,10 @@ def job_summary(job: Job, *, active: list[Activation] | None = None) -> dict:
         "projected_cost_usd": None if (projected := ledger.projected_cost_usd(job, cost)) is None else round(
             projected, 6),
         "budget_usd": job.budget_usd,
+        # what the owner's reward functions did wrong on the workers (docs/rewards.md)
+        "reward_errors": (errors := reward_errors.summary(job.pk)),
+        "reward_errors_line": reward_errors.line(errors),
+        "user_code_refusals_line": refusals_line(job),  # workers whose providers do not run the job's user code
     }
 
 

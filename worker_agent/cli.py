@@ -28,6 +28,10 @@ ConfigOpt = Annotated[
 ]
 
 
+AllowUserCodeOpt = Annotated[bool, typer.Option(
+    "--allow-user-code", help="Run job owners' code in this process (reward functions 'pkg.module:fn', verifiers "
+    "environments): arbitrary code on this machine, see docs/trust.md 'User code on workers'. Off: such jobs are "
+    "refused.")]
 EngineOpt = Annotated[str, typer.Option(help="Generation engine: auto (vllm on a GPU with vLLM, else hf), hf, vllm.")]
 
 
@@ -104,6 +108,7 @@ def run(
                                             "are evicted beyond it (the one in use is always kept).")] = 4.0,
     status_every: Annotated[float, typer.Option(min=0, help="Seconds between two summaries of what the agent is "
                                                 "doing (each change is said at once); 0: changes only.")] = 30.0,
+    allow_user_code: AllowUserCodeOpt = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Warnings and errors only.")] = False,
     debug: Annotated[bool, typer.Option(help="Verbose logs and full tracebacks.")] = False,
 ) -> None:
@@ -121,6 +126,7 @@ def run(
         cfg = AgentConfig.load(config or default_path())
     except ConfigError as err:
         _fail(str(err))
+    _opt_in(cfg, allow_user_code)
     import torch
 
     from .cache import BaseCache, default_cache_dir
@@ -145,6 +151,17 @@ def run(
         _fail(f"the site refused this agent: {err}; register again")
     except KeyboardInterrupt:
         typer.echo("stopped", err=True)
+
+
+def _opt_in(cfg: AgentConfig, allow_user_code: bool) -> None:
+    """The provider's opt-in to run job owners' code: the flag, or the config file's ``allow_user_code``; kept on the
+    config (the session hands it to every task it prepares) and, for code that asks the process, in the environment
+    (``ECHO2_ALLOW_USER_CODE=1``, dataplane/tasks/verifiers_env.py)."""
+    cfg.allow_user_code = cfg.allow_user_code or allow_user_code
+    if cfg.allow_user_code:
+        os.environ["ECHO2_ALLOW_USER_CODE"] = "1"
+        logging.getLogger("echo2.agent").warning("running job owners' code in this process (--allow-user-code): "
+                                                 "their reward functions can do anything this user can")
 
 
 def _after(thread, build):

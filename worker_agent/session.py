@@ -269,7 +269,8 @@ class AgentSession:
         self.assignment, self.released = assign, None
         loop = RolloutLoop(assign, connection=self.connection, installs=self.installs, rollout=self.rollout,
                            tally=self.tally, meter=self.meter, report_state=self.report_state,
-                           groups_per_lease=self.groups_per_lease, retry_delay=self.retry_delay)
+                           groups_per_lease=self.groups_per_lease, retry_delay=self.retry_delay,
+                           allow_user_code=self.config.allow_user_code)
         self.rollout_task = asyncio.create_task(loop.supervised(), name=f"the rollout loop of job {assign.job_id}")
 
     def _stop_rollout(self) -> None:

@@ -13,7 +13,7 @@ from django.utils import timezone
 from dataplane.jobs import JobSpec, model_dir_problem
 from dataplane.replay import RedisError
 
-from .. import ledger, matching
+from .. import ledger, matching, selectors
 from ..infra import stream
 from ..models import Activation, Job, Worker
 from .base import ServiceError, enqueue_task, push_job_update
@@ -134,7 +134,7 @@ def job_activate_idle_workers(*, job: Job) -> list[Activation]:
     idle = [worker
             for worker in Worker.objects.filter(status=Worker.Status.IDLE, suspended_at__isnull=True, paused_at=None,
                                                  removed_at=None)
-            .exclude(pk__in=busy)]
+            .exclude(pk__in=busy).exclude(pk__in=selectors.refused_workers(job))]
     qualify = set(matching.match_workers(matching.needs_of(job.as_spec())[0], idle).qualify)
     return [worker_activate(worker=worker, job=job) for worker in idle if worker.pk in qualify]
 

@@ -20,6 +20,7 @@ from django.utils import timezone
 from dataplane import messages as m
 from dataplane.hardware import Hardware
 from dataplane.replay import RedisError
+from dataplane.rewards import REFUSED
 
 from .. import selectors
 from ..core import billing
@@ -214,6 +215,8 @@ def _observe(activation: Activation, *, at: datetime, reported: str, reason: str
 def _release_reason(activation: Activation, *, seen: telemetry.Observed, now: float, throughput: float | None) -> str:
     """Why the activation must end now ("" if it need not): its rollout loop failing too long (its own word), or
     nothing returned past the silence bound (what the site saw)."""
+    if activation.state == "failed" and activation.state_reason.startswith(REFUSED):
+        return activation.state_reason  # it will not serve this job (user code it does not run): waiting helps nobody
     echo = settings.ECHO2
     limit = float(echo["ROLLOUT_FAILED_RELEASE_S"])
     if billing.failing_too_long(state=activation.state, since=activation.state_since.timestamp(), now=now,
