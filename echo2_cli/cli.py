@@ -15,9 +15,7 @@ Examples:
 
 from __future__ import annotations
 
-import functools
 import json
-import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -29,60 +27,21 @@ import typer
 
 from dataplane.dataset.content import pack
 from dataplane.dataset.jobfile import upload_path
-from dataplane.jobfiles import JobFileError, apply_overrides, dump_toml, load_job_file
-from dataplane.jobs import JobSpecError, parse_job_spec
+from dataplane.jobfiles import apply_overrides, dump_toml, load_job_file
+from dataplane.jobs import parse_job_spec
 
-from . import render
-from .client import BAD_INPUT, CliError, Site, owner_token
+from . import money, render
+from .client import BAD_INPUT, CliError, Site
+from .options import DEFAULT_SERVER, JsonOpt, ServerOpt, TokenFileOpt, one_line_errors
+from .options import console as _console
+from .options import print_json as _print
+from .options import site as _site
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, rich_markup_mode=None)
 job_app = typer.Typer(no_args_is_help=True, help="Submit, follow and control your jobs.", rich_markup_mode=None)
 app.add_typer(job_app, name="job")
 
-ServerOpt = Annotated[str, typer.Option("--server", envvar="ECHO2_SERVER", help="Site URL.")]
-TokenFileOpt = Annotated[Path | None, typer.Option(
-    "--token-file", envvar="ECHO2_TOKEN_FILE", help="A file holding your API token (first line; keep it mode 600). "
-    "Without it, ECHO2_TOKEN. There is no --token: a token on the command line shows in `ps`.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print the API's JSON (one object per line), for machines.")]
 IntervalOpt = Annotated[float, typer.Option(min=0.1, help="Seconds between refreshes.")]
-DEFAULT_SERVER = "http://127.0.0.1:8000"
-
-
-def one_line_errors(command: Callable) -> Callable:
-    """Print a failure as one line on stderr and exit non-zero (2: bad input, 1: the rest); the traceback
-    only with ECHO2_DEBUG=1."""
-
-    @functools.wraps(command)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return command(*args, **kwargs)
-        except (CliError, JobSpecError, JobFileError) as err:
-            if os.environ.get("ECHO2_DEBUG"):
-                raise
-            message = err.one_line() if isinstance(err, JobSpecError) else str(err)
-            typer.echo(f"echo2: error: {message}", err=True)
-            raise typer.Exit(err.code if isinstance(err, CliError) else BAD_INPUT) from None
-
-    return wrapper
-
-
-@contextmanager
-def _site(server: str, token_file: Path | None) -> Iterator[Site]:
-    site = Site(server, owner_token(token_file))
-    try:
-        yield site
-    finally:
-        site.close()
-
-
-def _print(data: Any) -> None:
-    typer.echo(json.dumps(data))
-
-
-def _console():
-    from rich.console import Console
-
-    return Console()
 
 
 @job_app.command()
@@ -305,7 +264,7 @@ class _Counted:
         return data
 
 
-from . import money  # noqa: E402, F401 - registers `echo2 ledger`, `echo2 worker` and the job's budget/archive/delete
+money.register(app, job_app)  # echo2 ledger, echo2 worker ..., echo2 job budget|archive|unarchive|delete
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
 """``echo2 ledger``, ``echo2 worker ...`` and the owner's ``echo2 job budget|archive|unarchive|delete``: money and
-controls (docs/ledger.md, docs/cli.md). Registered on the ``echo2`` app by ``echo2_cli.cli``.
+controls (docs/ledger.md, docs/cli.md). Added to the ``echo2`` app by ``echo2_cli.cli`` (:func:`register`).
 
 \b
 Examples:
@@ -19,23 +19,22 @@ from typing import Annotated
 import typer
 
 from . import render  # job_line
-from .cli import (
-    DEFAULT_SERVER,
-    JsonOpt,
-    ServerOpt,
-    TokenFileOpt,
-    _console,
-    _print,
-    _site,
-    app,
-    job_app,
-    one_line_errors,
-)
 from .client import BAD_INPUT, CliError
+from .options import DEFAULT_SERVER, JsonOpt, ServerOpt, TokenFileOpt, one_line_errors
+from .options import console as _console
+from .options import print_json as _print
+from .options import site as _site
 
 worker_app = typer.Typer(no_args_is_help=True, help="Your machines: price, pause, resume, remove.",
                          rich_markup_mode=None)
-app.add_typer(worker_app, name="worker")
+job_commands = typer.Typer()  # the job's commands here, added to ``echo2 job`` by :func:`register`
+
+
+def register(app: typer.Typer, job_app: typer.Typer) -> None:
+    """Add ``echo2 ledger``, ``echo2 worker ...`` and ``echo2 job budget|archive|unarchive|delete`` to the CLI."""
+    app.command("ledger")(ledger)
+    app.add_typer(worker_app, name="worker")
+    job_app.registered_commands += job_commands.registered_commands
 
 
 def _ledger_table(entries: list[dict]):
@@ -71,7 +70,6 @@ def _decimal(value: str, field: str) -> str:
     return str(number)
 
 
-@app.command()
 @one_line_errors
 def ledger(
     job: Annotated[int | None, typer.Option(help="Only this job's entries.")] = None,
@@ -145,7 +143,7 @@ _worker_control("resume", "POST", "resume/", "Activations again, from the schedu
 _worker_control("remove", "DELETE", "", "Unregister it: its agent key revoked, its history and ledger kept.")
 
 
-@job_app.command()
+@job_commands.command()
 @one_line_errors
 def budget(job_id: int, usd: Annotated[str, typer.Argument(help="The new budget in USD, or 'none' for no cap.")],
            server: ServerOpt = DEFAULT_SERVER, token_file: TokenFileOpt = None, json_output: JsonOpt = False) -> None:
@@ -168,7 +166,7 @@ def _job_control(verb: str, method: str, path: str, help_text: str) -> None:
         _print(response.json()) if json_output else typer.echo(render.job_line(response.json()))
 
     command.__doc__ = help_text
-    job_app.command(verb)(command)
+    job_commands.command(verb)(command)
 
 
 _job_control("archive", "POST", "archive/", "Hide an ended job from lists (its ledger and history stay).")

@@ -64,7 +64,7 @@ class WorkerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
     def _worker_reply(self, worker: Worker) -> Response:
         return Response(s.WorkerSerializer(selectors.workers_with_figures([worker])[0]).data)
 
-    @extend_schema(request=None, responses=s.WorkerSerializer)
+    @extend_schema(request=None, responses={200: s.WorkerSerializer})
     def destroy(self, request, pk=None):
         """Remove (unregister) the worker: its activation released, its agent key revoked, hidden from lists;
         its history and ledger entries kept (docs/ledger.md)."""
