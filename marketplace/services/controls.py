@@ -34,7 +34,8 @@ def _open_activation(worker: Worker) -> Activation | None:
 def worker_price_set(*, worker: Worker, price_per_hour: Decimal) -> Worker:
     """The worker's price from now on: its open activation is billed up to now at the old rate (what the site
     observed, as a release would), and its later intervals at the new one; the history keeps both with dates. The
-    owner's job sees the new price at once (its page, ``max_price_per_hour`` at the next re-plan)."""
+    owner's job sees the new price at once (its page); a job whose ``requirements.max_price_per_hour`` the new price
+    passes has the worker released now (and matching keeps it out afterwards)."""
     if not MIN_PRICE <= price_per_hour <= MAX_PRICE:
         raise ServiceError(f"price_per_hour: must be between {MIN_PRICE} and {MAX_PRICE} USD/h")
     worker = _locked(worker)
@@ -47,6 +48,11 @@ def worker_price_set(*, worker: Worker, price_per_hour: Decimal) -> Worker:
                            reported="failed" if activation.state == "failed" else "idle")
         Activation.objects.filter(pk=activation.pk).update(price_per_hour=price_per_hour)
         push_job_update(activation.job_id)
+        cap = (activation.job.spec.get("requirements") or {}).get("max_price_per_hour")
+        if cap is not None and price_per_hour > Decimal(str(cap)):  # the owner pays no more than that: released now
+            activation.refresh_from_db()
+            worker_release(activation=activation, reason=f"price {price_per_hour} USD/h over the job's "
+                           f"max_price_per_hour {cap}")
     worker.price_per_hour = price_per_hour
     worker.save(update_fields=["price_per_hour"])
     PriceChange.objects.create(worker=worker, price_per_hour=price_per_hour, at=now)

@@ -100,3 +100,16 @@ def test_an_owner_archives_an_ended_job_and_deletes_only_one_that_never_ran(serv
     draft = factories.job(serving["owner"])
     assert api.delete(f"/api/jobs/{draft.pk}/").status_code == 204
     assert not Job.objects.filter(pk=draft.pk).exists()
+
+
+def test_a_price_over_the_jobs_max_price_releases_the_worker_at_once(settings, redis_url):
+    provider = factories.user("provider")
+    worker, _ = factories.worker(provider, price="0.5", name="rig")
+    job = factories.job(factories.user("owner"), requirements={"max_price_per_hour": 1.0})
+    Job.objects.filter(pk=job.pk).update(status=Job.Status.RUNNING, started_at=timezone.now())
+    activation = Activation.objects.create(job=job, worker=worker, price_per_hour=worker.price_per_hour)
+    services.worker_price_set(worker=worker, price_per_hour=Decimal("0.9"))
+    assert Activation.objects.get(pk=activation.pk).ended_at is None, "still under the job's cap"
+    services.worker_price_set(worker=worker, price_per_hour=Decimal("1.5"))
+    ended = Activation.objects.get(pk=activation.pk)
+    assert ended.ended_at is not None and "max_price_per_hour" in ended.end_reason
