@@ -80,11 +80,12 @@ def submit(
 
 @job_app.command("list")
 @one_line_errors
-def list_jobs(server: ServerOpt = DEFAULT_SERVER, token_file: TokenFileOpt = None,
+def list_jobs(archived: Annotated[bool, typer.Option("--archived", help="Include archived jobs.")] = False,
+              server: ServerOpt = DEFAULT_SERVER, token_file: TokenFileOpt = None,
               json_output: JsonOpt = False) -> None:
-    """Your jobs, newest first."""
+    """Your jobs, newest first (archived ones only with --archived)."""
     with _site(server, token_file) as site:
-        jobs = site.jobs()
+        jobs = site.jobs(archived=archived)
     _print(jobs) if json_output else _console().print(render.jobs_table(jobs) if jobs else "no jobs yet")
 
 

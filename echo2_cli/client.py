@@ -122,11 +122,11 @@ class Site:
     def post(self, path: str, body: dict | None = None) -> Any:
         return self.request("POST", path, json=body).json()
 
-    def jobs(self) -> list[dict]:
-        """Every job of the owner, newest first (all pages)."""
+    def jobs(self, *, archived: bool = False) -> list[dict]:
+        """Every job of the owner, newest first (all pages); archived ones too with ``archived``."""
         out, offset = [], 0
         while True:
-            page = self.get("jobs/", limit=200, offset=offset)
+            page = self.get("jobs/", limit=200, offset=offset, **({"archived": 1} if archived else {}))
             out += page["results"]
             offset += len(page["results"])
             if not page.get("next") or not page["results"]:

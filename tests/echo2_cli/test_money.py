@@ -71,6 +71,7 @@ def test_ledger_worker_and_job_controls(people):
     echo2("job", "cancel", str(job.pk), env=owner)
     assert json.loads(echo2("job", "archive", str(job.pk), "--json", env=owner).stdout)["archived_at"]
     assert json.loads(echo2("job", "list", "--json", env=owner).stdout) == []
+    assert [j["id"] for j in json.loads(echo2("job", "list", "--archived", "--json", env=owner).stdout)] == [job.pk]
     draft = factories.job(env["owner_user"])
     assert echo2("job", "delete", str(draft.pk), env=owner).stdout.strip() == f"job {draft.pk} deleted"
     assert json.loads(echo2("ledger", "--json", env=owner).stdout)["totals"]["total_usd"] == "0.01"
