@@ -65,3 +65,5 @@ def test_an_owner_sets_a_budget_archives_and_deletes_on_the_job_pages(redis_url)
     assert Job.objects.filter(pk=job.pk).exists(), "a job that ran is archived, never deleted"
     page.post(f"/jobs/{draft.pk}/manage/delete/")
     assert not Job.objects.filter(pk=draft.pk).exists()
+    invoice = page.get(f"/api/ledger/?job={job.pk}&format=csv", HTTP_ACCEPT="text/html,*/*;q=0.8")  # the page's link
+    assert invoice.status_code == 200 and invoice["Content-Type"].startswith("text/csv")
