@@ -4,7 +4,13 @@ TensorBoard event files are written by default to ``<logdir>/job<ID>`` (``--logd
 under the learner's working directory; ``tensorboard --logdir var/runs``), with tensorboardX: a small
 maintained writer (numpy and protobuf), where ``torch.utils.tensorboard`` needs the whole ``tensorboard``
 package with its server. W&B is used when a project is named (``--wandb-project`` or ``WANDB_PROJECT``) and the
-``wandb`` package is installed (``pip install 'echo2[wandb]'``); without it the learner says so in one line.
+``wandb`` package is installed (``pip install 'echo2[wandb]'``); without it the learner says so in one line. W&B's
+files go to ``WANDB_DIR`` when it is set, else to ``<logdir>`` (never into a job's TensorBoard directory); the run is
+named ``job-<ID>`` unless a name is given (``--wandb-name`` or ``WANDB_NAME``), with the tags given (``--wandb-tags``
+or ``WANDB_TAGS``, comma-separated).
+
+Every few steps the report carries a handful of samples (learner/samples.py): TensorBoard gets them as a markdown
+table under the ``samples`` text tag, W&B as a ``samples`` table.
 
 Logging never holds up or fails training: :meth:`ExperimentLog.log` only appends to a bounded queue, which a
 thread of its own drains into the writers (it also builds them: ``wandb.init`` may wait on the network). A
@@ -17,6 +23,7 @@ import contextlib
 import importlib.util
 import logging
 import math
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -64,6 +71,8 @@ def _number(value: object) -> bool:
 class Writer(Protocol):
     def write(self, step: int, values: dict[str, float]) -> None: ...
 
+    def write_samples(self, step: int, rows: list[dict[str, Any]]) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -80,21 +89,46 @@ class TensorBoardWriter:
         for tag, value in values.items():
             self.writer.add_scalar(tag, value, step)
 
+    def write_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        self.writer.add_text("samples", samples_markdown(rows), step)
+
     def close(self) -> None:
         self.writer.close()
 
 
+SAMPLE_COLUMNS = ["step", "version", "worker", "reward", "prompt", "completion"]
+
+
+def samples_markdown(rows: list[dict[str, Any]]) -> str:
+    """The samples as a markdown table (TensorBoard renders a text summary as markdown)."""
+    def cell(value: object) -> str:
+        return str(value).replace("|", "\\|").replace("\n", "<br>")
+
+    lines = ["| " + " | ".join(SAMPLE_COLUMNS) + " |", "|" + "---|" * len(SAMPLE_COLUMNS)]
+    lines += ["| " + " | ".join(cell(row.get(c, "")) for c in SAMPLE_COLUMNS) + " |" for row in rows]
+    return "\n".join(lines)
+
+
 class WandbWriter:
-    def __init__(self, *, project: str, job_id: int, run_id: str, config: dict[str, Any], directory: Path) -> None:
+    def __init__(self, *, project: str, job_id: int, run_id: str, config: dict[str, Any], directory: Path,
+                 name: str | None = None, tags: list[str] | None = None) -> None:
         import wandb
 
+        # WANDB_DIR, when set, is where the user keeps W&B's files; else beside the TensorBoard directories
+        directory = Path(os.environ.get("WANDB_DIR") or directory)
         directory.mkdir(parents=True, exist_ok=True)
         # A restarted learner continues the same run (its id is the job's), from the step it resumed at.
-        self.run = wandb.init(project=project, name=f"job-{job_id}", id=run_id, resume="allow", config=config,
-                              dir=str(directory))
+        self.run = wandb.init(project=project, name=name or f"job-{job_id}", id=run_id, resume="allow", config=config,
+                              dir=str(directory), tags=tags or None)
 
     def write(self, step: int, values: dict[str, float]) -> None:
         self.run.log(values, step=step)
+
+    def write_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        import wandb
+
+        table = wandb.Table(columns=SAMPLE_COLUMNS, data=[[row.get(c) for c in SAMPLE_COLUMNS] for row in rows])
+        self.run.log({"samples": table}, step=step)
 
     def close(self) -> None:
         self.run.finish()
@@ -118,7 +152,7 @@ class ExperimentLog:
         if not self._makers:
             return
         try:
-            self._queue.put_nowait((step, scalars(report)))
+            self._queue.put_nowait((step, scalars(report), list(report.get("samples") or [])))
         except queue.Full:
             self.dropped += 1
             if self.dropped == 1:
@@ -142,9 +176,12 @@ class ExperimentLog:
             except Exception as err:  # noqa: BLE001 - any writer's failure is logged and the writer left out
                 self._disable(name, err)
         while (item := self._queue.get()) is not None:
+            step, values, samples = item
             for name, writer in list(writers.items()):
                 try:
-                    writer.write(*item)
+                    writer.write(step, values)
+                    if samples:
+                        writer.write_samples(step, samples)
                 except Exception as err:  # noqa: BLE001
                     self._disable(name, err)
                     del writers[name]
@@ -162,24 +199,27 @@ class ExperimentLog:
 
 
 def experiment_log(*, job_id: int, run_id: str, logdir: Path | None, wandb_project: str | None,
-                   config: dict[str, Any]) -> ExperimentLog:
+                   config: dict[str, Any], wandb_name: str | None = None,
+                   wandb_tags: list[str] | None = None) -> ExperimentLog:
     """The learner's writers: TensorBoard under ``logdir/job<ID>`` (None: none), W&B when a project is named
-    and the package is there (else one line saying how to get it)."""
+    and the package is there (else one line saying how to get it). Each writer's directory is its own name: a
+    closure over one reassigned variable once sent TensorBoard to W&B's directory."""
     makers: list[tuple[str, Callable[[], Writer]]] = []
     if logdir is not None:
-        directory = Path(logdir) / f"job{job_id}"
+        tensorboard_dir = Path(logdir) / f"job{job_id}"
         if importlib.util.find_spec("tensorboardX") is None:
             log.warning("experiment logs: tensorboardX is not installed (pip install 'echo2[learner]'); no "
                         "TensorBoard logs")
         else:
-            makers.append(("tensorboard", lambda: TensorBoardWriter(directory, config)))
-            log.info("experiment logs: TensorBoard in %s (tensorboard --logdir %s)", directory, logdir)
+            makers.append(("tensorboard", lambda: TensorBoardWriter(tensorboard_dir, config)))
+            log.info("experiment logs: TensorBoard in %s (tensorboard --logdir %s)", tensorboard_dir, logdir)
     if wandb_project:
         if importlib.util.find_spec("wandb") is None:
             log.warning("experiment logs: WANDB_PROJECT/--wandb-project is %r but wandb is not installed (pip "
                         "install 'echo2[wandb]'); logging without W&B", wandb_project)
         else:
-            directory = Path(logdir or "var/runs")
+            wandb_dir = Path(logdir or "var/runs")
             makers.append(("wandb", lambda: WandbWriter(project=wandb_project, job_id=job_id, run_id=run_id,
-                                                        config=config, directory=directory)))
+                                                        config=config, directory=wandb_dir, name=wandb_name,
+                                                        tags=wandb_tags)))
     return ExperimentLog(makers)

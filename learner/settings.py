@@ -99,6 +99,12 @@ class LearnerSettings(BaseSettings):
     wandb_project: str | None = option(None, help="Log every step to this W&B project too (needs echo2[wandb]; "
                                        "W&B's own variables apply: WANDB_API_KEY, WANDB_ENTITY, WANDB_MODE).",
                                        env="WANDB_PROJECT")
+    wandb_name: str | None = option(None, help="The W&B run's name (default job-<ID>).", env="WANDB_NAME")
+    wandb_tags: str | None = option(None, help="The W&B run's tags, comma-separated.", env="WANDB_TAGS")
+    samples_every: int = option(10, ge=0, help="Every this many steps keep a few of the trained records (prompt, "
+                                "completion, reward, version, worker) for the site and the experiment logs; 0: never.")
+    samples_per_step: int = option(4, ge=1, le=16, help="How many records such a step keeps (chosen with the job's "
+                                   "seed).", flag="--samples")
     debug: bool = option(False, help="Show full tracebacks.")
 
     @model_validator(mode="before")

@@ -369,8 +369,10 @@ def _experiment_log(settings: LearnerSettings, raw: dict, resolved: dict[str, An
     restarted learner continues the same run."""
     job_id = settings.job
     run_id = f"job{job_id}-" + hashlib.sha256(f"{job_id}/{raw.get('created_at')}".encode()).hexdigest()[:12]
+    tags = [tag.strip() for tag in (settings.wandb_tags or "").split(",") if tag.strip()]
     return experiment_log(job_id=job_id, run_id=run_id, logdir=settings.logdir if settings.tensorboard else None,
-                          wandb_project=settings.wandb_project, config=resolved)
+                          wandb_project=settings.wandb_project, config=resolved, wandb_name=settings.wandb_name,
+                          wandb_tags=tags)
 
 
 def _resolved_config(spec: JobSpec, settings: LearnerSettings, ctx: distributed.DistContext) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -127,3 +128,35 @@ def test_wandb_without_its_package_is_one_line(caplog, monkeypatch, tmp_path) ->
         "'echo2[wandb]'); logging without W&B"]
     explog.log(1, {"reward_mean": 1.0})  # nothing to write to: a no-op
     explog.close()
+
+
+def test_with_wandb_on_tensorboard_stays_in_the_jobs_directory_and_wandb_in_wandb_dir(monkeypatch, tmp_path) -> None:
+    """W&B offline (its real package) beside TensorBoard: the event files stay in ``<logdir>/job<ID>`` (they once
+    went to ``<logdir>`` itself, mixing every job's curves), W&B writes under ``WANDB_DIR`` with the run's name and
+    tags, and a step's samples reach both (a text summary, a table)."""
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-home"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    runs: list = []
+    init = wandb.init
+    monkeypatch.setattr(wandb, "init", lambda **kw: runs.append(init(**kw)) or runs[-1])
+    explog = experiment_log(job_id=7, run_id="job7-abc", logdir=tmp_path / "runs", wandb_project="echo2-test",
+                            config={"job": {"seed": 1}}, wandb_name="grpo-seed1", wandb_tags=["tiny", "cpu"])
+    sample = {"step": 2, "version": 1, "worker": 3, "reward": 1.0, "prompt": "2+2?", "completion": "4"}
+    explog.log(1, {"reward_mean": 0.25})
+    explog.log(2, {"reward_mean": 0.5, "samples": [sample]})
+    explog.close(timeout_s=120)
+
+    assert explog.failed == {} and explog.names == ["tensorboard", "wandb"]
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["job7"]  # nothing of TensorBoard's in --logdir
+    events = EventAccumulator(str(tmp_path / "runs" / "job7"))
+    events.Reload()
+    assert [e.value for e in events.Scalars("reward/mean")] == [0.25, 0.5]
+    assert "samples/text_summary" in events.Tags()["tensors"]
+    text = events.Tensors("samples/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "| 2 | 1 | 3 | 1.0 | 2+2? | 4 |" in text
+    (run,) = runs
+    assert (run.name, sorted(run.tags), run.id) == ("grpo-seed1", ["cpu", "tiny"], "job7-abc")
+    assert Path(run.dir).is_relative_to(tmp_path / "wandb-home")
+    assert list((tmp_path / "wandb-home" / "wandb").glob("offline-run-*"))
