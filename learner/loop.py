@@ -13,10 +13,11 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dataplane import samples
 from dataplane.jobs import JobSpec
 from dataplane.replay import DROPPED_STALE, RedisError
 
@@ -46,6 +47,7 @@ class StepOutcome:
     quarantined: int = 0  # records quarantined while waiting (learner/quarantine.py)
     t_checkpoint: float = 0.0  # checkpointing on this thread: writing it (or copying it for the committer), waiting
     timing: dict[str, float] | None = None  # the step's wall time split (dataplane/timing.py), set when reported
+    samples: list[dict] = field(default_factory=list)  # a few trained records, every ``samples_every`` steps
 
 
 def check_resume(job_id: int, *, learner_step: int, published_version: int, checkpoint_version: int | None,
@@ -93,10 +95,11 @@ class LearnerLoop:
     def __init__(self, *, spec: JobSpec, trainer: PolicyTrainer, consumer: StalenessGatedConsumer,
                  checkpoints: CheckpointStore, identity: dict[str, Any], checkpoint_every: int | None = None,
                  feeder: PromptFeeder | None = None, on_trained: Callable[[int, list[str]], None] | None = None,
-                 background: bool = False) -> None:
+                 background: bool = False, samples_every: int = 0, samples_per_step: int = 4) -> None:
         self.spec, self.trainer, self.consumer, self.checkpoints = spec, trainer, consumer, checkpoints
         self.identity, self.feeder, self.on_trained = identity, feeder, on_trained
         self.checkpoint_every = checkpoint_every or spec.kappa
+        self.samples_every, self.samples_per_step = samples_every, samples_per_step  # 0: no samples
         self.version = 0
         self.uncommitted: list[str] = []  # trained, not yet in a committed checkpoint, so not acknowledged
         self.recent_rewards: collections.deque[float] = collections.deque(maxlen=10)
@@ -175,7 +178,8 @@ class LearnerLoop:
 
         outcome = StepOutcome(version=self.version, result=result, entry_ids=ids, lags=lags, wait_s=wait.wait_s,
                               dropped=wait.dropped, t_train=t_train, checkpointed=checkpointed,
-                              quarantined=wait.quarantined, t_checkpoint=settled)
+                              quarantined=wait.quarantined, t_checkpoint=settled,
+                              samples=self.samples_of(wait.groups))
         if checkpointed:
             started = time.perf_counter()
             self.pending_reports = ([*(unsent() if unsent is not None else []), report(outcome)]
@@ -183,6 +187,16 @@ class LearnerLoop:
             self.commit()
             outcome.t_checkpoint += time.perf_counter() - started
         return outcome
+
+    def samples_of(self, groups: list) -> list[dict]:
+        """A few records of the batch just trained (at every ``samples_every``-th version), chosen with the job's
+        seed (dataplane/samples.py)."""
+        if not self.samples_every or self.version % self.samples_every:
+            return []
+        rows = ((g.worker_id, reward, version, prompt, completion) for g in groups if g.packed is not None
+                for reward, version, prompt, completion in zip(g.packed.rewards, g.packed.versions, g.packed.prompts,
+                                                                g.packed.completions, strict=True))
+        return samples.pick(rows, seed=self.spec.seed, step=self.version, count=self.samples_per_step)
 
     def commit(self) -> None:
         """Write the checkpoint of the current version, then acknowledge the entries it contains. With a committer

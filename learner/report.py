@@ -35,6 +35,8 @@ def step_metrics(loop: LearnerLoop, outcome: StepOutcome, ctx: distributed.DistC
         # the workers' audit outcomes since the last report (learner/audit.py); the site suspends repeat failures
         "audits": loop.consumer.audit.report() if loop.consumer.audit is not None else [],
     }
+    if outcome.samples:
+        metrics["samples"] = outcome.samples  # a few trained records (dataplane/samples.py)
     return metrics
 
 

@@ -179,7 +179,8 @@ class _JobRun:
             identity = {"job_id": job_id, "created_at": raw.get("created_at"), "model_dir": spec.model_dir}
             loop = LearnerLoop(spec=spec, trainer=trainer, consumer=consumer, checkpoints=checkpoints,
                                identity=identity, checkpoint_every=settings.checkpoint_every, feeder=feeder,
-                               background=True)  # checkpoints and snapshots written while the next step trains
+                               background=True,  # checkpoints and snapshots written while the next step trains
+                               samples_every=settings.samples_every, samples_per_step=settings.samples_per_step)
             stack.callback(loop.close)
             ckpt = _resume(loop, raw, job_id)
             resolved = _resolved_config(spec, settings, ctx)
