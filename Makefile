@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 # The agent's wheel, served by the site at /dist/ (frontend/dist.py); rebuilt when a source file changes.
 DIST := var/dist
-WHEEL_SOURCES := pyproject.toml README.md scripts/build-wheel.sh $(shell find dataplane worker_agent learner echo2_cli \
+WHEEL_SOURCES := pyproject.toml packaging/echo2-cli/pyproject.toml README.md scripts/build-wheel.sh $(shell find dataplane worker_agent learner echo2_cli \
 	marketplace frontend echo2_site simulator -type f -not -path '*/__pycache__/*' -not -name '*.pyc' 2>/dev/null)
 
 .PHONY: install wheel services demo test test-all lint bench clean

@@ -2,7 +2,7 @@
 
 \b
 Examples:
-  export ECHO2_SERVER=https://echo2.example ECHO2_TOKEN_FILE=~/.config/echo2/token
+  echo2 login --server https://echo2.example --token-file ~/echo2-token   # once; saved (mode 600)
   echo2 job submit job.toml --set loss.kl_beta=0.05 --set staleness=4
   echo2 job submit job.toml --dry-run        # check the file, print the resolved settings, send nothing
   echo2 job list
@@ -30,7 +30,7 @@ from dataplane.dataset.jobfile import upload_path
 from dataplane.jobfiles import apply_overrides, dump_toml, load_job_file
 from dataplane.jobs import parse_job_spec
 
-from . import money, render
+from . import login, money, render
 from .client import BAD_INPUT, CliError, Site
 from .options import DEFAULT_SERVER, JsonOpt, ServerOpt, TokenFileOpt, one_line_errors
 from .options import console as _console
@@ -75,7 +75,11 @@ def submit(
                 job = site.post(f"jobs/{job['id']}/start/")
             except CliError as err:
                 raise CliError(f"job {job['id']} was created as a draft but not started: {err}", err.code) from None
-    _print(job) if json_output else typer.echo(render.job_line(job))
+    if json_output:
+        _print(job)
+        return
+    typer.echo(render.job_line(job))
+    typer.echo(render.learner_hint(job, site.server))
 
 
 @job_app.command("list")
@@ -265,6 +269,7 @@ class _Counted:
         return data
 
 
+login.register(app)  # echo2 login, echo2 logout
 money.register(app, job_app)  # echo2 ledger, echo2 worker ..., echo2 job budget|archive|unarchive|delete
 
 

@@ -14,6 +14,8 @@ import httpx
 
 from dataplane.tokens import read_token_file
 
+from . import config
+
 BAD_INPUT = 2  # exit status for input the site (or the local check) refused: fix the job file, not the network
 
 
@@ -25,18 +27,22 @@ class CliError(Exception):
         self.code = code
 
 
-def owner_token(token_file: Path | None) -> str:
-    """The owner's API token: from ``--token-file`` (ECHO2_TOKEN_FILE), else ECHO2_TOKEN. There is no
-    ``--token``: a token on the command line shows in ``ps`` and in shell history."""
+def owner_token(token_file: Path | None, server: str | None = None) -> str:
+    """The owner's API token: from ``--token-file`` (ECHO2_TOKEN_FILE), else ECHO2_TOKEN, else the one
+    ``echo2 login`` saved for ``server`` (never sent to another site). There is no ``--token``: a token on the
+    command line shows in ``ps`` and in shell history."""
     if token_file is not None:
         try:
             return read_token_file(token_file)
         except ValueError as err:
             raise CliError(str(err)) from None
     token = os.environ.get("ECHO2_TOKEN", "").strip()
-    if not token:
-        raise CliError("no API token: give --token-file PATH (or ECHO2_TOKEN_FILE), or set ECHO2_TOKEN")
-    return token
+    if token:
+        return token
+    saved = config.load()
+    if saved.get("token") and (server is None or saved.get("server") == server):
+        return str(saved["token"])
+    raise CliError("no API token: run `echo2 login`, give --token-file PATH (or ECHO2_TOKEN_FILE), or set ECHO2_TOKEN")
 
 
 def reason_of(response: httpx.Response) -> str:

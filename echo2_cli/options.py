@@ -15,14 +15,17 @@ import typer
 from dataplane.jobfiles import JobFileError
 from dataplane.jobs import JobSpecError
 
+from . import config
 from .client import BAD_INPUT, CliError, Site, owner_token
 
-ServerOpt = Annotated[str, typer.Option("--server", envvar="ECHO2_SERVER", help="Site URL.")]
+ServerOpt = Annotated[str | None, typer.Option("--server", envvar="ECHO2_SERVER", show_default=False, help=(
+    "Site URL [default: the one `echo2 login` saved, else http://127.0.0.1:8000]."))]
 TokenFileOpt = Annotated[Path | None, typer.Option(
     "--token-file", envvar="ECHO2_TOKEN_FILE", help="A file holding your API token (first line; keep it mode 600). "
     "Without it, ECHO2_TOKEN. There is no --token: a token on the command line shows in `ps`.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the API's JSON (one object per line), for machines.")]
-DEFAULT_SERVER = "http://127.0.0.1:8000"
+DEFAULT_SERVER = None  # every command's --server default: resolved by server_url()
+LOCAL_SITE = "http://127.0.0.1:8000"
 
 
 def one_line_errors(command: Callable) -> Callable:
@@ -43,9 +46,15 @@ def one_line_errors(command: Callable) -> Callable:
     return wrapper
 
 
+def server_url(server: str | None) -> str:
+    """``--server`` (ECHO2_SERVER), else the site ``echo2 login`` saved, else a site on this machine."""
+    return (server or config.load().get("server") or LOCAL_SITE).rstrip("/")
+
+
 @contextmanager
-def site(server: str, token_file: Path | None) -> Iterator[Site]:
-    site = Site(server, owner_token(token_file))
+def site(server: str | None, token_file: Path | None) -> Iterator[Site]:
+    url = server_url(server)
+    site = Site(url, owner_token(token_file, url))
     try:
         yield site
     finally:

@@ -97,3 +97,11 @@ def export_line(written: dict) -> str:
     size = sum(written["files"].values())
     return (f"job {written['job']} v{written['version']} ({written['dtype']}) exported to {written['out']}: "
             f"{', '.join(sorted(written['files']))} ({size / 1e6:.1f} MB)")
+
+
+def learner_hint(job: dict, server: str) -> str:
+    """What the owner runs next: the job trains only while its learner runs (on the learner's machine)."""
+    verb = "is waiting for" if job.get("status") == "running" else "will need (after `echo2 job start`)"
+    return (f"job {job['id']} {verb} its learner: on the learner machine run\n"
+            f"  echo2-learner --server {server} --job {job['id']} --token-file TOKEN_FILE --redis REDIS_URL\n"
+            f"then follow it: echo2 job watch {job['id']}")

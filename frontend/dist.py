@@ -6,6 +6,7 @@
 it), and ``/dist/echo2-agent.whl`` redirects to the newest, a stable address for scripts and people. The
 directory is looked at on every request: a wheel built while the site runs is served without a restart.
 A wheel installs the base package, which is the agent alone (no Django): ``pyproject.toml``'s dependencies.
+The owner's CLI alone (``echo2_cli-<version>-py3-none-any.whl``, no torch) is served by its exact name too.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ log = logging.getLogger("echo2.site")
 
 WHEEL = re.compile(r"^echo2-(?P<version>[0-9][0-9A-Za-z.!+_]*)-py3-none-any\.whl$")
 """Our wheel's file name (PEP 427: name, version, and the pure-Python tags setuptools gives this project)."""
+CLI_WHEEL = re.compile(r"^echo2_cli-(?P<version>[0-9][0-9A-Za-z.!+_]*)-py3-none-any\.whl$")
+"""The owner's CLI alone (packaging/echo2-cli: no torch), built beside the agent's wheel and served the same way."""
 ALIAS = "echo2-agent.whl"
 CONTENT_TYPE = "application/zip"  # a wheel is a ZIP archive (PEP 427); IANA has no type of its own for it
 
@@ -67,6 +70,9 @@ def missing_reason() -> str:
 def wheel(request, filename: str) -> HttpResponse:
     """One of our wheels by its exact file name; a 404 says why (no wheel at all, or not that version)."""
     found = {p.name: p for p in wheels()}
+    cli = dist_dir() / filename
+    if CLI_WHEEL.match(filename) and cli.is_file():
+        return FileResponse(cli.open("rb"), as_attachment=True, filename=filename, content_type=CONTENT_TYPE)
     if filename not in found:
         if not found:
             return HttpResponseNotFound(missing_reason() + "\n", content_type="text/plain")

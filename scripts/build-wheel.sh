@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build the project's wheel (echo2-<version>-py3-none-any.whl) for the site to serve at /dist/ (frontend/dist.py):
-# providers `pip install` the agent from the site, with no public index. `make install` and docker/Dockerfile.site
+# Build the project's wheels for the site to serve at /dist/ (frontend/dist.py): echo2-<version>-py3-none-any.whl
+# (the agent, with torch) and echo2_cli-<version>-py3-none-any.whl (the owner's CLI alone, no torch). Providers
+# `pip install` the agent from the site, with no public index. `make install` and docker/Dockerfile.site
 # run this; run it again after changing the code to serve the change (the site picks it up without a restart).
 #
 #   scripts/build-wheel.sh [OUTDIR]     # default var/dist (the site's default ECHO2_DIST_DIR)
@@ -27,3 +28,15 @@ rm -f "$out"/echo2-*.whl
 mv "$wheel" "$out/"
 rm -rf build
 echo "built $out/$(basename "$wheel")"
+
+# The owner's CLI alone (packaging/echo2-cli/pyproject.toml): built from a staging copy of that pyproject with the
+# checkout's echo2_cli/ and dataplane/ beside it (setuptools takes no sources from above a project's folder).
+cli_src="$staging/echo2-cli"
+mkdir -p "$cli_src"
+cp packaging/echo2-cli/pyproject.toml "$cli_src/"
+tar -c --exclude=__pycache__ --exclude='*.pyc' echo2_cli dataplane | tar -x -C "$cli_src"
+"$PYTHON" -m pip wheel -q --no-deps ${isolation[@]+"${isolation[@]}"} "$cli_src" -w "$staging"
+cli_wheel="$(ls "$staging"/echo2_cli-*.whl)"
+rm -f "$out"/echo2_cli-*.whl
+mv "$cli_wheel" "$out/"
+echo "built $out/$(basename "$cli_wheel")"

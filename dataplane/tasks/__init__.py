@@ -14,7 +14,9 @@ the package imports every module here but the shared ones (:data:`SHARED`), so a
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import inspect
 import pkgutil
 from importlib.metadata import entry_points
 from typing import Any
@@ -49,7 +51,27 @@ def build_task(spec: dict[str, Any] | None) -> TaskAdapter:
     cls = tasks.get(spec["name"])
     if cls is None:
         raise TaskSpecError(f"task: unknown task {spec['name']!r}; available: {', '.join(sorted(tasks))}")
+    unknown = _unknown_options(cls, options)
+    if unknown:
+        raise TaskSpecError(f"task: {spec['name']}: {unknown}")
     try:
         return cls(**options)
     except TypeError as err:
-        raise TaskSpecError(f"task: {err}") from None
+        raise TaskSpecError(f"task: {spec['name']}: {err}") from None
+
+
+def _unknown_options(cls: type[TaskAdapter], options: dict[str, Any]) -> str | None:
+    """The misspelt options of a task, each with the nearest one it takes, on one line (None when all are known,
+    or when the adapter takes ``**kwargs``, so only it can tell)."""
+    params = inspect.signature(cls).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    known = [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    wrong = [name for name in options if name not in known]
+    if not wrong:
+        return None
+    parts = []
+    for name in wrong:
+        near = difflib.get_close_matches(name, known, n=1)
+        parts.append(f"unknown option {name!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+    return "; ".join(parts) + f"; its options: {', '.join(known) or 'none'}"

@@ -117,3 +117,10 @@ def test_non_string_ops_is_refused_naming_it() -> None:
         build_task({"name": "arithmetic", "ops": 5})
 
     assert "ops" in str(err.value)
+
+
+def test_a_misspelt_task_option_is_named_with_the_nearest_one() -> None:
+    with pytest.raises(TaskSpecError) as refused:
+        build_task({"name": "arithmetic", "max_operand": 20, "max_opernd": 3, "typo": 1})
+    assert str(refused.value) == ("task: arithmetic: unknown option 'max_opernd' (did you mean 'max_operand'?); "
+                                  "unknown option 'typo'; its options: max_operand, ops, modulus")

@@ -31,11 +31,13 @@ kl_beta = 0.02
 """
 
 
-def echo2(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """``python -m echo2_cli`` (what the ``echo2`` console script runs), in a clean environment."""
+def echo2(*args: str, env: dict[str, str] | None = None, input: str | None = None) -> subprocess.CompletedProcess:
+    """``python -m echo2_cli`` (what the ``echo2`` console script runs), in a clean environment (no saved login:
+    ECHO2_CONFIG names a file that is not there, unless ``env`` says otherwise)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("ECHO2_")} | {"PYTHONPATH": str(ROOT)}
+    clean["ECHO2_CONFIG"] = "" if env and "XDG_CONFIG_HOME" in env else str(ROOT / "var" / "no-such-echo2-config")
     return subprocess.run([sys.executable, "-m", "echo2_cli", *args], capture_output=True, text=True, timeout=60,
-                          env=clean | (env or {}), cwd=ROOT)
+                          env=clean | (env or {}), cwd=ROOT, input=input)
 
 
 def one_line_error(done: subprocess.CompletedProcess, code: int) -> str:
@@ -132,6 +134,6 @@ def test_an_unreachable_site_and_a_missing_token_are_one_line(tmp_path):
     unreachable = echo2("job", "list", "--server", "http://127.0.0.1:9", env={"ECHO2_TOKEN": "t"})
     assert one_line_error(unreachable, 1).startswith("cannot reach the site at http://127.0.0.1:9 (")
     assert one_line_error(echo2("job", "list"), 1) == (
-        "no API token: give --token-file PATH (or ECHO2_TOKEN_FILE), or set ECHO2_TOKEN")
+        "no API token: run `echo2 login`, give --token-file PATH (or ECHO2_TOKEN_FILE), or set ECHO2_TOKEN")
     (tmp_path / "job.json").write_text("{}")
     assert "a job file is .toml, .yaml or .yml" in one_line_error(echo2("job", "submit", str(tmp_path / "job.json")), 2)

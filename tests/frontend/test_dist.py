@@ -188,3 +188,13 @@ def test_the_served_wheel_installs_into_a_fresh_venv_without_django_and_the_agen
                             cwd=tmp_path)  # not this checkout's copy, which `python -c` would find in its cwd
     assert engine.returncode == 0, engine.stderr
     assert engine.stdout.strip().startswith(site)  # the wheel's copy, not this checkout's
+
+
+def test_the_owner_cli_wheel_is_served_by_its_name_and_is_not_the_agent(dist_dir):
+    dist_dir.mkdir()
+    (dist_dir / NAME).write_bytes(b"PK agent")
+    (dist_dir / "echo2_cli-0.1.0-py3-none-any.whl").write_bytes(b"PK cli")
+    response = Client().get("/dist/echo2_cli-0.1.0-py3-none-any.whl")
+    assert response.status_code == 200 and b"".join(response.streaming_content) == b"PK cli"
+    assert [p.name for p in dist.wheels()] == [NAME]  # the agent's alias and pip line never point at the CLI
+    assert Client().get("/dist/echo2_cli-9.9.9-py3-none-any.whl").status_code == 404
