@@ -20,6 +20,7 @@ from . import ledger, matching
 from .core import provisioning
 from .infra import refusals, reward_errors, telemetry
 from .models import Activation, Job, JobMetric, Snapshot, Worker, WorkerSession
+from .sample_models import JobSample
 
 UPTIME_WINDOW = timedelta(days=7)
 """The window the pages and the API measure uptime and utilization over."""
@@ -351,3 +352,14 @@ def workers_with_figures(workers: Iterable[Worker], *, now: datetime | None = No
         worker.online_since = uptime[worker.pk]["online_since"]
         worker.job_state, worker.job_state_reason = states.get(worker.pk, (None, ""))
     return workers
+
+
+def job_samples(*, job: Job, min_reward: float | None = None, max_reward: float | None = None,
+                limit: int = 50) -> list[JobSample]:
+    """The job's newest samples (the learner's, dataplane/samples.py), newest step first, within a reward range."""
+    rows = JobSample.objects.filter(job=job)
+    if min_reward is not None:
+        rows = rows.filter(reward__gte=min_reward)
+    if max_reward is not None:
+        rows = rows.filter(reward__lte=max_reward)
+    return list(rows.order_by("-step", "id")[:limit])

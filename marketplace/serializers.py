@@ -15,6 +15,7 @@ from dataplane.jobs import JobSpec, JobSpecError, parse_job_spec
 from dataplane.messages import MAX_THROUGHPUT
 
 from . import spec_fields
+from .api.samples import sample_rows_field
 from .core.addresses import AddressError, PeerPolicy, check_host_port, check_url
 from .models import Activation, Job, JobMetric, Snapshot, Worker, WorkerCalibration
 
@@ -379,6 +380,7 @@ class MetricReportSerializer(serializers.Serializer):
     audits = AuditResultSerializer(many=True, required=False, default=list, max_length=10_000,
                                    help_text="Audit outcomes per worker since the previous report; a worker "
                                              "past ECHO2_AUDIT_SUSPEND_AFTER failures is suspended.")
+    samples = sample_rows_field()
 
 
 class SnapshotSerializer(serializers.ModelSerializer):

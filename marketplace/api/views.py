@@ -21,7 +21,7 @@ from .. import serializers as s
 from ..core import provisioning
 from ..infra import stream
 from ..models import Job, Worker
-from . import controls, exports
+from . import controls, exports, samples
 from .auth import AGENT_KEY_ALLOWED, learner_problem
 from .renderers import TomlRenderer, YamlRenderer
 from .schema import ErrorSerializer
@@ -228,6 +228,16 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         step = values.pop("step")
         metric = _service_call(services.metrics_record, job=job, step=step, values=values)
         return Response(s.MetricSerializer(metric).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses=samples.SampleSerializer(many=True), parameters=[samples.SampleQuerySerializer])
+    @action(detail=True, methods=["get"], pagination_class=None)
+    def samples(self, request, pk=None):
+        """A few records the learner trained, newest step first (``?min_reward=&max_reward=&limit=``)."""
+        job = self.get_object()
+        query = samples.SampleQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        rows = selectors.job_samples(job=job, **query.validated_data)
+        return Response(samples.SampleSerializer(rows, many=True).data)
 
     @extend_schema(responses=s.CapacityPlanSerializer)
     @action(detail=True, methods=["get"])

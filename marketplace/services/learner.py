@@ -18,6 +18,7 @@ from ..models import Job, JobMetric
 from .audits import audits_record
 from .base import enqueue_task, learner_may_report, push_job_update
 from .budgets import job_budget_check
+from .samples import samples_record
 from .workers import worker_release
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,7 @@ def metrics_record(*, job: Job, step: int, values: dict[str, Any]) -> JobMetric:
     known = {f.name for f in JobMetric._meta.get_fields()} - {"id", "job", "step", "created_at", "extra"}
     values = dict(values)
     audits_record(job=job, step=step, results=values.pop("audits", None) or [])
+    samples_record(job=job, step=step, rows=values.pop("samples", None) or [])
     extra = {**values.pop("extra", {}), **{k: v for k, v in values.items() if k not in known}}
     metric, _ = JobMetric.objects.update_or_create(
         job=job, step=step, defaults={**{k: v for k, v in values.items() if k in known}, "extra": extra},
