@@ -5,6 +5,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# e.g. make demo DEMO_ARGS=--keep-running (the site stays up after the job until Ctrl-C; the default in a terminal)
+DEMO_ARGS ?=
 # The agent's wheel, served by the site at /dist/ (frontend/dist.py); rebuilt when a source file changes.
 DIST := var/dist
 WHEEL_SOURCES := pyproject.toml packaging/echo2-cli/pyproject.toml README.md scripts/build-wheel.sh $(shell find dataplane worker_agent learner echo2_cli \
@@ -32,7 +34,7 @@ services:
 
 demo: install
 	scripts/ensure-services.sh --redis-binary-only
-	$(PY) -m echo2_site.demo
+	$(PY) -m echo2_site.demo $(DEMO_ARGS)
 
 test: install services
 	$(PY) -m pytest $(PYTEST_ARGS)

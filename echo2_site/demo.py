@@ -3,7 +3,9 @@
 Starts a private Redis (on a free port), migrates a fresh SQLite database, creates a job owner and
 three providers with different prices, starts daphne, a Celery worker and beat, registers and runs
 three agents through ``echo2-agent``, submits a job through the REST API, starts ``echo2-learner``
-and shows the job's progress until it ends. Ctrl-C stops every process it started.
+and shows the job's progress until it ends, then hands over: the dashboard and its logins, the owner's token file and
+the next commands. In a terminal the site stays up until Ctrl-C (``--keep-running``/``--no-keep-running`` choose);
+Ctrl-C, SIGTERM and SIGHUP stop every process it started.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from echo2_site.demo_handover import handover_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -122,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0, help="Site port (default: a free one).")
     parser.add_argument("--steps", type=int, default=1500, help="Learner steps at most.")
     parser.add_argument("--target", type=float, default=0.8, help="Complete once the 10-step mean reward reaches it.")
-    parser.add_argument("--keep-running", action="store_true", help="Leave the site up after the job ends.")
+    parser.add_argument("--keep-running", action=argparse.BooleanOptionalAction, default=None,
+                        help="Leave the site up after the job ends, until Ctrl-C (default: when run in a terminal).")
     args = parser.parse_args(argv)
 
     from rich.console import Console
@@ -157,8 +162,12 @@ def main(argv: list[str] | None = None) -> int:
                            timeout=30)
         job = _launch_job(console, stack, api, server, tokens["demo"], model_dir, args, env["REDIS_URL"], workdir)
         code = _watch(console, api, stack, job["id"], args.target, server)
-        if args.keep_running:
-            console.print(f"the site stays up at {server} (login demo / demo); Ctrl-C stops everything")
+        keep_running = args.keep_running if args.keep_running is not None else _interactive()
+        console.rule("hand-over")
+        for line in handover_lines(server=server, job_id=job["id"], workdir=workdir, bin_dir=BIN,
+                                   providers=[p[0] for p in PROVIDERS], keep_running=keep_running):
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+        if keep_running:
             while True:
                 stack.check_alive()
                 time.sleep(1)
@@ -175,6 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stack.stop()
         console.print(f"all demo processes stopped; logs in {stack.logs}")
+
+
+def _interactive() -> bool:
+    """A person at a terminal (stdin and stdout both ttys): keep the dashboard up for them; CI and pipes end."""
+    return sys.stdin.isatty() and sys.stdout.isatty()
 
 
 def _start_site(console, stack: Stack, server: str, site_port: int, workdir: Path) -> tuple[dict[str, str], Path]:
