@@ -30,7 +30,7 @@ from dataplane.dataset.jobfile import upload_path
 from dataplane.jobfiles import apply_overrides, dump_toml, load_job_file
 from dataplane.jobs import parse_job_spec
 
-from . import login, money, render
+from . import login, money, render, samples
 from .client import BAD_INPUT, CliError, Site
 from .options import DEFAULT_SERVER, JsonOpt, ServerOpt, TokenFileOpt, one_line_errors
 from .options import console as _console
@@ -271,6 +271,7 @@ class _Counted:
 
 login.register(app)  # echo2 login, echo2 logout
 money.register(app, job_app)  # echo2 ledger, echo2 worker ..., echo2 job budget|archive|unarchive|delete
+samples.register(job_app)  # echo2 job samples
 
 
 def main() -> None:
