@@ -1,0 +1,157 @@
+"""The topology in network namespaces: a core namespace holding a bridge, one namespace per node, a veth pair per
+link (created inside the namespaces: nothing ever appears in the host's namespace), tc tbf for the rates.
+
+Names carry the creating process's id (``e2w<pid>-``): a run removes its own on exit, on SIGINT/SIGTERM and at
+interpreter exit; after a kill -9, ``python -m bench.wan down --all-mine`` removes every ``e2w`` namespace whose
+creator is gone (and kills what still runs inside it, which only we started).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+from dataclasses import dataclass, field
+
+from .profile import Link, Topology
+
+PREFIX = "e2w"
+SUBNET = "10.77.0"
+NAME = re.compile(rf"^{PREFIX}(\d+)-")
+
+
+def prefix(pid: int | None = None) -> str:
+    return f"{PREFIX}{pid or os.getpid()}-"
+
+
+def ip(*args: str, check: bool = True) -> str:
+    done = subprocess.run(("ip", *args), capture_output=True, text=True, timeout=30)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def unavailable() -> str | None:
+    """Why namespaces cannot be built here (None: they can): not root, no ``ip`` or ``tc``, or ``ip netns add``
+    refused."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"no `{tool}` on this machine (iproute2)"
+    probe = f"{prefix()}probe"
+    done = subprocess.run(("ip", "netns", "add", probe), capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        return f"`ip netns add` failed: {done.stderr.strip()}"
+    subprocess.run(("ip", "netns", "del", probe), capture_output=True, timeout=30)
+    return None
+
+
+def namespaces() -> list[str]:
+    return [line.split()[0] for line in ip("netns", "list").splitlines() if line.strip()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_namespace(name: str) -> None:
+    """Kill what runs inside ``name`` (processes we started there) and delete it (its veths go with it)."""
+    for pid in ip("netns", "pids", name, check=False).split():
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid), signal.SIGKILL)
+    ip("netns", "del", name, check=False)
+
+
+def down_all_mine(*, including_live: bool = False) -> list[str]:
+    """Remove every namespace of ours whose creating process is gone (all of ours with ``including_live``)."""
+    removed = []
+    for name in namespaces():
+        match = NAME.match(name)
+        if match and (including_live or not _alive(int(match.group(1)))):
+            remove_namespace(name)
+            removed.append(name)
+    return removed
+
+
+def _tbf(ns: str, dev: str, mbit: float) -> list[str]:
+    rate_bps = mbit * 1e6 / 8
+    burst = max(int(rate_bps / 100), 32 * 1024)  # 10 ms of the rate, at least a GSO segment's worth
+    return ["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{mbit}mbit",
+            "burst", str(burst), "latency", "50ms"]
+
+
+@dataclass
+class Net:
+    """A topology built in namespaces; ``address(node)`` is the node's IP, ``exec(node)`` the argv prefix that runs
+    a command inside its namespace."""
+
+    topology: Topology
+    tag: str = field(default_factory=prefix)
+    built: list[str] = field(default_factory=list)
+
+    def ns(self, node: str) -> str:
+        return f"{self.tag}{node}"
+
+    def address(self, node: str) -> str:
+        index = [n for n, _ in self.topology.nodes()].index(node)
+        return f"{SUBNET}.{index + 10}"
+
+    def exec(self, node: str) -> tuple[str, ...]:
+        return ("ip", "netns", "exec", self.ns(node))
+
+    def links(self) -> dict[str, Link]:
+        """IP -> link of every node (what each proxy needs to know about its peers)."""
+        return {self.address(n): link for n, link in self.topology.nodes()}
+
+    def up(self) -> Net:
+        atexit.register(self.down)
+        core = self.ns("core")
+        self._add_ns(core)
+        ip("-n", core, "link", "add", "br0", "type", "bridge")
+        ip("-n", core, "link", "set", "br0", "up")
+        for index, (node, link) in enumerate(self.topology.nodes()):
+            ns, veth = self.ns(node), f"{self.tag[:-1]}v{index}"
+            self._add_ns(ns)
+            ip("-n", core, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            ip("-n", core, "link", "set", veth, "master", "br0", "up")
+            ip("-n", ns, "addr", "add", f"{self.address(node)}/24", "dev", "eth0")
+            ip("-n", ns, "link", "set", "eth0", "up")
+            for argv in (_tbf(ns, "eth0", link.up_mbit), _tbf(core, veth, link.down_mbit)):
+                subprocess.run(argv, check=True, capture_output=True, timeout=30)
+        return self
+
+    def _add_ns(self, name: str) -> None:
+        ip("netns", "add", name)
+        self.built.append(name)
+        ip("-n", name, "link", "set", "lo", "up")
+
+    def down(self) -> None:
+        for name in reversed(self.built):
+            remove_namespace(name)
+        self.built.clear()
+
+    def __enter__(self) -> Net:
+        return self.up()
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+
+def on_signals_exit() -> None:
+    """SIGTERM (and SIGHUP) exit through Python's normal path, so ``finally`` blocks and atexit tear down."""
+    def _exit(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit)

@@ -1,0 +1,122 @@
+"""Our user-space delay/loss link (the kernel here has tbf but no sch_netem): a TCP proxy in front of each service.
+
+Run in a node's namespace as ``python -m bench.wan.proxy CONFIG.json``. For every ``listen`` entry it accepts on
+the node's address and forwards to the service on the namespace's loopback. A connection from a peer crosses the
+peer's link and ours, so each direction is held back by half of each link's round trip (``rtt_ms`` / 2 + the
+peer's), plus jitter (uniform in +-jitter_ms per link, never reordering bytes).
+
+Loss: bytes cannot be dropped inside a TCP stream, and the kernel's TCP below us already recovers what tbf drops.
+A lost segment on a real link costs the stream a retransmission: we model each chunk read as lost with the
+combined probability of both links, and a lost chunk (and everything behind it) waits one retransmission timeout
+more: max(200 ms, path RTT), Linux's minimum RTO. Rates are not ours: tbf shapes them on the veths.
+
+Each direction keeps at most WINDOW bytes in flight inside the proxy, then stops reading, so a sender feels
+back-pressure as it would from a receive window of that size over the delayed path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass
+
+CHUNK = 64 * 1024
+WINDOW = 4 * 1024 * 1024  # Linux's default tcp_wmem maximum: what one connection keeps in flight
+MIN_RTO_S = 0.2
+
+
+@dataclass(frozen=True)
+class Path:
+    """One direction's delay model between this node and a peer (both links together)."""
+
+    delay_s: float  # one way
+    jitter_s: float
+    loss: float
+
+    @classmethod
+    def between(cls, ours: dict, theirs: dict) -> Path:
+        loss = 1 - (1 - ours.get("loss", 0.0)) * (1 - theirs.get("loss", 0.0))
+        return cls((ours.get("rtt_ms", 0.0) + theirs.get("rtt_ms", 0.0)) / 2000,
+                   (ours.get("jitter_ms", 0.0) + theirs.get("jitter_ms", 0.0)) / 1000, loss)
+
+    def due(self, now: float, last: float, rng: random.Random) -> float:
+        """When a chunk read at ``now`` reaches the other side: after the path's delay, jitter and (if lost) one
+        retransmission timeout; never before the chunk ahead of it (TCP delivers in order)."""
+        delay = self.delay_s + (rng.uniform(-self.jitter_s, self.jitter_s) if self.jitter_s else 0.0)
+        if self.loss and rng.random() < self.loss:
+            delay += max(MIN_RTO_S, 2 * self.delay_s)
+        return max(now + max(delay, 0.0), last)
+
+
+async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: Path, rng: random.Random) -> None:
+    """Copy one direction, each chunk released at its due time, at most WINDOW bytes held."""
+    queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+    room = asyncio.Semaphore(WINDOW // CHUNK)
+
+    async def deliver() -> None:
+        while True:
+            due, data = await queue.get()
+            wait = due - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            if not data:
+                writer.write_eof() if writer.can_write_eof() else None
+                return
+            writer.write(data)
+            await writer.drain()
+            room.release()
+
+    sender = asyncio.create_task(deliver())
+    last = 0.0
+    try:
+        while True:
+            await room.acquire()
+            data = await reader.read(CHUNK)
+            last = path.due(time.monotonic(), last, rng) if data else max(time.monotonic() + path.delay_s, last)
+            queue.put_nowait((last, data))
+            if not data:
+                break
+        await sender
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        sender.cancel()
+
+
+async def serve_one(client_r, client_w, target: tuple[str, int], link: dict, peers: dict, seed: int) -> None:
+    peer_ip = (client_w.get_extra_info("peername") or ("?",))[0]
+    path = Path.between(link, peers.get(peer_ip, {}))
+    try:
+        server_r, server_w = await asyncio.open_connection(*target)
+    except OSError:
+        client_w.close()
+        return
+    rng = random.Random(seed)
+    try:
+        await asyncio.gather(pump(client_r, server_w, path, rng), pump(server_r, client_w, path, rng))
+    finally:
+        for w in (client_w, server_w):
+            w.close()
+
+
+async def main(config: dict) -> None:
+    """``config``: ``listen`` [[host, port, target_host, target_port]], ``link`` (ours), ``peers`` {ip: link}."""
+    counter = iter(range(1 << 62))
+    servers = []
+    for host, port, t_host, t_port in config["listen"]:
+        async def handle(r, w, target=(t_host, t_port)):
+            await serve_one(r, w, target, config["link"], config["peers"], config.get("seed", 0) + next(counter))
+        servers.append(await asyncio.start_server(handle, host, port, reuse_address=True))
+    print("proxy ready", flush=True)
+    await asyncio.gather(*(s.serve_forever() for s in servers))
+
+
+if __name__ == "__main__":
+    with open(sys.argv[1]) as f:
+        cfg = json.load(f)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main(cfg))

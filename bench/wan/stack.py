@@ -1,0 +1,175 @@
+"""The ECHO-2 stack on a WAN topology (bench/wan/netns.py): the site's namespace runs a private redis-server, daphne
+over SQLite, a Celery worker and beat; the learner's and each agent's namespace its process; every node a delay
+proxy (bench/wan/proxy.py) in front of its listening services. Every process is started with ``ip netns exec`` in
+its own process group, logs under ``<workdir>/logs``, stopped by pid (echo2_site.demo.Stack).
+
+The site uses SQLite in the run's directory (as the fault suite does): the machine's PostgreSQL sits in the host's
+namespace, which the topology never touches. The bench itself reaches the site through a Unix socket daphne also
+listens on (filesystems are not namespaced), so the host needs no link into the topology.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from echo2_site.demo import DAPHNE_WEBSOCKET_LIMITS, Stack, wait_for
+
+from .netns import Net
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+PRICE = 0.36
+SITE_PORT, REDIS_PORT, SNAPSHOT_PORT, HUB_PORT, RELAY_PORT = 8000, 6379, 8100, 8101, 8200
+FINAL = ("completed", "failed", "cancelled")
+
+
+@dataclass
+class Job:
+    """The job's settings (the fault suite's tiny arithmetic job; few steps)."""
+
+    steps: int = 6
+    staleness: int = 3
+    batch: int = 16
+    group: int = 4
+    seed: int = 0
+
+
+def site_env(directory: Path, site_address: str) -> dict[str, str]:
+    import os
+
+    return dict(os.environ, DATABASE_URL=f"sqlite:///{directory / 'site.sqlite3'}", DEBUG="true",
+                REDIS_URL=f"redis://127.0.0.1:{REDIS_PORT}/0", ECHO2_DATA_DIR=str(directory),
+                DJANGO_SETTINGS_MODULE="echo2_site.settings", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT),
+                ECHO2_ALLOW_PRIVATE_PEERS="true", ALLOWED_HOSTS=f"localhost,127.0.0.1,{site_address}")
+
+
+@dataclass
+class WanStack:
+    """Launch the stack on ``net``, run one job, read what the site recorded."""
+
+    net: Net
+    workdir: Path
+    job: Job = field(default_factory=Job)
+    tokens: dict[str, str] = field(default_factory=dict)
+    job_id: int = 0
+
+    def __post_init__(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.stack = Stack(self.workdir, site_env(self.workdir, self.net.address("site")))
+        self.sock = self.workdir / "site.sock"
+
+    @property
+    def server(self) -> str:
+        return f"http://{self.net.address('site')}:{SITE_PORT}"
+
+    def api(self, token: str = "owner") -> httpx.Client:
+        return httpx.Client(transport=httpx.HTTPTransport(uds=str(self.sock)), base_url="http://127.0.0.1/api/",
+                            timeout=10, headers={"Authorization": f"Token {self.tokens[token]}"})
+
+    def start_proxy(self, node: str, ports: list[int]) -> None:
+        address = self.net.address(node)
+        config = {"listen": [[address, p, "127.0.0.1", p] for p in ports],
+                  "link": vars(dict(self.net.topology.nodes())[node]),
+                  "peers": {a: vars(link) for a, link in self.net.links().items()}, "seed": len(address)}
+        path = self.workdir / f"proxy-{node}.json"
+        path.write_text(json.dumps(config))
+        self.stack.start(f"proxy-{node}", *self.net.exec(node), str(BIN / "python"), "-m", "bench.wan.proxy",
+                         str(path))
+
+    def launch_site(self) -> None:
+        """Model, Redis, migrations, users, daphne, Celery: all in the site's namespace."""
+        site = self.net.exec("site")
+        self.stack.run(str(BIN / "echo2-learner"), "init-model", str(self.model_dir), "--task", "arithmetic")
+        (self.workdir / "redis").mkdir(exist_ok=True)
+        self.stack.start("redis", *site, "redis-server", "--port", str(REDIS_PORT), "--bind", "127.0.0.1", "--save",
+                         "", "--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(self.workdir / "redis"),
+                         "--auto-aof-rewrite-percentage", "0")
+        self.stack.run(*site, str(BIN / "python"), "manage.py", "migrate", "--noinput")
+        script = ("import json\nfrom django.contrib.auth.models import User\n"
+                  "from marketplace.services import api_token_issue\n"
+                  "print(json.dumps({n: api_token_issue(user=User.objects.create_user(n, password=n)) "
+                  "for n in ('owner', 'provider')}))\n")
+        out = self.stack.run(*site, str(BIN / "python"), "manage.py", "shell", "-c", script)
+        self.tokens = json.loads(out.strip().splitlines()[-1])
+        self.stack.start("daphne", *site, str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(SITE_PORT), "-u",
+                         str(self.sock), *DAPHNE_WEBSOCKET_LIMITS, "echo2_site.asgi:application")
+        self.stack.start("celery-worker", *site, str(BIN / "celery"), "-A", "echo2_site", "worker", "-l", "info", "-P",
+                         "solo")
+        self.stack.start("celery-beat", *site, str(BIN / "celery"), "-A", "echo2_site", "beat", "-l", "info", "-s",
+                         str(self.workdir / "celerybeat-schedule"))
+        self.start_proxy("site", [SITE_PORT, REDIS_PORT])
+        self.start_proxy("learner", [SNAPSHOT_PORT, HUB_PORT])
+        wait_for(self.site_up, "the site", 90)
+
+    @property
+    def model_dir(self) -> Path:
+        return self.workdir / "tiny-arithmetic"
+
+    def site_up(self) -> bool:
+        try:
+            with httpx.Client(transport=httpx.HTTPTransport(uds=str(self.sock)), timeout=2) as client:
+                return client.get("http://127.0.0.1/api/schema/").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def launch_agents(self) -> None:
+        """Register each agent from its own namespace (over its link), then run it."""
+        agents = [n for n, _ in self.net.topology.nodes() if n.startswith("a")]
+        for node in agents:
+            link, cfg = dict(self.net.topology.nodes())[node], self.workdir / "agents" / f"{node}.json"
+            self.stack.run(*self.net.exec(node), str(BIN / "echo2-agent"), "register", "--server", self.server,
+                           "--token", self.tokens["provider"], "--name", f"wan-{node}", "--price", str(PRICE),
+                           "--bandwidth-mbps", f"{link.up_mbit:g}", "--relay-address",
+                           f"{self.net.address(node)}:{RELAY_PORT}", "--config", str(cfg), "--json")
+            self.start_proxy(node, [RELAY_PORT])
+            self.stack.start(f"agent-{node}", *self.net.exec(node), str(BIN / "echo2-agent"), "run", "--config",
+                             str(cfg), "--threads", "1", "--relay-listen", f"127.0.0.1:{RELAY_PORT}")
+        with self.api("provider") as provider:
+            wait_for(lambda: sum(w["status"] == "idle" for w in provider.get("workers/").json()["results"])
+                     == len(agents), f"{len(agents)} idle workers", 180)
+
+    def launch_job(self) -> None:
+        with self.api() as api:
+            job = api.post("jobs/", json={
+                "name": f"wan: {self.net.topology.name}", "model_dir": str(self.model_dir),
+                "task": {"name": "arithmetic", "max_operand": 4}, "staleness": self.job.staleness,
+                "batch_trajectories": self.job.batch, "group_size": self.job.group, "learning_rate": 1e-3,
+                "max_steps": self.job.steps, "max_new_tokens": 2, "seed": self.job.seed,
+                "learner_uplink_bps": int(self.net.topology.learner.up_bps)}).raise_for_status().json()
+            self.job_id = job["id"]
+            api.post(f"jobs/{self.job_id}/start/").raise_for_status()
+        self.stack.start("learner", *self.net.exec("learner"), str(BIN / "echo2-learner"), "--server", self.server,
+                         "--job", str(self.job_id), "--token", self.tokens["owner"], "--redis",
+                         f"redis://{self.net.address('site')}:{REDIS_PORT}/0", "--snapshot-dir",
+                         str(self.workdir / "snapshots"), "--snapshot-host", "127.0.0.1", "--snapshot-port",
+                         str(SNAPSHOT_PORT), "--relay-port", str(HUB_PORT), "--advertise-host",
+                         self.net.address("learner"))
+
+    def wait(self, timeout: float) -> str:
+        """Until the job ends (its status) or ``timeout`` seconds pass ('timeout')."""
+        deadline = time.monotonic() + timeout
+        with self.api() as api:
+            while time.monotonic() < deadline:
+                self.stack.check_alive()
+                status = api.get(f"jobs/{self.job_id}/summary/").json()["status"]
+                if status in FINAL:
+                    return status
+                time.sleep(1)
+        return "timeout"
+
+    def results(self) -> dict:
+        """What the site recorded: summary, step metrics, snapshots (with t_bcast and sizes)."""
+        with self.api() as api:
+            return {"summary": api.get(f"jobs/{self.job_id}/summary/").raise_for_status().json(),
+                    "metrics": api.get(f"jobs/{self.job_id}/metrics/").raise_for_status().json(),
+                    "snapshots": api.get(f"jobs/{self.job_id}/snapshots/").raise_for_status().json()}
+
+    def stop(self) -> None:
+        self.stack.stop()

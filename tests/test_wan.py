@@ -1,0 +1,152 @@
+"""The WAN in network namespaces (issue 30, bench/wan/): the profiles, our delay proxy, teardown after exit,
+SIGTERM and kill -9, and a small topology (learner, site, two agents on 40 ms / 20 Mbit links) training a few steps
+of the demo's tiny job with every record trained once. The namespace tests skip, with the reason, where namespaces
+cannot be created (not root, no ip or tc)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.wan import netns, profile, proxy
+from bench.wan.stack import Job
+
+ROOT = Path(__file__).resolve().parents[1]
+NO_NAMESPACES = netns.unavailable()
+needs_namespaces = pytest.mark.skipif(NO_NAMESPACES is not None, reason=f"no network namespaces: {NO_NAMESPACES}")
+
+CI_LINKS = """
+[learner]
+up_mbit = 20
+down_mbit = 20
+rtt_ms = 40
+[site]
+up_mbit = 20
+down_mbit = 20
+rtt_ms = 40
+[agents]
+count = 2
+up_mbit = 20
+down_mbit = 20
+rtt_ms = 40
+"""
+
+
+def test_shipped_profiles_load() -> None:
+    harsh = profile.load("harsh")
+    assert [a.rtt_ms for a in harsh.agents] == [150] * 8 and harsh.agents[0].loss == 0.01
+    assert harsh.agents[-1].up_mbit == 10 and harsh.agents[0].up_mbit == 50  # the one slow worker, last
+    assert harsh.with_agents(4).agents[-1].up_mbit == 10  # kept in a smaller run
+    assert profile.load("paper").learner.up_bps == 25_000_000
+
+
+def test_profile_errors_name_the_key() -> None:
+    with pytest.raises(ValueError, match="agents: unknown key.*rtt"):
+        profile.parse("[agents]\nrtt = 40\n")
+    with pytest.raises(ValueError, match="no profile 'lan'.*harsh, paper"):
+        profile.load("lan")
+    with pytest.raises(ValueError, match="loss"):
+        profile.parse("[site]\nloss = 1.5\n")
+
+
+def test_proxy_keeps_bytes_in_order_under_jitter_and_loss() -> None:
+    path = proxy.Path.between({"rtt_ms": 100, "jitter_ms": 30, "loss": 0.2}, {"rtt_ms": 50})
+    assert path.delay_s == pytest.approx(0.075) and path.loss == pytest.approx(0.2)
+    rng, last, dues = random.Random(1), 0.0, []
+    for i in range(200):
+        last = path.due(i * 0.001, last, rng)
+        dues.append(last)
+    assert dues == sorted(dues)  # TCP delivers in order: jitter never reorders
+    assert max(d - i * 0.001 for i, d in enumerate(dues)) >= 0.075 - 0.03 + proxy.MIN_RTO_S  # a loss cost an RTO
+
+
+async def test_proxy_delays_each_direction_by_the_links() -> None:
+    async def echo(reader, writer):
+        writer.write(await reader.read(100))
+        await writer.drain()
+        writer.close()
+
+    service = await asyncio.start_server(echo, "127.0.0.1", 0)
+    target = service.sockets[0].getsockname()[1]
+    relay = await asyncio.start_server(
+        lambda r, w: proxy.serve_one(r, w, ("127.0.0.1", target), {"rtt_ms": 120}, {}, 0), "127.0.0.1", 0)
+    loop = asyncio.get_running_loop()
+    reader, writer = await asyncio.open_connection("127.0.0.1", relay.sockets[0].getsockname()[1])
+    started = loop.time()
+    writer.write(b"ping")
+    assert await reader.read(100) == b"ping"
+    assert loop.time() - started >= 0.12  # 60 ms each way
+    writer.close()
+    relay.close()
+    service.close()
+
+
+def ours(pid: int) -> tuple[list[str], list[str]]:
+    """Namespaces and host links named for run ``pid``."""
+    tag = netns.prefix(pid)
+    links = subprocess.run(("ip", "-o", "link"), capture_output=True, text=True).stdout
+    return [n for n in netns.namespaces() if n.startswith(tag)], [x for x in links.splitlines() if tag[:-1] in x]
+
+
+def start_topology() -> subprocess.Popen:
+    proc = subprocess.Popen((sys.executable, "-m", "bench.wan", "up", "--profile", "harsh", "--agents", "2"),
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:
+        if line.strip() == "ready":
+            return proc
+    proc.wait(10)
+    pytest.fail(f"the topology did not come up (exit {proc.returncode})")
+
+
+@needs_namespaces
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_topology_removed_on_signal(sig: signal.Signals) -> None:
+    proc = start_topology()
+    assert len(ours(proc.pid)[0]) == 5  # core, learner, site, two agents
+    proc.send_signal(sig)
+    proc.wait(30)
+    assert ours(proc.pid) == ([], [])
+
+
+@needs_namespaces
+def test_cleanup_after_kill_9_removes_only_ours() -> None:
+    proc = start_topology()
+    survivor = start_topology()  # a live run: down --all-mine leaves it alone
+    try:
+        sleeper = subprocess.Popen(("ip", "netns", "exec", netns.prefix(proc.pid) + "a0", "sleep", "600"))
+        proc.kill()
+        proc.wait(10)
+        assert len(ours(proc.pid)[0]) == 5  # kill -9: nothing ran its teardown
+        done = subprocess.run((sys.executable, "-m", "bench.wan", "down", "--all-mine"), cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert ours(proc.pid) == ([], [])
+        assert sleeper.wait(10) == -signal.SIGKILL  # what ran inside was ended too
+        assert len(ours(survivor.pid)[0]) == 5
+    finally:
+        survivor.terminate()
+        survivor.wait(30)
+    assert ours(survivor.pid) == ([], [])
+
+
+@needs_namespaces
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+def test_small_wan_trains_every_record_once(tmp_path: Path) -> None:
+    from bench.wan.run import run_job
+
+    job = Job(steps=4)
+    row = run_job(profile.parse(CI_LINKS, "ci"), tmp_path, job, timeout=240)
+    assert row["status"] == "completed" and row["steps"] == job.steps, row
+    assert row["lost"] == 0 and row["trained_twice"] == 0 and row["notes"] == [], row
+    assert row["trained"] + row["dropped_stale"] + row["leftover_groups"] * job.group == row["accepted"], row
+    assert row["max_staleness"] <= job.staleness
+    assert row["publications"] >= 1 and row["t_bcast_s"] > 0  # a snapshot crossed the links
+    assert not [n for n in netns.namespaces() if n.startswith(netns.prefix(os.getpid()))]
