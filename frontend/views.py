@@ -10,6 +10,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from marketplace import scheduling, selectors, services
+from marketplace.api.samples import SampleQuerySerializer
 from marketplace.models import Job, Worker
 
 from . import dist
@@ -42,7 +43,21 @@ def job_detail(request, job_id: int):
         "staleness": job.staleness,
     }
     return render(request, "frontend/job_detail.html", {"job": job, "summary": live["summary"], "live": live,
-                                                        "history": history, "controls": CONTROLS})
+                                                        "history": history, "controls": CONTROLS,
+                                                        **_samples(request, job)})
+
+
+def _samples(request, job) -> dict:
+    """The job's newest samples within the reward range the page's filter asks for (a bad bound is said, not
+    applied)."""
+    bounds = {k: v for k, v in request.GET.items() if k in ("min_reward", "max_reward") and v}
+    query = SampleQuerySerializer(data={**bounds, "limit": 20})
+    if not query.is_valid():
+        field, problems = next(iter(query.errors.items()))
+        return {"samples": selectors.job_samples(job=job, limit=20), "samples_filter": {},
+                "samples_error": f"{field}: {problems[0]}"}
+    return {"samples": selectors.job_samples(job=job, **query.validated_data),
+            "samples_filter": query.validated_data}
 
 
 @login_required
