@@ -32,7 +32,7 @@ def trained(monkeypatch) -> list[LearnerSettings]:
 
     monkeypatch.setattr("learner.trainer.run_job", run_job)
     for name in ("ECHO2_SERVER", "ECHO2_JOB", "ECHO2_TOKEN", "ECHO2_TOKEN_FILE", "REDIS_URL", "ECHO2_LOGDIR",
-                 "WANDB_PROJECT"):
+                 "WANDB_PROJECT", "WANDB_NAME", "WANDB_TAGS"):
         monkeypatch.delenv(name, raising=False)
     return seen
 
@@ -48,7 +48,7 @@ def test_every_setting_is_an_option_of_run_with_its_variable() -> None:
     envvars = {param.name: param.envvar for param in run.params if param.envvar}
     assert envvars == {"server": "ECHO2_SERVER", "job": "ECHO2_JOB", "token": "ECHO2_TOKEN",
                        "token_file": "ECHO2_TOKEN_FILE", "redis_url": "REDIS_URL", "logdir": "ECHO2_LOGDIR",
-                       "wandb_project": "WANDB_PROJECT"}
+                       "wandb_project": "WANDB_PROJECT", "wandb_name": "WANDB_NAME", "wandb_tags": "WANDB_TAGS"}
     assert {param.name for param in run.params} - {"help"} == set(LearnerSettings.model_fields)
 
 
