@@ -19,7 +19,7 @@ from dataplane.timing import split_line
 from . import ledger, matching
 from .core import provisioning
 from .infra import refusals, reward_errors, telemetry
-from .models import Activation, Job, JobMetric, Snapshot, Worker, WorkerSession
+from .models import Activation, Job, JobMetric, Snapshot, SnapshotInstall, Worker, WorkerSession
 from .sample_models import JobSample
 
 UPTIME_WINDOW = timedelta(days=7)
@@ -129,6 +129,7 @@ def job_summary(job: Job, *, active: list[Activation] | None = None) -> dict:
     last = JobMetric.objects.filter(job=job).order_by("-step").first()
     snap = last_broadcast(job)
     active = _open_activations(job) if active is None else active
+    installed = installed_in_job(job, [a.worker_id for a in active])
     cost = job_cost_usd(job)
     return {
         "id": job.pk,
@@ -145,7 +146,8 @@ def job_summary(job: Job, *, active: list[Activation] | None = None) -> dict:
         "wait_s": last.wait_s if last else None,
         "t_bcast": snap.t_bcast if snap else None,
         "active_workers": len(active),
-        "pool_throughput": sum(a.worker.throughput or 0.0 for a in active),
+        # measured on this job's model: workers that installed none of its versions yet count for nothing
+        "pool_throughput": sum(a.worker.throughput or 0.0 for a in active if a.worker_id in installed),
         "throughput_target": throughput_target(job, snap.t_bcast if snap else 0.0),
         # Share of the last step the learner spent waiting for data (the bubble of section 3).
         "bubble_ratio": last.wait_s / (last.wait_s + last.t_train) if last and last.wait_s + last.t_train > 0 else None,
@@ -179,18 +181,28 @@ def snapshot_point(snap: Snapshot) -> dict:
             "installs_via_parent": snap.installs_via_parent}
 
 
+def installed_in_job(job: Job, worker_ids: Iterable[int]) -> dict[int, int]:
+    """Per worker, the newest version of this job it reported installing (``SnapshotInstall``). Never
+    ``Worker.installed_version``: that is whatever the worker holds now, maybe another job's (a finished job's chain
+    showed v2000 of the job its workers had moved to)."""
+    rows = (SnapshotInstall.objects.filter(snapshot__job=job, worker_id__in=list(worker_ids))
+            .values("worker_id").annotate(version=Max("snapshot__version")))
+    return {row["worker_id"]: row["version"] for row in rows}
+
+
 def job_broadcast(job: Job, workers: list[Worker]) -> dict:
     """Who feeds whom for the newest snapshot: the chain plan (learner -> seed -> ... -> tail) and the
-    workers that fetch over HTTP, each with the version it has installed and how far behind it is."""
+    workers that fetch over HTTP, each with the version of this job it has installed and how far behind it is."""
     version = job.published_version  # 0: the base, once published
     plan = telemetry.load_chain_plan(job.pk, version) if version or job.base_digest else None
     active = {w.pk for w in workers}
     planned = {w for chain in plan.chains for w in chain} if plan else set()
     by_id = {w.pk: w for w in workers} | {w.pk: w for w in Worker.objects.filter(pk__in=planned - active)}
+    versions = installed_in_job(job, by_id)
 
     def node(worker_id: int) -> dict:
         worker = by_id.get(worker_id)  # None: deleted since
-        installed = worker.installed_version if worker is not None else None
+        installed = versions.get(worker_id)
         return {"id": worker_id, "name": worker.name if worker is not None else f"worker {worker_id}",
                 "installed_version": installed, "active": worker_id in active,
                 "behind": _behind(version, installed)}
@@ -212,25 +224,28 @@ def job_live(job: Job, *, since_step: int = 0) -> dict:
     active = _open_activations(job)
     workers = [a.worker for a in active]
     refused = refusals.counts([w.pk for w in workers])
+    installed = installed_in_job(job, [w.pk for w in workers])
     metrics = JobMetric.objects.filter(job=job, step__gt=since_step).order_by("step")[:LIVE_METRICS]
     return {
         "summary": job_summary(job, active=active),
         "metrics": [metric_point(m) for m in metrics],
         "snapshots": [snapshot_point(s) for s in job.snapshots.order_by("-version")[:20]][::-1],
-        "workers": [live_worker(a, published=job.published_version, refused=refused.get(a.worker_id, 0))
-                    for a in active],
+        "workers": [live_worker(a, published=job.published_version, installed=installed.get(a.worker_id),
+                                refused=refused.get(a.worker_id, 0)) for a in active],
         "broadcast": job_broadcast(job, workers),
     }
 
 
-def live_worker(activation: Activation, *, published: int, refused: int = 0) -> dict:
+def live_worker(activation: Activation, *, published: int, installed: int | None, refused: int = 0) -> dict:
     """One active worker as the job page lists it: its figures, what it reports doing (``state``: billed
     while installing or generating), what its activation has cost so far, and how many of its frames the site
-    refused for its rate budget (``refusals``; each sent again by an honest agent, which is paced to meet none)."""
+    refused for its rate budget (``refusals``; each sent again by an honest agent, which is paced to meet none).
+    ``installed``: the newest version of this job it installed (:func:`installed_in_job`); until it has one its
+    throughput was measured on another job's model, so none is shown."""
     w = activation.worker
     return {"id": w.pk, "name": w.name, "gpu": w.gpu, "price_per_hour": float(w.price_per_hour),
-            "throughput": w.throughput, "status": w.status, "installed_version": w.installed_version,
-            "behind": _behind(published, w.installed_version), "state": activation.state,
+            "throughput": w.throughput if installed is not None else None, "status": w.status,
+            "installed_version": installed, "behind": _behind(published, installed), "state": activation.state,
             "state_reason": activation.state_reason, "billed_s": round(activation.billed_seconds, 3),
             "cost_usd": round(activation.cost_usd(), 6), "refused": refused}
 
