@@ -162,15 +162,7 @@ def main(argv: list[str] | None = None) -> int:
                            timeout=30)
         job = _launch_job(console, stack, api, server, tokens["demo"], model_dir, args, env["REDIS_URL"], workdir)
         code = _watch(console, api, stack, job["id"], args.target, server)
-        keep_running = args.keep_running if args.keep_running is not None else _interactive()
-        console.rule("hand-over")
-        for line in handover_lines(server=server, job_id=job["id"], workdir=workdir, bin_dir=BIN,
-                                   providers=[p[0] for p in PROVIDERS], keep_running=keep_running):
-            console.print(line, markup=False, highlight=False, soft_wrap=True)
-        if keep_running:
-            while True:
-                stack.check_alive()
-                time.sleep(1)
+        _hand_over(console, stack, server, job["id"], workdir, args.keep_running)
         return code
     except KeyboardInterrupt:
         console.print("\ninterrupted")
@@ -184,6 +176,18 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stack.stop()
         console.print(f"all demo processes stopped; logs in {stack.logs}")
+
+
+def _hand_over(console, stack: Stack, server: str, job_id: int, workdir: Path, keep_running: bool | None) -> None:
+    """Print what the newcomer needs next; then, kept running (the default in a terminal), wait for Ctrl-C."""
+    keep_running = keep_running if keep_running is not None else _interactive()
+    console.rule("hand-over")
+    for line in handover_lines(server=server, job_id=job_id, workdir=workdir, bin_dir=BIN,
+                               providers=[p[0] for p in PROVIDERS], keep_running=keep_running):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    while keep_running:
+        stack.check_alive()
+        time.sleep(1)
 
 
 def _interactive() -> bool:
