@@ -89,8 +89,9 @@ class Run:
                    str(self.dir / "celerybeat-schedule"))
         wait_for(lambda: site_up(self.setup.server), "the site", 90)
         for name, (cfg, relay, _) in self.setup.agents.items():
+            # --debug: every install's line (bench/sim_real.py reads them); at INFO only the base's and the status line
             self.start(f"agent-{name}", str(BIN / "echo2-agent"), "run", "--config", str(cfg), "--threads", "1",
-                       "--relay-listen", relay)
+                       "--relay-listen", relay, "--debug")
         provider = httpx.Client(base_url=self.setup.server + "/api/", timeout=10,
                                 headers={"Authorization": f"Token {self.setup.tokens['provider']}"})
         wait_for(lambda: sum(w["status"] == "idle" for w in provider.get("workers/").json()["results"]) == 3,

@@ -4,6 +4,7 @@
 Examples:
   echo2-agent register --server https://echo2.example --token-file ~/.echo2-token --name rig-1 --price 0.35
   echo2-agent run --cache-dir /data/echo2-cache --cache-gb 40
+  echo2-agent status                     # what the running agent is doing
   echo2-agent bench --model /models/qwen3-8b --task '{"name": "math"}' --report
 """
 
@@ -107,7 +108,8 @@ def run(
     cache_gb: Annotated[float, typer.Option(min=0, help="Disk for cached base models, GB; the least recently used "
                                             "are evicted beyond it (the one in use is always kept).")] = 4.0,
     status_every: Annotated[float, typer.Option(min=0, help="Seconds between two summaries of what the agent is "
-                                                "doing (each change is said at once); 0: changes only.")] = 30.0,
+                                                "doing (each change at once, never two within 2 s); 0: changes "
+                                                "only.")] = 10.0,
     allow_user_code: AllowUserCodeOpt = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Warnings and errors only.")] = False,
     debug: Annotated[bool, typer.Option(help="Verbose logs and full tracebacks.")] = False,
@@ -115,7 +117,7 @@ def run(
     """Connect to the site and generate rollouts whenever the scheduler activates this machine. No model files are
     needed here: each job's base model comes from its learner (snapshot version 0), cached under --cache-dir.
 
-    It says what it is doing: loading, installing vN, generating (groups/s, tokens/s), idle and why."""
+    It says what it does in one line every --status-every seconds (--debug: details); see `echo2-agent status`."""
     import asyncio
 
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING if quiet else logging.INFO,
@@ -144,13 +146,35 @@ def run(
     warming = _warm_in_background(chosen, cache)
     session = AgentSession(cfg, engine_factory=_after(warming, lambda d: make_engine(chosen, d, **options)),
                            cache=cache, groups_per_lease=groups,
-                           relay_listen=relay_listen, status_every=status_every)
+                           relay_listen=relay_listen, status_every=status_every, status_file=_status_file(config))
     try:
         asyncio.run(session.run_forever())
     except AgentRejected as err:
         _fail(f"the site refused this agent: {err}; register again")
     except KeyboardInterrupt:
         typer.echo("stopped", err=True)
+
+
+def _status_file(config: Path | None) -> Path:
+    from .status import status_path
+
+    return status_path(config or default_path())
+
+
+@app.command("status")
+def status_command(
+    config: ConfigOpt = None,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the status file as JSON.")] = False,
+) -> None:
+    """What the agent running with this --config is doing now (state, job, version, last install, groups accepted),
+    from the status file it rewrites every 2 s beside its credentials. Exit 1 when none is running."""
+    from .status import read_status, status_lines
+
+    try:
+        data, age = read_status(_status_file(config))
+    except ValueError as err:
+        _fail(str(err))
+    typer.echo(json.dumps(data) if json_output else "\n".join(status_lines(data, age)))
 
 
 def _opt_in(cfg: AgentConfig, allow_user_code: bool) -> None:

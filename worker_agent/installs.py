@@ -66,6 +66,9 @@ class Installer:
         self.wanted: dict[int, int] = {}  # job id -> version to reach before generating (told when joining, or failed)
         self.installing: dict[tuple[int, int], asyncio.Task] = {}  # (job, version) -> its install, running
         self.install_lock = asyncio.Lock()  # held while generating: no install lands in the middle of a batch
+        self.joined_at: dict[int, float] = {}  # job id -> when this agent started serving it (time.time())
+        # the last install, for the status line: (job, version, seconds, since what: publication or joining the job)
+        self.last_install: tuple[int, int, float, str] | None = None
 
     @property
     def assignment(self) -> m.Assign | None:
@@ -75,6 +78,7 @@ class Installer:
         """Start serving ``assign``'s job: another job's engine (or one of another base) is dropped, never reused;
         the job's base is installed when the assignment names it, and the newest version it names is to be
         reached before generating (asked for afresh once the base is in: it may be gone by then)."""
+        self.joined_at[assign.job_id] = time.time()
         job = self.engine_for(assign.job_id)
         if self.job is not None and (job is None or assign.base_digest not in (None, job.base_digest)):
             log.info("job %d: dropping the engine of job %d; this job starts from its own base", assign.job_id,
@@ -216,7 +220,7 @@ class Installer:
             except SnapshotError as err:
                 log.warning("job %d: %s; fetching the full payload of v%d", snap.job_id, err, snap.version)
         else:
-            log.info("job %d: v%d is a delta against v%d, and the engine holds v%d: fetching the full payload",
+            log.debug("job %d: v%d is a delta against v%d, and the engine holds v%d: fetching the full payload",
                      snap.job_id, snap.version, manifest.base_version, job.version)
         full = await asyncio.to_thread(fetch_chunks, full_url(snap.url), manifest.full, credential=snap.credential)
         return HeldWeights(manifest.full, full), "http"
@@ -233,11 +237,19 @@ class Installer:
         return self.engine_for(job_id)
 
     async def _report_installed(self, snap: m.SnapshotAvailable, manifest: Manifest, source: str) -> None:
-        seconds = max(0.0, time.time() - snap.published_at)
+        now = time.time()
+        seconds = max(0.0, now - snap.published_at)  # to the site: publication to install (T_bcast)
         relay = self.relays.get((snap.job_id, snap.version))
         stats = relay.stats if relay else None
-        log.info("installed snapshot v%d of job %d (%.2fs after publication, via %s)", manifest.version, snap.job_id,
-                 seconds, source)
+        # The provider is told the time since this agent could have started: a worker that joined after the
+        # snapshot was published counts from joining (its base was published long before it came).
+        joined = self.joined_at.get(snap.job_id, 0.0)
+        since = "after joining the job" if joined > snap.published_at else "after publication"
+        took = max(0.0, now - max(joined, snap.published_at))
+        self.last_install = (snap.job_id, manifest.version, took, since)
+        # the base once per job at INFO; every later version is in the status line (DEBUG here)
+        log.log(logging.INFO if manifest.version == 0 else logging.DEBUG, "installed snapshot v%d of job %d (%.2fs %s, "
+                "via %s)", manifest.version, snap.job_id, took, since, source)
         with contextlib.suppress(ConnectionError, websockets.WebSocketException):  # reported again on reconnect
             await self.send(m.SnapshotInstalled(job_id=snap.job_id, version=manifest.version, seconds=seconds,
                                                 source=source, from_parent=stats.from_parent if stats else 0,

@@ -73,7 +73,7 @@ class Relays:
         ordered = await relay.receive_chunks()
         stats = relay.stats
         source = "parent" if stats.from_parent and stats.from_parent >= stats.from_fallback else "fallback"
-        log.info("snapshot v%d of job %d: %d chunks from parent, %d from fallback", snap.version, snap.job_id,
+        log.debug("snapshot v%d of job %d: %d chunks from parent, %d from fallback", snap.version, snap.job_id,
                  stats.from_parent, stats.from_fallback)
         return manifest, ordered, source
 
@@ -85,7 +85,7 @@ class Relays:
         if snap.parent and not relay.complete:
             host, _, port = snap.parent.rpartition(":")
             relay.set_parent(host, int(port), credential=snap.credential)
-            log.info("snapshot v%d of job %d: pulling from %s (%s), serving %s", snap.version, snap.job_id,
+            log.debug("snapshot v%d of job %d: pulling from %s (%s), serving %s", snap.version, snap.job_id,
                      snap.parent, f"worker {snap.parent_worker_id}" if snap.parent_worker_id else "learner",
                      snap.children or "no child")
 

@@ -244,7 +244,7 @@ class RolloutLoop:
             idle = not any(key[0] == job_id for key in self.installs.installing)
             if idle and (asked_at is None or time.monotonic() - asked_at >= delay):
                 which = "newest" if self.installs.engine_for(job_id) else "base"
-                log.info("job %d: asking the site for its %s snapshot", job_id, which)
+                log.debug("job %d: asking the site for its %s snapshot", job_id, which)
                 await self.connection.send(m.SnapshotRequest(job_id=job_id, which=which))
                 delay = delay if asked_at is None else min(delay * 2, 30.0)
                 asked_at = time.monotonic()

@@ -22,6 +22,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from dataplane import messages as m
 from dataplane.hardware import Hardware
@@ -74,11 +75,13 @@ class ThroughputMeter:
 class AgentSession:
     def __init__(self, config: AgentConfig, *, engine_factory: Callable[[str], Engine], cache: BaseCache,
                  groups_per_lease: int = 2, max_reconnect_delay: float = 30.0, relay_listen: str | None = None,
-                 retry_delay: float = 2.0, status_every: float = 30.0, hardware: Hardware | None = None) -> None:
+                 retry_delay: float = 2.0, status_every: float = 10.0, hardware: Hardware | None = None,
+                 status_file: Path | None = None) -> None:
         """``engine_factory`` builds an engine from a checkpoint directory (the job's base, unpacked in ``cache``);
         ``groups_per_lease``: the least groups leased per round trip (more when the agent is fast);
         ``retry_delay``: first wait before asking the site again for a snapshot the agent lacks (doubling, <= 30 s);
         ``status_every``: seconds between two summaries of what the agent does (:mod:`worker_agent.status`);
+        ``status_file``: where the status is kept for ``echo2-agent status`` (None: nowhere);
         ``hardware``: what this machine has, sent with every hello (default: :func:`worker_agent.hardware.probe`)."""
         self.config = config
         self.hardware = hardware or probe(cache.root)
@@ -97,7 +100,7 @@ class AgentSession:
         self.rollout_task: asyncio.Task | None = None
         self.last_beat: tuple[str, float] | None = None  # the last heartbeat: state, monotonic time
         self.stopped = asyncio.Event()
-        self.status_every = status_every
+        self.status_every, self.status_file = status_every, status_file
         self.released: str | None = None  # why the site last released this worker, until the next assignment
 
     # ---- what the parts hold, as the status lines and tests read it ---------------------------
@@ -164,7 +167,8 @@ class AgentSession:
 
     async def run_forever(self) -> None:
         await self.relaying.start_hub()
-        reporter = asyncio.create_task(status.report(self, every=self.status_every), name="the status reporter")
+        reporter = asyncio.create_task(status.report(self, every=self.status_every, status_file=self.status_file),
+                                       name="the status reporter")
         reporter.add_done_callback(_log_crash)
         try:
             await self.connection.run(self._session, self.stopped)

@@ -12,9 +12,12 @@ when it reconnects), so nothing is printed here while disconnected.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from dataplane.messages import WorkerState
 from dataplane.rewards import REFUSED
@@ -25,6 +28,7 @@ MIN_GAP_S = 2.0  # least time between two lines, whatever changed
 PROGRESS_EVERY_S = 5.0  # a download's progress, at most this often
 GENERATING_HOLD_S = 10.0  # a group accepted this recently: still "generating" between batches, not idle
 POLL_S = 0.5
+FILE_EVERY_S = 2.0  # the status file (echo2-agent status) is rewritten this often
 
 
 @dataclass
@@ -68,6 +72,7 @@ class View:
     failure: str | None = None  # the rollout loop's last crash
     no_work: bool = False  # the site's last answer to a lease request was "no work"
     recent_work: bool = False  # a group was accepted within GENERATING_HOLD_S
+    last_install: str | None = None  # the job's newest install, said with the generating line ("v3 in 0.8 s ...")
 
 
 @dataclass(frozen=True)
@@ -91,7 +96,8 @@ def describe(view: View) -> Status | None:
         return Status(("failed", job), f"job {job}: the rollout loop failed ({view.failure}); restarting it")
     if view.state == "generating" or (view.state == "idle" and view.recent_work and view.version is not None):
         return Status(("generating", job), f"generating for job {job} under v{view.version}"
-                      + (f"; installing v{view.installs[-1].version}" if view.installs else ""))
+                      + (f"; installing v{view.installs[-1].version}" if view.installs else "")
+                      + (f" ({view.last_install})" if view.last_install else ""))
     if view.installs and (view.state == "loading" or view.version is None):
         return Status(("loading", job), f"loading job {job}'s model: base snapshot, {_progress(view.installs[0])}",
                       progress=True)
@@ -197,20 +203,80 @@ def view_of(session, reporter: Reporter, now: float) -> View:
     job = session.assignment.job_id if session.assignment else None
     engine = session.engine_for(job)
     last = session.tally.last_at
+    done = session.installs.last_install
     return View(connected=session.ws is not None, state=session.state(), job_id=job,
                 version=engine.version if engine else None, wanted=session.wanted.get(job, 0) if job else 0,
                 installs=reporter.installs(session, job, now), released=session.released if job is None else None,
                 failure=session.rollout_failure, no_work=session.no_work,
-                recent_work=last is not None and now - last < GENERATING_HOLD_S)
+                recent_work=last is not None and now - last < GENERATING_HOLD_S,
+                last_install=f"v{done[1]} installed {done[2]:.1f} s {done[3]}" if done and done[0] == job else None)
 
 
-async def report(session, *, every: float, poll: float = POLL_S) -> None:
-    """Log the session's status lines until cancelled (the session runs this beside its connection)."""
+async def report(session, *, every: float, poll: float = POLL_S, status_file: Path | None = None) -> None:
+    """Log the session's status lines until cancelled (the session runs this beside its connection), and keep
+    ``status_file`` (what ``echo2-agent status`` reads) up to date every ``FILE_EVERY_S``."""
     reporter = Reporter(every=every)
+    written_at = None
     while True:
         now = time.monotonic()
         session.tally.refused = session.refused
-        text = reporter.line(view_of(session, reporter, now), session.tally, now)
+        view = view_of(session, reporter, now)
+        text = reporter.line(view, session.tally, now)
         if text is not None:
             log.info("%s", text)
+        if status_file is not None and (written_at is None or now - written_at >= FILE_EVERY_S):
+            write_status(status_file, view, session.tally)
+            written_at = now
         await asyncio.sleep(poll)
+
+
+def write_status(path: Path, view: View, tally: Tally) -> None:
+    """What the agent does now, as JSON (written whole, then renamed: a reader never sees half a file). A write that
+    fails is logged at DEBUG: the status file is a convenience, never a reason to stop."""
+    described = describe(view)
+    data = {"at": time.time(), "pid": os.getpid(), "connected": view.connected, "state": view.state,
+            "job": view.job_id, "version": view.version, "status": described.text if described else "disconnected",
+            "last_install": view.last_install, "groups": tally.groups, "trajectories": tally.trajectories,
+            "tokens": tally.tokens, "refused": tally.refused}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+    except OSError as err:
+        log.debug("status file %s: %s", path, err)
+
+
+STALE_S = 30.0  # a status file older than this belongs to an agent that stopped
+
+
+def status_path(config: Path) -> Path:
+    """The status file of the agent run with credentials ``config`` (``agent.json`` -> ``agent.status.json``)."""
+    return config.with_name(config.stem + ".status.json")
+
+
+def read_status(path: Path) -> tuple[dict, float]:
+    """The status a running agent keeps in ``path`` and its age in seconds; ValueError saying why when there is none
+    or it is stale."""
+    try:
+        data = json.loads(path.read_text())
+        age = max(0.0, time.time() - float(data["at"]))
+    except FileNotFoundError:
+        raise ValueError(f"no status at {path}: no agent has run with this --config (echo2-agent run)") from None
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{path}: unreadable status ({err})") from None
+    if age > STALE_S:
+        raise ValueError(f"{path} is {age:.0f} s old: the agent (pid {data.get('pid')}) is not running; its last "
+                         f"status: {data.get('status')}")
+    return data, age
+
+
+def status_lines(data: dict, age: float) -> list[str]:
+    """What ``echo2-agent status`` prints."""
+    lines = [str(data.get("status"))]
+    if data.get("job") is not None:
+        lines.append(f"job {data['job']}, engine at v{data.get('version')}"
+                     + (f"; {data['last_install']}" if data.get("last_install") else ""))
+    lines.append(f"accepted by the site: {data.get('groups', 0)} groups, {data.get('trajectories', 0)} trajectories, "
+                 f"{data.get('tokens', 0)} tokens; as of {age:.0f} s ago (pid {data.get('pid')})")
+    return lines
