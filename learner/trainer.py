@@ -131,6 +131,7 @@ def _streams(client: replay.Client, job_id: int, spec: JobSpec, retry_for_s: flo
     """The job's trajectory reader (the staleness gate, quarantining what the model must not see: the task's
     limits and the model's ``vocab_size``) and prompt writer, both riding out Redis restarts."""
     task = build_task(spec.task)
+    task.prepare(allow_user_code=True)  # the owner's machine runs the job's code (a verifiers environment's prompts)
     limits = task.record_limits(max_new_tokens=spec.max_new_tokens, vocab_size=vocab_size)
     limits = dataclasses.replace(limits, prompt_extra_tokens=spec.prompt_format.token_allowance())
     consumer = StalenessGatedConsumer(client, job_id, spec.staleness, retry_for_s=retry_for_s, limits=limits,
