@@ -45,7 +45,7 @@ def test_shipped_profiles_load() -> None:
     assert [a.rtt_ms for a in harsh.agents] == [150] * 8 and harsh.agents[0].loss == 0.01
     assert harsh.agents[-1].up_mbit == 10 and harsh.agents[0].up_mbit == 50  # the one slow worker, last
     assert harsh.with_agents(4).agents[-1].up_mbit == 10  # kept in a smaller run
-    assert profile.load("paper").learner.up_bps == 25_000_000
+    assert profile.load("paper").learner.up_bps == 12_500_000  # B0 = 2 Bw: two chains
 
 
 def test_profile_errors_name_the_key() -> None:

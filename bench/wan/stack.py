@@ -38,6 +38,9 @@ class Job:
     batch: int = 16
     group: int = 4
     seed: int = 0
+    hidden: int = 64  # the tiny model's width: the snapshot's size M grows as hidden**2 (64: 0.17 MB, 448: 8 MB)
+    layers: int = 2
+    full_every: int = 1  # every publication a full snapshot: T_bcast against M/Bw (10: deltas between fulls)
 
 
 def site_env(directory: Path, site_address: str) -> dict[str, str]:
@@ -61,6 +64,7 @@ class WanStack:
     job_id: int = 0
 
     def __post_init__(self) -> None:
+        self.workdir = self.workdir.resolve()  # paths go to processes in other directories and to the site
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.stack = Stack(self.workdir, site_env(self.workdir, self.net.address("site")))
         self.sock = self.workdir / "site.sock"
@@ -86,7 +90,8 @@ class WanStack:
     def launch_site(self) -> None:
         """Model, Redis, migrations, users, daphne, Celery: all in the site's namespace."""
         site = self.net.exec("site")
-        self.stack.run(str(BIN / "echo2-learner"), "init-model", str(self.model_dir), "--task", "arithmetic")
+        self.stack.run(str(BIN / "echo2-learner"), "init-model", str(self.model_dir), "--task", "arithmetic",
+                       "--hidden", str(self.job.hidden), "--layers", str(self.job.layers))
         (self.workdir / "redis").mkdir(exist_ok=True)
         self.stack.start("redis", *site, "redis-server", "--port", str(REDIS_PORT), "--bind", "127.0.0.1", "--save",
                          "", "--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(self.workdir / "redis"),
@@ -142,8 +147,11 @@ class WanStack:
                 "task": {"name": "arithmetic", "max_operand": 4}, "staleness": self.job.staleness,
                 "batch_trajectories": self.job.batch, "group_size": self.job.group, "learning_rate": 1e-3,
                 "max_steps": self.job.steps, "max_new_tokens": 2, "seed": self.job.seed,
-                "learner_uplink_bps": int(self.net.topology.learner.up_bps)}).raise_for_status().json()
-            self.job_id = job["id"]
+                "snapshot_full_every": self.job.full_every,
+                "learner_uplink_bps": int(self.net.topology.learner.up_bps)})
+            if job.status_code != 201:
+                raise RuntimeError(f"the site refused the job ({job.status_code}): {job.text[:500]}")
+            self.job_id = job.json()["id"]
             api.post(f"jobs/{self.job_id}/start/").raise_for_status()
         self.stack.start("learner", *self.net.exec("learner"), str(BIN / "echo2-learner"), "--server", self.server,
                          "--job", str(self.job_id), "--token", self.tokens["owner"], "--redis",
