@@ -1,6 +1,6 @@
 """The stack on emulated wide-area links (issue 30): T_bcast against M/Bw and the learner's bubble, per profile.
 
-Run: ``.venv/bin/python bench/bench_wan.py [--profiles paper harsh] [--agents 4] [--steps 6] [--hidden 640]
+Run: ``.venv/bin/python bench/bench_wan.py [--profiles paper harsh] [--agents 4] [--steps 10] [--hidden 640]
 [--full-every 1] [--workdir var/bench-wan] [--json PATH]`` (as root: it builds network namespaces; bench/wan/,
 docs/wan.md).
 
@@ -44,7 +44,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="Shipped profiles (bench/wan/profiles/) or TOML files, one run each.")
     parser.add_argument("--agents", type=int, default=4, help="Agents per run (N); the profile's last link is kept "
                         "for the last agent (harsh: the slow worker).")
-    parser.add_argument("--steps", type=int, default=6, help="Learner steps per job (a publication every 2).")
+    parser.add_argument("--steps", type=int, default=10, help="Learner steps per job (a publication every 2).")
     parser.add_argument("--hidden", type=int, default=640, help="The tiny model's hidden size (M grows as its "
                         "square; 640: 16.4 MB, four 4 MiB chunks).")
     parser.add_argument("--full-every", type=int, default=1, help="A full snapshot every this many publications, "
