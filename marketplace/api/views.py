@@ -23,6 +23,7 @@ from ..infra import stream
 from ..models import Job, Worker
 from . import controls, exports, samples
 from .auth import AGENT_KEY_ALLOWED, learner_problem
+from .plan_schema import CapacityPlanSerializer
 from .renderers import TomlRenderer, YamlRenderer
 from .schema import ErrorSerializer
 
@@ -239,7 +240,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         rows = selectors.job_samples(job=job, **query.validated_data)
         return Response(samples.SampleSerializer(rows, many=True).data)
 
-    @extend_schema(responses=s.CapacityPlanSerializer)
+    @extend_schema(responses=CapacityPlanSerializer)
     @action(detail=True, methods=["get"])
     def plan(self, request, pk=None):
         """The capacity plan: feasibility of (S, kappa) against measured T_train and T_bcast, the expected
@@ -251,7 +252,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         except provisioning.ProvisioningInputError as err:
             raise ValidationError({err.field: [err.message]}) from None
 
-    @extend_schema(request=s.JobPlanRequestSerializer, responses=s.CapacityPlanSerializer)
+    @extend_schema(request=s.JobPlanRequestSerializer, responses=CapacityPlanSerializer)
     @action(detail=False, methods=["post"], url_path="plan", url_name="plan-preview")
     def plan_preview(self, request):
         """The capacity plan of a job before it exists; creates nothing. The body is that of creating the job
