@@ -29,7 +29,7 @@ def test_snapshots_travel_down_a_relay_chain(stack, tmp_path, tiny_model_dir):
         stack.run(str(BIN / "echo2-agent"), "register", "--server", server, "--token", tokens["prov"], "--name", name,
                   "--price", "0.3", "--bandwidth-mbps", "100", "--relay-address", relay, "--config", str(cfg))
         stack.start(f"agent-{name}", str(BIN / "echo2-agent"), "run", "--config", str(cfg), "--threads", "1",
-                    "--relay-listen", relay)
+                    "--relay-listen", relay, "--debug")  # the relay's details (who pulls from whom) are DEBUG lines
 
     owner, provider = api(server, tokens["own"]), api(server, tokens["prov"])
     wait_for(lambda: sum(w["status"] == "idle" for w in provider.get("workers/").json()["results"]) == 3,
