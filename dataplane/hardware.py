@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field
+
+from .strict import StrictModel
 
 Engine = Literal["hf", "vllm"]
 MAX_GPUS = 64
@@ -19,16 +21,8 @@ MAX_MEMORY_GB = 1e5  # per GPU, or the machine's RAM: far beyond any one machine
 MAX_DISK_GB = 1e7
 
 
-class _Facts(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
-
-    @field_validator("*", mode="after")
-    @classmethod
-    def _no_nul(cls, value: Any) -> Any:
-        """No text holds a NUL character: PostgreSQL stores none, and no honest agent sends one."""
-        if isinstance(value, str) and "\x00" in value:
-            raise ValueError("must not contain a NUL character")
-        return value
+class _Facts(StrictModel):
+    model_config = ConfigDict(frozen=True)  # and strict.StrictModel's: no unknown key, NaN, infinity or NUL
 
 
 class Gpu(_Facts):

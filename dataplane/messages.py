@@ -24,12 +24,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import Field, TypeAdapter, ValidationError, model_validator
 
 from .broadcast import BroadcastStrategy
 from .chat import PromptFormat
 from .hardware import Hardware
 from .records import MAX_GROUP, TrajectoryGroup, error_reason
+from .strict import StrictModel
 
 
 class MessageError(ValueError):
@@ -45,16 +46,8 @@ Version = Annotated[int, Field(ge=0, le=MAX_VERSION)]
 Count = Annotated[int, Field(ge=0, le=MAX_VERSION)]
 
 
-class _Msg(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # Infinity and NaN are never a figure
-
-    @field_validator("*", mode="after")
-    @classmethod
-    def _no_nul(cls, value: Any) -> Any:
-        """No text field holds a NUL character: PostgreSQL stores none, and no honest agent sends one."""
-        if isinstance(value, str) and "\x00" in value:
-            raise ValueError("must not contain a NUL character")
-        return value
+class _Msg(StrictModel):
+    """Every message: unknown keys, NaN, infinity and NUL characters refused (``dataplane.strict``)."""
 
 
 # ---- agent -> site -------------------------------------------------------------------------

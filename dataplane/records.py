@@ -23,6 +23,8 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .strict import StrictModel
+
 MAX_TOKENS = 65_536
 MAX_GROUP = 4096
 #: Special tokens an engine may add to a prompt's own tokens (a BOS, a chat template's markers).
@@ -105,23 +107,17 @@ def value_problem(rec: Trajectory | Any) -> str:
 MAX_REWARD_ERRORS = 16 * MAX_GROUP
 
 
-class RewardErrors(BaseModel):
+class RewardErrors(StrictModel):
     """What the task's reward functions did wrong while scoring a group's records (docs/rewards.md): ``errors``
     (records a function failed to score: it raised), ``non_finite`` (records it scored NaN, an infinity or beyond
     the bound), ``last_error`` (the latest, one short line). Each record so scored got the function's fallback. The
     agent counts them (``dataplane.rewards.RewardStats``); the site adds up the groups it accepts, per job."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(frozen=True)  # and strict.StrictModel's: no unknown key or NUL in last_error
 
     errors: int = Field(default=0, ge=0, le=MAX_REWARD_ERRORS)
     non_finite: int = Field(default=0, ge=0, le=MAX_REWARD_ERRORS)
     last_error: str = Field(default="", max_length=200)
-
-    @model_validator(mode="after")
-    def _no_nul(self) -> RewardErrors:
-        if "\x00" in self.last_error:
-            raise ValueError("last_error: must not contain a NUL character")
-        return self
 
 
 class TrajectoryGroup(BaseModel):
