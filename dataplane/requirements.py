@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -63,7 +65,7 @@ def estimate_memory(model_dir: str, *, engine: str, snapshot_dtype: str, max_new
     """The GPU memory (GB) serving ``model_dir`` is estimated to need (module docstring); None when its config.json
     cannot be read (the site then matches on the other requirements alone)."""
     try:
-        config = json.loads((Path(model_dir) / "config.json").read_text())
+        config = json.loads(_small_file(Path(model_dir) / "config.json"))
     except (OSError, ValueError):
         return None
     if not isinstance(config, dict):
@@ -93,11 +95,30 @@ def estimate_memory(model_dir: str, *, engine: str, snapshot_dtype: str, max_new
     return MemoryEstimate(gb=round(total / GB, 3), note=note)
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a model's config.json is a few KB
+
+
+def _small_file(path: Path) -> bytes:
+    """The bytes of ``path`` if it is a regular file of at most ``MAX_CONFIG_BYTES``, opened without blocking (the
+    site reads the path a job names: a FIFO or a device must not hang or fill it; a symlink is followed, as the
+    Hugging Face cache's snapshot folders are made of them); OSError otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_CONFIG_BYTES:
+            raise OSError(f"{path}: not a regular file of at most {MAX_CONFIG_BYTES} bytes")
+        data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
+        raise OSError(f"{path}: grew past {MAX_CONFIG_BYTES} bytes")
+    return data
+
+
 def _parameters(model_dir: Path, config: dict, *, hidden: int, layers: int, vocab) -> tuple[float, str]:
     """The parameter count: the weights' bytes on disk over their dtype's width, else the usual shape estimate
     (12 h^2 per layer plus the embeddings)."""
     files = list(model_dir.glob("*.safetensors")) or list(model_dir.glob("*.bin"))
-    on_disk = sum(f.stat().st_size for f in files if f.is_file())
+    sizes = [f.stat() for f in files]
+    on_disk = sum(s.st_size for s in sizes if stat.S_ISREG(s.st_mode))
     dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16").removeprefix("torch.")
     if on_disk:
         return on_disk / _DTYPE_BYTES.get(dtype, 2), f"from {on_disk / GB:.3g} GB of {dtype} weights on disk"

@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
@@ -57,7 +58,7 @@ def needs_of(spec: JobSpec) -> tuple[core.Needs, dict]:
     """What ``spec`` asks of a worker, the memory estimated when not given; and how, for the plan preview."""
     req = spec.requirements
     estimate = None
-    if req.min_gpu_memory_gb is None:
+    if req.min_gpu_memory_gb is None and settings.ECHO2["CHECK_MODEL_DIR"]:  # where it sees the learner's paths
         engine = "vllm" if req.engine == "vllm" else "hf"
         estimate = estimate_memory(spec.model_dir, engine=engine, snapshot_dtype=spec.snapshot_dtype,
                                    max_new_tokens=spec.max_new_tokens, group_size=spec.group_size)

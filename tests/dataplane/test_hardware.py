@@ -79,3 +79,18 @@ def test_the_owners_figure_wins_and_an_unreadable_model_matches_on_nothing(tmp_p
     (tmp_path / "config.json").write_text("")
     assert estimate_memory(model, engine="hf", snapshot_dtype="bf16", max_new_tokens=8, group_size=4) is None
     assert memory_needed(Requirements(), None)[0] is None
+
+
+def test_the_estimate_reads_no_fifo_and_no_oversized_config(tmp_path):
+    """The site estimates from the path a job names: a FIFO named config.json must not hang it, a huge file must not
+    fill its memory; each is no estimate (matching on the other requirements)."""
+    import os
+
+    model = _checkpoint(tmp_path, weights_bytes=10**6)
+    config = tmp_path / "config.json"
+    config.unlink()
+    os.mkfifo(config)  # no writer: a blocking open would hang
+    assert estimate_memory(model, engine="hf", snapshot_dtype="bf16", max_new_tokens=8, group_size=4) is None
+    config.unlink()
+    config.write_bytes(b" " * (2 << 20))
+    assert estimate_memory(model, engine="hf", snapshot_dtype="bf16", max_new_tokens=8, group_size=4) is None
