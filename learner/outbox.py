@@ -5,7 +5,7 @@ has data, queues its reports in order and remembers the newest snapshot to annou
 the site answers again. A newer full snapshot replaces every publication not yet announced but the base
 (version 0); a delta (docs/broadcast.md "Formats") queues behind the version it applies to, since an agent can
 only apply it on top of that one: what waits is at most the base, a full snapshot and the deltas after it
-(``snapshot_full_every``). While the
+(at most ``learner.snapshots.MAX_UNANNOUNCED`` of them: the store then writes the next version full). While the
 site is down each attempt is a single try (no backoff sleeps inside a training step). A refusal (4xx) is not an
 outage: it is raised to the caller.
 

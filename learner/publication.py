@@ -7,9 +7,10 @@ What is published (each a version in the :class:`~learner.snapshots.SnapshotStor
   copy of their own, dataplane/basemodel.py); a restarted learner checks it is still the same files;
 - **every kappa steps** the version just trained, written after its checkpoint (the checkpoint of a
   publication step is always committed first, learner/loop.py), on the committer's thread from the
-  checkpoint's copy of the weights when there is one; **full or delta** as the store lays it out (a lossless
-  delta against the version before, a full one every ``snapshot_full_every`` versions or when the delta does
-  not pay: learner/snapshots.py);
+  checkpoint's copy of the weights when there is one; **full or delta** as the store lays it out (after the
+  first, a lossless delta against the version before, its full payload kept in the store for workers that lack
+  the base; full when the delta does not pay, when the site has been down for ``MAX_UNANNOUNCED`` versions, or
+  every ``snapshot_full_every`` versions when the job asks: learner/snapshots.py);
 - **on resume** (a restart from the checkpoint): the checkpoint's version when the site lacks the last
   publication due by then (:func:`republish_on_resume`), else the site's newest announced again, at the new
   process's address;

@@ -6,12 +6,15 @@ writes it into chunks on disk (:class:`~dataplane.snapshot.ChunkCutter`): the on
 model itself. A sharded policy's tensors come gathered one at a time (``PolicyTrainer.full_state``): the
 header needs every shape first, so they are cast and spilled to a file as they come and chunked after it.
 
-When the previous version's full payload is on disk, has the same layout, and fewer than ``full_every - 1``
-deltas came since the last full snapshot, each new chunk is also XORed with the previous version's chunk and
-compressed (:mod:`dataplane.delta`); the version is then published as that delta (what the relays forward),
-with its full payload kept beside it (``v<n>/full/``) for receivers that lack the base. A delta larger than
-``MAX_DELTA_FRACTION`` of the full payload (fp32 weights at a large learning rate) is dropped and the version
-published full.
+When the previous version's full payload is on disk and has the same layout, each new chunk is also XORed with
+the previous version's chunk and compressed (:mod:`dataplane.delta`); the version is then published as that delta
+(what the relays forward), with its full payload kept beside it (``v<n>/full/``): the learner's cache of fulls,
+from which a worker that joins or falls behind (it lacks the delta's base) fetches the newest version whole over
+HTTP before it follows the deltas (docs/broadcast.md "Deltas on the wire, fulls from the cache"). After the first
+version nothing goes on the wire full unless the job asks for it (``full_every`` K >= 1: every K-th version, the
+old schedule), the delta does not pay (larger than ``MAX_DELTA_FRACTION`` of the full payload: fp32 weights at a
+large learning rate), or ``MAX_UNANNOUNCED`` versions already wait for the site (it is down): a full one then
+replaces them in the learner's outbox, so neither the queue nor the disk it pins grows without bound.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ SAFETENSORS_DTYPES = {torch.bool: "BOOL", torch.uint8: "U8", torch.int8: "I8", t
                       torch.int64: "I64", torch.float64: "F64"}
 TORCH_DTYPES = {name: dtype for dtype, name in SAFETENSORS_DTYPES.items()}
 MAX_DELTA_FRACTION = 0.5  # a delta above half its full payload saves too little to make some workers fetch both
+MAX_UNANNOUNCED = 10  # versions waiting for the site (its outage) past which the next is full: it replaces them
 SPILL = ".tensors"  # gathered tensors' bytes, in the version's staging directory until the header is known
 SPILL_READ_BYTES = 4 << 20
 
@@ -140,19 +144,19 @@ def read_tensors(chunks: list[bytes], chunk_bytes: int) -> dict[str, torch.Tenso
 class SnapshotStore:
     """The learner's published versions, laid out on disk by :mod:`dataplane.broadcast.store` (the one writer
     and reader of that layout): the base (version 0) as a checkpoint archive, then the policy as safetensors in
-    ``dtype`` ("bf16" or "fp32"), a delta against the previous version except every ``full_every``-th version
-    (1: never a delta).
+    ``dtype`` ("bf16" or "fp32"), a delta against the previous version (see the module); ``full_every`` K >= 1
+    makes every K-th version full (1: never a delta), 0 (the job's default) none on a schedule.
 
     What an agent may still ask for stays: the base, the newest ``keep`` versions, every version written
     in the last ``retain_s`` seconds (one an agent started downloading a while ago, or was told about when it
     reconnected, is not pulled from under it), and those not announced yet (``pinned``)."""
 
     def __init__(self, root: Path, *, job_id: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES, keep: int = 4,
-                 retain_s: float = 0.0, dtype: str = "bf16", full_every: int = 10) -> None:
+                 retain_s: float = 0.0, dtype: str = "bf16", full_every: int = 0) -> None:
         if dtype not in SNAPSHOT_DTYPES:
             raise ValueError(f"snapshot dtype must be one of {', '.join(SNAPSHOT_DTYPES)}, not {dtype!r}")
-        if full_every < 1:
-            raise ValueError(f"full_every must be >= 1, not {full_every}")
+        if full_every < 0:
+            raise ValueError(f"full_every must be >= 0 (0: no full snapshot on a schedule), not {full_every}")
         self.root, self.job_id, self.chunk_bytes, self.keep = Path(root), job_id, chunk_bytes, keep
         self.retain_s, self.dtype, self.full_every = retain_s, dtype, full_every
         self.root.mkdir(parents=True, exist_ok=True)
@@ -175,7 +179,10 @@ class SnapshotStore:
                 source = spilled_source(weights, dtype, tmp / SPILL)
             manifest = self._lay_out(source, version, tmp)
             (tmp / SPILL).unlink(missing_ok=True)
-        self._since_full = self._since_full + 1 if manifest.kind == "delta" else 0
+        if manifest.kind == "full":
+            self._since_full = 0
+        elif self._since_full is not None:  # None (a restart that cannot tell) only matters with a schedule
+            self._since_full += 1
         self.prune()
         full = manifest.full or manifest
         log.info("snapshot v%d: %s, %s, %d bytes (full %d) in %.2f s", version, manifest.kind, self.dtype,
@@ -212,8 +219,13 @@ class SnapshotStore:
 
     def _delta_base(self, version: int, total_bytes: int) -> tuple[Manifest, Path] | None:
         """The previous version's full payload, when this version (``total_bytes`` in full) is to be a delta
-        against it: deltas are on, no full snapshot is due, and the previous payload has the same size."""
-        if self._since_full is None or self._since_full + 1 >= self.full_every:
+        against it: no full snapshot is due (on the job's schedule, or because ``MAX_UNANNOUNCED`` versions wait
+        for the site), and the previous payload has the same size."""
+        if self.full_every and (self._since_full is None or self._since_full + 1 >= self.full_every):
+            return None
+        if len([v for v in self.pinned() if v > 0]) >= MAX_UNANNOUNCED:
+            log.info("snapshot v%d: %d versions wait for the site; publishing this one full (it replaces them)",
+                     version, MAX_UNANNOUNCED)
             return None
         earlier = [v for v in list_versions(self.root) if 0 < v < version]
         found = full_payload(self.root, earlier[-1]) if earlier else None

@@ -7,8 +7,9 @@ then each later version's weights are loaded into it. Every version, the base in
 from the chain parent (the session's relay, forwarding to our child) or over HTTP, every chunk verified.
 A version published as a delta is applied to the full payload of its base version, which the engine's
 :class:`~worker_agent.weights.HeldWeights` keep (waiting for that version's install when it is still under way);
-without it the version's full payload comes over HTTP (docs/broadcast.md "Formats"). A failed install leaves
-the old weights and marks the version as one to reach before generating again.
+without it the version's full payload comes over HTTP from the learner's store, and an agent with no chain child
+to forward the delta to does not even fetch the delta (docs/broadcast.md "Deltas on the wire, fulls from the
+cache"). A failed install leaves the old weights and marks the version as one to reach before generating again.
 """
 
 from __future__ import annotations
@@ -191,7 +192,10 @@ class Installer:
 
     async def _install_weights(self, snap: m.SnapshotAvailable) -> None:
         manifest = parse_manifest(snap.manifest)
-        chunks, source = await self._download(snap, manifest)
+        if manifest.kind == "delta" and not snap.parent and not self._base_within_reach(snap.job_id, manifest):
+            chunks, source = None, "http"  # no child to forward the delta to, no base to apply it to: skip it
+        else:
+            chunks, source = await self._download(snap, manifest)
         job = await self._engine_when_built(snap.job_id)
         if job is None or snap.version <= job.version:
             return
@@ -205,23 +209,32 @@ class Installer:
         self.relays.retire(snap.job_id, keep_from=snap.version - 1)
         await self._report_installed(snap, manifest, source)
 
-    async def _full_payload(self, snap: m.SnapshotAvailable, manifest: Manifest, chunks: list[bytes],
+    def _base_within_reach(self, job_id: int, delta: Manifest) -> bool:
+        """The engine holds the full payload of ``delta``'s base version, or that version's install is under way."""
+        job = self.engine_for(job_id)
+        held = job.held.version if job is not None and job.held is not None else None
+        return held == delta.base_version or (job_id, delta.base_version) in self.installing
+
+    async def _full_payload(self, snap: m.SnapshotAvailable, manifest: Manifest, chunks: list[bytes] | None,
                             job: JobEngine, source: str) -> tuple[HeldWeights, str]:
         """The full payload of ``snap``'s version: its chunks, or a delta applied to the held base (after the
-        base's own install, if it is under way); failing that, the full payload over HTTP (source ``http``)."""
+        base's own install, if it is under way); failing that (or with no delta ``chunks``: the agent did not
+        fetch a delta it could not apply), the full payload from the learner's store over HTTP (source ``http``).
+        A delta is applied only to the base it names, and the result only kept when it hashes to the learner's
+        digest of the version (:func:`~worker_agent.weights.rebuild`): never installed on other weights."""
         if manifest.kind == "full":
             return HeldWeights(manifest, chunks), source
         base_install = self.installing.get((snap.job_id, manifest.base_version))
-        if base_install is not None and base_install is not asyncio.current_task():
+        if chunks is not None and base_install is not None and base_install is not asyncio.current_task():
             await asyncio.wait([base_install])  # its failure is its own: then we fetch the full payload
-        if job.held is not None and job.held.version == manifest.base_version:
+        if chunks is not None and job.held is not None and job.held.version == manifest.base_version:
             try:
                 return await asyncio.to_thread(rebuild, manifest, chunks, job.held), source
             except SnapshotError as err:
                 log.warning("job %d: %s; fetching the full payload of v%d", snap.job_id, err, snap.version)
         else:
-            log.debug("job %d: v%d is a delta against v%d, and the engine holds v%d: fetching the full payload",
-                     snap.job_id, snap.version, manifest.base_version, job.version)
+            log.debug("job %d: v%d is a delta against v%d, and the engine holds v%d: fetching its full payload",
+                      snap.job_id, snap.version, manifest.base_version, job.version)
         full = await asyncio.to_thread(fetch_chunks, full_url(snap.url), manifest.full, credential=snap.credential)
         return HeldWeights(manifest.full, full), "http"
 

@@ -1,6 +1,7 @@
-"""The learner's snapshots (learner/snapshots.py): bf16 by default (fp32 on request), streamed into chunks; every
-K-th version full and the others lossless deltas against the version before, each rebuilding the learner's cast
-bit for bit; a delta that does not pay, or a model whose layout changed, is published full."""
+"""The learner's snapshots (learner/snapshots.py): bf16 by default (fp32 on request), streamed into chunks; the
+first version full and the others lossless deltas against the version before (every K-th full on request), each
+rebuilding the learner's cast bit for bit; a delta that does not pay, or a model whose layout changed, is published
+full."""
 
 from __future__ import annotations
 
@@ -149,3 +150,34 @@ def test_a_snapshot_written_from_the_checkpoints_copy_is_the_one_written_from_th
         from_copy = stores["copy"].write(_each_tensor_once(copied(model.state_dict())), version)
         from_policy = stores["policy"].write(model, version)
         assert from_copy.kind == from_policy.kind and from_copy.sha256 == from_policy.sha256, version
+
+
+def test_by_default_only_the_first_version_is_full_and_the_store_keeps_each_versions_full_payload(tmp_path,
+                                                                                                tiny_model_dir):
+    """Deltas on the wire, fulls from the cache (docs/broadcast.md): after the first version every one is a delta,
+    with no full one on a schedule, across a restart; the store keeps the full payload of every version it keeps
+    (the newest above all: what a worker that joins or falls behind fetches); and the learner's outbox never
+    holds more than MAX_UNANNOUNCED versions for a site that is down: the next one is full and replaces them."""
+    from learner.snapshots import MAX_UNANNOUNCED
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    store = SnapshotStore(tmp_path, job_id=3, chunk_bytes=2048, keep=3)
+    kinds = []
+    for version in range(1, 15):
+        train(model, lr=1e-5, steps=version)
+        if version == 8:
+            store = SnapshotStore(tmp_path, job_id=3, chunk_bytes=2048, keep=3)  # the learner restarted
+        kinds.append(store.write(model, version).kind)
+        assert full_payload(store.root, version) is not None  # the newest's full, for a late worker
+    assert kinds == ["full"] + ["delta"] * 13
+    assert list_versions(tmp_path) == [12, 13, 14]
+    assert all(full_payload(store.root, v) is not None for v in (12, 13, 14))
+    assert bits_equal(load(b"".join(full_chunks(store, 14)[1])), cast(model, torch.bfloat16))
+
+    waiting: set[int] = set()  # the site is down: each version written queues in the outbox
+    store.pinned = lambda: waiting
+    for version in range(15, 15 + MAX_UNANNOUNCED):
+        train(model, lr=1e-5, steps=version)
+        assert store.write(model, version).kind == "delta"
+        waiting.add(version)
+    assert store.write(model, 15 + MAX_UNANNOUNCED).kind == "full"

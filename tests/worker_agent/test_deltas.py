@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import shutil
 import time
 
 import torch
@@ -14,6 +15,8 @@ from transformers import AutoModelForCausalLM
 
 from dataplane import credentials
 from dataplane import messages as m
+from dataplane.broadcast.store import CHUNKS, version_dir
+from dataplane.snapshot import FULL
 from echo2_site.demo import free_port
 from learner.publisher import LearnerRelay, SnapshotServer, SnapshotStore, manifest_json
 from learner.snapshots import publishable_state
@@ -109,4 +112,70 @@ def test_deltas_travel_a_chain_as_they_are_and_install_bit_for_bit(tmp_path, tin
         asyncio.run(scenario())
     finally:
         relay.stop()
+        server.stop()
+
+
+def test_a_late_agent_takes_the_newest_full_from_the_learners_store_then_follows_the_deltas(tmp_path,
+                                                                                           tiny_model_dir):
+    """Deltas on the wire, fulls from the cache (docs/broadcast.md): every version after the first is a delta. An
+    agent joining at v3 takes v3's full payload from the learner's store (v3's delta is gone from the store here,
+    so fetching it would fail the install), then installs v4 from its delta (v4's full is gone), bit for bit. It
+    misses v5: v6's delta is never applied to the v4 it holds, and while v6's full cannot be had the engine keeps
+    v4's weights and generates nothing; once it can, v6 installs whole."""
+    store = SnapshotStore(tmp_path / "snapshots", job_id=1, chunk_bytes=16_384, keep=10)
+    server = SnapshotServer(store).start()
+    server.set_secret(SECRET)
+    base = store.write_base(tiny_model_dir)
+    learner = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    published = {}
+
+    def publish(version: int):
+        with torch.no_grad():
+            for parameter in learner.parameters():
+                parameter.add_(torch.randn_like(parameter) * 1e-3 * parameter.abs().mean())
+        published[version] = (store.write(learner, version),
+                              {k: v.to(torch.bfloat16) for k, v in publishable_state(learner).items()})
+        return published[version][0]
+
+    def offer(version: int) -> m.SnapshotAvailable:
+        return m.SnapshotAvailable(job_id=1, version=version, manifest=manifest_json(published[version][0]),
+                                   url=server.url_for(version), published_at=time.time(),
+                                   credential=cred(LATE, version))
+
+    async def scenario() -> None:
+        assert [publish(v).kind for v in (1, 2, 3)] == ["full", "delta", "delta"]
+        shutil.rmtree(version_dir(store.root, 3) / CHUNKS)  # v3's delta: of no use to an agent holding the base
+        late, socket = make_session(tmp_path / "late", [])
+        late.config = dataclasses.replace(late.config, worker_id=LATE)
+        await push(late, assign(1, snapshot(store, server, base), digest=base.sha256))
+        await until(lambda: late.ready(1), "the late agent's base")
+        await push(late, offer(3))
+        await until(lambda: late.installed_version(1) == 3, "v3 from the learner's store")
+        assert engine_holds(late, published[3][1]) and late.job.held.manifest == published[3][0].full
+
+        assert publish(4).kind == "delta"
+        shutil.rmtree(version_dir(store.root, 4) / FULL)  # only the delta can give v4 now
+        await push(late, offer(4))
+        await until(lambda: late.installed_version(1) == 4, "v4 from its delta")
+        assert engine_holds(late, published[4][1]) and late.job.held.manifest == published[4][0].full
+
+        publish(5)  # missed
+        assert publish(6).kind == "delta" and published[6][0].base_version == 5
+        cache = version_dir(store.root, 6) / FULL
+        cache.rename(tmp_path / "v6-full")  # the learner's store cannot give v6's full for now
+        await push(late, offer(6))
+        await until(lambda: late.wanted.get(1) == 6 and (1, 6) not in late.installing, "v6's install to fail")
+        assert late.installed_version(1) == 4 and not late.ready(1)
+        assert engine_holds(late, published[4][1]) and late.job.held.manifest == published[4][0].full
+        (tmp_path / "v6-full").rename(cache)
+        await push(late, offer(6))  # the site's answer to the agent's request for the newest
+        await until(lambda: late.installed_version(1) == 6, "v6 whole")
+        assert engine_holds(late, published[6][1]) and late.ready(1)
+        assert [(r["version"], r["source"]) for r in socket.of("snapshot_installed")] == [
+            (0, "http"), (3, "http"), (4, "http"), (6, "http")]
+        late._stop_rollout()
+
+    try:
+        asyncio.run(scenario())
+    finally:
         server.stop()
