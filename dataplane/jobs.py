@@ -187,8 +187,10 @@ class JobSpec(BaseModel):
         "min_gpu_memory_gb (default: estimated from the model), engine (any, hf, vllm), max_price_per_hour, "
         "min_reliability (README \"How workers are chosen\").")
     snapshot_full_every: int = Field(
-        default=10, ge=1, le=10_000, description="K: every K-th published version is a full snapshot; the others "
-        "are lossless deltas against the version before (1: every version full).")
+        default=0, ge=0, le=10_000, description="K: every K-th published version travels as a full snapshot (1: "
+        "every version, for agents older than deltas); 0, the default: none after the first, every version a "
+        "lossless delta against the version before, and a worker lacking its base fetches the version's full "
+        "payload from the learner's store (docs/broadcast.md \"Deltas on the wire, fulls from the cache\").")
 
     @field_validator("model_dir")
     @classmethod

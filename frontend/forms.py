@@ -26,7 +26,7 @@ LABELS = {
     "model_dir": "Model directory", "staleness": "S (staleness budget)", "kappa": "κ (snapshot period)",
     "batch_trajectories": "R (trajectories per step)", "group_size": "n (group size)", "gamma": "γ (safety factor)",
     "broadcast_strategy": "Snapshot broadcast", "snapshot_dtype": "Snapshot dtype",
-    "snapshot_full_every": "K (a full snapshot every K versions)", "clip_eps": "clip ε",
+    "snapshot_full_every": "K (a full snapshot every K versions; 0: none after the first)", "clip_eps": "clip ε",
     "loss_type": "Loss", "loss_advantage": "Advantage", "loss_advantage_eps": "Advantage ε",
     "loss_clip_eps_low": "clip ε low", "loss_clip_eps_high": "clip ε high", "loss_kl_beta": "KL β",
     "loss_aggregation": "Aggregation", "loss_norm_length": "Length normalizer",

@@ -27,7 +27,7 @@ def test_defaults_are_resolved() -> None:
     assert spec.clip_eps == 0.2
     assert spec.learning_rate == 1e-3
     assert spec.target_reward is None
-    assert (spec.snapshot_dtype, spec.snapshot_full_every) == ("bf16", 10)  # bf16 snapshots, a full one every 10
+    assert (spec.snapshot_dtype, spec.snapshot_full_every) == ("bf16", 0)  # bf16 snapshots, deltas after the first
     # the task spec is stored resolved, so every worker builds the very same adapter
     assert spec.task == {"name": "arithmetic", "max_operand": 9, "ops": "+", "modulus": 10}
 
@@ -113,7 +113,7 @@ def test_the_learner_still_reads_the_sites_whole_job() -> None:
         ({"name": ""}, "name", "at least 1 character"),
         ({"loss": {"max_grad_norm": 0}}, "loss.max_grad_norm", "greater than 0"),
         ({"snapshot_dtype": "fp16"}, "snapshot_dtype", "'bf16' or 'fp32'"),
-        ({"snapshot_full_every": 0}, "snapshot_full_every", "greater than or equal to 1"),
+        ({"snapshot_full_every": -1}, "snapshot_full_every", "greater than or equal to 0"),
     ],
 )
 def test_bad_field_is_named(changes: dict[str, Any], field: str, words: str) -> None:
