@@ -9,7 +9,7 @@ from django.db import transaction
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from marketplace import scheduling, selectors, services
+from marketplace import figures, scheduling, selectors, services
 from marketplace.api.samples import SampleQuerySerializer
 from marketplace.models import Job, Worker
 
@@ -44,6 +44,8 @@ def job_detail(request, job_id: int):
     }
     return render(request, "frontend/job_detail.html", {"job": job, "summary": live["summary"], "live": live,
                                                         "history": history, "controls": CONTROLS,
+                                                        "server": request.build_absolute_uri("/").rstrip("/"),
+                                                        "reward_window": figures.REWARD_WINDOW,
                                                         **_samples(request, job)})
 
 

@@ -16,7 +16,7 @@ from dataplane.broadcast import chains
 from dataplane.rewards import REFUSED
 from dataplane.timing import split_line
 
-from . import ledger, matching
+from . import figures, ledger, matching
 from .core import provisioning
 from .infra import refusals, reward_errors, telemetry
 from .models import Activation, Job, JobMetric, Snapshot, SnapshotInstall, Worker, WorkerSession
@@ -131,6 +131,8 @@ def job_summary(job: Job, *, active: list[Activation] | None = None) -> dict:
     active = _open_activations(job) if active is None else active
     installed = installed_in_job(job, [a.worker_id for a in active])
     cost = job_cost_usd(job)
+    # measured on this job's model: workers that installed none of its versions yet count for nothing
+    pool = sum(a.worker.throughput or 0.0 for a in active if a.worker_id in installed)
     return {
         "id": job.pk,
         "status": job.status,
@@ -146,8 +148,7 @@ def job_summary(job: Job, *, active: list[Activation] | None = None) -> dict:
         "wait_s": last.wait_s if last else None,
         "t_bcast": snap.t_bcast if snap else None,
         "active_workers": len(active),
-        # measured on this job's model: workers that installed none of its versions yet count for nothing
-        "pool_throughput": sum(a.worker.throughput or 0.0 for a in active if a.worker_id in installed),
+        "pool_throughput": pool,
         "throughput_target": throughput_target(job, snap.t_bcast if snap else 0.0),
         # Share of the last step the learner spent waiting for data (the bubble of section 3).
         "bubble_ratio": last.wait_s / (last.wait_s + last.t_train) if last and last.wait_s + last.t_train > 0 else None,
@@ -165,6 +166,7 @@ def job_summary(job: Job, *, active: list[Activation] | None = None) -> dict:
         "reward_errors": (errors := reward_errors.summary(job.pk)),
         "reward_errors_line": reward_errors.line(errors),
         "user_code_refusals_line": refusals_line(job),  # workers whose providers do not run the job's user code
+        **figures.summary_figures(job, last=last, snap=snap, pool_throughput=pool),  # what each figure is (issue 31)
     }
 
 

@@ -8,8 +8,9 @@ marketplace/core/addresses.py), and streams the archive that :mod:`dataplane.exp
 verified against the manifests the site recorded. Only the job's owner may export (a job is otherwise
 404 to strangers, as everywhere; staff are refused: weights are the owner's).
 
-The learner serves snapshots while it runs. Once it has exited (the job ended) the reply says so and names
-the learner-side command (``echo2-learner export``), which reads its snapshot directory directly.
+The learner serves snapshots while it runs. Once it has exited the reply says so and names the learner-side
+command (``echo2-learner export``), which reads its snapshot directory directly: a 409 for a job that has ended (its
+learner exits with it: foreseeable, nothing to retry), a 503 for a running job whose learner does not answer.
 """
 
 from __future__ import annotations
@@ -46,6 +47,14 @@ so an export cannot be used to learn what answers at an address."""
 class LearnerUnavailable(APIException):
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
     default_detail = "the job's learner does not answer"
+
+
+class JobEnded(APIException):
+    """A finished job's learner has exited with it (learner/trainer.py): a state the owner can foresee, not an
+    outage, so a 409 that says how to get the model instead of a 503 to retry."""
+
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = "the job has ended and its learner with it"
 
 
 class LearnerRefused(APIException):
@@ -156,4 +165,7 @@ def _learner_error(job: Job, version: int, err: SnapshotError) -> APIException:
         return NotFound(f"version {version} of job {job.pk} is no longer on its learner (it keeps the base, the "
                         f"newest S+2 versions and those of the last --snapshot-retain seconds); {offline}")
     log.warning("export of job %s version %s: %s", job.pk, version, err)
+    if job.is_terminal:
+        return JobEnded(f"job {job.pk} is {job.status}: {UNREACHABLE} (it serves snapshots only while it runs) and "
+                        f"it exits when the job ends; the site keeps no weights: {offline}")
     return LearnerUnavailable(f"{UNREACHABLE} (it serves snapshots only while it runs); {offline}")

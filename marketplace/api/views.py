@@ -332,6 +332,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
                    503: OpenApiResponse(ErrorSerializer, description="The learner's snapshot server could not "
                                         "be reached, refused, or served bad bytes (one message for all: the site's "
                                         "log has the detail); `detail` names the offline command."),
+                   409: OpenApiResponse(ErrorSerializer, description="The job has ended and its learner exited "
+                                        "with it (the site keeps no weights); `detail` names the offline command."),
                    502: OpenApiResponse(ErrorSerializer, description="The snapshot cannot be exported as asked "
                                         "(its files do not make a model).")},
         parameters=[OpenApiParameter("version", int, description="Snapshot version (default: the newest "

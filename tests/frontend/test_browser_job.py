@@ -88,7 +88,7 @@ def test_job_page_draws_chains_versions_and_charts_live_and_pauses(job_site, bro
     page.wait_for_function("document.querySelector('[data-key=\"step\"]').textContent === '3'", timeout=10_000)
     assert page.locator("#staleness-chart rect.bar[data-lag='2']").get_attribute("data-count") == "4"
     assert page.locator("#staleness-chart rect.bar[data-lag='0']").get_attribute("data-count") == "16"
-    assert len(page.locator("#reward-curve polyline").get_attribute("points").split()) == 3
+    assert len(page.locator("#reward-curve polyline.reward").get_attribute("points").split()) == 3
     assert page.evaluate("window.__noReload") is True  # all of it updated in place
     page.screenshot(path=str(ARTIFACTS / "job-chains-live.png"), full_page=True)
 

@@ -13,43 +13,37 @@
   const esc = (s) => String(s).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c]));
   const fmt = (v, digits) => (typeof v === "number" && !Number.isInteger(v) ? v.toFixed(digits ?? 3) : String(v));
 
-  // ---- small SVG helpers: axes with a y range, and x/y scales
+  const curves = window.Echo2Curves;
+
+  // ---- the staleness histogram's axes and y scale (the curves are curves.js's: smoothed, zoomable)
   function frame(svg, xMax, yMax, yLabel) {
-    const x = (v) => PAD + (W - 2 * PAD) * v / Math.max(xMax, 1);
     const y = (v) => H - PAD - (H - 2 * PAD) * v / (yMax || 1);
-    let out = `<line x1="${PAD}" y1="${H - PAD}" x2="${W - PAD}" y2="${H - PAD}" stroke="#999"/>` +
+    const out = `<line x1="${PAD}" y1="${H - PAD}" x2="${W - PAD}" y2="${H - PAD}" stroke="#999"/>` +
       `<line x1="${PAD}" y1="${PAD}" x2="${PAD}" y2="${H - PAD}" stroke="#999"/>` +
       `<text x="2" y="${PAD + 4}" font-size="10">${esc(yLabel)}</text><text x="2" y="${H - PAD}" font-size="10">0</text>`;
-    return { x, y, out };
+    return { y, out };
   }
 
-  function polyline(points, color, cls) {
-    if (!points.length) return "";
-    return `<polyline class="${cls}" fill="none" stroke="${color}" stroke-width="2" points="${points.map((p) => p.join(",")).join(" ")}"/>`;
-  }
+  const steps = () => [...metrics.values()].sort((a, b) => a.step - b.step);
+  const noSteps = () => (live.summary.learner_waiting ? "waiting for its learner: no step reported yet" : "no step reported yet");
 
   function drawReward() {
-    const rows = [...metrics.values()].sort((a, b) => a.step - b.step);
-    const maxStep = Math.max(1, ...rows.map((m) => m.step));
-    const f = frame(document.getElementById("reward-curve"), maxStep, 1, "1.0");
-    document.getElementById("reward-curve").innerHTML = f.out +
-      `<text x="${W - PAD - 50}" y="${H - 8}" font-size="10">step ${maxStep}</text>` +
-      polyline(rows.map((m) => [f.x(m.step), f.y(Math.max(0, Math.min(1, m.reward_mean)))]), "#2a6fdb", "reward");
+    curves.draw(document.getElementById("reward-curve"), {
+      series: [{ cls: "reward", color: "#2a6fdb", points: steps().map((m) => [m.step, m.reward_mean]) }],
+      yFloor: 0, yCeil: 1, empty: noSteps() });
   }
 
   function drawTimes() {
-    const svg = document.getElementById("time-chart");
-    const rows = [...metrics.values()].sort((a, b) => a.step - b.step);
+    const rows = steps();
     const snaps = [...snapshots.values()].filter((s) => s.t_bcast !== null).sort((a, b) => a.version - b.version);
-    const maxStep = Math.max(1, ...rows.map((m) => m.step), ...snaps.map((s) => s.version));
-    const yMax = Math.max(1e-3, ...rows.map((m) => Math.max(m.t_train, m.wait_s)), ...snaps.map((s) => s.t_bcast)) * 1.1;
-    const f = frame(svg, maxStep, yMax, `${yMax.toPrecision(2)} s`);
-    svg.innerHTML = f.out +
-      `<text x="${W - PAD - 50}" y="${H - 8}" font-size="10">step ${maxStep}</text>` +
-      polyline(rows.map((m) => [f.x(m.step), f.y(m.t_train)]), "#2a6fdb", "t-train") +
-      polyline(rows.map((m) => [f.x(m.step), f.y(m.wait_s)]), "#aaa", "t-wait") +
-      snaps.map((s) => `<circle class="t-bcast" cx="${f.x(s.version)}" cy="${f.y(s.t_bcast)}" r="3.5" fill="#d9822b">` +
-        `<title>v${s.version}: T_bcast ${s.t_bcast.toFixed(3)} s, ${s.installs} installs (${s.installs_via_parent} via a chain)</title></circle>`).join("");
+    curves.draw(document.getElementById("time-chart"), {
+      series: [{ cls: "t-train", color: "#2a6fdb", points: rows.map((m) => [m.step, m.t_train]) },
+        { cls: "t-wait", color: "#aaa", points: rows.map((m) => [m.step, m.wait_s]) }],
+      dots: snaps.map((s) => ({ step: s.version, value: s.t_bcast, cls: "t-bcast", color: "#d9822b",
+        title: `v${s.version}: T_bcast ${s.t_bcast.toFixed(3)} s, ${s.installs} installs (${s.installs_via_parent} via a chain)` })),
+      unit: " s", empty: noSteps() });
+    const { lo, hi } = curves.state;
+    document.getElementById("zoom-range").textContent = lo === null ? "" : `Showing steps ${lo} to ${hi}.`;
   }
 
   function drawStaleness() {
@@ -127,10 +121,17 @@
 
   function applySummary(summary) {
     for (const [key, value] of Object.entries(summary)) {
-      const el = document.querySelector(`[data-key="${key}"]`);
-      if (!el || value === undefined) continue;
-      el.textContent = value === null ? (key === "status_reason" ? "" : "–") : fmt(value, el.dataset.digits && +el.dataset.digits);
+      if (value === undefined) continue;
+      for (const el of document.querySelectorAll(`[data-key="${key}"]`)) {
+        el.textContent = value === null ? (key === "status_reason" ? "" : "–") : fmt(value, el.dataset.digits && +el.dataset.digits);
+      }
     }
+    // what shows for a running job, a finished one (final figures, no projection), one waiting for its learner
+    const shown = { live: !summary.final, final: summary.final, "learner-waiting": summary.learner_waiting };
+    for (const el of document.querySelectorAll("[data-show]")) el.hidden = !shown[el.dataset.show];
+    document.getElementById("target-line").classList.toggle("error", summary.throughput_target_unmet);
+    const howto = document.getElementById("export-howto"), download = document.getElementById("export");
+    if (howto && download) { howto.hidden = !summary.export_line; download.hidden = !!summary.export_line; }
     const badge = document.querySelector('[data-key="status"]');
     badge.className = `badge status-${summary.status}`;
     for (const form of document.querySelectorAll("form[data-when]")) {
@@ -158,6 +159,10 @@
     ws.onclose = () => { document.body.dataset.live = "reconnecting"; setTimeout(() => connect(Math.min(delay * 2, 15000)), delay); };
   }
 
+  curves.state.redraw = () => { drawReward(); drawTimes(); };
+  curves.smoothingControl(document.getElementById("smoothing"), document.getElementById("smoothing-value"));
+  curves.zoomable(document.getElementById("reward-curve"));
+  curves.zoomable(document.getElementById("time-chart"));
   drawAll();
   connect(1000);
 })();
