@@ -39,11 +39,16 @@ def summary_rows(summary: dict, *, staleness: int | None = None) -> list[tuple[s
     """The headline figures of a job (the job page's summary), as (label, value)."""
     s = summary
     target = fmt(s.get("throughput_target"), 1)
+    final = bool(s.get("final"))  # a finished job: its final figures, no projection (the job page's words)
+    as_of = s.get("as_of_step")
+    reward = (("mean reward", fmt(s.get("reward_mean"))) if as_of is None else (  # before any step, or an older site
+        f"{'final ' if final else ''}mean reward ({s.get('reward_recent_steps')}-step)",
+        f"{fmt(s.get('reward_recent_mean'))} as of step {as_of} (that step alone {fmt(s.get('reward_mean'))})"))
     return [
         ("status", s["status"] + (f" ({s['status_reason']})" if s.get("status_reason") else "")),
         *([("waiting", s["waiting_reason"])] if s.get("waiting_reason") else []),  # why it has no workers now
         ("step", f"{s['step']} / {s['max_steps']}"),
-        ("mean reward", fmt(s.get("reward_mean"))),
+        reward,
         ("max staleness" + (f" (S={staleness})" if staleness else ""), fmt(s.get("max_staleness"))),
         ("dropped stale", fmt(s.get("dropped_stale"))),
         ("bubble (learner wait)", fmt(s.get("bubble_ratio"))),
@@ -51,8 +56,9 @@ def summary_rows(summary: dict, *, staleness: int | None = None) -> list[tuple[s
         ("snapshot", f"v{s['published_version']}"),
         ("active workers", str(s["active_workers"])),
         ("throughput / target", f"{fmt(s.get('pool_throughput'), 1)} / {target} traj/s"),
-        ("cost so far", fmt(s.get("cost_usd"), 4, " USD")),
-        ("projected cost", fmt(s.get("projected_cost_usd"), 4, " USD")),
+        *([("target", s["throughput_target_line"])] if s.get("throughput_target_line") else []),
+        ("spent (ledger, final)" if final else "cost so far", fmt(s.get("cost_usd"), 4, " USD")),
+        *([] if final else [("projected cost", fmt(s.get("projected_cost_usd"), 4, " USD"))]),
     ]
 
 

@@ -18,6 +18,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from dataplane.snapshot import build_manifest
+from echo2_cli.render import summary_rows
 from marketplace import ledger, services
 from marketplace.core import provisioning
 from marketplace.models import Activation, Job, Snapshot
@@ -92,6 +93,14 @@ def test_the_step_figures_are_the_learners_reports_as_of_the_last_step(running):
     assert f"= {target:.4g} traj/s from T_train 0.05 s (the learner's calibration), T_bcast 0 s (no broadcast " \
            "measured yet: 0 assumed)" in line, line
     assert 'class="target-line"' in page  # not marked as an error
+
+    # echo2 job status says the same figures, from the API's summary
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {factories.token(owner)}")
+    rows = dict(summary_rows(api.get(f"/api/jobs/{job.pk}/summary/").json(), staleness=3))
+    assert rows["mean reward (10-step)"] == (f"{keyed(page, 'reward_recent_mean')[0]} as of step 12 (that step alone "
+                                             f"{keyed(page, 'reward_mean')[0]})")
+    assert rows["target"] == line and "projected cost" in rows
     assert keyed(page, "t_bcast_of") == ["no broadcast measured yet"] and keyed(page, "t_bcast") == ["–"]
 
 
@@ -149,6 +158,9 @@ def test_a_finished_job_shows_its_final_figures_and_how_to_get_its_model(running
     api.credentials(HTTP_AUTHORIZATION=f"Token {factories.token(owner)}")
     summary = api.get(f"/api/jobs/{job.pk}/summary/").json()
     assert summary["final"] is True and summary["cost_usd"] == pytest.approx(spent)
+    rows = dict(summary_rows(summary))  # echo2 job status: the final figures, no projection either
+    assert rows["final mean reward (10-step)"].startswith(keyed(page, "reward_recent_mean")[0] + " as of step 12")
+    assert rows["spent (ledger, final)"] == f"{spent:.4f} USD" and "projected cost" not in rows
     reply = api.get(f"/api/jobs/{job.pk}/export/")
     assert reply.status_code == 409, reply.content  # a foreseeable state: not a 503 to retry
     assert reply.json()["detail"].startswith(f"job {job.pk} is completed: the learner's snapshot server could not be "
