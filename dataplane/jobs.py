@@ -81,6 +81,9 @@ class LossConfig(BaseModel):
     advantage: Literal["std", "mean"] = Field(
         default="std", description="std: (r - group mean) / (group std + eps); mean: r - group mean (Dr.GRPO).")
     advantage_eps: float = Field(default=1e-6, ge=0.0, le=1.0, description="eps added to the group std.")
+    advantage_std: Literal["unbiased", "population"] = Field(
+        default="unbiased", description="The group std of the std advantage: unbiased (divides by n - 1, as the "
+        "GRPO paper's code, verl and TRL) or population (divides by n). A group of one sample gets advantage 0.")
     clip_eps_low: float | None = Field(
         default=None, gt=0.0, lt=1.0, description="Lower clip range: ratio >= 1 - eps_low; default the job's "
         "clip_eps.")
@@ -101,12 +104,13 @@ class LossConfig(BaseModel):
     dual_clip: float | None = Field(
         default=None, gt=1.0, le=100.0, description="Dual-clip bound c (verl's clip_ratio_c, e.g. 3): where the "
         "advantage is negative the surrogate is at least c * A. null: off.")
-    off_policy: Literal["behaviour", "tis", "mis", "none"] = Field(
+    off_policy: Literal["behaviour", "tis", "mis", "decoupled", "none"] = Field(
         default="behaviour", description="behaviour: PPO ratio against the worker's log-probs; tis/mis: "
         "decoupled ratio with the behaviour weight truncated per token (TIS) or masked per sequence (MIS); "
-        "none: records treated as on-policy (ablation).")
+        "decoupled: AReaL's objective, the ratio against the learner's policy before the step and the "
+        "behaviour weight untruncated; none: records treated as on-policy (ablation).")
     is_cap: float = Field(default=2.0, ge=1.0, le=1000.0, description="C: cap of the TIS weight, "
-                          "threshold of the MIS mask.")
+                          "threshold of the MIS mask (decoupled does not read it).")
     max_grad_norm: float | None = Field(
         default=1.0, gt=0.0, le=1e6, description="Rescale an update whose global gradient L2 norm exceeds this "
         "(the usual 1.0 of TRL and verl; it stops one noisy batch from wrecking a small policy); null: no "

@@ -24,12 +24,14 @@ __all__ = ["clipped_surrogate", "sequence_ratio"]  # moved to learner/losses/bas
 
 
 def group_advantages(rewards: torch.Tensor, group_index: torch.Tensor, *, eps: float = 1e-6,
-                     scale: bool = True) -> torch.Tensor:
+                     scale: bool = True, std: str = "unbiased") -> torch.Tensor:
     """Group-normalized advantage ``A_i = (r_i - mean_g) / (std_g + eps)`` for each sequence (GRPO Eq. 3).
 
     rewards: [B] float; group_index: [B] long in ``0..G-1``. ``scale=False`` gives the mean-only
     variant of Dr.GRPO (Liu et al., 2025), which drops the std to avoid favouring low-variance groups.
-    The std is the population std of the group, as in the GRPO paper's code.
+    ``std`` (``LossConfig.advantage_std``): ``unbiased`` divides the squared deviations by ``n - 1``, as the GRPO
+    paper's code (``torch.std``), verl and TRL do; ``population`` by ``n``. A group of one sample has deviation 0
+    and gets advantage 0 under either (its ``n - 1`` is taken as 1: no 0/0).
 
     A guard, not the defence (the learner quarantines such records before they get here): a group holding a
     non-finite reward, or whose statistics overflow, gets advantage 0 -- no signal -- instead of NaNs that
@@ -42,7 +44,10 @@ def group_advantages(rewards: torch.Tensor, group_index: torch.Tensor, *, eps: f
     mean = torch.zeros(groups, dtype=rewards.dtype).index_add_(0, group_index, rewards) / count
     centered = rewards - mean[group_index]
     if scale:
-        var = torch.zeros(groups, dtype=rewards.dtype).index_add_(0, group_index, centered**2) / count
+        if std not in ("unbiased", "population"):
+            raise ValueError(f"unknown advantage std {std!r}; expected 'unbiased' or 'population'")
+        dof = (count - 1.0).clamp(min=1.0) if std == "unbiased" else count
+        var = torch.zeros(groups, dtype=rewards.dtype).index_add_(0, group_index, centered**2) / dof
         centered = centered / (var.sqrt()[group_index] + eps)
     bad = finite.logical_not() | torch.isfinite(centered).logical_not()
     bad_group = torch.zeros(groups, dtype=torch.long).index_add_(0, group_index, bad.long()) > 0
@@ -101,6 +106,8 @@ def behaviour_weights(prox_logp: torch.Tensor, behaviour_logp: torch.Tensor, mas
     - ``mis``: masked IS at the sequence level: a sequence whose geometric-mean ratio
       ``rho_i = exp(mean_t log w_t)`` exceeds ``C`` is rejected (weight 0); the others keep their true
       token weights (Liu, Li et al., 2025, "When speed kills stability", geometric-level rejection).
+    - ``decoupled``: AReaL's behaviour weight, ``w_t`` untruncated (Fu et al., 2025, Eq. 5); ``cap`` is not read
+      and no token counts as corrected.
 
     ``per_sequence`` (GSPO) replaces the token weights by the sequence's ``rho_i`` before truncating or
     masking, matching GSPO's sequence-level ratio. ``corrected`` marks tokens that were truncated or masked.
@@ -114,6 +121,8 @@ def behaviour_weights(prox_logp: torch.Tensor, behaviour_logp: torch.Tensor, mas
     if mode == "mis":
         corrected = (rho > cap).expand_as(log_w)
         return torch.where(corrected, torch.zeros_like(weights), weights), corrected
+    if mode == "decoupled":
+        return weights, torch.zeros_like(weights, dtype=torch.bool)
     raise ValueError(f"unknown off-policy correction {mode!r}")
 
 
@@ -171,10 +180,18 @@ def policy_loss(logp: torch.Tensor, behaviour_logp: torch.Tensor, advantages: to
 
     The PPO ratio is taken against the behaviour log-probs (``off_policy="behaviour"``: the record is
     importance-weighted and clipped toward the snapshot that generated it), or against the learner's
-    own detached log-probs with a separate behaviour weight ``w`` (``tis``/``mis``, decoupled PPO; with
-    one optimizer update per batch that ratio is 1 in value and the clip does not bind, so ``w`` carries
+    own detached log-probs with a separate behaviour weight ``w`` (``tis``/``mis``/``decoupled``, decoupled PPO;
+    with one optimizer update per batch that ratio is 1 in value and the clip does not bind, so ``w`` carries
     the whole off-policy correction), or against the detached log-probs with no weight at all (``none``:
-    stale records treated as on-policy, the ablation baseline). ``type`` names the variant that takes the ratio
+    stale records treated as on-policy, the ablation baseline).
+
+    ``decoupled`` is AReaL's objective (Fu et al., 2025, Eq. 5) ``w * min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)``
+    with ``r = pi_theta / pi_prox`` and ``w = pi_prox / mu`` untruncated. ``pi_prox`` is the policy at the start of
+    the update: the learner's parameters before this step's optimizer update. Their log-probs are ``logp`` itself,
+    detached -- the same values a no-grad recomputation would give, without a second forward pass -- because the
+    learner takes one optimizer update per batch (micro-batches accumulate into it). So here, unlike in AReaL with
+    several mini-batch updates per batch, ``r`` is 1 in value, the clip never binds, and ``decoupled`` equals
+    ``tis`` with an infinite cap. ``type`` names the variant that takes the ratio
     and its surrogate (``learner/losses/<type>.py``): ``grpo`` the token ratio, ``gspo`` the sequence's
     geometric-mean ratio (:func:`sequence_ratio`), clipped per sequence.
 

@@ -106,7 +106,7 @@ class PolicyTrainer:
             raise ValueError(f"a batch of {len(batch)} sequences cannot feed {self.ctx.world} ranks")
         s = self.loss
         advantages = group_advantages(batch.rewards, batch.group_index, eps=s.advantage_eps,
-                                      scale=s.advantage == "std")
+                                      scale=s.advantage == "std", std=s.advantage_std)
         _, denominator = aggregation_weights(batch.token_mask, mode=s.aggregation, norm_length=s.norm_length)
         slices = distributed.split_rows(len(batch), self.ctx.world)
         parts = math.ceil((slices[0][1] - slices[0][0]) / (self.micro_batch or len(batch)))  # the first is longest

@@ -1,5 +1,6 @@
-"""GRPO math against values worked out by hand in float64: advantages, the clip, clip-higher, the KL term,
-the aggregation choices, the off-policy corrections (TIS, MIS) and GSPO's sequence ratio."""
+"""GRPO math against values worked out by hand in float64: advantages (unbiased and population std), the clip,
+clip-higher, the KL term, the aggregation choices, the off-policy corrections (TIS, MIS, AReaL's decoupled) and
+GSPO's sequence ratio."""
 
 from __future__ import annotations
 
@@ -36,27 +37,63 @@ GROUPS = torch.tensor([0, 1, 0, 0, 1, 0])
 
 
 def test_group_advantages_by_hand() -> None:
-    # group 0: mean = 1/4 = 0.25; deviations 0.75, -0.25, -0.25, -0.25;
-    #          population variance = (0.5625 + 3 * 0.0625) / 4 = 0.1875, std = sqrt(0.1875) = 0.4330127...
-    # group 1: mean = 3; deviations -1, +1; variance = (1 + 1) / 2 = 1, std = 1
+    # group 0: mean = 1/4 = 0.25; deviations 0.75, -0.25, -0.25, -0.25; squared sum 0.5625 + 3 * 0.0625 = 0.75
+    #          unbiased variance = 0.75 / 3 = 0.25, std = 0.5
+    # group 1: mean = 3; deviations -1, +1; unbiased variance = (1 + 1) / 1 = 2, std = sqrt(2)
+    r2 = math.sqrt(2.0)
+    expected = [0.75 / (0.5 + EPS), -1.0 / (r2 + EPS), -0.25 / (0.5 + EPS), -0.25 / (0.5 + EPS),
+                1.0 / (r2 + EPS), -0.25 / (0.5 + EPS)]
+
+    adv = group_advantages(REWARDS, GROUPS, eps=EPS)  # the default: the unbiased std, as LossConfig's
+
+    assert adv.dtype == torch.float64
+    assert adv.tolist() == pytest.approx(expected, rel=1e-12)
+    # the closed forms: the lone success of four is +1.5, each failure -0.5
+    assert adv[0].item() == pytest.approx(1.5, rel=1e-5)
+    assert adv[2].item() == pytest.approx(-0.5, rel=1e-5)
+
+
+def test_group_advantages_with_the_population_std_by_hand() -> None:
+    # group 0: population variance = 0.75 / 4 = 0.1875, std = sqrt(0.1875) = 0.4330127...
+    # group 1: variance = (1 + 1) / 2 = 1, std = 1
     std0 = math.sqrt(0.1875)
     expected = [0.75 / (std0 + EPS), -1.0 / (1.0 + EPS), -0.25 / (std0 + EPS), -0.25 / (std0 + EPS),
                 1.0 / (1.0 + EPS), -0.25 / (std0 + EPS)]
 
-    adv = group_advantages(REWARDS, GROUPS, eps=EPS)
+    adv = group_advantages(REWARDS, GROUPS, eps=EPS, std="population")
 
-    assert adv.dtype == torch.float64
     assert adv.tolist() == pytest.approx(expected, rel=1e-12)
     # the closed forms: the lone success of four is +sqrt(3), each failure -1/sqrt(3)
     assert adv[0].item() == pytest.approx(math.sqrt(3), rel=1e-5)
     assert adv[2].item() == pytest.approx(-1 / math.sqrt(3), rel=1e-5)
 
 
-def test_group_advantages_use_population_std() -> None:
-    # (1, 0): mean 0.5, population std 0.5 -> +-1 (the sample std, 0.707, would give +-0.707)
-    adv = group_advantages(f64([1.0, 0.0]), torch.tensor([0, 0]), eps=0.0)
+def test_the_two_stds_of_a_pair() -> None:
+    # (1, 0): mean 0.5, deviations +-0.5; the unbiased std sqrt(0.5) = 0.707 gives +-0.707 (torch.std, verl, TRL),
+    # the population std 0.5 gives +-1
+    rewards, groups = f64([1.0, 0.0]), torch.tensor([0, 0])
 
-    assert adv.tolist() == pytest.approx([1.0, -1.0], rel=1e-12)
+    assert group_advantages(rewards, groups, eps=0.0).tolist() == pytest.approx([0.5**0.5, -(0.5**0.5)], rel=1e-12)
+    assert group_advantages(rewards, groups, eps=0.0, std="population").tolist() == pytest.approx([1.0, -1.0])
+    assert group_advantages(rewards, groups, eps=0.0).tolist() == pytest.approx(
+        ((rewards - rewards.mean()) / rewards.std(unbiased=True)).tolist(), rel=1e-12)
+
+
+@pytest.mark.parametrize("std", ["unbiased", "population"])
+@pytest.mark.parametrize("eps", [EPS, 0.0])
+def test_a_group_of_one_sample_has_advantage_zero_not_nan(std: str, eps: float) -> None:
+    # the std of one sample is 0/0 unbiased (torch.std gives NaN) and 0 population; its deviation is 0 either way,
+    # so the group carries no signal: advantage 0, and the other group is untouched
+    adv = group_advantages(f64([0.7, 1.0, 0.0]), torch.tensor([0, 1, 1]), eps=eps, std=std)
+
+    assert adv[0].item() == 0.0
+    spread = 0.5**0.5 if std == "unbiased" else 0.5
+    assert adv[1:].tolist() == pytest.approx([0.5 / (spread + eps), -0.5 / (spread + eps)], rel=1e-12)
+
+
+def test_an_unknown_std_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown advantage std 'sample'"):
+        group_advantages(REWARDS, GROUPS, std="sample")
 
 
 def test_group_with_equal_rewards_has_zero_advantage() -> None:
@@ -64,7 +101,7 @@ def test_group_with_equal_rewards_has_zero_advantage() -> None:
 
     assert adv[:3].tolist() == [0.0, 0.0, 0.0]
     assert not torch.isnan(adv).any()
-    assert adv[3].item() == pytest.approx(-0.5 / (0.5 + 1e-6), rel=1e-12)
+    assert adv[3].item() == pytest.approx(-0.5 / (0.5**0.5 + 1e-6), rel=1e-12)
 
 
 def test_mean_only_advantages() -> None:
@@ -320,6 +357,36 @@ def test_mis_masks_whole_sequences_whose_ratio_exceeds_the_cap() -> None:
     assert grad[0, 1].item() == pytest.approx(-1.5 / 7, rel=1e-12)
 
 
+def test_decoupled_weights_every_token_by_its_untruncated_behaviour_ratio() -> None:
+    # AReaL: w = pi_prox / mu untruncated = RATIOS; r = pi_theta / pi_prox = 1 (one update per batch), no clip:
+    # loss = -(1 * (1.1 + 1.5 + 0.5) - 2 * (0.9 + 0.5 + 1.5) + 0.5 * 1.05) / 7 = -(3.1 - 5.8 + 0.525) / 7 = 2.175 / 7
+    terms, grad = loss_and_grad(loss_config(off_policy="decoupled", is_cap=1.0))  # the cap is not read
+
+    assert terms.loss.item() == pytest.approx(2.175 / 7, rel=1e-12)
+    assert terms.summary["is_corrected_fraction"] == 0.0
+    assert terms.summary["clip_fraction"] == 0.0
+    assert terms.summary["mean_ratio"] == pytest.approx(1.0)
+    assert terms.summary["is_weight_mean"] == pytest.approx(7.05 / 7)  # the true weights' mean
+    expected = [[-1.1 / 7, -1.5 / 7, -0.5 / 7], [1.8 / 7, 1.0 / 7, 3.0 / 7], [-0.525 / 7, 0.0, 0.0]]
+    torch.testing.assert_close(grad, f64(expected), rtol=1e-12, atol=1e-15)
+    # with one update per batch, decoupled is TIS whose cap never binds
+    loose, loose_grad = loss_and_grad(loss_config(off_policy="tis", is_cap=1000.0))
+    assert loose.loss.item() == terms.loss.item() and torch.equal(loose_grad, grad)
+
+
+def test_decoupled_gspo_weights_each_sequence_by_its_geometric_mean_ratio() -> None:
+    # w_i = S_i (the sequence's geometric-mean behaviour ratio) on every token of row i, r = 1:
+    # loss = -(S0 - 2 * S1 + 0.5 * S2) / 3 and grad = -A_i * S_i / (n_i * 3) -- a narrow clip changes nothing
+    settings = loss_config(type="gspo", aggregation="seq-mean-token-mean", off_policy="decoupled",
+                           clip_eps_low=0.04, clip_eps_high=0.04)
+    terms, grad = loss_and_grad(settings)
+
+    assert terms.loss.item() == pytest.approx(-(S0 - 2 * S1 + 0.5 * S2) / 3, rel=1e-12)
+    expected = [[-S0 / 9] * 3, [2 * S1 / 9] * 3, [-0.5 * S2 / 3, 0.0, 0.0]]
+    torch.testing.assert_close(grad, f64(expected), rtol=1e-12, atol=1e-15)
+    assert terms.summary["clip_fraction"] == 0.0
+
+
 def test_behaviour_weights_functions_directly() -> None:
     prox = f64([[math.log(3.0), 0.0]])
     mu = f64([[0.0, 0.0]])  # token ratios 3 and 1; geometric mean sqrt(3) = 1.732
@@ -333,6 +400,10 @@ def test_behaviour_weights_functions_directly() -> None:
     assert w.tolist() == [[0.0, 0.0]] and corrected.tolist() == [[True, True]]
     w, _ = behaviour_weights(prox, mu, mask, mode="tis", cap=1.5, per_sequence=True)  # GSPO: min(1.732, 1.5)
     assert w[0].tolist() == pytest.approx([1.5, 1.5])
+    w, corrected = behaviour_weights(prox, mu, mask, mode="decoupled", cap=1.5)  # AReaL: untruncated
+    assert w[0].tolist() == pytest.approx([3.0, 1.0]) and corrected.tolist() == [[False, False]]
+    with pytest.raises(ValueError, match="unknown off-policy correction 'vtrace'"):
+        behaviour_weights(prox, mu, mask, mode="vtrace", cap=1.5)
 
 
 def test_no_correction_treats_stale_records_as_on_policy() -> None:
