@@ -15,6 +15,7 @@ import time
 
 from django.conf import settings
 
+from dataplane import staleness_evidence
 from dataplane.jobs import JobSpec
 
 from . import matching, selectors
@@ -223,6 +224,8 @@ def capacity_plan(config: Job | JobSpec, *, t_train: Estimate, t_bcast: Estimate
         "calibration": None,
         # who meets the job's requirements, of every online worker, and why the others do not
         "requirements": None if pool.matching is None else pool.needs | pool.matching.as_dict(),
+        # what was measured for this S and correction, and a warning where that was unstable
+        "staleness_guidance": staleness_evidence.guidance(staleness=config.staleness, correction=_correction(config)),
     }
     if not t_train.value:
         out["report"] = {"feasible": None, "reason": "calibrating: T_train is not known yet (the learner measures it "
@@ -244,6 +247,12 @@ def capacity_plan(config: Job | JobSpec, *, t_train: Estimate, t_bcast: Estimate
     out["plan"] = _selection(exact, pool)
     out["greedy"] = _selection(activation.greedy_by_unit_cost(measured, report.target), pool)
     return out
+
+
+def _correction(config: Job | JobSpec) -> str:
+    """The job's ``loss.off_policy`` (a stored job's ``loss`` is the dict it was saved as)."""
+    loss = config.loss
+    return loss.get("off_policy", "behaviour") if isinstance(loss, dict) else loss.off_policy
 
 
 def available_workers() -> dict:

@@ -91,6 +91,19 @@ class PlanRequirementsSerializer(serializers.Serializer):
     line = serializers.CharField(help_text="'3 of 12 match (memory 8, price 1)'.")
 
 
+class PlanStalenessGuidanceSerializer(serializers.Serializer):
+    staleness = serializers.IntegerField(help_text="S, the job's staleness budget.")
+    correction = serializers.CharField(help_text="The job's loss.off_policy.")
+    verdict = serializers.ChoiceField(choices=["good", "slow", "unstable", "unmeasured"], help_text=(
+        "What was measured for this S and correction (dataplane/staleness_evidence.py)."))
+    figure = serializers.CharField(allow_null=True, help_text="The measured figure; null where nothing was measured.")
+    source = serializers.CharField(allow_null=True, help_text="Which measurement.")
+    better = serializers.ListField(child=serializers.CharField(), help_text="Corrections measured good at this S.")
+    synchronous = serializers.CharField(help_text="The synchronous reference the figures compare against.")
+    see = serializers.CharField(help_text="Where the measured table is.")
+    warning = serializers.CharField(allow_null=True, help_text="Set where the region was measured unstable.")
+
+
 class CapacityPlanSerializer(serializers.Serializer):
     measurements = PlanMeasurementsSerializer()
     active = serializers.ListField(child=serializers.IntegerField(), help_text="Ids of the job's active workers.")
@@ -101,3 +114,6 @@ class CapacityPlanSerializer(serializers.Serializer):
     calibration = PlanCalibrationSerializer(allow_null=True, help_text="Without T_train: every available worker.")
     requirements = PlanRequirementsSerializer(allow_null=True, help_text="Who meets the job's requirements, and "
                                               "why the others do not.")
+    staleness_guidance = PlanStalenessGuidanceSerializer(help_text=(
+        "What learning under staleness measured for the job's S and loss.off_policy; its warning is set where "
+        "the region was found unstable."))

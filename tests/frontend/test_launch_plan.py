@@ -98,6 +98,20 @@ def test_a_pool_short_of_the_target_is_not_shown_as_covering_it(fleet):
     assert text_of(html, "plan-lag").endswith("S = 3") and "steps" in text_of(html, "plan-lag")
 
 
+def test_preview_warns_where_staleness_and_correction_were_measured_unstable(fleet):
+    owner = factories.user()
+    html = signed_in(owner).post("/jobs/new/", {**PREVIEW, "staleness": 11, "loss_off_policy": "tis"}).content.decode()
+    assert '<p class="error" id="plan-staleness">' in html
+    warning = text_of(html, "plan-staleness")
+    assert warning.startswith("Staleness: S = 11 with off_policy = tis is in a region measured unstable")
+    assert "+103% against synchronous" in warning and "Staleness and corrections, measured" in warning
+    # the default correction at S = 3: what was measured, not as a warning
+    html = signed_in(owner).post("/jobs/new/", PREVIEW).content.decode()
+    assert '<p id="plan-staleness">' in html
+    assert text_of(html, "plan-staleness").startswith("Staleness: S = 3 with off_policy = behaviour measured good")
+    assert Job.objects.count() == 0
+
+
 def test_the_broadcast_and_loss_settings_reach_the_job():
     owner = factories.user()
     page = signed_in(owner).get("/jobs/new/").content.decode()
@@ -107,10 +121,11 @@ def test_the_broadcast_and_loss_settings_reach_the_job():
         **LAUNCH, "broadcast_strategy": "star-limited", "loss_type": "gspo", "loss_advantage": "mean",
         "loss_clip_eps_low": "0.2", "loss_clip_eps_high": "0.28", "loss_kl_beta": "0.05",
         "loss_aggregation": "seq-mean-token-sum", "loss_norm_length": "16", "loss_off_policy": "tis",
-        "loss_is_cap": "3", "loss_advantage_eps": "", "loss_dual_clip": "3"})
+        "loss_is_cap": "3", "loss_advantage_eps": "", "loss_dual_clip": "3", "loss_advantage_std": "population"})
     job = Job.objects.get()
     assert reply.status_code == 302 and job.broadcast_strategy == "star-limited"
-    assert job.loss == {"type": "gspo", "advantage": "mean", "advantage_eps": 1e-6, "clip_eps_low": 0.2,
+    assert job.loss == {"type": "gspo", "advantage": "mean", "advantage_eps": 1e-6, "advantage_std": "population",
+                        "clip_eps_low": 0.2,
                         "clip_eps_high": 0.28, "kl_beta": 0.05, "aggregation": "seq-mean-token-sum",
                         "norm_length": 16, "off_policy": "tis", "is_cap": 3.0, "max_grad_norm": 1.0,
                         "dual_clip": 3.0}

@@ -154,12 +154,46 @@ def test_api_previews_the_plan_and_creates_nothing(fleet):
     assert reply.status_code == 200, reply.content
     plan = reply.json()
     assert set(plan) == {"measurements", "active", "unmeasured", "report", "plan", "greedy", "calibration",
-                         "requirements"}
+                         "requirements", "staleness_guidance"}
     assert plan["report"]["target"] == pytest.approx(8.8)
     assert [w["name"] for w in plan["plan"]["workers"]] == [fleet["a"].name]
     assert plan["plan"]["price_per_hour"] == pytest.approx(5.0) and plan["greedy"]["price_per_hour"] == 6.2
     assert plan["measurements"]["sources"]["t_train"]["source"] == "given"
     assert Job.objects.filter(name="next run").count() == 0
+
+
+def test_api_plan_warns_where_staleness_and_correction_were_measured_unstable():
+    api = client_for(factories.user())
+    risky = api.post("/api/jobs/plan/", {**BODY, "staleness": 11, "loss": {"off_policy": "tis"}}, format="json")
+    assert risky.status_code == 200, risky.content
+    guidance = risky.json()["staleness_guidance"]
+    assert (guidance["staleness"], guidance["correction"], guidance["verdict"]) == (11, "tis", "unstable")
+    warning = guidance["warning"]
+    assert warning.startswith("S = 11 with off_policy = tis is in a region measured unstable")
+    assert "506 ± 167 updates" in warning and "2/4 runs" in warning and "issue 32" in warning
+    assert 'docs/learner.md, "Staleness and corrections, measured"' in warning
+    # S = 6 without a correction: the earlier sweep's 0/8, and the correction measured good there is named
+    none = api.post("/api/jobs/plan/", {**BODY, "staleness": 6, "loss": {"off_policy": "none"}}, format="json").json()
+    assert none["staleness_guidance"]["verdict"] == "unstable" and none["staleness_guidance"]["better"] == ["behaviour"]
+    assert "off_policy = behaviour" in none["staleness_guidance"]["warning"]
+
+
+def test_api_plan_gives_the_measurement_but_no_warning_where_it_was_good():
+    reply = client_for(factories.user()).post("/api/jobs/plan/", {**BODY, "staleness": 3}, format="json")  # behaviour
+    guidance = reply.json()["staleness_guidance"]
+    assert (guidance["correction"], guidance["verdict"], guidance["warning"]) == ("behaviour", "good", None)
+    assert "+18% against synchronous" in guidance["figure"]
+    unmeasured = client_for(factories.user()).post("/api/jobs/plan/", {**BODY, "loss": {"off_policy": "decoupled"}},
+                                                   format="json").json()["staleness_guidance"]
+    assert (unmeasured["verdict"], unmeasured["figure"], unmeasured["warning"]) == ("unmeasured", None, None)
+
+
+def test_a_stored_jobs_plan_carries_the_same_warning():
+    owner = factories.user()
+    job = factories.job(owner, staleness=11, loss={"off_policy": "tis"})
+    reply = client_for(owner).get(f"/api/jobs/{job.pk}/plan/")
+    assert reply.status_code == 200, reply.content
+    assert reply.json()["staleness_guidance"]["warning"].startswith("S = 11 with off_policy = tis")
 
 
 @pytest.mark.parametrize(("change", "field"), [
