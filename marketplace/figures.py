@@ -45,9 +45,11 @@ def target_line(job: Job, snap: Snapshot | None, pool_throughput: float) -> tupl
         return f"no target: {err} ({measured})", True
     if report.target is None:
         return f"no target: {report.reason} ({measured})", True
+    now = (f"Now: {report.reason}" if job.status == Job.Status.RUNNING
+           else f"The job is {job.status}: no worker is planned for it.")
     return (f"γ·μ_min = {job.gamma:g} × κR/(κ·T_train − T_bcast) = {job.gamma:g} × {job.kappa}·"
             f"{job.batch_trajectories}/({job.kappa} × {t_train:.3g} − {t_bcast:.3g}) = {report.target:.4g} traj/s "
-            f"from {measured}; it moves as they are measured again. Now: {report.reason}"), False
+            f"from {measured}; it moves as they are measured again. {now}"), False
 
 
 def learner_heard_recently(job: Job) -> bool:

@@ -144,6 +144,7 @@ def test_a_finished_job_shows_its_final_figures_and_how_to_get_its_model(running
     page = signed_in(owner).get(f"/jobs/{job.pk}/").content.decode()
 
     assert shown(page, 'data-show="final"') and not shown(page, 'id="projected"')  # no projection beside spent
+    assert not shown(page, 'id="throughput"')  # no pool, no target: nothing is planned for it
     assert "Final reward</span>" in page and "Spent, final</span>" in page
     assert float(keyed(page, "cost_usd")[0]) == pytest.approx(spent, abs=5e-5)
     assert float(keyed(page, "reward_recent_mean")[0]) == pytest.approx(math.fsum(REWARDS[-10:]) / 10, abs=5e-4)
@@ -161,6 +162,7 @@ def test_a_finished_job_shows_its_final_figures_and_how_to_get_its_model(running
     rows = dict(summary_rows(summary))  # echo2 job status: the final figures, no projection either
     assert rows["final mean reward (10-step)"].startswith(keyed(page, "reward_recent_mean")[0] + " as of step 12")
     assert rows["spent (ledger, final)"] == f"{spent:.4f} USD" and "projected cost" not in rows
+    assert summary["throughput_target_line"].endswith("The job is completed: no worker is planned for it.")
     reply = api.get(f"/api/jobs/{job.pk}/export/")
     assert reply.status_code == 409, reply.content  # a foreseeable state: not a 503 to retry
     assert reply.json()["detail"].startswith(f"job {job.pk} is completed: the learner's snapshot server could not be "
@@ -175,7 +177,7 @@ def test_a_job_waiting_for_its_learner_says_so_and_how_to_start_it(running):
     assert shown(page, 'id="learner-waiting"')
     assert f"echo2-learner --server http://testserver --job {job.pk} --token-file TOKEN_FILE" in page
     assert keyed(page, "waiting_reason")[0].startswith("waiting for learner: none has reported yet")
-    assert keyed(page, "reward_recent_mean") == ["–"] and set(keyed(page, "as_of_step")) == {"–"}
+    assert keyed(page, "reward_recent_mean") == ["–"] and not shown(page, 'data-show="stepped"')  # no "as of step"
     assert keyed(page, "pool_throughput") == ["0.0"] and keyed(page, "throughput_target") == ["–"]
     assert keyed(page, "throughput_target_line")[0].startswith("no target yet: T_train is not known")
     assert 'class="target-line"' in page  # calibrating, not an error

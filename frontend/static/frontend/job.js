@@ -127,7 +127,8 @@
       }
     }
     // what shows for a running job, a finished one (final figures, no projection), one waiting for its learner
-    const shown = { live: !summary.final, final: summary.final, "learner-waiting": summary.learner_waiting };
+    const shown = { live: !summary.final, final: summary.final, "learner-waiting": summary.learner_waiting,
+      stepped: summary.as_of_step !== null };
     for (const el of document.querySelectorAll("[data-show]")) el.hidden = !shown[el.dataset.show];
     document.getElementById("target-line").classList.toggle("error", summary.throughput_target_unmet);
     const howto = document.getElementById("export-howto"), download = document.getElementById("export");
