@@ -3,13 +3,13 @@ simulated pool whose records lag by up to S versions, against the synchronous re
 over seeds, with bootstrap 95% intervals.
 
 Run: ``.venv/bin/python bench/bench_staleness.py --full [--jobs 2] [--results var/staleness/results.jsonl]`` for the
-whole sweep: arithmetic (``make demo``'s job) and countdown (a larger tiny model), the synchronous reference and
-S in {2, 3, 6, 11}, every correction the learner implements, 16 seeds. Every finished run is appended to
-``--results`` as one JSON line; rerunning skips the runs already there, so the sweep resumes where it stopped
-(``--stop-at HH:MM`` starts no run after that UTC time). Without ``--full`` (what ``make bench`` runs): arithmetic,
-synchronous and S = 6 with the default correction, 2 seeds, 100 updates, into a fresh temporary file: a minute or
-two. ``--tasks``, ``--staleness``, ``--corrections``, ``--seeds``, ``--steps`` override either; ``--report-only``
-prints the table and draws the figure from the results file without running anything.
+whole sweep: arithmetic (``make demo``'s job) and arithmetic9 (operands 0..9, + and *, hidden 128), the
+synchronous reference and S in {2, 3, 6, 11}, every correction the learner implements, 16 seeds. Every finished run
+is appended to ``--results`` as one JSON line; rerunning skips the runs already there, so the sweep resumes where it
+stopped (``--stop-at HH:MM`` starts no run after that UTC time). Without ``--full`` (what ``make bench`` runs):
+arithmetic, synchronous and S = 6 with the default correction, 2 seeds, 100 updates, into a fresh temporary file: a
+minute or two. ``--tasks``, ``--staleness``, ``--corrections``, ``--seeds``, ``--steps`` override either;
+``--report-only`` prints the table and draws the figure from the results file without running anything.
 
 Per run (bench/staleness/runs.py): updates until the 10-update mean batch reward reaches the task's target (censored
 at the step cap), the final policy's reward. Per cell (bench/staleness/stats.py): median and mean updates to target
@@ -46,13 +46,15 @@ from bench.staleness.runs import SETUPS, run  # noqa: E402
 
 RUN_TIMEOUT_S = 3 * 3600  # one run far past this is stuck, not slow
 FULL_SEEDS, QUICK_SEEDS, QUICK_STEPS = 16, 2, 100
+FULL_TASKS = ["arithmetic", "arithmetic9"]  # countdown only when asked (--tasks): see SETUPS in runs.py
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--full", action="store_true", help=f"the whole sweep: both tasks, S in sync/2/3/6/11, every "
                         f"correction, {FULL_SEEDS} seeds, each task's step cap")
-    parser.add_argument("--tasks", nargs="+", choices=sorted(SETUPS), help="tasks (default: arithmetic; --full both)")
+    parser.add_argument("--tasks", nargs="+", choices=sorted(SETUPS), help="tasks (default: arithmetic; --full "
+                        f"{' and '.join(FULL_TASKS)})")
     parser.add_argument("--staleness", type=int, nargs="+", help="budgets S: 0 is the synchronous reference, "
                         "else >= 2 (default: 0 6; --full 0 2 3 6 11)")
     parser.add_argument("--corrections", nargs="+", help=f"off_policy values (available: "
@@ -67,7 +69,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--png", type=Path, default=Path("var/bench/staleness.png"), help="the figure")
     parser.add_argument("--markdown", type=Path, help="also write the table as markdown here")
     args = parser.parse_args()
-    args.tasks = args.tasks or (sorted(SETUPS) if args.full else ["arithmetic"])
+    args.tasks = args.tasks or (FULL_TASKS if args.full else ["arithmetic"])
     args.staleness = args.staleness or ([SYNCHRONOUS, 2, 3, 6, 11] if args.full else [SYNCHRONOUS, 6])
     args.corrections = args.corrections or (corrections_available() if args.full else [DEFAULT_CORRECTION])
     args.seeds = args.seeds or (FULL_SEEDS if args.full else QUICK_SEEDS)
