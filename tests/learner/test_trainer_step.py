@@ -9,6 +9,7 @@ import torch
 from dataplane.records import Trajectory
 from learner.batch import collate, token_logprobs
 from learner.distributed import DistContext
+from learner.grpo import group_advantages
 from learner.step import PolicyTrainer
 
 from .helpers import grpo_step, loss_config
@@ -107,6 +108,47 @@ def test_gradient_accumulation_equals_the_whole_batch(policy, tiny_model_dir) ->
     assert any(not torch.equal(a, b) for a, b in zip(initial, params[0], strict=True)), "no parameter moved"
     for whole, accumulated in zip(*params, strict=True):
         torch.testing.assert_close(accumulated, whole, rtol=0, atol=1e-6)
+
+
+def test_a_decoupled_step_on_stale_records_weights_them_and_keeps_pi_prox_fixed_across_micro_batches(
+        policy, tiny_model_dir) -> None:
+    # records as a stale snapshot reported them: behaviour log-probs 0.4 below (weights e^0.4 = 1.49) or 0.3 above
+    # (e^-0.3 = 0.74) the learner's. pi_prox is the parameters before the update, so micro-batches of one row give
+    # the whole batch's update, and with one update per batch decoupled is TIS whose cap never binds.
+    model, tokenizer = policy
+    pad = tokenizer.pad_token_id
+    fresh = on_policy(model, [*make_group(tokenizer, "a", "3+4=", {"7": 1.0, "55": 0.0, "1": 0.0}),
+                              *make_group(tokenizer, "b", "2+2=", {"1": 0.0, "4": 1.0, "44": 1.0})], pad)
+    stale = [r.model_copy(update={"logprobs": [lp + (-0.4 if i % 2 else 0.3) for lp in r.logprobs]})
+             for i, r in enumerate(fresh)]
+    before = completion_logprobs(model, stale, pad)
+    runs = {}
+    for name, settings, micro_batch in (("decoupled", loss_config(off_policy="decoupled"), None),
+                                        ("decoupled, micro-batches", loss_config(off_policy="decoupled"), 1),
+                                        ("tis, cap 1000", loss_config(off_policy="tis", is_cap=1000.0), None)):
+        trained = copy_model(tiny_model_dir)
+        trainer = PolicyTrainer(trained, torch.optim.SGD(trained.parameters(), lr=0.05), settings, pad_id=pad,
+                                micro_batch=micro_batch)
+        runs[name] = (trainer.step(stale), [p.detach().clone() for p in trained.parameters()], trained)
+
+    result, params, trained = runs["decoupled"]
+    metrics = result.metrics()
+    assert metrics["clip_fraction"] == 0.0 and metrics["mean_ratio"] == pytest.approx(1.0)
+    assert metrics["is_corrected_fraction"] == 0.0
+    # the token-weighted mean of e^0.4 and e^-0.3 over rows of 2, 3, 2 (odd rows) and 2, 2, 3 tokens
+    tokens = [len(r.completion_ids) for r in stale]
+    expected = sum(n * (1.4918246976 if i % 2 else 0.7408182207) for i, n in enumerate(tokens)) / sum(tokens)
+    assert metrics["is_weight_mean"] == pytest.approx(expected, rel=1e-6)
+    for other in ("decoupled, micro-batches", "tis, cap 1000"):
+        for a, b in zip(params, runs[other][1], strict=True):
+            torch.testing.assert_close(b, a, rtol=0, atol=1e-6)
+    # the step climbs the weighted policy gradient's objective sum_i w_i A_i log pi(y_i): to first order (small lr)
+    # its change is lr * |gradient|^2 > 0, whatever the weights do to single completions
+    after = completion_logprobs(trained, stale, pad)
+    weights = [1.4918246976 if i % 2 else 0.7408182207 for i in range(len(stale))]
+    advantages = group_advantages(torch.tensor([r.reward for r in stale]), torch.tensor([0, 0, 0, 1, 1, 1]))
+    rise = sum(w * a * (y - x) for w, a, x, y in zip(weights, advantages.tolist(), before, after, strict=True))
+    assert rise > 0
 
 
 def test_gradient_norm_is_reported_and_clipping_rescales_the_update(policy, tiny_model_dir) -> None:
