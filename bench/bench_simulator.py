@@ -5,6 +5,8 @@ job (bench_faults.py's fault-free run: Redis, daphne, Celery, three relaying age
 Run: ``.venv/bin/python bench/bench_simulator.py [--sizes 4 8] [--steps 60] [--real-json var/sim-real.json]
 [--save-real var/sim-real.json] [--seeds 5] [--json out.json]``
 (``--real-json bench/data/sim-real-2026-12-03.json`` is the live run of docs/simulator.md's table.)
+``--wan-json var/wan.json`` (what ``bench/bench_wan.py --json`` wrote) compares the simulator with the WAN runs
+instead, row by row: T_bcast and the bubble for the same links (``wan_config``), error against the 10 % target.
 
 The simulator is calibrated on the live run's own measurements, never on the quantities compared: ``T_train``
 (the learner's step reports), each worker's generation rate ``mu_i`` and its variability (lease-to-return
@@ -60,7 +62,7 @@ def worker_rates(groups: list[dict], group_size: int) -> tuple[dict[int, float],
         gaps += [b[0] - max(a[1]) for a, b in zip(ordered, ordered[1:], strict=False)]
         rates[w] = group_size * sum(len(r) for r in leases.values()) / (sum(busy) / 1000)
     cv = statistics.pstdev(spans) / statistics.fmean(spans) * statistics.fmean(sizes) ** 0.5
-    return rates, cv, sorted(gaps)[len(gaps) // 10] / 1000
+    return rates, cv, max(0.0, sorted(gaps)[len(gaps) // 10] / 1000)  # leased ahead: the next lease came first
 
 
 def step_period(samples: list[list], first: int, last: int) -> float:
@@ -84,8 +86,13 @@ def real_figures(doc: dict) -> dict:
             "throughput": (t1[3] - t0[3]) / (t1[0] - t0[0]),
             "period": step_period(doc["samples"], WARMUP + 1, last),
             "max_lag": max(m["max_staleness"] for m in steps),
-            "t_bcast": statistics.median(s["t_bcast"] for s in doc["snapshots"] if s["t_bcast"] is not None),
-            "install": statistics.median(i["seconds"] for i in doc["installs"])}
+            "t_bcast": median_or_none(s["t_bcast"] for s in doc["snapshots"] if s["t_bcast"] is not None),
+            "install": median_or_none(i["seconds"] for i in doc["installs"])}
+
+
+def median_or_none(values) -> float | None:
+    values = list(values)
+    return statistics.median(values) if values else None
 
 
 def overhead(doc: dict, real: dict, *, split: bool) -> tuple[float, float]:
@@ -134,8 +141,67 @@ def simulated_figures(config: SimConfig, seeds: int) -> dict:
         runs.append({"bubble": metrics.mean_step_bubble(result, WARMUP),
                      "throughput": metrics.pool_throughput(result, WARMUP),
                      "period": (result.end - steps[0].start) / len(steps), "max_lag": result.trained_max_lag,
-                     "t_bcast": statistics.median(result.t_bcast.values())})
-    return {k: statistics.fmean(r[k] for r in runs) for k in runs[0]}
+                     "t_bcast": median_or_none(result.t_bcast.values())})  # None: no publication timed
+    means = {}
+    for k in runs[0]:
+        got = [r[k] for r in runs if r[k] is not None]
+        means[k] = statistics.fmean(got) if got else None
+    return means
+
+
+def wan_config(doc: dict, *, seed: int) -> SimConfig:
+    """The simulator for one bench_wan.py row (its ``calibration``: the run's clean part in sim_real's shape).
+    Calibrated as for the loopback run (``calibrate``: T_train, mu_i, cv, lease round trip, the learner's
+    overhead), but its network is the run's links, not a measured install time: each worker's ``Bw`` the smaller
+    of its link's rates, ``B0`` the learner's uplink, the job's chunk size and strategy, and the announcement's
+    latency from the links' round trips (bench/wan/report.py ``announce_latency``)."""
+    from bench.wan.report import announce_latency
+
+    real = real_figures(doc)
+    base = calibrate(doc, real, seed=seed)
+    links = doc["links"]
+    workers = [dataclasses.replace(w, bandwidth_bps=min(links[str(w.worker_id)]["up_mbit"],
+                                                        links[str(w.worker_id)]["down_mbit"]) * MBIT)
+               for w in base.workers]
+    agent_rtt = statistics.median(link["rtt_ms"] for link in links.values())
+    net = NetSpec(b0_bps=doc["b0_bps"], chunk_bytes=doc["chunk_bytes"], strategy=doc["job"]["strategy"],
+                  latency_s=announce_latency(site_rtt_ms=doc["site_rtt_ms"], learner_rtt_ms=doc["learner_rtt_ms"],
+                                             agent_rtt_ms=agent_rtt))
+    return dataclasses.replace(base, workers=workers, net=net,
+                               learner=dataclasses.replace(base.learner, snapshot_bytes=doc["job"]["snapshot_bytes"]))
+
+
+def wan_rows(rows: list[dict], seeds: int) -> list[dict]:
+    """Each bench_wan.py row (its ``--json``) beside the simulator for the same links: T_bcast (the site's median)
+    and the bubble (mean of the steps after WARMUP), real and simulated."""
+    out = []
+    for row in rows:
+        label = f"{row['profile']} {row['strategy']} N={row['agents']}"
+        doc = row.get("calibration")
+        try:
+            real = real_figures(doc)
+            sim = simulated_figures(wan_config(doc, seed=0), seeds)
+        except (TypeError, KeyError, ValueError, ZeroDivisionError, StopIteration, statistics.StatisticsError) as err:
+            out.append({"row": label, "error": f"{type(err).__name__}: {err}"})
+            continue
+        out.append({"row": label, "t_bcast": real["t_bcast"], "sim_t_bcast": sim["t_bcast"], "bubble": real["bubble"],
+                    "sim_bubble": sim["bubble"]})
+    return out
+
+
+def print_wan(rows: list[dict]) -> None:
+    """One line per WAN row and quantity: real, simulated, error, and whether it is within the 10 % target."""
+    print(f"{'WAN run (bench_wan.py)':<34}{'quantity':<10}{'real':>9}{'simulated':>11}{'err %':>8}  target 10 %")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['row']:<34}cannot calibrate the simulator on this run: {r['error']}")
+            continue
+        for key, label in (("t_bcast", "T_bcast s"), ("bubble", "bubble")):
+            real, sim = r[key], r[f"sim_{key}"]
+            known = real is not None and sim is not None
+            verdict = "-" if not known else "within" if abs(sim - real) <= 0.1 * real else "outside"
+            print(f"{r['row']:<34}{label:<10}{'-' if real is None else format(real, '.3f'):>9}"
+                  f"{'-' if sim is None else format(sim, '.3f'):>11}{error(real, sim) if known else '-':>8}  {verdict}")
 
 
 def broadcast_rows(sizes: list[int], args: argparse.Namespace) -> list[dict]:
@@ -197,7 +263,15 @@ def main() -> int:
     parser.add_argument("--save-real", type=Path, default=ROOT / "var" / "sim-real.json")
     parser.add_argument("--seeds", type=int, default=5, help="simulator runs averaged")
     parser.add_argument("--json", type=Path, help="write the comparison here")
+    parser.add_argument("--wan-json", type=Path, help="compare against a bench/bench_wan.py --json run instead (its "
+                        "links, T_bcast and bubble per row; the loopback references are skipped)")
     args = parser.parse_args()
+    if args.wan_json:
+        rows = wan_rows(json.loads(args.wan_json.read_text()), args.seeds)
+        print_wan(rows)
+        if args.json:
+            args.json.write_text(json.dumps({"wan": rows}, indent=1))
+        return 0
 
     broadcast = broadcast_rows(args.sizes, args) if args.sizes else []
     if args.real_json:

@@ -1,17 +1,24 @@
-"""The stack on emulated wide-area links (issue 30): T_bcast against M/Bw and the learner's bubble, per profile.
+"""The stack on emulated wide-area links (issue 30): T_bcast against M/Bw and the simulator, star-limited against
+the chain, per-hop throughput, reply latency, reconnects, timeouts, the bubble, and recovery from a partition and
+a relay killed mid-broadcast, per profile.
 
 Run: ``.venv/bin/python bench/bench_wan.py [--profiles paper harsh] [--agents 4] [--steps 10] [--hidden 640]
-[--full-every 1] [--workdir var/bench-wan] [--json PATH]`` (as root: it builds network namespaces; bench/wan/,
-docs/wan.md).
+[--full-every 1] [--strategies chain star-limited] [--no-faults] [--fault-steps 40] [--partition-s 40]
+[--workdir var/bench-wan] [--json PATH]`` (as root: it builds network namespaces; bench/wan/, docs/wan.md).
 
-Each profile gets fresh namespaces (learner, site, one per agent, a bridge), the rates shaped by tc tbf, round
-trip, jitter and loss added by our delay proxy, and one job of the tiny arithmetic model (``--hidden`` sets the
-snapshot's size M) with agents relaying along the site's chains (N_ch = floor(B0/Bw)). One row per profile, over
-the full publications after the base: M, M/Bw (Bw the median worker link), the site's T_bcast (until 1/gamma of the
-workers installed: median, ratio to M/Bw, worst), T_all (until every agent installed, from the agents' logs),
-pubs (timed by the site / installed by all / published), the learner's bubble (mean wait / (wait + train) per
-step) and the audit of every record (lost, trained twice, dropped stale). Where namespaces cannot be built (not
-root, no ip or tc) it says why and exits 0.
+Each profile gets fresh namespaces per strategy (learner, site, one per agent, a bridge), the rates shaped by tc
+tbf, round trip, jitter and loss added by our delay proxy, and one job of the tiny arithmetic model (``--hidden``
+sets the snapshot's size M). The chain run has ``--steps`` clean steps, then (unless ``--no-faults``) its faults
+over ``--fault-steps`` more: one agent's link down ``--partition-s`` seconds, then the relay of the next relayed
+publication killed 1.5 s after it. The star-limited run (every worker pulls from the learner within B0) has the
+clean steps only. Tables: (1) per run, over the clean part's full publications after the base: M, M/Bw (Bw the
+median worker link), the site's T_bcast (until 1/gamma of the workers installed: median, ratio, worst) beside the
+simulator's for the same links and its error, T_all (every agent installed, from the agents' logs), pubs (timed
+by the site / installed by all / published), the bubble (mean wait / (wait + train) per step) and the audit of
+every record of the whole job (lost, trained twice, dropped stale); (2) star-limited / chain beside the theory;
+(3) the wire: per-hop throughput against the link's rate (the proxies' TCP acknowledgements), the agents'
+request/reply round trips (p50/p95/p99 at the site's proxy), reconnects and the timeouts that fired, by kind;
+(4) recovery from each fault. Where namespaces cannot be built (not root, no ip or tc) it says why and exits 0.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import sys
 from pathlib import Path
 
@@ -30,12 +38,19 @@ sys.path.insert(0, str(ROOT))
 from bench.wan import netns, profile  # noqa: E402
 from bench.wan.stack import Job  # noqa: E402
 
-COLUMNS = (("profile", "profile", "s"), ("N", "agents", "d"), ("chains", "chains", "d"), ("status", "status", "s"),
-           ("M MB", "m_mb", ".2f"), ("M/Bw s", "m_over_bw_s", ".3f"), ("T_bcast s", "t_bcast_s", ".3f"),
-           ("T/(M/Bw)", "ratio", ".2f"), ("worst s", "t_bcast_max_s", ".3f"), ("T_all s", "t_all_s", ".3f"),
-           ("T_all/(M/Bw)", "ratio_all", ".2f"), ("pubs", "pubs", "s"), ("bubble", "bubble", ".2f"),
+COLUMNS = (("profile", "profile", "s"), ("strategy", "strategy", "s"), ("N", "agents", "d"),
+           ("chains", "chains", "d"), ("status", "status", "s"), ("M MB", "m_mb", ".2f"),
+           ("M/Bw s", "m_over_bw_s", ".3f"),
+           ("T_bcast s", "t_bcast_s", ".3f"), ("T/(M/Bw)", "ratio", ".2f"), ("worst s", "t_bcast_max_s", ".3f"),
+           ("sim T_bcast s", "sim_t_bcast_s", ".3f"), ("sim err %", "sim_err", "+.0f"), ("T_all s", "t_all_s", ".3f"),
+           ("pubs", "pubs", "s"), ("bubble", "bubble", ".2f"), ("sim bubble", "sim_bubble", ".2f"),
            ("lost", "lost", "d"), ("twice", "trained_twice", "d"), ("stale", "dropped_stale", "d"),
            ("run s", "seconds", ".0f"))
+WIRE = (("profile", "profile", "s"), ("strategy", "strategy", "s"), ("N", "agents", "d"), ("hops", "hops", "d"),
+        ("hop Mbit/s", "hop_mbit_s", ".1f"), ("hop/link", "hop_ratio", ".2f"), ("seed hop/link", "seed_ratio", ".2f"),
+        ("relay hop/link", "relay_ratio", ".2f"), ("replies", "reply_n", "d"), ("p50 ms", "reply_p50", ".0f"),
+        ("p95 ms", "reply_p95", ".0f"), ("p99 ms", "reply_p99", ".0f"), ("reconnects", "reconnect_count", "d"),
+        ("timeouts fired", "timeouts_line", "s"))
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -44,21 +59,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="Shipped profiles (bench/wan/profiles/) or TOML files, one run each.")
     parser.add_argument("--agents", type=int, default=4, help="Agents per run (N); the profile's last link is kept "
                         "for the last agent (harsh: the slow worker).")
-    parser.add_argument("--steps", type=int, default=10, help="Learner steps per job (a publication every 2).")
+    parser.add_argument("--steps", type=int, default=10, help="Clean learner steps per job (a publication every 2).")
     parser.add_argument("--hidden", type=int, default=640, help="The tiny model's hidden size (M grows as its "
                         "square; 640: 16.4 MB, four 4 MiB chunks).")
     parser.add_argument("--full-every", type=int, default=1, help="A full snapshot every this many publications, "
                         "deltas between (the job's snapshot_full_every; 1: all full, what T/(M/Bw) measures).")
-    parser.add_argument("--run-timeout", type=float, default=300.0, help="Give up on a job after this many seconds.")
+    parser.add_argument("--strategies", nargs="+", default=["chain", "star-limited"],
+                        help="Broadcast strategies, one run each per profile (dataplane/broadcast/strategies/).")
+    parser.add_argument("--no-faults", dest="faults", action="store_false",
+                        help="No partition and no relay fault in the chain run.")
+    parser.add_argument("--fault-steps", type=int, default=40, help="Steps the chain run goes on for after the clean "
+                        "ones, while the faults happen (the job must outlast them).")
+    parser.add_argument("--partition-s", type=float, default=40.0,
+                        help="How long the partitioned agent's link is down.")
+    parser.add_argument("--sim-seeds", type=int, default=3, help="Simulator runs averaged for the bubble column.")
+    parser.add_argument("--run-timeout", type=float, default=420.0, help="Give up on a job after this many seconds.")
     parser.add_argument("--workdir", type=Path, default=ROOT / "var" / "bench-wan", help="State and logs (wiped).")
-    parser.add_argument("--json", type=Path, help="Also write the rows as JSON here.")
-    return parser.parse_args(argv)
+    parser.add_argument("--json", type=Path, help="Also write the rows as JSON here (bench/bench_simulator.py "
+                        "--wan-json reads it).")
+    args = parser.parse_args(argv)
+    if args.steps < 4 or args.agents < 1 or args.fault_steps < 1 or args.partition_s <= 0:
+        parser.error("--steps must be at least 4, --agents and --fault-steps at least 1, --partition-s positive")
+    unknown = set(args.strategies) - {"chain", "star-limited", "star-unlimited"}
+    if unknown:
+        parser.error(f"unknown strategy {', '.join(sorted(unknown))} (chain, star-limited, star-unlimited)")
+    return args
 
 
-def table(rows: list[dict]) -> str:
-    lines = [" | ".join(h for h, _, _ in COLUMNS), " | ".join("-" * len(h) for h, _, _ in COLUMNS)]
+def table(rows: list[dict], columns=COLUMNS) -> str:
+    lines = [" | ".join(h for h, _, _ in columns), " | ".join("-" * len(h) for h, _, _ in columns)]
     for row in rows:
-        lines.append(" | ".join("-" if row.get(key) is None else format(row[key], spec) for _, key, spec in COLUMNS))
+        lines.append(" | ".join("-" if row.get(key) is None else format(row[key], spec) for _, key, spec in columns))
     return "\n".join(lines)
 
 
@@ -68,12 +99,86 @@ def chains(topology: profile.Topology) -> int:
     return min(len(topology.agents), max(1, int(topology.learner.up_mbit // bw)))
 
 
+def star_vs_chain(rows: list[dict]) -> list[str]:
+    """star-limited T_bcast / chain T_bcast per profile, beside the closed forms' ratio (docs/broadcast.md: star
+    max(M/Bw, N M/B0), chain M/Bw + (L-1) c/Bw) and the paper's N Bw / B0 (2.0 at N = 4, B0 = 2 Bw)."""
+    from simulator.broadcast import closed_form
+
+    lines = ["profile | N | chain T_bcast s | star-limited T_bcast s | star/chain | closed forms | N Bw/B0",
+             "------- | - | --------------- | ---------------------- | ---------- | ------------ | -------"]
+    for chain in (r for r in rows if r["strategy"] == "chain"):
+        star = next((r for r in rows if r["strategy"] == "star-limited" and r["profile"] == chain["profile"]
+                     and r["agents"] == chain["agents"]), None)
+        if star is None:
+            continue
+        n, m, c = chain["agents"], chain["m_bytes"] or 0, chain["chunk_bytes"] or 0
+        bw, b0 = chain["bw_bps"], chain["b0_bps"]
+        theory = (closed_form("star-limited", n, size=m, bw=bw, b0=b0, chunk=c)
+                  / closed_form("chain", n, size=m, bw=bw, b0=b0, chunk=c)) if m and c else None
+        ratio = star["t_bcast_s"] / chain["t_bcast_s"] if star["t_bcast_s"] and chain["t_bcast_s"] else None
+        lines.append(" | ".join((chain["profile"], str(n), _f(chain["t_bcast_s"]), _f(star["t_bcast_s"]),
+                                 _f(ratio, ".2f"), _f(theory, ".2f"), _f(n * bw / b0, ".2f"))))
+    return lines
+
+
+def fault_lines(rows: list[dict]) -> list[str]:
+    lines = ["profile | N | fault | node | recovery | lost | twice | note",
+             "------- | - | ----- | ---- | -------- | ---- | ----- | ----"]
+    for r in rows:
+        f = r.get("faults") or {}
+        audit = (str(r["lost"]), str(r["trained_twice"]))
+        if k := f.get("relay"):
+            what = "-" if k.get("killed_after_publication_s") is None else (
+                f"killed {k['killed_after_publication_s']:.1f} s after v{k['version']}'s publication; plan repaired "
+                f"{_f(k.get('repair_s'), '.1f')} s later ({k['child']} now from {k.get('child_parent') or '?'}); "
+                f"{k['child']} installed v{k.get('child_version', '?')} {_f(k.get('child_installed_s'), '.1f')} s "
+                "after the kill")
+            lines.append(" | ".join((r["profile"], str(r["agents"]), "relay killed mid-broadcast", k["node"], what,
+                                     *audit, k.get("error") or "")))
+        if p := f.get("partition"):
+            what = "-" if p.get("version_at_up") is None else (
+                f"reconnected {_f(p.get('reconnect_s'), '.1f')} s, generating under v{p['version_at_up']}+ "
+                f"{_f(p.get('generating_s'), '.1f')} s after the link came back")
+            lines.append(" | ".join((r["profile"], str(r["agents"]), f"link down {_f(p.get('partition_s'), 'g')} s",
+                                     p["node"], what, *audit, p.get("error") or "")))
+        if r.get("fault_error"):
+            lines.append(f"{r['profile']} | {r['agents']} | the fault script stopped | - | {r['fault_error']} "
+                         "| - | - |")
+    return lines
+
+
+def _f(value, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def finish(row: dict, topology: profile.Topology, sim_seeds: int) -> dict:
+    """The table's derived columns: chains, MB, pubs, the simulator's error and bubble, reply percentiles, timeouts."""
+    reply = row["reply_ms"]
+    timeouts = row["timeouts"]
+    row.update(chains=chains(topology) if row["strategy"] == "chain" else 0,
+               m_mb=row["m_bytes"] and row["m_bytes"] / 1e6, pubs=f"{row['timed']}/{row['all_installed']}/"
+               f"{row['publications']}", bw_bps=statistics.median(a.up_bps for a in topology.agents),
+               b0_bps=topology.learner.up_bps, reply_n=reply["n"], reply_p50=reply["p50"], reply_p95=reply["p95"],
+               reply_p99=reply["p99"], reconnect_count=sum(row["reconnects"].values()),
+               timeouts_line=", ".join(f"{k} {n}" for k, n in sorted(timeouts.items())) or "none")
+    if row.get("sim_t_bcast_s") and row.get("t_bcast_s"):
+        row["sim_err"] = 100 * (row["sim_t_bcast_s"] - row["t_bcast_s"]) / row["t_bcast_s"]
+    try:
+        from bench.bench_simulator import simulated_figures, wan_config
+
+        row["sim_bubble"] = simulated_figures(wan_config(row["calibration"], seed=0), sim_seeds)["bubble"]
+    except (TypeError, KeyError, ValueError, ZeroDivisionError, StopIteration, statistics.StatisticsError) as err:
+        row["sim_bubble"], row["sim_note"] = None, f"the simulator could not be calibrated: {type(err).__name__}: {err}"
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     reason = netns.unavailable() or (None if shutil.which("redis-server") else "redis-server is not installed")
     if reason:
         print(f"bench_wan: skipped: {reason}")
         return 0
+    from bench.wan.faults import FaultPlan
     from bench.wan.run import run_job
 
     netns.on_signals_exit()
@@ -82,21 +187,36 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in args.profiles:
         topology = profile.load(name).with_agents(args.agents)
-        print(f"{name}: {args.agents} agents, {args.steps} steps ...", flush=True)
-        job = Job(steps=args.steps, hidden=args.hidden, full_every=args.full_every)
-        try:
-            row = run_job(topology, args.workdir / topology.name, job, timeout=args.run_timeout)
-        except (RuntimeError, OSError, httpx.HTTPError) as err:
-            where = args.workdir / topology.name
-            print(f"bench_wan: the {name} run broke: {type(err).__name__}: {err}; logs in {where}")
-            return 1
-        rows.append({**row, "chains": chains(topology), "m_mb": row["m_bytes"] and row["m_bytes"] / 1e6,
-                     "pubs": f"{row['timed']}/{row['all_installed']}/{row['publications']}"})
+        for strategy in args.strategies:
+            faults = FaultPlan(after_step=args.steps, partition_s=args.partition_s) \
+                if args.faults and strategy == "chain" else None
+            steps = args.steps + (args.fault_steps if faults else 0)
+            print(f"{name} {strategy}: {args.agents} agents, {steps} steps"
+                  + (f" (faults after step {args.steps})" if faults else "") + " ...", flush=True)
+            job = Job(steps=steps, hidden=args.hidden, full_every=args.full_every, strategy=strategy)
+            where = args.workdir / f"{topology.name}-{strategy}"
+            try:
+                row = run_job(topology, where, job, timeout=args.run_timeout, faults=faults)
+            except (RuntimeError, OSError, httpx.HTTPError) as err:
+                print(f"bench_wan: the {name} {strategy} run broke: {type(err).__name__}: {err}; logs in {where}")
+                return 1
+            rows.append(finish(row, topology, args.sim_seeds))
+            if row.get("sim_note"):
+                print(f"  {row['sim_note']}")
     print(f"\nT_bcast on emulated WAN links (tiny model, hidden {args.hidden}, full every {args.full_every}; "
-          "Bw the median worker link)")
+          "Bw the median worker link; the clean steps)")
     print(table(rows))
+    print("\nStar-limited against chain (the same links)")
+    print("\n".join(star_vs_chain(rows)))
+    print("\nThe wire (clean steps): per-hop throughput against the link, the agents' round trips at the site, "
+          "reconnects, timeouts")
+    print(table(rows, WIRE))
+    if any(r.get("faults") or r.get("fault_error") for r in rows):
+        print("\nFaults and recovery (the audit covers the whole job)")
+        print("\n".join(fault_lines(rows)))
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(rows, indent=1, default=str))
     return 0
 
 

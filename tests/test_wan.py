@@ -89,6 +89,50 @@ async def test_proxy_delays_each_direction_by_the_links() -> None:
     service.close()
 
 
+async def test_tap_times_each_reply_and_measures_transfers(tmp_path: Path) -> None:
+    """The proxy's tap (bench/wan/tap.py): a websocket request's round trip as the agent sees it (both directions'
+    delay in it), the connection counted, and a bulk transfer's bytes as the peer acknowledged them."""
+    import json
+
+    import websockets
+
+    async def site(ws):
+        async for text in ws:
+            await ws.send(json.dumps({"type": "submitted", "ref_id": json.loads(text)["id"]}))
+
+    async def bulk(reader, writer):
+        writer.write(b"x" * 3_000_000)
+        await writer.drain()
+        writer.close()
+
+    tap = proxy.Tap(str(tmp_path / "site.jsonl"), "site")
+    async with websockets.serve(site, "127.0.0.1", 0, compression=None) as server:  # as daphne: no deflate
+        bulk_server = await asyncio.start_server(bulk, "127.0.0.1", 0)
+        targets = {"ws": server.sockets[0].getsockname()[1], "bulk": bulk_server.sockets[0].getsockname()[1]}
+        fronts = {kind: await asyncio.start_server(
+            lambda r, w, kind=kind: proxy.serve_one(r, w, ("127.0.0.1", targets[kind]), {"rtt_ms": 100}, {}, 0, tap,
+                                                    kind), "127.0.0.1", 0) for kind in targets}
+        async with websockets.connect(f"ws://127.0.0.1:{fronts['ws'].sockets[0].getsockname()[1]}") as ws:
+            for i in range(3):
+                await ws.send(json.dumps({"type": "submit", "id": f"r{i}", "groups": [{"lease_id": "x"}]}))
+                assert json.loads(await ws.recv())["ref_id"] == f"r{i}"
+        reader, writer = await asyncio.open_connection("127.0.0.1", fronts["bulk"].sockets[0].getsockname()[1])
+        got = 0
+        while chunk := await reader.read(1 << 16):
+            got += len(chunk)
+        writer.close()
+        await asyncio.sleep(0.2)  # the proxy closes its side and writes the burst
+        for front in fronts.values():
+            front.close()
+        bulk_server.close()
+    records = [json.loads(line) for line in (tmp_path / "site.jsonl").read_text().splitlines()]
+    replies = [r for r in records if r["kind"] == "reply"]
+    assert [r["type"] for r in replies] == ["submit"] * 3 and all(r["ms"] >= 100 for r in replies), records
+    assert len([r for r in records if r["kind"] == "ws"]) == 1
+    bursts = [r for r in records if r["kind"] == "burst"]
+    assert got == 3_000_000 and sum(b["bytes"] for b in bursts) >= 2_900_000, records
+
+
 def ours(pid: int) -> tuple[list[str], list[str]]:
     """Namespaces and host links named for run ``pid``."""
     tag = netns.prefix(pid)

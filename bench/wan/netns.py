@@ -110,6 +110,11 @@ class Net:
     def exec(self, node: str) -> tuple[str, ...]:
         return ("ip", "netns", "exec", self.ns(node))
 
+    def set_link(self, node: str, up: bool) -> None:
+        """``node``'s eth0 down (its route goes with it: a partition, both ways) or up again (qdisc and address
+        stay)."""
+        ip("-n", self.ns(node), "link", "set", "eth0", "up" if up else "down")
+
     def links(self) -> dict[str, Link]:
         """IP -> link of every node (what each proxy needs to know about its peers)."""
         return {self.address(n): link for n, link in self.topology.nodes()}

@@ -22,7 +22,11 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from . import tap as tap_mod
+from .tap import Tap
 
 CHUNK = 64 * 1024
 WINDOW = 4 * 1024 * 1024  # Linux's default tcp_wmem maximum: what one connection keeps in flight
@@ -52,14 +56,17 @@ class Path:
         return max(now + max(delay, 0.0), last)
 
 
-async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: Path, rng: random.Random) -> None:
-    """Copy one direction, each chunk released at its due time, at most WINDOW bytes held."""
-    queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: Path, rng: random.Random,
+               seen: Callable[[bytes], object] | None = None,
+               delivered: Callable[[object], None] | None = None) -> None:
+    """Copy one direction, each chunk released at its due time, at most WINDOW bytes held. ``seen`` (a tap) is
+    called with each chunk read; what it returns is handed to ``delivered`` once the chunk is written on."""
+    queue: asyncio.Queue[tuple[float, bytes, object]] = asyncio.Queue()
     room = asyncio.Semaphore(WINDOW // CHUNK)
 
     async def deliver() -> None:
         while True:
-            due, data = await queue.get()
+            due, data, note = await queue.get()
             wait = due - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
@@ -68,6 +75,8 @@ async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path:
                 return
             writer.write(data)
             await writer.drain()
+            if note and delivered is not None:
+                delivered(note)
             room.release()
 
     sender = asyncio.create_task(deliver())
@@ -77,7 +86,7 @@ async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path:
             await room.acquire()
             data = await reader.read(CHUNK)
             last = path.due(time.monotonic(), last, rng) if data else max(time.monotonic() + path.delay_s, last)
-            queue.put_nowait((last, data))
+            queue.put_nowait((last, data, seen(data) if seen is not None and data else None))
             if not data:
                 break
         await sender
@@ -87,7 +96,10 @@ async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path:
         sender.cancel()
 
 
-async def serve_one(client_r, client_w, target: tuple[str, int], link: dict, peers: dict, seed: int) -> None:
+async def serve_one(client_r, client_w, target: tuple[str, int], link: dict, peers: dict, seed: int,
+                    tap: Tap | None = None, watch: str = "") -> None:
+    """Forward one connection. ``watch``: what the tap records of it: ``ws`` (the site's websocket: each request's
+    round trip), ``bulk`` (bursts of bytes the peer acknowledged), or nothing."""
     peer_ip = (client_w.get_extra_info("peername") or ("?",))[0]
     path = Path.between(link, peers.get(peer_ip, {}))
     try:
@@ -96,20 +108,34 @@ async def serve_one(client_r, client_w, target: tuple[str, int], link: dict, pee
         client_w.close()
         return
     rng = random.Random(seed)
+    up, down, sampler = (None, None), (None, None), None
+    if tap is not None and watch == "ws":
+        replies = tap_mod.Replies(tap, peer_ip)
+        up, down = (replies.from_client, None), (replies.from_server, replies.delivered)
+    elif tap is not None and watch == "bulk":
+        port = client_w.get_extra_info("sockname")[1]
+        sampler = asyncio.create_task(tap_mod.bursts(tap, client_w.get_extra_info("socket"), port=port, peer=peer_ip))
     try:
-        await asyncio.gather(pump(client_r, server_w, path, rng), pump(server_r, client_w, path, rng))
+        await asyncio.gather(pump(client_r, server_w, path, rng, *up), pump(server_r, client_w, path, rng, *down))
     finally:
+        if sampler is not None:
+            sampler.cancel()
         for w in (client_w, server_w):
             w.close()
 
 
 async def main(config: dict) -> None:
-    """``config``: ``listen`` [[host, port, target_host, target_port]], ``link`` (ours), ``peers`` {ip: link}."""
+    """``config``: ``listen`` [[host, port, target_host, target_port]], ``link`` (ours), ``peers`` {ip: link};
+    optional ``tap`` {"path", "node", "ws": [ports], "bulk": [ports]} (bench/wan/tap.py)."""
     counter = iter(range(1 << 62))
+    taps = config.get("tap")
+    tap = Tap(taps["path"], taps["node"]) if taps else None
+    watch = {p: kind for kind in ("ws", "bulk") for p in (taps or {}).get(kind, [])}
     servers = []
     for host, port, t_host, t_port in config["listen"]:
-        async def handle(r, w, target=(t_host, t_port)):
-            await serve_one(r, w, target, config["link"], config["peers"], config.get("seed", 0) + next(counter))
+        async def handle(r, w, target=(t_host, t_port), port=port):
+            await serve_one(r, w, target, config["link"], config["peers"], config.get("seed", 0) + next(counter),
+                            tap, watch.get(port, ""))
         servers.append(await asyncio.start_server(handle, host, port, reuse_address=True))
     print("proxy ready", flush=True)
     await asyncio.gather(*(s.serve_forever() for s in servers))

@@ -5,15 +5,18 @@ once, none lost, none trained twice, the largest staleness, the learner's bubble
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 import sys
 import time
 from pathlib import Path
 
+from . import report
+from .faults import FaultPlan, Faults
 from .netns import Net
 from .profile import Topology
-from .stack import Job, WanStack
+from .stack import PRICE, Job, WanStack
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -52,27 +55,86 @@ def broadcast_figures(snapshots: list[dict], bw_bps: float, installed: dict[int,
             "ratio_all": t_all / m_over_bw if t_all and m_over_bw else None}
 
 
-def run_job(topology: Topology, workdir: Path, job: Job, *, timeout: float = 300.0) -> dict:
-    """Build the namespaces, launch the stack, run ``job`` to its end, audit it, tear everything down."""
+def run_job(topology: Topology, workdir: Path, job: Job, *, timeout: float = 300.0,
+            faults: FaultPlan | None = None) -> dict:
+    """Build the namespaces, launch the stack, run ``job`` to its end (with ``faults``: the fault script beside it,
+    after the clean part), audit it, tear everything down. The broadcast figures and the bubble are the clean
+    part's (before the first fault); the audit covers the whole job."""
     started = time.monotonic()
+    script = None
     with Net(topology) as net:
         stack = WanStack(net, workdir, job)
         try:
             stack.launch_site()
             stack.launch_agents()
             stack.launch_job()
+            if faults is not None:
+                script = Faults(stack, faults)
+                script.start()
             status = stack.wait(timeout)
             found = stack.results()
         finally:
+            if script is not None:
+                script.stop()
             stack.stop()
+        nodes = {net.address(n): (n, link) for n, link in topology.nodes()}
     aof = workdir / "redis" / "appendonlydir"
     from dataplane.replay import trajectories_key
 
     stream = fa.stream_audit(fa.aof_commands(aof), trajectories_key(stack.job_id)) if aof.exists() else None
-    row = {"profile": topology.name, "agents": len(topology.agents), "status": status,
-           "steps": found["summary"]["step"], **fa.audit(found["metrics"], found["summary"], stream, job.group),
-           **broadcast_figures(found["snapshots"], statistics.median(a.up_bps for a in topology.agents),
+    events = script.events if script is not None else {}
+    clean_until = script.first_fault if script is not None else math.inf
+    clean = {"snapshots": [s for s in found["snapshots"] if report.wall(s["published_at"]) < clean_until],
+             "metrics": [m for m in found["metrics"] if faults is None or m["step"] <= faults.after_step]}
+    bubbles = [m["wait_s"] / (m["wait_s"] + m["t_train"]) for m in clean["metrics"] if m["wait_s"] + m["t_train"] > 0]
+    full = [s for s in clean["snapshots"] if s["version"] >= 1 and not s["manifest"].get("base_version")]
+    chunk = statistics.median(int(s["manifest"]["chunk_bytes"]) for s in full) if full else None
+    taps = report.read_taps(stack.taps)
+    agents = {a: n for a, (n, _) in nodes.items() if n.startswith("a")}
+    hop_list = [h for h in report.hops(taps, nodes) if h["t0"] < clean_until]
+    audit = fa.audit(found["metrics"], found["summary"], stream, job.group)
+    row = {"profile": topology.name, "strategy": job.strategy, "agents": len(topology.agents), "status": status,
+           "steps": found["summary"]["step"], **audit, "bubble_all": audit["bubble"],
+           "bubble": statistics.fmean(bubbles) if bubbles else None,
+           **broadcast_figures(clean["snapshots"], statistics.median(a.up_bps for a in topology.agents),
                                installs(stack.stack.logs), len(topology.agents)),
+           "chunk_bytes": chunk, **report.hop_summary(hop_list),
+           "reply_ms": report.reply_latency(taps, until=clean_until),
+           "reply_ms_all": report.reply_latency(taps), "reconnects": report.reconnects(taps, agents),
+           "reconnect_lines": report.agent_reconnect_lines(stack.stack.logs),
+           "timeouts": report.timeouts(stack.stack.logs),
+           "faults": report.recovery(events, taps, found["snapshots"], aof, stack.job_id, agents) if faults else {},
+           "fault_error": script.error if script is not None else None,
            "seconds": time.monotonic() - started, "logs": str(stack.stack.logs)}
-    (workdir / "results.json").write_text(json.dumps({"row": row, **found}, indent=1, default=str))
+    if row["m_bytes"] and chunk:
+        row.update(report.predicted_t_bcast(topology, job.strategy, size=row["m_bytes"], chunk=chunk))
+    row["calibration"] = calibration(stack, clean, aof, clean_until) | {"chunk_bytes": chunk}
+    (workdir / "results.json").write_text(json.dumps({"row": row, "hops": hop_list, "events": events, **found},
+                                                     indent=1, default=str))
     return row
+
+
+def calibration(stack: WanStack, clean: dict, aof: Path, until: float) -> dict:
+    """The clean part in bench/sim_real.py's document shape, what bench/bench_simulator.py calibrates the fleet
+    simulator on (plus ``links``: each worker's link, for the broadcast the simulator predicts)."""
+    import sim_real
+
+    job, topology = stack.job, stack.net.topology
+    samples = [s for s in stack.samples if s[0] < until]
+    sampled = max((s[2] for s in samples), default=0)  # the fault script may see the last clean step before a poll
+    groups = sim_real.lease_groups(aof, stack.job_id) if aof.exists() else []
+    sizes = [int(s["manifest"]["total_bytes"]) for s in clean["snapshots"] if s["version"] >= 1]
+    links = dict(topology.nodes())
+    return {"job": {"staleness": job.staleness, "batch": job.batch, "group": job.group, "steps": job.steps,
+                    "kappa": job.staleness - 1, "price_per_hour": PRICE, "snapshot_bytes": max(sizes, default=None),
+                    "strategy": job.strategy},
+            "metrics": [{k: m.get(k) for k in ("step", "t_train", "wait_s", "max_staleness")}
+                        for m in clean["metrics"] if m["step"] <= sampled],
+            "samples": samples,
+            "snapshots": [{"version": s["version"], "t_bcast": s["t_bcast"]} for s in clean["snapshots"]],
+            "installs": [{"seconds": t} for ts in installs(stack.stack.logs).values() for t in ts],
+            "groups": [g for g in groups if g["leased_ms"] / 1000 < until],
+            "top_ups": [t for t in (sim_real.top_ups(aof, stack.job_id) if aof.exists() else []) if t / 1000 < until],
+            "links": {str(w): vars(links[node]) for node, w in stack.workers.items()},
+            "b0_bps": topology.learner.up_bps, "site_rtt_ms": topology.site.rtt_ms,
+            "learner_rtt_ms": topology.learner.rtt_ms}

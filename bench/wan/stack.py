@@ -11,6 +11,8 @@ listens on (filesystems are not namespaced), so the host needs no link into the 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -41,6 +43,7 @@ class Job:
     hidden: int = 64  # the tiny model's width: the snapshot's size M grows as hidden**2 (64: 0.17 MB, 448: 8 MB)
     layers: int = 2
     full_every: int = 1  # every publication a full snapshot: T_bcast against M/Bw (10: deltas between fulls)
+    strategy: str = "chain"  # the job's broadcast_strategy (dataplane/broadcast/strategies/: chain, star-limited...)
 
 
 def site_env(directory: Path, site_address: str) -> dict[str, str]:
@@ -62,6 +65,9 @@ class WanStack:
     job: Job = field(default_factory=Job)
     tokens: dict[str, str] = field(default_factory=dict)
     job_id: int = 0
+    workers: dict[str, int] = field(default_factory=dict)  # agent node -> its worker id at the site
+    samples: list[list] = field(default_factory=list)  # polls of the summary: [t, status, step, accepted_records]
+    killed: set[str] = field(default_factory=set)  # processes a fault ended on purpose (check_alive spares them)
 
     def __post_init__(self) -> None:
         self.workdir = self.workdir.resolve()  # paths go to processes in other directories and to the site
@@ -77,11 +83,20 @@ class WanStack:
         return httpx.Client(transport=httpx.HTTPTransport(uds=str(self.sock)), base_url="http://127.0.0.1/api/",
                             timeout=10, headers={"Authorization": f"Token {self.tokens[token]}"})
 
-    def start_proxy(self, node: str, ports: list[int]) -> None:
+    @property
+    def taps(self) -> Path:
+        """The proxies' records (bench/wan/tap.py): one JSON-lines file per node."""
+        return self.workdir / "taps"
+
+    def start_proxy(self, node: str, ports: list[int], *, ws: tuple[int, ...] = (), bulk: tuple[int, ...] = ()) -> None:
+        """Our delay proxy in front of ``node``'s ``ports``; its tap times the websocket requests on ``ws`` ports and
+        the transfers on ``bulk`` ports."""
         address = self.net.address(node)
+        self.taps.mkdir(exist_ok=True)
         config = {"listen": [[address, p, "127.0.0.1", p] for p in ports],
                   "link": vars(dict(self.net.topology.nodes())[node]),
-                  "peers": {a: vars(link) for a, link in self.net.links().items()}, "seed": len(address)}
+                  "peers": {a: vars(link) for a, link in self.net.links().items()}, "seed": len(address),
+                  "tap": {"path": str(self.taps / f"{node}.jsonl"), "node": node, "ws": list(ws), "bulk": list(bulk)}}
         path = self.workdir / f"proxy-{node}.json"
         path.write_text(json.dumps(config))
         self.stack.start(f"proxy-{node}", *self.net.exec(node), str(BIN / "python"), "-m", "bench.wan.proxy",
@@ -109,8 +124,8 @@ class WanStack:
                          "solo")
         self.stack.start("celery-beat", *site, str(BIN / "celery"), "-A", "echo2_site", "beat", "-l", "info", "-s",
                          str(self.workdir / "celerybeat-schedule"))
-        self.start_proxy("site", [SITE_PORT, REDIS_PORT])
-        self.start_proxy("learner", [SNAPSHOT_PORT, HUB_PORT])
+        self.start_proxy("site", [SITE_PORT, REDIS_PORT], ws=(SITE_PORT,))
+        self.start_proxy("learner", [SNAPSHOT_PORT, HUB_PORT], bulk=(SNAPSHOT_PORT, HUB_PORT))
         wait_for(self.site_up, "the site", 90)
 
     @property
@@ -133,9 +148,10 @@ class WanStack:
                            "--token", self.tokens["provider"], "--name", f"wan-{node}", "--price", str(PRICE),
                            "--bandwidth-mbps", f"{link.up_mbit:g}", "--relay-address",
                            f"{self.net.address(node)}:{RELAY_PORT}", "--config", str(cfg), "--json")
-            self.start_proxy(node, [RELAY_PORT])
+            self.workers[node] = json.loads(cfg.read_text())["worker_id"]
+            self.start_proxy(node, [RELAY_PORT], bulk=(RELAY_PORT,))
             self.stack.start(f"agent-{node}", *self.net.exec(node), str(BIN / "echo2-agent"), "run", "--config",
-                             str(cfg), "--threads", "1", "--relay-listen", f"127.0.0.1:{RELAY_PORT}")
+                             str(cfg), "--threads", "1", "--relay-listen", f"127.0.0.1:{RELAY_PORT}", "--debug")
         with self.api("provider") as provider:
             wait_for(lambda: sum(w["status"] == "idle" for w in provider.get("workers/").json()["results"])
                      == len(agents), f"{len(agents)} idle workers", 180)
@@ -147,7 +163,7 @@ class WanStack:
                 "task": {"name": "arithmetic", "max_operand": 4}, "staleness": self.job.staleness,
                 "batch_trajectories": self.job.batch, "group_size": self.job.group, "learning_rate": 1e-3,
                 "max_steps": self.job.steps, "max_new_tokens": 2, "seed": self.job.seed,
-                "snapshot_full_every": self.job.full_every,
+                "snapshot_full_every": self.job.full_every, "broadcast_strategy": self.job.strategy,
                 "learner_uplink_bps": int(self.net.topology.learner.up_bps)})
             if job.status_code != 201:
                 raise RuntimeError(f"the site refused the job ({job.status_code}): {job.text[:500]}")
@@ -161,16 +177,39 @@ class WanStack:
                          self.net.address("learner"))
 
     def wait(self, timeout: float) -> str:
-        """Until the job ends (its status) or ``timeout`` seconds pass ('timeout')."""
+        """Until the job ends (its status) or ``timeout`` seconds pass ('timeout'); each poll kept in ``samples``."""
         deadline = time.monotonic() + timeout
         with self.api() as api:
             while time.monotonic() < deadline:
-                self.stack.check_alive()
-                status = api.get(f"jobs/{self.job_id}/summary/").json()["status"]
-                if status in FINAL:
-                    return status
+                self.check_alive()
+                summary = api.get(f"jobs/{self.job_id}/summary/").json()
+                counters = summary.get("counters") or {}
+                self.samples.append([time.time(), summary["status"], summary["step"],
+                                     int(counters.get("accepted_records", 0))])
+                if summary["status"] in FINAL:
+                    return summary["status"]
                 time.sleep(1)
         return "timeout"
+
+    def check_alive(self) -> None:
+        """Every process still running, but those a fault ended (``killed``)."""
+        for name, proc in self.stack.procs:
+            if name != "learner" and name not in self.killed and proc.poll() is not None:
+                raise RuntimeError(f"{name} exited with code {proc.returncode}; see {self.stack.logs / name}.log")
+
+    def kill_agent(self, node: str) -> None:
+        """A relay gone at once (SIGKILL to the agent's process group): its sockets close, as a crashed machine's
+        would not; the site hears its websocket close, its children their parent's."""
+        name = f"agent-{node}"
+        proc = next(p for n, p in self.stack.procs if n == name)
+        self.killed.add(name)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+    def link(self, node: str, up: bool) -> None:
+        """Take ``node``'s link down (a partition: nothing crosses it either way, the connections stay open and
+        silent, a connect from inside fails with 'network unreachable') or bring it back (tbf stays on it)."""
+        self.net.set_link(node, up)
 
     def results(self) -> dict:
         """What the site recorded: summary, step metrics, snapshots (with t_bcast and sizes)."""
