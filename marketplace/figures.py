@@ -106,5 +106,6 @@ def summary_figures(job: Job, *, last: JobMetric | None, snap: Snapshot | None, 
         "throughput_target_unmet": unmet,  # T_train measured, yet no pool can meet the schedule: the line says why
         "final": job.is_terminal,
         "export_line": export_line(job),
-        "learner_waiting": job.status == Job.Status.RUNNING and job.learner_seen_at is None,
+        # started, and no learner ever reported (a stalled job too: it stalls when none does)
+        "learner_waiting": job.status in (Job.Status.RUNNING, Job.Status.STALLED) and job.learner_seen_at is None,
     }

@@ -183,7 +183,10 @@ def test_a_job_waiting_for_its_learner_says_so_and_how_to_start_it(running):
     assert 'class="target-line"' in page  # calibrating, not an error
     assert keyed(page, "export_line")[0].startswith("Nothing to download yet") and not shown(page, 'id="export"')
 
-    services.learner_announce(job=Job.objects.get(pk=job.pk), t_train=None)
+    Job.objects.filter(pk=job.pk).update(status=Job.Status.STALLED)  # as jobs_stall_silent_learners leaves it
+    assert shown(client.get(f"/jobs/{job.pk}/").content.decode(), 'id="learner-waiting"')
+
+    services.learner_announce(job=Job.objects.get(pk=job.pk), t_train=None)  # it runs again
     publish(job, 0, "http://127.0.0.1:9/v0/")
     page = client.get(f"/jobs/{job.pk}/").content.decode()
     assert not shown(page, 'id="learner-waiting"') and shown(page, 'id="export"')  # its learner serves it
