@@ -50,10 +50,12 @@ def _updates(c: CellSummary) -> str:
 
 
 def _ratio(row: Row) -> str:
+    """The ratio to synchronous as a change, '>=' when the cell's median is itself only a bound."""
     if row.ratio is None:
         return "-"
     value, low, high, _ = row.ratio
-    return f"{100 * (value - 1):+.0f}% [{100 * (low - 1):+.0f}, {100 * (high - 1):+.0f}]"
+    bound = ">= " if row.cell.median_censored else ""
+    return f"{bound}{100 * (value - 1):+.0f}% [{100 * (low - 1):+.0f}, {100 * (high - 1):+.0f}]"
 
 
 COLUMNS = ("task", "S", "correction", "mean lag", "seeds", "reached", "updates to target, median [95%]",
@@ -136,9 +138,12 @@ def save_figure(path: Path, table_rows: list[Row]) -> bool:
     for (ax_t, ax_f), task in zip(axes, tasks, strict=True):
         mine = [r for r in table_rows if r.task == task]
         sync = next((r for r in mine if r.staleness == SYNCHRONOUS), None)
-        for i, correction in enumerate(sorted({r.correction for r in mine if r.staleness != SYNCHRONOUS})):
+        budgets = sorted({r.staleness for r in mine if r.staleness != SYNCHRONOUS})
+        corrections = sorted({r.correction for r in mine if r.staleness != SYNCHRONOUS})
+        for i, correction in enumerate(corrections):
             line = [r for r in mine if r.correction == correction and r.staleness != SYNCHRONOUS]
-            x = [r.staleness + 0.12 * (i - 2) for r in line]  # side by side, not on top of each other
+            # one slot per budget, the corrections side by side in it
+            x = [budgets.index(r.staleness) + 0.6 * (i + 0.5) / len(corrections) - 0.3 for r in line]
             for ax, key in ((ax_t, "median"), (ax_f, "final")):
                 y = [getattr(r.cell, key) for r in line]
                 ci = [getattr(r.cell, f"{key}_ci") for r in line]
@@ -151,10 +156,14 @@ def save_figure(path: Path, table_rows: list[Row]) -> bool:
                 value, (lo, hi) = getattr(sync.cell, key), getattr(sync.cell, f"{key}_ci")
                 ax.axhline(value, color="black", lw=1, label=f"synchronous ({sync.cell.seeds} seeds)")
                 ax.axhspan(lo, hi, color="black", alpha=0.08)
-            ax.set_xlabel("staleness budget S")
+            ax.set_xticks(range(len(budgets)), [f"S = {b}" for b in budgets])
+            ax.set_xlim(-0.5, len(budgets) - 0.5)
+            ax.set_xlabel("staleness budget")
             ax.set_ylabel(label)
             ax.set_title(f"{task}: {label.split(' (')[0]}, 95% bootstrap")
             ax.grid(alpha=0.3)
+        if mine:
+            ax_t.axhline(mine[0].cell.cap, color="grey", lw=0.8, ls=":", label="step cap (a miss counts here)")
         ax_t.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
