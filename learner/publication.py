@@ -135,8 +135,12 @@ class Publisher:
     def publish_resumed(self, published: int) -> None:
         """After a restart: publish the checkpoint's version if the site lacks the last publication due by then (we
         died before announcing it), else announce the site's newest again from the store: the site keeps the address
-        each version was announced at, and an agent still fetching it would wait on the dead process's ports."""
+        each version was announced at, and an agent still fetching it would wait on the dead process's ports.
+        Versions the store wrote after the site's newest never reached the site (no agent holds one): they go, so
+        the next delta is against a version the agents may hold."""
         version, kappa = self.loop.version, self.spec.kappa
+        if dropped := self.store.forget_after(published):
+            log.info("job %s: dropped snapshot(s) %s, never announced to the site", self.job_id, dropped)
         if republish_on_resume(version, kappa=kappa, published_version=published):
             self.publish(version)
         elif published > 0 and (manifest := self.store.manifest(published)) is not None:

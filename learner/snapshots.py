@@ -248,6 +248,16 @@ class SnapshotStore:
             count += 1
         return 0 if count == 0 else None
 
+    def forget_after(self, version: int) -> list[int]:
+        """Delete the versions newer than ``version`` (a restarted learner's writes the site never heard of, so no
+        agent holds them and no delta should apply to them); returns them."""
+        dropped = [v for v in list_versions(self.root) if v > version]
+        for v in dropped:
+            shutil.rmtree(version_dir(self.root, v), ignore_errors=True)
+        if dropped:
+            self._since_full = self._deltas_on_disk()
+        return dropped
+
     def write_base(self, model_dir: str | Path) -> Manifest:
         """Lay out the checkpoint directory ``model_dir`` as version 0; its sha256 is the job's base digest."""
         payload = basemodel.pack(model_dir)

@@ -53,12 +53,12 @@ def _close_servers():
         _servers.pop().httpd.server_close()  # never started: only their addresses were used
 
 
-def _publisher(site, tmp_path, model_dir, *, version=0, committer=None):
+def _publisher(site, tmp_path, model_dir, *, version=0, committer=None, full_every=2):
     """A Publisher over a real store, HTTP server (bound, not started) and site client, and the loop it reads: a
     stand-in holding the trained version, the policy and the checkpoint's copy."""
     spec = JobSpec(name="pub", model_dir=str(model_dir), task={"name": "arithmetic"}, staleness=4, kappa=2,
                    batch_trajectories=4, group_size=2, max_steps=10)
-    store = SnapshotStore(tmp_path / "snapshots", job_id=7, chunk_bytes=4096, keep=10, full_every=2)
+    store = SnapshotStore(tmp_path / "snapshots", job_id=7, chunk_bytes=4096, keep=10, full_every=full_every)
     loop = SimpleNamespace(version=version, trainer=_Trainer(torch.nn.Linear(16, 8)), committer=committer,
                            last_state=None)
     client = SiteClient(f"http://127.0.0.1:{site.port}", "token", timeout=2, retries=1)
@@ -122,3 +122,21 @@ def test_a_refusal_met_on_the_committers_thread_fails_the_next_step(site, tmp_pa
     finally:
         publisher.outbox.stop()
         committer.close()
+
+
+def test_a_restarted_learner_writes_its_next_delta_against_what_the_site_announced(site, tmp_path, tiny_model_dir):
+    """Deltas on the wire (docs/broadcast.md): v4 was written but the learner died before announcing it; the
+    restarted one drops v4 and republishes v6 as a delta against v2, the version the agents may hold."""
+    first = _publisher(site, tmp_path, tiny_model_dir, version=2, full_every=0)
+    first.publish(2)
+    with torch.no_grad():
+        first.loop.trainer.model.weight[0, 0] += 1.0
+    assert first.store.write(first.loop.trainer.model, 4).base_version == 2  # written; the outbox died with it
+    site.received.clear()
+    restarted = _publisher(site, tmp_path, tiny_model_dir, version=6, full_every=0)
+    restarted.loop.trainer = first.loop.trainer
+    with torch.no_grad():
+        restarted.loop.trainer.model.weight[0, 1] += 1.0
+    restarted.publish_resumed(2)
+    assert _announced(site) == [(6, "delta")]
+    assert restarted.store.manifest(6).base_version == 2 and restarted.store.manifest(4) is None
