@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import math
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
@@ -234,25 +235,41 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
 _OPENER = urllib.request.build_opener(_NoRedirects)
 
 
-def read_bounded(response: Any, size: int) -> bytes:
+def read_bounded(response: Any, size: int, *, deadline: float | None = None) -> bytes:
     """At most ``size`` bytes of ``response`` (an HTTP response), refused the moment it says or sends more: a
     ``Content-Length`` over ``size`` is refused before a byte is read, and a body that goes on is cut off after
-    ``size + 1`` bytes, so a server sending far more than declared costs at most one declared size."""
+    ``size + 1`` bytes, so a server sending far more than declared costs at most one declared size. ``deadline``
+    (``time.monotonic()``): the body is read piece by piece and given up once it passes (a server trickling bytes
+    never trips a per-read timeout)."""
     length = response.headers.get("Content-Length")
     if length is not None and (not length.strip().isdigit() or int(length) > size):
         raise SnapshotError(f"the server announced {length.strip()[:20]} bytes, {size} were declared")
-    data = response.read(size + 1)
+    data = response.read(size + 1) if deadline is None else _read_until(response, size + 1, deadline)
     if len(data) > size:
         raise SnapshotError(f"the server sent more than the {size} bytes declared")
     return data
 
 
+def _read_until(response: Any, size: int, deadline: float) -> bytes:
+    parts, got = [], 0
+    while got < size:
+        if time.monotonic() > deadline:
+            raise SnapshotError(f"{got} of the body's bytes by the deadline")
+        piece = response.read1(min(size - got, 1 << 16))
+        if not piece:
+            break
+        parts.append(piece)
+        got += len(piece)
+    return b"".join(parts)
+
+
 def fetch_chunk(base_url: str, manifest: Manifest, index: int, *, timeout: float, retries: int = 3,
-                credential: str | None = None) -> bytes:
+                credential: str | None = None, deadline: float | None = None) -> bytes:
     """GET ``{base_url}chunks/{index}`` from a snapshot server (with ``Authorization: Bearer <credential>``) and
     verify it, re-fetching a bad or failed copy up to ``retries`` times; raise SnapshotError naming the chunk
     when every attempt failed. A refusal (4xx: no or a bad credential, a version gone) is not retried. No
-    redirect is followed, and no more than the chunk's declared size is read (:func:`read_bounded`).
+    redirect is followed, and no more than the chunk's declared size is read (:func:`read_bounded`). ``timeout``
+    bounds each read; ``deadline`` (``time.monotonic()``), if given, the whole, retries included.
 
     The one HTTP path for chunks: agents without a chain parent, relays falling back to the learner, the site's
     export.
@@ -266,7 +283,7 @@ def fetch_chunk(base_url: str, manifest: Manifest, index: int, *, timeout: float
         try:
             request = urllib.request.Request(url, headers=headers)  # noqa: S310 - the site hands out the URL
             with _OPENER.open(request, timeout=timeout) as response:
-                data = read_bounded(response, manifest.chunks[index].size)
+                data = read_bounded(response, manifest.chunks[index].size, deadline=deadline)
             verify_chunk(manifest, index, data)
             return data
         except urllib.error.HTTPError as err:
@@ -274,19 +291,19 @@ def fetch_chunk(base_url: str, manifest: Manifest, index: int, *, timeout: float
                 reason = err.read(500).decode(errors="replace").strip() if err.fp else ""
                 raise SnapshotError(f"{what}: {err.code} {reason or err.reason}", status=err.code) from None
         except (OSError, http.client.HTTPException, SnapshotError) as err:
-            if attempt == retries:
+            if attempt == retries or (deadline is not None and time.monotonic() > deadline):
                 raise SnapshotError(f"{what}: {err or err.__class__.__name__}") from None
     raise AssertionError("unreachable")
 
 
 def fetch_chunks(base_url: str, manifest: Manifest, *, timeout: float = 30.0, retries: int = 3,
-                 credential: str | None = None) -> list[bytes]:
+                 credential: str | None = None, deadline: float | None = None) -> list[bytes]:
     """Every chunk of ``manifest`` from a snapshot server (:func:`fetch_chunk`), in order and checked whole
     against the learner's digest (:func:`ordered_chunks`): the path of an agent without a chain parent. Nothing
     is returned unless every chunk verified; turning the bytes into tensors is the receiver's business (this
-    plane imports no torch)."""
+    plane imports no torch). ``deadline`` (``time.monotonic()``): the whole fetch's."""
     chunks = {info.index: fetch_chunk(base_url, manifest, info.index, timeout=timeout, retries=retries,
-                                      credential=credential)
+                                      credential=credential, deadline=deadline)
               for info in manifest.chunks}
     return ordered_chunks(manifest, chunks)
 

@@ -12,8 +12,11 @@ never dropped by the transport (issue 25).
   the request's ``deadline``. Only the site's verdict on the content ends a request otherwise; the site applies a
   group at most once (its lease is answered once), so a resent group that had already arrived is refused, never
   trained twice.
-- **Watched.** A site that stops answering is noticed by the websocket's pings within ``PING_INTERVAL_S +
-  PING_TIMEOUT_S``, and the connection is made again.
+- **Watched.** A site that stops answering is noticed by the websocket's pings within ``PING_INTERVAL_S`` and the
+  ping timeout, and the connection is made again.
+- **Timed by what it measures** (:mod:`worker_agent.timing`, issue 30): each reply's round trip and each ping's
+  feed :attr:`SiteConnection.round_trips`; the reply timeout, the opening and the ping timeouts follow them
+  between a floor and a ceiling, so a long or loaded path is not mistaken for a lost reply.
 """
 
 from __future__ import annotations
@@ -33,11 +36,11 @@ from dataplane import messages as m
 
 from . import submit
 from .pacing import Pacer
+from .timing import RoundTrips
 
 log = logging.getLogger("echo2.agent")
 
-REPLY_TIMEOUT_S = 30.0  # a reply that takes longer: the request is sent again (same id)
-PING_INTERVAL_S, PING_TIMEOUT_S = 5.0, 10.0  # a silent site is noticed within 15 s
+PING_INTERVAL_S = 5.0  # the ping timeout follows the measured round trips (timing.RoundTrips.ping_timeout)
 Reply = m.Lease | m.NoWork | m.Accepted | m.Rejected | m.Submitted
 
 
@@ -55,15 +58,22 @@ def websocket_url(server: str) -> str:
     return urlunsplit((scheme, parts.netloc, parts.path.rstrip("/") + "/ws/agent/", "", ""))
 
 
-def reconnect_delays(*, first: float = 1.0, cap: float = 30.0) -> Iterator[float]:
+def reconnect_delays(*, first: float = 1.0, cap: float = 30.0,
+                     clock: Callable[[], float] | None = None) -> Iterator[float]:
     """Waits before each reconnection attempt: a random quarter to half of the time spent away so far (at least
-    ``first``), at most ``cap``. Proportional waits bring the agent back within half the outage again after the
-    site returns (doubling waits: up to as long again), and the randomness spreads a fleet that lost the site
-    together instead of bringing it back in step."""
-    away = 0.0
+    ``first``); past ``2 cap`` away, a random half to all of ``cap`` (jittered at the cap too: a fixed wait would
+    keep a fleet's attempts in whatever step they fell into). Proportional waits bring the agent back within half
+    the outage again after the site returns (doubling waits: up to as long again), and the randomness spreads a
+    fleet that lost the site together instead of bringing it back in step (tests/worker_agent/test_reconnect.py).
+    ``clock`` (seconds, e.g. ``time.monotonic``): the time away is read from it, so the attempts themselves count
+    (one that waits ``open_timeout`` on a dead link); without it, the sum of the waits."""
+    start, away = (clock() if clock else 0.0), 0.0
     while True:
-        wait = min(cap, random.uniform(0.25, 0.5) * max(first, away))
-        away += wait
+        if clock is not None:
+            away = clock() - start
+        wait = random.uniform(0.5, 1.0) * min(cap, 0.5 * max(first, away))
+        if clock is None:
+            away += wait
         yield wait
 
 
@@ -82,6 +92,8 @@ class SiteConnection:
         self.request_lock = asyncio.Lock()  # held while one request's frames go out (parts never interleave)
         self.refused = 0  # our frames the site refused for the transport's sake (each sent again)
         self.resent = 0  # requests sent again (refused, connection lost, no reply)
+        self.round_trips = RoundTrips()  # replies' and pings' round trips: the timeouts follow them
+        self._pinged = 0.0  # the websocket's last ping latency sampled
         self._ids = itertools.count(1)
 
     # ---- the socket -------------------------------------------------------------------------
@@ -89,16 +101,17 @@ class SiteConnection:
     async def run(self, session: Callable[[], Awaitable[None]], stopped: asyncio.Event) -> None:
         """Connect, run ``session`` while connected (it reads the socket), and connect again when it ends, until
         ``stopped``; :class:`AgentRejected` ends it for good."""
-        delays = reconnect_delays(cap=self.max_reconnect_delay)
+        delays = reconnect_delays(cap=self.max_reconnect_delay, clock=time.monotonic)
         while not stopped.is_set():
             connected = False
             try:
                 headers = {"Authorization": f"Bearer {self.agent_key}"}
-                async with websockets.connect(self.url, additional_headers=headers, open_timeout=15,
-                                              ping_interval=PING_INTERVAL_S, ping_timeout=PING_TIMEOUT_S,
+                rtt = self.round_trips
+                async with websockets.connect(self.url, additional_headers=headers, open_timeout=rtt.open_timeout(),
+                                              ping_interval=PING_INTERVAL_S, ping_timeout=rtt.ping_timeout(),
                                               max_size=64 * 2**20) as ws:
                     log.info("connected to %s", self.url)
-                    connected, delays = True, reconnect_delays(cap=self.max_reconnect_delay)
+                    connected = True
                     self.attach(ws)
                     try:
                         await session()
@@ -113,6 +126,8 @@ class SiteConnection:
                        else f"cannot reach {self.url} ({reason})")
             if stopped.is_set():
                 break
+            if connected:  # the time away counts from this loss
+                delays = reconnect_delays(cap=self.max_reconnect_delay, clock=time.monotonic)
             delay = next(delays)
             log.warning("%s; reconnecting in %.1f s", why, delay)
             await asyncio.sleep(delay)
@@ -137,6 +152,13 @@ class SiteConnection:
                              bytes_per_s=message.bytes_per_s, max_frame=self.max_message_bytes)
         self.welcomed.set()
 
+    def sample_ping(self) -> None:
+        """Take the websocket's newest ping round trip as a sample, once (called often: by the heartbeat loop)."""
+        latency = getattr(self.ws, "latency", 0.0)
+        if isinstance(latency, float) and latency > 0 and latency != self._pinged:
+            self._pinged = latency
+            self.round_trips.add(latency)
+
     # ---- sending ----------------------------------------------------------------------------
 
     async def send(self, message: m._Msg) -> None:
@@ -154,10 +176,11 @@ class SiteConnection:
 
     async def request(self, message: m.LeaseRequest | m.Trajectories | m.Submit, *, deadline_s: float) -> Reply:
         """Send a request under a fresh id and return the reply that names it, sending it again (same id) after a
-        transport refusal's ``retry_after``, after a reconnect, or when no reply came within ``REPLY_TIMEOUT_S``,
-        until ``deadline_s`` has passed (then the last failure: :class:`TimeoutError` or :class:`NotConnected`).
-        A group too big for the site's frame limit goes in parts (``submit.frames``), all under the one id; a
-        record too big for any frame: :class:`submit.RecordTooBig`."""
+        transport refusal's ``retry_after``, after a reconnect, or when no reply came within the reply timeout
+        (:meth:`~worker_agent.timing.RoundTrips.reply_timeout`), until ``deadline_s`` has passed (then the last
+        failure: :class:`TimeoutError` or :class:`NotConnected`). A group too big for the site's frame limit goes
+        in parts (``submit.frames``), all under the one id; a record too big for any frame:
+        :class:`submit.RecordTooBig`."""
         message = message.model_copy(update={"id": f"r{next(self._ids)}"})
         deadline = time.monotonic() + deadline_s
         attempt = 0
@@ -166,7 +189,7 @@ class SiteConnection:
             if attempt > 1:
                 self.resent += 1
             try:
-                reply = await self._exchange(message, deadline)
+                reply = await self._exchange(message, deadline, timed=attempt == 1)
             except (NotConnected, TimeoutError) as err:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -185,8 +208,9 @@ class SiteConnection:
                 continue
             return reply
 
-    async def _exchange(self, message, deadline: float) -> Reply:
-        """One attempt: the request's frames out, its reply back (or TimeoutError / NotConnected)."""
+    async def _exchange(self, message, deadline: float, *, timed: bool = False) -> Reply:
+        """One attempt: the request's frames out, its reply back (or TimeoutError / NotConnected). ``timed``: its
+        round trip, last frame out to reply in, is a sample (a first attempt: Karn's rule)."""
         if self.ws is None or not self.welcomed.is_set():
             raise NotConnected("not connected")
         texts = submit.frames(message, limit=self.max_message_bytes)
@@ -201,9 +225,13 @@ class SiteConnection:
                         await self.send_text(text)
                     except websockets.WebSocketException as err:
                         raise NotConnected(str(err)) from None
-            timeout = max(0.1, min(REPLY_TIMEOUT_S, deadline - time.monotonic()))
+            sent = time.monotonic()
+            timeout = max(0.1, min(self.round_trips.reply_timeout(), deadline - sent))
             try:
-                return await asyncio.wait_for(future, timeout)
+                reply = await asyncio.wait_for(future, timeout)
+                if timed:
+                    self.round_trips.add(time.monotonic() - sent)
+                return reply
             except TimeoutError:
                 raise TimeoutError(f"no reply within {timeout:.0f} s") from None
         finally:

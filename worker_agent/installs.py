@@ -32,6 +32,7 @@ from .cache import BaseCache
 from .engines.base import Engine
 from .relaying import Relays
 from .taskdata import fetch_task_data
+from .timing import TRANSFER_FACTOR, Rates, RoundTrips, fetch_timeouts
 from .weights import HeldWeights, rebuild
 
 log = logging.getLogger("echo2.agent")
@@ -57,8 +58,10 @@ class Installer:
     site; ``relays`` receive and serve the versions that come down a chain."""
 
     def __init__(self, *, cache: BaseCache, engine_factory: Callable[[str], Engine], relays: Relays,
-                 send: Callable[[m._Msg], Awaitable[None]], assignment: Callable[[], m.Assign | None]) -> None:
+                 send: Callable[[m._Msg], Awaitable[None]], assignment: Callable[[], m.Assign | None],
+                 round_trips: RoundTrips | None = None, rates: Rates | None = None) -> None:
         self.cache = cache
+        self.round_trips, self.rates = round_trips or RoundTrips(), rates or Rates()  # time the HTTP fetches
         self.engine_factory = engine_factory
         self.relays = relays
         self.send = send
@@ -188,7 +191,7 @@ class Installer:
         if snap.parent:
             _, ordered, source = await self.relays.receive(snap, chunks=chunks)
             return ordered, source
-        return await asyncio.to_thread(fetch_chunks, snap.url, manifest, credential=snap.credential), "http"
+        return await self._fetch(snap.url, manifest, snap.credential), "http"
 
     async def _install_weights(self, snap: m.SnapshotAvailable) -> None:
         manifest = parse_manifest(snap.manifest)
@@ -235,8 +238,27 @@ class Installer:
         else:
             log.debug("job %d: v%d is a delta against v%d, and the engine holds v%d: fetching its full payload",
                       snap.job_id, snap.version, manifest.base_version, job.version)
-        full = await asyncio.to_thread(fetch_chunks, full_url(snap.url), manifest.full, credential=snap.credential)
+        full = await self._fetch(full_url(snap.url), manifest.full, snap.credential)
         return HeldWeights(manifest.full, full), "http"
+
+    async def _fetch(self, url: str, manifest: Manifest, credential: str | None) -> list[bytes]:
+        """Every chunk over HTTP, within waits derived from the measured round trip and rate (worker_agent/timing.py):
+        a read waits at most a chunk's transfer timeout, the whole at most the payload's; the rate it reached times
+        the next fetch."""
+        per_read, whole = fetch_timeouts([c.size for c in manifest.chunks], rtt=self.round_trips.path_rtt,
+                                         rate_bps=self.rates.rate)
+        began = time.monotonic()
+        try:
+            chunks = await asyncio.to_thread(fetch_chunks, url, manifest, timeout=per_read, credential=credential,
+                                             deadline=began + whole)
+        except SnapshotError as err:
+            if time.monotonic() - began < whole:
+                raise
+            raise SnapshotError(f"v{manifest.version} from {url}: {manifest.total_bytes} bytes not fetched within "
+                                f"{whole:.0f} s ({TRANSFER_FACTOR:g} x their time at {self.rates.rate / 1e6:.2f} MB/s, "
+                                f"the rate measured): {err}") from None
+        self.rates.add(manifest.total_bytes, time.monotonic() - began)
+        return chunks
 
     async def _engine_when_built(self, job_id: int) -> JobEngine | None:
         """The job's engine, waiting while its base is being installed; None once the agent left the job."""

@@ -1,6 +1,11 @@
 """The rollout loop of one assignment: return the last batch and lease the next in one round trip, generate under
 the installed version, again; supervised, so a crash is reported and the loop restarted.
 
+**Lease ahead** (issue 30): once a batch's generation has been timed, that round trip goes out while the current
+batch generates, so generation does not wait a round trip per batch (150 ms and more on a long link). At most one
+lease is held ahead, and only when this batch, the next and a reply fit in ``LEASE_AHEAD_SHARE`` of the site's
+lease timeout; a lease ahead that cannot be generated (a newer snapshot to install first) is handed back at once.
+
 Each round trip is one ``submit`` ("return these groups, lease k more"; ``dataplane.messages.Submit``): the
 messages an agent sends per trajectory fall as its batches grow, and the batch grows when the agent is fast enough
 that one message per batch would use more than ``BUDGET_SHARE`` of the budget the site announced, so the fastest
@@ -14,11 +19,14 @@ again after a refusal, a reconnect or a reply that never came (``worker_agent.co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+
+import websockets
 
 from dataplane import messages as m
 from dataplane.records import TrajectoryGroup
@@ -26,7 +34,7 @@ from dataplane.rewards import REFUSED, CannotServe
 from dataplane.tasks import build_task
 
 from . import status, submit
-from .connection import SiteConnection
+from .connection import NotConnected, SiteConnection
 from .engines.base import SamplingParams
 from .installs import Installer
 from .rollout import GroupLease, rollout_groups
@@ -37,6 +45,7 @@ log = logging.getLogger("echo2.agent")
 BUDGET_SHARE = 0.25  # of the paced message rate, at most, spent on the rollout loop's round trips
 LEASE_DEADLINE_S = 60.0  # a lease request that gets no answer this long (the site away) fails the loop
 RETURN_DEADLINE_S = 120.0  # generated groups are sent again this long before they are given up (leases long gone)
+LEASE_AHEAD_SHARE = 0.5  # a lease taken ahead must be answered within this share of the site's lease timeout
 
 
 @dataclass
@@ -79,6 +88,8 @@ class RolloutLoop:
         self.groups_per_lease = groups_per_lease
         self.retry_delay = retry_delay
         self.batch = groups_per_lease  # groups leased per round trip now
+        self.generation_s: float | None = None  # how long the last batch took to generate
+        self.leased_ahead = 0  # batches leased while the one before generated
 
     async def supervised(self) -> None:
         """Run the loop; when it crashes (an engine error, the site away past a deadline, a bug) the cause is
@@ -115,42 +126,111 @@ class RolloutLoop:
         params = SamplingParams(max_new_tokens=assign.max_new_tokens, temperature=assign.temperature,
                                 top_p=assign.top_p)
         groups: list[TrajectoryGroup] = []  # generated, to return with the next request
+        lease: m.Lease | None = None  # leased ahead while the last batch generated: the next to generate
         rate: float | None = None  # groups per second over the last round (generation and round trip)
         while True:
             ready = self.installs.ready(assign.job_id)
             st.producing = st.producing and ready  # waiting for a version is idle
-            if not groups and not ready:
-                await self._until_ready(assign.job_id)
-                continue
+            if lease is not None and not ready:  # a version to reach first came meanwhile
+                await self._hand_back(lease, "the agent must install a newer snapshot before generating")
+                lease = None
             started = time.monotonic()
-            want = batch_size(least=self.groups_per_lease, groups_per_s=rate, messages_per_s=self.connection.pacer.rate)
-            if want != self.batch:
-                log.debug("job %d: leasing %d groups per round trip (%.1f groups/s, paced at %s messages/s)",
-                          assign.job_id, want, rate or 0.0, self.connection.pacer.rate)
-                self.batch = want
-            reply = await self._return_and_lease(groups, lease=want if ready else 0)  # no lease it cannot answer
+            want = self._batch(rate)
+            if lease is None:  # nothing in hand: return what we have and lease, one round trip, then generate
+                if not groups and not ready:
+                    await self._until_ready(assign.job_id)
+                    continue
+                lease = await self._round_trip(groups, lease=want if ready else 0)  # no lease it cannot answer
+                groups = []
+                if lease is None:
+                    continue
+            # Generate the lease in hand; meanwhile the groups of the last batch go back and, when the next batch
+            # will be generated well within the site's lease timeout, the next lease comes (one ahead, at most).
+            ahead = self._may_lease_ahead(lease)
+            trip = (asyncio.create_task(self._return_and_lease(groups, lease=want if ahead else 0))
+                    if groups or ahead else None)
             groups = []
-            if not ready:
-                continue
-            st.producing = isinstance(reply, m.Lease)
-            await self.report_state()
-            st.no_work = isinstance(reply, m.NoWork)
-            if isinstance(reply, m.NoWork):
-                st.failure = None  # the loop works: there is just nothing to do
-                await asyncio.sleep(reply.retry_after)
-                continue
-            if not isinstance(reply, m.Lease):
-                await asyncio.sleep(1.0)
-                continue
-            async with self.installs.install_lock:  # no snapshot is installed while we generate
-                job = self.installs.engine_for(assign.job_id)
-                if job is None or not self.installs.ready(assign.job_id):
-                    st.producing = False
-                    continue  # an install failed meanwhile: the leases expire and are leased again
-                leases = [GroupLease(x.lease_id, x.group_id, x.prompt) for x in reply.leases]
-                groups = await asyncio.to_thread(rollout_groups, job.engine, task, leases, job_id=assign.job_id,
-                                                 n=assign.group_size, params=params, version=job.version)
-            rate = len(groups) / max(time.monotonic() - started, 1e-3)
+            try:
+                generated = await self._generate(lease, task, params)
+            except BaseException:
+                if trip is not None:  # the groups on their way back still go (an engine error), unless cancelled
+                    await _finish(trip)
+                raise
+            try:
+                next_lease = await trip if trip is not None else None
+            except (TimeoutError, NotConnected) as err:  # the site away past the deadline: the groups just generated
+                log.warning("job %d: %s; the next round trip takes the groups generated since", assign.job_id,
+                            err or type(err).__name__)  # go with the next request, which fails the loop likewise
+                next_lease = None
+            if generated is None:  # an install failed meanwhile: the lease goes back, to be leased again at once
+                await self._hand_back(lease, "the agent's snapshot install failed")
+                st.producing = False
+            groups, lease = generated or [], next_lease if isinstance(next_lease, m.Lease) else None
+            if ahead:
+                self.leased_ahead += lease is not None
+            st.no_work = isinstance(next_lease, m.NoWork)
+            rate = len(groups) / max(time.monotonic() - started, 1e-3) if groups else rate
+
+    async def _round_trip(self, groups: list[TrajectoryGroup], *, lease: int) -> m.Lease | None:
+        """Return ``groups`` and lease ``lease`` more in one round trip, generation waiting: the lease to generate,
+        or None (not leasing; the site has no work, after its ``retry_after``; or it refused, after a second)."""
+        st = self.status
+        reply = await self._return_and_lease(groups, lease=lease)
+        if not lease:
+            return None
+        st.producing = isinstance(reply, m.Lease)
+        await self.report_state()
+        st.no_work = isinstance(reply, m.NoWork)
+        if isinstance(reply, m.NoWork):
+            st.failure = None  # the loop works: there is just nothing to do
+            await asyncio.sleep(reply.retry_after)
+            return None
+        if not isinstance(reply, m.Lease):
+            await asyncio.sleep(1.0)
+            return None
+        return reply
+
+    def _batch(self, rate: float | None) -> int:
+        """Groups to lease per round trip now (:func:`batch_size`), said at DEBUG when it changes."""
+        want = batch_size(least=self.groups_per_lease, groups_per_s=rate, messages_per_s=self.connection.pacer.rate)
+        if want != self.batch:
+            log.debug("job %d: leasing %d groups per round trip (%.1f groups/s, paced at %s messages/s)",
+                      self.assign.job_id, want, rate or 0.0, self.connection.pacer.rate)
+            self.batch = want
+        return want
+
+    def _may_lease_ahead(self, lease: m.Lease) -> bool:
+        """Whether to lease the next batch while this one generates: only once a batch's generation was timed,
+        and only when this batch and the next (about as long) and a reply's round trip fit in
+        ``LEASE_AHEAD_SHARE`` of the site's lease timeout, so no lease ahead expires before its groups go back
+        (an expired lease is leased again to another worker, and the late group is refused: work lost)."""
+        if self.generation_s is None:
+            return False
+        rtt = self.connection.round_trips.srtt or 0.0
+        return 2 * self.generation_s + rtt < LEASE_AHEAD_SHARE * lease.timeout
+
+    async def _generate(self, lease: m.Lease, task, params: SamplingParams) -> list[TrajectoryGroup] | None:
+        """The lease's groups, generated under the installed version (no install lands meanwhile); None when the
+        job's engine is not ready (an install failed since the lease was asked for)."""
+        assign = self.assign
+        async with self.installs.install_lock:  # no snapshot is installed while we generate
+            job = self.installs.engine_for(assign.job_id)
+            if job is None or not self.installs.ready(assign.job_id):
+                return None
+            leases = [GroupLease(x.lease_id, x.group_id, x.prompt) for x in lease.leases]
+            began = time.monotonic()
+            groups = await asyncio.to_thread(rollout_groups, job.engine, task, leases, job_id=assign.job_id,
+                                             n=assign.group_size, params=params, version=job.version)
+        self.generation_s = time.monotonic() - began
+        return groups
+
+    async def _hand_back(self, lease: m.Lease, why: str) -> None:
+        """Give a lease's prompts back to the site (leased again at once); where that cannot be said now (no
+        connection), they come back after the site's lease timeout. Nothing is lost either way."""
+        for leased in lease.leases:
+            with contextlib.suppress(NotConnected, websockets.WebSocketException):
+                await self.connection.send(m.LeaseReturn(job_id=self.assign.job_id, lease_id=leased.lease_id,
+                                                         reason=why))
 
     async def _refuse(self, why: str) -> None:
         """This worker will not serve the job (its task runs user code the provider did not allow, or needs a package
@@ -249,3 +329,15 @@ class RolloutLoop:
                 delay = delay if asked_at is None else min(delay * 2, 30.0)
                 asked_at = time.monotonic()
             await asyncio.sleep(0.1)
+
+
+async def _finish(task: asyncio.Task) -> None:
+    """Let ``task`` (a round trip under way) end on its own, whatever it raises; cancelled with us, it is cancelled
+    too (the loop was stopped: its requests end with it)."""
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    except Exception:  # noqa: BLE001 - the error that ends the loop is the caller's, not this round trip's
+        log.debug("a round trip ended by %r while the loop stopped", task.exception(), exc_info=False)

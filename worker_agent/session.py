@@ -37,6 +37,7 @@ from .installs import Installer
 from .relaying import Relays
 from .rollout_loop import RolloutLoop, RolloutStatus
 from .state import Facts, derive_state, heartbeat_due
+from .timing import Rates
 
 log = logging.getLogger("echo2.agent")
 
@@ -91,7 +92,8 @@ class AgentSession:
         self.relaying = Relays(worker_id=config.worker_id, bandwidth_bps=config.bandwidth_bps, listen=relay_listen,
                                report=self.send)
         self.installs = Installer(cache=cache, engine_factory=engine_factory, relays=self.relaying, send=self.send,
-                                  assignment=lambda: self.assignment)
+                                  assignment=lambda: self.assignment, round_trips=self.connection.round_trips,
+                                  rates=Rates(config.bandwidth_bps))
         self.rollout = RolloutStatus()
         self.meter = ThroughputMeter()
         self.tally = status.Tally()  # what the site accepted, for the status lines' rates
@@ -102,6 +104,8 @@ class AgentSession:
         self.stopped = asyncio.Event()
         self.status_every, self.status_file = status_every, status_file
         self.released: str | None = None  # why the site last released this worker, until the next assignment
+        self.held: dict[int, m.SnapshotAvailable] = {}  # job id -> the newest version waiting for a fetch to end
+        self.superseded = 0  # versions never fetched: a newer one came while they waited
 
     # ---- what the parts hold, as the status lines and tests read it ---------------------------
 
@@ -205,6 +209,7 @@ class AgentSession:
         """Every ``heartbeat_interval``, and at once (at most once a second) when the state changes."""
         self.last_beat = None  # a new socket: the first at once
         while True:
+            self.connection.sample_ping()  # the websocket's ping round trips time the agent's waits too
             with contextlib.suppress(NotConnected):
                 await self.report_state()
             await asyncio.sleep(HEARTBEAT_POLL_S)
@@ -242,7 +247,7 @@ class AgentSession:
                     self._stop_rollout()
                     self.assignment, self.released = None, f"released from job {message.job_id}: {message.reason}"
             case m.SnapshotAvailable():
-                self.installs.install(message)
+                self._offer(message)
             case m.Rejected() if message.ref is None and "agent key" in message.reason:
                 raise AgentRejected(message.reason)
             case m.Lease() | m.NoWork() | m.Accepted() | m.Rejected() | m.Submitted() if message.ref_id is not None:
@@ -255,6 +260,44 @@ class AgentSession:
                 log.warning("site rejected our %s: %s", message.ref, message.reason)
             case _:
                 log.warning("discarding a %s that answers no request of ours", message.type)
+
+    # ---- one fetch at a time where nothing is forwarded ------------------------------------------
+
+    def _offer(self, snap: m.SnapshotAvailable) -> None:
+        """Hand ``snap`` to the installer, unless another version of its job is still being fetched and this agent
+        forwards this one to no chain child: then it is held until that fetch ends, and a newer version replaces
+        it (superseded, never fetched). Started together, versions share the agent's downlink: on a slow link (10
+        Mbit/s, a 16 MB snapshot every 3 s) none finished before the next ones started, and the agent installed
+        nothing for minutes (docs/agent.md "Timing on long links"). A version with a child to serve, the base, a
+        repair of a version already relayed, and any version while nothing is fetched go at once, as before."""
+        job, key = snap.job_id, (snap.job_id, snap.version)
+        busy = [task for (j, v), task in self.installs.installing.items() if j == job and v != snap.version]
+        held = self.held.get(job)
+        if snap.version == 0 or snap.children or key in self.relaying or not busy:
+            if held is not None and held.version <= snap.version:
+                self.held.pop(job)  # this one is as new or newer: the held one is superseded
+                self.superseded += held.version < snap.version
+            self.installs.install(snap)
+        elif held is not None and held.version > snap.version:
+            self.superseded += 1  # older than the one already waiting: never fetched
+        else:
+            self.superseded += held is not None and held.version < snap.version
+            self.held[job] = snap  # (the same version again, a reroute, replaces its copy)
+            log.debug("job %d: v%d waits until the fetch in flight ends (it has no child to serve)", job, snap.version)
+        if job in self.held:  # whichever fetch of the job ends next lets it go (or holds it again)
+            for (j, v), task in self.installs.installing.items():
+                if j == job and v != self.held[job].version:
+                    task.add_done_callback(lambda _, job=job: self._fetch_ended(job))
+
+    def _fetch_ended(self, job: int) -> None:
+        """A fetch of ``job`` ended (installed or failed): the held version goes now, if the agent still serves
+        the job and the version is newer than what the engine holds."""
+        snap = self.held.get(job)
+        if snap is None or any(j == job and v != snap.version for (j, v) in self.installs.installing):
+            return  # nothing held, or still another fetch in flight (its own callback comes)
+        self.held.pop(job)
+        if self.assignment is not None and self.assignment.job_id == job:
+            self.installs.install(snap)
 
     def _assigned(self, assign: m.Assign) -> None:
         """An assignment: a new job starts a new rollout loop; the same job again (re-sent on a reconnect, with the

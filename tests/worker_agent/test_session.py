@@ -112,6 +112,21 @@ def answering(socket: RecordingSocket, lease: m.Lease | m.NoWork | None = None, 
     return m.Submitted(job_id=request["job_id"], results=results, lease=lease, ref_id=request["id"])
 
 
+async def answer_each(session: AgentSession, socket: RecordingSocket, reply: m.NoWork, done, what: str,
+                      timeout: float = 30.0) -> None:
+    """Answer every submit not answered yet (the latest, and each one after it) with ``reply``, until ``done()``."""
+    answered = {s["id"] for s in submits(socket)[:-1]}
+    deadline = time.monotonic() + timeout
+    while not done():
+        for request in submits(socket):
+            if request["id"] not in answered:
+                answered.add(request["id"])
+                await push(session, answering(socket, reply, request=request))
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
 async def generating(tmp_path: Path, store: SnapshotStore, server: SnapshotServer, base) -> tuple:
     """A session assigned to job 1 whose first lease ("1+2=") was generated and is being returned."""
     session, socket = make_session(tmp_path, [])
@@ -238,10 +253,11 @@ def test_a_reply_that_never_comes_sends_the_request_again_and_a_late_one_is_disc
     request again under the same id; past the request's deadline the loop gives up and starts again under a new
     id, and the reply that finally comes names the old request: it is discarded, not taken as the answer to the
     new one (replies were once paired by arrival order)."""
-    import worker_agent.connection as connection
     import worker_agent.rollout_loop as rollout_loop
+    import worker_agent.timing as timing
 
-    monkeypatch.setattr(connection, "REPLY_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(timing, "REPLY_FLOOR_S", 0.3)  # the reply timeout's floor and ceiling: 0.3 s, whatever
+    monkeypatch.setattr(timing, "REPLY_CEILING_S", 0.3)  # the round trips measured
     monkeypatch.setattr(rollout_loop, "LEASE_DEADLINE_S", 1.0)
     store, server = learner_side
     base = store.write_base(tiny_model_dir)
@@ -361,9 +377,10 @@ def test_a_crashed_rollout_loop_reports_failed_restarts_and_reports_generating_o
         more = m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="l3", group_id="g3", prompt="3+3=")])
         await push(session, answering(socket, more))  # l2 accepted, and the next lease
         await until(lambda: states()[-1] == ("generating", ""), "a heartbeat saying it generates again")
-        await until(lambda: len(submits(socket)) == 4, "l3's group returned")
-        await push(session, answering(socket, m.NoWork(job_id=1, retry_after=30)))
-        await until(lambda: states()[-1] == ("idle", ""), "a heartbeat saying it has nothing to do")
+        # l3 generates while the next lease is asked for ahead, then its group goes back: the site has no more work
+        await answer_each(session, socket, m.NoWork(job_id=1, retry_after=30),
+                          lambda: "l3" in [g["lease_id"] for g in returned(socket)] and states()[-1] == ("idle", ""),
+                          "l3's group returned and a heartbeat saying it has nothing to do")
         heartbeats.cancel()
         session._stop_rollout()
 

@@ -21,7 +21,18 @@ from worker_agent import status
 from worker_agent.cli import _opt_in
 from worker_agent.config import AgentConfig
 
-from .test_session import answering, assign, learner_side, make_session, push, returned, snapshot, submits, until
+from .test_session import (
+    answer_each,
+    answering,
+    assign,
+    learner_side,
+    make_session,
+    push,
+    returned,
+    snapshot,
+    submits,
+    until,
+)
 
 __all__ = ["learner_side"]  # the fixture, shared with test_session
 
@@ -116,7 +127,8 @@ def test_with_the_opt_in_the_users_function_runs_and_its_errors_travel_with_the_
         await until(lambda: returned(socket), "a generated group")
         again = m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="l2", group_id="g2", prompt="2+2=")])
         await push(session, answering(socket, again))
-        await until(lambda: len(returned(socket)) == 2, "a second group: the worker goes on")
+        await answer_each(session, socket, m.NoWork(job_id=1, retry_after=30), lambda: len(returned(socket)) == 2,
+                          "a second group: the worker goes on")  # (the lease asked for ahead meanwhile: none)
         assert session.rollout.failures == 0 and session.rollout.failure is None
         session._stop_rollout()
         return returned(socket)

@@ -1,0 +1,53 @@
+"""The agent's waits on long links (worker_agent/timing.py): RFC 6298's estimate from the round trips it measures,
+the reply, opening and ping timeouts between their floors and ceilings, and a transfer's timeout from its size
+over the measured rate; figures computed by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from worker_agent.timing import Rates, RoundTrips, transfer_timeout
+
+
+def test_round_trips_are_kept_as_rfc_6298_keeps_them():
+    trips = RoundTrips()
+    assert trips.rto is None and trips.path_rtt is None and trips.reply_timeout() == 30.0  # unmeasured: as before
+    trips.add(0.2)
+    assert (trips.srtt, trips.rttvar) == (0.2, 0.1) and trips.rto == pytest.approx(0.6)
+    trips.add(0.6)  # rttvar = 3/4 0.1 + 1/4 |0.2 - 0.6| = 0.175; srtt = 7/8 0.2 + 1/8 0.6 = 0.25
+    assert trips.rttvar == pytest.approx(0.175) and trips.srtt == pytest.approx(0.25)
+    assert trips.rto == pytest.approx(0.95) and trips.path_rtt == 0.2
+    trips.add(float("nan"))
+    trips.add(-1.0)  # a clock that stepped back is no round trip
+    assert trips.samples == 2
+
+
+def test_the_reply_timeout_follows_the_replies_between_its_floor_and_ceiling():
+    fast, slow, loaded = RoundTrips(), RoundTrips(), RoundTrips()
+    for _ in range(20):
+        fast.add(0.17)  # harsh: 150 ms of link, 20 of the site's
+        slow.add(4.0)  # a site answering in 4 s
+        loaded.add(30.0)
+    assert fast.reply_timeout() == 10.0  # the floor: a lost reply is asked again after 10 s, not 30
+    assert slow.reply_timeout() == pytest.approx(4 * (4.0 + 4 * slow.rttvar))  # 4 RTOs: ~16 s
+    assert loaded.reply_timeout() == 60.0  # the ceiling: every wait bounded
+    assert fast.open_timeout() == 15.0 and fast.ping_timeout() == 10.0
+    assert loaded.open_timeout() == 60.0 and loaded.ping_timeout() == 60.0
+
+
+def test_a_transfer_may_take_four_times_its_expected_time_within_the_floor_and_ceiling():
+    # the harsh slow worker: 16.4 MB at 10 Mbit/s over 170 ms: 4 x (3 x 0.2 + 13.1) = 54.9 s (fixed: 30 s per read)
+    assert transfer_timeout(16_415_608, rtt=0.17, rate_bps=10e6 / 8) == pytest.approx(4 * (0.6 + 13.1324864))
+    assert transfer_timeout(4 << 20, rtt=0.04, rate_bps=50e6 / 8) == 10.0  # 0.7 s expected: the floor
+    assert transfer_timeout(10**10, rtt=0.1, rate_bps=1e6) == 600.0  # the ceiling
+    assert transfer_timeout(1 << 20, rtt=None, rate_bps=0.0) == pytest.approx(4 * (0.6 + (1 << 20) / 125e3))
+
+
+def test_the_rate_is_the_median_fetch_and_the_registered_bandwidth_before_any():
+    assert Rates().rate == 125e3  # nothing known: 1 Mbit/s
+    rates = Rates(declared_bps=10e6 / 8)
+    assert rates.rate == 1.25e6
+    for nbytes, seconds in ((4e6, 4.0), (4e6, 1.0), (4e6, 2.0)):
+        rates.add(int(nbytes), seconds)
+    rates.add(100, 0.0)  # not a measurement
+    assert rates.rate == 2e6
