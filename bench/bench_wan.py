@@ -3,7 +3,7 @@ the chain, per-hop throughput, reply latency, reconnects, timeouts, the bubble, 
 a relay killed mid-broadcast, per profile.
 
 Run: ``.venv/bin/python bench/bench_wan.py [--profiles paper harsh] [--agents 4] [--steps 10] [--hidden 640]
-[--full-every 1] [--strategies chain star-limited] [--no-faults] [--fault-steps 40] [--partition-s 40]
+[--full-every 1] [--strategies chain star-limited] [--no-faults] [--fault-steps 60] [--partition-s 40]
 [--workdir var/bench-wan] [--json PATH]`` (as root: it builds network namespaces; bench/wan/, docs/wan.md).
 
 Each profile gets fresh namespaces per strategy (learner, site, one per agent, a bridge), the rates shaped by tc
@@ -68,7 +68,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="Broadcast strategies, one run each per profile (dataplane/broadcast/strategies/).")
     parser.add_argument("--no-faults", dest="faults", action="store_false",
                         help="No partition and no relay fault in the chain run.")
-    parser.add_argument("--fault-steps", type=int, default=40, help="Steps the chain run goes on for after the clean "
+    parser.add_argument("--fault-steps", type=int, default=60, help="Steps the chain run goes on for after the clean "
                         "ones, while the faults happen (the job must outlast them).")
     parser.add_argument("--partition-s", type=float, default=40.0,
                         help="How long the partitioned agent's link is down.")

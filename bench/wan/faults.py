@@ -110,8 +110,9 @@ class Faults(threading.Thread):
         plan = self.plan
         live = self.live()
         parents = {c[i]["id"] for c in live["broadcast"]["chains"] for i in range(len(c) - 1)}
-        agents = list(self.stack.workers)
-        spare = agents[:-1] if len(agents) > 2 else agents  # the profile's last link may be the slow one
+        agents = [n for n in self.stack.workers if f"agent-{n}" not in self.stack.killed]
+        slow = list(self.stack.workers)[-1]  # the profile's last link may be the slow one (harsh)
+        spare = [n for n in agents if n != slow] or agents
         node = next((n for n in reversed(spare) if self.stack.workers[n] not in parents), spare[-1])
         ev = self.events.setdefault("partition", {})
         ev.update(node=node, worker=self.stack.workers[node], seconds=plan.partition_s)

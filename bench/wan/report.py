@@ -70,18 +70,19 @@ def reconnects(records: list[dict], agents: dict[str, str]) -> dict[str, int]:
 
 def hops(records: list[dict], net_nodes: dict[str, tuple[str, Link]]) -> list[dict]:
     """Every transfer of at least MIN_BURST_BYTES a parent's proxy delivered: parent, child, Mbit/s, and the
-    link's rate (the parent's uplink or the child's downlink, the smaller). ``net_nodes``: address -> (node,
-    link)."""
+    link's rate for it: the child's downlink or the parent's uplink shared by the transfers it was sending at the
+    same time (a star's pulls share B0), the smaller. ``net_nodes``: address -> (node, link)."""
     by_node = {node: link for node, link in net_nodes.values()}
+    bursts = [r for r in records if r["kind"] == "burst" and r["bytes"] >= MIN_BURST_BYTES and r["t1"] > r["t0"]]
     out = []
-    for r in records:
-        if r["kind"] != "burst" or r["bytes"] < MIN_BURST_BYTES or r["t1"] <= r["t0"]:
-            continue
+    for r in bursts:
         child, child_link = net_nodes.get(r["peer"], (r["peer"], None))
-        parent = by_node[r["node"]]
-        rate = min(parent.up_mbit, child_link.down_mbit if child_link else math.inf)
+        middle = (r["t0"] + r["t1"]) / 2
+        sharing = sum(1 for o in bursts if o["node"] == r["node"] and o["t0"] <= middle <= o["t1"])
+        rate = min(by_node[r["node"]].up_mbit / max(1, sharing), child_link.down_mbit if child_link else math.inf)
         out.append({"parent": r["node"], "child": child, "port": r["port"], "mb": r["bytes"] / 1e6,
-                    "mbit_s": 8 * r["bytes"] / (r["t1"] - r["t0"]) / 1e6, "link_mbit_s": rate, "t0": r["t0"]})
+                    "mbit_s": 8 * r["bytes"] / (r["t1"] - r["t0"]) / 1e6, "link_mbit_s": rate, "sharing": sharing,
+                    "t0": r["t0"], "t1": r["t1"]})
     return out
 
 
