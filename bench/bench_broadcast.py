@@ -2,13 +2,15 @@
 section 5.5.1) with real relay processes on loopback and token-bucket caps emulating the WAN.
 
 Run: ``.venv/bin/python bench/bench_broadcast.py [--sizes 4 8 16 32 64] [--mb 4] [--bw-mbit 8] [--ratio 4]
-[--chunk-kb 32] [--png broadcast.png]``
+[--chunk-kb 32] [--part-kb 256] [--png broadcast.png]``
 
 Each of the N workers is one ``python -m dataplane.broadcast.process`` process capped at ``Bw`` down and up; the
 learner is one more, capped at ``B0 = ratio * Bw`` shared by its children (not capped for star-unlimited).
 Chains: ``N_ch = floor(B0/Bw)`` (dataplane.broadcast.chains). ``T_bcast`` is publication until a fraction q = 1/1.1
 of the workers installed (section 5.5.1); ``T_all`` until every worker did. Theory beside it: star-limited
-``max(M/Bw, N*M/B0)``, chain ``M/Bw + (L-1)*c/Bw`` with ``L`` the longest chain and ``c`` the chunk.
+``max(M/Bw, N*M/B0)``, chain ``M/Bw + (L-1)*p/Bw`` with ``L`` the longest chain and ``p`` what a hop holds before
+forwarding: the part (``--part-kb``, a relay forwards a chunk in parts as they arrive) or the chunk if smaller.
+``--part-kb`` at least ``--chunk-kb`` is store-and-forward per chunk (what relays did before cut-through).
 Prints PASS when chain ``T_bcast`` at the largest N is within 1.25x of ``M/Bw`` (exit 1 otherwise). The
 ``cpu`` column is the relays' CPU seconds over the run's wall time: near the core count means the machine,
 not the caps, set the pace, and the numbers are not to be trusted. Credentials are on, as in production
@@ -34,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from dataplane.broadcast import BROADCAST_STRATEGIES  # noqa: E402
 from dataplane.broadcast.chains import WorkerStats, assemble_chains, n_chains, parents  # noqa: E402
+from dataplane.broadcast.framing import DEFAULT_PART_BYTES  # noqa: E402
 from dataplane.broadcast.store import write_version  # noqa: E402
 from dataplane.credentials import fingerprint, issue, new_secret  # noqa: E402
 from dataplane.snapshot import build_manifest  # noqa: E402
@@ -82,7 +85,8 @@ class Proc:
             self.proc.wait()
 
 
-def run_once(strategy: str, n: int, *, snap_dir: Path, manifest_path: Path, bw: float, b0: float) -> dict:
+def run_once(strategy: str, n: int, *, snap_dir: Path, manifest_path: Path, bw: float, b0: float,
+             part: int) -> dict:
     n_ch = n_chains(b0, bw)
     if strategy == "chain":
         stats = [WorkerStats(w, bw, last_seen=0.0) for w in range(1, n + 1)]
@@ -90,7 +94,8 @@ def run_once(strategy: str, n: int, *, snap_dir: Path, manifest_path: Path, bw: 
         parent_of, longest = parents(plan), max(len(c) for c in plan.chains)
     else:
         parent_of, longest = {w: None for w in range(1, n + 1)}, 1
-    learner_args = ["--from-dir", str(snap_dir), "--max-children", str(n_ch if strategy == "chain" else n)]
+    learner_args = ["--from-dir", str(snap_dir), "--max-children", str(n_ch if strategy == "chain" else n),
+                    "--part-bytes", str(part)]
     if strategy != "star-unlimited":
         learner_args += ["--uplink-bps", str(b0)]
     secret = new_secret()
@@ -98,7 +103,8 @@ def run_once(strategy: str, n: int, *, snap_dir: Path, manifest_path: Path, bw: 
                        expires=int(time.time()) + 3600) for w in parent_of}
     learner = Proc(learner_args, secret=secret)
     workers = {w: Proc(["--manifest", str(manifest_path), "--worker-id", str(w), "--downlink-bps", str(bw),
-                        "--uplink-bps", str(bw), "--stall-timeout", "60", f"--credential={tokens[w]}"])
+                        "--uplink-bps", str(bw), "--stall-timeout", "60", f"--credential={tokens[w]}",
+                        "--part-bytes", str(part)])
                for w in parent_of}
     for proc in [learner, *workers.values()]:
         if not proc.ready.wait(120) or proc.port is None:
@@ -173,10 +179,12 @@ def main() -> int:
     parser.add_argument("--bw-mbit", type=float, default=8.0, help="per-worker cap Bw in Mbit/s")
     parser.add_argument("--ratio", type=float, default=4.0, help="B0 / Bw")
     parser.add_argument("--chunk-kb", type=int, default=32, help="chunk size c in KiB")
+    parser.add_argument("--part-kb", type=int, default=DEFAULT_PART_BYTES // 1024,
+                        help="most payload per frame a relay sends, in KiB (>= --chunk-kb: whole chunks)")
     parser.add_argument("--png", type=Path, default=Path("broadcast.png"))
     args = parser.parse_args()
 
-    m, c = int(args.mb * 1e6), args.chunk_kb * 1024
+    m, c, part = int(args.mb * 1e6), args.chunk_kb * 1024, args.part_kb * 1024
     bw = args.bw_mbit * 1e6 / 8
     b0 = args.ratio * bw
     payload = os.urandom(m)
@@ -186,14 +194,15 @@ def main() -> int:
         snap_dir = write_version(Path(tmp), manifest, payload)
         manifest_path = Path(tmp) / "manifest.json"
         manifest_path.write_text(manifest.model_dump_json())
-        print(f"M = {m / 1e6:g} MB, c = {c // 1024} KiB, Bw = {args.bw_mbit:g} Mbit/s, B0 = {args.ratio:g} x Bw, "
+        print(f"M = {m / 1e6:g} MB, c = {c // 1024} KiB, part {min(c, part) // 1024} KiB, "
+              f"Bw = {args.bw_mbit:g} Mbit/s, B0 = {args.ratio:g} x Bw, "
               f"M/Bw = {m / bw:.2f} s, {os.cpu_count()} CPUs")
         print(f"{'strategy':<15}{'N':>4}{'L':>4}{'T_bcast':>9}{'T_all':>8}{'theory':>8}{'/(M/Bw)':>9}{'cpu':>6}")
         for n in args.sizes:
             for strategy in args.strategies:
-                r = run_once(strategy, n, snap_dir=snap_dir, manifest_path=manifest_path, bw=bw, b0=b0)
+                r = run_once(strategy, n, snap_dir=snap_dir, manifest_path=manifest_path, bw=bw, b0=b0, part=part)
                 r.update(strategy=strategy, n=n,
-                         theory=theory(strategy, n, m=m, bw=bw, b0=b0, c=c, longest=r["longest"]))
+                         theory=theory(strategy, n, m=m, bw=bw, b0=b0, c=min(c, part), longest=r["longest"]))
                 rows.append(r)
                 print(f"{strategy:<15}{n:>4}{r['longest']:>4}{r['t_q']:>9.2f}{r['t_all']:>8.2f}{r['theory']:>8.2f}"
                       f"{r['t_q'] / (m / bw):>9.2f}{r['cpu'] / r['wall']:>6.2f}", flush=True)

@@ -6,7 +6,9 @@ A frame is ``MAGIC | u32 header length | u64 payload length | header JSON | payl
   transfer resumes after a parent switch or a reconnect) and ``credential``, the child's transfer credential
   (:mod:`dataplane.credentials`); a hello without one is refused by the relay, with the reason.
 - ``accept`` (parent -> child): ``job_id, version, chunks``.
-- ``chunk``  (parent -> child): ``job_id, version, index, size, sha256``; the payload is the chunk.
+- ``chunk``  (parent -> child): ``job_id, version, index, size, sha256`` and ``offset`` (0 when absent); the payload
+  is bytes ``offset .. offset + size`` of chunk ``index``: a whole chunk, or one part of it, so a relay forwards a
+  chunk in parts as they arrive (cut-through) rather than after all of it (:mod:`dataplane.broadcast.assembly`).
 - ``want``   (child -> parent): ``indices`` to send again (a chunk that failed its hash).
 - ``refuse`` (either way): ``reason``; the sender closes the stream after it.
 - ``bye``    (child -> parent): the child holds every chunk; the parent may close.
@@ -50,7 +52,10 @@ _REQUIRED: dict[str, dict[str, type | tuple[type, ...]]] = {
     "bye": {},
     "idle": {},  # the parent is alive and waiting for its own parent: a frozen one sends nothing at all
 }
-_OPTIONAL: dict[str, dict[str, type]] = {"hello": {"credential": str}}
+_OPTIONAL: dict[str, dict[str, type]] = {"hello": {"credential": str}, "chunk": {"offset": int}}
+DEFAULT_PART_BYTES = 256 << 10
+"""A relay sends a chunk in frames of at most this many payload bytes and forwards each as soon as it holds it, so a
+hop adds a part's time, not a chunk's (docs/broadcast.md "Pipelining on long links")."""
 
 
 class TransferError(Exception):
@@ -87,12 +92,17 @@ class Frame:
         return self.header["type"]
 
 
-def encode_frame(header: dict[str, Any], payload: bytes = b"") -> bytes:
-    validate_header(header, len(payload))
+def encode_frame(header: dict[str, Any], payload: bytes | memoryview = b"") -> bytes:
+    return encode_head(header, len(payload)) + bytes(payload)
+
+
+def encode_head(header: dict[str, Any], payload_len: int) -> bytes:
+    """The prefix and header of a frame whose payload has ``payload_len`` bytes (sent after it, uncopied)."""
+    validate_header(header, payload_len)
     raw = json.dumps(header, separators=(",", ":")).encode()
     if len(raw) > MAX_HEADER_BYTES:
         raise FrameError(f"header of {len(raw)} bytes exceeds {MAX_HEADER_BYTES}")
-    return _PREFIX.pack(MAGIC, len(raw), len(payload)) + raw + payload
+    return _PREFIX.pack(MAGIC, len(raw), payload_len) + raw
 
 
 def validate_header(header: Any, payload_len: int) -> None:
@@ -104,11 +114,13 @@ def validate_header(header: Any, payload_len: int) -> None:
         if not isinstance(value, kind) or isinstance(value, bool):
             raise FrameError(f"{header['type']} frame: field {key!r} missing or not {kind.__name__}")
     for key, kind in _OPTIONAL.get(header["type"], {}).items():
-        if header.get(key) is not None and not isinstance(header[key], kind):
+        if header.get(key) is not None and (not isinstance(header[key], kind) or isinstance(header[key], bool)):
             raise FrameError(f"{header['type']} frame: field {key!r} is not {kind.__name__}")
     if header["type"] == "chunk":
         if header["size"] != payload_len or header["index"] < 0:
             raise FrameError(f"chunk frame: size {header['size']} but payload has {payload_len} bytes")
+        if header.get("offset", 0) < 0:
+            raise FrameError(f"chunk frame: offset {header['offset']} is negative")
         if not _SHA256.match(header["sha256"]):
             raise FrameError("chunk frame: sha256 is not 64 hex digits")
     elif payload_len:
@@ -156,7 +168,8 @@ async def read_frame(reader: asyncio.StreamReader, *, peer: str, timeout: float,
 async def _read_exactly(reader: asyncio.StreamReader, n: int, *, peer: str, timeout: float,
                         between_frames: bool = False) -> bytes:
     try:
-        return await asyncio.wait_for(reader.readexactly(n), timeout)
+        async with asyncio.timeout(timeout):  # not wait_for: no task per read (issue 30: the loop's wake-ups cost)
+            return await reader.readexactly(n)
     except TimeoutError:
         raise PeerStalled(f"{peer} stalled: nothing received for {timeout:g} s") from None
     except asyncio.IncompleteReadError as err:
@@ -167,13 +180,12 @@ async def _read_exactly(reader: asyncio.StreamReader, n: int, *, peer: str, time
         raise PeerClosed(f"{peer} connection lost: {err}") from None
 
 
-async def write_frame(writer: asyncio.StreamWriter, header: dict[str, Any], payload: bytes = b"", *, peer: str,
-                      timeout: float, uplink: TokenBucket | None = None) -> None:
-    """Write one frame, the payload in rate-limited pieces; ``timeout`` bounds each drain."""
-    frame = encode_frame(header, payload)
-    head = len(frame) - len(payload)
-    await _send(writer, frame[:head], peer=peer, timeout=timeout)
-    view = memoryview(frame)[head:]
+async def write_frame(writer: asyncio.StreamWriter, header: dict[str, Any], payload: bytes | memoryview = b"", *,
+                      peer: str, timeout: float, uplink: TokenBucket | None = None) -> None:
+    """Write one frame, the payload in rate-limited pieces; ``timeout`` bounds each drain (the flow control: a
+    slow reader holds us at one piece beyond the transport's high-water mark, never more)."""
+    await _send(writer, encode_head(header, len(payload)), peer=peer, timeout=timeout)
+    view = memoryview(payload)
     for start in range(0, len(view), PIECE_BYTES):
         piece = view[start : start + PIECE_BYTES]
         if uplink is not None:
@@ -184,7 +196,8 @@ async def write_frame(writer: asyncio.StreamWriter, header: dict[str, Any], payl
 async def _send(writer: asyncio.StreamWriter, data: bytes | memoryview, *, peer: str, timeout: float) -> None:
     try:
         writer.write(data)
-        await asyncio.wait_for(writer.drain(), timeout)
+        async with asyncio.timeout(timeout):
+            await writer.drain()
     except TimeoutError:
         raise PeerStalled(f"{peer} stalled: took nothing for {timeout:g} s") from None
     except (ConnectionError, OSError) as err:
@@ -193,7 +206,8 @@ async def _send(writer: asyncio.StreamWriter, data: bytes | memoryview, *, peer:
 
 async def open_peer(host: str, port: int, *, timeout: float) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     try:
-        return await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        async with asyncio.timeout(timeout):
+            return await asyncio.open_connection(host, port)
     except TimeoutError:
         raise PeerStalled(f"{host}:{port} did not accept a connection within {timeout:g} s") from None
     except OSError as err:
@@ -225,8 +239,10 @@ def accept(*, job_id: int, version: int, chunks: int) -> dict[str, Any]:
     return {"type": "accept", "job_id": job_id, "version": version, "chunks": chunks}
 
 
-def chunk(*, job_id: int, version: int, index: int, sha256: str, size: int) -> dict[str, Any]:
-    return {"type": "chunk", "job_id": job_id, "version": version, "index": index, "size": size, "sha256": sha256}
+def chunk(*, job_id: int, version: int, index: int, sha256: str, size: int, offset: int = 0) -> dict[str, Any]:
+    """Bytes ``offset .. offset + size`` of chunk ``index`` (its whole ``sha256`` from the manifest)."""
+    header = {"type": "chunk", "job_id": job_id, "version": version, "index": index, "size": size, "sha256": sha256}
+    return header | ({"offset": offset} if offset else {})
 
 
 def want(indices: list[int]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import logging
 from . import framing
 from .framing import TransferError
 from .relay import SnapshotRelay
-from .relaystate import Waiters
+from .relaystate import Waiters, hand_over_gil_often
 
 log = logging.getLogger("echo2.relay")
 
@@ -43,6 +43,7 @@ class RelayHub:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         """Listen; returns the port (advertise it to the site, which tells the children)."""
+        hand_over_gil_often()  # our loop must not queue behind the process's training or generation threads
         self._server = await asyncio.start_server(self._handle, host, port)
         return self._server.sockets[0].getsockname()[1]
 

@@ -23,7 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from ..snapshot import SnapshotError, parse_manifest
-from .framing import TransferError
+from .framing import DEFAULT_PART_BYTES, TransferError
 from .hub import RelayHub
 from .ratelimit import bucket
 from .relay import Event, RelayTimeouts, SnapshotRelay
@@ -61,6 +61,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="hold an unassigned child (or one asking for a version not served yet) this long")
     p.add_argument("--out", type=Path, help="write the installed payload here")
     p.add_argument("--progress", action="store_true", help="emit an event per chunk")
+    p.add_argument("--part-bytes", type=int, default=DEFAULT_PART_BYTES,
+                   help="most payload per chunk frame sent to a child (a chunk's size or more: whole chunks, "
+                        f"store-and-forward per chunk); default {DEFAULT_PART_BYTES}")
     return p.parse_args(argv)
 
 
@@ -90,7 +93,7 @@ def _build_relay(args: argparse.Namespace, emit: Callable[[Event], None], make_r
     relay = make_relay(manifest, chunks=chunks, worker_id=args.worker_id, max_children=args.max_children,
                        uplink=bucket(args.uplink_bps), downlink=bucket(args.downlink_bps),
                        fallback_url=args.fallback_url, on_event=emit, secret=args.job_secret,
-                       credential=args.credential,
+                       credential=args.credential, part_bytes=args.part_bytes,
                        timeouts=RelayTimeouts(stall=args.stall_timeout, give_up=args.give_up,
                                               assign_wait=args.assign_wait))
     if args.child:

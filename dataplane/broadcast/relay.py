@@ -3,9 +3,10 @@
 A :class:`SnapshotRelay` holds one snapshot version of one job. It is both ends of a chain link:
 
 - **source side**: children connect to it (only relays need an open port; a tail behind NAT only dials
-  out) and it streams each chunk the moment it has it (store-and-forward per chunk: chunk ``i`` goes down
-  while ``i + 1`` is still coming in). An agent relay serves ONE child (fan-out 1); the learner runs the
-  same code with ``max_children = N_ch`` seeds and one ``B0`` bucket shared by them.
+  out) and it streams each chunk in parts of ``part_bytes`` (:data:`~.framing.DEFAULT_PART_BYTES`), each part the
+  moment it has it (cut-through: a hop adds a part's time, not a chunk's; the parts of a chunk not yet verified
+  are forwarded but never installed, :mod:`.assembly`). An agent relay serves ONE child (fan-out 1); the learner
+  runs the same code with ``max_children = N_ch`` seeds and one ``B0`` bucket shared by them.
 - **child side**: :meth:`SnapshotRelay.receive` dials the parent, says which chunks it has, verifies every
   chunk against the manifest (which comes from the site, never from a peer), asks again for a bad chunk
   and, after ``bad_chunk_retries`` bad copies or ``parent_retries`` failed connections, fetches what is
@@ -39,9 +40,10 @@ from .. import credentials
 from ..credentials import CredentialError
 from ..snapshot import Manifest, SnapshotError, assemble, fetch_chunk, ordered_chunks, verify_chunk
 from . import framing
-from .framing import Frame, PeerRefused, PeerStalled, TransferError
+from .assembly import ChunkBook
+from .framing import DEFAULT_PART_BYTES, Frame, PeerRefused, PeerStalled, TransferError
 from .ratelimit import TokenBucket
-from .relaystate import KEEPALIVE_S, RelayStats, RelayTimeouts, Waiters
+from .relaystate import KEEPALIVE_S, RelayStats, RelayTimeouts, Waiters, hand_over_gil_often
 
 __all__ = ["KEEPALIVE_S", "Event", "RelayStats", "RelayTimeouts", "SnapshotRelay", "Waiters"]
 
@@ -61,20 +63,25 @@ class SnapshotRelay:
                  max_children: int = 1, uplink: TokenBucket | None = None, downlink: TokenBucket | None = None,
                  fallback_url: str | None = None, timeouts: RelayTimeouts | None = None,
                  on_event: Callable[[Event], None] | None = None, secret: str | None = None,
-                 credential: str | None = None) -> None:
+                 credential: str | None = None, part_bytes: int = DEFAULT_PART_BYTES) -> None:
         """``chunks`` given in full makes an origin (the learner). ``secret``: the job's transfer secret, to verify
         children's credentials with (the learner); without it only children the site assigned with the
-        sha256 of their credential are admitted. ``credential``: ours, shown to the parent and the fallback."""
+        sha256 of their credential are admitted. ``credential``: ours, shown to the parent and the fallback.
+        ``part_bytes``: the most payload per ``chunk`` frame sent to a child (a chunk's size or more: whole chunks,
+        store-and-forward per chunk, as before cut-through)."""
+        if part_bytes < 1:
+            raise ValueError(f"part_bytes must be at least 1, got {part_bytes}")
         self.manifest, self.worker_id, self.max_children = manifest, worker_id, max_children
         self.secret = secret
         self.credential = credential  # presented to the current parent: the one the site sent with it
         self.fallback_credential = credential  # the newest the site sent: the learner's server verifies any
         self.job_id, self.version = manifest.job_id, manifest.version
         self.uplink, self.downlink, self.fallback_url = uplink, downlink, fallback_url
-        self.timeouts = timeouts or RelayTimeouts()
+        self.timeouts, self.part_bytes = timeouts or RelayTimeouts(), part_bytes
         self.stats = RelayStats()
         self._on_event = on_event or (lambda event: None)
-        self._chunks: dict[int, bytes] = {}
+        self._book = ChunkBook(manifest)
+        self._chunks = self._book.done  # verified chunks only
         self._sessions: dict[int, _Session] = {}
         self._waiters = Waiters()  # children held until their assignment arrives
         self._assigned: dict[int, set[str]] | None = None  # child -> sha256 of credentials the site issued it
@@ -103,13 +110,17 @@ class SnapshotRelay:
         return ordered_chunks(self.manifest, self._chunks)
 
     def _store(self, index: int, data: bytes, *, source: str = "", quiet: bool = False) -> None:
-        self._chunks[index] = data
-        for session in self._sessions.values():
-            session.wake.set()
+        """Chunk ``index`` verified: installable, counted, and its last part may go to the children."""
+        self._book.verified(index, data)
+        self._wake_sessions()
         if not quiet:
             self._emit("chunk", index=index, source=source, have=len(self._chunks))
         if len(self._chunks) == len(self.manifest.chunks):
             self._complete.set()
+
+    def _wake_sessions(self) -> None:
+        for session in self._sessions.values():
+            session.wake.set()
 
     def _emit(self, event: str, **fields: Any) -> None:
         self._on_event({"event": event, "worker_id": self.worker_id, "job_id": self.job_id,
@@ -230,20 +241,39 @@ class SnapshotRelay:
 
     async def _stream(self, writer: asyncio.StreamWriter, session: _Session, listener: asyncio.Task,
                       wants: deque[int], have: set[int], peer: str) -> None:
-        order = deque(c.index for c in self.manifest.chunks if c.index not in have)
+        """Send the owed chunks part by part, each part as soon as we hold it (verified or not: cut-through), in
+        index order with ``want``s first; a chunk whose unverified bytes went bad here starts again at 0."""
+        order = [c.index for c in self.manifest.chunks if c.index not in have]
+        cursor: tuple[int, int, int] | None = None  # (chunk, next offset, its generation when we started it)
         while True:
             session.wake.clear()
             if listener.done():
                 return
-            if wants and wants[0] in self._chunks:
-                index = wants.popleft()
-            elif order and order[0] in self._chunks:
-                index = order.popleft()
-            else:
-                # Waiting for our own parent (or, all sent, for the child's want/bye): not the child's fault.
-                await self._wait_for_chunks(writer, session, keepalive=bool(order), peer=peer)
-                continue
-            await self._send_chunk(writer, index, self._chunks[index], peer=peer)
+            cursor = cursor or self._next_chunk(wants, order)
+            if cursor is not None:
+                index, offset, generation = cursor
+                if self._book.generation[index] != generation:
+                    offset, generation = 0, self._book.generation[index]
+                held, data = self._book.available(index)
+                if self._book.ready(index, offset):
+                    end = min(held, offset + self.part_bytes)
+                    await self._send_chunk(writer, index, offset, bytes(memoryview(data)[offset:end]), peer=peer)
+                    cursor = (index, end, generation) if end < self._book.size(index) else None
+                    continue
+                cursor = (index, offset, generation)
+            # Waiting for our own parent (or, all sent, for the child's want/bye): not the child's fault.
+            await self._wait_for_chunks(writer, session, keepalive=bool(order) or cursor is not None, peer=peer)
+
+    def _next_chunk(self, wants: deque[int], order: list[int]) -> tuple[int, int, int] | None:
+        """The next chunk to send a child: a ``want`` we hold (some of), else the first owed one we hold some of."""
+        if wants and self._book.ready(wants[0]):
+            index = wants.popleft()
+        else:
+            index = next((i for i in order if self._book.ready(i)), None)
+            if index is None:
+                return None
+            order.remove(index)
+        return index, 0, self._book.generation[index]
 
     async def _wait_for_chunks(self, writer: asyncio.StreamWriter, session: _Session, *, keepalive: bool,
                                peer: str) -> None:
@@ -258,10 +288,12 @@ class SnapshotRelay:
                 await framing.write_frame(writer, framing.idle(), peer=peer, timeout=self.timeouts.stall)
         raise TransferError(f"child {peer}: nothing to send or hear for {self.timeouts.give_up:g} s")
 
-    async def _send_chunk(self, writer: asyncio.StreamWriter, index: int, data: bytes, *, peer: str) -> None:
-        """Send one held chunk under the manifest's sha256 (the one place bytes leave for a child)."""
+    async def _send_chunk(self, writer: asyncio.StreamWriter, index: int, offset: int, data: bytes, *,
+                          peer: str) -> None:
+        """Send bytes ``offset ..`` of chunk ``index`` under the manifest's sha256 (the one place bytes leave for a
+        child)."""
         header = framing.chunk(job_id=self.job_id, version=self.version, index=index, size=len(data),
-                               sha256=self.manifest.chunks[index].sha256)
+                               sha256=self.manifest.chunks[index].sha256, offset=offset)
         await framing.write_frame(writer, header, data, peer=peer, timeout=self.timeouts.stall, uplink=self.uplink)
 
     # ---- child side ----------------------------------------------------------------------------
@@ -272,6 +304,7 @@ class SnapshotRelay:
 
     async def receive_chunks(self) -> list[bytes]:
         """:meth:`receive`, returning the verified chunks in order rather than one joined payload."""
+        hand_over_gil_often()  # a tail has no hub, and its loop must not queue behind the generation thread either
         failures, last_progress = 0, time.monotonic()
         while not self.complete:
             held = len(self._chunks)
@@ -343,32 +376,44 @@ class SnapshotRelay:
                 index = frame.header["index"]
                 if index in self._chunks:
                     continue
+                data = self._book.add_part(index, frame.header.get("offset", 0), frame.payload, peer=peer)
+                if data is None:  # a part: forwarded to our child, not verified yet
+                    self._wake_sessions()
+                    continue
                 try:
-                    verify_chunk(self.manifest, index, frame.payload)
+                    verify_chunk(self.manifest, index, data)
                 except SnapshotError as err:
-                    bad[index] += 1
-                    self.stats.bad_chunks += 1
-                    self._emit("bad_chunk", index=index, parent=peer, reason=str(err), copies=bad[index])
-                    if bad[index] <= self.timeouts.bad_chunk_retries:
-                        await framing.write_frame(writer, framing.want([index]), peer=peer,
-                                                  timeout=self.timeouts.stall)
-                    elif self.fallback_url:
-                        await self._fetch_fallback([index])
-                    else:
-                        raise TransferError(f"{peer} sent chunk {index} with a bad sha256 {bad[index]} times") from None
+                    self._book.discard(index)  # before any await: no child gets the last part of a bad chunk
+                    await self._bad_chunk(writer, index, bad, str(err), peer)
                     continue
                 self.stats.from_parent += 1
-                self._store(index, frame.payload, source="parent")
+                self._store(index, data, source="parent")
             with contextlib.suppress(TransferError):
                 await framing.write_frame(writer, framing.bye(), peer=peer, timeout=self.timeouts.connect)
         finally:
             writer.close()
 
+    async def _bad_chunk(self, writer: asyncio.StreamWriter, index: int, bad: Counter[int], reason: str,
+                         peer: str) -> None:
+        """Chunk ``index`` from the parent failed its sha256: ask again, or after too many bad copies take it from
+        the fallback (none: give up on this parent)."""
+        bad[index] += 1
+        self.stats.bad_chunks += 1
+        self._emit("bad_chunk", index=index, parent=peer, reason=reason, copies=bad[index])
+        if bad[index] <= self.timeouts.bad_chunk_retries:
+            await framing.write_frame(writer, framing.want([index]), peer=peer, timeout=self.timeouts.stall)
+        elif self.fallback_url:
+            await self._fetch_fallback([index])
+        else:
+            raise TransferError(f"{peer} sent chunk {index} with a bad sha256 {bad[index]} times")
+
     def _declared_size(self, header: dict[str, Any]) -> int:
-        """The most payload a parent's frame may carry: the manifest's size of the chunk it names (a frame declaring
-        more is refused before a byte of it is read), nothing for any other frame."""
+        """The most payload a parent's frame may carry: what is left of the chunk it names after its offset, by the
+        manifest (a frame declaring more is refused before a byte of it is read), nothing for any other frame."""
         index = header.get("index", -1) if header["type"] == "chunk" else -1
-        return self.manifest.chunks[index].size if 0 <= index < len(self.manifest.chunks) else 0
+        if not 0 <= index < len(self.manifest.chunks):
+            return 0
+        return max(0, self.manifest.chunks[index].size - header.get("offset", 0))
 
     async def _check_assignment(self, writer: asyncio.StreamWriter, frame: Frame, peer: str) -> None:
         """Accept only ``accept``/``chunk`` frames for our own job and version; refuse and close otherwise."""

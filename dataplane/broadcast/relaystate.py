@@ -6,10 +6,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 KEEPALIVE_S = 0.5  # a parent owing chunks it does not have yet says so this often; children's stall must exceed it
+SWITCH_INTERVAL_S = 0.0005
+"""How often the interpreter hands the GIL between threads in a process that relays (docs/broadcast.md "Pipelining on
+long links"). A relay's event loop shares its process with CPU-bound Python threads (the learner's training, the
+agent's generation); each time the loop wakes from waiting on a socket it waits for the GIL, up to the default
+5 ms, and a transfer wakes it hundreds of times a second: on the 2-core WAN bench the chain ran at half its link
+rate. Never raised: a process that set a shorter interval keeps it."""
+
+
+def hand_over_gil_often() -> None:
+    """Make this process's threads hand over the GIL every :data:`SWITCH_INTERVAL_S` (or more often, if set so)."""
+    sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
 
 
 @dataclass(frozen=True)

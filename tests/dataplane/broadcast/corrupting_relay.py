@@ -18,17 +18,18 @@ from dataplane.broadcast.relay import SnapshotRelay
 
 
 class CorruptingRelay(SnapshotRelay):
-    """Sends chunk ``i`` with one byte flipped (under the manifest's sha256) the first ``corrupt[i]`` times."""
+    """Sends chunk ``i`` with its first byte flipped (under the manifest's sha256) the first ``corrupt[i]`` times."""
 
     def __init__(self, *args: Any, corrupt: dict[int, int], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.corrupt = dict(corrupt)
 
-    async def _send_chunk(self, writer: asyncio.StreamWriter, index: int, data: bytes, *, peer: str) -> None:
-        if self.corrupt.get(index, 0) > 0:
+    async def _send_chunk(self, writer: asyncio.StreamWriter, index: int, offset: int, data: bytes, *,
+                          peer: str) -> None:
+        if offset == 0 and self.corrupt.get(index, 0) > 0:  # the chunk's first part: each send of it starts there
             self.corrupt[index] -= 1
             data = bytes([data[0] ^ 0xFF]) + data[1:] if data else b"\0"
-        await super()._send_chunk(writer, index, data, peer=peer)
+        await super()._send_chunk(writer, index, offset, data, peer=peer)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,84 @@
+"""The chunks a relay holds, verified and in flight: what makes cut-through forwarding safe (docs/broadcast.md
+"Pipelining on long links").
+
+A parent sends a chunk in parts (``chunk`` frames with an ``offset``, :data:`~.framing.DEFAULT_PART_BYTES` each), and a
+relay forwards each part to its child as soon as it holds it, before the chunk's sha256 can be checked: a relay is
+untrusted, so a part is never installed or counted, only passed on. :class:`ChunkBook` keeps the two kinds apart:
+
+- **verified** chunks (:attr:`ChunkBook.done`): every byte arrived and matched the manifest's sha256 (or came
+  verified from the fallback); only these are installed, counted and reported.
+- **partial** chunks: the leading bytes received so far, in a buffer of the manifest's size for that chunk. A part
+  may overwrite bytes already held (a new parent starts the chunk again at offset 0) but never leave a gap. The
+  last byte arriving hands the whole chunk to the caller to verify: good, it becomes verified; bad, it is discarded
+  and its **generation** goes up, so every child that was sent some of those bytes is sent the chunk again from
+  offset 0 (the last part of a chunk reaches children only after it verified, so a bad chunk never completes
+  downstream from an honest relay; a lying relay's child finds the bad sha256 itself and asks again).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from ..snapshot import Manifest
+from .framing import TransferError
+
+
+@dataclass
+class _Partial:
+    buf: bytearray
+    filled: int = 0
+
+
+class ChunkBook:
+    """Chunks of one manifest: verified (``done``) and partial (bytes received, unverified: forwardable only)."""
+
+    def __init__(self, manifest: Manifest) -> None:
+        self.manifest = manifest
+        self.done: dict[int, bytes] = {}
+        self._partial: dict[int, _Partial] = {}
+        self.generation: Counter[int] = Counter()
+        """Bumped when a chunk's unverified bytes turn out bad: what was forwarded of them must be sent again."""
+
+    def size(self, index: int) -> int:
+        return self.manifest.chunks[index].size
+
+    def available(self, index: int) -> tuple[int, bytes | bytearray]:
+        """How many leading bytes of chunk ``index`` may be forwarded now, and the buffer holding them."""
+        if index in self.done:
+            return len(self.done[index]), self.done[index]
+        partial = self._partial.get(index)
+        return (partial.filled, partial.buf) if partial is not None else (0, b"")
+
+    def ready(self, index: int, offset: int = 0) -> bool:
+        """Whether bytes of chunk ``index`` from ``offset`` on may be forwarded now (an empty chunk once verified)."""
+        held, _ = self.available(index)
+        return held > offset or (offset == held == 0 and index in self.done)
+
+    def add_part(self, index: int, offset: int, data: bytes, *, peer: str) -> bytes | None:
+        """Bytes ``offset ..`` of chunk ``index`` from ``peer``: the whole chunk once its last byte arrived (for the
+        caller to verify, then :meth:`verified` or :meth:`discard`), else None. A part that would leave a gap, or
+        run past the chunk (the framing refuses that before reading it), raises :class:`TransferError`."""
+        size = self.size(index)
+        partial = self._partial.get(index)
+        if partial is None:
+            partial = self._partial[index] = _Partial(bytearray(size))
+        if offset > partial.filled or offset + len(data) > size:
+            raise TransferError(f"{peer} sent bytes {offset}..{offset + len(data)} of chunk {index} "
+                                f"({size} bytes), holding only its first {partial.filled}")
+        partial.buf[offset : offset + len(data)] = data
+        partial.filled = max(partial.filled, offset + len(data))
+        return bytes(partial.buf) if partial.filled == size else None
+
+    def discard(self, index: int) -> None:
+        """Chunk ``index``'s unverified bytes were bad: drop them; children get the chunk again from offset 0."""
+        if self._partial.pop(index, None) is not None:
+            self.generation[index] += 1
+
+    def verified(self, index: int, data: bytes) -> None:
+        """Chunk ``index`` holds ``data``, verified. Unverified bytes forwarded before that which differ from it (a
+        relay lied; the chunk came verified from elsewhere) make its children get it again from offset 0."""
+        partial = self._partial.pop(index, None)
+        if partial is not None and partial.buf[: partial.filled] != data[: partial.filled]:
+            self.generation[index] += 1
+        self.done[index] = data
