@@ -41,7 +41,7 @@ def test_owner_launches_a_job_and_watches_it_update_live(site, browser):
     page.wait_for_function("document.querySelector('[data-key=\"step\"]').textContent === '1'", timeout=10_000)
     assert page.locator('[data-key="reward_mean"]').inner_text() == "0.625"
     assert page.evaluate("window.__noReload") is True  # updated in place, not reloaded
-    assert page.locator("#reward-curve polyline").get_attribute("points")
+    assert page.locator("#reward-curve polyline.reward").get_attribute("points")  # the smoothed line (curves.js)
     page.screenshot(path=str(ARTIFACTS / "job-live.png"), full_page=True)
 
     page.click("text=Cancel")
