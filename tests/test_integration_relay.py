@@ -1,7 +1,8 @@
 """Chain broadcast end to end on loopback: daphne, Celery, Redis, the learner's relay hub, three relaying agents.
 
 One chain (B0 = Bw): learner -> seed -> middle -> tail. The test checks that snapshots reached agents through a
-relay parent (the site counts installs by source) and that the tail's log shows chunks from its parent worker.
+relay parent (the site counts installs by source), that after the first update every version travelled as a delta,
+and that the tail's log shows chunks from its parent worker.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ def test_snapshots_travel_down_a_relay_chain(stack, tmp_path, tiny_model_dir):
         "name": "relay", "model_dir": str(tiny_model_dir), "task": {"name": "arithmetic", "max_operand": 4},
         "staleness": 2, "batch_trajectories": 8, "group_size": 4, "max_steps": STEPS, "max_new_tokens": 2,
         "learner_uplink_bps": 12_500_000,  # = Bw of every agent: one chain
+        "learning_rate": 1e-5,  # small steps: every delta pays (at 1e-3 some go full, docs/broadcast.md)
     }).raise_for_status().json()
-    assert job["broadcast_strategy"] == "chain"
+    assert job["broadcast_strategy"] == "chain" and job["snapshot_full_every"] == 0
     owner.post(f"jobs/{job['id']}/start/").raise_for_status()
     wait_for(lambda: sum(w["status"] == "active" for w in provider.get("workers/").json()["results"]) == 3,
              "three active workers", 60)
@@ -57,6 +59,9 @@ def test_snapshots_travel_down_a_relay_chain(stack, tmp_path, tiny_model_dir):
     # the one before is still being announced replaces it (learner/outbox.py), as a slow site may make happen.
     assert versions[0] == 0 and versions[-1] == STEPS and versions == sorted(set(versions)), versions
     assert len(versions) >= 3, versions
+    # deltas on the wire, fulls from the cache (docs/broadcast.md): the first update is full, every later one a delta
+    kinds = [s["manifest"].get("kind", "full") for s in snaps if s["version"] > 0]
+    assert kinds == ["full"] + ["delta"] * (len(kinds) - 1), kinds
     # most installs came down the chain: the middle and the tail of every update pull from a parent worker
     assert sum(s["installs_via_parent"] for s in snaps) >= len(versions) - 1, snaps
     # Recorded installs (not the workers' installed_version, which a release or reconnect may change since).
