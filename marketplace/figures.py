@@ -96,10 +96,12 @@ def summary_figures(job: Job, *, last: JobMetric | None, snap: Snapshot | None, 
     page shows final figures, no projection), the download's availability and the learner's absence."""
     mean, steps = reward_window(job)
     line, unmet = target_line(job, snap, pool_throughput)
+    published = job.snapshots.exists()
     return {
         "reward_recent_mean": mean,
         "reward_recent_steps": steps,
         "as_of_step": last.step if last else None,  # the step reward, T_train, bubble and step time are of
+        "published_of": f"v{job.published_version}" if published else "none published yet",  # v0: the base
         "t_bcast_version": snap.version if snap else None,
         "t_bcast_of": f"snapshot v{snap.version}" if snap else "no broadcast measured yet",
         "throughput_target_line": line,

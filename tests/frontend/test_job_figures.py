@@ -182,6 +182,7 @@ def test_a_job_waiting_for_its_learner_says_so_and_how_to_start_it(running):
     assert keyed(page, "throughput_target_line")[0].startswith("no target yet: T_train is not known")
     assert 'class="target-line"' in page  # calibrating, not an error
     assert keyed(page, "export_line")[0].startswith("Nothing to download yet") and not shown(page, 'id="export"')
+    assert keyed(page, "published_of") == ["none published yet"]
 
     Job.objects.filter(pk=job.pk).update(status=Job.Status.STALLED)  # as jobs_stall_silent_learners leaves it
     assert shown(client.get(f"/jobs/{job.pk}/").content.decode(), 'id="learner-waiting"')
@@ -190,6 +191,7 @@ def test_a_job_waiting_for_its_learner_says_so_and_how_to_start_it(running):
     publish(job, 0, "http://127.0.0.1:9/v0/")
     page = client.get(f"/jobs/{job.pk}/").content.decode()
     assert not shown(page, 'id="learner-waiting"') and shown(page, 'id="export"')  # its learner serves it
+    assert keyed(page, "published_of") == ["v0"]
 
     Job.objects.filter(pk=job.pk).update(learner_seen_at=timezone.now() - timedelta(seconds=600))  # gone silent
     page = client.get(f"/jobs/{job.pk}/").content.decode()

@@ -71,7 +71,8 @@
     const svg = document.getElementById("chain-picture");
     const b = live.broadcast;
     document.getElementById("chain-caption").textContent =
-      b.version ? `snapshot v${b.version}, strategy ${b.strategy}` : "no snapshot published yet";
+      live.summary.published_of.startsWith("v") ? `snapshot ${live.summary.published_of}, strategy ${b.strategy}` :
+        "no snapshot published yet";
     const rows = b.chains.map((c) => ({ kind: "chain", nodes: c }));
     if (b.http.length) rows.push({ kind: "http", nodes: b.http });
     const NW = 120, NH = 34, GAP = 36, ROW = 56, X0 = 110;
