@@ -50,6 +50,7 @@ WIRE = (("profile", "profile", "s"), ("strategy", "strategy", "s"), ("N", "agent
         ("hop Mbit/s", "hop_mbit_s", ".1f"), ("hop/link", "hop_ratio", ".2f"), ("seed hop/link", "seed_ratio", ".2f"),
         ("relay hop/link", "relay_ratio", ".2f"), ("replies", "reply_n", "d"), ("p50 ms", "reply_p50", ".0f"),
         ("p95 ms", "reply_p95", ".0f"), ("p99 ms", "reply_p99", ".0f"), ("reconnects", "reconnect_count", "d"),
+        ("attempts", "reconnect_lines", "d"),
         ("timeouts fired", "timeouts_line", "s"))
 
 

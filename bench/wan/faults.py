@@ -171,7 +171,7 @@ class Faults(threading.Thread):
 
         try:
             b = self.until(repaired, f"v{version}'s plan without {relay}", plan.recover_timeout_s)
-            ev["t_repaired"] = time.time()
+            ev["t_repaired"], ev["repaired_plan_version"] = time.time(), b["version"]  # newer: the plan moved on
             route = next(([n["id"] for n in c] for c in b["chains"] if any(n["id"] == ev["child_worker"] for n in c)),
                          None)
             at = route.index(ev["child_worker"]) if route else -1

@@ -28,6 +28,7 @@ TIMEOUTS = (  # (kind: what firing it does, pattern), first match wins; the last
     ("connect: retry", r"timed out during opening handshake|timed out while connecting|open_timeout"),
     ("relay stall: parent given up", r"stalled: nothing received for"),
     ("relay give-up: transfer failed", r"no progress for|nothing to send or hear for"),
+    ("snapshot fetch: given up, fetched again", r"bytes not fetched within|of the body's bytes by the deadline"),
     ("site: relay parent silent, excised", r"no heartbeat for \d+ s|no install of v\d+ \d+ s after"),
     ("site: worker silent, released", r"released: silent:"),
     ("other", r"(?i)timed? ?out|timeout"),
