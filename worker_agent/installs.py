@@ -254,9 +254,10 @@ class Installer:
         except SnapshotError as err:
             if time.monotonic() - began < whole:
                 raise
-            raise SnapshotError(f"v{manifest.version} from {url}: {manifest.total_bytes} bytes not fetched within "
-                                f"{whole:.0f} s ({TRANSFER_FACTOR:g} x their time at {self.rates.rate / 1e6:.2f} MB/s, "
-                                f"the rate measured): {err}") from None
+            rate = self.rates.rate / 1e6
+            raise SnapshotError(f"v{manifest.version} from {url}: timed out: {manifest.total_bytes} bytes not fetched "
+                                f"within {whole:.0f} s ({TRANSFER_FACTOR:g} x their time at {rate:.2f} MB/s, the rate "
+                                f"measured): {err}") from None
         self.rates.add(manifest.total_bytes, time.monotonic() - began)
         return chunks
 

@@ -46,6 +46,7 @@ BUDGET_SHARE = 0.25  # of the paced message rate, at most, spent on the rollout 
 LEASE_DEADLINE_S = 60.0  # a lease request that gets no answer this long (the site away) fails the loop
 RETURN_DEADLINE_S = 120.0  # generated groups are sent again this long before they are given up (leases long gone)
 LEASE_AHEAD_SHARE = 0.5  # a lease taken ahead must be answered within this share of the site's lease timeout
+LEASE_AHEAD_DRY_S = 5.0  # no lease ahead this long after the site said it had no work
 
 
 @dataclass
@@ -90,6 +91,7 @@ class RolloutLoop:
         self.batch = groups_per_lease  # groups leased per round trip now
         self.generation_s: float | None = None  # how long the last batch took to generate
         self.leased_ahead = 0  # batches leased while the one before generated
+        self.dry_at = -math.inf  # when the site last had no work for us (time.monotonic())
 
     async def supervised(self) -> None:
         """Run the loop; when it crashes (an engine error, the site away past a deadline, a bug) the cause is
@@ -169,6 +171,8 @@ class RolloutLoop:
             if ahead:
                 self.leased_ahead += lease is not None
             st.no_work = isinstance(next_lease, m.NoWork)
+            if st.no_work:
+                self.dry_at = time.monotonic()
             rate = len(groups) / max(time.monotonic() - started, 1e-3) if groups else rate
 
     async def _round_trip(self, groups: list[TrajectoryGroup], *, lease: int) -> m.Lease | None:
@@ -182,6 +186,7 @@ class RolloutLoop:
         await self.report_state()
         st.no_work = isinstance(reply, m.NoWork)
         if isinstance(reply, m.NoWork):
+            self.dry_at = time.monotonic()
             st.failure = None  # the loop works: there is just nothing to do
             await asyncio.sleep(reply.retry_after)
             return None
@@ -203,8 +208,10 @@ class RolloutLoop:
         """Whether to lease the next batch while this one generates: only once a batch's generation was timed,
         and only when this batch and the next (about as long) and a reply's round trip fit in
         ``LEASE_AHEAD_SHARE`` of the site's lease timeout, so no lease ahead expires before its groups go back
-        (an expired lease is leased again to another worker, and the late group is refused: work lost)."""
-        if self.generation_s is None:
+        (an expired lease is leased again to another worker, and the late group is refused: work lost). Not for
+        ``LEASE_AHEAD_DRY_S`` after the site had no work for us: prompts are scarce, one leased ahead would wait here
+        while another worker idles, and the ahead request would mostly come back empty (a message for nothing)."""
+        if self.generation_s is None or time.monotonic() - self.dry_at < LEASE_AHEAD_DRY_S:
             return False
         rtt = self.connection.round_trips.srtt or 0.0
         return 2 * self.generation_s + rtt < LEASE_AHEAD_SHARE * lease.timeout

@@ -131,3 +131,28 @@ def test_a_lease_taken_ahead_that_cannot_be_generated_is_handed_back_at_once(tmp
         session._stop_rollout()
 
     asyncio.run(scenario())
+
+
+def test_no_lease_is_taken_ahead_soon_after_the_site_had_no_work(tmp_path, learner_side,  # noqa: F811
+                                                                 tiny_model_dir):
+    """Prompts are scarce: a lease taken ahead would sit here while another worker idles, and the request would
+    mostly come back empty. For LEASE_AHEAD_DRY_S after a "no work" the agent leases one batch at a time."""
+    store, server = learner_side
+    base = store.write_base(tiny_model_dir)
+    gate = threading.Event()
+    gate.set()
+
+    async def scenario() -> None:
+        session, socket = await started(tmp_path, store, server, base, gate)
+        await push(session, answering(socket, m.NoWork(job_id=1, retry_after=0.05)))
+        await until(lambda: len(submits(socket)) == 3, "the lease asked for again")
+        gate.clear()
+        await push(session, answering(socket, lease("l2", "2+2=")))
+        await asyncio.sleep(0.5)
+        assert len(submits(socket)) == 3, "leased ahead right after the site had no work"
+        gate.set()
+        await until(lambda: len(submits(socket)) == 4, "l2's group back with the next lease")
+        assert [g["lease_id"] for g in submits(socket)[-1]["groups"]] == ["l2"] and submits(socket)[-1]["lease"] >= 1
+        session._stop_rollout()
+
+    asyncio.run(scenario())

@@ -121,4 +121,4 @@ def test_a_fetch_that_never_ends_is_given_up_within_its_derived_bound(
             asyncio.run(scenario())
     finally:
         trickling.stop()
-    assert f"v0 from {url}: {base.total_bytes} bytes not fetched within 2 s" in caplog.text
+    assert f"v0 from {url}: timed out: {base.total_bytes} bytes not fetched within 2 s" in caplog.text
