@@ -15,6 +15,8 @@ from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
+from simulator.broadcast import water_fill
+
 from .profile import Link, Topology
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -71,18 +73,21 @@ def reconnects(records: list[dict], agents: dict[str, str]) -> dict[str, int]:
 
 def hops(records: list[dict], net_nodes: dict[str, tuple[str, Link]]) -> list[dict]:
     """Every transfer of at least MIN_BURST_BYTES a parent's proxy delivered: parent, child, Mbit/s, and the
-    link's rate for it: the child's downlink or the parent's uplink shared by the transfers it was sending at the
-    same time (a star's pulls share B0), the smaller. ``net_nodes``: address -> (node, link)."""
+    link's rate for it: its max-min fair share of the parent's uplink among the transfers the parent was sending
+    at the middle of it (a star's pulls share B0), each within its child's downlink (simulator/broadcast.py
+    ``water_fill``). ``net_nodes``: address -> (node, link)."""
     by_node = {node: link for node, link in net_nodes.values()}
     bursts = [r for r in records if r["kind"] == "burst" and r["bytes"] >= MIN_BURST_BYTES and r["t1"] > r["t0"]]
     out = []
     for r in bursts:
         child, child_link = net_nodes.get(r["peer"], (r["peer"], None))
         middle = (r["t0"] + r["t1"]) / 2
-        sharing = sum(1 for o in bursts if o["node"] == r["node"] and o["t0"] <= middle <= o["t1"])
-        rate = min(by_node[r["node"]].up_mbit / max(1, sharing), child_link.down_mbit if child_link else math.inf)
+        sharing = [o for o in bursts if o["node"] == r["node"] and o["t0"] <= middle <= o["t1"]]
+        caps = {i: net_nodes[o["peer"]][1].down_mbit if o["peer"] in net_nodes else math.inf
+                for i, o in enumerate(sharing)}  # max-min fair shares of the parent's uplink, each within its child's
+        rate = water_fill(caps, by_node[r["node"]].up_mbit)[next(i for i, o in enumerate(sharing) if o is r)]
         out.append({"parent": r["node"], "child": child, "port": r["port"], "mb": r["bytes"] / 1e6,
-                    "mbit_s": 8 * r["bytes"] / (r["t1"] - r["t0"]) / 1e6, "link_mbit_s": rate, "sharing": sharing,
+                    "mbit_s": 8 * r["bytes"] / (r["t1"] - r["t0"]) / 1e6, "link_mbit_s": rate, "sharing": len(sharing),
                     "t0": r["t0"], "t1": r["t1"]})
     return out
 
