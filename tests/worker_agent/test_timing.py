@@ -51,3 +51,36 @@ def test_the_rate_is_the_median_fetch_and_the_registered_bandwidth_before_any():
         rates.add(int(nbytes), seconds)
     rates.add(100, 0.0)  # not a measurement
     assert rates.rate == 2e6
+
+
+def test_the_websockets_own_pings_feed_the_round_trips_once_each():
+    """A real websocket pinging every 0.2 s: each new ping's round trip is one sample (the heartbeat loop asks
+    every 0.2 s, and the same ping is not counted twice)."""
+    import asyncio
+
+    import websockets
+    from websockets.asyncio.server import serve
+
+    from worker_agent.connection import SiteConnection
+
+    async def scenario() -> None:
+        async def hold(ws) -> None:
+            await asyncio.sleep(5)
+
+        async with serve(hold, "127.0.0.1", 0) as server:
+            port = server.sockets[0].getsockname()[1]
+            async with websockets.connect(f"ws://127.0.0.1:{port}", ping_interval=0.2) as ws:
+                connection = SiteConnection("http://127.0.0.1:9", "k")
+                connection.attach(ws)
+                connection.sample_ping()
+                assert connection.round_trips.samples == 0  # no pong yet
+                deadline = asyncio.get_running_loop().time() + 10
+                while connection.round_trips.samples < 2 and asyncio.get_running_loop().time() < deadline:
+                    await asyncio.sleep(0.05)
+                    connection.sample_ping()
+                taken = connection.round_trips.samples
+                connection.sample_ping()
+                assert taken >= 2 and connection.round_trips.samples == taken
+                assert 0 < connection.round_trips.path_rtt < 1.0
+
+    asyncio.run(scenario())
