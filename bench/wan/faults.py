@@ -32,6 +32,7 @@ class FaultPlan:
     partition_s: float = 40.0
     kill_after_s: float = 1.5  # a relay is killed this long after its publication was seen
     recover_timeout_s: float = 90.0  # each wait for a recovery
+    relay_wait_s: float = 30.0  # for a publication planned along a chain of two or more (else no relay to kill)
 
 
 class Faults(threading.Thread):
@@ -150,7 +151,7 @@ class Faults(threading.Thread):
             return (b["version"], chains[0]) if chains else None
 
         version, chain = self.until(next_relayed, "a publication the site planned along a chain of two or more",
-                                    plan.recover_timeout_s)
+                                    plan.relay_wait_s)
         seen_at = time.time()
         relay, child = self.node_of(chain[0]["id"]), self.node_of(chain[1]["id"])
         ev = self.events.setdefault("relay_down", {})
