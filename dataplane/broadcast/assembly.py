@@ -7,20 +7,24 @@ untrusted, so a part is never installed or counted, only passed on. :class:`Chun
 
 - **verified** chunks (:attr:`ChunkBook.done`): every byte arrived and matched the manifest's sha256 (or came
   verified from the fallback); only these are installed, counted and reported.
-- **partial** chunks: the leading bytes received so far, in a buffer of the manifest's size for that chunk. A part
-  may overwrite bytes already held (a new parent starts the chunk again at offset 0) but never leave a gap. The
-  last byte arriving hands the whole chunk to the caller to verify: good, it becomes verified; bad, it is discarded
-  and its **generation** goes up, so every child that was sent some of those bytes is sent the chunk again from
-  offset 0 (the last part of a chunk reaches children only after it verified, so a bad chunk never completes
-  downstream from an honest relay; a lying relay's child finds the bad sha256 itself and asks again).
+- **partial** chunks: the leading bytes received so far, in a buffer of the manifest's size for that chunk, hashed
+  as they arrive in order (so the last part costs only its own hashing, not the chunk's, at every hop). A part may
+  overwrite bytes already held (a new parent starts the chunk again at offset 0; the chunk is then hashed whole at
+  the end) but never leave a gap. The last byte arriving verifies the chunk against the manifest: good, it is
+  returned for the caller to store; bad, it is discarded and its **generation** goes up, so every child that was
+  sent some of those bytes is sent the chunk again from offset 0 (the last part of a chunk reaches children only
+  after it verified, so a bad chunk never completes downstream from an honest relay; a lying relay's child finds
+  the bad sha256 itself and asks again).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from ..snapshot import Manifest
+from ..snapshot import Manifest, SnapshotError, verify_chunk
 from .framing import TransferError
 
 
@@ -28,6 +32,8 @@ from .framing import TransferError
 class _Partial:
     buf: bytearray
     filled: int = 0
+    hasher: Any = field(default_factory=hashlib.sha256)
+    """The sha256 of ``buf[:filled]`` while the parts came in order without overwriting; None after an overwrite."""
 
 
 class ChunkBook:
@@ -56,9 +62,10 @@ class ChunkBook:
         return held > offset or (offset == held == 0 and index in self.done)
 
     def add_part(self, index: int, offset: int, data: bytes, *, peer: str) -> bytes | None:
-        """Bytes ``offset ..`` of chunk ``index`` from ``peer``: the whole chunk once its last byte arrived (for the
-        caller to verify, then :meth:`verified` or :meth:`discard`), else None. A part that would leave a gap, or
-        run past the chunk (the framing refuses that before reading it), raises :class:`TransferError`."""
+        """Bytes ``offset ..`` of chunk ``index`` from ``peer``: the whole chunk once its last byte arrived and it
+        matched the manifest (for the caller to store, :meth:`verified`), else None. A chunk that did not match is
+        discarded (:meth:`discard`) and raises :class:`SnapshotError`; a part that would leave a gap, or run past
+        the chunk (the framing refuses that before reading it), raises :class:`TransferError`."""
         size = self.size(index)
         partial = self._partial.get(index)
         if partial is None:
@@ -67,8 +74,23 @@ class ChunkBook:
             raise TransferError(f"{peer} sent bytes {offset}..{offset + len(data)} of chunk {index} "
                                 f"({size} bytes), holding only its first {partial.filled}")
         partial.buf[offset : offset + len(data)] = data
+        if partial.hasher is not None and offset == partial.filled:
+            partial.hasher.update(data)
+        elif offset < partial.filled:
+            partial.hasher = None  # bytes overwritten: hash the whole chunk once it is complete
         partial.filled = max(partial.filled, offset + len(data))
-        return bytes(partial.buf) if partial.filled == size else None
+        if partial.filled < size:
+            return None
+        whole = bytes(partial.buf)
+        try:
+            if partial.hasher is None:
+                verify_chunk(self.manifest, index, whole)
+            elif partial.hasher.hexdigest() != self.manifest.chunks[index].sha256:
+                raise SnapshotError(f"chunk {index} of version {self.manifest.version}: sha256 mismatch")
+        except SnapshotError:
+            self.discard(index)  # before the caller awaits anything: no child gets the last part of a bad chunk
+            raise
+        return whole
 
     def discard(self, index: int) -> None:
         """Chunk ``index``'s unverified bytes were bad: drop them; children get the chunk again from offset 0."""

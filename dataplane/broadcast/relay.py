@@ -376,15 +376,13 @@ class SnapshotRelay:
                 index = frame.header["index"]
                 if index in self._chunks:
                     continue
-                data = self._book.add_part(index, frame.header.get("offset", 0), frame.payload, peer=peer)
+                try:  # verified (and stored by _store, below) or discarded before any await
+                    data = self._book.add_part(index, frame.header.get("offset", 0), frame.payload, peer=peer)
+                except SnapshotError as err:
+                    await self._bad_chunk(writer, index, bad, str(err), peer)
+                    continue
                 if data is None:  # a part: forwarded to our child, not verified yet
                     self._wake_sessions()
-                    continue
-                try:
-                    verify_chunk(self.manifest, index, data)
-                except SnapshotError as err:
-                    self._book.discard(index)  # before any await: no child gets the last part of a bad chunk
-                    await self._bad_chunk(writer, index, bad, str(err), peer)
                     continue
                 self.stats.from_parent += 1
                 self._store(index, data, source="parent")

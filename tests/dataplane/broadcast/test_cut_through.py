@@ -18,7 +18,7 @@ from dataplane.broadcast.hub import RelayHub
 from dataplane.broadcast.ratelimit import PIECE_BYTES, bucket
 from dataplane.broadcast.relay import RelayTimeouts, SnapshotRelay
 from dataplane.credentials import fingerprint, issue, new_secret
-from dataplane.snapshot import build_manifest, split
+from dataplane.snapshot import SnapshotError, build_manifest, split
 from tests.dataplane.broadcast.corrupting_relay import CorruptingRelay
 
 JOB, VERSION, RELAY, CHILD = 5, 3, 1, 2
@@ -106,10 +106,17 @@ def test_the_book_refuses_a_gap_and_a_part_past_the_chunk_and_restarts_children_
     with pytest.raises(TransferError, match="of chunk 0"):
         book.add_part(0, CHUNK - 10, bytes(20), peer="p")
     assert book.add_part(0, 0, CHUNKS[0][:PART], peer="p") is None  # a new parent starts again at 0: fine
-    whole = book.add_part(0, PART, b"x" + CHUNKS[0][PART + 1 :], peer="p")
-    assert whole is not None and len(whole) == CHUNK and 0 not in book.done
-    book.discard(0)  # the caller found the sha256 wrong
-    assert book.generation[0] == 1 and book.available(0)[0] == 0
+    with pytest.raises(SnapshotError, match="chunk 0 of version 3: sha256 mismatch"):  # hashed as it came
+        book.add_part(0, PART, b"x" + CHUNKS[0][PART + 1 :], peer="p")
+    assert book.generation[0] == 1 and book.available(0)[0] == 0 and 0 not in book.done  # discarded
+    assert book.add_part(1, 0, CHUNKS[1], peer="p") == CHUNKS[1]  # one part, the whole chunk: verified
+    book.add_part(2, 0, CHUNKS[2][:PART], peer="p")
+    book.add_part(2, 0, b"z" * PART, peer="p")  # overwritten: the chunk is hashed whole at the end
+    with pytest.raises(SnapshotError):
+        book.add_part(2, PART, CHUNKS[2][PART:], peer="p")
+    book.add_part(2, 0, b"z" * PART, peer="p")
+    book.add_part(2, 0, CHUNKS[2][:PART], peer="p")  # a new parent's good bytes over the bad ones
+    assert book.available(2)[0] == PART and book.add_part(2, PART, CHUNKS[2][PART:], peer="p") == CHUNKS[2]
     book.add_part(0, 0, b"y" * PART, peer="p")
     book.verified(0, CHUNKS[0])  # the good copy came from elsewhere: what went ahead differs, send it again
     assert book.generation[0] == 2 and book.available(0) == (CHUNK, CHUNKS[0])
