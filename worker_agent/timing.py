@@ -17,6 +17,7 @@ reply to a request    ``srtt + 4 rttvar`` (RFC 6298's RTO) x ``REPLY_RTO_FACTOR`
 opening the socket    ``4 x rto``                                                     15 s        60 s
 ping's pong           ``4 x rto``                                                     10 s        60 s
 a transfer of n bytes ``TRANSFER_FACTOR x (SETUP_RTTS x rtt + n / rate)``              10 s        600 s
+a whole fetch         the same rule for the payload's bytes                           10 s        none
 ====================  =============================================================  ==========  ========
 
 The deadlines of a request as a whole (``LEASE_DEADLINE_S``, ``RETURN_DEADLINE_S``) stay fixed: they bound how long
@@ -27,6 +28,7 @@ worker's path its own link dominates, and the factor covers the rest.
 from __future__ import annotations
 
 import collections
+import math
 
 REPLY_FLOOR_S, REPLY_CEILING_S, REPLY_RTO_FACTOR = 10.0, 60.0, 4.0
 REPLY_UNMEASURED_S = 30.0  # before the first sample (the fixed value it replaces)
@@ -107,17 +109,20 @@ class Rates:
         return self.declared or RATE_FLOOR_BPS
 
 
-def transfer_timeout(nbytes: int, *, rtt: float | None, rate_bps: float) -> float:
+def transfer_timeout(nbytes: int, *, rtt: float | None, rate_bps: float,
+                     ceiling: float = TRANSFER_CEILING_S) -> float:
     """How long fetching ``nbytes`` may take before it is abandoned: ``TRANSFER_FACTOR`` times its expected time
-    (``SETUP_RTTS`` round trips to connect and ask, then the bytes at ``rate_bps``), within the floor and the
-    ceiling. The factor covers the link shared with our own relaying and a rate measured on a quieter moment."""
+    (``SETUP_RTTS`` round trips to connect and ask, then the bytes at ``rate_bps``), within the floor and
+    ``ceiling``. The factor covers the link shared with our own relaying and a rate measured on a quieter moment."""
     expected = SETUP_RTTS * max(rtt or 0.0, MIN_RTO_S) + nbytes / max(rate_bps, RATE_FLOOR_BPS)
-    return clamp(TRANSFER_FACTOR * expected, TRANSFER_FLOOR_S, TRANSFER_CEILING_S)
+    return clamp(TRANSFER_FACTOR * expected, TRANSFER_FLOOR_S, ceiling)
 
 
 def fetch_timeouts(chunk_bytes: list[int], *, rtt: float | None, rate_bps: float) -> tuple[float, float]:
     """An HTTP fetch of chunks of these sizes: how long one read may wait (a whole chunk's :func:`transfer_timeout`:
-    the largest) and how long the whole may take (the sum's)."""
+    the largest) and how long the whole may take (the sum's). The whole has no fixed ceiling: a real model's full
+    payload (14 GB at 100 Mbit/s: ~19 min) must not be abandoned at a bound meant for one chunk; the rate's floor
+    (:data:`RATE_FLOOR_BPS`) keeps it finite, and the per-read wait still ends a stalled server."""
     largest, total = max(chunk_bytes, default=0), sum(chunk_bytes)
     return (transfer_timeout(largest, rtt=rtt, rate_bps=rate_bps),
-            transfer_timeout(total, rtt=rtt, rate_bps=rate_bps))
+            transfer_timeout(total, rtt=rtt, rate_bps=rate_bps, ceiling=math.inf))

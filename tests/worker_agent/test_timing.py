@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker_agent.timing import Rates, RoundTrips, transfer_timeout
+from worker_agent.timing import Rates, RoundTrips, fetch_timeouts, transfer_timeout
 
 
 def test_round_trips_are_kept_as_rfc_6298_keeps_them():
@@ -41,6 +41,14 @@ def test_a_transfer_may_take_four_times_its_expected_time_within_the_floor_and_c
     assert transfer_timeout(4 << 20, rtt=0.04, rate_bps=50e6 / 8) == 10.0  # 0.7 s expected: the floor
     assert transfer_timeout(10**10, rtt=0.1, rate_bps=1e6) == 600.0  # the ceiling
     assert transfer_timeout(1 << 20, rtt=None, rate_bps=0.0) == pytest.approx(4 * (0.6 + (1 << 20) / 125e3))
+
+
+def test_a_whole_fetch_of_a_real_model_is_not_cut_at_the_per_read_ceiling():
+    """14 GB (a 7B model in bf16) at 100 Mbit/s takes ~1,120 s: a whole-fetch deadline of 600 s would abandon
+    every attempt half way and the worker would never join; its reads keep the 600 s ceiling."""
+    per_read, whole = fetch_timeouts([64 << 20] * 209, rtt=0.05, rate_bps=100e6 / 8)
+    assert per_read == pytest.approx(4 * (0.6 + (64 << 20) / 12.5e6))
+    assert whole == pytest.approx(4 * (0.6 + 209 * (64 << 20) / 12.5e6)) and whole > 4000
 
 
 def test_the_rate_is_the_median_fetch_and_the_registered_bandwidth_before_any():
