@@ -164,8 +164,11 @@ def save_figure(path: Path, table_rows: list[Row]) -> bool:
             ax.grid(alpha=0.3)
         if mine:
             ax_t.axhline(mine[0].cell.cap, color="grey", lw=0.8, ls=":", label="step cap (a miss counts here)")
-        ax_t.legend(fontsize=8)
-    fig.tight_layout()
+    legend = {}  # one legend under the panels, every label once (the synchronous line's seed counts per task)
+    for ax in axes[:, 0]:
+        legend.update(zip(*reversed(ax.get_legend_handles_labels()), strict=True))
+    fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=4, fontsize=8)
+    fig.tight_layout(rect=(0, 0.06 + 0.04 / len(tasks), 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
