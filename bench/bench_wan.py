@@ -207,8 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nT_bcast on emulated WAN links (tiny model, hidden {args.hidden}, full every {args.full_every}; "
           "Bw the median worker link; the clean steps)")
     print(table(rows))
-    print("\nStar-limited against chain (the same links)")
-    print("\n".join(star_vs_chain(rows)))
+    if len(pairs := star_vs_chain(rows)) > 2:
+        print("\nStar-limited against chain (the same links)")
+        print("\n".join(pairs))
     print("\nThe wire (clean steps): per-hop throughput against the link, the agents' round trips at the site, "
           "reconnects, timeouts")
     print(table(rows, WIRE))
