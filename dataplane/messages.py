@@ -327,6 +327,9 @@ class Submitted(_Msg):
     results: list[Accepted] = Field(default_factory=list)
     lease: Lease | NoWork | None = Field(default=None, description="The next leases (``lease`` > 0 was asked), or "
                                          "``no_work`` with when to ask again.")
+    earned_usd: float | None = Field(default=None, ge=0, le=1e12, description="What the site's ledger has billed "
+                                     "for this worker so far, USD, every job (its provider's earnings from it), as "
+                                     "of a sum at most a minute old. None: an older site.")
     ref_id: str | None = Field(default=None, max_length=64, description="The ``id`` of the request answered.")
 
 

@@ -273,6 +273,8 @@ class RolloutLoop:
                 return None
             for group, result in zip(batch, reply.results, strict=False):
                 self._counted(group, result)
+            if reply.earned_usd is not None:
+                self.tally.earned_usd = reply.earned_usd
             if last:
                 return reply.lease
         return None

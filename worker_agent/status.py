@@ -40,6 +40,7 @@ class Tally:
     tokens: int = 0  # completion tokens
     last_at: float | None = None  # time.monotonic() of the last accepted group
     refused: int = 0  # our frames the site refused for the transport's sake (each sent again; honest pacing: 0)
+    earned_usd: float | None = None  # what the site's ledger billed for this worker so far (its last answer's)
 
     def add(self, *, trajectories: int, tokens: int) -> None:
         self.groups += 1
@@ -182,6 +183,7 @@ class Reporter:
         seconds = max(seconds, 1e-6)
         return (f": {groups / seconds:.2f} groups/s ({trajectories / seconds:.1f} trajectories/s), "
                 f"{tokens / seconds:.0f} tokens/s over the last {_span(seconds)}; {tally.groups} groups in all"
+                + (f"; earned ${tally.earned_usd:.4f} (the site's ledger)" if tally.earned_usd is not None else "")
                 + (f"; {tally.refused} frames refused by the site for its rate budget (sent again)" if tally.refused
                    else ""))
 
@@ -237,7 +239,7 @@ def write_status(path: Path, view: View, tally: Tally) -> None:
     data = {"at": time.time(), "pid": os.getpid(), "connected": view.connected, "state": view.state,
             "job": view.job_id, "version": view.version, "status": described.text if described else "disconnected",
             "last_install": view.last_install, "groups": tally.groups, "trajectories": tally.trajectories,
-            "tokens": tally.tokens, "refused": tally.refused}
+            "tokens": tally.tokens, "refused": tally.refused, "earned_usd": tally.earned_usd}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
@@ -279,4 +281,6 @@ def status_lines(data: dict, age: float) -> list[str]:
                      + (f"; {data['last_install']}" if data.get("last_install") else ""))
     lines.append(f"accepted by the site: {data.get('groups', 0)} groups, {data.get('trajectories', 0)} trajectories, "
                  f"{data.get('tokens', 0)} tokens; as of {age:.0f} s ago (pid {data.get('pid')})")
+    if data.get("earned_usd") is not None:
+        lines.append(f"earned: ${data['earned_usd']:.4f}, what the site's ledger billed for this worker so far")
     return lines

@@ -10,6 +10,7 @@ import logging
 import time
 
 from django.conf import settings
+from django.db.models import Sum
 
 from dataplane import messages as m
 from dataplane.chat import as_prompt_format
@@ -19,7 +20,7 @@ from dataplane.tasks import TaskSpecError, build_task
 
 from .. import selectors
 from ..infra import reward_errors, stream, telemetry
-from ..models import Job, Worker
+from ..models import Activation, Job, Worker
 from ..realtime.assembly import AssemblyError, GroupAssembler, JobLimits, group_bytes_bound
 from .base import ServiceError, running_activation
 
@@ -87,6 +88,8 @@ def prompts_lease(*, worker: Worker, job_id: int, groups: int, running: RunningJ
 
 STARVED_EVERY_S = 5.0
 _starved_written: dict[tuple[int, int], float] = {}  # (worker, job) -> when this process last wrote it
+EARNINGS_EVERY_S = 30.0
+_earned: dict[int, tuple[float, float]] = {}  # worker -> (when this process summed it, the sum)
 
 
 def _starved(worker_id: int, job_id: int, *, now: float) -> None:
@@ -124,11 +127,24 @@ def trajectories_submit(*, worker: Worker, group: TrajectoryGroup, running: Runn
 def groups_submit(*, worker: Worker, job_id: int, groups: list[TrajectoryGroup], lease: int = 0,
                   running: RunningJob | None = None) -> m.Submitted:
     """A batch of answered leases, each checked and appended on its own (:func:`trajectories_submit`: one bad group
-    does not sink the others), then ``lease`` more groups leased in the same round trip (:func:`prompts_lease`)."""
+    does not sink the others), then ``lease`` more groups leased in the same round trip (:func:`prompts_lease`).
+    The answer carries what the worker has earned (:func:`worker_earned_usd`), for its agent's status line."""
     job = _checked(worker, job_id, running)
     results = [trajectories_submit(worker=worker, group=group, running=job) for group in groups]
     return m.Submitted(job_id=job_id, results=results,
-                       lease=prompts_lease(worker=worker, job_id=job_id, groups=lease, running=job) if lease else None)
+                       lease=prompts_lease(worker=worker, job_id=job_id, groups=lease, running=job) if lease else None,
+                       earned_usd=worker_earned_usd(worker.pk, now=time.monotonic()))
+
+
+def worker_earned_usd(worker_id: int, *, now: float) -> float:
+    """What the ledger has billed for the worker so far, USD, every job: the sum of its activations' ledger sums
+    (``Activation.billed_usd``), read again at most every ``EARNINGS_EVERY_S`` per worker and process (an agent
+    submits several times a second; its status line prints every few seconds)."""
+    at, value = _earned.get(worker_id, (None, 0.0))
+    if at is None or now - at >= EARNINGS_EVERY_S:
+        value = float(Activation.objects.filter(worker_id=worker_id).aggregate(total=Sum("billed_usd"))["total"] or 0)
+        _earned[worker_id] = (now, value)
+    return value
 
 
 def record_limits(job: Job) -> RecordLimits:

@@ -6,9 +6,12 @@ again then is applied once; a reconnecting agent still serving a job it lost is 
 from __future__ import annotations
 
 import asyncio
+from decimal import Decimal
 
 import pytest
 from channels.db import database_sync_to_async
+from django.contrib.auth.models import User
+from django.utils import timezone
 from prometheus_client import generate_latest
 
 from dataplane import messages as m
@@ -18,7 +21,9 @@ from learner.prompts import PromptFeeder
 from marketplace import selectors, services
 from marketplace.infra import refusals
 from marketplace.models import Activation, Job
+from marketplace.services import rollouts
 
+from . import factories
 from .test_agent_socket import connect, settings_eager, setup_job_and_worker, started_with  # noqa: F401
 from .test_agent_socket_parts import answer
 
@@ -59,6 +64,33 @@ async def test_a_submit_returns_a_batch_and_leases_more_in_one_round_trip(redis_
     assert "prompt" in reply["results"][1]["reasons"][0]
     assert len(reply["lease"]["leases"]) == 1
     assert redis_client.xlen(replay.trajectories_key(job.pk)) == 2
+    await comm.disconnect()
+
+
+async def test_a_submits_answer_carries_what_the_ledger_billed_for_the_worker_read_at_most_every_30_s():
+    """The agent's status line says what its worker earned: the sum of its activations' ledger sums, every job, as
+    the site last read it (once per EARNINGS_EVERY_S and process, not per submit)."""
+    job, worker, key = await setup_job_and_worker()
+    rollouts._earned.pop(worker.pk, None)
+
+    @database_sync_to_async
+    def billed(usd: str) -> None:
+        Activation.objects.filter(job=job, worker=worker).update(billed_usd=Decimal(usd))
+
+    @database_sync_to_async
+    def an_earlier_job_billed(usd: str) -> None:
+        Activation.objects.create(job=factories.job(User.objects.get(pk=job.owner_id)), worker=worker,
+                                  price_per_hour="0.35", billed_usd=Decimal(usd), ended_at=timezone.now())
+
+    comm = await connect(key)
+    await started_with(comm, job)
+    await billed("0.0125")
+    await an_earlier_job_billed("0.5")
+    await comm.send_to(text_data=submit(job.pk, "e1", lease=1))
+    assert (await comm.receive_json_from(timeout=5))["earned_usd"] == pytest.approx(0.5125)
+    await billed("1")
+    await comm.send_to(text_data=submit(job.pk, "e2", lease=1))
+    assert (await comm.receive_json_from(timeout=5))["earned_usd"] == pytest.approx(0.5125)  # read 30 s ago at most
     await comm.disconnect()
 
 

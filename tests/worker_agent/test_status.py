@@ -5,7 +5,9 @@ process) and test_run_status.py (`echo2-agent run` against a live site)."""
 
 from __future__ import annotations
 
-from worker_agent.status import MIN_GAP_S, Install, Reporter, Tally, View, describe, due
+import json
+
+from worker_agent.status import MIN_GAP_S, Install, Reporter, Tally, View, describe, due, status_lines, write_status
 
 
 def text(view: View) -> str:
@@ -93,3 +95,17 @@ def test_a_repeated_idle_line_says_for_how_long_and_a_reconnection_starts_afresh
     assert reporter.line(View(connected=False, state="idle"), Tally(), 151.0) is None
     assert reporter.line(idle, Tally(), 151.5) == "idle: not activated (waiting for the scheduler to pick this machine)"
 
+
+
+def test_the_summary_and_echo2_agent_status_say_what_the_sites_ledger_billed(tmp_path):
+    """Earnings are the site's figure (each submit's answer carries it), never the agent's own arithmetic."""
+    reporter, tally = Reporter(every=10), Tally(groups=1, trajectories=8, tokens=64)
+    generating = View(connected=True, state="generating", job_id=1, version=2)
+    assert reporter.line(generating, tally, 0.0) == "generating for job 1 under v2"
+    tally.earned_usd = 0.0125
+    assert reporter.line(generating, tally, 10.0).endswith("; 1 groups in all; earned $0.0125 (the site's ledger)")
+    write_status(tmp_path / "agent.status.json", generating, tally)
+    data = json.loads((tmp_path / "agent.status.json").read_text())
+    assert status_lines(data, 1.0)[-1] == "earned: $0.0125, what the site's ledger billed for this worker so far"
+    del data["earned_usd"]  # an agent whose site sent none says nothing about earnings
+    assert not any("earned" in line for line in status_lines(data, 1.0))
