@@ -134,6 +134,7 @@ def save_figure(path: Path, table_rows: list[Row]) -> bool:
     except ImportError:
         return False
     tasks = sorted({r.task for r in table_rows})
+    colours = {c: f"C{i}" for i, c in enumerate(sorted({r.correction for r in table_rows}))}  # the same in every panel
     fig, axes = plt.subplots(len(tasks), 2, figsize=(11, 3.8 * len(tasks)), squeeze=False)
     for (ax_t, ax_f), task in zip(axes, tasks, strict=True):
         mine = [r for r in table_rows if r.task == task]
@@ -149,7 +150,7 @@ def save_figure(path: Path, table_rows: list[Row]) -> bool:
                 ci = [getattr(r.cell, f"{key}_ci") for r in line]
                 ax.errorbar(x, y, yerr=[[v - lo for v, (lo, _) in zip(y, ci, strict=True)],
                                         [hi - v for v, (_, hi) in zip(y, ci, strict=True)]],
-                            marker="o", capsize=3, label=correction)
+                            marker="o", capsize=3, label=correction, color=colours[correction])
         for ax, key, label in ((ax_t, "median", "updates to target (median, misses at cap)"),
                                (ax_f, "final", "final-policy reward (mean)")):
             if sync is not None:
