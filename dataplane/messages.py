@@ -329,7 +329,7 @@ class Submitted(_Msg):
                                          "``no_work`` with when to ask again.")
     earned_usd: float | None = Field(default=None, ge=0, le=1e12, description="What the site's ledger has billed "
                                      "for this worker so far, USD, every job (its provider's earnings from it), as "
-                                     "of a sum at most a minute old. None: an older site.")
+                                     "of a sum at most 10 s old. None: an older site.")
     ref_id: str | None = Field(default=None, max_length=64, description="The ``id`` of the request answered.")
 
 

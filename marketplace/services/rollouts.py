@@ -88,7 +88,7 @@ def prompts_lease(*, worker: Worker, job_id: int, groups: int, running: RunningJ
 
 STARVED_EVERY_S = 5.0
 _starved_written: dict[tuple[int, int], float] = {}  # (worker, job) -> when this process last wrote it
-EARNINGS_EVERY_S = 30.0
+EARNINGS_EVERY_S = 10.0  # the agent prints a summary every 10 s by default (--status-every)
 _earned: dict[int, tuple[float, float]] = {}  # worker -> (when this process summed it, the sum)
 
 

@@ -67,7 +67,7 @@ async def test_a_submit_returns_a_batch_and_leases_more_in_one_round_trip(redis_
     await comm.disconnect()
 
 
-async def test_a_submits_answer_carries_what_the_ledger_billed_for_the_worker_read_at_most_every_30_s():
+async def test_a_submits_answer_carries_what_the_ledger_billed_for_the_worker_read_at_most_every_10_s():
     """The agent's status line says what its worker earned: the sum of its activations' ledger sums, every job, as
     the site last read it (once per EARNINGS_EVERY_S and process, not per submit)."""
     job, worker, key = await setup_job_and_worker()
@@ -90,7 +90,7 @@ async def test_a_submits_answer_carries_what_the_ledger_billed_for_the_worker_re
     assert (await comm.receive_json_from(timeout=5))["earned_usd"] == pytest.approx(0.5125)
     await billed("1")
     await comm.send_to(text_data=submit(job.pk, "e2", lease=1))
-    assert (await comm.receive_json_from(timeout=5))["earned_usd"] == pytest.approx(0.5125)  # read 30 s ago at most
+    assert (await comm.receive_json_from(timeout=5))["earned_usd"] == pytest.approx(0.5125)  # read 10 s ago at most
     await comm.disconnect()
 
 
