@@ -25,13 +25,12 @@ Verdict = Literal["good", "slow", "unstable"]
 
 CORRECTIONS: tuple[str, ...] = get_args(LossConfig.model_fields["off_policy"].annotation)
 SEE = 'docs/learner.md, "Staleness and corrections, measured"'
-SYNCHRONOUS = "249 ± 33 updates to reward 0.8 with no lag"  # the reference the rows' percentages are against
+SYNCHRONOUS = "238 [218, 294] updates to reward 0.8 with no lag (median [95%], 15/16 runs reached it)"
 
-# The measurements behind the rows. Issue 32's: make demo's arithmetic job trained in-process, lags uniform 0..L,
-# 4 seeds, updates until the 10-update mean reward reaches 0.8. Issue 17's: bench/bench_staleness.py --full --steps
-# 500, 8 seeds (docs/learner.md, "Learning quality under staleness").
-ISSUE_32 = "issue 32's measurement, 4 seeds"
-ISSUE_17 = "issue 17's sweep, 8 seeds"
+# The measurement behind the rows: bench/bench_staleness.py --full (issue 32), make demo's arithmetic job trained
+# in-process, lags uniform 0..S, updates until the 10-update mean reward reaches 0.8 (cap 400), paired by seed with
+# percentile-bootstrap 95% intervals; 16 seeds at S = 6, 4-8 elsewhere (bench/data/staleness-2026-12-04.jsonl).
+SWEEP = "bench_staleness --full, 2026-12-04"
 
 
 @dataclass(frozen=True)
@@ -50,14 +49,24 @@ class Evidence:
 
 
 EVIDENCE: tuple[Evidence, ...] = (
-    Evidence("behaviour", 2, 10, "good", "lags 0..10: 295 ± 66 updates to 0.8, +18% against synchronous, 4/4 "
-             "runs reached it", ISSUE_32),
-    Evidence("tis", 2, 2, "good", "lags 0..2: 277 ± 23 updates to 0.8, +11% against synchronous", ISSUE_32),
-    Evidence("tis", 10, None, "unstable", "lags 0..10: 506 ± 167 updates to 0.8, +103% against synchronous; only "
-             "2/4 runs reached it within 500", ISSUE_32),
-    Evidence("none", 6, 9, "unstable", "S = 6: 0/8 runs reached 0.8 in 500 updates (final reward 0.30 ± 0.10)",
-             ISSUE_17),
-    Evidence("none", 10, None, "unstable", "lags 0..10: no run reached 0.8 (the reward peaked at 0.55)", ISSUE_32),
+    Evidence("behaviour", 2, 6, "good", "S = 6: 262 [237, 284] updates to 0.8, +10% [-9%, +23%] against "
+             "synchronous, 15/16 runs reached it (S = 2: +7%, S = 3: -6%, 8 seeds each)", SWEEP),
+    Evidence("behaviour", 7, None, "slow", "S = 11: 318 [279, 400] updates to 0.8, +40% [+15%, +75%] against "
+             "synchronous, 6/8 runs reached it", SWEEP),
+    Evidence("tis", 2, 3, "slow", "S = 3: 342 [298, 400] updates to 0.8, +49% [+9%, +90%] against synchronous, "
+             "4/5 runs reached it", SWEEP),
+    Evidence("tis", 4, None, "unstable", "S = 6: only 5/16 runs reached 0.8 within 400 updates (final reward 0.62 "
+             "against 0.82 with behaviour)", SWEEP),
+    Evidence("mis", 2, 3, "slow", "S = 3: 298 [209, 400] updates to 0.8, +30% [-12%, +74%] against synchronous, "
+             "3/4 runs reached it", SWEEP),
+    Evidence("mis", 4, None, "unstable", "S = 6: only 4/16 runs reached 0.8 within 400 updates (final reward 0.63 "
+             "against 0.82 with behaviour)", SWEEP),
+    Evidence("decoupled", 2, 3, "slow", "S = 3: 304 [229, 339] updates to 0.8, +32% [-5%, +66%] against "
+             "synchronous, 4/4 runs reached it (S = 2: 2/5)", SWEEP),
+    Evidence("decoupled", 4, None, "unstable", "S = 6: only 2/16 runs reached 0.8 within 400 updates (final reward "
+             "0.60 against 0.82 with behaviour)", SWEEP),
+    Evidence("none", 2, None, "unstable", "S = 2: 2/5 runs reached 0.8 within 400 updates; S = 6: 0/16 (final "
+             "reward 0.46 against 0.82 with behaviour)", SWEEP),
 )
 
 
@@ -88,14 +97,20 @@ def evidence_for(staleness: int, correction: str, rows: tuple[Evidence, ...] = E
 
 def guidance(*, staleness: int, correction: str, rows: tuple[Evidence, ...] = EVIDENCE) -> dict:
     """What the plan says about (``S``, ``correction``): the verdict, the measured figure and its source, the
-    corrections measured good at this ``S``, and a warning (a sentence) where the region was found unstable."""
+    corrections measured good at this ``S`` (``better``), and a warning (a sentence) where the region was found
+    unstable, naming what did better there (good, else slower but stable)."""
     row = evidence_for(staleness, correction, rows)
-    better = [c for c in CORRECTIONS if c != correction and (e := evidence_for(staleness, c, rows)) is not None
-              and e.verdict == "good"]
+    verdicts = {c: e.verdict for c in CORRECTIONS if c != correction and (e := evidence_for(staleness, c, rows))}
+    better = [c for c, verdict in verdicts.items() if verdict == "good"]
+    stable = [c for c, verdict in verdicts.items() if verdict == "slow"]
     warning = None
     if row is not None and row.verdict == "unstable":
-        instead = f"Measured good at this S: off_policy = {' or '.join(better)}." if better else \
-            "Choose a smaller S."
+        if better:
+            instead = f"Measured good at this S: off_policy = {' or '.join(better)}."
+        elif stable:
+            instead = f"Measured slower but stable at this S: off_policy = {' or '.join(stable)}; or a smaller S."
+        else:
+            instead = "Choose a smaller S."
         warning = (f"S = {staleness} with off_policy = {correction} is in a region measured unstable: {row.figure} "
                    f"({row.source}). {instead} See {SEE}.")
     return {"staleness": staleness, "correction": correction, "verdict": row.verdict if row else "unmeasured",

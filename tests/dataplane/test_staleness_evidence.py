@@ -14,11 +14,10 @@ def test_every_correction_a_job_can_choose_is_known_to_the_table() -> None:
 
 
 @pytest.mark.parametrize(("staleness", "correction", "verdict"), [
-    (2, "tis", "good"), (3, "tis", "unmeasured"), (9, "tis", "unmeasured"), (10, "tis", "unstable"),
-    (11, "tis", "unstable"), (1000, "tis", "unstable"),
-    (2, "behaviour", "good"), (10, "behaviour", "good"), (11, "behaviour", "unmeasured"),
-    (5, "none", "unmeasured"), (6, "none", "unstable"), (9, "none", "unstable"), (11, "none", "unstable"),
-    (3, "mis", "unmeasured"), (3, "decoupled", "unmeasured"),
+    (2, "behaviour", "good"), (6, "behaviour", "good"), (7, "behaviour", "slow"), (11, "behaviour", "slow"),
+    (2, "tis", "slow"), (3, "tis", "slow"), (4, "tis", "unstable"), (11, "tis", "unstable"), (1000, "tis", "unstable"),
+    (3, "mis", "slow"), (6, "mis", "unstable"), (3, "decoupled", "slow"), (6, "decoupled", "unstable"),
+    (2, "none", "unstable"), (6, "none", "unstable"), (11, "none", "unstable"),
 ])
 def test_the_row_for_a_budget_and_correction(staleness: int, correction: str, verdict: str) -> None:
     assert guidance(staleness=staleness, correction=correction)["verdict"] == verdict
@@ -26,13 +25,18 @@ def test_the_row_for_a_budget_and_correction(staleness: int, correction: str, ve
 
 def test_a_warning_only_where_unstable_naming_what_did_better() -> None:
     assert guidance(staleness=3, correction="behaviour")["warning"] is None
-    assert guidance(staleness=5, correction="mis")["warning"] is None  # nothing measured: nothing claimed
-    at_ten = guidance(staleness=10, correction="tis")
-    assert at_ten["better"] == ["behaviour"]
-    assert "Measured good at this S: off_policy = behaviour." in at_ten["warning"]
-    beyond = guidance(staleness=11, correction="tis")  # nothing measured good beyond lag 10
-    assert beyond["better"] == [] and "Choose a smaller S." in beyond["warning"]
+    assert guidance(staleness=3, correction="tis")["warning"] is None  # slower, not unstable: measured, not warned
+    at_six = guidance(staleness=6, correction="tis")
+    assert at_six["better"] == ["behaviour"]
+    assert "Measured good at this S: off_policy = behaviour." in at_six["warning"]
+    beyond = guidance(staleness=11, correction="tis")  # behaviour is slower there (+40%) but reaches the target
+    assert beyond["better"] == []
+    assert "Measured slower but stable at this S: off_policy = behaviour; or a smaller S." in beyond["warning"]
     assert beyond["warning"].endswith('See docs/learner.md, "Staleness and corrections, measured".')
+    assert "Choose a smaller S." in guidance(staleness=11, correction="none", rows=tuple(
+        row for row in EVIDENCE if row.correction == "none"))["warning"]  # nothing else measured: a smaller S
+    unmeasured = guidance(staleness=3, correction="mis", rows=tuple(row for row in EVIDENCE if row.correction == "tis"))
+    assert (unmeasured["verdict"], unmeasured["figure"], unmeasured["warning"]) == ("unmeasured", None, None)
 
 
 def test_an_unknown_correction_is_refused_by_name() -> None:
@@ -40,9 +44,10 @@ def test_an_unknown_correction_is_refused_by_name() -> None:
         evidence_for(3, "vtrace")
 
 
-def test_the_seeded_rows_are_issue_32s_and_issue_17s() -> None:
-    assert {row.source for row in EVIDENCE} == {se.ISSUE_32, se.ISSUE_17}
-    assert evidence_for(11, "tis").figure.startswith("lags 0..10: 506 ± 167 updates to 0.8, +103%")
+def test_every_row_is_the_sweeps_and_every_correction_is_measured() -> None:
+    assert {row.source for row in EVIDENCE} == {se.SWEEP}
+    assert {row.correction for row in EVIDENCE} == set(se.CORRECTIONS)
+    assert evidence_for(6, "behaviour").figure.startswith("S = 6: 262 [237, 284] updates to 0.8, +10% [-9%, +23%]")
 
 
 @pytest.mark.parametrize(("rows", "message"), [

@@ -104,7 +104,7 @@ def test_preview_warns_where_staleness_and_correction_were_measured_unstable(fle
     assert '<p class="error" id="plan-staleness">' in html
     warning = text_of(html, "plan-staleness")
     assert warning.startswith("Staleness: S = 11 with off_policy = tis is in a region measured unstable")
-    assert "+103% against synchronous" in warning and "Staleness and corrections, measured" in warning
+    assert "only 5/16 runs reached 0.8" in warning and "Staleness and corrections, measured" in warning
     # the default correction at S = 3: what was measured, not as a warning
     html = signed_in(owner).post("/jobs/new/", PREVIEW).content.decode()
     assert '<p id="plan-staleness">' in html
