@@ -38,9 +38,13 @@ def lease(lease_id: str, prompt: str = "1+2=", timeout: float = 30.0) -> m.Lease
                                                                      prompt=prompt)])
 
 
-async def started(tmp_path, store, server, base, gate: threading.Event):
+async def started(tmp_path, learner_side, tiny_model_dir):  # noqa: F811
     """A session on job 1 whose first batch (l1) was generated serially (timing it) and is being returned with the
-    next lease request."""
+    next lease request; its engine's batches wait while the returned gate is cleared."""
+    store, server = learner_side
+    base = store.write_base(tiny_model_dir)
+    gate = threading.Event()
+    gate.set()
     session, socket = make_session(tmp_path, [])
     session.installs.engine_factory = lambda model_dir: Held(make_engine("hf", model_dir, device="cpu", seed=0), gate)
     await push(session, assign(1, snapshot(store, server, base), digest=base.sha256))
@@ -48,18 +52,13 @@ async def started(tmp_path, store, server, base, gate: threading.Event):
     await push(session, answering(socket, lease("l1")))
     await until(lambda: returned(socket), "l1's group returned")
     assert len(submits(socket)) == 2 and submits(socket)[-1]["lease"] >= 1  # serial: nothing timed before l1
-    return session, socket
+    return session, socket, gate
 
 
 def test_the_next_lease_is_asked_for_while_a_batch_generates_and_every_group_returns_once(tmp_path, learner_side,  # noqa: F811
                                                                                            tiny_model_dir):
-    store, server = learner_side
-    base = store.write_base(tiny_model_dir)
-    gate = threading.Event()
-    gate.set()
-
     async def scenario() -> None:
-        session, socket = await started(tmp_path, store, server, base, gate)
+        session, socket, gate = await started(tmp_path, learner_side, tiny_model_dir)
         gate.clear()  # l2's batch takes as long as the test says
         await push(session, answering(socket, lease("l2", "2+2=")))
         await until(lambda: len(submits(socket)) == 3, "the lease ahead, while l2 generates")
@@ -86,13 +85,8 @@ def test_no_lease_is_taken_ahead_where_two_batches_would_not_fit_the_sites_lease
                                                                                           tiny_model_dir):
     """A lease of 10 ms: a lease taken ahead would expire before its batch even started (re-leased to another
     worker, our group refused). The agent goes back to one round trip per batch."""
-    store, server = learner_side
-    base = store.write_base(tiny_model_dir)
-    gate = threading.Event()
-    gate.set()
-
     async def scenario() -> None:
-        session, socket = await started(tmp_path, store, server, base, gate)
+        session, socket, gate = await started(tmp_path, learner_side, tiny_model_dir)
         gate.clear()
         await push(session, answering(socket, lease("l2", "2+2=", timeout=0.01)))
         await asyncio.sleep(0.5)
@@ -109,13 +103,8 @@ def test_a_lease_taken_ahead_that_cannot_be_generated_is_handed_back_at_once(tmp
     """While l2 generates, the lease ahead (l3) arrives, then the agent learns it must reach a newer version
     before generating again (a reconnect's assignment names v5): l3 goes back to the site at once (leased again
     to whoever asks), l2's group is still returned, and l3 is never generated."""
-    store, server = learner_side
-    base = store.write_base(tiny_model_dir)
-    gate = threading.Event()
-    gate.set()
-
     async def scenario() -> None:
-        session, socket = await started(tmp_path, store, server, base, gate)
+        session, socket, gate = await started(tmp_path, learner_side, tiny_model_dir)
         gate.clear()
         await push(session, answering(socket, lease("l2", "2+2=")))
         await until(lambda: len(submits(socket)) == 3, "the lease ahead")
@@ -137,13 +126,8 @@ def test_no_lease_is_taken_ahead_soon_after_the_site_had_no_work(tmp_path, learn
                                                                  tiny_model_dir):
     """Prompts are scarce: a lease taken ahead would sit here while another worker idles, and the request would
     mostly come back empty. For LEASE_AHEAD_DRY_S after a "no work" the agent leases one batch at a time."""
-    store, server = learner_side
-    base = store.write_base(tiny_model_dir)
-    gate = threading.Event()
-    gate.set()
-
     async def scenario() -> None:
-        session, socket = await started(tmp_path, store, server, base, gate)
+        session, socket, gate = await started(tmp_path, learner_side, tiny_model_dir)
         await push(session, answering(socket, m.NoWork(job_id=1, retry_after=0.05)))
         await until(lambda: len(submits(socket)) == 3, "the lease asked for again")
         gate.clear()
