@@ -29,7 +29,7 @@ SYNCHRONOUS = "238 [218, 294] updates to reward 0.8 with no lag (median [95%], 1
 
 # The measurement behind the rows: bench/bench_staleness.py --full (issue 32), make demo's arithmetic job trained
 # in-process, lags uniform 0..S, updates until the 10-update mean reward reaches 0.8 (cap 400), paired by seed with
-# percentile-bootstrap 95% intervals; 16 seeds at S = 6, 4-8 elsewhere (bench/data/staleness-2026-12-04.jsonl).
+# percentile-bootstrap 95% intervals; 16 seeds in every cell (bench/data/staleness-2026-12-04.jsonl).
 SWEEP = "bench_staleness --full, 2026-12-04"
 
 
@@ -50,23 +50,23 @@ class Evidence:
 
 EVIDENCE: tuple[Evidence, ...] = (
     Evidence("behaviour", 2, 6, "good", "S = 6: 262 [237, 284] updates to 0.8, +10% [-9%, +23%] against "
-             "synchronous, 15/16 runs reached it (S = 2: +7%, S = 3: -6%, 8 seeds each)", SWEEP),
-    Evidence("behaviour", 7, None, "slow", "S = 11: 318 [279, 400] updates to 0.8, +40% [+15%, +75%] against "
-             "synchronous, 6/8 runs reached it", SWEEP),
-    Evidence("tis", 2, 3, "slow", "S = 3: 342 [298, 400] updates to 0.8, +49% [+9%, +90%] against synchronous, "
-             "4/5 runs reached it", SWEEP),
+             "synchronous, 15/16 runs reached it (S = 2: +4%, S = 3: +7%)", SWEEP),
+    Evidence("behaviour", 7, None, "slow", "S = 11: 298 [264, 337] updates to 0.8, +25% [+2%, +46%] against "
+             "synchronous, 14/16 runs reached it", SWEEP),
+    Evidence("tis", 2, 3, "slow", "S = 2: 326 [297, 368] updates to 0.8, +37% [+10%, +60%] against synchronous, "
+             "12/16 runs reached it (S = 3: +58%, 9/16)", SWEEP),
     Evidence("tis", 4, None, "unstable", "S = 6: only 5/16 runs reached 0.8 within 400 updates (final reward 0.62 "
              "against 0.82 with behaviour)", SWEEP),
-    Evidence("mis", 2, 3, "slow", "S = 3: 298 [209, 400] updates to 0.8, +30% [-12%, +74%] against synchronous, "
-             "3/4 runs reached it", SWEEP),
+    Evidence("mis", 2, 3, "slow", "S = 2: 324 [296, 398] updates to 0.8, +36% [+11%, +67%] against synchronous, "
+             "12/16 runs reached it (S = 3: +41%, 10/16)", SWEEP),
     Evidence("mis", 4, None, "unstable", "S = 6: only 4/16 runs reached 0.8 within 400 updates (final reward 0.63 "
              "against 0.82 with behaviour)", SWEEP),
-    Evidence("decoupled", 2, 3, "slow", "S = 3: 304 [229, 339] updates to 0.8, +32% [-5%, +66%] against "
-             "synchronous, 4/4 runs reached it (S = 2: 2/5)", SWEEP),
+    Evidence("decoupled", 2, 3, "slow", "S = 3: 334 [273, 372] updates to 0.8, +40% [+3%, +59%] against "
+             "synchronous, 13/16 runs reached it (S = 2: +64%, 9/16)", SWEEP),
     Evidence("decoupled", 4, None, "unstable", "S = 6: only 2/16 runs reached 0.8 within 400 updates (final reward "
              "0.60 against 0.82 with behaviour)", SWEEP),
-    Evidence("none", 2, None, "unstable", "S = 2: 2/5 runs reached 0.8 within 400 updates; S = 6: 0/16 (final "
-             "reward 0.46 against 0.82 with behaviour)", SWEEP),
+    Evidence("none", 2, None, "unstable", "S = 2: only 6/16 runs reached 0.8 within 400 updates; S = 6: 0/16 "
+             "(final reward 0.46 against 0.82 with behaviour)", SWEEP),
 )
 
 
