@@ -53,3 +53,18 @@ def test_a_signal_stops_every_process_the_demo_started(tmp_path, signum) -> None
     while any(_alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
         time.sleep(0.1)  # reparented to init, which reaps them
     assert not [name for name, pid in pids.items() if _alive(pid)]
+
+
+def test_a_child_the_stack_did_not_record_is_found_for_the_stop() -> None:
+    """A signal raised inside Popen after the fork leaves the child unrecorded; the stop finds it among the demo's
+    children all the same (and never names a child the stack holds)."""
+    from echo2_site.demo import _untracked_children
+
+    child = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        assert child.pid in _untracked_children(set())
+        assert child.pid not in _untracked_children({child.pid})
+    finally:
+        child.kill()
+        child.wait()
+    assert child.pid not in _untracked_children(set())
