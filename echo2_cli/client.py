@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 
@@ -92,6 +93,10 @@ class _BodyReader(io.RawIOBase):
         return n
 
 
+LEDGER_PAGE = 1000
+"""Entries per ``/api/ledger/`` request: the most the API gives in one page."""
+
+
 class Site:
     """The owner's view of the REST API (``/api/jobs/...``)."""
 
@@ -137,6 +142,17 @@ class Site:
             offset += len(page["results"])
             if not page.get("next") or not page["results"]:
                 return out
+
+    def ledger(self, **filters: Any) -> dict:
+        """Every ledger entry the filters select, all pages followed (``/api/ledger/`` pages by cursor; docs/ledger.md):
+        ``{"filters", "totals", "entries"}``, the totals as the last page gave them."""
+        page = self.get("ledger/", limit=LEDGER_PAGE, **filters)
+        entries = page["entries"]
+        while page["next"]:  # its cursor only: the URL's host is as the site saw it (a proxy may differ)
+            cursor = parse_qs(urlsplit(page["next"]).query)["cursor"][0]
+            page = self.get("ledger/", limit=LEDGER_PAGE, cursor=cursor, **filters)
+            entries += page["entries"]
+        return {"filters": page["filters"], "totals": page["totals"], "entries": entries}
 
     def close(self) -> None:
         self._http.close()

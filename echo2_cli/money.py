@@ -89,7 +89,7 @@ def ledger(
             text = site.request("GET", "ledger/", params=params | {"format": "csv"},
                                 headers={"Accept": "text/csv"}).text
         else:
-            data = site.get("ledger/", **params)
+            data = site.ledger(**params)
             text = json.dumps(data) if json_output else None
     if text is None:
         _console().print(_ledger_table(data["entries"]), _totals_line(data["totals"]))

@@ -43,6 +43,27 @@ def entries(*, user, job: int | None = None, worker: int | None = None, since: d
     return qs.order_by("at", "id")
 
 
+Position = tuple[datetime, int]
+"""Where a page starts or ends in the ledger's order: an entry's ``(at, id)`` (unique, never changes)."""
+
+
+def page(qs: QuerySet[LedgerEntry], *, limit: int, after: Position | None = None,
+         before: Position | None = None) -> tuple[list[LedgerEntry], bool]:
+    """Up to ``limit`` entries of ``qs`` in the ledger's order (``at``, then ``id``) strictly after ``after`` (or
+    from the first), or else the last ``limit`` strictly before ``before``; and whether more lie beyond them in
+    that direction. Keyset, not offset: an entry billed while a client walks the pages moves no other entry from
+    one page to the next, and a deep page costs what the first does (the ``at`` index)."""
+    if before is not None:
+        at, pk = before
+        rows = list(qs.filter(Q(at__lt=at) | Q(at=at, id__lt=pk)).order_by("-at", "-id")[:limit + 1])
+        return rows[:limit][::-1], len(rows) > limit
+    if after is not None:
+        at, pk = after
+        qs = qs.filter(Q(at__gt=at) | Q(at=at, id__gt=pk))
+    rows = list(qs.order_by("at", "id")[:limit + 1])
+    return rows[:limit], len(rows) > limit
+
+
 def row(entry: LedgerEntry) -> dict:
     """One entry as the API, the CLI and the CSV show it (decimals as strings: exact)."""
     return {"id": entry.pk, "at": entry.at.isoformat(), "started_at": entry.started_at.isoformat(),

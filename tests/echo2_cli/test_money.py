@@ -7,11 +7,13 @@ from __future__ import annotations
 import csv
 import json
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.utils import timezone
 
-from marketplace.models import Activation, Job
+from echo2_cli.client import LEDGER_PAGE
+from marketplace.models import Activation, Job, LedgerEntry
 from marketplace.services.billing import activation_report
 
 from ..marketplace import factories
@@ -75,3 +77,22 @@ def test_ledger_worker_and_job_controls(people):
     draft = factories.job(env["owner_user"])
     assert echo2("job", "delete", str(draft.pk), env=owner).stdout.strip() == f"job {draft.pk} deleted"
     assert json.loads(echo2("ledger", "--json", env=owner).stdout)["totals"]["total_usd"] == "0.01"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ledger_follows_every_page(people):
+    """More entries than one page holds (the API's most, 1000): the CLI walks the cursor and shows all of them,
+    once each, in the ledger's order."""
+    env, worker, job, _ = people
+    first = LedgerEntry.objects.get(job=job)
+    at = first.at
+    LedgerEntry.objects.bulk_create([  # one billing sweep's worth at the same instant, then later ones
+        LedgerEntry(worker=worker, job=job, provider=worker.provider, owner=job.owner, worker_name=worker.name,
+                    job_name=job.name, state="generating", started_at=at, at=at + timedelta(seconds=k // 600),
+                    seconds=Decimal(1), rate=Decimal("3.6"), amount=Decimal("0.001"))
+        for k in range(LEDGER_PAGE + 200)])
+    invoice = json.loads(echo2("ledger", "--job", str(job.pk), "--json", env=env["owner"]).stdout)
+    ids = [e["id"] for e in invoice["entries"]]
+    assert len(ids) == len(set(ids)) == LEDGER_PAGE + 201 == invoice["totals"]["entries"]
+    assert ids == list(LedgerEntry.objects.filter(job=job).order_by("at", "id").values_list("id", flat=True))
+    assert f"{LEDGER_PAGE + 201} entries, total" in echo2("ledger", "--job", str(job.pk), env=env["owner"]).stdout
