@@ -23,8 +23,10 @@ A group that fails is dropped with every other group of that worker the learner 
 (its unaudited records of that window), the worker goes back to full audit, and the outcome goes to the site
 with the step report, carrying what was checked (:class:`Verdict` evidence: the entry and group, claimed against
 recomputed reward and log-prob, the texts that differ), which suspends a worker (and its provider) after
-``ECHO2_AUDIT_SUSPEND_AFTER`` failures. A group whose version the store no longer has is counted ``unauditable``
-and trained (the store keeps every version within the staleness budget).
+``ECHO2_AUDIT_SUSPEND_AFTER`` failures the site checked (the failed entry is first copied aside in Redis,
+:attr:`Auditor.hold`, so the site can hold the report against the group it stored). A group whose version the
+store no longer has is counted ``unauditable`` and trained (the store keeps every version within the staleness
+budget).
 """
 
 from __future__ import annotations
@@ -215,6 +217,9 @@ class Auditor:
     workspace: Workspace = field(default_factory=Workspace)
     _loaded: int | None = None
     encode: Encode | None = None  # the job's prompt ids of a prompt (dataplane.chat.prompt_ids); None: not checked
+    # Copies failed entries aside in Redis before they are dropped (dataplane.audit_hold), so the site can check
+    # the report against them (docs/trust.md "Audits the site checks"); None: not held (the site counts none).
+    hold: Callable[[list[str]], object] | None = None
 
     def check(self, stored: StoredGroup) -> str | None:
         """Why the group fails its audit, "" when it passes, None when its version cannot be loaded."""
@@ -301,6 +306,7 @@ class Auditor:
         """Audit ``groups`` (or take their ``verdicts``, from :meth:`verdicts`): (the groups that did not fail, the
         workers that failed). A worker that failed starts its probation again (full audit)."""
         verdicts = self.verdicts(groups) if verdicts is None else verdicts
+        self._hold([g.entry_id for g in groups if (v := verdicts.get(g.entry_id)) is not None and v.problem])
         kept, failed = [], set()
         for stored in groups:
             if stored.entry_id not in verdicts:
@@ -320,6 +326,16 @@ class Auditor:
             else:
                 kept.append(stored)
         return kept, failed
+
+    def _hold(self, entry_ids: list[str]) -> None:
+        """Have the failed entries copied aside before they are dropped: the site checks the report against them."""
+        if not entry_ids or self.hold is None:
+            return
+        try:
+            self.hold(entry_ids)
+        except Exception as err:  # noqa: BLE001 - an entry not held leaves its failure unverified, never a crash
+            log.warning("audit: failed entries %s not held for the site (%s: %s): their failures will not count",
+                        entry_ids[:3], type(err).__name__, err)
 
     def dropped(self, worker_id: int, records: int) -> None:
         self.outcomes[worker_id].dropped_records += records

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -21,7 +22,7 @@ from typing import Any
 
 import torch
 
-from dataplane import replay
+from dataplane import audit_hold, replay
 from dataplane.chat import PromptFormatError, check_tokenizer, prompt_ids
 from dataplane.jobs import JobSpec, JobStatus, LossConfig, model_dir_problem
 from dataplane.tasks import build_task
@@ -190,6 +191,8 @@ class _JobRun:
             stack.callback(explog.close)
             publisher = stack.enter_context(Publisher.opened(site, settings, spec, loop))
             consumer.audit = _auditor(spec, settings, trainer, publisher.store)
+            if consumer.audit is not None:  # failed entries copied aside for the site's check (dataplane.audit_hold)
+                consumer.audit.hold = functools.partial(audit_hold.hold, client, job_id)
             heartbeat = Heartbeat(settings.server, settings.token, job_id, interval_s=settings.heartbeat_s,
                                   timeout=settings.site_timeout_s).start()
             stack.callback(heartbeat.stop)

@@ -76,6 +76,10 @@ class Worker(models.Model):
                                 "it at registration and in its last hello (dataplane.hardware.Hardware); claims "
                                 "used only for matching jobs' requirements. Empty: never reported.")
     hardware_at = models.DateTimeField(null=True, blank=True, help_text="When the agent last reported its hardware.")
+    allow_user_code = models.BooleanField(null=True, blank=True, help_text="Whether its provider runs job owners' "
+                                          "code on it (echo2-agent run --allow-user-code), as its last hello said; "
+                                          "null: its agent never said (older), matched as before and refuses such a "
+                                          "job itself if it does not.")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -333,7 +337,18 @@ class WorkerAudit(models.Model):
     reason = models.CharField(max_length=500, blank=True, help_text="The last failure's.")
     evidence = models.JSONField(default=list, blank=True, help_text="What was checked: per failed (and a few "
                                 "passed) groups, the entry and group, claimed against recomputed reward and "
-                                "log-prob, the texts that differ (learner/audit.py Verdict).")
+                                "log-prob, the texts that differ (learner/audit.py Verdict); each failure with the "
+                                "site's own check of it (site, site_reason: marketplace/core/audit_checks.py).")
+    # The site's check of each reported failure (docs/trust.md "Audits the site checks"); they sum to ``failed``.
+    failed_verified = models.PositiveIntegerField(default=0, help_text="Failures the site re-scored itself and "
+                                                  "confirmed (wrong rewards): counted toward suspension.")
+    failed_consistent = models.PositiveIntegerField(default=0, help_text="Log-prob or text failures whose evidence "
+                                                    "matches the stored group, not recomputable at the site: counted "
+                                                    "only when learners of several owners report such.")
+    failed_unverified = models.PositiveIntegerField(default=0, help_text="Failures the site could not check (record "
+                                                    "gone, no evidence, a user-code task): shown, never counted.")
+    failed_refused = models.PositiveIntegerField(default=0, help_text="Failures whose evidence does not match the "
+                                                 "stored group (a forged report): logged, never counted.")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -8,7 +8,11 @@ Each outcome keeps what the learner checked (``evidence``, at most ``MAX_EVIDENC
 Audits are the learner's word, taken as evidence only within what the site saw: the API takes them only with the
 job's learner credential (``marketplace.api.auth.learner_problem``), and here only of workers the site accepted groups
 from for this job, never more groups in all (passed and failed, over every step of the job) than it accepted from
-that worker (``ReplayBuffer.delivered``). An owner cannot fail or launder another's worker through his own job."""
+that worker (``ReplayBuffer.delivered``). An owner cannot fail or launder another's worker through his own job.
+
+Nor does a failure count on the learner's word: the site checks each against the group it stored and, for a reward,
+re-scores it with the job's task (``services/audit_verify.py``, docs/trust.md "Audits the site checks"); a worker
+is suspended after ``AUDIT_SUSPEND_AFTER`` failures that count (``Worker.audits_failed``)."""
 
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from django.utils import timezone
 
 from ..infra import stream
 from ..models import Activation, Job, Provider, Worker, WorkerAudit
+from .audit_verify import JobChecker, standing_text, worker_counted_failures
 from .workers import worker_release
 
 log = logging.getLogger(__name__)
@@ -37,6 +42,7 @@ def audits_record(*, job: Job, step: int, results: list[dict[str, Any]]) -> None
     results = _mergeable(results)
     delivered = stream.replay(job.pk).delivered(results) if results else {}
     known = set(Worker.objects.filter(pk__in=list(results)).values_list("pk", flat=True))
+    checker = JobChecker(job)
     for worker_id, result in results.items():
         if worker_id not in known:  # a worker deleted since (or a learner's mistake): nothing to hold to account
             log.warning("job %s step %s: audit of unknown worker %s ignored", job.pk, step, worker_id)
@@ -56,13 +62,19 @@ def audits_record(*, job: Job, step: int, results: list[dict[str, Any]]) -> None
                         result["passed"], result["failed"])
         if not passed and not failed:
             continue
+        checked = checker.check(worker_id=worker_id, step=step, failed=failed,
+                                evidence=result["evidence"][:MAX_EVIDENCE])
         WorkerAudit.objects.update_or_create(job=job, worker_id=worker_id, step=step, defaults={
             "passed": passed, "failed": failed, "dropped_records": result["dropped_records"],
-            "reason": result.get("reason", ""), "evidence": result["evidence"][:MAX_EVIDENCE]})
-        totals = WorkerAudit.objects.filter(worker_id=worker_id).aggregate(p=Sum("passed"), f=Sum("failed"))
-        Worker.objects.filter(pk=worker_id).update(audits_passed=totals["p"] or 0, audits_failed=totals["f"] or 0)
+            "reason": result.get("reason", ""), "evidence": checked.evidence, **checked.fields()})
+        passes = WorkerAudit.objects.filter(worker_id=worker_id).aggregate(p=Sum("passed"))["p"] or 0
+        counted, figures = worker_counted_failures(worker_id)
+        Worker.objects.filter(pk=worker_id).update(audits_passed=passes, audits_failed=counted)
         if failed:
-            _suspend_if_due(worker_id, failures=totals["f"] or 0, reason=result.get("reason", ""))
+            log.info("job %s step %s: worker %s audits checked by the site: %s", job.pk, step, worker_id,
+                     standing_text(figures, limit=int(settings.ECHO2["AUDIT_SUSPEND_AFTER"])))
+            _suspend_if_due(worker_id, failures=counted, reason=_last_counted(checked, result.get("reason", "")),
+                            figures=figures)
 
 
 def _mergeable(results: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
@@ -78,11 +90,18 @@ def _mergeable(results: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     return merged
 
 
-def _suspend_if_due(worker_id: int, *, failures: int, reason: str) -> None:
+def _last_counted(checked, reason: str) -> str:
+    """The learner's reason with the site's word on the last failure that may count."""
+    counting = [e for e in checked.evidence if e.get("site") in ("verified", "consistent")]
+    return f"{reason} [{counting[-1]['site']}: {counting[-1]['site_reason']}]" if counting else reason
+
+
+def _suspend_if_due(worker_id: int, *, failures: int, reason: str, figures: dict[str, Any]) -> None:
     limit = int(settings.ECHO2["AUDIT_SUSPEND_AFTER"])
     if failures < limit or Worker.objects.filter(pk=worker_id, suspended_at__isnull=False).exists():
         return
-    why = f"suspended after {failures} failed audits (limit {limit}); last: {reason}"[:600]
+    why = (f"suspended after {failures} failed audits (limit {limit}); last: {reason[:250]}; "
+           f"{standing_text(figures, limit=limit)}")[:600]
     provider_suspend(provider=Provider.objects.get(workers=worker_id), worker_id=worker_id, reason=why)
 
 

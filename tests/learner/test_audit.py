@@ -4,16 +4,18 @@ forged log-probs and wrong rewards fail, and a worker that fails loses every gro
 from __future__ import annotations
 
 import copy
+import functools
 
 import redis
 import torch
 
-from dataplane import replay
+from dataplane import audit_hold, replay
 from dataplane.records import Trajectory, TrajectoryGroup
 from dataplane.replay import StoredGroup
 from dataplane.tasks import build_task
 from learner.audit import Auditor, AuditSettings, logprob_gap, reward_problem, sampled
 from learner.consumer import StalenessGatedConsumer
+from marketplace.core.audit_checks import check_failure
 from worker_agent.engines import make_engine
 from worker_agent.engines.base import SamplingParams
 
@@ -90,6 +92,7 @@ def test_a_failed_audit_drops_the_workers_held_groups_and_reports_it(tiny_model_
     consumer = StalenessGatedConsumer(client, JOB, staleness=3)
     audit = auditor(tiny_model_dir, fraction=0.0)
     consumer.audit = audit
+    audit.hold = functools.partial(audit_hold.hold, client, JOB)  # as echo2-learner sets it up (learner/trainer.py)
     # Worker 8's first group is read while nothing is sampled, so it is held unaudited; then everything is.
     client.xadd(replay.trajectories_key(JOB), stream_fields([r.model_dump() for r in honest.records], worker_id=8))
     assert consumer.next_batch(groups=2, learner_version=0, timeout_s=0.3) is None and len(consumer.buffer) == 1
@@ -106,6 +109,16 @@ def test_a_failed_audit_drops_the_workers_held_groups_and_reports_it(tiny_model_
     assert {k: v for k, v in report[5].items() if k != "evidence"} == {
         "worker_id": 5, "passed": 1, "failed": 0, "dropped_records": 0, "reason": ""}
     assert audit.report() == []  # reported once
+
+    # The failed entry was copied aside before it was dropped: the site checks the learner's evidence against it,
+    # and finds the log-probs claimed in the report those the worker sent (marketplace/core/audit_checks.py).
+    failure = next(e for e in report[8]["evidence"] if not e["passed"])
+    held = audit_hold.held_groups(client, JOB, [failure["entry_id"]])[failure["entry_id"]]
+    assert held.worker_id == 8 and held.packed.logprobs[0] == -0.01
+    check = check_failure(failure, held, worker_id=8, scorer=None, scorer_problem="")
+    assert check.status == "consistent", check.why
+    assert check_failure({**failure, "claimed_logprob": -2.5}, held, worker_id=8, scorer=None,
+                         scorer_problem="").status == "refused"  # altered by whoever reports it
 
 
 def test_weights_that_cannot_be_loaded_make_a_group_unauditable_not_a_crash(tiny_model_dir) -> None:

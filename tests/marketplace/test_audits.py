@@ -14,6 +14,8 @@ from rest_framework.test import APIClient
 
 from dataplane.credentials import learner_token
 from dataplane.records import TrajectoryGroup
+from dataplane.replay import NEVER_DECODE
+from dataplane.stored import StoredGroup, stored_entry
 from dataplane.tasks import build_task
 from learner.prompts import PromptFeeder
 from marketplace import scheduling, services
@@ -40,21 +42,41 @@ def learner_api(owner, job: Job, *, credential: bool = True) -> APIClient:
     return api
 
 
-def deliver(job: Job, worker: Worker, groups: int) -> None:
-    """``worker`` leases and returns ``groups`` well-formed groups of ``job``, each accepted by the site."""
-    PromptFeeder(stream.client(), job_id=job.pk, task=build_task({"name": "arithmetic"}), seed=worker.pk,
+def deliver(job: Job, worker: Worker, groups: int, *, lie: bool = False) -> None:
+    """``worker`` leases and returns ``groups`` well-formed groups of ``job``, each accepted by the site: every
+    record answers "7" with the task's reward for it, or (``lie``) the other one."""
+    task = build_task(job.spec["task"])
+    PromptFeeder(stream.client(), job_id=job.pk, task=task, seed=worker.pk,
                  backlog=stream.replay(job.pk).outstanding() + groups).top_up()
     done = 0
     while done < groups:
         lease = services.prompts_lease(worker=worker, job_id=job.pk, groups=groups - done)
         for leased in lease.leases:
+            reward = task.reward(leased.prompt, "7")
             record = {"job_id": job.pk, "lease_id": leased.lease_id, "group_id": leased.group_id,
                       "prompt": leased.prompt, "prompt_ids": [1, 5, 6], "completion": "7", "completion_ids": [12, 2],
-                      "logprobs": [-1.5, -0.2], "reward": 1.0, "version": 0}
+                      "logprobs": [-1.5, -0.2], "reward": 1.0 - reward if lie else reward, "version": 0}
             group = TrajectoryGroup.model_validate({"job_id": job.pk, "lease_id": leased.lease_id, "version": 0,
                                                     "group_id": leased.group_id, "records": [record] * job.group_size})
             assert services.trajectories_submit(worker=worker, group=group).accepted == job.group_size
             done += 1
+
+
+def entries(job: Job, worker: Worker) -> list[StoredGroup]:
+    """The groups the site stored from ``worker`` in ``job``'s stream, oldest first."""
+    replay = stream.replay(job.pk)
+    raw = replay.client.execute_command("XRANGE", replay.trajectories, "-", "+", **{NEVER_DECODE: True})
+    stored = [stored_entry(entry_id.decode(), fields) for entry_id, fields in raw]
+    return [g for g in stored if g.worker_id == worker.pk]
+
+
+def reward_failures(job: Job, worker: Worker, count: int, *, skip: int = 0) -> list[dict]:
+    """The evidence an honest learner sends of ``worker``'s first wrong rewards (after ``skip`` groups)."""
+    task = build_task(job.spec["task"])
+    return [{"entry_id": g.entry_id, "group_id": g.packed.group_ids[0], "version": g.version, "check": "reward",
+             "passed": False, "record": 0, "claimed_reward": g.packed.rewards[0],
+             "recomputed_reward": task.reward(g.packed.prompts[0], g.packed.completions[0])}
+            for g in entries(job, worker)[skip:skip + count]]
 
 
 @pytest.fixture
@@ -70,7 +92,7 @@ def running(redis_url, settings):
     job.refresh_from_db()
     services.job_activate_idle_workers(job=job)  # the calibration phase: both idle workers join
     deliver(job, honest, 3)
-    deliver(job, liar, 5)
+    deliver(job, liar, 5, lie=True)
     return {"api": learner_api(owner, job), "job": job, "honest": honest, "liar": liar, "provider": provider,
             "owner": owner}
 
@@ -79,15 +101,16 @@ def test_outcomes_count_once_per_step_and_repeat_failures_suspend(running):
     api, job, honest, liar = running["api"], running["job"], running["honest"], running["liar"]
     assert Activation.objects.filter(job=job, ended_at=None).count() == 2
     first = [{"worker_id": honest.pk, "passed": 2, "failed": 0},
-             {"worker_id": liar.pk, "passed": 0, "failed": 1, "dropped_records": 12, "reason": "logprobs: ..."}]
+             {"worker_id": liar.pk, "passed": 0, "failed": 1, "dropped_records": 12, "reason": "records.0.reward: ...",
+              "evidence": reward_failures(job, liar, 1)}]
     assert report(api, job, 1, first).status_code == 201
     assert report(api, job, 1, first).status_code == 201  # the same step again (a restarted learner): counted once
     liar.refresh_from_db()
     assert (liar.audits_failed, liar.suspended_at) == (1, None)
     assert WorkerAudit.objects.get(worker=liar, step=1).dropped_records == 12
 
-    assert report(api, job, 2, [{"worker_id": liar.pk, "passed": 1, "failed": 1, "reason": "records.0.reward: x"}]
-                  ).status_code == 201
+    assert report(api, job, 2, [{"worker_id": liar.pk, "passed": 1, "failed": 1, "reason": "records.0.reward: x",
+                                 "evidence": reward_failures(job, liar, 1, skip=1)}]).status_code == 201
     liar.refresh_from_db()
     assert liar.suspended_at is not None and "after 2 failed audits" in liar.suspended_reason
     assert "records.0.reward" in liar.suspended_reason
@@ -106,12 +129,13 @@ def test_outcomes_count_once_per_step_and_repeat_failures_suspend(running):
 
 def test_the_provider_sees_pass_rates_and_the_suspension(running):
     api, job, liar, provider = running["api"], running["job"], running["liar"], running["provider"]
-    report(api, job, 1, [{"worker_id": liar.pk, "passed": 3, "failed": 2, "reason": "logprobs: forged"}])
+    report(api, job, 1, [{"worker_id": liar.pk, "passed": 3, "failed": 2, "reason": "records.0.reward: wrong",
+                          "evidence": reward_failures(job, liar, 2)}])
     page = Client()
     page.force_login(provider)
     html = page.get("/provider/").content.decode()
     row = html.split('data-worker="liar"', 1)[1].split("</tr>", 1)[0]
-    assert "60.0 %" in row and "(5)" in row and "suspended" in row and "logprobs: forged" in row
+    assert "60.0 %" in row and "(5)" in row and "suspended" in row and "records.0.reward: wrong" in row
     listed = {w["name"]: w for w in APIClient().get("/api/workers/", HTTP_AUTHORIZATION=f"Token "
                                                                  f"{factories.token(provider)}").json()["results"]}
     assert listed["liar"]["audit_pass_rate"] == pytest.approx(0.6) and listed["liar"]["suspended_at"]
@@ -172,7 +196,8 @@ def test_audits_count_at_most_the_groups_a_worker_delivered(running):
     exceed the groups the site accepted from it there (5 for the liar), failures counted first."""
     api, job, liar = running["api"], running["job"], running["liar"]
     assert report(api, job, 1, [{"worker_id": liar.pk, "passed": 1_000_000, "failed": 1,
-                                 "reason": "records.0.reward: x"}]).status_code == 201
+                                 "reason": "records.0.reward: x", "evidence": reward_failures(job, liar, 1)}]
+                  ).status_code == 201
     liar.refresh_from_db()
     assert (liar.audits_passed, liar.audits_failed) == (4, 1)
     assert report(api, job, 2, [{"worker_id": liar.pk, "passed": 1_000_000, "failed": 0}]).status_code == 201
@@ -201,8 +226,8 @@ def test_a_suspension_takes_the_provider_account(running):
     sibling, _ = factories.worker(provider, name="sibling")
     Worker.objects.filter(pk=sibling.pk).update(status=Worker.Status.IDLE)
     services.worker_activate(worker=Worker.objects.get(pk=sibling.pk), job=job)
-    fail = [{"worker_id": liar.pk, "passed": 0, "failed": 2, "reason": "logprobs: forged",
-             "evidence": [evidence("1-0"), evidence("2-0")]}]
+    fail = [{"worker_id": liar.pk, "passed": 0, "failed": 2, "reason": "records.0.reward: wrong",
+             "evidence": reward_failures(job, liar, 2)}]
     assert report(api, job, 1, fail).status_code == 201
 
     account = Provider.objects.get(user=provider)

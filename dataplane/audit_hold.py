@@ -1,0 +1,79 @@
+"""Held copies of the stream entries that failed an audit, for the site to check the learner's report against
+(docs/trust.md "Audits the site checks").
+
+The trajectory stream is a queue, not an archive (``dataplane.replay``): the learner acknowledges *and deletes* an
+entry once trained, and a group that fails its audit is dropped (acknowledged and deleted) at once, before the step
+report that names it reaches the site. So before the learner drops a failed group it asks Redis to copy that entry,
+as the site stored it (lease, worker stamp, data), into a key of its own, kept :data:`HOLD_S` seconds. The copy is
+made inside Redis by :data:`HOLD` from the stream entry itself: the learner names entry ids, never content. The site
+reads the held copy (or the entry, while it is still in the stream) with :func:`held_groups`; an entry found in
+neither is *gone* (never held, or held longer ago than :data:`HOLD_S`), and the site counts nothing on it.
+
+Keys of job ``j``: ``echo2:job:j:held:<entry id>``, a hash of the entry's fields, each with its own expiry."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .replay import NEVER_DECODE, trajectories_key
+from .replay_scripts import script
+from .stored import StoredGroup, stored_entry
+
+HOLD_S = 7 * 86_400  # a report reaches the site within a step; a week covers a learner down for days and its resume
+
+# KEYS: trajectories, then one held key per entry. ARGV: ttl seconds, then the entry ids (in KEYS' order).
+# An entry no longer in the stream is skipped (nothing to copy); one held already keeps its copy, its expiry renewed.
+HOLD = """
+local n = 0
+for i = 2, #KEYS do
+  local entry = redis.call('XRANGE', KEYS[1], ARGV[i], ARGV[i])
+  if #entry == 1 then
+    if redis.call('EXISTS', KEYS[i]) == 0 then
+      redis.call('HSET', KEYS[i], unpack(entry[1][2]))
+    end
+    redis.call('EXPIRE', KEYS[i], ARGV[1])
+    n = n + 1
+  end
+end
+return n
+"""
+
+
+def held_key(job_id: int, entry_id: str) -> str:
+    return f"echo2:job:{job_id}:held:{entry_id}"
+
+
+def hold(client, job_id: int, entry_ids: Iterable[str], *, ttl_s: int = HOLD_S) -> int:
+    """Copy the stream entries ``entry_ids`` of job ``job_id`` aside for ``ttl_s`` seconds (one round trip); returns
+    how many were still in the stream to copy."""
+    ids = list(dict.fromkeys(entry_ids))
+    if not ids:
+        return 0
+    keys = [trajectories_key(job_id), *(held_key(job_id, e) for e in ids)]
+    return int(script(client, HOLD)(keys=keys, args=[int(ttl_s), *ids]))
+
+
+def held_groups(client, job_id: int, entry_ids: Iterable[str]) -> dict[str, StoredGroup]:
+    """The groups of ``entry_ids`` as the site stored them: the held copy, else the entry still in the stream (one
+    pipelined round trip); an entry in neither (gone) is absent from the result."""
+    ids = list(dict.fromkeys(entry_ids))
+    if not ids:
+        return {}
+    pipe = client.pipeline(transaction=False)  # NEVER_DECODE holds outside MULTI/EXEC alone
+    for entry_id in ids:
+        pipe.execute_command("HGETALL", held_key(job_id, entry_id), **{NEVER_DECODE: True})
+        pipe.execute_command("XRANGE", trajectories_key(job_id), entry_id, entry_id, **{NEVER_DECODE: True})
+    replies = pipe.execute()
+    out: dict[str, StoredGroup] = {}
+    for entry_id, held, live in zip(ids, replies[::2], replies[1::2], strict=True):
+        fields = _as_dict(held) if held else (_as_dict(live[0][1]) if live else None)
+        if fields:
+            out[entry_id] = stored_entry(entry_id, fields)
+    return out
+
+
+def _as_dict(fields) -> dict:
+    """A hash or an entry's fields (a dict, or the flat list RESP2 gives) as a dict of bytes."""
+    if isinstance(fields, dict):
+        return dict(fields)
+    return dict(zip(fields[::2], fields[1::2], strict=True))

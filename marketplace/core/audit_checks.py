@@ -1,0 +1,162 @@
+"""The site's own check of one failed audit the learner reported (docs/trust.md "Audits the site checks").
+
+A learner's "failed" is the word of the job's owner about a stranger's worker, so the site checks it against what
+it holds itself: the group it accepted from the worker (the stream entry, or the copy held when the learner dropped
+it: ``dataplane.audit_hold``) and the job's task. Each reported failure gets one :class:`SiteCheck`:
+
+- ``refused``: the evidence does not describe the stored group (another worker's entry, another group or version,
+  a record it does not have, claimed figures that are not the worker's, the same entry reported twice), or the
+  site recomputed the reward and the worker's is right. A forged report: logged, never counted.
+- ``verified``: a reward failure the site re-scored itself with the job's task: the worker's claimed reward is
+  not the task's. Counted toward suspension in full: no learner can make a right reward look wrong.
+- ``consistent``: a log-prob or text failure whose evidence matches the stored group, which the site cannot
+  recompute (it holds no model, no tokenizer). Counted only when learners of several owners say so
+  (:func:`counted_failures`).
+- ``unverified``: the site cannot check it: the entry is gone (acknowledged and no held copy left), the failure
+  came without evidence, the task runs code the site does not run (a user reward function, a verifiers
+  environment, a task of an installed package) or needs what the site lacks (a data set's rows, a scorer's
+  package), or a log-prob gap under the site's floor. Stored and shown, never counted on the learner's word alone.
+
+Plain functions over the stored group and the evidence dict: no Django, no Redis.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dataplane.stored import StoredGroup
+from dataplane.tasks import BUILTIN, TaskAdapter, build_task
+
+VERIFIED, CONSISTENT, UNVERIFIED, REFUSED = "verified", "consistent", "unverified", "refused"
+REWARD_TOLERANCE = 1e-6  # the learner's (learner/audit.py AuditSettings.reward_tolerance)
+LOGPROB_FLOOR = 0.05  # the smallest mean |claimed - recomputed| per token the site takes as a failure: the learner's
+# default tolerance, above what vLLM in bf16 drifts from fp32 (a few 1e-2); a learner set tighter fails honest workers
+EXCERPT, LEAD = 48, 12  # the learner's text excerpt: 48 characters from 12 before the first difference
+USER_CODE_TASKS = frozenset({"verifiers"})  # built-in tasks that run the job's own code (an environment it names)
+
+
+@dataclass(frozen=True)
+class SiteCheck:
+    status: str  # VERIFIED, CONSISTENT, UNVERIFIED or REFUSED
+    why: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"site": self.status, "site_reason": self.why[:300]}
+
+
+def site_scorer(task_spec: Any) -> tuple[TaskAdapter | None, str]:
+    """(the job's task built to score at the site, "") or (None, why the site cannot score it). Only built-in tasks
+    whose reward is the site's own code: never a user function, an environment, or a task of an installed package."""
+    name = task_spec.get("name") if isinstance(task_spec, dict) else None
+    if name not in BUILTIN or name in USER_CODE_TASKS:
+        return None, f"task {name!r} runs code the site does not run (user-code task): its rewards are not re-scored"
+    if name == "dataset":
+        reward = task_spec.get("reward")
+        functions = reward.get("functions", []) if isinstance(reward, dict) else \
+            (reward if isinstance(reward, list) else [reward])
+        named = [f.get("function") if isinstance(f, dict) else f for f in functions]
+        if any(isinstance(f, str) and ":" in f for f in named):
+            return None, "task 'dataset' scores with a user reward function the site does not run: not re-scored"
+    try:
+        task = build_task(task_spec)
+        task.prepare(allow_user_code=False)
+    except Exception as err:  # noqa: BLE001 - whatever stops the site scoring leaves the failure unverified
+        return None, f"the site cannot score task {name!r} ({type(err).__name__}: {str(err)[:160]})"
+    return task, ""
+
+
+def check_failure(evidence: Mapping[str, Any], stored: StoredGroup | None, *, worker_id: int,
+                  scorer: TaskAdapter | None, scorer_problem: str) -> SiteCheck:
+    """The site's verdict on one failure the learner reported of ``worker_id``, from its ``evidence`` and the group
+    the site stored under that entry (None: gone)."""
+    entry = evidence.get("entry_id", "")
+    if stored is None:
+        return SiteCheck(UNVERIFIED, f"record gone: entry {entry} is no longer in the job's stream nor held")
+    if stored.worker_id != worker_id:
+        return SiteCheck(REFUSED, f"entry {entry} was accepted from worker {stored.worker_id}, not {worker_id}")
+    packed = stored.packed
+    if packed is None:
+        return SiteCheck(REFUSED, f"entry {entry} is no group ({stored.problem})")
+    group_id = packed.group_ids[0][:200] if packed.group_ids else ""
+    if evidence.get("group_id", "") != group_id or evidence.get("version") != stored.version:
+        return SiteCheck(REFUSED, f"entry {entry} holds group {group_id!r} v{stored.version}, not the reported "
+                                  f"{evidence.get('group_id', '')!r} v{evidence.get('version')}")
+    record = evidence.get("record", 0)
+    if not 0 <= record < len(packed):
+        return SiteCheck(REFUSED, f"entry {entry} has {len(packed)} records, no record {record}")
+    check = evidence.get("check")
+    if check == "reward":
+        return _reward(evidence, stored, record, scorer, scorer_problem)
+    if check == "logprobs":
+        return _logprobs(evidence, stored)
+    if check == "text":
+        return _text(evidence, stored, record)
+    return SiteCheck(REFUSED, f"check {check!r} is no failure")
+
+
+def _reward(evidence, stored: StoredGroup, record: int, scorer: TaskAdapter | None, problem: str) -> SiteCheck:
+    packed = stored.packed
+    stored_reward = packed.rewards[record]
+    claimed = evidence.get("claimed_reward")
+    if claimed is None or not math.isclose(claimed, stored_reward, rel_tol=1e-9, abs_tol=1e-9):
+        return SiteCheck(REFUSED, f"record {record}'s claimed reward is {stored_reward:.6g}, the report says {claimed}")
+    if scorer is None:
+        return SiteCheck(UNVERIFIED, problem)
+    try:
+        actual = float(scorer.reward(packed.prompts[record], packed.completions[record]))
+    except Exception as err:  # noqa: BLE001 - a task that fails at the site cannot confirm anything
+        return SiteCheck(UNVERIFIED, f"the site's scoring failed ({type(err).__name__}: {str(err)[:120]})")
+    if abs(actual - stored_reward) > REWARD_TOLERANCE:
+        return SiteCheck(VERIFIED, f"re-scored by the site: record {record} claims {stored_reward:.6g}, the task "
+                                   f"gives {actual:.6g}")
+    return SiteCheck(REFUSED, f"re-scored by the site: record {record}'s reward {stored_reward:.6g} is the task's")
+
+
+def claimed_logprob(stored: StoredGroup) -> float:
+    """The group's claimed log-prob per learning token, as the learner's evidence states it (learner/audit.py)."""
+    packed = stored.packed
+    mask = [float(m) for m in packed.mask]
+    tokens = max(sum(mask), 1.0)
+    return math.fsum(lp * m for lp, m in zip(packed.logprobs, mask, strict=True)) / tokens
+
+
+def _logprobs(evidence, stored: StoredGroup) -> SiteCheck:
+    claimed, recomputed, gap = (evidence.get(k) for k in ("claimed_logprob", "recomputed_logprob", "logprob_gap"))
+    if claimed is None or recomputed is None or gap is None:
+        return SiteCheck(UNVERIFIED, "log-prob failure without its claimed and recomputed figures")
+    ours = claimed_logprob(stored)
+    if not math.isclose(claimed, ours, rel_tol=1e-4, abs_tol=1e-4):
+        return SiteCheck(REFUSED, f"the worker claimed {ours:.6g} per learning token, the report says {claimed:.6g}")
+    if recomputed > 1e-6 or gap + 1e-4 < abs(claimed - recomputed):
+        return SiteCheck(REFUSED, f"impossible figures: recomputed {recomputed:.6g} per token with a mean gap of "
+                                  f"{gap:.4g} against the claimed {claimed:.6g}")
+    if gap < LOGPROB_FLOOR:
+        return SiteCheck(UNVERIFIED, f"log-prob gap {gap:.4g} under the site's floor {LOGPROB_FLOOR:g}")
+    return SiteCheck(CONSISTENT, f"the claimed log-probs are the worker's; the learner's recomputation (gap "
+                                 f"{gap:.4g} per token) cannot be repeated at the site")
+
+
+def _text(evidence, stored: StoredGroup, record: int) -> SiteCheck:
+    claimed, decoded, at = evidence.get("claimed_text"), evidence.get("decoded_text"), evidence.get("text_at")
+    if claimed is None or decoded is None or at is None:
+        return SiteCheck(UNVERIFIED, "text failure without its texts")
+    if claimed == decoded:
+        return SiteCheck(REFUSED, "the claimed and decoded texts are the same")
+    packed = stored.packed
+    start = max(0, at - LEAD)
+    completion = packed.completions[record].replace("\x00", "\ufffd")
+    prompt_ids = " ".join(map(str, packed.tokens[:packed.prompt_lens[0]]))  # the prompt check's claimed "text"
+    if claimed not in (completion[start:start + EXCERPT], prompt_ids[start:start + EXCERPT]):
+        return SiteCheck(REFUSED, f"the claimed text is not record {record}'s at character {at}")
+    return SiteCheck(CONSISTENT, "the claimed text is the worker's; decoding its ids needs the job's tokenizer")
+
+
+def counted_failures(verified: int, consistent_owners: Iterable[int], *, owners_needed: int) -> int:
+    """The failures that count toward a worker's suspension: every one the site verified, plus one per distinct job
+    owner whose learner reported a consistent (log-prob or text) failure of it, once at least ``owners_needed``
+    distinct owners have. A single owner (forging, or honest) never adds more than one, and none on his own."""
+    owners = len(set(consistent_owners))
+    return verified + (owners if owners >= owners_needed else 0)

@@ -1,0 +1,130 @@
+"""The site checks the failures a learner reports before any counts (docs/trust.md "Audits the site checks"): each
+failure's evidence against the group the site stored (``dataplane.audit_hold``: the held copy, or the stream
+entry) and, for a reward, the job's task run by the site itself (``marketplace/core/audit_checks.py``).
+
+What counts toward a worker's suspension (:func:`worker_counted_failures`): every failure the site verified, and
+the consistent log-prob and text failures only once learners of ``ECHO2["AUDIT_CORROBORATING_OWNERS"]`` (default 2)
+distinct owners reported such, one per owner."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Sum
+
+from dataplane.audit_hold import held_groups
+
+from ..core import audit_checks as checks
+from ..core.audit_checks import REFUSED, UNVERIFIED, SiteCheck
+from ..infra import stream
+from ..models import Job, WorkerAudit
+
+log = logging.getLogger(__name__)
+CORROBORATING_OWNERS = 2  # the default of ECHO2["AUDIT_CORROBORATING_OWNERS"]
+
+
+@dataclass
+class Checked:
+    """One worker's reported failures of one step, as the site checked them."""
+
+    evidence: list[dict[str, Any]]  # the learner's evidence, each failure with ``site`` and ``site_reason``
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys((checks.VERIFIED, checks.CONSISTENT,
+                                                                           UNVERIFIED, REFUSED), 0))
+
+    def fields(self) -> dict[str, int]:
+        return {f"failed_{status}": n for status, n in self.counts.items()}
+
+
+class JobChecker:
+    """The checks of one report: the job's task built once, the stored groups read in one round trip per worker."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self._scorer: tuple[Any, str] | None = None
+
+    def scorer(self) -> tuple[Any, str]:
+        if self._scorer is None:
+            self._scorer = checks.site_scorer((self.job.spec or {}).get("task"))
+        return self._scorer
+
+    def check(self, *, worker_id: int, step: int, failed: int, evidence: list[dict[str, Any]]) -> Checked:
+        """Check the ``failed`` failures reported of ``worker_id`` with ``step`` (their items in ``evidence``;
+        those beyond the items came without evidence). A failure item already checked in this row (the report sent
+        again) keeps its verdict; an entry reported in another step of the job is refused (counted once)."""
+        before = {e.get("entry_id"): e for e in _row_evidence(self.job, worker_id, step) if "site" in e}
+        elsewhere = _entries_reported(self.job, worker_id, exclude_step=step)
+        failures = [e for e in evidence if not e.get("passed")][:failed]
+        stored = held_groups(stream.client(), self.job.pk, [e["entry_id"] for e in failures
+                                                            if e["entry_id"] not in before])
+        out, seen, chosen = Checked(evidence=[]), set(), {id(e) for e in failures}
+        for item in evidence:
+            if item.get("passed"):
+                out.evidence.append(item)
+                continue
+            if id(item) not in chosen:  # past the failures counted (the cap at what the worker delivered)
+                continue
+            entry = item["entry_id"]
+            if entry in seen or entry in elsewhere:
+                verdict = SiteCheck(REFUSED, f"entry {entry} was reported failed already")
+            elif entry in before:
+                verdict = SiteCheck(before[entry]["site"], before[entry].get("site_reason", ""))
+            else:
+                scorer, problem = self.scorer() if item.get("check") == "reward" else (None, "")
+                verdict = checks.check_failure(item, stored.get(entry), worker_id=worker_id, scorer=scorer,
+                                        scorer_problem=problem)
+            seen.add(entry)
+            out.counts[verdict.status] += 1
+            out.evidence.append({**item, **verdict.as_dict()})
+            if verdict.status == REFUSED:
+                log.warning("job %s step %s: FORGED audit report refused: worker %s entry %s: %s", self.job.pk,
+                            step, worker_id, entry, verdict.why)
+        out.counts[UNVERIFIED] += failed - len(failures)  # failures reported without evidence
+        return out
+
+
+def _row_evidence(job: Job, worker_id: int, step: int) -> list[dict]:
+    row = WorkerAudit.objects.filter(job=job, worker_id=worker_id, step=step).values_list("evidence", flat=True)
+    return list(row[0]) if row else []
+
+
+def _entries_reported(job: Job, worker_id: int, *, exclude_step: int) -> set[str]:
+    out: set[str] = set()
+    for evidence in WorkerAudit.objects.filter(job=job, worker_id=worker_id, failed__gt=0).exclude(
+            step=exclude_step).values_list("evidence", flat=True):
+        out.update(e.get("entry_id") for e in evidence if not e.get("passed") and e.get("site") != REFUSED)
+    return out
+
+
+def owners_needed() -> int:
+    return max(1, int(settings.ECHO2.get("AUDIT_CORROBORATING_OWNERS", CORROBORATING_OWNERS)))
+
+
+def worker_counted_failures(worker_id: int) -> tuple[int, dict[str, Any]]:
+    """(the failures that count toward ``worker_id``'s suspension, over every job; the figures behind it)."""
+    rows = WorkerAudit.objects.filter(worker_id=worker_id)
+    sums = rows.aggregate(v=Sum("failed_verified"), c=Sum("failed_consistent"), u=Sum("failed_unverified"),
+                          r=Sum("failed_refused"))
+    owners = sorted(set(rows.filter(failed_consistent__gt=0).values_list("job__owner_id", flat=True)))
+    needed = owners_needed()
+    counted = checks.counted_failures(sums["v"] or 0, owners, owners_needed=needed)
+    return counted, {"verified": sums["v"] or 0, "consistent": sums["c"] or 0, "consistent_owners": len(owners),
+                     "owners_needed": needed, "unverified": sums["u"] or 0, "refused": sums["r"] or 0,
+                     "counted": counted}
+
+
+def standing_text(figures: dict[str, Any], *, limit: int) -> str:
+    """Why a worker is (or is not) suspended, in one line for the provider."""
+    parts = [f"{figures['counted']} of {limit} failures that count: {figures['verified']} verified by the site"]
+    if figures["consistent"]:
+        corroborated = figures["consistent_owners"] >= figures["owners_needed"]
+        parts.append(f"{figures['consistent']} log-prob/text failures from {figures['consistent_owners']} job "
+                     f"owner(s) ({'counted once per owner' if corroborated else 'not counted'}: needs "
+                     f"{figures['owners_needed']} distinct owners)")
+    if figures["unverified"]:
+        parts.append(f"{figures['unverified']} unverified (not counted)")
+    if figures["refused"]:
+        parts.append(f"{figures['refused']} refused as forged reports")
+    return "; ".join(parts)
