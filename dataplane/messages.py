@@ -62,6 +62,10 @@ class Hello(_Msg):
                                "it (re)connected: a site that no longer has it active in that job answers ``release``.")
     hardware: Hardware | None = Field(default=None, description="What the machine has, as the agent measured it "
                                       "(dataplane/hardware.py): claims, used only for matching jobs' requirements.")
+    allow_user_code: bool | None = Field(default=None, description="Whether its provider opted in to run job "
+                                         "owners' code (``echo2-agent run --allow-user-code``): the site assigns a job "
+                                         "naming user code only to workers that did. None: an agent that does not "
+                                         "say (older); the site keeps what it knew.")
 
 
 WorkerState = Literal["loading", "installing", "generating", "idle", "failed"]

@@ -16,6 +16,7 @@ from django.utils import timezone
 from dataplane.hardware import Hardware
 from dataplane.jobs import JobSpec
 from dataplane.requirements import estimate_memory, memory_needed
+from dataplane.tasks import build_task
 
 from .core import matching as core
 from .core.reliability import HORIZON_S, Record, Reliability, reliability
@@ -63,16 +64,25 @@ def needs_of(spec: JobSpec) -> tuple[core.Needs, dict]:
         estimate = estimate_memory(spec.model_dir, engine=engine, snapshot_dtype=spec.snapshot_dtype,
                                    max_new_tokens=spec.max_new_tokens, group_size=spec.group_size)
     memory, how = memory_needed(req, estimate)
+    user_code = user_code_of(spec.task)
     needs = core.Needs(memory_gb=memory, memory_given=req.min_gpu_memory_gb is not None, engine=req.engine,
-                       max_price_per_hour=req.max_price_per_hour, min_reliability=req.min_reliability)
+                       max_price_per_hour=req.max_price_per_hour, min_reliability=req.min_reliability,
+                       user_code=user_code)
     return needs, {"min_gpu_memory_gb": memory, "memory": how, "engine": req.engine,
-                   "max_price_per_hour": req.max_price_per_hour, "min_reliability": req.min_reliability}
+                   "max_price_per_hour": req.max_price_per_hour, "min_reliability": req.min_reliability,
+                   "user_code": list(user_code)}
+
+
+def user_code_of(task: dict) -> tuple[str, ...]:
+    """The owner's code a job's task (its spec) runs on a worker: read from the spec, nothing is imported."""
+    return tuple(build_task(task).user_code())
 
 
 def offer_of(worker: Worker, r: Reliability) -> core.Offer:
     facts: Hardware | None = worker.facts
     return core.Offer(worker.pk, float(worker.price_per_hour), r.value,
-                      None if facts is None else facts.model_memory_gb, tuple(facts.engines) if facts else ())
+                      None if facts is None else facts.model_memory_gb, tuple(facts.engines) if facts else (),
+                      worker.allow_user_code)
 
 
 def match_workers(needs: core.Needs, workers: Iterable[Worker], *,

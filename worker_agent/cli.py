@@ -31,8 +31,8 @@ ConfigOpt = Annotated[
 
 AllowUserCodeOpt = Annotated[bool, typer.Option(
     "--allow-user-code", help="Run job owners' code in this process (reward functions 'pkg.module:fn', verifiers "
-    "environments): arbitrary code on this machine, see docs/trust.md 'User code on workers'. Off: such jobs are "
-    "refused.")]
+    "environments): arbitrary code on this machine, see docs/trust.md 'User code on workers'. Declared to the site, "
+    "which assigns such jobs only to workers that opted in; off, the agent also refuses any it is given.")]
 EngineOpt = Annotated[str, typer.Option(help="Generation engine: auto (vllm on a GPU with vLLM, else hf), hf, vllm.")]
 
 

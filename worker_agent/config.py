@@ -33,7 +33,8 @@ class AgentConfig:
     """Run job owners' code in this process (reward functions ``pkg.module:fn``, verifiers environments): the
     provider's opt-in, ``echo2-agent run --allow-user-code`` (or ``"allow_user_code": true`` here); off, a job whose
     task names user code is refused (docs/trust.md, "User code on workers"). The one place the agent keeps it: the
-    session hands it to every task it builds (``TaskAdapter.prepare(allow_user_code=...)``)."""
+    session declares it in every hello (the site then assigns such jobs only to workers that opted in) and hands it
+    to every task it builds (``TaskAdapter.prepare(allow_user_code=...)``), the last line of defence."""
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

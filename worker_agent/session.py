@@ -185,7 +185,7 @@ class AgentSession:
         log.info("connected as worker %s", self.config.worker_id)
         job = self.assignment.job_id if self.assignment else None
         await self.send(m.Hello(agent_version=__version__, installed_version=self.installed_version(job), job_id=job,
-                                hardware=self.hardware))
+                                hardware=self.hardware, allow_user_code=self.config.allow_user_code))
         heartbeat = asyncio.create_task(self._heartbeats())
         try:
             async for frame in self.connection.ws:

@@ -66,6 +66,12 @@ class TaskAdapter(ABC):
         machine). Built-ins load nothing."""
         return None
 
+    def user_code(self) -> list[str]:
+        """The job owner's code this task runs where it scores (``pkg.module:fn`` references; empty: none). Read from
+        the spec, importing nothing: the site matches a job naming any only to workers whose providers opted in
+        (docs/trust.md, "User code on workers"); :meth:`prepare` refuses it where they did not."""
+        return []
+
     def content_digests(self) -> list[str]:
         """The data sets this task reads, by digest (docs/datasets.md): the learner serves each to the job's workers,
         and an agent fetches each it lacks (into its cache) before :meth:`prepare`. Empty for a task whose data ships

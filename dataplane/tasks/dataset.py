@@ -93,6 +93,9 @@ class DatasetTask(TaskAdapter):
     def content_digests(self) -> list[str]:
         return [self.data.digest]
 
+    def user_code(self) -> list[str]:
+        return self.reward_spec.user_functions
+
     def prepare(self, *, allow_user_code: bool) -> None:
         """Build the reward (user functions only with ``allow_user_code``) and, when this machine holds the data set
         already, read the rows (else they are read when first needed: an agent fetches the data set with the

@@ -105,6 +105,9 @@ class VerifiersTask(TaskAdapter):
 
     # -- the environment (user code, loaded by prepare or on first use) -------------------------------------------
 
+    def user_code(self) -> list[str]:
+        return [self.env]  # the environment is the owner's code, whatever it loads
+
     def prepare(self, *, allow_user_code: bool) -> None:
         """Load the environment, if this machine runs user code (else :class:`UserCodeRefused`)."""
         self._allowed = allow_user_code

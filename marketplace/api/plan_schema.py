@@ -84,10 +84,14 @@ class PlanRequirementsSerializer(serializers.Serializer):
     engine = serializers.CharField()
     max_price_per_hour = serializers.FloatField(allow_null=True)
     min_reliability = serializers.FloatField()
+    user_code = serializers.ListField(child=serializers.CharField(), help_text=(
+        "The owner's code the job's task runs on a worker ('pkg.module:fn'); empty: none. Only workers whose "
+        "providers opted in (echo2-agent run --allow-user-code) match such a job."))
     qualify = serializers.IntegerField(help_text="Online workers that meet them.")
     total = serializers.IntegerField(help_text="Online workers (busy in other jobs too).")
     excluded = serializers.DictField(child=serializers.IntegerField(), help_text=(
-        "Workers that do not, per reason: memory, engine, price, reliability, hardware unknown."))
+        "Workers that do not, per reason: user code (their providers do not run the job's user code), memory, "
+        "engine, price, reliability, hardware unknown."))
     line = serializers.CharField(help_text="'3 of 12 match (memory 8, price 1)'.")
 
 

@@ -4,6 +4,11 @@ A worker's hardware is what its agent reported (``dataplane/hardware.py``): a cl
 worker that never reported any (an older agent) is matched on price and reliability alone, unless the owner asked
 for memory or an engine explicitly: then it is left out as ``hardware unknown``. A derived memory need (an
 estimate) never excludes it, so older agents keep serving the jobs they served.
+
+A job that names its owner's code (a reward function ``pkg.module:fn``, a verifiers environment) needs a worker
+whose provider opted in to run it (``echo2-agent run --allow-user-code``, declared in the agent's hello): one that
+declared it does not is left out as ``user code``. One whose agent never said (an older agent) is matched as
+before; it refuses such a job itself if its provider did not opt in (docs/trust.md, "User code on workers").
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-REASONS = ("memory", "engine", "price", "reliability", "hardware unknown")
+REASONS = ("user code", "memory", "engine", "price", "reliability", "hardware unknown")
 """Why a worker does not qualify, in the order a reason is given (the first that applies)."""
 
 
@@ -23,6 +28,7 @@ class Needs:
     engine: str = "any"  # any, hf or vllm
     max_price_per_hour: float | None = None
     min_reliability: float = 0.0
+    user_code: tuple[str, ...] = ()  # the owner's code its task runs on a worker (TaskAdapter.user_code)
 
     @property
     def explicit_hardware(self) -> bool:
@@ -38,10 +44,13 @@ class Offer:
     reliability: float
     memory_gb: float | None = None  # its largest GPU's memory, else its RAM; None: no hardware reported
     engines: tuple[str, ...] = ()
+    allow_user_code: bool | None = None  # its provider's opt-in as its agent declared it; None: never declared
 
 
 def unmet(offer: Offer, needs: Needs) -> str | None:
     """The first requirement ``offer`` fails (one of :data:`REASONS`), None when it meets them all."""
+    if needs.user_code and offer.allow_user_code is False:
+        return "user code"
     if offer.memory_gb is None and needs.explicit_hardware:
         return "hardware unknown"
     if offer.memory_gb is not None and needs.memory_gb is not None and offer.memory_gb < needs.memory_gb:

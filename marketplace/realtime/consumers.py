@@ -305,7 +305,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             case m.Hello():
                 self.hello_at = timezone.now()
                 return services.worker_connected(worker=worker, installed_version=message.installed_version,
-                                                 at=self.hello_at, hardware=message.hardware)
+                                                 at=self.hello_at, hardware=message.hardware,
+                                                 allow_user_code=message.allow_user_code)
             case m.LeaseReturn():
                 services.lease_return(worker=worker, job_id=message.job_id, lease_id=message.lease_id,
                                       reason=message.reason)

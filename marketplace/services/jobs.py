@@ -158,7 +158,10 @@ def job_replan_apply(*, job: Job, activate: Collection[int] = (), release: Colle
         job_activate_idle_workers(job=job)
     busy = Activation.objects.filter(ended_at=None).values("worker_id")
     for worker in Worker.objects.filter(pk__in=list(activate)).exclude(pk__in=busy).order_by("pk"):
-        worker_activate(worker=worker, job=job)
+        try:
+            worker_activate(worker=worker, job=job)
+        except ServiceError as err:  # suspended, paused or out of user code since the decision was read (no write)
+            log.info("job %s: %s; not activated", job.pk, err)
     for activation in job.activations.filter(ended_at=None, worker_id__in=list(release)):
         worker_release(activation=activation, reason=f"capacity above target: {reason}")
 

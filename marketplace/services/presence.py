@@ -54,12 +54,12 @@ def _session_close(worker_id: int, *, at: datetime) -> None:
 
 @transaction.atomic
 def worker_connected(*, worker: Worker, installed_version: int | None, at: datetime | None = None,
-                     hardware: Hardware | None = None) -> list[m._Msg]:
+                     hardware: Hardware | None = None, allow_user_code: bool | None = None) -> list[m._Msg]:
     """An agent said hello (at ``at``, default now): mark it live and open its session; re-send its assignment
     if it is active in a job, or take it back into the job it left by going silent (``_rejoin``). With the
     install report, the one place that sets ``installed_version``; with registration, the one that stores the
-    ``hardware`` the agent measured (a hello without it keeps what was stored). Its heartbeats stay in Redis from
-    here on."""
+    ``hardware`` the agent measured (a hello without it keeps what was stored), and its provider's user-code opt-in
+    (``allow_user_code``, likewise; matching reads it). Its heartbeats stay in Redis from here on."""
     activation = selectors.active_activation(worker=worker)
     now = at or timezone.now()
     _session_open(worker.pk, at=now)
@@ -70,6 +70,9 @@ def worker_connected(*, worker: Worker, installed_version: int | None, at: datet
     if hardware is not None:
         worker.hardware, worker.hardware_at = hardware.model_dump(), now
         fields += ["hardware", "hardware_at"]
+    if allow_user_code is not None:
+        worker.allow_user_code = allow_user_code
+        fields.append("allow_user_code")
     worker.save(update_fields=fields)
     replies: list[m._Msg] = [m.Welcome(worker_id=worker.pk, heartbeat_interval=settings.ECHO2["HEARTBEAT_INTERVAL_S"],
                                        max_message_bytes=settings.ECHO2["WS_MAX_MESSAGE_BYTES"])]

@@ -16,7 +16,7 @@ from dataplane.hardware import Hardware
 from dataplane.replay import RedisError
 from dataplane.tasks import TaskSpecError, build_task
 
-from .. import selectors
+from .. import matching, selectors
 from ..infra import liveness, stream
 from ..models import Activation, Job, PriceChange, Provider, Worker, WorkerCalibration
 from .base import ServiceError, push_job_update, push_to_worker
@@ -72,6 +72,10 @@ def worker_activate(*, worker: Worker, job: Job) -> Activation:
         raise ServiceError(f"worker {worker.pk} is suspended (failed audits) and cannot be activated")
     if Worker.objects.filter(pk=worker.pk).exclude(paused_at=None, removed_at=None).exists():
         raise ServiceError(f"worker {worker.pk} is paused or removed by its provider and cannot be activated")
+    opted_out = Worker.objects.filter(pk=worker.pk, allow_user_code=False).exists()
+    if opted_out and (code := matching.user_code_of(job.task)):
+        raise ServiceError(f"worker {worker.pk}'s provider does not run job owners' code, and job {job.pk} runs "
+                           f"{', '.join(code)} (docs/trust.md, \"User code on workers\")")
     activation = Activation.objects.create(job=job, worker=worker, price_per_hour=worker.price_per_hour)
     Worker.objects.filter(pk=worker.pk).update(status=Worker.Status.ACTIVE)
     push_to_worker(worker.pk, assign_message(job, worker_id=worker.pk))

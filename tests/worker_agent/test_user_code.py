@@ -22,6 +22,7 @@ from worker_agent.cli import _opt_in
 from worker_agent.config import AgentConfig
 
 from .test_session import (
+    RecordingSocket,
     answer_each,
     answering,
     assign,
@@ -150,3 +151,23 @@ def test_the_run_flag_opts_in_on_the_config_and_for_code_that_asks_the_process(m
     _opt_in(cfg, True)
     assert cfg.allow_user_code is True and os.environ["ECHO2_ALLOW_USER_CODE"] == "1"
     assert "their reward functions can do anything" in caplog.text
+
+
+class ClosingSocket(RecordingSocket):
+    """A site that closes the socket at once: the session sends its hello and ends."""
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        raise StopAsyncIteration
+
+
+@pytest.mark.parametrize("opted_in", [False, True])
+def test_the_hello_declares_the_opt_in_to_the_site(tmp_path, opted_in) -> None:
+    session, _ = make_session(tmp_path, [])
+    session.config = dataclasses.replace(session.config, allow_user_code=opted_in)
+    socket = session.ws = ClosingSocket()
+    asyncio.run(session._session())
+    hello = m.parse_agent_json(socket.frames[0])
+    assert isinstance(hello, m.Hello) and hello.allow_user_code is opted_in
