@@ -232,23 +232,100 @@ def detach(plan: ChainPlan, worker_id: int) -> tuple[ChainPlan, list[tuple[int, 
     return new_plan, moves
 
 
+def reroute(plan: ChainPlan, worker_id: int, *, relays: Collection[int], learner_slots: int,
+            holding: Collection[int] = ()) -> tuple[ChainPlan, list[tuple[int, int | None]]] | None:
+    """One child's word that its relay parent failed (the issue-26 rule: it moves only itself): ``worker_id`` gets
+    another parent that holds or is receiving the version, its own child (the rest of its chain) keeping it as
+    parent, and the accused keeping its place (now a tail) and its score. None when no relay qualifies (the caller
+    :func:`detach` es it to the learner's HTTP fallback), or when ``worker_id`` is no chain's member below a seed.
+
+    Chain repair of paper section 4.2 / appendix D ("the orphan re-attaches to the nearest healthy upstream"),
+    within a plan of chains: an agent relay serves one child, so the accused's own parent can take the reporter
+    only when it is the learner, whose relay keeps one slot beyond the plan's seeds (``learner_slots``: the
+    plan's chains at publication + 1; the learner sizes its fan-out from that). In order:
+
+    - the accused was a seed: the learner, while the plan has fewer than ``learner_slots`` chains (a new chain
+      headed by the reporter). If the seed is dead its own slot is free too; if the reporter lied, it gets from
+      the learner's relay what the HTTP fallback would have given it from the same learner, and no rank.
+    - the tail of another chain that can serve (in ``relays``): idle uplink that slows nobody. Tails that hold the
+      version (``holding``: installed it) first, then the shortest chain (the shallowest new depth), then the
+      plan's order.
+    - the learner's spare slot for the orphan of a relay below the seeds (it shares ``B0`` with the seeds).
+    """
+    at = next(((k, chain.index(worker_id)) for k, chain in enumerate(plan.chains) if worker_id in chain), None)
+    if at is None or at[1] == 0:
+        return None
+    k, position = at
+    head, moving = plan.chains[k][:position], plan.chains[k][position:]
+    tails = sorted((j for j, chain in enumerate(plan.chains) if j != k and chain[-1] in relays),
+                   key=lambda j: (plan.chains[j][-1] not in holding, len(plan.chains[j]), j))
+    learner_free = len(plan.chains) < learner_slots
+    order: list[int | None] = [*tails]
+    if learner_free:
+        order.insert(0 if position == 1 else len(order), LEARNER)
+    if not order:
+        return None
+    target = order[0]
+    built = [list(c) for c in plan.chains]
+    built[k] = list(head)
+    if target is LEARNER:
+        built.append(list(moving))
+        new_parent = LEARNER
+    else:
+        built[target].extend(moving)
+        new_parent = plan.chains[target][-1]
+    return ChainPlan(chains=tuple(tuple(c) for c in built), rollout_only=plan.rollout_only), [(worker_id, new_parent)]
+
+
 BANDWIDTH_EWMA = 0.3
 """Weight of the newest transfer in a relay's measured bandwidth ``Bw_hat``."""
 BANDWIDTH_MIN_SECONDS = 1.0
 """Shorter transfers measure latency more than bandwidth: not taken."""
+HOP_LAG_FRACTION = 0.25
+HOP_LAG_MIN_S = 1.0
+"""A child that installed within ``max(HOP_LAG_FRACTION x its parent's time, HOP_LAG_MIN_S)`` after its parent kept
+pace with what the parent itself received: the hop was not the bottleneck (:func:`hop_was_bottleneck`). Cut-through
+makes an honest hop lag its parent by a part's time and a round trip (0.6 s of 4.9 s on the `harsh` WAN links)."""
 
 
-def measured_bandwidth(old_bps: float | None, *, total_bytes: int, seconds: float) -> float | None:
-    """A relay's ``Bw_hat`` after a child installed ``total_bytes`` through it ``seconds`` after publication.
+def hop_was_bottleneck(seconds: float, parent_seconds: float | None) -> bool | None:
+    """Whether a child that installed ``seconds`` after publication was held back by its parent's uplink rather than
+    by what its parent itself received (``parent_seconds``, its own install): it lagged its parent by more than a
+    pipelined hop does. None when the parent's install is unknown (not reported, or none): the site cannot tell."""
+    if parent_seconds is None:
+        return None
+    return seconds - parent_seconds > max(HOP_LAG_FRACTION * parent_seconds, HOP_LAG_MIN_S)
 
-    The rate ``total_bytes / seconds`` is folded into ``old_bps`` (a moving average, weight
-    ``BANDWIDTH_EWMA`` for the newest; the first measurement is taken as is) only when the transfer took at
-    least ``BANDWIDTH_MIN_SECONDS``: a 40 KB snapshot delivered in 20 ms "measures" 2 MB/s on a 100 MB/s link,
-    and would split the fleet into needlessly many chains (``n_chains`` divides by the median). Pipelining
-    makes the rate a slight under-estimate of the link further down a chain, never an over-estimate.
-    Otherwise ``old_bps`` is returned unchanged (None while never measured).
+
+def measured_bandwidth(old_bps: float | None, *, total_bytes: int, seconds: float,
+                       parent_seconds: float | None = None, registered_bps: float | None = None) -> float | None:
+    """A relay's ``Bw_hat`` after a child installed ``total_bytes`` through it ``seconds`` after publication, the
+    relay itself having installed the version ``parent_seconds`` after it.
+
+    The rate ``total_bytes / seconds`` is a lower bound on the relay's uplink: it did send that much in that time.
+    It is its uplink only when the hop was the bottleneck (:func:`hop_was_bottleneck`). In a chain a child receives
+    no faster than its parent receives: a seed's child gets at most the seed's share of ``B0`` (``B0 / N_ch``,
+    half a 50 Mbit/s link on the `harsh` WAN bench, where folding that in as the seed's ``Bw_hat`` doubled
+    ``N_ch = floor(B0 / Bw_hat)`` and turned the chains into a star). So:
+
+    - the hop was the bottleneck: the rate is folded in (a moving average, weight ``BANDWIDTH_EWMA`` for the
+      newest; the first measurement is taken as is);
+    - it was not, or the site cannot tell: the figure only rises, to the rate when the rate is higher (the relay
+      proved it can send that fast), never falls: the relay is not blamed for its own parent's slowness.
+
+    A transfer shorter than ``BANDWIDTH_MIN_SECONDS`` measures latency, not bandwidth (a 40 KB snapshot delivered in
+    20 ms "measures" 2 MB/s on a 100 MB/s link), and changes nothing. The result never exceeds ``registered_bps``
+    (the provider's own figure bounds what it is planned with: a claim can only cost its maker). Otherwise
+    ``old_bps`` is returned unchanged (None while never measured).
     """
     if total_bytes <= 0 or seconds < BANDWIDTH_MIN_SECONDS:
         return old_bps
     rate = total_bytes / seconds
-    return rate if old_bps is None else (1 - BANDWIDTH_EWMA) * old_bps + BANDWIDTH_EWMA * rate
+    if hop_was_bottleneck(seconds, parent_seconds):
+        new = rate if old_bps is None else (1 - BANDWIDTH_EWMA) * old_bps + BANDWIDTH_EWMA * rate
+    else:
+        current = old_bps if old_bps is not None else registered_bps
+        if current is not None and rate <= current:
+            return old_bps
+        new = rate if old_bps is None else (1 - BANDWIDTH_EWMA) * old_bps + BANDWIDTH_EWMA * rate
+    return min(new, registered_bps) if registered_bps else new

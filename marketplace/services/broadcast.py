@@ -207,8 +207,10 @@ def broadcast_plan(*, job: Job, workers: Sequence[Worker | PlannedWorker], now: 
 def relay_failed(*, worker: Worker, job_id: int, version: int, culprit_worker_id: int | None, reason: str) -> None:
     """An agent says its relay parent failed. The parent is counted failed and excised from the plan
     (``chains.repair``) only when the site can confirm it (``_parent_failure_confirmed``: other children said so
-    too, or the parent is silent); on one child's word alone, the child leaves the chains and fetches from the
-    learner (``chains.detach``), so its own install is not blocked, and the parent keeps its place and its score."""
+    too, or the parent is silent). On one child's word alone the child moves and nobody else: to another parent
+    that holds or is receiving the version (``chains.reroute``: the learner's spare slot when the accused is a seed,
+    another chain's relay tail), taking the rest of its chain along, else out of the chains to the learner's HTTP
+    fallback (``chains.detach``); the accused keeps its place and its score."""
     activation = running_activation(worker, job_id)
     job = activation.job
     plan = telemetry.load_chain_plan(job_id, version)
@@ -223,14 +225,35 @@ def relay_failed(*, worker: Worker, job_id: int, version: int, culprit_worker_id
                                                 window_s=chains.ScoreParams().decay_window_s)
     why = _parent_failure_confirmed(job_id, version, culprit_worker_id, witnesses=witnesses)
     if not why:
-        log.info("job %s v%s: worker %s's word alone: it fetches from the learner; parent %s not counted", job_id,
-                 version, worker.pk, culprit_worker_id)
+        rerouted = _reroute(job, version, plan, worker.pk)
+        if rerouted is not None:
+            log.info("job %s v%s: worker %s's word alone: it now pulls from %s; parent %s not counted", job_id,
+                     version, worker.pk, rerouted[1][0][1] if rerouted[1][0][1] is not None else "the learner",
+                     culprit_worker_id)
+            _apply_repair(job, version, *rerouted, also=(culprit_worker_id,))  # the accused: its child is gone
+            return
+        log.info("job %s v%s: worker %s's word alone: no relay to take it, it fetches from the learner; parent %s "
+                 "not counted", job_id, version, worker.pk, culprit_worker_id)
         _apply_repair(job, version, *chains.detach(plan, worker.pk), also=(worker.pk,))
         return
     log.warning("job %s v%s: relay parent %s failed (%s)", job_id, version, culprit_worker_id, why)
     Worker.objects.filter(pk=culprit_worker_id).update(relay_failures=F("relay_failures") + 1,
                                                        relay_last_failure_at=timezone.now())
     _excise(job, version, plan, culprit_worker_id)
+
+
+def _reroute(job: Job, version: int, plan: chains.ChainPlan,
+             worker_id: int) -> tuple[chains.ChainPlan, list[tuple[int, int | None]]] | None:
+    """``chains.reroute`` over what the site knows: who can serve a child (a relay address, and online), who has
+    installed the version, and the learner's fan-out for it (the seeds it was announced with, and one more)."""
+    members = [w for chain in plan.chains for w in chain]
+    relays = set(Worker.objects.filter(pk__in=members).exclude(relay_address="").exclude(status=Worker.Status.OFFLINE)
+                 .values_list("pk", flat=True))
+    holding = set(SnapshotInstall.objects.filter(snapshot__job_id=job.pk, snapshot__version=version,
+                                                 worker_id__in=members).values_list("worker_id", flat=True))
+    seeds = fanout.announced_seeds(job.pk, version)  # gone (an old announcement): no slot known to be spare
+    learner_slots = seeds + 1 if seeds is not None else len(plan.chains)
+    return chains.reroute(plan, worker_id, relays=relays, learner_slots=learner_slots, holding=holding)
 
 
 def _parent_failure_confirmed(job_id: int, version: int, parent_id: int, *, witnesses: int) -> str:
@@ -272,14 +295,17 @@ def _apply_repair(job: Job, version: int, new_plan: chains.ChainPlan, moves: lis
     if snap is None:
         return
     targets = [*also, *(t for move in moves for t in move if t is not None)]
-    addresses = dict(Worker.objects.filter(pk__in=targets).values_list("pk", "relay_address"))
+    routes = {t: chains.route(new_plan, t) for t in targets}
+    # every target's parent too: a new parent inside a chain is told its own parent again with its new child
+    dialled = {*targets, *(r[0] for r in routes.values() if r is not None and r[0] is not None)}
+    addresses = dict(Worker.objects.filter(pk__in=dialled).values_list("pk", "relay_address"))
     expires = credential_expiry()  # re-issued: the repair may come late in a long transfer
     for child, new_parent in moves:
         log.info("job %s v%s: repair: worker %s now pulls from %s", job.pk, version, child,
                  new_parent if new_parent is not None else "the learner")
     for target in dict.fromkeys(targets):
         push_to_worker(target, snapshot_message(snap, job=job, worker_id=target, expires=expires,
-                                                route=chains.route(new_plan, target), addresses=addresses))
+                                                route=routes[target], addresses=addresses))
 
 
 def repair_without(worker: Worker) -> None:
@@ -339,17 +365,22 @@ def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: fl
         if route is not None and route[0] is not None:
             # The base's install time includes building the engine: a success, but no measure of the link.
             size = int(snap.manifest.get("total_bytes") or 0) if version > 0 else 0
-            _relay_succeeded(route[0], total_bytes=size, seconds=seconds)
+            _relay_succeeded(route[0], snap=snap, total_bytes=size, seconds=at - snap.published_at.timestamp())
     push_job_update(job_id)  # the page shows who has which version
 
 
-def _relay_succeeded(parent_id: int, *, total_bytes: int, seconds: float) -> None:
-    """A child installed a snapshot through ``parent_id``: one more success (the score's Success term), and
-    the rate the child saw folded into the parent's ``Bw_hat`` (``chains.measured_bandwidth``)."""
+def _relay_succeeded(parent_id: int, *, snap: Snapshot, total_bytes: int, seconds: float) -> None:
+    """A child installed ``snap`` through ``parent_id`` ``seconds`` after its publication (as the site saw both):
+    one more success (the score's Success term), and the rate the child saw folded into the parent's ``Bw_hat``
+    when that hop was the bottleneck, not the parent's own parent (``chains.measured_bandwidth``, given when the site
+    saw the parent's own install of ``snap``), never above the parent's registered ``Bw``."""
     parent = Worker.objects.select_for_update().filter(pk=parent_id).first()
     if parent is None:
         return
+    own = SnapshotInstall.objects.filter(snapshot=snap, worker_id=parent_id).values_list("installed_at", flat=True)
+    parent_seconds = next(((t - snap.published_at).total_seconds() for t in own), None)
     parent.relay_successes += 1
-    parent.measured_bandwidth_bps = chains.measured_bandwidth(parent.measured_bandwidth_bps,
-                                                              total_bytes=total_bytes, seconds=seconds)
+    parent.measured_bandwidth_bps = chains.measured_bandwidth(
+        parent.measured_bandwidth_bps, total_bytes=total_bytes, seconds=seconds, parent_seconds=parent_seconds,
+        registered_bps=float(parent.bandwidth_bps))
     parent.save(update_fields=["relay_successes", "measured_bandwidth_bps"])

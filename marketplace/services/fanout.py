@@ -146,7 +146,8 @@ def publication_announce(*, job_id: int, version: int, plan: chains.ChainPlan, a
     every worker's relay address: only the plan's parents' are kept."""
     nonce = secrets.token_hex(8)
     parents = {w: addresses[w] for chain in plan.chains for w in chain[:-1] if addresses.get(w)}
-    record = json.dumps({"nonce": nonce, "expires": expires, "addresses": parents}, separators=(",", ":"))
+    record = json.dumps({"nonce": nonce, "expires": expires, "addresses": parents, "seeds": len(plan.chains)},
+                        separators=(",", ":"))
     pipe = stream.client().pipeline()
     pipe.set(_record_key(job_id, version), record, ex=RECORD_TTL_S)
     pipe.set(_latest_key(job_id), json.dumps([version, nonce]), ex=RECORD_TTL_S)
@@ -189,6 +190,14 @@ def publication_load(job_id: int, version: int) -> Publication | None:
                        expires=int(record["expires"]))
     return Publication.build(shared, nonce=record["nonce"], plan=plan,
                              addresses={int(w): a for w, a in record["addresses"].items()})
+
+
+def announced_seeds(job_id: int, version: int) -> int | None:
+    """How many chains the plan of ``version`` had when it was announced (the learner sized its relay's fan-out
+    from that: those seeds and one slot more), or None when the announcement is gone."""
+    raw = stream.client().get(_record_key(job_id, version))
+    seeds = json.loads(raw).get("seeds") if raw is not None else None
+    return int(seeds) if seeds is not None else None
 
 
 def latest_announced(job_id: int) -> tuple[int, str] | None:

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.utils import timezone
 
 from dataplane import credentials
 from dataplane import messages as m
 from dataplane.chat import PromptFormat
 from marketplace import services
 from marketplace.infra import telemetry
-from marketplace.models import Snapshot, Worker
+from marketplace.models import Snapshot, SnapshotInstall, Worker
 from marketplace.services import base, fanout
 
 from . import factories
@@ -135,37 +137,74 @@ def test_install_via_parent_is_counted_and_credits_the_parent(pushes):
     assert Worker.objects.get(pk=seed).relay_successes == 1
 
 
+def installed_through(job, version: int, *, child, parent, child_s: float, parent_s: float | None) -> None:
+    """``parent`` installed ``version`` ``parent_s`` after its publication (None: never reported) and ``child``, its
+    chain child, reports its own install now, ``child_s`` after it: as the site sees both (the publication moved
+    back in time, the parent's report placed)."""
+    snap = Snapshot.objects.get(job=job, version=version)
+    Snapshot.objects.filter(pk=snap.pk).update(published_at=timezone.now() - timedelta(seconds=child_s))
+    published = Snapshot.objects.get(pk=snap.pk).published_at
+    if parent_s is not None:
+        services.snapshot_installed(worker=Worker.objects.get(pk=parent), job_id=job.pk, version=version, seconds=0.0,
+                                    source="parent")
+        SnapshotInstall.objects.filter(snapshot=snap, worker_id=parent).update(
+            installed_at=published + timedelta(seconds=parent_s))
+    services.snapshot_installed(worker=Worker.objects.get(pk=child), job_id=job.pk, version=version, seconds=0.0,
+                                source="parent")
+
+
 def test_installs_through_a_relay_measure_its_bandwidth_and_the_planner_uses_it(pushes):
     workers = make_workers(2, bw=1000)
-    job = running_job(workers, b0=1000)  # one chain: seed -> tail
+    job = running_job(workers, b0=600)  # one chain: seed -> tail
     publish(job, 1, total_bytes=4000)
     seed, tail = telemetry.load_chain_plan(job.pk, 1).chains[0]
-    services.snapshot_installed(worker=Worker.objects.get(pk=tail), job_id=job.pk, version=1, seconds=2.0,
-                                source="parent")
-    assert Worker.objects.get(pk=seed).measured_bandwidth_bps == pytest.approx(2000.0)  # 4000 B in 2 s
+    # the seed had it in 2 s, its child only 8 s after the publication: the seed's uplink was the bottleneck
+    installed_through(job, 1, child=tail, parent=seed, child_s=8.0, parent_s=2.0)
+    assert Worker.objects.get(pk=seed).measured_bandwidth_bps == pytest.approx(500.0, rel=0.05)  # 4000 B in 8 s (and the ms the site took)
     assert Worker.objects.get(pk=tail).measured_bandwidth_bps is None  # it relayed nothing
+    Worker.objects.filter(pk=tail).update(bandwidth_bps=400)  # (slower than the seed's 500 B/s: the seed stays)
     publish(job, 2, total_bytes=4000)
     assert telemetry.load_chain_plan(job.pk, 2).chains[0] == (seed, tail)
-    services.snapshot_installed(worker=Worker.objects.get(pk=tail), job_id=job.pk, version=2, seconds=1.0,
-                                source="parent")
+    # the child kept pace with its parent (4 s against 3.8 s): the seed sent at least 1000 B/s, so the figure rises
+    installed_through(job, 2, child=tail, parent=seed, child_s=4.0, parent_s=3.8)
     seed_row = Worker.objects.get(pk=seed)
-    assert seed_row.measured_bandwidth_bps == pytest.approx(0.7 * 2000 + 0.3 * 4000)  # moving average
+    assert seed_row.measured_bandwidth_bps == pytest.approx(0.7 * 500 + 0.3 * 1000, rel=0.05)  # moving average
     publish(job, 3, total_bytes=4000)
-    services.snapshot_installed(worker=Worker.objects.get(pk=tail), job_id=job.pk, version=3, seconds=0.05,
-                                source="parent")
+    installed_through(job, 3, child=tail, parent=seed, child_s=0.05, parent_s=0.03)
     seed_row = Worker.objects.get(pk=seed)  # 50 ms measures latency, not bandwidth: counted, not averaged in
-    assert seed_row.measured_bandwidth_bps == pytest.approx(0.7 * 2000 + 0.3 * 4000)
+    assert seed_row.measured_bandwidth_bps == pytest.approx(0.7 * 500 + 0.3 * 1000, rel=0.05)
     assert seed_row.relay_successes == 3 and seed_row.relay_bandwidth_bps == seed_row.measured_bandwidth_bps
 
     # n_ch = floor(B0 / median Bw): registered 1000 B/s gives 2 chains of 2 at B0 = 2000; measured at
-    # 2000 B/s each, the same four workers need only one.
+    # 500 B/s each, the same four workers need four.
     four = make_workers(4, bw=1000)
     job = running_job([], b0=2000)
     for w in four:
         services.worker_activate(worker=w, job=job)
     assert publish(job, 1).n_chains == 2
-    Worker.objects.filter(pk__in=[w.pk for w in four]).update(measured_bandwidth_bps=2000.0)
-    assert publish(job, 2).n_chains == 1
+    Worker.objects.filter(pk__in=[w.pk for w in four]).update(measured_bandwidth_bps=500.0)
+    assert publish(job, 2).n_chains == 4
+
+
+def test_a_relay_starved_by_its_own_parent_keeps_its_bandwidth(pushes):
+    """The `harsh` WAN bench: a seed gets B0 / N_ch, half its 50 Mbit/s link, and its child can get no more. Folded
+    into the seed's Bw_hat that halved the median, doubled N_ch = floor(B0 / Bw_hat) and made every worker a seed."""
+    mbit50 = 6_250_000
+    workers = make_workers(4, bw=mbit50)
+    job = running_job(workers, b0=2 * mbit50)  # two chains of two
+    for version in (1, 2, 3):
+        publish(job, version, total_bytes=16_400_000)
+        plan = telemetry.load_chain_plan(job.pk, version)
+        assert len(plan.chains) == 2, f"v{version}: {plan.chains}"
+        for seed, child in plan.chains:  # measured on the bench: seeds at 4.9 s, their children 0.6 s later
+            installed_through(job, version, child=child, parent=seed, child_s=5.5, parent_s=4.9)
+    assert all(Worker.objects.get(pk=w.pk).relay_bandwidth_bps == mbit50 for w in workers)
+    # a report of the child alone, the parent's install unknown to the site: it cannot tell, so it blames nobody
+    publish(job, 4, total_bytes=16_400_000)
+    seed, child = telemetry.load_chain_plan(job.pk, 4).chains[0]
+    installed_through(job, 4, child=child, parent=seed, child_s=5.5, parent_s=None)
+    assert Worker.objects.get(pk=seed).relay_bandwidth_bps == mbit50
+    assert publish(job, 5, total_bytes=16_400_000).n_chains == 2
 
 
 def test_a_disconnected_worker_is_left_out_of_the_next_plan(pushes):

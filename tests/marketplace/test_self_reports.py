@@ -14,8 +14,9 @@ from django.utils import timezone
 from dataplane.broadcast import chains
 from marketplace import scheduling, services, tasks
 from marketplace.core import billing
-from marketplace.infra import liveness, telemetry
+from marketplace.infra import liveness, stream, telemetry
 from marketplace.models import Activation, Job, Worker, WorkerCalibration
+from marketplace.services import fanout
 
 from . import factories
 from .test_broadcast import make_workers, publish, pushes, running_job  # noqa: F401 (pushes: a fixture)
@@ -222,7 +223,7 @@ def report(child: int, parent: int, job: Job) -> None:
                           reason="stalled")
 
 
-def test_one_childs_word_neither_marks_its_parent_nor_makes_it_the_seed(pushes):  # noqa: F811
+def test_one_childs_word_neither_marks_its_parent_nor_takes_its_place(pushes):  # noqa: F811
     workers = make_workers(2)
     job = running_job(workers, b0=1000)  # one chain of two
     live(*workers)
@@ -230,8 +231,11 @@ def test_one_childs_word_neither_marks_its_parent_nor_makes_it_the_seed(pushes):
     seed, child = telemetry.load_chain_plan(job.pk, 1).chains[0]
     report(child, seed, job)
     plan = telemetry.load_chain_plan(job.pk, 1)
-    assert plan.chains == ((seed,),) and child in plan.rollout_only  # the seed stays; the liar fetches over HTTP
-    assert pushes[child][-1].parent is None and pushes[child][-1].parent_worker_id is None
+    # The seed stays; the reporter pulls from the learner's spare relay slot (the learner's HTTP fallback otherwise:
+    # the same learner either way), heading a chain of its own.
+    assert plan.chains == ((seed,), (child,)) and not plan.rollout_only
+    assert pushes[child][-1].parent == job.learner_relay and pushes[child][-1].parent_worker_id is None
+    assert pushes[seed][-1].children == []  # told its child is gone
     assert Worker.objects.get(pk=seed).relay_failures == 0
 
 
@@ -241,6 +245,9 @@ def test_two_children_confirm_a_failure(pushes):  # noqa: F811
     live(*workers)
     publish(job, 1)
     seed, middle, tail, last = telemetry.load_chain_plan(job.pk, 1).chains[0]
+    # No relay can take the reporter (one chain, and an announcement too old to say the learner's fan-out): it goes
+    # to HTTP, and its own child to the accused.
+    stream.client().delete(fanout._record_key(job.pk, 1))
     report(tail, middle, job)
     assert telemetry.load_chain_plan(job.pk, 1).chains == ((seed, middle, last),)
     assert Worker.objects.get(pk=middle).relay_failures == 0

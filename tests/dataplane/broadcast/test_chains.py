@@ -18,11 +18,13 @@ from dataplane.broadcast.chains import (
     WorkerStats,
     assemble_chains,
     children,
+    hop_was_bottleneck,
     measured_bandwidth,
     n_chains,
     parents,
     place_tails,
     repair,
+    reroute,
     route,
     routes,
     score_terms,
@@ -155,6 +157,61 @@ def test_bandwidth_average_takes_only_transfers_long_enough_to_measure():
     assert measured_bandwidth(5e6, total_bytes=40_000, seconds=0.02) == 5e6  # latency, not bandwidth
     assert measured_bandwidth(None, total_bytes=40_000, seconds=0.02) is None
     assert measured_bandwidth(5e6, total_bytes=0, seconds=3.0) == 5e6  # a manifest without a size
+
+
+def test_a_hop_lowers_its_relays_bandwidth_only_when_it_was_the_bottleneck():
+    # The harsh WAN bench: a seed had the 16.4 MB version 4.9 s after publication (its share of B0), its child 0.6 s
+    # later. 16.4 MB / 5.5 s = 3.0 MB/s, half the seed's 6.25 MB/s link: what the seed received, not what it sends.
+    link = 6.25e6
+    assert hop_was_bottleneck(5.5, 4.9) is False and hop_was_bottleneck(5.5, None) is None
+    assert measured_bandwidth(None, total_bytes=16_400_000, seconds=5.5, parent_seconds=4.9,
+                              registered_bps=link) is None  # starved by its own parent: nothing learnt
+    assert measured_bandwidth(link, total_bytes=16_400_000, seconds=5.5, parent_seconds=4.9,
+                              registered_bps=link) == link
+    assert measured_bandwidth(None, total_bytes=16_400_000, seconds=5.5, parent_seconds=None,
+                              registered_bps=link) is None  # the parent's own install unknown: cannot tell
+    # The child lagged its parent by far more than a pipelined hop: the relay's uplink held it back.
+    assert hop_was_bottleneck(8.0, 2.6) is True
+    assert measured_bandwidth(None, total_bytes=16_400_000, seconds=8.0, parent_seconds=2.6,
+                              registered_bps=link) == pytest.approx(2.05e6)
+    assert measured_bandwidth(4e6, total_bytes=16_400_000, seconds=8.0, parent_seconds=2.6,
+                              registered_bps=link) == pytest.approx(0.7 * 4e6 + 0.3 * 2.05e6)
+    # A relay lowered once rises again when a child keeps pace at a higher rate (it proved it sends that fast) ...
+    assert measured_bandwidth(2e6, total_bytes=16_400_000, seconds=4.1, parent_seconds=3.9,
+                              registered_bps=link) == pytest.approx(0.7 * 2e6 + 0.3 * 4e6)
+    # ... never past the provider's registered figure, whoever measured more.
+    assert measured_bandwidth(None, total_bytes=16_400_000, seconds=1.0, parent_seconds=0.9,
+                              registered_bps=link) == link
+    assert measured_bandwidth(None, total_bytes=16_400_000, seconds=1.0, parent_seconds=None,
+                              registered_bps=link) == link
+    # Short lags are a hop's part time and round trips: 1 s at least, a quarter of the parent's time on long ones.
+    assert hop_was_bottleneck(1.9, 1.0) is False and hop_was_bottleneck(2.1, 1.0) is True
+    assert hop_was_bottleneck(24.0, 20.0) is False and hop_was_bottleneck(26.0, 20.0) is True
+
+
+def test_reroute_moves_only_the_reporter_and_what_hangs_below_it():
+    plan = ChainPlan(chains=((1, 2, 3), (4, 5)), rollout_only=(9,))
+    relays = {1, 2, 3, 4, 5}
+    # 3 reports 2 (not a seed): another chain's relay tail takes it (idle uplink), before the learner's spare slot.
+    new, moves = reroute(plan, 3, relays=relays, learner_slots=3)
+    assert new == ChainPlan(chains=((1, 2), (4, 5, 3)), rollout_only=(9,)) and moves == [(3, 5)]
+    # 2 reports the seed 1: the learner (its seed's own parent) while it has a slot beyond the plan's chains; 2 keeps
+    # its child 3, and 1 keeps its place.
+    new, moves = reroute(plan, 2, relays=relays, learner_slots=3)
+    assert new == ChainPlan(chains=((1,), (4, 5), (2, 3)), rollout_only=(9,)) and moves == [(2, LEARNER)]
+    # no spare slot at the learner: the other chain's tail
+    new, moves = reroute(plan, 2, relays=relays, learner_slots=2)
+    assert new.chains == ((1,), (4, 5, 2, 3)) and moves == [(2, 5)]
+    # a tail that cannot serve (no relay address) is no parent; then the learner's slot, else nothing (HTTP)
+    assert reroute(plan, 3, relays={1, 2, 3, 4}, learner_slots=3)[1] == [(3, LEARNER)]
+    assert reroute(plan, 3, relays={1, 2, 3, 4}, learner_slots=2) is None
+    # tails that hold the version first, then the shortest chain
+    wide = ChainPlan(chains=((1, 2), (4, 5, 6), (7,), (8,)))
+    assert reroute(wide, 2, relays={1, 2, 4, 5, 6, 7, 8}, learner_slots=4)[1] == [(2, 7)]
+    assert reroute(wide, 2, relays={1, 2, 4, 5, 6, 7, 8}, learner_slots=4, holding={6})[1] == [(2, 6)]
+    # a seed's or a rollout-only worker's word: its parent is the learner, nothing to reroute here
+    assert reroute(plan, 1, relays=relays, learner_slots=3) is None
+    assert reroute(plan, 9, relays=relays, learner_slots=3) is None
 
 
 def test_a_worker_that_failed_audits_scores_in_proportion_to_its_pass_rate():
