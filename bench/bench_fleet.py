@@ -21,8 +21,11 @@ base; measure ``--window`` s of generation; time one re-plan; cancel the job (re
   (idle / generating) that the site handled within 1 s (pairing each with the site's heartbeat record in Redis,
   ``marketplace.infra.telemetry``), and heartbeats handled on time per second while generating;
 - groups/s, records/s: what the site accepted (the job's Redis counters) over the window;
-- refused: ``rejected`` replies the agents received in the row; lost: groups leased more than 30 s (the agent's
-  reply timeout) before the release, never accepted, handed back, nor refused for their content;
+- refused: ``rejected`` replies the agents received in the row; lost: groups leased more than 60 s before the
+  release (the longest reply timeout an agent can use: it derives its own from the round trips it measures,
+  worker_agent/timing.py), never accepted, handed back, nor refused for their content, of how many were leased
+  that early (with the default ``--window 30`` only the first leases are judged; ``--window 90`` judges a whole
+  window's);
 - lease / return p50 / p99: reply latency of lease requests and of group returns in the window;
 - activate / release: seconds from the job's start (cancel) request to the last agent's assign (release);
   re-plan: one ``scheduling.job_replan`` of the running job (the bench process, against the live database);

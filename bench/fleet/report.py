@@ -111,6 +111,11 @@ def lost_groups(fleet: dict, *, before: float) -> int:
     return sum(1 for lease, t in fleet["leased"].items() if t < before and lease not in done)
 
 
+def leased_before(fleet: dict, *, before: float) -> int:
+    """Leases that came before ``before``: the ones :func:`lost_groups` can judge (a later one may be mid-retry)."""
+    return sum(1 for t in fleet["leased"].values() if t < before)
+
+
 def learner_bubble(log_text: str) -> tuple[float | None, int]:
     """Share of the learner's step time spent waiting for data (``wait=`` over ``wait`` plus ``t_train``) in
     the log lines given, and how many steps they are."""

@@ -9,11 +9,19 @@ import signal
 import time
 from pathlib import Path
 
+from worker_agent.timing import REPLY_CEILING_S
+
 from . import report
 from .drain import Drain
 from .site import Site, cpu_seconds, machine_cpu, stop_process
 
-REPLY_TIMEOUT_S = 30.0  # the agent's; a lease older than this at the release had time to be delivered
+# The longest an agent waits for the site's reply to one request before it sends it again. It is no longer a fixed
+# 30 s: each agent derives it from the round trips it measured (worker_agent/timing.py ``RoundTrips.reply_timeout``:
+# 4 x RTO, between REPLY_FLOOR_S and REPLY_CEILING_S; REPLY_UNMEASURED_S before its first sample), per agent and
+# changing over the run. The bench cannot read each agent's figure, so its "lost" cut-off takes the most any agent
+# can use: a lease older than this at the release had time to come back (or be handed back) under every agent's
+# timeout, so one still missing was lost by the transport, not caught mid-retry by the release.
+REPLY_TIMEOUT_S = REPLY_CEILING_S
 _django_ready = False
 
 
@@ -235,6 +243,8 @@ class Row:
         fig["refused"] = sum(report.refusals(fleet["rejections"], *row_span).values())
         fig["refused_why"] = dict(report.refusals(fleet["rejections"], *row_span).most_common(5))
         fig["lost"] = report.lost_groups(fleet, before=self.t_cancel - REPLY_TIMEOUT_S)
+        fig["lost_checked"] = report.leased_before(fleet, before=self.t_cancel - REPLY_TIMEOUT_S)
+        fig["lost_cutoff_s"] = REPLY_TIMEOUT_S
         fig["leases"] = len(fleet["leased"])
         fig["engine_groups_per_s"] = self.n * self.args.tokens_per_s / (self.args.group_size
                                                                         * self.args.completion_tokens)

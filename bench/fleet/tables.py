@@ -73,7 +73,8 @@ FIGURES = [
     ("agent messages/s", lambda f: f"{f['messages_per_s']:.0f}"),
     ("refused (rejected replies)", lambda f: f"{f['refused']}" + (f" {f['refused_why']}" if f["refused"] else "")),
     ("refused over budget (site's count)", lambda f: _fmt(f.get("site_refused"), "d", "not counted")),
-    ("groups lost", lambda f: f"{f['lost']} of {f['leases']} leased"),
+    ("groups lost", lambda f: f"{f['lost']} of {f['leases']} leased" if "lost_checked" not in f else
+     f"{f['lost']} of {f['lost_checked']} leased {f['lost_cutoff_s']:g} s before the release ({f['leases']} in all)"),
     ("reply p50 / p99 s", _latencies),
     ("base installed by all: s after assigns", lambda f: _fmt(f["base_installed_s"], ".1f", "not all in 240 s")),
     ("activate: s to last assign", lambda f: f"{_fmt(f['activate_s'], '.1f')} ({f['activate_told']})"),

@@ -52,3 +52,20 @@ def test_the_stand_in_engine_speaks_the_tiny_models_tokens(tmp_path):
     assert len(group) == 3
     assert group[0].prompt_ids == [1, 4, 5, 4, 6] and group[0].completion_ids == [3, 3]
     assert group[0].text == "00" and len(group[0].logprobs) == 2
+
+
+def test_the_lost_cutoff_is_the_longest_reply_timeout_an_agent_can_use():
+    """A lease is judged lost only once every agent's reply timeout has passed since it came: the agent derives its
+    own from the round trips it measured (worker_agent/timing.py), at most its ceiling, whatever the link."""
+    from bench.fleet.rows import REPLY_TIMEOUT_S
+    from worker_agent.timing import REPLY_CEILING_S, RoundTrips
+
+    slow = RoundTrips()
+    for seconds in (5.0, 40.0, 0.1, 90.0):  # a link as bad as they come
+        slow.add(seconds)
+    assert REPLY_TIMEOUT_S == REPLY_CEILING_S >= slow.reply_timeout() and REPLY_TIMEOUT_S > 30.0
+    fleet = {"leased": {"a": 10.0, "b": 50.0, "c": 95.0}, "accepted": {"a"}, "handed_back": set(),
+             "refused_groups": set()}
+    cut = 100.0 - REPLY_TIMEOUT_S  # a release at t = 100
+    assert report.leased_before(fleet, before=cut) == 1 and report.lost_groups(fleet, before=cut) == 0
+    assert report.lost_groups(fleet, before=100.0) == 2, "b and c may still be in an agent's retry: not judged"
