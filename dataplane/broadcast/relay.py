@@ -282,16 +282,36 @@ class SnapshotRelay(ServesChildren):
             raise TransferError(f"{peer}: refused: {reason}")
 
     async def _fetch_fallback(self, indices: list[int]) -> None:
+        """Fetch ``indices`` from the learner's HTTP server, up to ``timeouts.fallback_in_flight`` requests at once
+        (one request per chunk; a long link needs several in flight to fill its bandwidth-delay product). A chunk's
+        bytes are taken from the downlink bucket before its request goes out, so the requests in flight together
+        stay within the bucket's rate. The first chunk that cannot be fetched raises :class:`TransferError` (the
+        others still running are cancelled; chunks already stored are kept)."""
         base = self.fallback_url.rstrip("/") + "/"
-        for index in indices:
-            if index in self._chunks:
-                continue
-            try:
-                data = await asyncio.to_thread(fetch_chunk, base, self.manifest, index, timeout=self.timeouts.stall,
-                                               credential=self.fallback_credential)
-            except SnapshotError as err:
-                raise TransferError(f"fallback: {err}") from None
-            if self.downlink is not None:
-                await self.downlink.acquire(len(data))
-            self.stats.from_fallback += 1
-            self._store(index, data, source="fallback")
+        todo = [i for i in dict.fromkeys(indices) if i not in self._chunks]
+        if not todo:
+            return
+        slots = asyncio.Semaphore(max(1, self.timeouts.fallback_in_flight))
+
+        async def one(index: int) -> None:
+            async with slots:
+                if index in self._chunks:  # a parent (or a bad-chunk retry) got it meanwhile
+                    return
+                if self.downlink is not None:
+                    await self.downlink.acquire(self.manifest.chunks[index].size)
+                try:
+                    data = await asyncio.to_thread(fetch_chunk, base, self.manifest, index,
+                                                   timeout=self.timeouts.stall, credential=self.fallback_credential)
+                except SnapshotError as err:
+                    raise TransferError(f"fallback: {err}") from None
+                if index not in self._chunks:
+                    self.stats.from_fallback += 1
+                    self._store(index, data, source="fallback")
+
+        tasks = [asyncio.create_task(one(i)) for i in todo]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)

@@ -42,6 +42,9 @@ class RelayTimeouts:
     assign_wait: float = 5.0
     """Seconds a child that is not (yet) assigned to this relay is held before it is refused. The site tells
     parent and child about a (re)assignment at about the same time, so the child often knocks first."""
+    fallback_in_flight: int = 4
+    """HTTP requests (one chunk each) a relay keeps in flight to the fallback; their bytes are taken from its
+    downlink bucket before each goes out."""
 
 
 @dataclass
