@@ -149,59 +149,11 @@ def simulated_figures(config: SimConfig, seeds: int) -> dict:
     return means
 
 
-def wan_config(doc: dict, *, seed: int) -> SimConfig:
-    """The simulator for one bench_wan.py row (its ``calibration``: the run's clean part in sim_real's shape).
-    Calibrated as for the loopback run (``calibrate``: T_train, mu_i, cv, lease round trip, the learner's
-    overhead), but its network is the run's links, not a measured install time: each worker's ``Bw`` the smaller
-    of its link's rates, ``B0`` the learner's uplink, the job's chunk size and strategy, and the announcement's
-    latency from the links' round trips (bench/wan/report.py ``announce_latency``)."""
-    from bench.wan.report import announce_latency
+def wan_config(doc: dict, *, seed: int, flows: bool = True, timing: dict | None = None) -> SimConfig:
+    """The simulator for one bench_wan.py row (bench/sim_wan.py ``wan_config``)."""
+    from sim_wan import wan_config as build
 
-    real = real_figures(doc)
-    base = calibrate(doc, real, seed=seed)
-    links = doc["links"]
-    workers = [dataclasses.replace(w, bandwidth_bps=min(links[str(w.worker_id)]["up_mbit"],
-                                                        links[str(w.worker_id)]["down_mbit"]) * MBIT)
-               for w in base.workers]
-    agent_rtt = statistics.median(link["rtt_ms"] for link in links.values())
-    net = NetSpec(b0_bps=doc["b0_bps"], chunk_bytes=doc["chunk_bytes"], strategy=doc["job"]["strategy"],
-                  latency_s=announce_latency(site_rtt_ms=doc["site_rtt_ms"], learner_rtt_ms=doc["learner_rtt_ms"],
-                                             agent_rtt_ms=agent_rtt))
-    return dataclasses.replace(base, workers=workers, net=net,
-                               learner=dataclasses.replace(base.learner, snapshot_bytes=doc["job"]["snapshot_bytes"]))
-
-
-def wan_rows(rows: list[dict], seeds: int) -> list[dict]:
-    """Each bench_wan.py row (its ``--json``) beside the simulator for the same links, the figures bench_wan.py
-    printed: T_bcast (the site's median over the clean part's full publications) against the simulator's broadcast
-    model for those links (``sim_t_bcast_s``: bench/wan/report.py ``predicted_t_bcast``, simulator/broadcast.py),
-    and the bubble (mean over the clean steps) against the fleet simulator calibrated on the run (``wan_config``)."""
-    out = []
-    for row in rows:
-        label = f"{row['profile']} {row['strategy']} N={row['agents']}"
-        try:
-            sim = simulated_figures(wan_config(row["calibration"], seed=0), seeds)
-        except (TypeError, KeyError, ValueError, ZeroDivisionError, StopIteration, statistics.StatisticsError) as err:
-            out.append({"row": label, "error": f"{type(err).__name__}: {err}"})
-            continue
-        out.append({"row": label, "t_bcast": row.get("t_bcast_s"), "sim_t_bcast": row.get("sim_t_bcast_s"),
-                    "bubble": row.get("bubble"), "sim_bubble": sim["bubble"]})
-    return out
-
-
-def print_wan(rows: list[dict]) -> None:
-    """One line per WAN row and quantity: real, simulated, error, and whether it is within the 10 % target."""
-    print(f"{'WAN run (bench_wan.py)':<34}{'quantity':<10}{'real':>9}{'simulated':>11}{'err %':>8}  target 10 %")
-    for r in rows:
-        if "error" in r:
-            print(f"{r['row']:<34}cannot calibrate the simulator on this run: {r['error']}")
-            continue
-        for key, label in (("t_bcast", "T_bcast s"), ("bubble", "bubble")):
-            real, sim = r[key], r[f"sim_{key}"]
-            known = real is not None and sim is not None
-            verdict = "-" if not known else "within" if abs(sim - real) <= 0.1 * real else "outside"
-            print(f"{r['row']:<34}{label:<10}{'-' if real is None else format(real, '.3f'):>9}"
-                  f"{'-' if sim is None else format(sim, '.3f'):>11}{error(real, sim) if known else '-':>8}  {verdict}")
+    return build(doc, seed=seed, flows=flows, timing=timing)
 
 
 def broadcast_rows(sizes: list[int], args: argparse.Namespace) -> list[dict]:
@@ -267,6 +219,8 @@ def main() -> int:
                         "links, T_bcast and bubble per row; the loopback references are skipped)")
     args = parser.parse_args()
     if args.wan_json:
+        from sim_wan import print_wan, wan_rows
+
         rows = wan_rows(json.loads(args.wan_json.read_text()), args.seeds)
         print_wan(rows)
         if args.json:

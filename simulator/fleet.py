@@ -35,9 +35,10 @@ from .activation import provision, reliability_of
 from .broadcast import install_times, plan_for, uplink
 from .faults import Faults
 from .model import SimConfig, SimResult, StepRecord
+from .wan import WanBroadcast
 
 
-class FleetSim(Faults):
+class FleetSim(Faults, WanBroadcast):
     """One simulated job: build with a :class:`SimConfig`, :meth:`run` once (or call :func:`simulate`)."""
 
     def __init__(self, config: SimConfig) -> None:
@@ -56,6 +57,7 @@ class FleetSim(Faults):
         self.alive = dict.fromkeys(self.spec, True)
         self.died_at: dict[int, float] = {}
         self.speed = dict.fromkeys(self.spec, 1.0)
+        self.busy_until = dict.fromkeys(self.spec, 0.0)
         self.relay = dict.fromkeys(self.spec, 1.0)
         self.stats: dict[int, WorkerStats] = {}
         self.windows: dict[int, HeartbeatWindow] = {}
@@ -71,6 +73,8 @@ class FleetSim(Faults):
         self.nominal_all = self._nominal_install(ids)
         for w in ids:
             self._activate(w, fetch=False)
+        if config.net.wan is not None:
+            self._wan_setup()
 
     # ---- workers -------------------------------------------------------------------------------------
 
@@ -129,23 +133,41 @@ class FleetSim(Faults):
                 yield self.tokens.get(leased - 1)
             if cfg.lease_latency_s:
                 yield self.env.timeout(cfg.lease_latency_s)
+            if cfg.net.wan is not None:
+                yield from self._before_batch(w)
             epoch, version = self.epoch[w], self.installed[w]
             if cfg.lease_batch:
-                yield self.env.timeout(sum(self._generation_time(w, rng) for _ in range(leased)))
+                yield from self._generate(w, sum(self._generation_time(w, rng) for _ in range(leased)))
                 self._returned(w, epoch, version, leased)
                 continue
             for _ in range(leased):
+                if cfg.net.wan is not None:
+                    yield from self._before_batch(w)
                 epoch, version = self.epoch[w], self.installed[w]
-                yield self.env.timeout(self._generation_time(w, rng))
+                yield from self._generate(w, self._generation_time(w, rng))
                 self._returned(w, epoch, version, 1)
 
+    def _generate(self, w: int, seconds: float):
+        self.busy_until[w] = self.env.now + seconds  # an install waits for it (simulator/wan.py)
+        yield self.env.timeout(seconds)
+
     def _returned(self, w: int, epoch: int, version: int, groups: int) -> None:
-        """Groups done: into the buffer, or, if the worker died or was released meanwhile, lost until their
-        leases expire."""
+        """Groups done: into the buffer (``return_latency_s`` later), or, if the worker died or was released
+        meanwhile, lost until their leases expire."""
         if self.epoch[w] != epoch or not self._ready(w):
             for _ in range(groups):
                 self.env.process(self._lease_expires())
             return
+        if self.cfg.return_latency_s:
+            self.env.process(self._arrive(w, version, groups))
+            return
+        self._buffered(w, version, groups)
+
+    def _arrive(self, w: int, version: int, groups: int):
+        yield self.env.timeout(self.cfg.return_latency_s)
+        self._buffered(w, version, groups)
+
+    def _buffered(self, w: int, version: int, groups: int) -> None:
         for _ in range(groups):
             self.buffer.append((version, self.cfg.learner.group))
             self.res.delivered.append((self.env.now, version, self.cfg.learner.group))
@@ -182,7 +204,7 @@ class FleetSim(Faults):
             start = self.env.now
             while True:
                 if freed := self._drop_stale():
-                    yield self.tokens.put(freed)
+                    self.env.process(self._top_up(freed))
                 if len(self.buffer) >= lr.groups_per_step:
                     break
                 self.data = self.env.event()
@@ -201,7 +223,13 @@ class FleetSim(Faults):
             overhead = lr.overhead_s + (lr.publish_overhead_s if self.version % lr.kappa == 0 else 0.0)
             if overhead:
                 yield self.env.timeout(overhead)
-            yield self.tokens.put(len(batch))  # the next step's top-up counts these groups as done
+            self.env.process(self._top_up(len(batch)))  # the next step's top-up counts these groups as done
+
+    def _top_up(self, groups: int):
+        """Prompts for ``groups`` freed slots, in the stream ``top_up_latency_s`` later."""
+        if self.cfg.top_up_latency_s:
+            yield self.env.timeout(self.cfg.top_up_latency_s)
+        yield self.tokens.put(groups)
 
     # ---- broadcast -----------------------------------------------------------------------------------
 
@@ -228,6 +256,11 @@ class FleetSim(Faults):
 
     def _publish(self, version: int) -> None:
         self.published, self.published_at[version] = version, self.env.now
+        if self.cfg.net.wan is not None:  # flows over the links, publications overlapping
+            self._wan_publish(version)
+            event, self.publish_event = self.publish_event, self.env.event()
+            event.succeed(version)
+            return
         ids = [w for w in self.active if self._ready(w)]
         bandwidth = self._bandwidth(ids)
         seen = {w: dataclasses.replace(s, last_seen=self.env.now) for w, s in self.stats.items() if w in bandwidth}

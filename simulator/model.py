@@ -65,6 +65,47 @@ class LearnerSpec:
 
 
 @dataclass(frozen=True)
+class Link:
+    """One node's access link (bench/wan/profile.py's): its rates, bytes/s, and its round trip; a path's round trip
+    is the sum of its two ends' (the WAN bench's proxy holds each direction back by half of each link's)."""
+
+    up_bps: float
+    down_bps: float
+    rtt_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class WanSpec:
+    """Snapshots as TCP flows over access links, publications overlapping (simulator/wan.py, simulator/flows.py),
+    in place of the closed-form install times of one broadcast alone. Every figure a property of the links or of
+    the agent's and site's protocol, none fitted (docs/simulator.md "The WAN model")."""
+
+    learner: Link
+    site: Link
+    workers: tuple[tuple[int, Link], ...]
+    """(worker id, its link) for every worker."""
+    part_bytes: float = 256 * 1024
+    """A relay forwards a part once it holds it (dataplane/broadcast/serving.py's cut-through)."""
+    window_bytes: float = 4 * 2**20
+    """Bytes one connection keeps in flight (Linux's tcp_wmem maximum; the WAN bench's proxy's window): a flow's
+    rate is at most window / path round trip."""
+    goodput: float = 1448 / 1514
+    """Payload per byte a rate shaper counts: a 1448-byte TCP segment (timestamps on) is a 1514-byte frame."""
+    install_s: float = 0.0
+    """Seconds from a snapshot's last byte to its weights in the engine, once no batch is generating."""
+    one_fetch: bool = True
+    """The agent's rule (worker_agent/session.py ``_offer``): a version it forwards to no child waits while another
+    version is fetched, and a newer one replaces it."""
+    site_bandwidth: bool = True
+    """Plan every publication as the site does, with each relay's ``Bw_hat`` measured from its children's installs
+    (``chains.measured_bandwidth``: snapshot bytes over the child's seconds after publication); False: the
+    registered rates."""
+
+    def link(self, worker_id: int) -> Link:
+        return dict(self.workers)[worker_id]
+
+
+@dataclass(frozen=True)
 class NetSpec:
     b0_bps: float
     """The learner's uplink budget ``B0``."""
@@ -81,6 +122,8 @@ class NetSpec:
     """A child gives a silent parent up after this long; then the chain is repaired (appendix D)."""
     q: float | None = None
     """Installed share that ends ``T_bcast``; None = ``1 / gamma`` (section 5.1)."""
+    wan: WanSpec | None = None
+    """Transfers as flows over these links, publications overlapping (simulator/wan.py); None: the closed forms."""
 
 
 @dataclass(frozen=True)
@@ -147,6 +190,12 @@ class SimConfig:
     lease_retry_s: float = 0.0
     """0: a worker takes a prompt the moment one is free. Otherwise the agent's protocol: a lease request
     that finds no prompt is answered NoWork and retried after this many seconds (the site's 0.2 s)."""
+    return_latency_s: float = 0.0
+    """From a group's end on the worker until the learner can read it (the submit to the site, the stream to the
+    learner: one way each on a WAN)."""
+    top_up_latency_s: float = 0.0
+    """From a slot freed (trained or dropped) until its new prompt can be leased (the learner's top-up through
+    Redis at the site)."""
     lease_batch: bool = False
     """The agent generates a lease's groups in one batch and returns them together at its end (its
     ``rollout_groups``), rather than one after another."""

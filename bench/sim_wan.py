@@ -1,0 +1,142 @@
+"""The fleet simulator against bench/bench_wan.py's runs (``bench_simulator.py --wan-json``): per row, T_bcast, the
+bubble and the share of records dropped stale, real and simulated for the same links.
+
+What the simulator takes from a run (never the quantities compared): the profile's links (rates, round trips: B0,
+each worker's up- and downlink, the learner's, the site's), the job (S, kappa, R, n, M, the strategy), and what the
+run measured of its parts: ``T_train`` and the learner's own time per step outside waiting and training (its step
+reports' timing split, ``wall - wait - train``: checkpoints, reports), each worker's generation rate ``mu_i`` and cv
+(lease-to-return times from Redis' append-only file) and the lease round trip (bench_simulator.py ``calibrate``).
+The broadcast is simulator/wan.py's: flows over the links, publications overlapping, the site's planner and
+``Bw_hat``, the agents' one-fetch rule and install lock.
+
+The real figures are over the same steps as the simulated ones: the steps after the first two (the first waits
+for every agent to build its engine from the base, which the simulator starts with).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+from pathlib import Path
+
+from bench_simulator import MBIT, WARMUP, calibrate, median_or_none, real_figures
+
+from simulator import metrics
+from simulator.fleet import simulate
+from simulator.model import Link, NetSpec, SimConfig, WanSpec
+
+
+def step_timing(row: dict) -> dict | None:
+    """The learner's seconds per step outside waiting and training (``overhead``) and the extra of a publication
+    step (``publish``), from the step reports' timing split in the run's results.json (beside its logs); None when
+    the run's directory is gone."""
+    path = Path(row.get("logs") or "").parent / "results.json"
+    if not row.get("logs") or not path.exists():
+        return None
+    kappa = row["calibration"]["job"]["kappa"]
+    rest = {m["step"]: m["extra"]["timing"]["wall"] - m["wait_s"] - m["t_train"]
+            for m in json.loads(path.read_text())["metrics"]
+            if m["step"] > WARMUP and (m.get("extra") or {}).get("timing")}
+    plain = [v for s, v in rest.items() if s % kappa]
+    publishing = [v for s, v in rest.items() if not s % kappa]
+    if not plain or not publishing:
+        return None
+    overhead = statistics.fmean(plain)
+    return {"overhead": max(0.0, overhead), "publish": max(0.0, statistics.fmean(publishing) - overhead)}
+
+
+def wan_config(doc: dict, *, seed: int, flows: bool = True, timing: dict | None = None) -> SimConfig:
+    """The simulator for one row's ``calibration`` (the run's clean part in sim_real's shape): calibrated as for the
+    loopback run (bench_simulator.py ``calibrate``), the learner's overhead from ``timing`` (:func:`step_timing`)
+    where given, and the run's links. With ``flows``, simulator/wan.py's broadcast; without, the closed-form install
+    times of one broadcast alone after the announcement's latency (bench/wan/report.py ``announce_latency``)."""
+    from bench.wan.report import announce_latency
+
+    base = calibrate(doc, real_figures(doc), seed=seed)
+    links = {int(w): link for w, link in doc["links"].items()}
+    workers = [dataclasses.replace(w, bandwidth_bps=min(links[w.worker_id]["up_mbit"],
+                                                        links[w.worker_id]["down_mbit"]) * MBIT)
+               for w in base.workers]
+    learner = base.learner
+    if timing is not None:
+        learner = dataclasses.replace(learner, overhead_s=timing["overhead"], publish_overhead_s=timing["publish"])
+    wan = WanSpec(learner=Link(doc["b0_bps"], doc["b0_bps"], doc["learner_rtt_ms"] / 1000),
+                  site=Link(math.inf, math.inf, doc["site_rtt_ms"] / 1000),
+                  workers=tuple((w, Link(x["up_mbit"] * MBIT, x["down_mbit"] * MBIT, x["rtt_ms"] / 1000))
+                                for w, x in sorted(links.items())))
+    latency = announce_latency(site_rtt_ms=doc["site_rtt_ms"], learner_rtt_ms=doc["learner_rtt_ms"],
+                               agent_rtt_ms=statistics.median(x["rtt_ms"] for x in links.values()))
+    net = NetSpec(b0_bps=doc["b0_bps"], chunk_bytes=doc["chunk_bytes"], strategy=doc["job"]["strategy"],
+                  latency_s=0.0 if flows else latency, wan=wan if flows else None)
+    agent_s, site_s, learner_s = (statistics.median(x["rtt_ms"] for x in links.values()) / 1000,
+                                  doc["site_rtt_ms"] / 1000, doc["learner_rtt_ms"] / 1000)
+    # The round trips of the job's data on these links (with flows): a lease is a request to the site and its answer;
+    # a group returned crosses to the site, then to the learner's read of the stream; a top-up is the learner's
+    # read of what is outstanding and its prompts landing at the site.
+    paths = {"lease_latency_s": agent_s + site_s, "return_latency_s": (agent_s + learner_s) / 2 + site_s,
+             "top_up_latency_s": 1.5 * (site_s + learner_s)} if flows else {}
+    return dataclasses.replace(base, workers=workers, net=net, **paths,
+                               learner=dataclasses.replace(learner, snapshot_bytes=doc["job"]["snapshot_bytes"]))
+
+
+def simulated(config: SimConfig, seeds: int, versions: list[int] | None = None) -> dict:
+    """T_bcast (median over ``versions``, the publications the real run's site timed, where the simulated site timed
+    them too; None: every one it timed), the bubble (mean of the counted steps) and the share
+    of returned records dropped stale, each the mean over ``seeds`` runs; with their spread."""
+    runs = []
+    for k in range(seeds):
+        result = simulate(dataclasses.replace(config, seed=config.seed + k))
+        returned = sum(n for _, _, n in result.delivered)
+        timed = result.t_bcast if versions is None else {v: result.t_bcast[v] for v in versions
+                                                          if v in result.t_bcast}
+        runs.append({"t_bcast": median_or_none(timed.values()), "timed": len(timed),
+                     "bubble": metrics.mean_step_bubble(result, WARMUP),
+                     "stale": result.dropped / returned if returned else None})
+    out = {}
+    for key in runs[0]:
+        got = [r[key] for r in runs if r[key] is not None]
+        out[key] = statistics.fmean(got) if got else None
+        out[f"{key}_range"] = (min(got), max(got)) if got else None
+    return out
+
+
+def wan_rows(rows: list[dict], seeds: int) -> list[dict]:
+    """Each bench_wan.py row (its ``--json``) beside the simulator for the same links: T_bcast (the site's median
+    over the clean part's full publications), the bubble and the stale share (the steps after WARMUP, the real
+    ones from the row's calibration), and the closed-form T_bcast bench_wan.py printed (``sim_t_bcast_s``)."""
+    out = []
+    for row in rows:
+        label = f"{row['profile']} {row['strategy']} N={row['agents']}"
+        cal = row["calibration"]
+        try:
+            timed = [s["version"] for s in cal["snapshots"] if s["version"] >= 1 and s["t_bcast"] is not None]
+            sim = simulated(wan_config(cal, seed=0, timing=step_timing(row)), seeds, timed)
+            real = real_figures(cal)
+        except (TypeError, KeyError, ValueError, ZeroDivisionError, StopIteration, statistics.StatisticsError) as err:
+            out.append({"row": label, "error": f"{type(err).__name__}: {err}"})
+            continue
+        accepted = row.get("accepted") or 0
+        out.append({"row": label, "t_bcast": row.get("t_bcast_s"), "sim_t_bcast": sim["t_bcast"],
+                    "closed_form_t_bcast": row.get("sim_t_bcast_s"), "bubble": real["bubble"],
+                    "sim_bubble": sim["bubble"], "stale": row["dropped_stale"] / accepted if accepted else None,
+                    "sim_stale": sim["stale"], "sim_ranges": {k: sim[f"{k}_range"] for k in ("t_bcast", "bubble")},
+                    "timed": timed, "sim_timed": sim["timed"]})
+    return out
+
+
+def print_wan(rows: list[dict]) -> None:
+    """One line per WAN row and quantity: real, simulated, error, and whether it is within the 10 % target."""
+    print(f"{'WAN run (bench_wan.py)':<30}{'quantity':<14}{'real':>9}{'simulated':>11}{'err %':>8}  target 10 %")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['row']:<30}cannot calibrate the simulator on this run: {r['error']}")
+            continue
+        for key, label in (("t_bcast", "T_bcast s"), ("bubble", "bubble"), ("stale", "dropped stale")):
+            real, sim = r[key], r[f"sim_{key}"]
+            known = real is not None and sim is not None
+            verdict = "-" if not known else "within" if abs(sim - real) <= 0.1 * real else "outside"
+            err = f"{100 * (sim - real) / real:+.1f}" if known and real else "-"
+            print(f"{r['row']:<30}{label:<14}{'-' if real is None else format(real, '.3f'):>9}"
+                  f"{'-' if sim is None else format(sim, '.3f'):>11}{err:>8}  {verdict}")
