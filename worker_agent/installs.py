@@ -32,7 +32,7 @@ from .cache import BaseCache
 from .engines.base import Engine
 from .relaying import Relays
 from .taskdata import fetch_task_data
-from .timing import TRANSFER_FACTOR, Rates, RoundTrips, fetch_timeouts
+from .timing import TRANSFER_FACTOR, Rates, RoundTrips, fetch_timeouts, relay_timeouts
 from .weights import HeldWeights, rebuild
 
 log = logging.getLogger("echo2.agent")
@@ -189,7 +189,8 @@ class Installer:
                         chunks: dict[int, bytes] | None = None) -> tuple[list[bytes], str]:
         """The verified chunks: from the chain parent (forwarding to our child) or over HTTP; and their source."""
         if snap.parent:
-            _, ordered, source = await self.relays.receive(snap, chunks=chunks)
+            _, ordered, source = await self.relays.receive(snap, chunks=chunks,
+                                                           timeouts=relay_timeouts(self.round_trips))
             return ordered, source
         return await self._fetch(snap.url, manifest, snap.credential), "http"
 

@@ -18,7 +18,7 @@ import websockets
 from dataplane import messages as m
 from dataplane.broadcast.hub import RelayHub
 from dataplane.broadcast.ratelimit import bucket
-from dataplane.broadcast.relay import SnapshotRelay
+from dataplane.broadcast.relay import RelayTimeouts, SnapshotRelay
 from dataplane.snapshot import Manifest, parse_manifest
 
 log = logging.getLogger("echo2.agent")
@@ -54,17 +54,19 @@ class Relays:
             self.hub = hub
             log.info("relay listening on %s", self.listen)
 
-    async def receive(self, snap: m.SnapshotAvailable,
-                      chunks: dict[int, bytes] | None = None) -> tuple[Manifest, list[bytes], str]:
+    async def receive(self, snap: m.SnapshotAvailable, chunks: dict[int, bytes] | None = None, *,
+                      timeouts: RelayTimeouts | None = None) -> tuple[Manifest, list[bytes], str]:
         """Pull the version from the chain parent (forwarding to our child as chunks arrive); the relay fetches
         what its parent cannot give from the learner's HTTP server. ``chunks`` already held (a cached base) make
-        this relay an origin. Returns (manifest, the verified chunks in order, source)."""
+        this relay an origin; ``timeouts``: its waits (worker_agent.timing.relay_timeouts: from the measured round
+        trips). Returns (manifest, the verified chunks in order, source)."""
         manifest = parse_manifest(snap.manifest)
         await self.start_hub()
         bw = self.bandwidth_bps
         relay = SnapshotRelay(manifest, worker_id=self.worker_id, fallback_url=snap.url, chunks=chunks,
                               uplink=bucket(bw), downlink=bucket(bw), on_event=self._event,
-                              credential=snap.credential)  # shown to the parent, the hub and the HTTP fallback
+                              credential=snap.credential,  # shown to the parent, the hub and the HTTP fallback
+                              timeouts=timeouts)
         key = (snap.job_id, snap.version)
         self.relays[key] = relay
         if self.hub is not None:

@@ -18,6 +18,10 @@ opening the socket    ``4 x rto``                                               
 ping's pong           ``4 x rto``                                                     10 s        60 s
 a transfer of n bytes ``TRANSFER_FACTOR x (SETUP_RTTS x rtt + n / rate)``              10 s        600 s
 a whole fetch         the same rule for the payload's bytes                           10 s        none
+relay: connect        ``4 x rto`` (a SYN lost costs 1 s, then 2...)                    5 s         60 s
+relay: stall          ``KEEPALIVE_S + 4 x rto`` (the parent's keepalive, then its     3 s         30 s
+                      trip back, as for a reply)
+relay: assignment     ``4 x rto`` (parent and child hear the site at different times)  5 s         60 s
 ====================  =============================================================  ==========  ========
 
 The deadlines of a request as a whole (``LEASE_DEADLINE_S``, ``RETURN_DEADLINE_S``) stay fixed: they bound how long
@@ -30,10 +34,15 @@ from __future__ import annotations
 import collections
 import math
 
+from dataplane.broadcast.relaystate import KEEPALIVE_S, RelayTimeouts
+
 REPLY_FLOOR_S, REPLY_CEILING_S, REPLY_RTO_FACTOR = 10.0, 60.0, 4.0
 REPLY_UNMEASURED_S = 30.0  # before the first sample (the fixed value it replaces)
 OPEN_FLOOR_S, PING_FLOOR_S, SOCKET_CEILING_S = 15.0, 10.0, 60.0
 TRANSFER_FLOOR_S, TRANSFER_CEILING_S, TRANSFER_FACTOR, SETUP_RTTS = 10.0, 600.0, 4.0, 3
+RELAY_CONNECT_FLOOR_S, RELAY_STALL_FLOOR_S, RELAY_ASSIGN_FLOOR_S = (RelayTimeouts.connect, RelayTimeouts.stall,
+                                                                   RelayTimeouts.assign_wait)  # the fixed values
+RELAY_STALL_CEILING_S = 30.0
 RATE_FLOOR_BPS = 1e6 / 8  # bytes/s assumed before any measurement or registration: 1 Mbit/s
 MIN_RTO_S = 0.2  # Linux's least retransmission timeout: no link is trusted to answer faster
 
@@ -126,3 +135,14 @@ def fetch_timeouts(chunk_bytes: list[int], *, rtt: float | None, rate_bps: float
     largest, total = max(chunk_bytes, default=0), sum(chunk_bytes)
     return (transfer_timeout(largest, rtt=rtt, rate_bps=rate_bps),
             transfer_timeout(total, rtt=rtt, rate_bps=rate_bps, ceiling=math.inf))
+
+
+def relay_timeouts(trips: RoundTrips) -> RelayTimeouts:
+    """A snapshot relay's waits on this agent's links (:class:`~dataplane.broadcast.relaystate.RelayTimeouts`), from
+    the measured round trips (the site's stands for the peers': on a worker's path its own link dominates), with the
+    fixed values they replace as floors: on a short link nothing changes, on a long or jittery one a parent is not
+    given up while its keepalive is still on its way. Before the first sample: the fixed values."""
+    rto = trips.rto or 0.0
+    return RelayTimeouts(connect=clamp(4 * rto, RELAY_CONNECT_FLOOR_S, SOCKET_CEILING_S),
+                         stall=clamp(KEEPALIVE_S + 4 * rto, RELAY_STALL_FLOOR_S, RELAY_STALL_CEILING_S),
+                         assign_wait=clamp(4 * rto, RELAY_ASSIGN_FLOOR_S, SOCKET_CEILING_S))

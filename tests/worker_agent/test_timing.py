@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from worker_agent.timing import Rates, RoundTrips, fetch_timeouts, transfer_timeout
+from dataplane.broadcast.relaystate import KEEPALIVE_S, RelayTimeouts
+from worker_agent.timing import Rates, RoundTrips, fetch_timeouts, relay_timeouts, transfer_timeout
 
 
 def test_round_trips_are_kept_as_rfc_6298_keeps_them():
@@ -92,3 +93,25 @@ def test_the_websockets_own_pings_feed_the_round_trips_once_each():
                 assert 0 < connection.round_trips.path_rtt < 1.0
 
     asyncio.run(scenario())
+
+
+def test_the_relays_waits_follow_the_round_trips_with_the_fixed_values_as_floors():
+    fixed = RelayTimeouts()
+    assert relay_timeouts(RoundTrips()) == fixed  # nothing measured yet: as before
+    short = RoundTrips()
+    for _ in range(8):
+        short.add(0.04)  # 40 ms, steady: the floors hold
+    assert relay_timeouts(short) == fixed
+    long = RoundTrips()
+    for seconds in (0.9, 1.1, 0.8, 1.3, 1.0):  # a satellite-like link with jitter
+        long.add(seconds)
+    rto = long.rto
+    waits = relay_timeouts(long)
+    assert waits.connect == pytest.approx(max(fixed.connect, 4 * rto))
+    assert waits.stall == pytest.approx(KEEPALIVE_S + 4 * rto) and waits.stall > fixed.stall
+    assert waits.assign_wait == pytest.approx(max(fixed.assign_wait, 4 * rto))
+    assert (waits.parent_retries, waits.give_up, waits.fallback_in_flight) == (
+        fixed.parent_retries, fixed.give_up, fixed.fallback_in_flight)
+    awful = RoundTrips()
+    awful.add(40.0)
+    assert (relay_timeouts(awful).stall, relay_timeouts(awful).connect) == (30.0, 60.0)  # ceilings: still bounded
