@@ -12,6 +12,7 @@ from django.views.decorators.http import require_POST
 from marketplace import figures, scheduling, selectors, services
 from marketplace.api.samples import SampleQuerySerializer
 from marketplace.models import Job, Worker
+from marketplace.services.audit_verify import audit_standing, recent_failures
 
 from . import dist
 from .forms import JobLaunchForm, job_file_initial
@@ -67,8 +68,12 @@ def provider_workers(request, new_token: str | None = None):
     workers = selectors.workers_with_figures(selectors.workers_visible_to(request.user)
                                              .filter(provider__user=request.user, removed_at=None))
     earnings = selectors.worker_earnings(workers)
+    failures = recent_failures([w.pk for w in workers])
     for worker in workers:
         worker.earnings = earnings.get(worker.pk, {"hours": 0.0, "earned_usd": 0.0})
+        worker.audit_failures = failures.get(worker.pk, [])
+        if worker.audit_failures or worker.suspended_at is not None:  # why it is (or is not) suspended
+            worker.audit_standing = audit_standing(worker)
     return render(request, "frontend/provider_workers.html", {
         "workers": workers, "has_token": new_token is not None or selectors.user_has_api_token(request.user),
         "new_token": new_token, "server": request.build_absolute_uri("/"), **dist.install_context(request)})

@@ -52,6 +52,8 @@ class JobMetricAdmin(admin.ModelAdmin):
 
 @admin.register(WorkerAudit)
 class WorkerAuditAdmin(admin.ModelAdmin):
-    list_display = ("id", "job", "worker", "step", "passed", "failed", "dropped_records", "reason")
+    list_display = ("id", "job", "worker", "step", "passed", "failed", "failed_verified", "failed_consistent",
+                    "failed_unverified", "failed_refused", "dropped_records", "reason")
     list_filter = ("worker",)
-    readonly_fields = ("evidence",)  # what the learner checked, shown on the row's page
+    # what the learner checked, each failure with the site's verdict (site, site_reason), and the site's counts
+    readonly_fields = ("evidence", "failed_verified", "failed_consistent", "failed_unverified", "failed_refused")

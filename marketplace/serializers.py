@@ -17,7 +17,7 @@ from dataplane.messages import MAX_THROUGHPUT
 from . import spec_fields
 from .api.samples import sample_rows_field
 from .core.addresses import AddressError, PeerPolicy, check_host_port, check_url
-from .models import Activation, Job, JobMetric, Snapshot, Worker, WorkerCalibration
+from .models import Activation, Job, JobMetric, Snapshot, Worker, WorkerAudit, WorkerCalibration
 
 # Bounds of numbers the API stores: every integer fits its column on every database (PostgreSQL's integer is 32
 # bits), every float is finite (DRF) and small enough that sums and means of many stay finite (JSON has no inf).
@@ -267,6 +267,24 @@ class AuditResultSerializer(serializers.Serializer):
     reason = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
     evidence = AuditEvidenceSerializer(many=True, required=False, default=list, max_length=32,
                                        help_text="What was checked: each failed group, a few passed ones.")
+
+
+class WorkerAuditSerializer(serializers.ModelSerializer):
+    """One step's audits of a worker as the site stored them, each failure with the site's own check of it
+    (docs/trust.md "Audits the site checks"): ``site`` verified / consistent / unverified / refused, and why."""
+
+    failures = serializers.SerializerMethodField(help_text=(
+        "Each failure the learner gave evidence for: what it checked (entry, check, claimed against recomputed) and "
+        "the site's verdict (site, site_reason). Failures beyond these came without evidence (unverified)."))
+
+    class Meta:
+        model = WorkerAudit
+        fields = ["id", "job", "step", "passed", "failed", "failed_verified", "failed_consistent", "failed_unverified",
+                  "failed_refused", "dropped_records", "reason", "failures", "created_at"]
+        read_only_fields = fields
+
+    def get_failures(self, row: WorkerAudit) -> list[dict]:
+        return [e for e in row.evidence if not e.get("passed")]
 
 
 class MetricReportSerializer(serializers.Serializer):

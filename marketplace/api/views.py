@@ -21,6 +21,7 @@ from .. import serializers as s
 from ..core import provisioning
 from ..infra import stream
 from ..models import Job, Worker
+from ..services.audit_verify import audit_standing
 from . import controls, exports, samples
 from .auth import AGENT_KEY_ALLOWED, learner_problem
 from .plan_schema import CapacityPlanSerializer
@@ -99,6 +100,17 @@ class WorkerViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
     def retrieve(self, request, pk=None):
         worker = selectors.workers_with_figures([self.get_object()])[0]
         return Response(s.WorkerSerializer(worker).data)
+
+    @extend_schema(responses=s.WorkerAuditSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def audits(self, request, pk=None):
+        """The learners' audits of the worker, newest first, each failure with the site's check of it, and its
+        standing: the failures that count toward suspension and why (docs/trust.md "Audits the site checks")."""
+        worker = self.get_object()
+        page = self.paginate_queryset(worker.audits.order_by("-created_at", "-id"))
+        reply = self.get_paginated_response(s.WorkerAuditSerializer(page, many=True).data)
+        reply.data["standing"] = audit_standing(worker)
+        return reply
 
     @extend_schema(request=s.WorkerRegisterSerializer, responses={201: s.WorkerRegisteredSerializer})
     def create(self, request):

@@ -20,7 +20,7 @@ from dataplane.audit_hold import held_groups
 from ..core import audit_checks as checks
 from ..core.audit_checks import REFUSED, UNVERIFIED, SiteCheck
 from ..infra import stream
-from ..models import Job, WorkerAudit
+from ..models import Job, Worker, WorkerAudit
 
 log = logging.getLogger(__name__)
 CORROBORATING_OWNERS = 2  # the default of ECHO2["AUDIT_CORROBORATING_OWNERS"]
@@ -128,3 +128,36 @@ def standing_text(figures: dict[str, Any], *, limit: int) -> str:
     if figures["refused"]:
         parts.append(f"{figures['refused']} refused as forged reports")
     return "; ".join(parts)
+
+
+def audit_standing(worker: Worker) -> dict[str, Any]:
+    """What the provider (and staff) see of a worker's audits: the failures that count, the limit, and in words
+    why it is, or is not, suspended."""
+    limit = int(settings.ECHO2["AUDIT_SUSPEND_AFTER"])
+    _, figures = worker_counted_failures(worker.pk)
+    text = standing_text(figures, limit=limit)
+    if worker.suspended_at is not None:
+        text = f"suspended: {worker.suspended_reason}" if figures["counted"] >= limit or not worker.suspended_reason \
+            else f"suspended ({worker.suspended_reason}); its own audits: {text}"
+    else:
+        text = f"not suspended: {text}"
+    return {**figures, "limit": limit, "suspended": worker.suspended_at is not None, "text": text}
+
+
+def recent_failures(worker_ids: list[int], *, limit: int = 10) -> dict[int, list[dict[str, Any]]]:
+    """Each worker's latest reported failures (newest first, at most ``limit``), each with its job, step, what the
+    learner said failed and the site's verdict: what the provider portal lists under "Audits"."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    rows = WorkerAudit.objects.filter(worker_id__in=worker_ids, failed__gt=0).order_by("-created_at", "-id")
+    for row in rows[:limit * max(1, len(worker_ids))]:
+        items = out.setdefault(row.worker_id, [])
+        shown = [e for e in row.evidence if not e.get("passed")]
+        for e in shown:
+            items.append({"job": row.job_id, "step": row.step, "entry_id": e.get("entry_id", ""),
+                          "check": e.get("check", ""), "site": e.get("site", checks.UNVERIFIED),
+                          "site_reason": e.get("site_reason", "checked before the site checked failures")})
+        if row.failed > len(shown):
+            items.append({"job": row.job_id, "step": row.step, "entry_id": "", "check": "",
+                          "site": checks.UNVERIFIED, "site_reason": f"{row.failed - len(shown)} failure(s) reported "
+                          "without evidence"})
+    return {w: items[:limit] for w, items in out.items()}
