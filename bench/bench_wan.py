@@ -45,7 +45,13 @@ COLUMNS = (("profile", "profile", "s"), ("strategy", "strategy", "s"), ("N", "ag
            ("sim T_bcast s", "sim_t_bcast_s", ".3f"), ("sim err %", "sim_err", "+.0f"), ("T_all s", "t_all_s", ".3f"),
            ("pubs", "pubs", "s"), ("bubble", "bubble", ".2f"), ("sim bubble", "sim_bubble", ".2f"),
            ("lost", "lost", "d"), ("twice", "trained_twice", "d"), ("stale", "dropped_stale", "d"),
-           ("run s", "seconds", ".0f"))
+           ("cpu busy", "cpu_busy", ".0%"), ("run s", "seconds", ".0f"))
+TIMELINE = (("profile", "profile", "s"), ("strategy", "strategy", "s"), ("N", "agents", "d"),
+            ("versions", "versions", "d"), ("first byte s", "first_byte_s", ".2f"), ("seeds s", "seed_s", ".2f"),
+            ("lag/hop s", "lag_s", ".3f"), ("last byte s", "last_byte_s", ".2f"), ("cores", "cpu_cores", "d"),
+            ("machine", "cpu_machine", ".2f"), ("busy", "cpu_busy", ".0%"), ("stack", "cpu_stack", ".2f"),
+            ("agents", "cpu_agents", ".2f"), ("proxies", "cpu_proxies", ".2f"), ("learner", "cpu_learner", ".2f"),
+            ("site", "cpu_site", ".2f"), ("load", "cpu_load", ".2f"))
 WIRE = (("profile", "profile", "s"), ("strategy", "strategy", "s"), ("N", "agents", "d"), ("hops", "hops", "d"),
         ("hop Mbit/s", "hop_mbit_s", ".1f"), ("hop/link", "hop_ratio", ".2f"), ("seed hop/link", "seed_ratio", ".2f"),
         ("relay hop/link", "relay_ratio", ".2f"), ("replies", "reply_n", "d"), ("p50 ms", "reply_p50", ".0f"),
@@ -66,7 +72,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--full-every", type=int, default=1, help="A full snapshot every this many publications, "
                         "deltas between (the job's snapshot_full_every; 1: all full, what T/(M/Bw) measures).")
     parser.add_argument("--strategies", nargs="+", default=["chain", "star-limited"],
-                        help="Broadcast strategies, one run each per profile (dataplane/broadcast/strategies/).")
+                        help="Broadcast strategies, one run each per profile (dataplane/broadcast/strategies/); "
+                        "'none' runs no job (with --wire-only: the data plane alone).")
     parser.add_argument("--no-faults", dest="faults", action="store_false",
                         help="No partition and no relay fault in the chain run.")
     parser.add_argument("--fault-steps", type=int, default=60, help="Steps the chain run goes on for after the clean "
@@ -76,11 +83,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--sim-seeds", type=int, default=3, help="Simulator runs averaged for the bubble column.")
     parser.add_argument("--run-timeout", type=float, default=420.0, help="Give up on a job after this many seconds.")
     parser.add_argument("--workdir", type=Path, default=ROOT / "var" / "bench-wan", help="State and logs (wiped).")
+    parser.add_argument("--wire-only", action="store_true", help="Also run the data plane alone (bench/wan/wire.py): "
+                        "the same namespaces, links, proxies, relay code and chain plan, no site, learner or "
+                        "generation; its row is strategy 'wire-only'.")
+    parser.add_argument("--wire-rounds", type=int, default=5, help="Publications in the wire-only run.")
+    parser.add_argument("--part-kib", type=int, help="The wire-only run's part size in KiB (default: the relays' "
+                        "own, dataplane/broadcast/framing.py DEFAULT_PART_BYTES).")
+    parser.add_argument("--no-buckets", dest="buckets", action="store_false", help="The wire-only run without the "
+                        "relays' token buckets (tbf alone shapes the links).")
+    parser.add_argument("--wire-load", choices=("none", "procs", "threads"), default="none", help="The wire-only "
+                        "run's synthetic load (bench/wan/burn.py): a pure-Python spinner beside each agent relay as "
+                        "a process of its own (procs: cores shared) or as a thread in the relay's process (threads: "
+                        "cores and the GIL shared, like the agent's generation thread).")
     parser.add_argument("--json", type=Path, help="Also write the rows as JSON here (bench/bench_simulator.py "
                         "--wan-json reads it).")
     args = parser.parse_args(argv)
     if args.steps < 4 or args.agents < 1 or args.fault_steps < 1 or args.partition_s <= 0:
         parser.error("--steps must be at least 4, --agents and --fault-steps at least 1, --partition-s positive")
+    args.strategies = [s for s in args.strategies if s != "none"]  # none: with --wire-only, the data plane alone
     unknown = set(args.strategies) - {"chain", "star-limited", "star-unlimited"}
     if unknown:
         parser.error(f"unknown strategy {', '.join(sorted(unknown))} (chain, star-limited, star-unlimited)")
@@ -162,6 +182,9 @@ def finish(row: dict, topology: profile.Topology, sim_seeds: int) -> dict:
                b0_bps=topology.learner.up_bps, reply_n=reply["n"], reply_p50=reply["p50"], reply_p95=reply["p95"],
                reply_p99=reply["p99"], reconnect_count=sum(row["reconnects"].values()),
                timeouts_line=", ".join(f"{k} {n}" for k, n in sorted(timeouts.items())) or "none")
+    when = row.get("timeline") or {}
+    row.update({k: v for k, v in when.items() if k != "cpu_groups"},
+               **{f"cpu_{g}": c for g, c in (when.get("cpu_groups") or {}).items()})
     if row.get("sim_t_bcast_s") and row.get("t_bcast_s"):
         row["sim_err"] = 100 * (row["sim_t_bcast_s"] - row["t_bcast_s"]) / row["t_bcast_s"]
     try:
@@ -170,6 +193,27 @@ def finish(row: dict, topology: profile.Topology, sim_seeds: int) -> dict:
         row["sim_bubble"] = simulated_figures(wan_config(row["calibration"], seed=0), sim_seeds)["bubble"]
     except (TypeError, KeyError, ValueError, ZeroDivisionError, StopIteration, statistics.StatisticsError) as err:
         row["sim_bubble"], row["sim_note"] = None, f"the simulator could not be calibrated: {type(err).__name__}: {err}"
+    return row
+
+
+def wire_row(topology: profile.Topology, args: argparse.Namespace) -> dict:
+    """The data plane alone on ``topology`` (bench/wan/wire.py), M the job's snapshot size for ``--hidden``."""
+    from bench.wan.wire import run_wire
+    from dataplane.broadcast.framing import DEFAULT_PART_BYTES
+    from dataplane.snapshot import DEFAULT_CHUNK_BYTES
+
+    size = 4 * args.hidden * args.hidden * 10  # ~ the tiny model's fp32 safetensors (hidden 640: 16.4 MB)
+    part = args.part_kib * 1024 if args.part_kib else DEFAULT_PART_BYTES
+    print(f"{topology.name} wire-only: {args.agents} agents, {args.wire_rounds} rounds of {size / 1e6:.1f} MB, "
+          f"parts {part // 1024} KiB{'' if args.buckets else ', no token buckets'}, load {args.wire_load} ...",
+          flush=True)
+    row = run_wire(topology, args.workdir / f"{topology.name}-wire", size=size, chunk=DEFAULT_CHUNK_BYTES,
+                   part_bytes=part, rounds=args.wire_rounds, buckets=args.buckets, load=args.wire_load)
+    when = row.get("timeline") or {}
+    row.update({k: v for k, v in when.items() if k != "cpu_groups"},
+               **{f"cpu_{g}": c for g, c in (when.get("cpu_groups") or {}).items()},
+               chains=chains(topology), m_mb=row["m_bytes"] / 1e6, pubs=f"{row['timed']}/{row['all_installed']}/"
+               f"{row['publications']}")
     return row
 
 
@@ -188,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in args.profiles:
         topology = profile.load(name).with_agents(args.agents)
+        if args.wire_only:
+            rows.append(wire_row(topology, args))
         for strategy in args.strategies:
             faults = FaultPlan(after_step=args.steps, partition_s=args.partition_s) \
                 if args.faults and strategy == "chain" else None
@@ -210,6 +256,18 @@ def main(argv: list[str] | None = None) -> int:
     if len(pairs := star_vs_chain(rows)) > 2:
         print("\nStar-limited against chain (the same links)")
         print("\n".join(pairs))
+    print("\nWhere the broadcast's time goes (medians over versions; seconds after the publication: the first byte "
+          "acknowledged, the seeds' transfer, what each relayed hop adds after its parent's last byte, the last "
+          "byte; cores used from the publication to the last byte: the machine's (everyone's), its busy share, and "
+          "the stack's by group; bench/wan/timeline.py, each run's timeline.txt)")
+    print(table(rows, TIMELINE))
+    wire = [r for r in rows if r["strategy"] == "wire-only"]
+    if wire:
+        print("\nWire-only rounds T_bcast/(M/Bw): " + "; ".join(
+            f"{r['profile']} parts {r['part_bytes'] // 1024} KiB{'' if r['buckets'] else ' no buckets'}, "
+            f"load {r['load']}: "
+            + ", ".join(f"{x:.2f}" for x in r["ratios"]) for r in wire))
+    rows = [r for r in rows if r["strategy"] != "wire-only"] + wire
     print("\nThe wire (clean steps): per-hop throughput against the link, the agents' round trips at the site, "
           "reconnects, timeouts")
     print(table(rows, WIRE))

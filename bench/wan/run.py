@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import report
+from . import cpu, report, timeline
 from .faults import FaultPlan, Faults
 from .netns import Net
 from .profile import Topology
@@ -64,6 +64,7 @@ def run_job(topology: Topology, workdir: Path, job: Job, *, timeout: float = 300
     script = None
     with Net(topology) as net:
         stack = WanStack(net, workdir, job)
+        sampler = cpu.CpuSampler(cpu.stack_sessions(stack.stack.procs)).start()
         try:
             stack.launch_site()
             stack.launch_agents()
@@ -76,6 +77,7 @@ def run_job(topology: Topology, workdir: Path, job: Job, *, timeout: float = 300
         finally:
             if script is not None:
                 script.stop()
+            sampler.stop()
             stack.stop()
         nodes = {net.address(n): (n, link) for n, link in topology.nodes()}
     aof = workdir / "redis" / "appendonlydir"
@@ -106,10 +108,15 @@ def run_job(topology: Topology, workdir: Path, job: Job, *, timeout: float = 300
            "faults": report.recovery(events, taps, found["snapshots"], aof, stack.job_id, agents) if faults else {},
            "fault_error": script.error if script is not None else None,
            "seconds": time.monotonic() - started, "logs": str(stack.stack.logs)}
+    versions = timeline.versions(clean["snapshots"], hop_list, samples=sampler.samples,
+                                 installed=installs(stack.stack.logs))
+    row["timeline"] = timeline.summary(versions)
+    (workdir / "timeline.txt").write_text("\n".join(timeline.lines(versions)) + "\n")
     if row["m_bytes"] and chunk:
         row.update(report.predicted_t_bcast(topology, job.strategy, size=row["m_bytes"], chunk=chunk))
     row["calibration"] = calibration(stack, clean, aof, clean_until) | {"chunk_bytes": chunk}
-    (workdir / "results.json").write_text(json.dumps({"row": row, "hops": hop_list, "events": events, **found},
+    (workdir / "results.json").write_text(json.dumps({"row": row, "hops": hop_list, "events": events,
+                                                     "timeline": versions, "cpu_samples": sampler.samples, **found},
                                                      indent=1, default=str))
     return row
 

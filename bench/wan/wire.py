@@ -1,0 +1,213 @@
+"""The data plane alone on the WAN topology (issue 30, ``bench/bench_wan.py --wire-only``): the same namespaces, tbf
+rates, delay proxies, relay code (``python -m dataplane.broadcast.process``, the agent's and the learner's
+SnapshotRelay and RelayHub) and chain plan (N_ch = floor(B0/Bw) chains of consecutive agents, the origin's uplink
+bucket B0 shared by the seeds, each agent's buckets its link rate), with no site, no learner training and no
+generation: what the chain achieves against M/Bw when the relays have the machine's cores to themselves.
+
+Each round publishes a fresh random payload of ``size`` bytes (``chunk`` per chunk): every relay process starts
+idle, and once all listen they are told their parent at once (the publication, t = 0); T_all is the last install,
+T_bcast the ceil(N / gamma)-th (the site's rule). Credentials are issued as the site would (docs/trust.md): the
+origin verifies with the job's secret, each agent relay admits its child by the sha256 of the child's credential.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import queue
+import statistics
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from dataplane import credentials
+from dataplane.broadcast.store import write_version
+from dataplane.snapshot import build_manifest
+
+from . import cpu, report, timeline
+from .netns import Net
+from .profile import Topology
+from .stack import BIN, HUB_PORT, RELAY_PORT, WanStack
+
+GAMMA = 1.1
+JOB = 1
+
+
+def plan(agents: list[str], n_chains: int) -> list[list[str]]:
+    """``n_chains`` chains of consecutive agents (the site's plan for equal workers: lengths differ by at most 1)."""
+    n_chains = max(1, min(n_chains, len(agents)))
+    size, extra = divmod(len(agents), n_chains)
+    out, at = [], 0
+    for k in range(n_chains):
+        take = size + (k < extra)
+        out.append(agents[at:at + take])
+        at += take
+    return out
+
+
+class Relay:
+    """One ``dataplane.broadcast.process`` in a node's namespace: events read from its stdout, commands to stdin."""
+
+    def __init__(self, net: Net, node: str, argv: list[str], log: Path, *, module: list[str] | None = None) -> None:
+        self.node, self.log = node, log
+        self.proc = subprocess.Popen([*net.exec(node), str(BIN / "python"), "-m",
+                                      *(module or ["dataplane.broadcast.process"]), *argv],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log.open("a"),
+                                     text=True, bufsize=1, start_new_session=True,
+                                     env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2])))
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put("")
+
+    def event(self, timeout: float) -> dict:
+        """The next event it prints (raises if it exits or says nothing for ``timeout`` s)."""
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            line = ""
+        if not line:
+            raise RuntimeError(f"relay on {self.node}: no event within {timeout:g} s (exit {self.proc.poll()}); "
+                               f"see {self.log}")
+        with self.log.open("a") as f:
+            f.write(line)
+        return json.loads(line)
+
+    def until(self, kind: str, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while (event := self.event(max(0.1, deadline - time.monotonic())))["event"] != kind:
+            if event["event"] == "error" or time.monotonic() > deadline:
+                raise RuntimeError(f"relay on {self.node}: {event} while waiting for {kind}")
+        return event
+
+    def send(self, **cmd) -> None:
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+
+    def stop(self) -> None:
+        try:
+            self.send(cmd="exit")
+            self.proc.stdin.close()
+            self.proc.wait(5)
+        except (OSError, subprocess.TimeoutExpired):
+            os.killpg(self.proc.pid, 9)
+            self.proc.wait(5)
+
+
+def run_round(net: Net, where: Path, version: int, *, size: int, chunk: int, part_bytes: int, n_chains: int,
+              buckets: bool, timeout: float, procs: list, load: str = "none") -> dict:
+    """One publication along the chains; the install time of every agent (seconds after t = 0)."""
+    topology = net.topology
+    secret = credentials.new_secret()
+    payload = os.urandom(size)
+    manifest = build_manifest(payload, job_id=JOB, version=version, chunk_bytes=chunk)
+    directory = write_version(where / "store", manifest, payload)
+    (where / f"manifest-v{version}.json").write_text(manifest.model_dump_json())
+    agents = [n for n, _ in topology.nodes() if n.startswith("a")]
+    chains = plan(agents, n_chains)
+    ids = {node: k + 1 for k, node in enumerate(agents)}
+    token = {node: credentials.issue(secret, job_id=JOB, worker_id=ids[node], lowest=version, highest=version,
+                                     expires=int(time.time()) + 3600) for node in agents}
+    common = ["--part-bytes", str(part_bytes), "--give-up", str(timeout)]
+    links = dict(topology.nodes())
+    origin = ["--from-dir", str(directory), "--worker-id", "0", "--listen", f"127.0.0.1:{HUB_PORT}",
+              "--max-children", str(len(chains)), "--job-secret", secret, *common]
+    if buckets:
+        origin += ["--uplink-bps", str(topology.learner.up_bps)]
+    relays = [Relay(net, "learner", origin, where / "origin.log")]
+    parent_of = {}
+    for chain in chains:
+        for k, node in enumerate(chain):
+            parent_of[node] = ("learner", HUB_PORT) if k == 0 else (chain[k - 1], RELAY_PORT)
+            argv = ["--manifest", str(where / f"manifest-v{version}.json"), "--worker-id", str(ids[node]),
+                    "--listen", f"127.0.0.1:{RELAY_PORT}", "--credential", token[node], *common]
+            if k + 1 < len(chain):
+                child = chain[k + 1]
+                argv += ["--child", f"{ids[child]}={credentials.fingerprint(token[child])}"]
+            if buckets:
+                down = links[node].down_mbit * 1e6 / 8
+                argv += ["--uplink-bps", str(links[node].up_bps), "--downlink-bps", str(down)]
+            module = ["bench.wan.burn", "relay"] if load == "threads" else None
+            relays.append(Relay(net, node, argv, where / f"relay-{node}.log", module=module))
+    procs.extend((f"agent-{r.node}" if r.node != "learner" else "learner", r.proc) for r in relays)
+    try:
+        for relay in relays:
+            relay.until("listening", 30)
+        published = time.time()
+        for relay in relays[1:]:
+            host, port = parent_of[relay.node]
+            relay.send(cmd="parent", host=net.address(host), port=port)
+        done = {r.node: r.until("installed", timeout) for r in relays[1:]}
+    finally:
+        for relay in relays:
+            relay.stop()
+    if any(e["sha256"] != manifest.sha256 for e in done.values()):
+        raise RuntimeError(f"v{version}: an installed payload does not match the manifest")
+    latency = sorted(e["t"] - published for e in done.values())
+    return {"version": version, "published": published, "installs_s": latency, "t_all_s": latency[-1],
+            "t_bcast_s": latency[math.ceil(len(latency) / GAMMA) - 1],
+            "from_fallback": sum(e["stats"]["from_fallback"] for e in done.values())}
+
+
+def run_wire(topology: Topology, workdir: Path, *, size: int, chunk: int, part_bytes: int, rounds: int,
+             buckets: bool = True, timeout: float = 120.0, load: str = "none") -> dict:
+    """``rounds`` publications along the chains on fresh namespaces; the bench's row (``strategy`` 'wire-only').
+    ``load`` (bench/wan/burn.py): 'none'; 'procs', a process spinning in pure Python beside each agent's relay (the
+    cores shared); 'threads', a thread spinning in each agent relay's own process (the cores and the GIL shared, as
+    with the agent's generation thread)."""
+    if load not in ("none", "procs", "threads"):
+        raise ValueError(f"load must be none, procs or threads, not {load!r}")
+    from bench.bench_wan import chains
+
+    started = time.monotonic()
+    workdir.mkdir(parents=True, exist_ok=True)
+    with Net(topology) as net:
+        stack = WanStack(net, workdir)
+        procs: list = []
+        sampler = cpu.CpuSampler(lambda: cpu.stack_sessions(stack.stack.procs)() | cpu.stack_sessions(procs)())
+        sampler.start()
+        try:
+            stack.start_proxy("learner", [HUB_PORT], bulk=(HUB_PORT,))
+            for node, _ in topology.nodes():
+                if node.startswith("a"):
+                    stack.start_proxy(node, [RELAY_PORT], bulk=(RELAY_PORT,))
+                    if load == "procs":
+                        stack.stack.start(f"load-{node}", *net.exec(node), str(BIN / "python"), "-m",
+                                          "bench.wan.burn", "spin")
+            time.sleep(1.0)  # the proxies listening
+            done = [run_round(net, workdir, v, size=size, chunk=chunk, part_bytes=part_bytes,
+                              n_chains=chains(topology), buckets=buckets, timeout=timeout, procs=procs, load=load)
+                    for v in range(1, rounds + 1)]
+        finally:
+            sampler.stop()
+            stack.stop()
+        nodes = {net.address(n): (n, link) for n, link in topology.nodes()}
+    hop_list = report.hops(report.read_taps(stack.taps), nodes)
+    snapshots = [{"version": d["version"], "published_at": _iso(d["published"]), "t_bcast": d["t_bcast_s"],
+                  "manifest": {}} for d in done]
+    versions = timeline.versions(snapshots, hop_list, samples=sampler.samples,
+                                 installed={d["version"]: d["installs_s"] for d in done})
+    (workdir / "timeline.txt").write_text("\n".join(timeline.lines(versions)) + "\n")
+    bw = statistics.median(a.up_bps for a in topology.agents)
+    t_bcast, t_all = (statistics.median(d[k] for d in done) for k in ("t_bcast_s", "t_all_s"))
+    row = {"profile": topology.name, "strategy": "wire-only", "agents": len(topology.agents), "status": "completed",
+           "m_bytes": size, "m_over_bw_s": size / bw, "t_bcast_s": t_bcast, "ratio": t_bcast * bw / size,
+           "t_bcast_max_s": max(d["t_bcast_s"] for d in done), "t_all_s": t_all, "ratio_all": t_all * bw / size,
+           "ratios": [d["t_bcast_s"] * bw / size for d in done], "publications": rounds, "timed": rounds,
+           "all_installed": rounds, "chunk_bytes": chunk, "part_bytes": part_bytes, "buckets": buckets, "load": load,
+           "from_fallback": sum(d["from_fallback"] for d in done), **report.hop_summary(hop_list),
+           "timeline": timeline.summary(versions), "seconds": time.monotonic() - started, "logs": str(workdir)}
+    (workdir / "results.json").write_text(json.dumps({"row": row, "rounds": done, "hops": hop_list,
+                                                      "timeline": versions}, indent=1, default=str))
+    return row
+
+
+def _iso(t: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(t, UTC).isoformat()
