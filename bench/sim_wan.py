@@ -74,20 +74,23 @@ def wan_config(doc: dict, *, seed: int, flows: bool = True, timing: dict | None 
                                   doc["site_rtt_ms"] / 1000, doc["learner_rtt_ms"] / 1000)
     # The round trips of the job's data on these links (with flows): a lease is a request to the site and its answer;
     # a group returned crosses to the site, then to the learner's read of the stream; a top-up is the learner's
-    # read of what is outstanding and its prompts landing at the site.
+    # read of what is outstanding and its prompts landing at the site; each read of the stream and each
+    # acknowledgement of dropped records is a round trip from the learner to Redis at the site.
     paths = {"lease_latency_s": agent_s + site_s, "return_latency_s": (agent_s + learner_s) / 2 + site_s,
-             "top_up_latency_s": 1.5 * (site_s + learner_s)} if flows else {}
+             "top_up_latency_s": 1.5 * (site_s + learner_s), "read_rtt_s": site_s + learner_s} if flows else {}
     return dataclasses.replace(base, workers=workers, net=net, **paths,
                                learner=dataclasses.replace(learner, snapshot_bytes=doc["job"]["snapshot_bytes"]))
 
 
-def simulated(config: SimConfig, seeds: int, versions: list[int] | None = None) -> dict:
+def simulated(config: SimConfig, seeds: int, versions: list[int] | None = None, *, beyond: int = 10) -> dict:
     """T_bcast (median over ``versions``, the publications the real run's site timed, where the simulated site timed
-    them too; None: every one it timed), the bubble (mean of the counted steps) and the share
-    of returned records dropped stale, each the mean over ``seeds`` runs; with their spread."""
+    them too; None: every one it timed; the simulated job runs ``beyond`` steps longer so that a broadcast the real
+    job's end did not cut short is not cut short here either), the bubble (mean of the real run's steps after
+    WARMUP) and the share of returned records dropped stale, each the mean over ``seeds`` runs; with their spread."""
     runs = []
     for k in range(seeds):
-        result = simulate(dataclasses.replace(config, seed=config.seed + k))
+        result = simulate(dataclasses.replace(config, seed=config.seed + k, steps=config.steps + beyond))
+        result.steps = result.steps[:config.steps]
         returned = sum(n for _, _, n in result.delivered)
         timed = result.t_bcast if versions is None else {v: result.t_bcast[v] for v in versions
                                                           if v in result.t_bcast}

@@ -35,10 +35,11 @@ from .activation import provision, reliability_of
 from .broadcast import install_times, plan_for, uplink
 from .faults import Faults
 from .model import SimConfig, SimResult, StepRecord
+from .stream import Stream
 from .wan import WanBroadcast
 
 
-class FleetSim(Faults, WanBroadcast):
+class FleetSim(Faults, Stream, WanBroadcast):
     """One simulated job: build with a :class:`SimConfig`, :meth:`run` once (or call :func:`simulate`)."""
 
     def __init__(self, config: SimConfig) -> None:
@@ -48,7 +49,9 @@ class FleetSim(Faults, WanBroadcast):
         self.res = SimResult()
         lr = config.learner
         self.tokens = simpy.Container(self.env, capacity=lr.backlog, init=lr.backlog)
-        self.buffer: collections.deque[tuple[int, int]] = collections.deque()  # (version, records)
+        self.buffer: collections.deque[tuple[int, int]] = collections.deque()  # (version, records) in the stream
+        self.taken: collections.deque[tuple[int, int]] = collections.deque()  # read by the learner, not trained
+        self.freed, self.topping = 0, False  # slots the prompt feeder has yet to fill; a top-up under way
         self.data = self.env.event()
         self.version = self.published = 0
         self.published_at = {0: 0.0}
@@ -187,29 +190,12 @@ class FleetSim(Faults, WanBroadcast):
 
     # ---- learner -------------------------------------------------------------------------------------
 
-    def _drop_stale(self) -> int:
-        floor, kept, dropped = self.version - self.cfg.learner.staleness, collections.deque(), 0
-        for version, records in self.buffer:
-            if version >= floor:
-                kept.append((version, records))
-            else:
-                dropped += 1
-                self.res.dropped += records
-        self.buffer = kept
-        return dropped
-
     def learner(self):
         lr = self.cfg.learner
         for step in range(1, self.cfg.steps + 1):
             start = self.env.now
-            while True:
-                if freed := self._drop_stale():
-                    self.env.process(self._top_up(freed))
-                if len(self.buffer) >= lr.groups_per_step:
-                    break
-                self.data = self.env.event()
-                yield self.data
-            batch = [self.buffer.popleft() for _ in range(lr.groups_per_step)]
+            yield from self._gather(lr.groups_per_step)
+            batch = [self.taken.popleft() for _ in range(lr.groups_per_step)]
             lags = collections.Counter()
             for version, records in batch:
                 lags[self.version - version] += records
@@ -223,13 +209,7 @@ class FleetSim(Faults, WanBroadcast):
             overhead = lr.overhead_s + (lr.publish_overhead_s if self.version % lr.kappa == 0 else 0.0)
             if overhead:
                 yield self.env.timeout(overhead)
-            self.env.process(self._top_up(len(batch)))  # the next step's top-up counts these groups as done
-
-    def _top_up(self, groups: int):
-        """Prompts for ``groups`` freed slots, in the stream ``top_up_latency_s`` later."""
-        if self.cfg.top_up_latency_s:
-            yield self.env.timeout(self.cfg.top_up_latency_s)
-        yield self.tokens.put(groups)
+            self._top_up(len(batch))  # the next step's top-up counts these groups as done
 
     # ---- broadcast -----------------------------------------------------------------------------------
 

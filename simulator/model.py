@@ -196,6 +196,9 @@ class SimConfig:
     top_up_latency_s: float = 0.0
     """From a slot freed (trained or dropped) until its new prompt can be leased (the learner's top-up through
     Redis at the site)."""
+    read_rtt_s: float = 0.0
+    """The learner's round trip to Redis: each read of the stream (at most the groups still missing) and each
+    acknowledgement of dropped records costs one (0: the stream is read whole, at once)."""
     lease_batch: bool = False
     """The agent generates a lease's groups in one batch and returns them together at its end (its
     ``rollout_groups``), rather than one after another."""
