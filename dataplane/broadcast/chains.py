@@ -297,16 +297,25 @@ def hop_was_bottleneck(seconds: float, parent_seconds: float | None) -> bool | N
     return seconds - parent_seconds > max(HOP_LAG_FRACTION * parent_seconds, HOP_LAG_MIN_S)
 
 
+CHILD_BOUND_FRACTION = 0.75
+"""A child that received at this share of its own link's registered rate or more was held back by its own downlink,
+not by its parent (the `harsh` bench's 10 Mbit/s worker got 86% of its link through a 50 Mbit/s parent)."""
+
+
 def measured_bandwidth(old_bps: float | None, *, total_bytes: int, seconds: float,
-                       parent_seconds: float | None = None, registered_bps: float | None = None) -> float | None:
+                       parent_seconds: float | None = None, registered_bps: float | None = None,
+                       child_bps: float | None = None) -> float | None:
     """A relay's ``Bw_hat`` after a child installed ``total_bytes`` through it ``seconds`` after publication, the
-    relay itself having installed the version ``parent_seconds`` after it.
+    relay itself having installed the version ``parent_seconds`` after it; ``child_bps``: the child's own link (its
+    registered ``Bw``).
 
     The rate ``total_bytes / seconds`` is a lower bound on the relay's uplink: it did send that much in that time.
-    It is its uplink only when the hop was the bottleneck (:func:`hop_was_bottleneck`). In a chain a child receives
-    no faster than its parent receives: a seed's child gets at most the seed's share of ``B0`` (``B0 / N_ch``,
-    half a 50 Mbit/s link on the `harsh` WAN bench, where folding that in as the seed's ``Bw_hat`` doubled
-    ``N_ch = floor(B0 / Bw_hat)`` and turned the chains into a star). So:
+    It is its uplink only when the hop was the bottleneck (:func:`hop_was_bottleneck`) and the child's own link was
+    not (the rate under ``CHILD_BOUND_FRACTION`` of ``child_bps``). In a chain a child receives no faster than its
+    parent receives: a seed's child gets at most the seed's share of ``B0`` (``B0 / N_ch``, half a 50 Mbit/s link
+    on the `harsh` WAN bench, where folding that in as the seed's ``Bw_hat`` doubled ``N_ch = floor(B0 / Bw_hat)``
+    and turned the chains into a star); and a slow child gets no more than its own link (harsh's 10 Mbit/s worker
+    made its 50 Mbit/s parent "measure" 8.6 Mbit/s). So:
 
     - the hop was the bottleneck: the rate is folded in (a moving average, weight ``BANDWIDTH_EWMA`` for the
       newest; the first measurement is taken as is);
@@ -321,7 +330,8 @@ def measured_bandwidth(old_bps: float | None, *, total_bytes: int, seconds: floa
     if total_bytes <= 0 or seconds < BANDWIDTH_MIN_SECONDS:
         return old_bps
     rate = total_bytes / seconds
-    if hop_was_bottleneck(seconds, parent_seconds):
+    child_bound = bool(child_bps) and rate >= CHILD_BOUND_FRACTION * child_bps
+    if hop_was_bottleneck(seconds, parent_seconds) and not child_bound:
         new = rate if old_bps is None else (1 - BANDWIDTH_EWMA) * old_bps + BANDWIDTH_EWMA * rate
     else:
         current = old_bps if old_bps is not None else registered_bps

@@ -365,15 +365,17 @@ def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: fl
         if route is not None and route[0] is not None:
             # The base's install time includes building the engine: a success, but no measure of the link.
             size = int(snap.manifest.get("total_bytes") or 0) if version > 0 else 0
-            _relay_succeeded(route[0], snap=snap, total_bytes=size, seconds=at - snap.published_at.timestamp())
+            _relay_succeeded(route[0], snap=snap, total_bytes=size, seconds=at - snap.published_at.timestamp(),
+                             child_bps=float(worker.bandwidth_bps))
     push_job_update(job_id)  # the page shows who has which version
 
 
-def _relay_succeeded(parent_id: int, *, snap: Snapshot, total_bytes: int, seconds: float) -> None:
-    """A child installed ``snap`` through ``parent_id`` ``seconds`` after its publication (as the site saw both):
-    one more success (the score's Success term), and the rate the child saw folded into the parent's ``Bw_hat``
-    when that hop was the bottleneck, not the parent's own parent (``chains.measured_bandwidth``, given when the site
-    saw the parent's own install of ``snap``), never above the parent's registered ``Bw``."""
+def _relay_succeeded(parent_id: int, *, snap: Snapshot, total_bytes: int, seconds: float, child_bps: float) -> None:
+    """A child (its link ``child_bps``) installed ``snap`` through ``parent_id`` ``seconds`` after its publication
+    (as the site saw both): one more success (the score's Success term), and the rate the child saw folded into the
+    parent's ``Bw_hat`` when the parent's uplink held the hop back, not the parent's own parent nor the child's link
+    (``chains.measured_bandwidth``, given the parent's own install of ``snap`` as the site saw it), never above the
+    parent's registered ``Bw``."""
     parent = Worker.objects.select_for_update().filter(pk=parent_id).first()
     if parent is None:
         return
@@ -382,5 +384,5 @@ def _relay_succeeded(parent_id: int, *, snap: Snapshot, total_bytes: int, second
     parent.relay_successes += 1
     parent.measured_bandwidth_bps = chains.measured_bandwidth(
         parent.measured_bandwidth_bps, total_bytes=total_bytes, seconds=seconds, parent_seconds=parent_seconds,
-        registered_bps=float(parent.bandwidth_bps))
+        registered_bps=float(parent.bandwidth_bps), child_bps=child_bps)
     parent.save(update_fields=["relay_successes", "measured_bandwidth_bps"])

@@ -160,7 +160,8 @@ def test_installs_through_a_relay_measure_its_bandwidth_and_the_planner_uses_it(
     seed, tail = telemetry.load_chain_plan(job.pk, 1).chains[0]
     # the seed had it in 2 s, its child only 8 s after the publication: the seed's uplink was the bottleneck
     installed_through(job, 1, child=tail, parent=seed, child_s=8.0, parent_s=2.0)
-    assert Worker.objects.get(pk=seed).measured_bandwidth_bps == pytest.approx(500.0, rel=0.05)  # 4000 B in 8 s (and the ms the site took)
+    # 4000 B in 8 s (and the ms the site took)
+    assert Worker.objects.get(pk=seed).measured_bandwidth_bps == pytest.approx(500.0, rel=0.05)
     assert Worker.objects.get(pk=tail).measured_bandwidth_bps is None  # it relayed nothing
     Worker.objects.filter(pk=tail).update(bandwidth_bps=400)  # (slower than the seed's 500 B/s: the seed stays)
     publish(job, 2, total_bytes=4000)

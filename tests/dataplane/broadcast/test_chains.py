@@ -184,6 +184,11 @@ def test_a_hop_lowers_its_relays_bandwidth_only_when_it_was_the_bottleneck():
                               registered_bps=link) == link
     assert measured_bandwidth(None, total_bytes=16_400_000, seconds=1.0, parent_seconds=None,
                               registered_bps=link) == link
+    # ... nor for a child held back by its own link: harsh's 10 Mbit/s worker took 15.2 s behind a parent at 3.8 s
+    assert measured_bandwidth(None, total_bytes=16_400_000, seconds=15.2, parent_seconds=3.8, registered_bps=link,
+                              child_bps=1.25e6) is None
+    assert measured_bandwidth(None, total_bytes=16_400_000, seconds=15.2, parent_seconds=3.8, registered_bps=link,
+                              child_bps=link) == pytest.approx(16_400_000 / 15.2)  # a fast child: the parent's fault
     # Short lags are a hop's part time and round trips: 1 s at least, a quarter of the parent's time on long ones.
     assert hop_was_bottleneck(1.9, 1.0) is False and hop_was_bottleneck(2.1, 1.0) is True
     assert hop_was_bottleneck(24.0, 20.0) is False and hop_was_bottleneck(26.0, 20.0) is True
