@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -95,6 +96,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "run's synthetic load (bench/wan/burn.py): a pure-Python spinner beside each agent relay as "
                         "a process of its own (procs: cores shared) or as a thread in the relay's process (threads: "
                         "cores and the GIL shared, like the agent's generation thread).")
+    parser.add_argument("--pause-generation", action="store_true", help="Experiment: the agents start no batch "
+                        "while one of their relays receives or serves (worker_agent/rollout_loop.py "
+                        "PAUSE_WHILE_RELAYING): the broadcast without generation's CPU, the rest of the stack as is.")
     parser.add_argument("--json", type=Path, help="Also write the rows as JSON here (bench/bench_simulator.py "
                         "--wan-json reads it).")
     args = parser.parse_args(argv)
@@ -227,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     from bench.wan.run import run_job
 
     netns.on_signals_exit()
+    if args.pause_generation:
+        os.environ["ECHO2_EXPERIMENT_PAUSE_WHILE_RELAYING"] = "1"  # the agents inherit it (bench/wan/stack.py)
     args.workdir = args.workdir.resolve()
     shutil.rmtree(args.workdir, ignore_errors=True)
     rows = []

@@ -90,6 +90,11 @@ class SnapshotRelay(ServesChildren):
         return self._complete.is_set()
 
     @property
+    def serving(self) -> bool:
+        """Whether a child's session is open."""
+        return bool(self._sessions)
+
+    @property
     def have(self) -> list[int]:
         return sorted(self._chunks)
 
