@@ -51,6 +51,8 @@ def replan(job: Job, *, now: float | None = None) -> scheduling.Replan | None:
 
 def _replan(job: Job) -> int:
     before = job.activations.filter(ended_at=None).count()
+    if services.job_budget_check(job=job):  # paused at its budget (its workers released): nothing to plan
+        return before
     replan(job)
     return abs(job.activations.filter(ended_at=None).count() - before)
 

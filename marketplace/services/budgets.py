@@ -1,5 +1,6 @@
 """A job's budget (``JobSpec.budget_usd``; the rules: ``marketplace.core.budget``; docs/ledger.md "Budgets"):
-checked after every learner step, paused at the cap with the reason, raised by the owner."""
+checked after every learner step and at every scheduler beat (workers are billed whether the learner steps or not),
+paused at the cap with the reason, changed by the owner (a lower one applies at once)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ OVER_BUDGET = "over budget"
 @transaction.atomic
 def job_budget_check(*, job: Job) -> str:
     """Pause a running job that its next step would take past its budget; returns the reason ("" when it runs on).
-    Called after each learner step (``learner.metrics_record``)."""
+    Called after each learner step (``learner.metrics_record``), at each scheduler beat before the job's re-plan
+    (``tasks.replan_running_jobs``: a learner that does not step, stalled or not started, must not let its workers'
+    bill run past the budget) and when the owner changes the budget."""
     if job.status != Job.Status.RUNNING or job.budget_usd is None:
         return ""
     reason = ledger.budget_problem(job)
@@ -46,7 +49,13 @@ def job_budget_set(*, job: Job, budget_usd: float | None) -> Job:
         raise ServiceError(str(err)) from None
     job.spec = job.spec | {"budget_usd": spec.budget_usd}
     job.save(update_fields=["spec"])
-    if job.status == Job.Status.PAUSED and job.status_reason.startswith(OVER_BUDGET) and not ledger.budget_problem(job):
-        return job_resume(job=job)
+    if job.status == Job.Status.RUNNING and job_budget_check(job=job):  # lowered below its spend: paused now
+        return Job.objects.get(pk=job.pk)
+    if job.status == Job.Status.PAUSED and job.status_reason.startswith(OVER_BUDGET):
+        problem = ledger.budget_problem(job)
+        if not problem:
+            return job_resume(job=job)
+        job.status_reason = problem[:500]  # still short: the reason says so with the new budget's figures
+        job.save(update_fields=["status_reason"])
     push_job_update(job)
     return job

@@ -87,3 +87,50 @@ def test_the_projection_of_a_running_job_is_its_forecast_and_of_a_finished_one_i
     assert summary["projected_cost_usd"] == pytest.approx(0.055), "99 steps left at $0.01: capped by the budget"
     services.job_finish(job=job, status=Job.Status.CANCELLED)
     assert selectors.job_summary(Job.objects.get(pk=job.pk))["projected_cost_usd"] == pytest.approx(0.01)
+
+
+def _owner_api(owner) -> APIClient:
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {factories.token(owner)}")
+    return api
+
+
+def test_a_budget_lowered_below_the_spend_pauses_the_running_job_at_once_and_says_why(running):
+    owner, job, activation, base = running
+    for step in (1, 2, 3):  # $0.03 spent
+        job = _step(job, activation, base, step)
+    reply = _owner_api(owner).post(f"/api/jobs/{job.pk}/budget/", {"budget_usd": 0.02}, format="json")
+    assert reply.status_code == 200, reply.content
+    body = reply.json()
+    assert body["status"] == "paused" and body["status_reason"].startswith("over budget: spent $0.03 of $0.02"), body
+    assert not job.activations.filter(ended_at=None).exists(), "its workers released now, not after the next step"
+
+
+def test_a_raise_that_is_still_short_keeps_it_paused_with_the_new_figures(running):
+    owner, job, activation, base = running
+    step = 0
+    while job.status == Job.Status.RUNNING:
+        step += 1
+        job = _step(job, activation, base, step)  # paused at $0.05 of $0.055
+    reply = _owner_api(owner).post(f"/api/jobs/{job.pk}/budget/", {"budget_usd": 0.058}, format="json").json()
+    assert reply["status"] == "paused" and "of $0.058" in reply["status_reason"], reply
+    assert reply["status_reason"].startswith("over budget"), "still a budget pause: the next raise resumes it"
+    reply = _owner_api(owner).post(f"/api/jobs/{job.pk}/budget/", {"budget_usd": 0.5}, format="json").json()
+    assert reply["status"] == "running" and reply["status_reason"] == ""
+
+
+def test_the_scheduler_beat_pauses_a_job_whose_learner_does_not_step(running, settings):
+    """Workers are billed while they generate whether or not the learner trains (stalled, not started): the beat
+    checks the budget too, so the bill cannot run on past it waiting for a step report."""
+    from marketplace import tasks
+
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    owner, job, activation, base = running
+    activation_report(activation_id=activation.pk, at=base + 30 * SECOND, state="generating")  # $0.03, no step
+    tasks.replan_running_jobs()
+    assert Job.objects.get(pk=job.pk).status == Job.Status.RUNNING, "$0.03 of $0.055: it runs on"
+    activation_report(activation_id=activation.pk, at=base + 60 * SECOND, state="generating")  # $0.06, no step
+    tasks.replan_running_jobs()
+    job = Job.objects.get(pk=job.pk)
+    assert job.status == Job.Status.PAUSED and job.status_reason.startswith("over budget: spent $0.06 of $0.055")
+    assert not job.activations.filter(ended_at=None).exists()
