@@ -29,22 +29,34 @@ from simulator.model import Link, NetSpec, SimConfig, WanSpec
 
 
 def step_timing(row: dict) -> dict | None:
-    """The learner's seconds per step outside waiting and training (``overhead``) and the extra of a publication
-    step (``publish``), from the step reports' timing split in the run's results.json (beside its logs); None when
-    the run's directory is gone."""
+    """What the learner spends outside waiting and training, from the run's results.json (beside its logs; None when
+    the run's directory is gone): per step (``overhead``: the step reports' ``wall - wait - train``), the extra of a
+    publication step (``publish``), and ``publish_lag``, the median from a publishing step's report reaching the site
+    to its publication reaching the site (the snapshot written in the background, then posted)."""
+    if "step_timing" in row:  # kept with the row (bench/data/wan-sim-*.json)
+        return row["step_timing"]
     path = Path(row.get("logs") or "").parent / "results.json"
     if not row.get("logs") or not path.exists():
         return None
-    kappa = row["calibration"]["job"]["kappa"]
-    rest = {m["step"]: m["extra"]["timing"]["wall"] - m["wait_s"] - m["t_train"]
-            for m in json.loads(path.read_text())["metrics"]
+    results, kappa = json.loads(path.read_text()), row["calibration"]["job"]["kappa"]
+    rest = {m["step"]: m["extra"]["timing"]["wall"] - m["wait_s"] - m["t_train"] for m in results["metrics"]
             if m["step"] > WARMUP and (m.get("extra") or {}).get("timing")}
+    made = {m["step"]: _wall(m["created_at"]) for m in results["metrics"]}
+    lags = [_wall(s["published_at"]) - made[s["version"]] for s in results["snapshots"]
+            if s["version"] >= 1 and s["version"] in made]
     plain = [v for s, v in rest.items() if s % kappa]
     publishing = [v for s, v in rest.items() if not s % kappa]
     if not plain or not publishing:
         return None
     overhead = statistics.fmean(plain)
-    return {"overhead": max(0.0, overhead), "publish": max(0.0, statistics.fmean(publishing) - overhead)}
+    return {"overhead": max(0.0, overhead), "publish": max(0.0, statistics.fmean(publishing) - overhead),
+            "publish_lag": max(0.0, statistics.median(lags)) if lags else 0.0}
+
+
+def _wall(iso: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
 def wan_config(doc: dict, *, seed: int, flows: bool = True, timing: dict | None = None) -> SimConfig:
@@ -65,7 +77,8 @@ def wan_config(doc: dict, *, seed: int, flows: bool = True, timing: dict | None 
     wan = WanSpec(learner=Link(doc["b0_bps"], doc["b0_bps"], doc["learner_rtt_ms"] / 1000),
                   site=Link(math.inf, math.inf, doc["site_rtt_ms"] / 1000),
                   workers=tuple((w, Link(x["up_mbit"] * MBIT, x["down_mbit"] * MBIT, x["rtt_ms"] / 1000))
-                                for w, x in sorted(links.items())))
+                                for w, x in sorted(links.items())),
+                  publish_s=(timing or {}).get("publish_lag", 0.0))
     latency = announce_latency(site_rtt_ms=doc["site_rtt_ms"], learner_rtt_ms=doc["learner_rtt_ms"],
                                agent_rtt_ms=statistics.median(x["rtt_ms"] for x in links.values()))
     net = NetSpec(b0_bps=doc["b0_bps"], chunk_bytes=doc["chunk_bytes"], strategy=doc["job"]["strategy"],

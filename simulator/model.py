@@ -91,6 +91,9 @@ class WanSpec:
     rate is at most window / path round trip."""
     goodput: float = 1448 / 1514
     """Payload per byte a rate shaper counts: a 1448-byte TCP segment (timestamps on) is a 1514-byte frame."""
+    publish_s: float = 0.0
+    """Seconds from the end of a publishing step until the learner's publication leaves it (the snapshot written in
+    the background and posted to the site; one way to the site comes on top)."""
     install_s: float = 0.0
     """Seconds from a snapshot's last byte to its weights in the engine, once no batch is generating."""
     one_fetch: bool = True

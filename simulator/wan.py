@@ -60,7 +60,7 @@ class WanBroadcast:
 
     def _announce(self, version: int):
         wan, net = self.cfg.net.wan, self.cfg.net
-        yield self.env.timeout(one_way(wan.learner, wan.site))
+        yield self.env.timeout(wan.publish_s + one_way(wan.learner, wan.site))
         now = self.env.now
         ids = [w for w in self.active if self._ready(w)]
         registered = {w: self.links[w].up_bps for w in ids}
