@@ -36,7 +36,7 @@ import hashlib
 import hmac
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -336,6 +336,18 @@ class Auditor:
         except Exception as err:  # noqa: BLE001 - an entry not held leaves its failure unverified, never a crash
             log.warning("audit: failed entries %s not held for the site (%s: %s): their failures will not count",
                         entry_ids[:3], type(err).__name__, err)
+
+    def probation_state(self, unsettled: Iterable[int] = ()) -> dict[str, int]:
+        """Each worker's probation count for the checkpoint (JSON keys), less its groups read and not yet trained
+        (``unsettled``: their worker ids), which a restarted learner reads again and counts then."""
+        counts = collections.Counter(dict(self.seen))  # one C-level copy: the reader thread may be counting
+        counts.subtract(unsettled)
+        return {str(w): max(0, n) for w, n in counts.items()}
+
+    def restore_probation(self, state: dict[str, int]) -> None:
+        """Take back the probation counts a checkpoint kept: a restarted learner does not audit a worker's next
+        groups as if it had just joined, nor forget that it failed (its count starts again from the failure)."""
+        self.seen.update({int(w): int(n) for w, n in (state or {}).items() if str(w).isdigit() and int(n) >= 0})
 
     def dropped(self, worker_id: int, records: int) -> None:
         self.outcomes[worker_id].dropped_records += records

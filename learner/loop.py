@@ -270,7 +270,10 @@ class LearnerLoop:
             job=dict(self.identity),
             state={"dropped_total": self.consumer.dropped_total, "quarantined": self.consumer.quarantine.report(),
                    "recent_rewards": list(self.recent_rewards),
-                   "t_train_avg": self.t_train_avg, "reports": self.pending_reports},
+                   "t_train_avg": self.t_train_avg, "reports": self.pending_reports,
+                   # the audits' probation per worker (learner/audit.py), restored by learner/trainer.py
+                   "audit_probation": self.consumer.audit.probation_state(g.worker_id for g in self.consumer.buffer)
+                   if self.consumer.audit is not None else {}},
         )
 
     def close(self) -> None:

@@ -191,8 +191,7 @@ class _JobRun:
             stack.callback(explog.close)
             publisher = stack.enter_context(Publisher.opened(site, settings, spec, loop))
             consumer.audit = _auditor(spec, settings, trainer, publisher.store)
-            if consumer.audit is not None:  # failed entries copied aside for the site's check (dataplane.audit_hold)
-                consumer.audit.hold = functools.partial(audit_hold.hold, client, job_id)
+            _audit_ready(consumer, client, job_id, ckpt)
             heartbeat = Heartbeat(settings.server, settings.token, job_id, interval_s=settings.heartbeat_s,
                                   timeout=settings.site_timeout_s).start()
             stack.callback(heartbeat.stop)
@@ -324,6 +323,17 @@ def _resume(loop: LearnerLoop, raw: dict, job_id: int) -> Checkpoint | None:
     except ResumeError as err:
         raise SiteError(str(err)) from None
     return ckpt
+
+
+def _audit_ready(consumer: StalenessGatedConsumer, client, job_id: int, ckpt: Checkpoint | None) -> None:
+    """The auditor's state beyond its settings: failed entries copied aside for the site's check
+    (dataplane.audit_hold), and the workers' probation as the checkpoint kept it (a restarted learner does not
+    treat every worker as new, nor forget which failed)."""
+    if consumer.audit is None:
+        return
+    consumer.audit.hold = functools.partial(audit_hold.hold, client, job_id)
+    if ckpt is not None:
+        consumer.audit.restore_probation(ckpt.state.get("audit_probation", {}))
 
 
 def _auditor(spec: JobSpec, settings: LearnerSettings, trainer: PolicyTrainer, store: SnapshotStore) -> Auditor | None:

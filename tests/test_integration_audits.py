@@ -1,6 +1,9 @@
 """Audits end to end (issue 14): one provider's agent forges its log-probs, another's reports every answer as
-right; the learner's audits catch both, the site suspends both (with their provider accounts, issue 26: each
-forger has its own, the honest agents a third), and the job still reaches its target on the honest workers.
+right; the learner's audits catch both and drop their groups, and the job still reaches its target on the honest
+workers. The site checks each reported failure against the group it stored (docs/trust.md "Audits the site
+checks"): it re-scores the wrong rewards itself and suspends that worker (with its provider account, issue 26: each
+forger has its own, the honest agents a third); the forged log-probs it finds consistent with what the forger sent
+but cannot recompute, and with one job owner reporting them they do not count: that worker is not suspended.
 Real processes: daphne, Celery, the learner and four ``echo2-agent`` (two of them tampered by
 tests/forging_agent.py, the real agent with its rollouts rewritten)."""
 
@@ -59,10 +62,15 @@ def test_forged_logprobs_and_wrong_rewards_are_caught_and_suspended_and_the_job_
     assert final["status"] == "completed", final["status_reason"]
 
     workers = listed()
-    assert workers["forger"]["suspended_at"] and "logprobs: mean |claimed - recomputed|" in \
-        workers["forger"]["suspended_reason"]
     assert workers["liar"]["suspended_at"] and ".reward: claimed 1, the task gives 0" in \
-        workers["liar"]["suspended_reason"]
+        workers["liar"]["suspended_reason"] and "verified by the site" in workers["liar"]["suspended_reason"]
+    liar_rows = accounts[2].get(f"workers/{workers['liar']['id']}/audits/").json()
+    assert liar_rows["standing"]["verified"] >= 2 and liar_rows["standing"]["refused"] == 0
+    forger_rows = accounts[1].get(f"workers/{workers['forger']['id']}/audits/").json()
+    assert workers["forger"]["suspended_at"] is None and workers["forger"]["audits_failed"] == 0
+    assert forger_rows["standing"]["consistent"] >= 2 and forger_rows["standing"]["consistent_owners"] == 1
+    assert forger_rows["standing"]["refused"] == 0 and "not suspended" in forger_rows["standing"]["text"]
+    assert {f["site"] for row in forger_rows["results"] for f in row["failures"]} <= {"consistent", "unverified"}
     for name in ("honest", "honest-2"):
         honest = workers[name]
         assert honest["suspended_at"] is None and honest["audits_failed"] == 0 and honest["audits_passed"] > 0
