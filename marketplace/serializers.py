@@ -299,8 +299,10 @@ class MetricReportSerializer(serializers.Serializer):
     wait_s = serializers.FloatField(min_value=0, max_value=MAX_SECONDS, required=False, default=0.0)
     extra = serializers.DictField(required=False, default=dict)
     audits = AuditResultSerializer(many=True, required=False, default=list, max_length=10_000,
-                                   help_text="Audit outcomes per worker since the previous report; a worker "
-                                             "past ECHO2_AUDIT_SUSPEND_AFTER failures is suspended.")
+                                   help_text="Audit outcomes per worker since the previous report; the site "
+                                             "checks each failure against the group it stored, and a worker past "
+                                             "ECHO2_AUDIT_SUSPEND_AFTER failures that count is suspended "
+                                             "(docs/trust.md \"Audits the site checks\").")
     samples = sample_rows_field()
 
 
