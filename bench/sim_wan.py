@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import statistics
 from pathlib import Path
 
@@ -26,6 +27,8 @@ from bench_simulator import MBIT, WARMUP, calibrate, median_or_none, real_figure
 from simulator import metrics
 from simulator.fleet import simulate
 from simulator.model import Link, NetSpec, SimConfig, WanSpec
+
+INSTALLED = re.compile(r"installed snapshot v(\d+) of job \d+ \(([\d.]+) ?s after publication")
 
 
 def step_timing(row: dict) -> dict | None:
@@ -53,13 +56,42 @@ def step_timing(row: dict) -> dict | None:
             "publish_lag": max(0.0, statistics.median(lags)) if lags else 0.0}
 
 
+def process_latency(row: dict) -> dict | None:
+    """What the run's processes took around a transfer, measured (None when the run's directory is gone): ``install``,
+    the median from a child's last byte (its parent's proxy's tap) to its agent's install (its log), and ``report``,
+    the median from the install that completed 1/gamma of a version's installs to the site counting it, less the
+    report's one way on the links."""
+    if "process_latency" in row:
+        return row["process_latency"]
+    logs = Path(row.get("logs") or "")
+    path = logs.parent / "results.json"
+    if not row.get("logs") or not path.exists():
+        return None
+    installed = {}
+    for log in logs.glob("agent-*.log"):
+        for v, t in INSTALLED.findall(log.read_text(errors="replace")):
+            installed[(int(v), log.stem.removeprefix("agent-"))] = float(t)
+    install, report = [], []
+    for pub in json.loads(path.read_text()).get("timeline", []):
+        install += [installed[(pub["version"], h["child"])] - h["last_s"] for h in pub["hops"]
+                    if (pub["version"], h["child"]) in installed]
+        if pub["t_bcast_s"] is not None and pub["installs_s"]:
+            q = math.ceil(len(pub["installs_s"]) / 1.1 - 1e-9)
+            report.append(pub["t_bcast_s"] - sorted(pub["installs_s"])[q - 1])
+    cal = row["calibration"]
+    one_way = (statistics.median(x["rtt_ms"] for x in cal["links"].values()) + cal["site_rtt_ms"]) / 2000
+    return {"install": max(0.0, statistics.median(install)) if install else 0.0,
+            "report": max(0.0, statistics.median(report) - one_way) if report else 0.0}
+
+
 def _wall(iso: str) -> float:
     from datetime import datetime
 
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
-def wan_config(doc: dict, *, seed: int, flows: bool = True, timing: dict | None = None) -> SimConfig:
+def wan_config(doc: dict, *, seed: int, flows: bool = True, timing: dict | None = None,
+               processes: dict | None = None) -> SimConfig:
     """The simulator for one row's ``calibration`` (the run's clean part in sim_real's shape): calibrated as for the
     loopback run (bench_simulator.py ``calibrate``), the learner's overhead from ``timing`` (:func:`step_timing`)
     where given, and the run's links. With ``flows``, simulator/wan.py's broadcast; without, the closed-form install
@@ -78,7 +110,8 @@ def wan_config(doc: dict, *, seed: int, flows: bool = True, timing: dict | None 
                   site=Link(math.inf, math.inf, doc["site_rtt_ms"] / 1000),
                   workers=tuple((w, Link(x["up_mbit"] * MBIT, x["down_mbit"] * MBIT, x["rtt_ms"] / 1000))
                                 for w, x in sorted(links.items())),
-                  publish_s=(timing or {}).get("publish_lag", 0.0))
+                  publish_s=(timing or {}).get("publish_lag", 0.0), install_s=(processes or {}).get("install", 0.0),
+                  report_s=(processes or {}).get("report", 0.0))
     latency = announce_latency(site_rtt_ms=doc["site_rtt_ms"], learner_rtt_ms=doc["learner_rtt_ms"],
                                agent_rtt_ms=statistics.median(x["rtt_ms"] for x in links.values()))
     net = NetSpec(b0_bps=doc["b0_bps"], chunk_bytes=doc["chunk_bytes"], strategy=doc["job"]["strategy"],
@@ -121,38 +154,52 @@ def simulated(config: SimConfig, seeds: int, versions: list[int] | None = None, 
 def wan_rows(rows: list[dict], seeds: int) -> list[dict]:
     """Each bench_wan.py row (its ``--json``) beside the simulator for the same links: T_bcast (the site's median
     over the clean part's full publications), the bubble and the stale share (the steps after WARMUP, the real
-    ones from the row's calibration), and the closed-form T_bcast bench_wan.py printed (``sim_t_bcast_s``)."""
+    ones from the row's calibration); simulated twice: ``links`` (the links and the protocol only) and ``sim`` (also
+    the run's measured process latencies around a transfer, :func:`process_latency`); and the closed-form T_bcast
+    bench_wan.py printed (``closed_form_t_bcast``)."""
     out = []
     for row in rows:
         label = f"{row['profile']} {row['strategy']} N={row['agents']}"
         cal = row["calibration"]
         try:
             timed = [s["version"] for s in cal["snapshots"] if s["version"] >= 1 and s["t_bcast"] is not None]
-            sim = simulated(wan_config(cal, seed=0, timing=step_timing(row)), seeds, timed)
+            timing, processes = step_timing(row), process_latency(row)
+            links = simulated(wan_config(cal, seed=0, timing=timing), seeds, timed)
+            sim = simulated(wan_config(cal, seed=0, timing=timing, processes=processes), seeds, timed)
             real = real_figures(cal)
         except (TypeError, KeyError, ValueError, ZeroDivisionError, StopIteration, statistics.StatisticsError) as err:
             out.append({"row": label, "error": f"{type(err).__name__}: {err}"})
             continue
         accepted = row.get("accepted") or 0
-        out.append({"row": label, "t_bcast": row.get("t_bcast_s"), "sim_t_bcast": sim["t_bcast"],
-                    "closed_form_t_bcast": row.get("sim_t_bcast_s"), "bubble": real["bubble"],
-                    "sim_bubble": sim["bubble"], "stale": row["dropped_stale"] / accepted if accepted else None,
-                    "sim_stale": sim["stale"], "sim_ranges": {k: sim[f"{k}_range"] for k in ("t_bcast", "bubble")},
-                    "timed": timed, "sim_timed": sim["timed"]})
+        out.append({"row": label, "run": row.get("run"), "t_bcast": row.get("t_bcast_s"), "timed": timed,
+                    "bubble": real["bubble"], "stale": row["dropped_stale"] / accepted if accepted else None,
+                    "closed_form_t_bcast": row.get("sim_t_bcast_s"), "inputs": {"timing": timing,
+                                                                                "processes": processes},
+                    **{f"sim_{k}": sim[k] for k in ("t_bcast", "bubble", "stale", "timed")},
+                    **{f"links_{k}": links[k] for k in ("t_bcast", "bubble", "stale")},
+                    "sim_ranges": {k: sim[f"{k}_range"] for k in ("t_bcast", "bubble", "stale")}})
     return out
 
 
 def print_wan(rows: list[dict]) -> None:
-    """One line per WAN row and quantity: real, simulated, error, and whether it is within the 10 % target."""
-    print(f"{'WAN run (bench_wan.py)':<30}{'quantity':<14}{'real':>9}{'simulated':>11}{'err %':>8}  target 10 %")
+    """One line per WAN row and quantity: real; simulated on the links alone, and with the run's process latencies,
+    each with its error; whether the latter is within the 10 % target."""
+    print(f"{'WAN run (bench_wan.py)':<30}{'quantity':<14}{'real':>8}{'links':>8}{'err %':>7}{'+proc.':>8}{'err %':>7}"
+          "  target 10 %")
     for r in rows:
         if "error" in r:
             print(f"{r['row']:<30}cannot calibrate the simulator on this run: {r['error']}")
             continue
         for key, label in (("t_bcast", "T_bcast s"), ("bubble", "bubble"), ("stale", "dropped stale")):
-            real, sim = r[key], r[f"sim_{key}"]
-            known = real is not None and sim is not None
-            verdict = "-" if not known else "within" if abs(sim - real) <= 0.1 * real else "outside"
-            err = f"{100 * (sim - real) / real:+.1f}" if known and real else "-"
-            print(f"{r['row']:<30}{label:<14}{'-' if real is None else format(real, '.3f'):>9}"
-                  f"{'-' if sim is None else format(sim, '.3f'):>11}{err:>8}  {verdict}")
+            real, links, sim = r[key], r[f"links_{key}"], r[f"sim_{key}"]
+            verdict = "-" if real is None or sim is None else "within" if abs(sim - real) <= 0.1 * real else "outside"
+            print(f"{r['row']:<30}{label:<14}{_f(real):>8}{_f(links):>8}{_err(real, links):>7}{_f(sim):>8}"
+                  f"{_err(real, sim):>7}  {verdict}")
+
+
+def _f(value: float | None) -> str:
+    return "-" if value is None else format(value, ".3f")
+
+
+def _err(real: float | None, sim: float | None) -> str:
+    return "-" if real is None or sim is None or not real else f"{100 * (sim - real) / real:+.1f}"

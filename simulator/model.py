@@ -96,6 +96,8 @@ class WanSpec:
     the background and posted to the site; one way to the site comes on top)."""
     install_s: float = 0.0
     """Seconds from a snapshot's last byte to its weights in the engine, once no batch is generating."""
+    report_s: float = 0.0
+    """Seconds the site takes to count an install report, beyond its one way there."""
     one_fetch: bool = True
     """The agent's rule (worker_agent/session.py ``_offer``): a version it forwards to no child waits while another
     version is fetched, and a newer one replaces it."""

@@ -144,7 +144,7 @@ class WanBroadcast:
             return
         count = self.counting.get(version)
         seconds = self.env.now - count["at"] if count else 0.0
-        yield self.env.timeout(one_way(self.links[w], self.cfg.net.wan.site))
+        yield self.env.timeout(one_way(self.links[w], self.cfg.net.wan.site) + self.cfg.net.wan.report_s)
         if count is None:
             return
         took = self.env.now - count["at"]
