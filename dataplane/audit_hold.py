@@ -77,3 +77,21 @@ def _as_dict(fields) -> dict:
     if isinstance(fields, dict):
         return dict(fields)
     return dict(zip(fields[::2], fields[1::2], strict=True))
+
+
+def held_workers(client, job_id: int) -> dict[str, int]:
+    """Every entry of job ``job_id`` held now, with the worker the site accepted it from (a scan of the job's held
+    keys: what a restarted learner asks once, learner/audit_probation.py)."""
+    prefix = held_key(job_id, "")
+    keys = [k.decode() if isinstance(k, bytes) else k for k in client.scan_iter(match=f"{prefix}*", count=1000)]
+    if not keys:
+        return {}
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.hget(key, "worker_id")
+    out = {}
+    for key, worker in zip(keys, pipe.execute(), strict=True):
+        worker = worker.decode() if isinstance(worker, bytes) else worker
+        if worker is not None and worker.isdigit():
+            out[key.removeprefix(prefix)] = int(worker)
+    return out

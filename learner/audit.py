@@ -36,7 +36,7 @@ import hashlib
 import hmac
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -65,6 +65,12 @@ class AuditSettings:
     logprob_tolerance: float = 0.05  # mean |claimed - recomputed| per learning token
     reward_tolerance: float = 1e-6
     probation_groups: int = 16  # a worker's first groups in the job, and after each failure, all audited
+
+
+def entry_order(entry_id: str) -> tuple[int, int]:
+    """A stream entry id as the stream orders it (milliseconds, then sequence)."""
+    ms, _, seq = entry_id.partition("-")
+    return (int(ms), int(seq or 0)) if ms.isdigit() and (seq or "0").isdigit() else (-1, -1)
 
 
 def audit_fraction(groups_since_failure: int, *, base: float, probation: int) -> float:
@@ -220,6 +226,7 @@ class Auditor:
     # Copies failed entries aside in Redis before they are dropped (dataplane.audit_hold), so the site can check
     # the report against them (docs/trust.md "Audits the site checks"); None: not held (the site counts none).
     hold: Callable[[list[str]], object] | None = None
+    read_through: str = "0-0"  # the newest stream entry counted in ``seen`` (learner/audit_probation.py)
 
     def check(self, stored: StoredGroup) -> str | None:
         """Why the group fails its audit, "" when it passes, None when its version cannot be loaded."""
@@ -296,6 +303,7 @@ class Auditor:
             share = audit_fraction(self.seen[stored.worker_id], base=self.settings.fraction,
                                    probation=self.settings.probation_groups)
             self.seen[stored.worker_id] += 1
+            self.read_through = max(self.read_through, stored.entry_id, key=entry_order)
             if stored.entry_id not in out and sampled(stored.entry_id, fraction=share, key=self.key):
                 chosen.append(stored)
         out.update(self._recompute(chosen) if chosen else {})
@@ -336,18 +344,6 @@ class Auditor:
         except Exception as err:  # noqa: BLE001 - an entry not held leaves its failure unverified, never a crash
             log.warning("audit: failed entries %s not held for the site (%s: %s): their failures will not count",
                         entry_ids[:3], type(err).__name__, err)
-
-    def probation_state(self, unsettled: Iterable[int] = ()) -> dict[str, int]:
-        """Each worker's probation count for the checkpoint (JSON keys), less its groups read and not yet trained
-        (``unsettled``: their worker ids), which a restarted learner reads again and counts then."""
-        counts = collections.Counter(dict(self.seen))  # one C-level copy: the reader thread may be counting
-        counts.subtract(unsettled)
-        return {str(w): max(0, n) for w, n in counts.items()}
-
-    def restore_probation(self, state: dict[str, int]) -> None:
-        """Take back the probation counts a checkpoint kept: a restarted learner does not audit a worker's next
-        groups as if it had just joined, nor forget that it failed (its count starts again from the failure)."""
-        self.seen.update({int(w): int(n) for w, n in (state or {}).items() if str(w).isdigit() and int(n) >= 0})
 
     def dropped(self, worker_id: int, records: int) -> None:
         self.outcomes[worker_id].dropped_records += records

@@ -21,6 +21,7 @@ from dataplane import samples
 from dataplane.jobs import JobSpec
 from dataplane.replay import DROPPED_STALE, RedisError
 
+from .audit_probation import probation_state
 from .batch import concat
 from .checkpoint import Checkpoint, CheckpointStore, Committer, capture_rng, restore_rng
 from .consumer import StalenessGatedConsumer
@@ -272,7 +273,7 @@ class LearnerLoop:
                    "recent_rewards": list(self.recent_rewards),
                    "t_train_avg": self.t_train_avg, "reports": self.pending_reports,
                    # the audits' probation per worker (learner/audit.py), restored by learner/trainer.py
-                   "audit_probation": self.consumer.audit.probation_state(g.worker_id for g in self.consumer.buffer)
+                   "audit_probation": probation_state(self.consumer.audit, (g.worker_id for g in self.consumer.buffer))
                    if self.consumer.audit is not None else {}},
         )
 

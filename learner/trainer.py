@@ -30,6 +30,7 @@ from dataplane.timing import step_split
 
 from . import datasets, distributed
 from .audit import Auditor, AuditSettings, snapshot_weights
+from .audit_probation import restore_probation
 from .checkpoint import Checkpoint, CheckpointStore
 from .client import Heartbeat, SiteClient, SiteError
 from .consumer import StalenessGatedConsumer
@@ -333,7 +334,7 @@ def _audit_ready(consumer: StalenessGatedConsumer, client, job_id: int, ckpt: Ch
         return
     consumer.audit.hold = functools.partial(audit_hold.hold, client, job_id)
     if ckpt is not None:
-        consumer.audit.restore_probation(ckpt.state.get("audit_probation", {}))
+        restore_probation(consumer.audit, ckpt.state.get("audit_probation"), audit_hold.held_workers(client, job_id))
 
 
 def _auditor(spec: JobSpec, settings: LearnerSettings, trainer: PolicyTrainer, store: SnapshotStore) -> Auditor | None:
