@@ -91,7 +91,7 @@ def _wall(iso: str) -> float:
 
 
 def wan_config(doc: dict, *, seed: int, flows: bool = True, timing: dict | None = None,
-               processes: dict | None = None) -> SimConfig:
+               processes: dict | None = None, steps_measured: bool = True) -> SimConfig:
     """The simulator for one row's ``calibration`` (the run's clean part in sim_real's shape): calibrated as for the
     loopback run (bench_simulator.py ``calibrate``), the learner's overhead from ``timing`` (:func:`step_timing`)
     where given, and the run's links. With ``flows``, simulator/wan.py's broadcast; without, the closed-form install
@@ -106,6 +106,9 @@ def wan_config(doc: dict, *, seed: int, flows: bool = True, timing: dict | None 
     learner = base.learner
     if timing is not None:
         learner = dataclasses.replace(learner, overhead_s=timing["overhead"], publish_overhead_s=timing["publish"])
+    if steps_measured:  # each step's own T_train, as the run measured it
+        learner = dataclasses.replace(learner, t_train_steps=tuple(m["t_train"] for m in sorted(
+            doc["metrics"], key=lambda m: m["step"])))
     wan = WanSpec(learner=Link(doc["b0_bps"], doc["b0_bps"], doc["learner_rtt_ms"] / 1000),
                   site=Link(math.inf, math.inf, doc["site_rtt_ms"] / 1000),
                   workers=tuple((w, Link(x["up_mbit"] * MBIT, x["down_mbit"] * MBIT, x["rtt_ms"] / 1000))

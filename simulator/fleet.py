@@ -201,8 +201,9 @@ class FleetSim(Faults, Stream, WanBroadcast):
                 lags[self.version - version] += records
             self.res.trained_max_lag = max(self.res.trained_max_lag, max(lags))
             wait = self.env.now - start
-            yield self.env.timeout(lr.t_train)
-            self.res.steps.append(StepRecord(step, start, wait, lr.t_train, dict(lags)))
+            t_train = lr.train_seconds(step)
+            yield self.env.timeout(t_train)
+            self.res.steps.append(StepRecord(step, start, wait, t_train, dict(lags)))
             self.version += 1
             if self.version % lr.kappa == 0:
                 self._publish(self.version)

@@ -54,6 +54,13 @@ class LearnerSpec:
     """Extra seconds of a publication step (writing the snapshot and the checkpoint), after its overhead."""
     price_per_hour: float = 0.0
     """The learner cluster's price, billed for the whole run (4 x A100 = 12.24 USD/h in the paper)."""
+    t_train_steps: tuple[float, ...] = ()
+    """Each step's own ``T_train`` (step 1 first; a real run's, measured), ``t_train`` past its end; empty: always
+    ``t_train``. A step's bubble ``wait / (wait + T_train)`` is convex in ``T_train``: the mean ratio of steps of
+    varying ``T_train`` is above the ratio at their mean."""
+
+    def train_seconds(self, step: int) -> float:
+        return self.t_train_steps[step - 1] if step <= len(self.t_train_steps) else self.t_train
 
     @property
     def groups_per_step(self) -> int:
