@@ -60,6 +60,8 @@ class JobChecker:
         stored = held_groups(stream.client(), self.job.pk, [e["entry_id"] for e in failures
                                                             if e["entry_id"] not in before])
         out, seen, chosen = Checked(evidence=[]), set(), {id(e) for e in failures}
+        # an entry's verdict is the site's about that group: a report sent again (or a changed item about the same
+        # entry) keeps it, even once the held copy has expired
         for item in evidence:
             if item.get("passed"):
                 out.evidence.append(item)
@@ -74,7 +76,7 @@ class JobChecker:
             else:
                 scorer, problem = self.scorer() if item.get("check") == "reward" else (None, "")
                 verdict = checks.check_failure(item, stored.get(entry), worker_id=worker_id, scorer=scorer,
-                                        scorer_problem=problem)
+                                               scorer_problem=problem)
             seen.add(entry)
             out.counts[verdict.status] += 1
             out.evidence.append({**item, **verdict.as_dict()})
