@@ -1,0 +1,56 @@
+"""bench/sim_wan.py: the simulator configured from a WAN run's row (bench/data/wan-sim-2026-12-05.json, rows of
+bench/bench_wan.py with the runs' measured step timing and process latencies kept), never from the figures compared."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+import sim_wan  # noqa: E402
+
+ROWS = json.loads((BENCH / "data" / "wan-sim-2026-12-05.json").read_text())
+
+
+def paper_row() -> dict:
+    return copy.deepcopy(next(r for r in ROWS if r["profile"] == "paper" and r["agents"] == 4 and r["t_bcast_s"]))
+
+
+def test_the_network_is_the_profiles_links_and_the_learner_the_runs_measurements() -> None:
+    row = paper_row()
+    config = sim_wan.wan_config(row["calibration"], seed=0, timing=row["step_timing"],
+                                processes=row["process_latency"])
+    wan = config.net.wan
+    assert {w: (link.up_bps * 8 / 1e6, link.rtt_s) for w, link in wan.workers} == {
+        int(w): (x["up_mbit"], x["rtt_ms"] / 1000) for w, x in row["calibration"]["links"].items()}
+    assert wan.learner.up_bps == row["calibration"]["b0_bps"]
+    assert config.lease_latency_s == pytest.approx((40 + 10) / 1000)  # the agent's and the site's round trips
+    assert config.learner.t_train_steps == tuple(m["t_train"] for m in row["calibration"]["metrics"])
+    assert wan.publish_s == row["step_timing"]["publish_lag"] and wan.install_s == row["process_latency"]["install"]
+
+
+def test_the_simulated_broadcast_follows_the_links_not_the_measured_t_bcast() -> None:
+    row = paper_row()
+    versions = [s["version"] for s in row["calibration"]["snapshots"] if s["version"] >= 1 and s["t_bcast"]]
+    config = sim_wan.wan_config(row["calibration"], seed=0, timing=row["step_timing"])
+    base = sim_wan.simulated(config, 2, versions)
+    faster = dataclasses.replace(config, net=dataclasses.replace(config.net, wan=dataclasses.replace(
+        config.net.wan, learner=dataclasses.replace(config.net.wan.learner, up_bps=4 * config.net.wan.learner.up_bps),
+        workers=tuple((w, dataclasses.replace(x, up_bps=4 * x.up_bps, down_bps=4 * x.down_bps))
+                      for w, x in config.net.wan.workers))))
+    assert sim_wan.simulated(faster, 2, versions)["t_bcast"] < 0.5 * base["t_bcast"]
+
+
+def test_each_row_gets_real_and_simulated_figures_over_the_same_steps() -> None:
+    out = sim_wan.wan_rows([paper_row()], seeds=1)[0]
+    assert out["row"] == "paper chain N=4"
+    for key in ("t_bcast", "bubble", "stale"):
+        assert out[key] is not None and out[f"sim_{key}"] is not None and out[f"links_{key}"] is not None
+    assert 0 < out["bubble"] < 1 and 0 < out["sim_bubble"] < 1
