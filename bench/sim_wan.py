@@ -58,9 +58,11 @@ def step_timing(row: dict) -> dict | None:
 
 def process_latency(row: dict) -> dict | None:
     """What the run's processes took around a transfer, measured (None when the run's directory is gone): ``install``,
-    the median from a child's last byte (its parent's proxy's tap) to its agent's install (its log), and ``report``,
-    the median from the install that completed 1/gamma of a version's installs to the site counting it, less the
-    report's one way on the links."""
+    the median from a child's last byte (its parent's proxy's tap) to its agent's install (its log); ``report``, the
+    median from the install that completed 1/gamma of a version's installs to the site counting it, less the report's
+    one way on the links; ``relay_lag``, the median of a relayed hop's last byte after its parent's last byte beyond a
+    part at the hop's goodput and the hop's one way (bench/wan/timeline.py's lag), over hops with no other transfer on
+    their two links meanwhile (what the flows model already has)."""
     if "process_latency" in row:
         return row["process_latency"]
     logs = Path(row.get("logs") or "")
@@ -71,17 +73,30 @@ def process_latency(row: dict) -> dict | None:
     for log in logs.glob("agent-*.log"):
         for v, t in INSTALLED.findall(log.read_text(errors="replace")):
             installed[(int(v), log.stem.removeprefix("agent-"))] = float(t)
-    install, report = [], []
-    for pub in json.loads(path.read_text()).get("timeline", []):
+    cal = row["calibration"]
+    timeline = json.loads(path.read_text()).get("timeline", [])
+    spans = [(p["published"] + h["first_s"], p["published"] + h["last_s"], h["parent"], h["child"])
+             for p in timeline for h in p["hops"]]
+    agent_rtt = statistics.median(x["rtt_ms"] for x in cal["links"].values()) / 1000
+    install, report, lag = [], [], []
+    for pub in timeline:
+        last = {h["child"]: h["last_s"] for h in pub["hops"]}
+        for h in pub["hops"]:
+            t0, t1 = pub["published"] + h["first_s"], pub["published"] + h["last_s"]
+            alone = not any(a < t1 and b > t0 and (c == h["child"] or q == h["parent"]) and (q, c) != (h["parent"],
+                            h["child"]) for a, b, q, c in spans)  # no other transfer on the hop's two links
+            if h["parent"] in last and alone and h.get("link_mbit_s"):
+                rate = h["link_mbit_s"] * MBIT * 1448 / 1514
+                lag.append(h["last_s"] - last[h["parent"]] - (256 * 1024 / rate + agent_rtt))
         install += [installed[(pub["version"], h["child"])] - h["last_s"] for h in pub["hops"]
                     if (pub["version"], h["child"]) in installed]
         if pub["t_bcast_s"] is not None and pub["installs_s"]:
             q = math.ceil(len(pub["installs_s"]) / 1.1 - 1e-9)
             report.append(pub["t_bcast_s"] - sorted(pub["installs_s"])[q - 1])
-    cal = row["calibration"]
     one_way = (statistics.median(x["rtt_ms"] for x in cal["links"].values()) + cal["site_rtt_ms"]) / 2000
     return {"install": max(0.0, statistics.median(install)) if install else 0.0,
-            "report": max(0.0, statistics.median(report) - one_way) if report else 0.0}
+            "report": max(0.0, statistics.median(report) - one_way) if report else 0.0,
+            "relay_lag": max(0.0, statistics.median(lag)) if lag else 0.0}
 
 
 def _wall(iso: str) -> float:
@@ -114,7 +129,8 @@ def wan_config(doc: dict, *, seed: int, flows: bool = True, timing: dict | None 
                   workers=tuple((w, Link(x["up_mbit"] * MBIT, x["down_mbit"] * MBIT, x["rtt_ms"] / 1000))
                                 for w, x in sorted(links.items())),
                   publish_s=(timing or {}).get("publish_lag", 0.0), install_s=(processes or {}).get("install", 0.0),
-                  report_s=(processes or {}).get("report", 0.0))
+                  report_s=(processes or {}).get("report", 0.0),
+                  relay_lag_s=(processes or {}).get("relay_lag", 0.0))
     latency = announce_latency(site_rtt_ms=doc["site_rtt_ms"], learner_rtt_ms=doc["learner_rtt_ms"],
                                agent_rtt_ms=statistics.median(x["rtt_ms"] for x in links.values()))
     net = NetSpec(b0_bps=doc["b0_bps"], chunk_bytes=doc["chunk_bytes"], strategy=doc["job"]["strategy"],

@@ -33,6 +33,8 @@ class Flow:
     """Bytes/s it never exceeds on its own (the TCP window over the path's round trip)."""
     upstream: Flow | None = None
     """The parent's own flow of this version while the parent is still receiving it (cut-through)."""
+    hold: float | None = None
+    """Bytes it trails its parent by (None: the net's ``part``)."""
     done: float = 0.0
     rate: float = 0.0
     finished_at: float | None = None
@@ -60,7 +62,7 @@ class FlowNet:
         up = flow.upstream
         if up is None or up.finished_at is not None:
             return flow.size
-        return max(0.0, up.done - self.part)
+        return max(0.0, up.done - self._hold(flow))
 
     def _active(self) -> list[Flow]:
         return [f for f in self.flows if f.finished_at is None and f.start <= self.now + 1e-12]
@@ -89,7 +91,10 @@ class FlowNet:
         up = f.upstream
         if up is None or up.finished_at is not None or f.done < self._available(f) - EPS * f.size:
             return f.cap
-        return min(f.cap, rates.get(up, 0.0) if up.done >= self.part - EPS * up.size else 0.0)
+        return min(f.cap, rates.get(up, 0.0) if up.done >= self._hold(f) - EPS * up.size else 0.0)
+
+    def _hold(self, f: Flow) -> float:
+        return self.part if f.hold is None else f.hold
 
     def next_event(self) -> float:
         """The earliest time something changes: a flow starts or ends, catches up with its parent, or a parent's
@@ -101,8 +106,8 @@ class FlowNet:
             up = f.upstream
             if up is None or up.finished_at is not None:
                 continue
-            if up.done < self.part - EPS * up.size and up.rate > 0:
-                times.append(self.now + (self.part - up.done) / up.rate)
+            if up.done < self._hold(f) - EPS * up.size and up.rate > 0:
+                times.append(self.now + (self._hold(f) - up.done) / up.rate)
             gap = self._available(f) - f.done
             if gap > EPS * f.size and f.rate > up.rate:
                 times.append(self.now + gap / (f.rate - up.rate))
@@ -115,7 +120,7 @@ class FlowNet:
         for f in moved:
             up = f.upstream
             if up is not None and up.finished_at is None and up.done + up.rate * dt < up.size * (1 - EPS):
-                moved[f] = min(moved[f], max(0.0, moved.get(up, up.done) - self.part))
+                moved[f] = min(moved[f], max(0.0, moved.get(up, up.done) - self._hold(f)))
         ended = []
         for f, done in moved.items():
             f.done = done

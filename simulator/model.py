@@ -103,6 +103,9 @@ class WanSpec:
     the background and posted to the site; one way to the site comes on top)."""
     install_s: float = 0.0
     """Seconds from a snapshot's last byte to its weights in the engine, once no batch is generating."""
+    relay_lag_s: float = 0.0
+    """Seconds a relay forwards later than one part (its process's CPU: each hop's last byte after its parent's,
+    beyond a part at the hop's rate and the hop's one way); the child trails by that many seconds of its downlink."""
     report_s: float = 0.0
     """Seconds the site takes to count an install report, beyond its one way there."""
     one_fetch: bool = True

@@ -95,9 +95,10 @@ class WanBroadcast:
     def _fetch(self, w: int, version: int, parent: int | None, *, delay: float = 0.0) -> None:
         wan = self.cfg.net.wan
         rtt = self._link(parent).rtt_s + self._link(w).rtt_s
+        hold = wan.part_bytes + wan.relay_lag_s * self.links[w].down_bps * wan.goodput
         flow = Flow(version, w, parent, self.cfg.learner.snapshot_bytes, start=self.env.now + delay + rtt,
                     cap=wan.window_bytes / rtt if rtt > 0 else math.inf,
-                    upstream=self.flow_of.get((version, parent)) if parent is not None else None)
+                    upstream=self.flow_of.get((version, parent)) if parent is not None else None, hold=hold)
         self.flow_of[(version, w)] = self.flownet.add(flow)
 
     def _wake(self) -> None:
