@@ -82,3 +82,11 @@ def test_publications_faster_than_a_broadcast_overlap_and_slow_each_other() -> N
     busy = simulate(wan_config(t_train=0.3))
     assert busy.t_bcast and max(busy.t_bcast.values()) > 1.3 * alone
     assert busy.dropped > 0  # the learner outruns the installs: records of old versions go stale
+
+
+def test_a_slow_relay_trails_its_parent_by_its_hold() -> None:
+    # as test_a_relay_forwards_a_part_behind_its_parent, the relay holding 1.5 B (its lag at 1 B/s) not 0.5
+    net = FlowNet({None: 10.0, 1: 1.0}, {1: 1.0, 2: 1.0}, part=0.5)
+    seed = net.add(Flow(1, 1, None, 4.0, 0.0))
+    net.add(Flow(1, 2, 1, 4.0, 0.0, upstream=seed, hold=1.5))
+    assert finish_times(net) == pytest.approx({(1, 1): 4.0, (1, 2): 5.5})
