@@ -5,8 +5,9 @@ job (bench_faults.py's fault-free run: Redis, daphne, Celery, three relaying age
 Run: ``.venv/bin/python bench/bench_simulator.py [--sizes 4 8] [--steps 60] [--real-json var/sim-real.json]
 [--save-real var/sim-real.json] [--seeds 5] [--json out.json]``
 (``--real-json bench/data/sim-real-2026-12-03.json`` is the live run of docs/simulator.md's table.)
-``--wan-json var/wan.json`` (what ``bench/bench_wan.py --json`` wrote) compares the simulator with the WAN runs
-instead, row by row: T_bcast and the bubble for the same links (``wan_config``), error against the 10 % target.
+``--wan-json var/wan.json`` (what ``bench/bench_wan.py --json`` wrote; ``bench/data/wan-sim-2026-12-05.json`` keeps
+12 such rows) compares the simulator's WAN model with the WAN runs instead, row by row (bench/sim_wan.py): T_bcast,
+the bubble and the stale share for the same links, error against the 10 % target.
 
 The simulator is calibrated on the live run's own measurements, never on the quantities compared: ``T_train``
 (the learner's step reports), each worker's generation rate ``mu_i`` and its variability (lease-to-return

@@ -212,7 +212,8 @@ def print_wan(rows: list[dict]) -> None:
         for key, label in (("t_bcast", "T_bcast s"), ("bubble", "bubble"), ("stale", "dropped stale")):
             real, links, sim = r[key], r[f"links_{key}"], r[f"sim_{key}"]
             verdict = "-" if real is None or sim is None else "within" if abs(sim - real) <= 0.1 * real else "outside"
-            print(f"{r['row']:<30}{label:<14}{_f(real):>8}{_f(links):>8}{_err(real, links):>7}{_f(sim):>8}"
+            name = f"{r['row']} {r['run']}" if r.get("run") else r["row"]
+            print(f"{name:<30}{label:<14}{_f(real):>8}{_f(links):>8}{_err(real, links):>7}{_f(sim):>8}"
                   f"{_err(real, sim):>7}  {verdict}")
 
 
