@@ -4,10 +4,11 @@
 The trajectory stream is a queue, not an archive (``dataplane.replay``): the learner acknowledges *and deletes* an
 entry once trained, and a group that fails its audit is dropped (acknowledged and deleted) at once, before the step
 report that names it reaches the site. So before the learner drops a failed group it asks Redis to copy that entry,
-as the site stored it (lease, worker stamp, data), into a key of its own, kept :data:`HOLD_S` seconds. The copy is
-made inside Redis by :data:`HOLD` from the stream entry itself: the learner names entry ids, never content. The site
-reads the held copy (or the entry, while it is still in the stream) with :func:`held_groups`; an entry found in
-neither is *gone* (never held, or held longer ago than :data:`HOLD_S`), and the site counts nothing on it.
+as the site stored it (lease, worker stamp, data, the site's seal: ``dataplane.seal``), into a key of its own, kept
+:data:`HOLD_S` seconds. The copy is made inside Redis by :data:`HOLD` from the stream entry itself: the learner
+names entry ids, never content. The site reads the held copy (or the entry, while it is still in the stream) with
+:func:`held_entries`, and believes it only under a valid seal (the learner can write into these keys too); an entry
+found in neither is *gone* (never held, or held longer ago than :data:`HOLD_S`), and the site counts nothing on it.
 
 Keys of job ``j``: ``echo2:job:j:held:<entry id>``, a hash of the entry's fields, each with its own expiry."""
 
@@ -56,6 +57,13 @@ def hold(client, job_id: int, entry_ids: Iterable[str], *, ttl_s: int = HOLD_S) 
 def held_groups(client, job_id: int, entry_ids: Iterable[str]) -> dict[str, StoredGroup]:
     """The groups of ``entry_ids`` as the site stored them: the held copy, else the entry still in the stream (one
     pipelined round trip); an entry in neither (gone) is absent from the result."""
+    return {entry_id: stored_entry(entry_id, fields) for entry_id, fields in held_entries(client, job_id,
+                                                                                          entry_ids).items()}
+
+
+def held_entries(client, job_id: int, entry_ids: Iterable[str]) -> dict[str, dict]:
+    """The fields of ``entry_ids`` as stored (bytes to bytes, the site's ``seal`` among them: ``dataplane.seal``):
+    the held copy, else the entry still in the stream (one pipelined round trip); an entry in neither is absent."""
     ids = list(dict.fromkeys(entry_ids))
     if not ids:
         return {}
@@ -64,11 +72,11 @@ def held_groups(client, job_id: int, entry_ids: Iterable[str]) -> dict[str, Stor
         pipe.execute_command("HGETALL", held_key(job_id, entry_id), **{NEVER_DECODE: True})
         pipe.execute_command("XRANGE", trajectories_key(job_id), entry_id, entry_id, **{NEVER_DECODE: True})
     replies = pipe.execute()
-    out: dict[str, StoredGroup] = {}
+    out: dict[str, dict] = {}
     for entry_id, held, live in zip(ids, replies[::2], replies[1::2], strict=True):
         fields = _as_dict(held) if held else (_as_dict(live[0][1]) if live else None)
         if fields:
-            out[entry_id] = stored_entry(entry_id, fields)
+            out[entry_id] = fields
     return out
 
 

@@ -13,9 +13,10 @@ prompts       ``echo2:job:j:prompts``: stream of prompt groups (fields ``group_i
               worker that asks (XAUTOCLAIM), so no prompt is lost. A released worker's leases are handed
               back at once (``return_leases``).
 trajectories  ``echo2:job:j:trajectories``: stream of accepted groups (fields ``lease_id``, ``worker_id``: the
-              worker the site accepted it from, ``data``: the :class:`~dataplane.records.TrajectoryGroup` as
-              JSON). The consumer group ``learner`` feeds the trainer, which acknowledges (and deletes) an
-              entry only once trained or dropped as stale.
+              worker the site accepted it from, ``data``: the :class:`~dataplane.records.TrajectoryGroup`
+              (``dataplane.groupcodec``), ``seal``: the site's HMAC of the other three and the job
+              (``dataplane.seal``; readers pass it by). The consumer group ``learner`` feeds the trainer, which
+              acknowledges (and deletes) an entry only once trained or dropped as stale.
 counters      ``echo2:job:j:counters``: hash of per-job counters (accepted_groups, accepted_records, ...).
 delivered     ``echo2:job:j:delivered``: hash of the groups accepted from each worker (field: the worker id), counted
               with the group: the site's evidence of what a worker delivered to the job, which bounds the audits
@@ -52,6 +53,7 @@ from redis.retry import Retry
 from .groupcodec import encode_group
 from .records import TrajectoryGroup
 from .replay_scripts import ACK_COUNTED, LEASE, RETURN_ERRORS, RETURN_GROUP, script
+from .seal import seal
 from .stored import StoredGroup, field, stored_entry, text
 
 log = logging.getLogger("echo2.replay")
@@ -245,16 +247,21 @@ class ReplayBuffer:
         except redis.ResponseError as err:  # a lease id that is not a stream id
             raise LeaseError(f"lease_id: {lease_id!r} is not a lease ({err})") from None
 
-    def return_group(self, *, worker_id: int, group: TrajectoryGroup, event: TimedEvent | None = None) -> str:
+    def return_group(self, *, worker_id: int, group: TrajectoryGroup, event: TimedEvent | None = None,
+                     seal_key: bytes | None = None) -> str:
         """Append a validated group for its lease, at most once, and add ``event`` with it (one round trip);
-        returns its trajectory stream id.
+        returns its trajectory stream id. With ``seal_key`` (the site's: ``marketplace.infra.group_seal``) the
+        entry carries its ``seal`` (``dataplane.seal``), computed here over the very bytes appended.
 
         Raises :class:`LeaseError` when the lease expired, is another worker's or names another group (then
         ``event`` is not added).
         """
+        data = encode_group(group)
+        sealed = seal(seal_key, job_id=self.job_id, worker_id=worker_id, lease_id=group.lease_id, data=data) \
+            if seal_key is not None else ""
         keys = [self.prompts, self.trajectories, self.counters_key, self.delivered_key]
-        args = [group.lease_id, consumer_name(worker_id), group.group_id, encode_group(group), PROMPT_GROUP,
-                len(group.records), group.records[0].prompt, worker_id]
+        args = [group.lease_id, consumer_name(worker_id), group.group_id, data, PROMPT_GROUP,
+                len(group.records), group.records[0].prompt, worker_id, sealed]
         if event is not None:
             keys.append(event.key)
             args += [event.member, repr(event.at), repr(event.keep_after), event.ttl_s]

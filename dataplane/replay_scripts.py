@@ -23,8 +23,8 @@ return out
 """
 
 # KEYS: prompts, trajectories, counters, delivered[, event set].
-# ARGV: lease id, consumer, group id, payload, prompt group, records, prompt text, worker id[, event member, at,
-# keep after, ttl].
+# ARGV: lease id, consumer, group id, payload, prompt group, records, prompt text, worker id, seal ('' for none)[,
+# event member, at, keep after, ttl].
 RETURN_GROUP = """
 local pending = redis.call('XPENDING', KEYS[1], ARGV[5], ARGV[1], ARGV[1], 1)
 if #pending == 0 then return 'expired' end
@@ -38,16 +38,21 @@ for i = 1, #fields, 2 do
 end
 if group_id ~= ARGV[3] then return 'group' end
 if prompt ~= ARGV[7] then return 'prompt' end
-local id = redis.call('XADD', KEYS[2], '*', 'lease_id', ARGV[1], 'worker_id', ARGV[8], 'data', ARGV[4])
+local id
+if ARGV[9] ~= '' then
+  id = redis.call('XADD', KEYS[2], '*', 'lease_id', ARGV[1], 'worker_id', ARGV[8], 'data', ARGV[4], 'seal', ARGV[9])
+else
+  id = redis.call('XADD', KEYS[2], '*', 'lease_id', ARGV[1], 'worker_id', ARGV[8], 'data', ARGV[4])
+end
 redis.call('XACK', KEYS[1], ARGV[5], ARGV[1])
 redis.call('XDEL', KEYS[1], ARGV[1])
 redis.call('HINCRBY', KEYS[3], 'accepted_groups', 1)
 redis.call('HINCRBY', KEYS[3], 'accepted_records', ARGV[6])
 redis.call('HINCRBY', KEYS[4], ARGV[8], 1)
 if KEYS[5] then
-  redis.call('ZADD', KEYS[5], ARGV[10], ARGV[9])
-  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', ARGV[11])
-  redis.call('EXPIRE', KEYS[5], ARGV[12])
+  redis.call('ZADD', KEYS[5], ARGV[11], ARGV[10])
+  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', ARGV[12])
+  redis.call('EXPIRE', KEYS[5], ARGV[13])
 end
 return id
 """

@@ -3,6 +3,7 @@
 DATABASE_URL  default: SQLite file under ECHO2_DATA_DIR (./var)
 REDIS_URL     default: redis://127.0.0.1:6379/0 (channel layer, Celery broker, trajectory streams)
 SECRET_KEY    default: an insecure development key (DEBUG only)
+SECRET_KEY_FALLBACKS default: none; comma-separated former SECRET_KEYs, still verified after a rotation
 DEBUG         default: true
 ALLOWED_HOSTS default: localhost,127.0.0.1,[::1],testserver
 
@@ -72,6 +73,7 @@ DEBUG = env_bool("DEBUG", True)
 SECRET_KEY = os.environ.get("SECRET_KEY") or ("dev-insecure-key-change-me" if DEBUG else "")
 if not SECRET_KEY:
     raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off")
+SECRET_KEY_FALLBACKS = env_list("SECRET_KEY_FALLBACKS")  # rotated secrets, still verified (sessions, group seals)
 ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",")]
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
 

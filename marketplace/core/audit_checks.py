@@ -4,7 +4,9 @@ A learner's "failed" is the word of the job's owner about a stranger's worker, s
 it holds itself: the group it accepted from the worker (the stream entry, or the copy held when the learner dropped
 it: ``dataplane.audit_hold``) and the job's task. Each reported failure gets one :class:`SiteCheck`:
 
-- ``refused``: the evidence does not describe the stored group (another worker's entry, another group or version,
+- ``refused``: the stored entry's seal is not the site's (``dataplane.seal``: a record the learner wrote into the
+  job's Redis itself, in the stream or in a hold, or one altered after the site sealed it), or the evidence does not
+  describe the stored group (another worker's entry, another group or version,
   a record it does not have, claimed figures that are not the worker's, the same entry reported twice), or the
   site recomputed the reward and the worker's is right. A forged report: logged, never counted.
 - ``verified``: a reward failure the site re-scored itself with the job's task: the worker's claimed reward is
@@ -12,7 +14,8 @@ it: ``dataplane.audit_hold``) and the job's task. Each reported failure gets one
 - ``consistent``: a log-prob or text failure whose evidence matches the stored group, which the site cannot
   recompute (it holds no model, no tokenizer). Counted only when learners of several owners say so
   (:func:`counted_failures`).
-- ``unverified``: the site cannot check it: the entry is gone (acknowledged and no held copy left), the failure
+- ``unverified``: the site cannot check it: the entry is gone (acknowledged and no held copy left) or carries no
+  seal (stored before the site sealed groups), the failure
   came without evidence, the task runs code the site does not run (a user reward function, a verifiers
   environment, a task of an installed package) or needs what the site lacks (a data set's rows, a scorer's
   package), or a log-prob gap under the site's floor. Stored and shown, never counted on the learner's word alone.
@@ -23,11 +26,12 @@ Plain functions over the stored group and the evidence dict: no Django, no Redis
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dataplane.stored import StoredGroup
+from dataplane.seal import SEAL_FIELD, seal_valid
+from dataplane.stored import StoredGroup, field
 from dataplane.tasks import BUILTIN, TaskAdapter, build_task
 
 VERIFIED, CONSISTENT, UNVERIFIED, REFUSED = "verified", "consistent", "unverified", "refused"
@@ -66,6 +70,30 @@ def site_scorer(task_spec: Any) -> tuple[TaskAdapter | None, str]:
     except Exception as err:  # noqa: BLE001 - whatever stops the site scoring leaves the failure unverified
         return None, f"the site cannot score task {name!r} ({type(err).__name__}: {str(err)[:160]})"
     return task, ""
+
+
+def seal_verdict(fields: Mapping, *, entry: str, job_id: int, keys: Sequence[bytes]) -> SiteCheck | None:
+    """None when the stored entry ``fields`` (held copy or stream entry, as stored) carry the site's valid seal for
+    job ``job_id`` under one of ``keys``; otherwise the verdict that stands instead of any check of its content:
+    no seal is ``unverified`` (an entry appended before the site sealed groups, or written without one: believed
+    either way in nothing), a seal that does not match is ``refused`` (written by another hand, or altered)."""
+    claimed = field(fields, SEAL_FIELD)
+    if claimed is None:
+        return SiteCheck(UNVERIFIED, f"entry {entry} carries no seal of the site (stored before groups were sealed, "
+                                     "or not by the site): its content is not believed")
+    worker, lease, data = (field(fields, name) for name in ("worker_id", "lease_id", "data"))
+    worker, lease = _decoded(worker), _decoded(lease)  # anyone's bytes: decoded without raising
+    data = data.encode() if isinstance(data, str) else data
+    well_formed = worker.isascii() and worker.isdigit() and data is not None
+    if not well_formed or not seal_valid(keys, claimed, job_id=job_id, worker_id=int(worker), lease_id=lease,
+                                         data=data):
+        return SiteCheck(REFUSED, f"entry {entry}'s seal is not the site's: a record the site never stored (written "
+                                  "into the job's Redis by another hand) or altered after it was sealed")
+    return None
+
+
+def _decoded(value: bytes | str | None) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else (value or "")
 
 
 def check_failure(evidence: Mapping[str, Any], stored: StoredGroup | None, *, worker_id: int,

@@ -1,6 +1,7 @@
 """The site checks the failures a learner reports before any counts (docs/trust.md "Audits the site checks"): each
 failure's evidence against the group the site stored (``dataplane.audit_hold``: the held copy, or the stream
-entry) and, for a reward, the job's task run by the site itself (``marketplace/core/audit_checks.py``).
+entry), believed only under the site's seal (``dataplane.seal``, ``marketplace/infra/group_seal.py``) and, for a
+reward, the job's task run by the site itself (``marketplace/core/audit_checks.py``).
 
 What counts toward a worker's suspension (:func:`worker_counted_failures`): every failure the site verified, and
 the consistent log-prob and text failures only once learners of ``ECHO2["AUDIT_CORROBORATING_OWNERS"]`` (default 2)
@@ -15,15 +16,18 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Sum
 
-from dataplane.audit_hold import held_groups
+from dataplane.audit_hold import held_entries
+from dataplane.stored import field as stored_field
+from dataplane.stored import stored_entry, text
 
 from ..core import audit_checks as checks
 from ..core.audit_checks import REFUSED, UNVERIFIED, SiteCheck
-from ..infra import stream
+from ..infra import group_seal, stream
 from ..models import Job, Worker, WorkerAudit
 
 log = logging.getLogger(__name__)
 CORROBORATING_OWNERS = 2  # the default of ECHO2["AUDIT_CORROBORATING_OWNERS"]
+SEALED_LEASE = "sealed_lease"  # an evidence item's key: the lease of the sealed group it was checked against
 
 
 @dataclass
@@ -57,8 +61,9 @@ class JobChecker:
         before = {e.get("entry_id"): e for e in _row_evidence(self.job, worker_id, step) if "site" in e}
         elsewhere = _entries_reported(self.job, worker_id, exclude_step=step)
         failures = [e for e in evidence if not e.get("passed")][:failed]
-        stored = held_groups(stream.client(), self.job.pk, [e["entry_id"] for e in failures
-                                                            if e["entry_id"] not in before])
+        stored = held_entries(stream.client(), self.job.pk, [e["entry_id"] for e in failures
+                                                             if e["entry_id"] not in before])
+        keys = group_seal.verifying_keys()
         out, seen, chosen = Checked(evidence=[]), set(), {id(e) for e in failures}
         # an entry's verdict is the site's about that group: a report sent again (or a changed item about the same
         # entry) keeps it, even once the held copy has expired
@@ -68,23 +73,42 @@ class JobChecker:
                 continue
             if id(item) not in chosen:  # past the failures counted (the cap at what the worker delivered)
                 continue
-            entry = item["entry_id"]
+            entry, sealed = item["entry_id"], {}
             if entry in seen or entry in elsewhere:
                 verdict = SiteCheck(REFUSED, f"entry {entry} was reported failed already")
             elif entry in before:
                 verdict = SiteCheck(before[entry]["site"], before[entry].get("site_reason", ""))
             else:
-                scorer, problem = self.scorer() if item.get("check") == "reward" else (None, "")
-                verdict = checks.check_failure(item, stored.get(entry), worker_id=worker_id, scorer=scorer,
-                                               scorer_problem=problem)
+                verdict, sealed = self._check_stored(item, stored.get(entry), worker_id=worker_id, keys=keys)
+                lease = (SEALED_LEASE, sealed.get(SEALED_LEASE))  # apart from entry ids: both are stream ids
+                if sealed and (lease in seen or lease in elsewhere):  # one accepted group under two entry ids
+                    verdict = SiteCheck(REFUSED, f"entry {entry} holds the group of lease {sealed[SEALED_LEASE]}, "
+                                                 "reported failed already")
+                seen.add(lease)
             seen.add(entry)
             out.counts[verdict.status] += 1
-            out.evidence.append({**item, **verdict.as_dict()})
+            out.evidence.append({**item, **sealed, **verdict.as_dict()})
             if verdict.status == REFUSED:
                 log.warning("job %s step %s: FORGED audit report refused: worker %s entry %s: %s", self.job.pk,
                             step, worker_id, entry, verdict.why)
         out.counts[UNVERIFIED] += failed - len(failures)  # failures reported without evidence
         return out
+
+    def _check_stored(self, item: dict[str, Any], fields: dict | None, *, worker_id: int,
+                      keys: list[bytes]) -> tuple[SiteCheck, dict[str, str]]:
+        """The verdict on one failure against the entry's stored ``fields`` (None: gone), believed only under the
+        site's seal; with it, for a sealed entry, ``{SEALED_LEASE: its lease}`` (the lease is under the seal, the
+        entry id is not: the same group copied under another entry id is the same failure)."""
+        if fields is None:
+            return checks.check_failure(item, None, worker_id=worker_id, scorer=None, scorer_problem=""), {}
+        entry = item["entry_id"]
+        unsealed = checks.seal_verdict(fields, entry=entry, job_id=self.job.pk, keys=keys)
+        if unsealed is not None:
+            return unsealed, {}
+        scorer, problem = self.scorer() if item.get("check") == "reward" else (None, "")
+        verdict = checks.check_failure(item, stored_entry(entry, fields), worker_id=worker_id, scorer=scorer,
+                                       scorer_problem=problem)
+        return verdict, {SEALED_LEASE: text(stored_field(fields, "lease_id"))}
 
 
 def _row_evidence(job: Job, worker_id: int, step: int) -> list[dict]:
@@ -92,11 +116,17 @@ def _row_evidence(job: Job, worker_id: int, step: int) -> list[dict]:
     return list(row[0]) if row else []
 
 
-def _entries_reported(job: Job, worker_id: int, *, exclude_step: int) -> set[str]:
-    out: set[str] = set()
+def _entries_reported(job: Job, worker_id: int, *, exclude_step: int) -> set[str | tuple[str, str]]:
+    """The entries reported failed of the worker in the job's other steps, and their sealed leases (as
+    ``(SEALED_LEASE, lease)``), except those refused."""
+    out: set[str | tuple[str, str]] = set()
     for evidence in WorkerAudit.objects.filter(job=job, worker_id=worker_id, failed__gt=0).exclude(
             step=exclude_step).values_list("evidence", flat=True):
-        out.update(e.get("entry_id") for e in evidence if not e.get("passed") and e.get("site") != REFUSED)
+        for e in evidence:
+            if not e.get("passed") and e.get("site") != REFUSED:
+                out.add(e.get("entry_id"))
+                if e.get(SEALED_LEASE):
+                    out.add((SEALED_LEASE, e[SEALED_LEASE]))
     return out
 
 

@@ -19,7 +19,7 @@ from dataplane.replay import LeaseError
 from dataplane.tasks import TaskSpecError, build_task
 
 from .. import selectors
-from ..infra import reward_errors, stream, telemetry
+from ..infra import group_seal, reward_errors, stream, telemetry
 from ..models import Activation, Job, Worker
 from ..realtime.assembly import AssemblyError, GroupAssembler, JobLimits, group_bytes_bound
 from .base import ServiceError, running_activation
@@ -106,7 +106,8 @@ def trajectories_submit(*, worker: Worker, group: TrajectoryGroup, running: Runn
     The group's schema and group rules were checked when its message was parsed (``TrajectoryGroup``).
     A group that does not fit is refused whole (GRPO needs whole groups); its lease stays open, so the
     prompt is re-leased after the timeout and nothing is lost. ``running``: as for :func:`prompts_lease`.
-    The accepted records are counted for the worker's measured mu_i in the same Redis round trip.
+    The accepted records are counted for the worker's measured mu_i in the same Redis round trip, and the entry
+    carries the site's seal (``dataplane.seal``): what an audit of it later believes (``services.audit_verify``).
     """
     job = _checked(worker, group.job_id, running)
     buffer = stream.replay(group.job_id)
@@ -114,7 +115,7 @@ def trajectories_submit(*, worker: Worker, group: TrajectoryGroup, running: Runn
     try:
         group.check_for_job(job_id=job.job_id, group_size=job.group_size, max_version=job.published_version,
                             limits=job.limits)
-        buffer.return_group(worker_id=worker.pk, group=group,
+        buffer.return_group(worker_id=worker.pk, group=group, seal_key=group_seal.signing_key(),
                             event=telemetry.accepted_event(worker.pk, job_id=job.job_id, at=time.time(), records=n))
     except (RecordError, LeaseError) as err:
         buffer.count("rejected_records", n)
