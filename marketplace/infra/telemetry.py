@@ -158,12 +158,24 @@ def relay_failure_witness(job_id: int, *, parent_id: int, child_id: int, window_
     """Child ``child_id`` says its relay parent ``parent_id`` failed in ``job_id``: counted once per child, and
     forgotten ``window_s`` after the last report (the chain score's decay window). Returns how many distinct
     children have said so: one child's word is not enough to count a failure (``services.broadcast``)."""
-    key = f"echo2:relayfail:{job_id}:{parent_id}"
+    key = _relay_failure_key(job_id, parent_id)
     pipe = stream.client().pipeline(transaction=True)
     pipe.sadd(key, str(child_id))
     pipe.expire(key, max(1, round(window_s)))
     pipe.scard(key)
     return int(pipe.execute()[-1])
+
+
+def relay_failure_reporters(job_id: int, parent_ids: list[int]) -> dict[int, set[int]]:
+    """The children that said each of ``parent_ids`` failed in ``job_id`` within the window (one round trip)."""
+    pipe = stream.client().pipeline(transaction=False)
+    for parent_id in parent_ids:
+        pipe.smembers(_relay_failure_key(job_id, parent_id))
+    return {p: {int(c) for c in found} for p, found in zip(parent_ids, pipe.execute(), strict=True) if found}
+
+
+def _relay_failure_key(job_id: int, parent_id: int) -> str:
+    return f"echo2:relayfail:{job_id}:{parent_id}"
 
 
 def _chain_plan_key(job_id: int, version: int) -> str:

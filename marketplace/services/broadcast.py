@@ -138,7 +138,7 @@ def snapshot_publish(*, job: Job, version: int, url: str, manifest: dict) -> Sna
     # relay meanwhile: it is left out of the plan and gets the newest snapshot when it says hello again.
     active = [PlannedWorker(*row) for row in Worker.objects.filter(activations__job=job, activations__ended_at=None)
               .exclude(status=Worker.Status.OFFLINE).order_by("pk").values_list(*PlannedWorker._fields)]
-    plan = broadcast_plan(job=job, workers=active, now=time.time())
+    plan = _away_from_the_accused(job, broadcast_plan(job=job, workers=active, now=time.time()), active)
     telemetry.save_chain_plan(job.pk, version, plan)
     snap.n_chains = len(plan.chains)  # the learner sizes its relay's fan-out from this (API reply)
     push_job_update(job.pk)
@@ -168,6 +168,28 @@ class PlannedWorker(NamedTuple):
 
     relay_bandwidth_bps = Worker.relay_bandwidth_bps
     audit_pass_rate = Worker.audit_pass_rate
+
+
+def _away_from_the_accused(job: Job, plan: chains.ChainPlan, active: Sequence[PlannedWorker]) -> chains.ChainPlan:
+    """A worker that said its relay parent failed (one child's word, within the score's decay window) is not planned
+    under that parent again: another chain's relay tail takes it (``chains.reroute`` with no learner slot beyond
+    the plan's ``N_ch`` seeds: a liar adds no chain), else it stays (and moves if it reports again). Before, a relay
+    that died without its socket closing (a crashed host: the site hears nothing until the worker timeout, 30 s)
+    was planned as the same child's parent at every publication, and the child found out again each time (the
+    `paper` WAN bench: v6 and v8)."""
+    pairs = [(chain[i - 1], chain[i]) for chain in plan.chains for i in range(1, len(chain))]
+    if not pairs:
+        return plan
+    reported = telemetry.relay_failure_reporters(job.pk, sorted({parent for parent, _ in pairs}))
+    relays = {w.pk for w in active if w.relay_address}
+    for parent, child in pairs:
+        if child in reported.get(parent, ()) and (chains.route(plan, child) or (None,))[0] == parent:
+            moved = chains.reroute(plan, child, relays=relays - {parent}, learner_slots=len(plan.chains))
+            if moved is not None:
+                log.info("job %s: worker %s said relay %s failed; planned under %s instead", job.pk, child, parent,
+                         moved[1][0][1] if moved[1][0][1] is not None else "the learner")
+                plan = moved[0]
+    return plan
 
 
 def _check_base(job: Job, manifest: dict) -> None:

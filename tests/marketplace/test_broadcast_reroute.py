@@ -204,3 +204,19 @@ async def held(relay: SnapshotRelay) -> int:
 
 async def finished(task: asyncio.Future):
     return await asyncio.wait_for(task, 50)
+
+
+def test_a_child_is_not_planned_again_under_the_parent_it_reported(pushes):  # noqa: F811
+    """A relay that died without its socket closing (a crashed host) stays in the plan until the worker timeout; the
+    child that reported it is planned under another relay from the next publication on, not sent to it again."""
+    workers = make_workers(4)
+    job = running_job(workers, b0=2000)  # two chains of two
+    live(*workers)
+    publish(job, 1)
+    (a, b), (c, d) = telemetry.load_chain_plan(job.pk, 1).chains
+    report(b, a, job)
+    publish(job, 2)
+    plan = telemetry.load_chain_plan(job.pk, 2)
+    assert all((a, b) != chain[i - 1:i + 1] for chain in plan.chains for i in range(1, len(chain))), plan.chains
+    assert pushes[b][-1].version == 2 and pushes[b][-1].parent_worker_id != a
+    assert {w for chain in plan.chains for w in chain} == {a, b, c, d} and Worker.objects.get(pk=a).relay_failures == 0
