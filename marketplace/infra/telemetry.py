@@ -157,7 +157,7 @@ def _time(raw: str | None) -> float | None:
 def relay_failure_witness(job_id: int, *, parent_id: int, child_id: int, window_s: float) -> int:
     """Child ``child_id`` says its relay parent ``parent_id`` failed in ``job_id``: counted once per child, and
     forgotten ``window_s`` after the last report (the chain score's decay window). Returns how many distinct
-    children have said so: one child's word is not enough to count a failure (``services.broadcast``)."""
+    children have said so: one child's word is not enough to count a failure (``services.repair``)."""
     key = _relay_failure_key(job_id, parent_id)
     pipe = stream.client().pipeline(transaction=True)
     pipe.sadd(key, str(child_id))

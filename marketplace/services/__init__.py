@@ -11,7 +11,8 @@ transaction it joins it), and its pushes and enqueued tasks leave only once that
 - ``jobs``: create, start, pause, resume, finish; the calibration phase and the scheduler's decisions applied.
 - ``rollouts``: prompt leases (and their early return) and trajectory submissions, whole or in parts, checked
   against the worker's running job read once (``RunningJob``, held by the agent socket).
-- ``broadcast``: snapshot publication, chain plans, relay failures and repair, installs.
+- ``broadcast``: snapshot publication, chain plans, installs and the relay bandwidth they measure.
+- ``repair``: relay failures reported by children, and the chain plan repaired around them (and workers gone).
 - ``learner``: the learner's announcement, heartbeat and step metrics; jobs whose learner went silent.
 - ``audits``: the learner's audits of workers' records, reported with its steps; repeat failures suspended.
 - ``accounts``: people's API tokens (stored hashed, shown once).
@@ -19,8 +20,8 @@ transaction it joins it), and its pushes and enqueued tasks leave only once that
 - ``controls``: a worker's price (from now on), pause, resume, removal; a job archived or deleted (docs/ledger.md).
 
 Siblings import one way only: ``base`` imports none of them; ``broadcast`` and ``rollouts`` import ``base``;
-``billing`` imports none; ``workers`` imports ``broadcast`` (assignments) and ``billing``; ``presence`` imports
-``workers``, ``broadcast`` (chain repair) and ``billing``; ``jobs``,
+``billing`` imports none; ``repair`` imports ``broadcast`` (its messages); ``workers`` imports ``broadcast``
+(assignments) and ``billing``; ``presence`` imports ``workers``, ``broadcast``, ``repair`` and ``billing``; ``jobs``,
 ``audits`` (suspensions) and ``learner`` (stalled jobs) import ``workers``; ``learner`` imports ``audits`` and
 ``budgets``, which imports ``jobs``; ``controls`` imports ``workers`` and ``billing``.
 None imports ``marketplace.tasks``: tasks call services,
@@ -30,7 +31,7 @@ The public names are re-exported here, so callers write ``services.job_start(...
 
 from .accounts import api_token_issue
 from .base import ServiceError, job_group, worker_group
-from .broadcast import broadcast_plan, relay_failed, snapshot_installed, snapshot_publish, snapshot_request
+from .broadcast import broadcast_plan, snapshot_installed, snapshot_publish, snapshot_request
 from .budgets import job_budget_check, job_budget_set
 from .controls import job_archive, job_delete, worker_pause, worker_price_set, worker_remove, worker_resume
 from .jobs import (
@@ -54,6 +55,7 @@ from .presence import (
     worker_heartbeats_fold,
     worker_socket_closed,
 )
+from .repair import relay_failed
 from .rollouts import (
     RunningJob,
     groups_submit,

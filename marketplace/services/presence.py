@@ -28,7 +28,8 @@ from ..infra import liveness, telemetry
 from ..models import Activation, Job, Worker, WorkerSession
 from .base import ServiceError, enqueue_task, push_job_update
 from .billing import activation_observe, activation_report, gap_limit_s, hold_s
-from .broadcast import assign_message, repair_without
+from .broadcast import assign_message
+from .repair import repair_without
 from .workers import _return_leases, worker_activate, worker_release
 
 log = logging.getLogger(__name__)
