@@ -49,7 +49,8 @@ COLUMNS = (("profile", "profile", "s"), ("strategy", "strategy", "s"), ("N", "ag
            ("cpu busy", "cpu_busy", ".0%"), ("run s", "seconds", ".0f"))
 TIMELINE = (("profile", "profile", "s"), ("strategy", "strategy", "s"), ("N", "agents", "d"),
             ("versions", "versions", "d"), ("first byte s", "first_byte_s", ".2f"), ("seeds s", "seed_s", ".2f"),
-            ("lag/hop s", "lag_s", ".3f"), ("last byte s", "last_byte_s", ".2f"), ("cores", "cpu_cores", "d"),
+            ("lag/hop s", "lag_s", ".3f"), ("last byte s", "last_byte_s", ".2f"), ("chain/seed", "over_seed", ".2f"),
+            ("cores", "cpu_cores", "d"),
             ("machine", "cpu_machine", ".2f"), ("busy", "cpu_busy", ".0%"), ("stack", "cpu_stack", ".2f"),
             ("agents", "cpu_agents", ".2f"), ("proxies", "cpu_proxies", ".2f"), ("learner", "cpu_learner", ".2f"),
             ("site", "cpu_site", ".2f"), ("load", "cpu_load", ".2f"))
@@ -264,8 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(pairs))
     print("\nWhere the broadcast's time goes (medians over versions; seconds after the publication: the first byte "
           "acknowledged, the seeds' transfer, what each relayed hop adds after its parent's last byte, the last "
-          "byte; cores used from the publication to the last byte: the machine's (everyone's), its busy share, and "
-          "the stack's by group; bench/wan/timeline.py, each run's timeline.txt)")
+          "byte, first to last byte over the seeds' own transfer; cores used from the publication to the last byte: "
+          "the machine's (everyone's), its busy share, and the stack's by group; bench/wan/timeline.py, each run's "
+          "timeline.txt)")
     print(table(rows, TIMELINE))
     wire = [r for r in rows if r["strategy"] == "wire-only"]
     if wire:

@@ -60,6 +60,7 @@ def test_a_versions_hops_lie_on_their_chain_with_each_hops_lag_after_its_parent(
     assert [(h["child"], h["depth"]) for h in first["hops"]] == [("a0", 1), ("a3", 1), ("a1", 2), ("a2", 3)]
     assert first["depth"] == 3 and first["last_byte_s"] == pytest.approx(3.5)
     assert first["lag_s"] == pytest.approx(0.25) and first["seed_s"] == pytest.approx(2.85)
+    assert first["over_seed"] == pytest.approx((3.5 - 0.1) / 2.85)
     assert first["installs_s"] == [3.0, 3.3, 3.6] and len(second["hops"]) == 1
     summary = timeline.summary([first, second])
     assert summary["versions"] == 2 and summary["lag_s"] == pytest.approx(0.25)

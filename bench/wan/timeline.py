@@ -7,7 +7,9 @@ its first acknowledged byte after the publication (the relay's handshake include
 once, so this is when its connection began, not when payload first flowed), ``last_s`` its last; ``depth`` its
 place on its chain (1: the learner's seed). A pipelined hop ends a little after its parent's: ``lag_s`` (its last
 byte after its parent's last) is what each hop adds to the chain, ideally one part's time at the link rate plus a
-one-way delay; the seed's ``last_s - first_s`` is what the first link alone took (M / Bw at its rate).
+one-way delay; the seed's ``last_s - first_s`` is what the first link alone took (M / Bw at its rate), and
+``over_seed`` the whole broadcast (first byte to last) over that: what the chain's relayed hops add, on the same
+links and the same machine, whatever the links' goodput.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ def versions(snapshots: list[dict], hops: list[dict], *, samples: list | None = 
                                                                             if r["depth"] == 1),
                           lag_s=statistics.median(lags) if lags else None,
                           last_byte_s=max(r["last_s"] for r in rows), depth=deepest)
+            record["over_seed"] = (record["last_byte_s"] - record["first_byte_s"]) / record["seed_s"] \
+                if record["seed_s"] > 0 else None
             if samples:
                 record["cpu"] = cpu.window(samples, start, start + record["last_byte_s"])
         out.append(record)
@@ -82,7 +86,7 @@ def summary(records: list[dict]) -> dict:
     loads = [r["cpu"] for r in timed if r.get("cpu")]
     out = {"versions": len(timed), "first_byte_s": med([r["first_byte_s"] for r in timed]),
            "seed_s": med([r["seed_s"] for r in timed]), "lag_s": med([r.get("lag_s") for r in timed]),
-           "last_byte_s": med([r["last_byte_s"] for r in timed])}
+           "last_byte_s": med([r["last_byte_s"] for r in timed]), "over_seed": med([r.get("over_seed") for r in timed])}
     if loads:
         out.update(cpu_busy=med([c["busy"] for c in loads]), cpu_machine=med([c["machine"] for c in loads]),
                    cpu_stack=med([c["stack"] for c in loads]), cpu_cores=loads[0]["cores"],
