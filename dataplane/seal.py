@@ -42,8 +42,8 @@ def sealed_bytes(*, job_id: int, worker_id: int, lease_id: str, data: bytes) -> 
 
 def seal(key: bytes, *, job_id: int, worker_id: int, lease_id: str, data: bytes) -> str:
     """The seal of one stored entry under ``key``, as hex."""
-    msg = sealed_bytes(job_id=job_id, worker_id=worker_id, lease_id=lease_id, data=data)
-    return hmac.new(key, msg, hashlib.sha256).hexdigest()
+    return hmac.digest(key, sealed_bytes(job_id=job_id, worker_id=worker_id, lease_id=lease_id, data=data),
+                       "sha256").hex()  # the one-shot (OpenSSL's HMAC): a few us less per group than hmac.new
 
 
 def seal_valid(keys: Iterable[bytes], claimed: str | bytes | None, *, job_id: int, worker_id: int, lease_id: str,
@@ -54,4 +54,4 @@ def seal_valid(keys: Iterable[bytes], claimed: str | bytes | None, *, job_id: in
         return False
     claimed = claimed.encode() if isinstance(claimed, str) else claimed  # bytes: any text compares, none raises
     msg = sealed_bytes(job_id=job_id, worker_id=worker_id, lease_id=lease_id, data=data)
-    return any(hmac.compare_digest(hmac.new(key, msg, hashlib.sha256).hexdigest().encode(), claimed) for key in keys)
+    return any(hmac.compare_digest(hmac.digest(key, msg, "sha256").hex().encode(), claimed) for key in keys)

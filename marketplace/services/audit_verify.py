@@ -64,6 +64,8 @@ class JobChecker:
         stored = held_entries(stream.client(), self.job.pk, [e["entry_id"] for e in failures
                                                              if e["entry_id"] not in before])
         keys = group_seal.verifying_keys()
+        kept = {(SEALED_LEASE, e[SEALED_LEASE]): entry for entry, e in before.items()  # this row's, kept
+                if e.get(SEALED_LEASE) and e["site"] != REFUSED}
         out, seen, chosen = Checked(evidence=[]), set(), {id(e) for e in failures}
         # an entry's verdict is the site's about that group: a report sent again (or a changed item about the same
         # entry) keeps it, even once the held copy has expired
@@ -78,16 +80,19 @@ class JobChecker:
                 verdict = SiteCheck(REFUSED, f"entry {entry} was reported failed already")
             elif entry in before:
                 verdict = SiteCheck(before[entry]["site"], before[entry].get("site_reason", ""))
+                sealed = {SEALED_LEASE: before[entry][SEALED_LEASE]} if before[entry].get(SEALED_LEASE) else {}
             else:
                 verdict, sealed = self._check_stored(item, stored.get(entry), worker_id=worker_id, keys=keys)
                 lease = (SEALED_LEASE, sealed.get(SEALED_LEASE))  # apart from entry ids: both are stream ids
-                if sealed and (lease in seen or lease in elsewhere):  # one accepted group under two entry ids
+                if sealed and (lease in seen or lease in elsewhere or kept.get(lease, entry) != entry):
+                    # one accepted group under two entry ids: counted once
                     verdict = SiteCheck(REFUSED, f"entry {entry} holds the group of lease {sealed[SEALED_LEASE]}, "
                                                  "reported failed already")
                 seen.add(lease)
             seen.add(entry)
             out.counts[verdict.status] += 1
-            out.evidence.append({**item, **sealed, **verdict.as_dict()})
+            mine = {k: v for k, v in item.items() if k != SEALED_LEASE}  # the site's word alone names a lease
+            out.evidence.append({**mine, **sealed, **verdict.as_dict()})
             if verdict.status == REFUSED:
                 log.warning("job %s step %s: FORGED audit report refused: worker %s entry %s: %s", self.job.pk,
                             step, worker_id, entry, verdict.why)

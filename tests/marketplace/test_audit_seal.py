@@ -110,6 +110,12 @@ def test_a_sealed_wrong_reward_is_verified_held_or_in_the_stream_and_counted_onc
     assert report(api, job, 2, [{"worker_id": cheat.pk, "passed": 0, "failed": 1, "reason": "records.0.reward",
                                  "evidence": [{**live, "entry_id": again}]}]).status_code == 201
     assert statuses(job, cheat)[-1] == "refused"
+    # step 1 sent again, the copy first: the original keeps its verdict, the copy is refused
+    third = stream.client().xadd(stream.replay(job.pk).trajectories, stored_fields(job, live["entry_id"]))
+    assert report(api, job, 1, [{"worker_id": cheat.pk, "passed": 0, "failed": 3, "reason": "records.0.reward",
+                                 "evidence": [{**live, "entry_id": third}, live, kept]}]).status_code == 201
+    assert [e["site"] for e in WorkerAudit.objects.get(job=job, worker=cheat, step=1).evidence] == \
+        ["refused", "verified", "verified"]
     cheat.refresh_from_db()
     assert cheat.audits_failed == 2
 
