@@ -13,12 +13,14 @@ over ``--fault-steps`` more: one agent's link down ``--partition-s`` seconds, th
 publication killed 1.5 s after it. The star-limited run (every worker pulls from the learner within B0) has the
 clean steps only. Tables: (1) per run, over the clean part's full publications after the base: M, M/Bw (Bw the
 median worker link), the site's T_bcast (until 1/gamma of the workers installed: median, ratio, worst) beside the
-simulator's for the same links and its error, T_all (every agent installed, from the agents' logs), pubs (timed
-by the site / installed by all / published), the bubble (mean wait / (wait + train) per step) and the audit of
-every record of the whole job (lost, trained twice, dropped stale); (2) star-limited / chain beside the theory;
-(3) the wire: per-hop throughput against the link's rate (the proxies' TCP acknowledgements), the agents'
-request/reply round trips (p50/p95/p99 at the site's proxy), reconnects and the timeouts that fired, by kind;
-(4) recovery from each fault. Where namespaces cannot be built (not root, no ip or tc) it says why and exits 0.
+simulator's for the same links (bench/sim_wan.py: the links alone, and with the run's measured process latencies)
+and each one's error, T_all (every agent installed, from the agents' logs), pubs (timed by the site / installed by
+all / published), the bubble (mean wait / (wait + train) per step; over the steps after the first two beside the
+simulator's, both models, and their errors) and the audit of every record of the whole job (lost, trained twice,
+dropped stale); (2) star-limited / chain beside the theory; (3) the wire: per-hop throughput against the link's rate
+(the proxies' TCP acknowledgements), the agents' request/reply round trips (p50/p95/p99 at the site's proxy),
+reconnects and the timeouts that fired, by kind; (4) recovery from each fault. Where namespaces cannot be built
+(not root, no ip or tc) it says why and exits 0.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))  # bench/sim_wan.py and its siblings import each other by module name
 
 from bench.wan import netns, profile  # noqa: E402
 from bench.wan.stack import Job  # noqa: E402
@@ -43,8 +46,11 @@ COLUMNS = (("profile", "profile", "s"), ("strategy", "strategy", "s"), ("N", "ag
            ("chains", "chains", "d"), ("status", "status", "s"), ("M MB", "m_mb", ".2f"),
            ("M/Bw s", "m_over_bw_s", ".3f"),
            ("T_bcast s", "t_bcast_s", ".3f"), ("T/(M/Bw)", "ratio", ".2f"), ("worst s", "t_bcast_max_s", ".3f"),
-           ("sim T_bcast s", "sim_t_bcast_s", ".3f"), ("sim err %", "sim_err", "+.0f"), ("T_all s", "t_all_s", ".3f"),
-           ("pubs", "pubs", "s"), ("bubble", "bubble", ".2f"), ("sim bubble", "sim_bubble", ".2f"),
+           ("links s", "sim_links_t_bcast_s", ".3f"), ("err %", "sim_links_err", "+.0f"),
+           ("+proc. s", "sim_proc_t_bcast_s", ".3f"), ("err %", "sim_proc_err", "+.0f"), ("T_all s", "t_all_s", ".3f"),
+           ("pubs", "pubs", "s"), ("bubble", "bubble", ".2f"), ("bubble 3+", "sim_real_bubble", ".2f"),
+           ("links", "sim_links_bubble", ".2f"), ("err %", "sim_links_bubble_err", "+.0f"),
+           ("+proc.", "sim_proc_bubble", ".2f"), ("err %", "sim_proc_bubble_err", "+.0f"),
            ("lost", "lost", "d"), ("twice", "trained_twice", "d"), ("stale", "dropped_stale", "d"),
            ("cpu busy", "cpu_busy", ".0%"), ("run s", "seconds", ".0f"))
 TIMELINE = (("profile", "profile", "s"), ("strategy", "strategy", "s"), ("N", "agents", "d"),
@@ -82,7 +88,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "ones, while the faults happen (the job must outlast them).")
     parser.add_argument("--partition-s", type=float, default=40.0,
                         help="How long the partitioned agent's link is down.")
-    parser.add_argument("--sim-seeds", type=int, default=3, help="Simulator runs averaged for the bubble column.")
+    parser.add_argument("--sim-seeds", type=int, default=3, help="Simulator runs averaged for each row's simulated "
+                        "T_bcast and bubble (bench/sim_wan.py).")
     parser.add_argument("--run-timeout", type=float, default=420.0, help="Give up on a job after this many seconds.")
     parser.add_argument("--workdir", type=Path, default=ROOT / "var" / "bench-wan", help="State and logs (wiped).")
     parser.add_argument("--wire-only", action="store_true", help="Also run the data plane alone (bench/wan/wire.py): "
@@ -178,7 +185,8 @@ def _f(value, spec: str = ".3f") -> str:
 
 
 def finish(row: dict, topology: profile.Topology, sim_seeds: int) -> dict:
-    """The table's derived columns: chains, MB, pubs, the simulator's error and bubble, reply percentiles, timeouts."""
+    """The table's derived columns: chains, MB, pubs, reply percentiles, timeouts, and the simulator beside the run
+    (:func:`simulator_columns`)."""
     reply = row["reply_ms"]
     timeouts = row["timeouts"]
     row.update(chains=chains(topology) if row["strategy"] == "chain" else 0,
@@ -190,14 +198,30 @@ def finish(row: dict, topology: profile.Topology, sim_seeds: int) -> dict:
     when = row.get("timeline") or {}
     row.update({k: v for k, v in when.items() if k != "cpu_groups"},
                **{f"cpu_{g}": c for g, c in (when.get("cpu_groups") or {}).items()})
-    if row.get("sim_t_bcast_s") and row.get("t_bcast_s"):
-        row["sim_err"] = 100 * (row["sim_t_bcast_s"] - row["t_bcast_s"]) / row["t_bcast_s"]
-    try:
-        from bench.bench_simulator import simulated_figures, wan_config
+    row.update(simulator_columns(row, sim_seeds))
+    return row
 
-        row["sim_bubble"] = simulated_figures(wan_config(row["calibration"], seed=0), sim_seeds)["bubble"]
-    except (TypeError, KeyError, ValueError, ZeroDivisionError, StopIteration, statistics.StatisticsError) as err:
-        row["sim_bubble"], row["sim_note"] = None, f"the simulator could not be calibrated: {type(err).__name__}: {err}"
+
+def simulator_columns(row: dict, seeds: int) -> dict:
+    """The simulator beside the row (bench/sim_wan.py ``wan_rows``, what ``bench_simulator.py --wan-json`` prints):
+    T_bcast and the bubble on the links alone (``sim_links_*``) and with the run's measured process latencies
+    (``sim_proc_*``), each with its error against the run (%); the bubble compared is over the steps after the
+    first two (``sim_real_bubble``). Calibrated on the row alone (its ``calibration``, bench/wan/run.py).
+    ``sim_wan`` keeps the comparison; ``sim_note`` says why there is none."""
+    import sim_wan
+
+    found = sim_wan.wan_rows([row], seeds)[0]
+    if "error" in found:
+        return {"sim_note": f"the simulator could not be calibrated on this run: {found['error']}"}
+    out = {"sim_wan": found, "sim_real_bubble": found["bubble"]}
+    for key, real in (("t_bcast", row.get("t_bcast_s")), ("bubble", found["bubble"])):
+        for model, prefix in (("links", "sim_links"), ("sim", "sim_proc")):
+            sim = found[f"{model}_{key}"]
+            name = f"{prefix}_t_bcast_s" if key == "t_bcast" else f"{prefix}_bubble"
+            out[name] = sim
+            out[f"{prefix}_err" if key == "t_bcast" else f"{prefix}_bubble_err"] = \
+                100 * (sim - real) / real if sim is not None and real else None
+    return out
     return row
 
 

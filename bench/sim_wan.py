@@ -31,22 +31,45 @@ from simulator.model import Link, NetSpec, SimConfig, WanSpec
 INSTALLED = re.compile(r"installed snapshot v(\d+) of job \d+ \(([\d.]+) ?s after publication")
 
 
-def step_timing(row: dict) -> dict | None:
-    """What the learner spends outside waiting and training, from the run's results.json (beside its logs; None when
-    the run's directory is gone): per step (``overhead``: the step reports' ``wall - wait - train``), the extra of a
-    publication step (``publish``), and ``publish_lag``, the median from a publishing step's report reaching the site
-    to its publication reaching the site (the snapshot written in the background, then posted)."""
-    if "step_timing" in row:  # kept with the row (bench/data/wan-sim-*.json)
-        return row["step_timing"]
-    path = Path(row.get("logs") or "").parent / "results.json"
+def run_record(row: dict) -> dict | None:
+    """What the run measured of its processes, for :func:`step_timing` and :func:`process_latency`: the steps (each
+    with its ``timing`` split and ``created_at``), the snapshots (``published_at``), bench/wan/timeline.py's
+    versions and each agent's install of each version ({(version, node): seconds}). From the row's calibration where
+    it carries them (bench/wan/run.py, rows since 2026-12-05: a row is enough alone), else from the run's
+    results.json and the agents' logs beside it (older rows; None when that directory is gone)."""
+    cal = row.get("calibration") or {}
+    if "timeline" in cal and "installed" in cal:
+        return {"metrics": cal["metrics"], "snapshots": cal["snapshots"], "timeline": cal["timeline"],
+                "installed": {(i["version"], i["node"]): i["seconds"] for i in cal["installed"]}}
+    logs = Path(row.get("logs") or "")
+    path = logs.parent / "results.json"
     if not row.get("logs") or not path.exists():
         return None
-    results, kappa = json.loads(path.read_text()), row["calibration"]["job"]["kappa"]
-    rest = {m["step"]: m["extra"]["timing"]["wall"] - m["wait_s"] - m["t_train"] for m in results["metrics"]
-            if m["step"] > WARMUP and (m.get("extra") or {}).get("timing")}
-    made = {m["step"]: _wall(m["created_at"]) for m in results["metrics"]}
-    lags = [_wall(s["published_at"]) - made[s["version"]] for s in results["snapshots"]
-            if s["version"] >= 1 and s["version"] in made]
+    results = json.loads(path.read_text())
+    installed = {}
+    for log in logs.glob("agent-*.log"):
+        for v, t in INSTALLED.findall(log.read_text(errors="replace")):
+            installed[(int(v), log.stem.removeprefix("agent-"))] = float(t)
+    return {"metrics": [{**m, "timing": (m.get("extra") or {}).get("timing")} for m in results["metrics"]],
+            "snapshots": results["snapshots"], "timeline": results.get("timeline", []), "installed": installed}
+
+
+def step_timing(row: dict) -> dict | None:
+    """What the learner spends outside waiting and training (None when the run's record is gone, :func:`run_record`):
+    per step (``overhead``: the step reports' ``wall - wait - train``), the extra of a publication step (``publish``),
+    and ``publish_lag``, the median from a publishing step's report reaching the site to its publication reaching
+    the site (the snapshot written in the background, then posted)."""
+    if "step_timing" in row:  # kept with the row (bench/data/wan-sim-*.json)
+        return row["step_timing"]
+    record = run_record(row)
+    if record is None:
+        return None
+    kappa = row["calibration"]["job"]["kappa"]
+    rest = {m["step"]: m["timing"]["wall"] - m["wait_s"] - m["t_train"] for m in record["metrics"]
+            if m["step"] > WARMUP and m.get("timing")}
+    made = {m["step"]: _wall(m["created_at"]) for m in record["metrics"] if m.get("created_at")}
+    lags = [_wall(s["published_at"]) - made[s["version"]] for s in record["snapshots"]
+            if s["version"] >= 1 and s["version"] in made and s.get("published_at")]
     plain = [v for s, v in rest.items() if s % kappa]
     publishing = [v for s, v in rest.items() if not s % kappa]
     if not plain or not publishing:
@@ -57,24 +80,21 @@ def step_timing(row: dict) -> dict | None:
 
 
 def process_latency(row: dict) -> dict | None:
-    """What the run's processes took around a transfer, measured (None when the run's directory is gone): ``install``,
-    the median from a child's last byte (its parent's proxy's tap) to its agent's install (its log); ``report``, the
+    """What the run's processes took around a transfer, measured (None when the run's record is gone,
+    :func:`run_record`): ``install``, the median from a child's last byte (its parent's proxy's tap) to its agent's
+    install (its log); ``report``, the
     median from the install that completed 1/gamma of a version's installs to the site counting it, less the report's
     one way on the links; ``relay_lag``, the median of a relayed hop's last byte after its parent's last byte beyond a
     part at the hop's goodput and the hop's one way (bench/wan/timeline.py's lag), over hops with no other transfer on
     their two links meanwhile (what the flows model already has)."""
     if "process_latency" in row:
         return row["process_latency"]
-    logs = Path(row.get("logs") or "")
-    path = logs.parent / "results.json"
-    if not row.get("logs") or not path.exists():
+    record = run_record(row)
+    if record is None:
         return None
-    installed = {}
-    for log in logs.glob("agent-*.log"):
-        for v, t in INSTALLED.findall(log.read_text(errors="replace")):
-            installed[(int(v), log.stem.removeprefix("agent-"))] = float(t)
+    installed = record["installed"]
     cal = row["calibration"]
-    timeline = json.loads(path.read_text()).get("timeline", [])
+    timeline = record["timeline"]
     spans = [(p["published"] + h["first_s"], p["published"] + h["last_s"], h["parent"], h["child"])
              for p in timeline for h in p["hops"]]
     agent_rtt = statistics.median(x["rtt_ms"] for x in cal["links"].values()) / 1000

@@ -30,13 +30,21 @@ def installs(logs: Path) -> dict[int, list[float]]:
     """Each version's install latencies (seconds after publication), one per agent that installed it, from the
     agents' logs: what T_bcast is for every worker, where the site's stops at 1/gamma of them."""
     out: dict[int, list[float]] = {}
+    for install in installs_by_agent(logs):
+        out.setdefault(install["version"], []).append(install["seconds"])
+    return out
+
+
+def installs_by_agent(logs: Path) -> list[dict]:
+    """Each agent's install of each version: ``{"version", "node", "seconds"}`` (seconds after publication, from its
+    log; the node's name from the log's, ``agent-a0.log``: a0), what bench/sim_wan.py times an install against."""
+    out = []
     for log in sorted(logs.glob("agent-*.log")):
         text, seen = log.read_text(errors="replace"), {}
         for pattern in INSTALLED:
             for match in pattern.finditer(text):
                 seen.setdefault(int(match.group(1)), float(match.group(2)))
-        for version, latency in seen.items():
-            out.setdefault(version, []).append(latency)
+        out += [{"version": v, "node": log.stem.removeprefix("agent-"), "seconds": t} for v, t in sorted(seen.items())]
     return out
 
 
@@ -114,16 +122,29 @@ def run_job(topology: Topology, workdir: Path, job: Job, *, timeout: float = 300
     (workdir / "timeline.txt").write_text("\n".join(timeline.lines(versions)) + "\n")
     if row["m_bytes"] and chunk:
         row.update(report.predicted_t_bcast(topology, job.strategy, size=row["m_bytes"], chunk=chunk))
-    row["calibration"] = calibration(stack, clean, aof, clean_until) | {"chunk_bytes": chunk}
+    row["calibration"] = calibration(stack, clean, aof, clean_until) | {"chunk_bytes": chunk,
+                                                                          "timeline": carried_timeline(versions)}
     (workdir / "results.json").write_text(json.dumps({"row": row, "hops": hop_list, "events": events,
                                                      "timeline": versions, "cpu_samples": sampler.samples, **found},
                                                      indent=1, default=str))
     return row
 
 
+def carried_timeline(versions: list[dict]) -> list[dict]:
+    """bench/wan/timeline.py's versions without the CPU figures: each publication's wall time, the site's t_bcast,
+    the installs and every hop's first and last byte (what bench/sim_wan.py measures the relays' lag on)."""
+    hop_keys = ("parent", "child", "first_s", "last_s", "link_mbit_s", "mbit_s")
+    return [{"version": v["version"], "published": v["published"], "t_bcast_s": v["t_bcast_s"],
+             "installs_s": v["installs_s"], "hops": [{k: h.get(k) for k in hop_keys} for h in v["hops"]]}
+            for v in versions]
+
+
 def calibration(stack: WanStack, clean: dict, aof: Path, until: float) -> dict:
     """The clean part in bench/sim_real.py's document shape, what bench/bench_simulator.py calibrates the fleet
-    simulator on (plus ``links``: each worker's link, for the broadcast the simulator predicts)."""
+    simulator on (plus ``links``: each worker's link, for the broadcast the simulator predicts), and what
+    bench/sim_wan.py measures the run's processes on, so that a row is enough without its run's directory: each
+    step's ``timing`` and ``created_at``, each publication's ``published_at``, each agent's install (``installed``)
+    and, added by :func:`run_job`, the ``timeline``."""
     import sim_real
 
     job, topology = stack.job, stack.net.topology
@@ -135,11 +156,13 @@ def calibration(stack: WanStack, clean: dict, aof: Path, until: float) -> dict:
     return {"job": {"staleness": job.staleness, "batch": job.batch, "group": job.group, "steps": job.steps,
                     "kappa": job.staleness - 1, "price_per_hour": PRICE, "snapshot_bytes": max(sizes, default=None),
                     "strategy": job.strategy},
-            "metrics": [{k: m.get(k) for k in ("step", "t_train", "wait_s", "max_staleness")}
+            "metrics": [{**{k: m.get(k) for k in ("step", "t_train", "wait_s", "max_staleness", "created_at")},
+                         "timing": (m.get("extra") or {}).get("timing")}
                         for m in clean["metrics"] if m["step"] <= sampled],
             "samples": samples,
-            "snapshots": [{"version": s["version"], "t_bcast": s["t_bcast"]} for s in clean["snapshots"]],
+            "snapshots": [{k: s.get(k) for k in ("version", "t_bcast", "published_at")} for s in clean["snapshots"]],
             "installs": [{"seconds": t} for ts in installs(stack.stack.logs).values() for t in ts],
+            "installed": installs_by_agent(stack.stack.logs),
             "groups": [g for g in groups if g["leased_ms"] / 1000 < until],
             "top_ups": [t for t in (sim_real.top_ups(aof, stack.job_id) if aof.exists() else []) if t / 1000 < until],
             "links": {str(w): vars(links[node]) for node, w in stack.workers.items()},
