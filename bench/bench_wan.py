@@ -7,7 +7,8 @@ Run: ``.venv/bin/python bench/bench_wan.py [--profiles paper harsh] [--agents 4]
 [--workdir var/bench-wan] [--json PATH]`` (as root: it builds network namespaces; bench/wan/, docs/wan.md).
 
 Each profile gets fresh namespaces per strategy (learner, site, one per agent, a bridge), the rates shaped by tc
-tbf, round trip, jitter and loss added by our delay proxy, and one job of the tiny arithmetic model (``--hidden``
+tbf, round trip, jitter and loss added by tc netem where the kernel has it, else by our delay proxy
+(``--link-emulation``), and one job of the tiny arithmetic model (``--hidden``
 sets the snapshot's size M). The chain run has ``--steps`` clean steps, then (unless ``--no-faults``) its faults
 over ``--fault-steps`` more: one agent's link down ``--partition-s`` seconds, then the relay of the next relayed
 publication killed 1.5 s after it. The star-limited run (every worker pulls from the learner within B0) has the
@@ -107,6 +108,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pause-generation", action="store_true", help="Experiment: the agents start no batch "
                         "while one of their relays receives or serves (worker_agent/rollout_loop.py "
                         "PAUSE_WHILE_RELAYING): the broadcast without generation's CPU, the rest of the stack as is.")
+    parser.add_argument("--link-emulation", choices=netns.EMULATIONS, default="auto", help="Who adds each link's "
+                        "round trip, jitter and loss: tc netem (where the kernel has sch_netem; the proxies then only "
+                        "tap), our delay proxy (bench/wan/proxy.py), or auto: netem if usable, else the proxy. tbf "
+                        "shapes the rates either way.")
     parser.add_argument("--json", type=Path, help="Also write the rows as JSON here (bench/bench_simulator.py "
                         "--wan-json reads it).")
     args = parser.parse_args(argv)
@@ -255,6 +260,13 @@ def main(argv: list[str] | None = None) -> int:
     from bench.wan.faults import FaultPlan
     from bench.wan.run import run_job
 
+    try:
+        emulation, why = netns.choose_emulation(args.link_emulation)
+    except ValueError as err:
+        print(f"bench_wan: {err}")
+        return 2
+    print(f"links: rates by tc tbf; round trip, jitter and loss by "
+          f"{'tc netem' if emulation == 'netem' else 'our delay proxy (bench/wan/proxy.py)'} ({why})", flush=True)
     netns.on_signals_exit()
     if args.pause_generation:
         os.environ["ECHO2_EXPERIMENT_PAUSE_WHILE_RELAYING"] = "1"  # the agents inherit it (bench/wan/stack.py)
@@ -274,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
             job = Job(steps=steps, hidden=args.hidden, full_every=args.full_every, strategy=strategy)
             where = args.workdir / f"{topology.name}-{strategy}"
             try:
-                row = run_job(topology, where, job, timeout=args.run_timeout, faults=faults)
+                row = run_job(topology, where, job, timeout=args.run_timeout, faults=faults, emulation=emulation)
             except (RuntimeError, OSError, httpx.HTTPError) as err:
                 print(f"bench_wan: the {name} {strategy} run broke: {type(err).__name__}: {err}; logs in {where}")
                 return 1
@@ -282,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
             if row.get("sim_note"):
                 print(f"  {row['sim_note']}")
     print(f"\nT_bcast on emulated WAN links (tiny model, hidden {args.hidden}, full every {args.full_every}; "
-          "Bw the median worker link; the clean steps)")
+          f"Bw the median worker link; the clean steps; delay, jitter and loss by {emulation}; the simulator "
+          "(bench/sim_wan.py) on the links alone and with the run's measured process latencies, each with its error)")
     print(table(rows))
     if len(pairs := star_vs_chain(rows)) > 2:
         print("\nStar-limited against chain (the same links)")

@@ -1,5 +1,15 @@
 """The topology in network namespaces: a core namespace holding a bridge, one namespace per node, a veth pair per
-link (created inside the namespaces: nothing ever appears in the host's namespace), tc tbf for the rates.
+link (created inside the namespaces: nothing ever appears in the host's namespace), tc tbf for the rates, and each
+link's round trip, jitter and loss either by tc netem (where the kernel has ``sch_netem``) or by our delay proxy
+(bench/wan/proxy.py; ``emulation`` "netem" or "proxy", :func:`choose_emulation`).
+
+With netem each direction of a link gets ``netem delay rtt/2 jitter loss`` as the root qdisc and the rate's tbf as
+its child (``parent 1:1``): a packet is held for the link's delay on enqueue, and once due it enters tbf, which
+paces it at the link's rate, so a packet's time on the link is its delay plus its queueing at the rate, as on a real
+path (propagation, then the bottleneck's queue), and tbf keeps its own byte limit (with tbf as the root and netem
+its child, tbf would see netem's packet limit instead and its ``latency`` bound would not hold). netem's ``limit``
+holds at least two bandwidth-delay products of full-size packets, so the delay line never drops what the rate let
+through.
 
 Names carry the creating process's id (``e2w<pid>-``): a run removes its own on exit, on SIGINT/SIGTERM and at
 interpreter exit; after a kill -9, ``python -m bench.wan down --all-mine`` removes every ``e2w`` namespace whose
@@ -10,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import math
 import os
 import re
 import shutil
@@ -51,6 +62,43 @@ def unavailable() -> str | None:
     return None
 
 
+EMULATIONS = ("auto", "netem", "proxy")
+
+
+def netem_unavailable() -> str | None:
+    """Why tc netem cannot be used here (None: it can): a netem qdisc added on the loopback of a throwaway namespace
+    of ours (removed at once) is refused (this machine's kernel has no ``sch_netem``: "Specified qdisc kind is
+    unknown"), or namespaces themselves cannot be built."""
+    reason = unavailable()
+    if reason:
+        return reason
+    probe = f"{prefix()}netem-probe"
+    ip("netns", "add", probe)
+    try:
+        done = subprocess.run(("ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "lo", "root", "netem",
+                               "delay", "1ms"), capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            return f"tc netem refused ({done.stderr.strip() or f'exit {done.returncode}'}): no sch_netem in this kernel"
+        return None
+    finally:
+        ip("netns", "del", probe, check=False)
+
+
+def choose_emulation(wanted: str = "auto") -> tuple[str, str]:
+    """(emulation, why): ``auto`` is netem where the kernel has it, else the proxy; ``netem`` where it cannot be used
+    raises ValueError with the reason; ``proxy`` is always possible."""
+    if wanted not in EMULATIONS:
+        raise ValueError(f"unknown link emulation {wanted!r} ({', '.join(EMULATIONS)})")
+    if wanted == "proxy":
+        return "proxy", "asked for"
+    reason = netem_unavailable()
+    if wanted == "netem" and reason:
+        raise ValueError(f"--link-emulation netem: {reason}")
+    if reason:
+        return "proxy", reason
+    return "netem", "the kernel has sch_netem"
+
+
 def namespaces() -> list[str]:
     return [line.split()[0] for line in ip("netns", "list").splitlines() if line.strip()]
 
@@ -84,19 +132,45 @@ def down_all_mine(*, including_live: bool = False) -> list[str]:
     return removed
 
 
-def _tbf(ns: str, dev: str, mbit: float) -> list[str]:
+def _tbf(mbit: float) -> list[str]:
     rate_bps = mbit * 1e6 / 8
     burst = max(int(rate_bps / 100), 32 * 1024)  # 10 ms of the rate, at least a GSO segment's worth
-    return ["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{mbit}mbit",
-            "burst", str(burst), "latency", "50ms"]
+    return ["tbf", "rate", f"{mbit:g}mbit", "burst", str(burst), "latency", "50ms"]
+
+
+def _netem(mbit: float, delay_ms: float, jitter_ms: float, loss: float) -> list[str]:
+    """One direction of a link: half its round trip, uniform jitter of +- its jitter (netem's default without a
+    distribution table), its loss; a limit of at least two bandwidth-delay products of 1514-byte packets."""
+    bdp_packets = mbit * 1e6 / 8 * (delay_ms + jitter_ms) / 1000 / 1514
+    argv = ["netem", "limit", str(max(1000, math.ceil(2 * bdp_packets))), "delay", f"{delay_ms:g}ms"]
+    if jitter_ms:
+        argv += [f"{jitter_ms:g}ms"]
+    if loss:
+        argv += ["loss", f"{100 * loss:g}%"]
+    return argv
+
+
+def link_qdiscs(ns: str, dev: str, mbit: float, link: Link, emulation: str) -> list[list[str]]:
+    """The tc commands for one direction of ``link`` on ``dev`` in namespace ``ns`` (``mbit``: that direction's
+    rate): tbf alone with the proxy emulating delay and loss; with netem, netem as the root (handle 1:) and tbf its
+    child (``parent 1:1``; the module's docstring says why in this order)."""
+    tc = ["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev]
+    if emulation == "proxy":
+        return [tc + ["root", *_tbf(mbit)]]
+    if emulation != "netem":
+        raise ValueError(f"unknown link emulation {emulation!r} (netem, proxy)")
+    return [tc + ["root", "handle", "1:", *_netem(mbit, link.rtt_ms / 2, link.jitter_ms, link.loss)],
+            tc + ["parent", "1:1", "handle", "10:", *_tbf(mbit)]]
 
 
 @dataclass
 class Net:
     """A topology built in namespaces; ``address(node)`` is the node's IP, ``exec(node)`` the argv prefix that runs
-    a command inside its namespace."""
+    a command inside its namespace. ``emulation``: "netem" puts each link's delay, jitter and loss in tc (the
+    proxies then forward without delay), "proxy" leaves them to the proxies (tbf alone in tc)."""
 
     topology: Topology
+    emulation: str = "proxy"  # who adds the links' delay, jitter and loss: "netem" (tc) or "proxy" (bench/wan/proxy.py)
     tag: str = field(default_factory=prefix)
     built: list[str] = field(default_factory=list)
 
@@ -132,8 +206,11 @@ class Net:
             ip("-n", core, "link", "set", veth, "master", "br0", "up")
             ip("-n", ns, "addr", "add", f"{self.address(node)}/24", "dev", "eth0")
             ip("-n", ns, "link", "set", "eth0", "up")
-            for argv in (_tbf(ns, "eth0", link.up_mbit), _tbf(core, veth, link.down_mbit)):
-                subprocess.run(argv, check=True, capture_output=True, timeout=30)
+            for argv in (link_qdiscs(ns, "eth0", link.up_mbit, link, self.emulation)
+                         + link_qdiscs(core, veth, link.down_mbit, link, self.emulation)):
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+                if done.returncode != 0:
+                    raise RuntimeError(f"{' '.join(argv)}: {done.stderr.strip()}")
         return self
 
     def _add_ns(self, name: str) -> None:

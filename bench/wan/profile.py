@@ -1,8 +1,9 @@
 """A WAN topology described in a small TOML file (bench/wan/profiles/): one link per node (learner, site, agents).
 
 Each node hangs off a shared bridge (the "internet core") by a link of its own: ``up_mbit`` (node -> core) and
-``down_mbit`` (core -> node) are shaped by tc tbf; ``rtt_ms``, ``jitter_ms`` and ``loss`` are added by our delay
-proxy (bench/wan/proxy.py). A path between two nodes crosses both links: its round trip is the sum of theirs.
+``down_mbit`` (core -> node) are shaped by tc tbf; ``rtt_ms``, ``jitter_ms`` and ``loss`` are added by tc netem where
+the kernel has it, else by our delay proxy (bench/wan/proxy.py; bench/wan/netns.py ``choose_emulation``). A path
+between two nodes crosses both links: its round trip is the sum of theirs.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
 """Our user-space delay/loss link (the kernel here has tbf but no sch_netem): a TCP proxy in front of each service.
+Where tc netem emulates the links (bench/wan/netns.py, ``--link-emulation``), the proxy still runs, configured
+without links (no delay, jitter or loss), for its tap (bench/wan/tap.py): the reply round trips, websocket opens and
+per-hop transfers that the bench's tables and the fault script's recovery read.
 
 Run in a node's namespace as ``python -m bench.wan.proxy CONFIG.json``. For every ``listen`` entry it accepts on
 the node's address and forwards to the service on the namespace's loopback. A connection from a peer crosses the

@@ -64,13 +64,14 @@ def broadcast_figures(snapshots: list[dict], bw_bps: float, installed: dict[int,
 
 
 def run_job(topology: Topology, workdir: Path, job: Job, *, timeout: float = 300.0,
-            faults: FaultPlan | None = None) -> dict:
+            faults: FaultPlan | None = None, emulation: str = "proxy") -> dict:
     """Build the namespaces, launch the stack, run ``job`` to its end (with ``faults``: the fault script beside it,
     after the clean part), audit it, tear everything down. The broadcast figures and the bubble are the clean
-    part's (before the first fault); the audit covers the whole job."""
+    part's (before the first fault); the audit covers the whole job. ``emulation``: who adds the links' delay,
+    jitter and loss, "netem" or "proxy" (bench/wan/netns.py ``choose_emulation``)."""
     started = time.monotonic()
     script = None
-    with Net(topology) as net:
+    with Net(topology, emulation=emulation) as net:
         stack = WanStack(net, workdir, job)
         sampler = cpu.CpuSampler(cpu.stack_sessions(stack.stack.procs)).start()
         try:
@@ -104,6 +105,7 @@ def run_job(topology: Topology, workdir: Path, job: Job, *, timeout: float = 300
     hop_list = [h for h in report.hops(taps, nodes) if h["t0"] < clean_until]
     audit = fa.audit(found["metrics"], found["summary"], stream, job.group)
     row = {"profile": topology.name, "strategy": job.strategy, "agents": len(topology.agents), "status": status,
+           "link_emulation": emulation,
            "steps": found["summary"]["step"], **audit, "bubble_all": audit["bubble"],
            "bubble": statistics.fmean(bubbles) if bubbles else None,
            **broadcast_figures(clean["snapshots"], statistics.median(a.up_bps for a in topology.agents),

@@ -1,7 +1,8 @@
 """The ECHO-2 stack on a WAN topology (bench/wan/netns.py): the site's namespace runs a private redis-server, daphne
 over SQLite, a Celery worker and beat; the learner's and each agent's namespace its process; every node a delay
 proxy (bench/wan/proxy.py) in front of its listening services. Every process is started with ``ip netns exec`` in
-its own process group, logs under ``<workdir>/logs``, stopped by pid (echo2_site.demo.Stack).
+its own process group, logs under ``<workdir>/logs``, stopped by pid (echo2_site.demo.Stack). Where tc netem
+emulates the links (``Net.emulation``), the proxies forward without delay: their taps are what the bench reads.
 
 The site uses SQLite in the run's directory (as the fault suite does): the machine's PostgreSQL sits in the host's
 namespace, which the topology never touches. The bench itself reaches the site through a Unix socket daphne also
@@ -90,12 +91,16 @@ class WanStack:
 
     def start_proxy(self, node: str, ports: list[int], *, ws: tuple[int, ...] = (), bulk: tuple[int, ...] = ()) -> None:
         """Our delay proxy in front of ``node``'s ``ports``; its tap times the websocket requests on ``ws`` ports and
-        the transfers on ``bulk`` ports."""
+        the transfers on ``bulk`` ports. Where tc netem emulates the links (``net.emulation``), the proxy adds no
+        delay, jitter or loss of its own (its links are left out of its config) and is there for the tap alone: the
+        reply round trips, websocket opens and per-hop transfers every table reads."""
         address = self.net.address(node)
         self.taps.mkdir(exist_ok=True)
+        delays = self.net.emulation == "proxy"  # with netem the links' delay and loss are in tc: the proxy only taps
         config = {"listen": [[address, p, "127.0.0.1", p] for p in ports],
-                  "link": vars(dict(self.net.topology.nodes())[node]),
-                  "peers": {a: vars(link) for a, link in self.net.links().items()}, "seed": len(address),
+                  "link": vars(dict(self.net.topology.nodes())[node]) if delays else {},
+                  "peers": {a: vars(link) for a, link in self.net.links().items()} if delays else {},
+                  "seed": len(address),
                   "tap": {"path": str(self.taps / f"{node}.jsonl"), "node": node, "ws": list(ws), "bulk": list(bulk)}}
         path = self.workdir / f"proxy-{node}.json"
         path.write_text(json.dumps(config))
