@@ -267,7 +267,13 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                     self.assembler.drop()  # the group can no longer arrive whole
                 raise
             self.running.put(job_id, running, read_at=read_at)
-        return await sync_to_async(self._dispatch_rollout, thread_sensitive=False)(message, running)
+        earned = None
+        if isinstance(message, m.Submit):  # its answer says what the worker earned: a query, on the database thread
+            now = time.monotonic()
+            earned = services.worker_earned_usd_held(self.worker.pk, now=now)
+            if earned is None:
+                earned = await database_sync_to_async(services.worker_earned_usd)(self.worker.pk, now=now)
+        return await sync_to_async(self._dispatch_rollout, thread_sensitive=False)(message, running, earned)
 
     async def _heartbeat(self, message: m.Heartbeat) -> list[m._Msg]:
         """Recorded in Redis off the database thread (``services.worker_heartbeat_record``), so heartbeats never
@@ -282,8 +288,10 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                                                                           reason=message.reason, **fields)
         return []
 
-    def _dispatch_rollout(self, message, running) -> list[m._Msg]:
-        """The rollout messages' services, given the running job (no query: see :meth:`_rollout`)."""
+    def _dispatch_rollout(self, message, running, earned: float | None = None) -> list[m._Msg]:
+        """The rollout messages' services, given the running job and, for a submit, the worker's earnings (no query:
+        see :meth:`_rollout`; a query here would pin a pooled connection to a worker thread that never returns it,
+        and PostgreSQL then refuses to drop the test database at the end of a test session)."""
         worker = self.worker
         match message:
             case m.LeaseRequest():
@@ -293,7 +301,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                 return [services.trajectories_submit(worker=worker, group=message.group, running=running)]
             case m.Submit():
                 return [services.groups_submit(worker=worker, job_id=message.job_id, groups=message.groups,
-                                               lease=message.lease, running=running)]
+                                               lease=message.lease, running=running, earned_usd=earned)]
             case m.TrajectoriesPart():
                 return services.trajectories_part_submit(worker=worker, assembler=self.assembler, part=message,
                                                          frame_bytes=self.frame_bytes, running=running)

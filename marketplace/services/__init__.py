@@ -65,6 +65,8 @@ from .rollouts import (
     trajectories_malformed,
     trajectories_part_submit,
     trajectories_submit,
+    worker_earned_usd,
+    worker_earned_usd_held,
 )
 from .workers import worker_activate, worker_calibrate, worker_register, worker_release
 
@@ -82,5 +84,5 @@ __all__ = [
     "worker_closes_record", "worker_heartbeat_apply", "worker_heartbeat_record", "worker_heartbeats_fold",
     "worker_socket_closed",
     "job_archive", "job_budget_check", "job_budget_set", "job_delete", "worker_pause", "worker_price_set",
-    "worker_remove", "worker_resume",
+    "worker_remove", "worker_resume", "worker_earned_usd", "worker_earned_usd_held",
 ]

@@ -126,26 +126,36 @@ def trajectories_submit(*, worker: Worker, group: TrajectoryGroup, running: Runn
 
 
 def groups_submit(*, worker: Worker, job_id: int, groups: list[TrajectoryGroup], lease: int = 0,
-                  running: RunningJob | None = None) -> m.Submitted:
+                  running: RunningJob | None = None, earned_usd: float | None = None) -> m.Submitted:
     """A batch of answered leases, each checked and appended on its own (:func:`trajectories_submit`: one bad group
     does not sink the others), then ``lease`` more groups leased in the same round trip (:func:`prompts_lease`).
-    The answer carries what the worker has earned (:func:`worker_earned_usd`), for its agent's status line."""
+    The answer carries what the worker has earned (``earned_usd``, else :func:`worker_earned_usd`: a query when
+    due, so a caller off the database thread reads it there first), for its agent's status line."""
     job = _checked(worker, job_id, running)
     results = [trajectories_submit(worker=worker, group=group, running=job) for group in groups]
     return m.Submitted(job_id=job_id, results=results,
                        lease=prompts_lease(worker=worker, job_id=job_id, groups=lease, running=job) if lease else None,
-                       earned_usd=worker_earned_usd(worker.pk, now=time.monotonic()))
+                       earned_usd=worker_earned_usd(worker.pk, now=time.monotonic()) if earned_usd is None
+                       else earned_usd)
 
 
 def worker_earned_usd(worker_id: int, *, now: float) -> float:
     """What the ledger has billed for the worker so far, USD, every job: the sum of its activations' ledger sums
     (``Activation.billed_usd``), read again at most every ``EARNINGS_EVERY_S`` per worker and process (an agent
-    submits several times a second; its status line prints every few seconds)."""
-    at, value = _earned.get(worker_id, (None, 0.0))
-    if at is None or now - at >= EARNINGS_EVERY_S:
+    submits several times a second; its status line prints every few seconds). A query when due: call it where
+    database connections are looked after (the agent socket's database thread), not from a plain worker thread,
+    where the connection would stay checked out of the pool for good."""
+    value = worker_earned_usd_held(worker_id, now=now)
+    if value is None:
         value = float(Activation.objects.filter(worker_id=worker_id).aggregate(total=Sum("billed_usd"))["total"] or 0)
         _earned[worker_id] = (now, value)
     return value
+
+
+def worker_earned_usd_held(worker_id: int, *, now: float) -> float | None:
+    """What :func:`worker_earned_usd` read less than ``EARNINGS_EVERY_S`` ago; None when it is due again. No query."""
+    at, value = _earned.get(worker_id, (None, 0.0))
+    return value if at is not None and now - at < EARNINGS_EVERY_S else None
 
 
 def record_limits(job: Job) -> RecordLimits:

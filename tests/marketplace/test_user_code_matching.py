@@ -5,10 +5,10 @@ activation of it is refused. A worker whose agent never said (older) is matched 
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
+from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 
 from dataplane import messages as m
@@ -118,15 +118,13 @@ def test_the_launch_page_names_the_code_and_the_count():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_hello_over_the_socket_stores_it():
-    worker, key = factories.worker(factories.user())
-
-    async def hello() -> None:
-        comm = WebsocketCommunicator(application, "/ws/agent/", headers=[(b"authorization", f"Bearer {key}".encode())])
-        assert (await comm.connect())[0]
-        await comm.send_json_to({"type": "hello", "agent_version": "test", "allow_user_code": False})
-        assert (await comm.receive_json_from(timeout=5))["type"] == "welcome"
-        await comm.disconnect()
-
-    asyncio.run(hello())
-    assert Worker.objects.get(pk=worker.pk).allow_user_code is False
+async def test_the_hello_over_the_socket_stores_it():
+    """Async, so that the consumer's database thread closes its connection after it (tests/conftest.py)."""
+    worker, key = await database_sync_to_async(factories.worker)(await database_sync_to_async(factories.user)())
+    comm = WebsocketCommunicator(application, "/ws/agent/", headers=[(b"authorization", f"Bearer {key}".encode())])
+    assert (await comm.connect())[0]
+    await comm.send_json_to({"type": "hello", "agent_version": "test", "allow_user_code": False})
+    assert (await comm.receive_json_from(timeout=5))["type"] == "welcome"
+    await comm.disconnect()
+    stored = await database_sync_to_async(lambda: Worker.objects.get(pk=worker.pk).allow_user_code)()
+    assert stored is False

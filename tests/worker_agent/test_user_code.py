@@ -144,7 +144,10 @@ def test_with_the_opt_in_the_users_function_runs_and_its_errors_travel_with_the_
 
 
 def test_the_run_flag_opts_in_on_the_config_and_for_code_that_asks_the_process(monkeypatch, caplog) -> None:
-    monkeypatch.delenv("ECHO2_ALLOW_USER_CODE", raising=False)
+    # setenv first, so that monkeypatch restores the variable's absence: _opt_in writes os.environ itself, and a
+    # bare delenv of an absent variable records nothing to undo (the opt-in leaked into every later test).
+    monkeypatch.setenv("ECHO2_ALLOW_USER_CODE", "0")
+    monkeypatch.delenv("ECHO2_ALLOW_USER_CODE")
     cfg = AgentConfig(server="http://127.0.0.1:9", worker_id=7, name="rig", agent_key="k")
     _opt_in(cfg, False)
     assert cfg.allow_user_code is False and "ECHO2_ALLOW_USER_CODE" not in os.environ

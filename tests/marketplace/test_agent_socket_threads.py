@@ -1,0 +1,40 @@
+"""The agent socket's rollouts run off the database thread (``AgentConsumer._rollout``) and must make no query there:
+a connection opened by a plain worker thread is never handed back to the pool (nothing closes it at the end of a
+request), so it stays checked out for good; in production it eats the process's pool, at the end of a test session
+PostgreSQL refuses to drop the test database ("is being accessed by other users"). The worker's earnings that a
+submit's answer carries were such a query: now read on the database thread when due."""
+
+from __future__ import annotations
+
+import threading
+
+from channels.db import database_sync_to_async
+from django.db.backends.signals import connection_created
+
+from marketplace.services import rollouts
+
+from .test_agent_socket import connect, settings_eager, setup_job_and_worker, started_with  # noqa: F401
+from .test_agent_socket_budget import pytestmark, submit  # noqa: F401
+
+
+async def test_a_submit_queries_the_database_only_on_the_database_thread(settings_eager):  # noqa: F811
+    job, worker, key = await setup_job_and_worker()
+    database_thread = await database_sync_to_async(threading.get_ident)()
+    connected: set[int] = set()
+
+    def opened(sender, connection, **kwargs) -> None:
+        connected.add(threading.get_ident())
+
+    comm = await connect(key)
+    await started_with(comm, job)
+    connection_created.connect(opened)
+    try:
+        for request in ("s1", "s2"):
+            rollouts._earned.pop(worker.pk, None)  # due: each answer reads the earnings again
+            await comm.send_to(text_data=submit(job.pk, request, lease=1))
+            reply = await comm.receive_json_from(timeout=10)
+            assert reply["type"] == "submitted" and reply["earned_usd"] == 0.0, reply
+    finally:
+        connection_created.disconnect(opened)
+        await comm.disconnect()
+    assert connected <= {database_thread}, "a query from a thread that never hands its connection back"
