@@ -172,7 +172,9 @@ class SnapshotRelay(ServesChildren):
             self._parent_changed.clear()
             if parent is None or (failures >= self.timeouts.parent_retries and self.fallback_url):
                 if self.fallback_url:
-                    await self._fetch_fallback([c.index for c in self.manifest.chunks if c.index not in self._chunks])
+                    await self._fallback_until_rerouted()
+                    if self._parent != parent:
+                        failures = 0
                     continue
                 await self._wait_parent_change(1.0)
             else:
@@ -203,6 +205,29 @@ class SnapshotRelay(ServesChildren):
                 raise TransferError(f"worker {self.worker_id}: no progress for {self.timeouts.give_up:g} s "
                                     f"({len(self._chunks)}/{len(self.manifest.chunks)} chunks, parent {where})")
         return self.ordered()
+
+    async def _fallback_until_rerouted(self) -> None:
+        """The fallback for every chunk still missing, until done or until the site routes us to a (new) parent: a
+        chain repair that comes after the fallback started takes the rest from the relay it names, chunks already
+        stored are kept, and the requests in flight are dropped (their threads finish into nothing). A chunk the
+        fallback cannot give still raises :class:`TransferError`."""
+        fetch = asyncio.create_task(
+            self._fetch_fallback([c.index for c in self.manifest.chunks if c.index not in self._chunks]))
+        switch = asyncio.create_task(self._parent_changed.wait())
+        try:
+            done, _ = await asyncio.wait({fetch, switch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            switch.cancel()
+            if not fetch.done():
+                fetch.cancel()
+        if fetch in done:
+            fetch.result()
+            return
+        with contextlib.suppress(asyncio.CancelledError, TransferError):
+            await fetch
+        self.stats.fallbacks_interrupted += 1
+        self._emit("fallback_interrupted", parent=f"{self._parent[0]}:{self._parent[1]}" if self._parent else None,
+                   held=len(self._chunks))
 
     async def _wait_parent_change(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

@@ -56,6 +56,8 @@ class RelayStats:
     bad_chunks: int = 0
     parent_failures: int = 0
     parent_switches: int = 0
+    fallbacks_interrupted: int = 0
+    """HTTP fallbacks given up for a parent the site routed us to meanwhile (a chain repair)."""
     resumed_with: int = 0
     """Chunks already held when the latest parent accepted us (non-zero after a resume)."""
     children_served: int = 0
