@@ -85,3 +85,19 @@ def test_the_bench_refuses_netem_where_the_kernel_has_none(capsys: pytest.Captur
 
     assert bench_wan.main(["--profiles", "paper", "--link-emulation", "netem"]) == 2
     assert "no sch_netem" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("emulation", ["netem", "proxy"])
+def test_up_says_who_emulates_the_links_and_each_links_settings(emulation: str) -> None:
+    from bench.wan.__main__ import describe
+
+    net = netns.Net(profile.load("harsh").with_agents(2), emulation=emulation)
+    lines = describe(net, "the reason")
+    who = "tc netem" if emulation == "netem" else "our delay proxy"
+    assert lines[0].startswith(f"links: rates by tc tbf; round trip, jitter and loss by {who}")
+    assert "the reason" in lines[0]
+    slow = lines.index(f"{net.ns('a1')} {net.address('a1')} up 10 down 10 Mbit/s rtt 150 ms jitter 10 ms loss 1%")
+    up, down = lines[slow + 1], lines[slow + 2]
+    assert up.startswith("  up (eth0): ") and down.startswith("  down (its core veth): ")
+    assert "tbf rate 10mbit" in up and "tbf rate 10mbit" in down
+    assert ("netem limit 1000 delay 75ms 10ms loss 1%" in up) == (emulation == "netem")
