@@ -50,7 +50,8 @@ import json
 from decimal import Decimal
 from django.contrib.auth.models import User
 from dataplane.jobs import parse_job_spec
-from marketplace import services, stream
+from marketplace import services
+from marketplace.infra import stream
 from marketplace.models import Activation, Job, Worker
 owner = User.objects.create_user('owner', password='owner-pass')
 provider = User.objects.create_user('provider', password='provider-pass')
