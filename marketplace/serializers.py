@@ -73,6 +73,10 @@ class WorkerSerializer(serializers.ModelSerializer):
         "What the machine has, as its agent measured it (dataplane/hardware.py: gpus [name, memory_gb, "
         "capability], cuda, driver, engines, cpu_count, ram_gb, disk_free_gb); claims used only for matching jobs' "
         "requirements; {} if never reported."))
+    allow_user_code = serializers.BooleanField(read_only=True, allow_null=True, help_text=(
+        "Whether its provider runs job owners' code on it (echo2-agent run --allow-user-code), as its agent's last "
+        "hello said: jobs naming user code are matched only to workers that did not say false (docs/trust.md "
+        "\"User code on workers\"); null: its agent never said (older)."))
     reliability = serializers.JSONField(read_only=True, allow_null=True, help_text=(
         "The long-run reliability figure in [0, 1] the scheduler weighs a_i mu_i by and jobs filter on "
         "(min_reliability), with its parts (marketplace/core/reliability.py; README \"Reliability\")."))
@@ -83,7 +87,7 @@ class WorkerSerializer(serializers.ModelSerializer):
                   "relay_address", "status", "last_heartbeat", "throughput", "unit_cost", "score", "uptime",
                   "online_since", "job_state", "job_state_reason", "installed_version", "audits_passed",
                   "audits_failed", "audit_pass_rate", "suspended_at", "suspended_reason", "paused_at",
-                  "removed_at", "hardware", "hardware_at",
+                  "removed_at", "hardware", "hardware_at", "allow_user_code",
                   "reliability", "created_at"]
         read_only_fields = ["status", "last_heartbeat", "throughput", "measured_bandwidth_bps", "installed_version",
                             "audits_passed", "audits_failed", "suspended_at", "suspended_reason", "paused_at",

@@ -128,3 +128,16 @@ async def test_the_hello_over_the_socket_stores_it():
     await comm.disconnect()
     stored = await database_sync_to_async(lambda: Worker.objects.get(pk=worker.pk).allow_user_code)()
     assert stored is False
+
+
+@pytest.mark.django_db
+def test_the_provider_sees_what_the_site_believes():
+    from rest_framework.test import APIClient
+
+    provider = factories.user()
+    worker = online(provider, allow_user_code=False)
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {factories.token(provider)}")
+    assert api.get(f"/api/workers/{worker.pk}/").json()["allow_user_code"] is False
+    never, _ = factories.worker(provider)
+    assert api.get(f"/api/workers/{never.pk}/").json()["allow_user_code"] is None
