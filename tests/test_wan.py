@@ -7,10 +7,13 @@ root, no ip or tc)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -86,6 +89,32 @@ async def test_proxy_delays_each_direction_by_the_links() -> None:
     assert await reader.read(100) == b"ping"
     assert loop.time() - started >= 0.12  # 60 ms each way
     writer.close()
+    relay.close()
+    service.close()
+
+
+async def test_a_reset_from_one_side_reaches_the_other_after_the_links_delay() -> None:
+    """A killed peer's reset is passed on through the proxy: the service sees its connection end about one way
+    later, not when it next writes (a killed agent held the site's websocket open until daphne's ping)."""
+    ended = asyncio.get_running_loop().create_future()
+
+    async def silent(reader, writer):
+        with contextlib.suppress(ConnectionError):
+            await reader.read(100)  # returns b"" or raises once the proxy passes the reset on
+        ended.set_result(asyncio.get_running_loop().time())
+
+    service = await asyncio.start_server(silent, "127.0.0.1", 0)
+    target = service.sockets[0].getsockname()[1]
+    relay = await asyncio.start_server(
+        lambda r, w: proxy.serve_one(r, w, ("127.0.0.1", target), {"rtt_ms": 120}, {}, 0), "127.0.0.1", 0)
+    reader, writer = await asyncio.open_connection("127.0.0.1", relay.sockets[0].getsockname()[1])
+    await asyncio.sleep(0.2)  # the proxy has connected on to the service
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = reset, as a kill can
+    reset_at = asyncio.get_running_loop().time()
+    writer.transport.abort()
+    ended_at = await asyncio.wait_for(ended, 5)
+    assert ended_at - reset_at >= 0.06 * 0.9  # one way of the link
     relay.close()
     service.close()
 

@@ -94,7 +94,12 @@ async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path:
                 break
         await sender
     except (ConnectionError, OSError):
-        pass
+        # The peer reset the connection (a killed process's socket with unread bytes): pass the reset on after the
+        # link's delay, as a real link would, so the far side learns now rather than at its next write or keepalive
+        # (a killed agent left the site's websocket open until daphne's ping, 20-30 s).
+        sender.cancel()
+        await asyncio.sleep(path.delay_s)
+        writer.transport.abort()
     finally:
         sender.cancel()
 
