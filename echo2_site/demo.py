@@ -11,6 +11,7 @@ Ctrl-C, SIGTERM and SIGHUP stop every process it started.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import json
 import os
@@ -19,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -53,6 +55,9 @@ class Stack:
 
     def start(self, name: str, *argv: str) -> subprocess.Popen:
         _check_stopped()
+        if not self.procs:
+            stop_on_signals()
+            atexit.register(self.stop)  # whatever way the program ends, nothing it started outlives it
         log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
         proc = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
@@ -125,6 +130,20 @@ def _raise_stopped(signum, _frame) -> None:
     raise Stopped(_STOP_SIGNALS[0])
 
 
+def stop_on_signals() -> None:
+    """SIGTERM and SIGHUP raise :class:`Stopped` in the main thread, as Ctrl-C raises KeyboardInterrupt, so the
+    ``finally`` that stops a :class:`Stack` runs (its children live in sessions of their own: no signal reaches
+    them). A handler a program set itself is kept; off the main thread nothing can be set (the atexit stop remains).
+    Before this a bench killed by ``timeout`` left its private redis-server and daphne running."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) in (signal.SIG_DFL, None):
+            signal.signal(signum, _raise_stopped)
+    # A blocked signal stays blocked across exec: a parent that blocked one would leave it pending here forever.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
+
+
 def _check_stopped() -> None:
     if _STOP_SIGNALS:
         raise Stopped(_STOP_SIGNALS[0])
@@ -166,10 +185,7 @@ def main(argv: list[str] | None = None) -> int:
                DJANGO_SETTINGS_MODULE="echo2_site.settings", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", ECHO2_WORKER_TIMEOUT_S="20")
     stack = Stack(workdir, env)
-    for signum in (signal.SIGTERM, signal.SIGHUP):  # each child runs in its own session: they get no signal
-        signal.signal(signum, _raise_stopped)
-    # A blocked signal stays blocked across exec: a parent that blocked one would leave it pending here forever.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGHUP, signal.SIGINT})
+    stop_on_signals()  # each child runs in its own session: they get no signal
     redis_server = shutil.which("redis-server")
     if redis_server is None:
         console.print("[red]redis-server is not installed; `make demo` installs it (apt-get install redis-server)")

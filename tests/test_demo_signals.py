@@ -68,3 +68,36 @@ def test_a_child_the_stack_did_not_record_is_found_for_the_stop() -> None:
         child.kill()
         child.wait()
     assert child.pid not in _untracked_children(set())
+
+
+PROGRAM = """
+import sys, time
+from pathlib import Path
+from echo2_site.demo import Stack
+stack = Stack(Path(sys.argv[1]), {})
+stack.start("sleeper", "sleep", "600")
+print("started", flush=True)
+time.sleep(600)  # no try/finally of its own: a bench that dies before reaching one
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_any_program_with_a_stack_stops_what_it_started_on_a_signal(tmp_path, signum) -> None:
+    """Every bench and live test starts its processes through a Stack: a ``timeout`` or a closed terminal ends
+    them too, even before the program reached its own ``finally`` (a bench's private redis-server once outlived
+    it by 15 minutes)."""
+    program = subprocess.Popen([sys.executable, "-c", PROGRAM, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    try:
+        assert program.stdout.readline().strip() == "started"
+        child = json.loads((tmp_path / "pids.json").read_text())["sleeper"]
+        assert _alive(child)
+        program.send_signal(signum)
+        program.wait(30)
+        deadline = time.monotonic() + 15
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(child), f"the stack's child {child} outlived its program"
+    finally:
+        if program.poll() is None:
+            program.kill()
