@@ -281,7 +281,11 @@ class RolloutLoop:
             deadline = RETURN_DEADLINE_S if batch else LEASE_DEADLINE_S
             reply = await self.connection.request(m.Submit(job_id=job_id, groups=batch, lease=ask), deadline_s=deadline)
             if isinstance(reply, m.Rejected):
-                log.warning("job %s: the site refused our submit of %d groups: %s", job_id, len(batch), reply.reason)
+                if batch:
+                    log.warning("job %s: the site refused our submit of %d groups: %s", job_id, len(batch),
+                                reply.reason)
+                else:  # a lease alone, as the job ended or we were released: nothing of ours was lost
+                    log.info("job %s: no lease: %s", job_id, reply.reason)
                 return None
             if not isinstance(reply, m.Submitted):
                 log.warning("job %s: unexpected %s answering a submit", job_id, reply.type)

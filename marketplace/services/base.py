@@ -98,6 +98,9 @@ def running_activation(worker: Worker, job_id: int) -> Activation:
     broadcast reports are checked against."""
     activation = selectors.active_activation(worker=worker, job_id=job_id)
     if activation is None:
+        status = Job.objects.filter(pk=job_id, activations__worker=worker).values_list("status", flat=True).first()
+        if status is not None and status != Job.Status.RUNNING:  # a request that crossed the job's end: say so
+            raise ServiceError(f"job_id: job {job_id} is {status}; this worker was released from it")
         raise ServiceError(f"job_id: this worker is not active in job {job_id}")
     if activation.job.status != Job.Status.RUNNING:
         raise ServiceError(f"job_id: job {job_id} is {activation.job.status}")

@@ -365,6 +365,18 @@ def test_an_agent_asks_for_its_jobs_base_or_newest_snapshot(pushes):
         services.snapshot_request(worker=workers[1], job_id=job.pk, which="newest")
 
 
+def test_a_request_that_crossed_its_jobs_end_is_told_the_job_ended(pushes):
+    """A lease or report that reaches the site just after the job completed names that, not a bare "not active"
+    (the demo's agents logged such a lease, sent as the job finished, as a refusal)."""
+    workers = make_workers(2)
+    job = running_job(workers[:1], b0=1000)
+    services.job_finish(job=job, status="completed")
+    with pytest.raises(services.ServiceError, match=f"job {job.pk} is completed; this worker was released from it"):
+        base.running_activation(workers[0], job.pk)
+    with pytest.raises(services.ServiceError, match=f"this worker is not active in job {job.pk}$"):
+        base.running_activation(workers[1], job.pk)  # never in it: no word about the job's state
+
+
 def test_an_install_reported_again_counts_once(pushes):
     workers = make_workers(2)
     job = running_job(workers, b0=1000)  # one chain: seed -> tail
