@@ -21,13 +21,10 @@ not the caps, set the pace, and the numbers are not to be trusted. Credentials a
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -36,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from dataplane.broadcast import BROADCAST_STRATEGIES  # noqa: E402
 from dataplane.broadcast.chains import WorkerStats, assemble_chains, n_chains, parents  # noqa: E402
+from dataplane.broadcast.driver import RelayProcess, RelayProcessError  # noqa: E402
 from dataplane.broadcast.framing import DEFAULT_PART_BYTES  # noqa: E402
 from dataplane.broadcast.store import write_version  # noqa: E402
 from dataplane.credentials import fingerprint, issue, new_secret  # noqa: E402
@@ -45,44 +43,9 @@ Q = 1 / 1.1
 JOB, VERSION = 1, 1
 
 
-class Proc:
-    def __init__(self, args: list[str], *, secret: str | None = None) -> None:
-        env = dict(os.environ, ECHO2_JOB_SECRET=secret) if secret else None  # not on the command line
-        self.proc = subprocess.Popen([sys.executable, "-m", "dataplane.broadcast.process", *args], cwd=ROOT, text=True,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-        self.port: int | None = None
-        self.installed_at: float | None = None
-        self.error: str | None = None
-        self.ready = threading.Event()
-        self.done = threading.Event()
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        for line in self.proc.stdout:
-            event = json.loads(line)
-            if event["event"] == "listening":
-                self.port = event["port"]
-                self.ready.set()
-            elif event["event"] == "installed":
-                self.installed_at = event["t"]
-                self.done.set()
-            elif event["event"] == "error":
-                self.error = event["reason"]
-                self.done.set()
-        self.ready.set()
-        self.done.set()
-
-    def send(self, **cmd) -> None:
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-
-    def stop(self) -> None:
-        try:
-            self.proc.stdin.close()
-            self.proc.wait(10)
-        except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
-            self.proc.wait()
+def relay_process(args: list[str], *, secret: str | None = None) -> RelayProcess:
+    env = dict(os.environ, ECHO2_JOB_SECRET=secret) if secret else None  # not on the command line
+    return RelayProcess(args, cwd=ROOT, env=env)
 
 
 def run_once(strategy: str, n: int, *, snap_dir: Path, manifest_path: Path, bw: float, b0: float,
@@ -101,32 +64,30 @@ def run_once(strategy: str, n: int, *, snap_dir: Path, manifest_path: Path, bw: 
     secret = new_secret()
     tokens = {w: issue(secret, job_id=JOB, worker_id=w, lowest=VERSION, highest=VERSION,
                        expires=int(time.time()) + 3600) for w in parent_of}
-    learner = Proc(learner_args, secret=secret)
-    workers = {w: Proc(["--manifest", str(manifest_path), "--worker-id", str(w), "--downlink-bps", str(bw),
-                        "--uplink-bps", str(bw), "--stall-timeout", "60", f"--credential={tokens[w]}",
-                        "--part-bytes", str(part)])
+    learner = relay_process(learner_args, secret=secret)
+    workers = {w: relay_process(["--manifest", str(manifest_path), "--worker-id", str(w), "--downlink-bps", str(bw),
+                                 "--uplink-bps", str(bw), "--stall-timeout", "60", f"--credential={tokens[w]}",
+                                 "--part-bytes", str(part)])
                for w in parent_of}
-    for proc in [learner, *workers.values()]:
-        if not proc.ready.wait(120) or proc.port is None:
-            raise SystemExit(f"{strategy} N={n}: a relay did not start")
-    for w, p in parent_of.items():  # tell each parent relay which child it serves (fan-out 1), and its token's sha256
-        if p is not None:
-            workers[p].send(cmd="children", worker_ids=[w], sha256={str(w): fingerprint(tokens[w])})
     procs = [learner, *workers.values()]
-    cpu_before = sum(cpu_seconds(proc.proc.pid) for proc in procs)
-    start = time.time()
-    for w, p in parent_of.items():
-        workers[w].send(cmd="parent", host="127.0.0.1", port=learner.port if p is None else workers[p].port)
-    for proc in workers.values():
-        proc.done.wait(900)
-    wall = time.time() - start
-    cpu = sum(cpu_seconds(proc.proc.pid) for proc in procs) - cpu_before
-    errors = [f"worker {w}: {p.error}" for w, p in workers.items() if p.error or p.installed_at is None]
-    for proc in [learner, *workers.values()]:
-        proc.stop()
-    if errors:
-        raise SystemExit(f"{strategy} N={n}: " + "; ".join(errors[:3]))
-    times = sorted(p.installed_at - start for p in workers.values())
+    try:
+        ports = {w: proc.wait("listening", 120)["port"] for w, proc in [(None, learner), *workers.items()]}
+        for w, p in parent_of.items():  # tell each parent relay which child it serves (fan-out 1), its token's sha256
+            if p is not None:
+                workers[p].send(cmd="children", worker_ids=[w], sha256={str(w): fingerprint(tokens[w])})
+        cpu_before = sum(cpu_seconds(proc.proc.pid) for proc in procs)
+        start = time.time()
+        for w, p in parent_of.items():
+            workers[w].send(cmd="parent", host="127.0.0.1", port=ports[p])
+        installed = {w: proc.wait("installed", 900)["t"] for w, proc in workers.items()}
+        wall = time.time() - start
+        cpu = sum(cpu_seconds(proc.proc.pid) for proc in procs) - cpu_before
+    except RelayProcessError as err:
+        raise SystemExit(f"{strategy} N={n}: {err}") from None
+    finally:
+        for proc in procs:
+            proc.stop()
+    times = sorted(t - start for t in installed.values())
     return {"t_q": times[math.ceil(Q * n) - 1], "t_all": times[-1], "longest": longest, "cpu": cpu, "wall": wall}
 
 

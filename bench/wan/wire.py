@@ -15,14 +15,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import queue
 import statistics
-import subprocess
-import threading
 import time
 from pathlib import Path
 
 from dataplane import credentials
+from dataplane.broadcast.driver import MODULE, RelayProcess
 from dataplane.broadcast.store import write_version
 from dataplane.snapshot import build_manifest
 
@@ -47,56 +45,13 @@ def plan(agents: list[str], n_chains: int) -> list[list[str]]:
     return out
 
 
-class Relay:
-    """One ``dataplane.broadcast.process`` in a node's namespace: events read from its stdout, commands to stdin."""
-
-    def __init__(self, net: Net, node: str, argv: list[str], log: Path, *, module: list[str] | None = None) -> None:
-        self.node, self.log = node, log
-        self.proc = subprocess.Popen([*net.exec(node), str(BIN / "python"), "-m",
-                                      *(module or ["dataplane.broadcast.process"]), *argv],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log.open("a"),
-                                     text=True, bufsize=1, start_new_session=True,
-                                     env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2])))
-        self.lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.put(line)
-        self.lines.put("")
-
-    def event(self, timeout: float) -> dict:
-        """The next event it prints (raises if it exits or says nothing for ``timeout`` s)."""
-        try:
-            line = self.lines.get(timeout=timeout)
-        except queue.Empty:
-            line = ""
-        if not line:
-            raise RuntimeError(f"relay on {self.node}: no event within {timeout:g} s (exit {self.proc.poll()}); "
-                               f"see {self.log}")
-        with self.log.open("a") as f:
-            f.write(line)
-        return json.loads(line)
-
-    def until(self, kind: str, timeout: float) -> dict:
-        deadline = time.monotonic() + timeout
-        while (event := self.event(max(0.1, deadline - time.monotonic())))["event"] != kind:
-            if event["event"] == "error" or time.monotonic() > deadline:
-                raise RuntimeError(f"relay on {self.node}: {event} while waiting for {kind}")
-        return event
-
-    def send(self, **cmd) -> None:
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-
-    def stop(self) -> None:
-        try:
-            self.send(cmd="exit")
-            self.proc.stdin.close()
-            self.proc.wait(5)
-        except (OSError, subprocess.TimeoutExpired):
-            os.killpg(self.proc.pid, 9)
-            self.proc.wait(5)
+def relay(net: Net, node: str, argv: list[str], log: Path, *, burn: bool = False) -> RelayProcess:
+    """A relay process in ``node``'s namespace (``burn``: inside ``bench.wan.burn``'s spinning thread), its events
+    and stderr in ``log``; its name is the node."""
+    args = ["relay", *argv] if burn else argv
+    return RelayProcess(args, prefix=[*net.exec(node), str(BIN / "python")], log=log, name=node,
+                        module="bench.wan.burn" if burn else MODULE,
+                        env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2])))
 
 
 def run_round(net: Net, where: Path, version: int, *, size: int, chunk: int, part_bytes: int, n_chains: int,
@@ -119,7 +74,7 @@ def run_round(net: Net, where: Path, version: int, *, size: int, chunk: int, par
               "--max-children", str(len(chains)), "--job-secret", secret, *common]
     if buckets:
         origin += ["--uplink-bps", str(topology.learner.up_bps)]
-    relays = [Relay(net, "learner", origin, where / "origin.log")]
+    relays = [relay(net, "learner", origin, where / "origin.log")]
     parent_of = {}
     for chain in chains:
         for k, node in enumerate(chain):
@@ -132,20 +87,19 @@ def run_round(net: Net, where: Path, version: int, *, size: int, chunk: int, par
             if buckets:
                 down = links[node].down_mbit * 1e6 / 8
                 argv += ["--uplink-bps", str(links[node].up_bps), "--downlink-bps", str(down)]
-            module = ["bench.wan.burn", "relay"] if load == "threads" else None
-            relays.append(Relay(net, node, argv, where / f"relay-{node}.log", module=module))
-    procs.extend((f"agent-{r.node}" if r.node != "learner" else "learner", r.proc) for r in relays)
+            relays.append(relay(net, node, argv, where / f"relay-{node}.log", burn=load == "threads"))
+    procs.extend((f"agent-{r.name}" if r.name != "learner" else "learner", r.proc) for r in relays)
     try:
-        for relay in relays:
-            relay.until("listening", 30)
+        for r in relays:
+            r.wait("listening", 30)
         published = time.time()
-        for relay in relays[1:]:
-            host, port = parent_of[relay.node]
-            relay.send(cmd="parent", host=net.address(host), port=port)
-        done = {r.node: r.until("installed", timeout) for r in relays[1:]}
+        for r in relays[1:]:
+            host, port = parent_of[r.name]
+            r.send(cmd="parent", host=net.address(host), port=port)
+        done = {r.name: r.wait("installed", timeout) for r in relays[1:]}
     finally:
-        for relay in relays:
-            relay.stop()
+        for r in relays:
+            r.stop()
     if any(e["sha256"] != manifest.sha256 for e in done.values()):
         raise RuntimeError(f"v{version}: an installed payload does not match the manifest")
     latency = sorted(e["t"] - published for e in done.values())

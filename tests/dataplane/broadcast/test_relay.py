@@ -7,12 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import os
-import queue
 import signal
-import subprocess
-import sys
 import threading
 import time
 from functools import partial
@@ -23,6 +19,7 @@ import pytest
 
 from dataplane.broadcast import framing
 from dataplane.broadcast.chains import ChainPlan, repair
+from dataplane.broadcast.driver import RelayProcess
 from dataplane.broadcast.hub import RelayHub
 from dataplane.broadcast.relay import SnapshotRelay
 from dataplane.broadcast.store import read_version, write_version
@@ -46,50 +43,12 @@ def child_arg(worker_id: int, token: str) -> list[str]:
     return ["--child", f"{worker_id}={fingerprint(token)}"]
 
 
-class RelayProc:
-    """``python -m dataplane.broadcast.process`` with its stdout events in a queue and commands on stdin."""
+class RelayProc(RelayProcess):
+    """A relay process of the test (``dataplane.broadcast.driver``), listening once constructed."""
 
     def __init__(self, *args: str, module: str = RELAY) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, text=True,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        self.events: queue.Queue[dict] = queue.Queue()
-        self.seen: list[dict] = []
-        threading.Thread(target=self._pump, daemon=True).start()
+        super().__init__(args, module=module, cwd=ROOT)
         self.port = self.wait("listening")["port"]
-
-    def _pump(self) -> None:
-        for line in self.proc.stdout:
-            self.events.put(json.loads(line))
-
-    def wait(self, kind: str, timeout: float = 30.0, when=lambda event: True) -> dict:
-        for event in self.seen:
-            if event["event"] == kind and when(event):
-                return event
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                event = self.events.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            self.seen.append(event)
-            if event["event"] == "error" and kind != "error":
-                raise AssertionError(f"relay failed: {event['reason']}")
-            if event["event"] == kind and when(event):
-                return event
-        raise AssertionError(f"no {kind!r} event within {timeout} s; saw {[e['event'] for e in self.seen]}")
-
-    def send(self, **cmd) -> None:
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                self.proc.stdin.close()
-                self.proc.wait(5)
-            except (OSError, subprocess.TimeoutExpired):
-                self.proc.kill()
-                self.proc.wait()
 
 
 @pytest.fixture
