@@ -29,6 +29,8 @@ from simulator.fleet import simulate
 from simulator.model import Link, NetSpec, SimConfig, WanSpec
 
 INSTALLED = re.compile(r"installed snapshot v(\d+) of job \d+ \(([\d.]+) ?s after publication")
+FEEDER_QUANTILE = 0.1  # the fastest decile of the gaps between top-ups: the feeder's own cycle (feeder_cycle)
+ONE_TOP_UP_MS = 10  # XADDs of one top-up land within this many ms of each other (one call, several prompts)
 
 
 def run_record(row: dict) -> dict | None:
@@ -119,6 +121,21 @@ def process_latency(row: dict) -> dict | None:
             "relay_lag": max(0.0, statistics.median(lag)) if lag else 0.0}
 
 
+def feeder_cycle(cal: dict) -> float | None:
+    """Seconds of the learner's prompt feeder's own cycle, measured in the run's append-only file (``top_ups``: when
+    its prompts landed in Redis): the fastest decile of the gaps between consecutive top-ups, the XADDs of one top-up
+    (within ``ONE_TOP_UP_MS``) counted once. The feeder runs one top-up at a time, asked at each read of the stream
+    (learner/prompts.py ``request_top_up``; asked while one runs, it is left to the next read), so while stale groups
+    are read and dropped back to back its top-ups follow each other as fast as its cycle allows: a read, the
+    acknowledgement, the two round trips of the top-up and the Python around them on the loaded learner (0.05-0.25 s
+    measured where the protocol's round trips are 0.02-0.06 s). None: fewer than 5 such gaps."""
+    stamps = cal.get("top_ups") or []
+    gaps = sorted(b - a for a, b in zip(stamps, stamps[1:], strict=False) if b - a >= ONE_TOP_UP_MS)
+    if len(gaps) < 5:
+        return None
+    return gaps[int(FEEDER_QUANTILE * (len(gaps) - 1))] / 1000
+
+
 def _wall(iso: str) -> float:
     from datetime import datetime
 
@@ -126,10 +143,12 @@ def _wall(iso: str) -> float:
 
 
 def wan_config(doc: dict, *, seed: int, flows: bool = True, timing: dict | None = None,
-               processes: dict | None = None, steps_measured: bool = True) -> SimConfig:
+               processes: dict | None = None, steps_measured: bool = True,
+               feeder_s: float | None = None) -> SimConfig:
     """The simulator for one row's ``calibration`` (the run's clean part in sim_real's shape): calibrated as for the
     loopback run (bench_simulator.py ``calibrate``), the learner's overhead from ``timing`` (:func:`step_timing`)
-    where given, and the run's links. With ``flows``, simulator/wan.py's broadcast; without, the closed-form install
+    where given, the prompt feeder's measured cycle ``feeder_s`` (:func:`feeder_cycle`) where given, and the run's
+    links. With ``flows``, simulator/wan.py's broadcast; without, the closed-form install
     times of one broadcast alone after the announcement's latency (bench/wan/report.py ``announce_latency``)."""
     from bench.wan.report import announce_latency
 
@@ -164,8 +183,11 @@ def wan_config(doc: dict, *, seed: int, flows: bool = True, timing: dict | None 
     # a group returned crosses to the site, then to the learner's read of the stream; a top-up is the learner's
     # read of what is outstanding and its prompts landing at the site; each read of the stream and each
     # acknowledgement of dropped records is a round trip from the learner to Redis at the site.
+    # The top-up: the feeder's measured cycle less the read that asks for it, where measured; else its round trips.
+    read = site_s + learner_s
+    top_up = 1.5 * read if feeder_s is None else max(1.5 * read, feeder_s - read)
     paths = {"lease_latency_s": agent_s + site_s, "return_latency_s": (agent_s + learner_s) / 2 + site_s,
-             "top_up_latency_s": 1.5 * (site_s + learner_s), "read_rtt_s": site_s + learner_s} if flows else {}
+             "top_up_latency_s": top_up, "read_rtt_s": read} if flows else {}
     return dataclasses.replace(base, workers=workers, net=net, **paths,
                                learner=dataclasses.replace(learner, snapshot_bytes=doc["job"]["snapshot_bytes"]))
 
@@ -205,9 +227,10 @@ def wan_rows(rows: list[dict], seeds: int) -> list[dict]:
         cal = row["calibration"]
         try:
             timed = [s["version"] for s in cal["snapshots"] if s["version"] >= 1 and s["t_bcast"] is not None]
-            timing, processes = step_timing(row), process_latency(row)
-            links = simulated(wan_config(cal, seed=0, timing=timing), seeds, timed)
-            sim = simulated(wan_config(cal, seed=0, timing=timing, processes=processes), seeds, timed)
+            timing, processes, feeder = step_timing(row), process_latency(row), feeder_cycle(cal)
+            links = simulated(wan_config(cal, seed=0, timing=timing, feeder_s=feeder), seeds, timed)
+            sim = simulated(wan_config(cal, seed=0, timing=timing, processes=processes, feeder_s=feeder), seeds,
+                            timed)
             real = real_figures(cal)
         except (TypeError, KeyError, ValueError, ZeroDivisionError, StopIteration, statistics.StatisticsError) as err:
             out.append({"row": label, "error": f"{type(err).__name__}: {err}"})
@@ -216,7 +239,8 @@ def wan_rows(rows: list[dict], seeds: int) -> list[dict]:
         out.append({"row": label, "run": row.get("run"), "t_bcast": row.get("t_bcast_s"), "timed": timed,
                     "bubble": real["bubble"], "stale": row["dropped_stale"] / accepted if accepted else None,
                     "closed_form_t_bcast": row.get("sim_t_bcast_s"), "inputs": {"timing": timing,
-                                                                                "processes": processes},
+                                                                                "processes": processes,
+                                                                                "feeder_s": feeder},
                     **{f"sim_{k}": sim[k] for k in ("t_bcast", "bubble", "stale", "timed")},
                     **{f"links_{k}": links[k] for k in ("t_bcast", "bubble", "stale")},
                     "sim_ranges": {k: sim[f"{k}_range"] for k in ("t_bcast", "bubble", "stale")}})

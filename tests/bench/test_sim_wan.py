@@ -54,3 +54,36 @@ def test_each_row_gets_real_and_simulated_figures_over_the_same_steps() -> None:
     for key in ("t_bcast", "bubble", "stale"):
         assert out[key] is not None and out[f"sim_{key}"] is not None and out[f"links_{key}"] is not None
     assert 0 < out["bubble"] < 1 and 0 < out["sim_bubble"] < 1
+
+
+def test_the_feeder_cycle_is_the_fastest_decile_of_the_runs_top_up_gaps() -> None:
+    # one top-up's XADDs straddling a millisecond (0, 3) count once; the gaps are 97, 60, 240, 600, 60, 940 ms
+    cal = {"top_ups": [0, 3, 100, 160, 400, 1000, 1060, 2000]}
+    assert sim_wan.feeder_cycle(cal) == pytest.approx(0.060)
+    assert sim_wan.feeder_cycle({"top_ups": [0, 100, 200, 300, 400]}) is None  # four gaps: too few to say
+    assert sim_wan.feeder_cycle({}) is None
+
+
+def test_the_top_up_takes_the_feeder_cycle_measured_else_the_protocols_round_trips() -> None:
+    row = paper_row()
+    cal = row["calibration"]
+    read = (cal["site_rtt_ms"] + cal["learner_rtt_ms"]) / 1000
+    plain = sim_wan.wan_config(cal, seed=0, timing=row["step_timing"])
+    assert plain.top_up_latency_s == pytest.approx(1.5 * read) and plain.read_rtt_s == pytest.approx(read)
+    measured = sim_wan.wan_config(cal, seed=0, timing=row["step_timing"], feeder_s=0.25)
+    assert measured.top_up_latency_s == pytest.approx(0.25 - read)  # the read that asks for it comes first
+    assert sim_wan.wan_config(cal, seed=0, feeder_s=0.001).top_up_latency_s == pytest.approx(1.5 * read)
+
+
+def test_every_stored_run_measured_a_feeder_slower_than_its_round_trips() -> None:
+    # what the model takes from the runs: the learner's top-ups follow each other 0.06-0.33 s apart at the fastest,
+    # where the protocol's round trips alone would allow 0.03-0.06 s
+    for row in ROWS:
+        cal = row["calibration"]
+        cycle = sim_wan.feeder_cycle(cal)
+        assert cycle is not None and cycle > 1.5 * (cal["site_rtt_ms"] + cal["learner_rtt_ms"]) / 1000, row["run"]
+
+
+def test_the_rows_inputs_name_the_feeder_cycle() -> None:
+    out = sim_wan.wan_rows([paper_row()], seeds=1)[0]
+    assert out["inputs"]["feeder_s"] == sim_wan.feeder_cycle(paper_row()["calibration"])
