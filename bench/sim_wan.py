@@ -5,7 +5,8 @@ What the simulator takes from a run (never the quantities compared): the profile
 each worker's up- and downlink, the learner's, the site's), the job (S, kappa, R, n, M, the strategy), and what the
 run measured of its parts: ``T_train`` and the learner's own time per step outside waiting and training (its step
 reports' timing split, ``wall - wait - train``: checkpoints, reports), each worker's generation rate ``mu_i`` and cv
-(lease-to-return times from Redis' append-only file) and the lease round trip (bench_simulator.py ``calibrate``).
+(lease-to-return times from Redis' append-only file) and the lease round trip (bench_simulator.py ``calibrate``),
+the learner's prompt feeder's cycle (its top-ups in the same file: :func:`feeder_cycle`).
 The broadcast is simulator/wan.py's: flows over the links, publications overlapping, the site's planner and
 ``Bw_hat``, the agents' one-fetch rule and install lock.
 
