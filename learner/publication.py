@@ -97,7 +97,8 @@ class Publisher:
             relay = None
             if settings.relay and strategies.get(spec.broadcast_strategy).relayed:
                 relay = LearnerRelay(store, uplink_bps=spec.learner_uplink_bps, host=settings.snapshot_host,
-                                     port=settings.relay_port, advertise_host=settings.advertise_host)
+                                     port=settings.relay_port, advertise_host=settings.advertise_host,
+                                     mode=settings.relay_mode)
                 stack.callback(relay.stop)
             publisher = cls(site, job_id=job_id, spec=spec, loop=loop, store=store, server=server, relay=relay)
             stack.callback(publisher.outbox.stop)

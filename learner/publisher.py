@@ -18,24 +18,26 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import re
 import threading
 import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Literal, get_args
 
-from dataplane.broadcast.hub import RelayHub
-from dataplane.broadcast.ratelimit import bucket
-from dataplane.broadcast.relay import SnapshotRelay
-from dataplane.broadcast.store import CHUNKS, MANIFEST, list_versions, read_version, version_dir
+from dataplane.broadcast.relay import RelayStats
+from dataplane.broadcast.store import CHUNKS, MANIFEST, list_versions, version_dir
 from dataplane.credentials import CredentialError, parse, verify
 from dataplane.dataset.content import PREFIX as DATA
 from dataplane.snapshot import FULL, Manifest
 
+from .relay_child import RelayChild
+from .relay_process import OriginHub
 from .snapshots import SnapshotStore
 
-__all__ = ["LearnerRelay", "SnapshotServer", "SnapshotStore", "manifest_json"]
+__all__ = ["RELAY_MODES", "LearnerRelay", "RelayMode", "SnapshotServer", "SnapshotStore", "manifest_json"]
 
 log = logging.getLogger(__name__)
 
@@ -156,66 +158,93 @@ def manifest_json(manifest: Manifest) -> dict:
     return json.loads(manifest.model_dump_json())
 
 
+RelayMode = Literal["process", "thread"]
+RELAY_MODES: tuple[RelayMode, ...] = get_args(RelayMode)
+
+
 class LearnerRelay:
-    """The learner's end of the chain broadcast (docs/broadcast.md): a :class:`RelayHub` on an asyncio loop in a
-    daemon thread, serving each published version to the chain seeds under one ``B0`` uplink bucket. The
-    :class:`SnapshotServer` stays the HTTP fallback and the whole path of the star strategies."""
+    """The learner's end of the chain broadcast (docs/broadcast.md): a :class:`RelayHub` serving each published
+    version to the chain seeds under one ``B0`` uplink bucket (:class:`~learner.relay_process.OriginHub`).
+
+    ``mode="process"`` (the default, the learner's ``relay_mode``): the hub runs in a child process
+    (:class:`~learner.relay_child.RelayChild`), so training never holds the GIL its event loop waits for; it is
+    restarted on the same port if it dies. ``mode="thread"``: on an asyncio loop in a daemon thread of this process,
+    as before. The :class:`SnapshotServer` stays the HTTP fallback and the whole path of the star strategies."""
 
     def __init__(self, store: SnapshotStore, *, uplink_bps: float | None, host: str = "127.0.0.1", port: int = 0,
-                 advertise_host: str | None = None, secret: str | None = None) -> None:
-        self.store, self.max_children, self.secret = store, 64, secret
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="snapshot-relay", daemon=True)
-        self.thread.start()
-        self.hub = RelayHub()
-
-        async def make_bucket():  # the bucket's lock belongs to the relay loop
-            return bucket(uplink_bps)
-
-        self.uplink = self._call(make_bucket())
-        self.port = self._call(self.hub.start(host, port))
+                 advertise_host: str | None = None, secret: str | None = None, mode: RelayMode = "process") -> None:
+        if mode not in RELAY_MODES:
+            raise ValueError(f"relay mode must be one of {', '.join(RELAY_MODES)}, not {mode!r}")
+        self.store, self.secret, self.mode = store, secret, mode
+        self._hub: RelayChild | _RelayThread = (
+            RelayChild(store.root, store.job_id, uplink_bps=uplink_bps, host=host, port=port, secret=secret)
+            if mode == "process" else _RelayThread(store, uplink_bps=uplink_bps, host=host, port=port, secret=secret))
+        self.port = self._hub.port
         self.host = advertise_host or (host if host not in ("0.0.0.0", "") else "127.0.0.1")
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def _call(self, coro, timeout: float = 30.0):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+    @property
+    def pid(self) -> int | None:
+        """The process serving the hub (this one in thread mode; None once stopped)."""
+        return self._hub.pid
 
     def serve(self, version: int) -> None:
         """Register version ``version`` (already written by the store) and drop the versions the store pruned."""
-        manifest, chunks = read_version(version_dir(self.store.root, version))
-        published = set(list_versions(self.store.root))
-
-        async def register() -> None:
-            relay = SnapshotRelay(manifest, chunks=chunks, worker_id=0, max_children=self.max_children,
-                                  uplink=self.uplink, secret=self.secret)
-            self.hub.register(relay)
-            for job_id, old in list(self.hub.relays):
-                if old not in published:
-                    self.hub.unregister(job_id, old)
-
-        self._call(register())
+        self._hub.serve(version, set(list_versions(self.store.root)))
 
     def set_secret(self, secret: str | None) -> None:
         """The job's transfer secret: the hub verifies seeds' credentials with it (served versions included)."""
         self.secret = secret
-
-        async def apply() -> None:
-            for relay in self.hub.relays.values():
-                relay.secret = secret
-
-        self._call(apply())
+        self._hub.set_secret(secret)
 
     def set_fan_out(self, version: int, n_chains: int) -> None:
         """The site's plan has ``n_chains`` seeds; one extra slot takes a repaired orphan of a dead seed."""
-        self.max_children = max(1, n_chains) + 1
-        relay = self.hub.relays.get((self.store.job_id, version))
-        if relay is not None:
-            self.loop.call_soon_threadsafe(setattr, relay, "max_children", self.max_children)
+        self._hub.set_fan_out(version, n_chains)
+
+    def served(self) -> dict[int, RelayStats]:
+        """The versions served, each with its relay's statistics (children served and failed, hellos refused)."""
+        return {int(v): RelayStats(**stats) for v, stats in self._hub.status()["versions"].items()}
+
+    def stop(self) -> None:
+        self._hub.stop()
+
+
+class _RelayThread:
+    """The hub on an asyncio loop in a daemon thread of the learner's process (``relay_mode = "thread"``)."""
+
+    def __init__(self, store: SnapshotStore, *, uplink_bps: float | None, host: str, port: int,
+                 secret: str | None) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="snapshot-relay", daemon=True)
+        self.thread.start()
+        self.origin = OriginHub(store.root, store.job_id, uplink_bps=uplink_bps, secret=secret)
+        self.port = self._call(self.origin.start(host, port))
+        self.pid: int | None = os.getpid()
+
+    def _call(self, coro, timeout: float = 30.0):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    async def _run(self, function, *args):
+        return function(*args)
+
+    def serve(self, version: int, published: set[int]) -> None:
+        self._call(self.origin.serve(version, published))
+
+    def set_secret(self, secret: str | None) -> None:
+        self._call(self._run(self.origin.set_secret, secret))
+
+    def set_fan_out(self, version: int, n_chains: int) -> None:
+        self._call(self._run(self.origin.set_fan_out, version, n_chains))
+
+    def status(self) -> dict:
+        return self._call(self._run(self.origin.status))
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):
-            self._call(self.hub.close(), timeout=5.0)
+            self._call(self.origin.close(), timeout=5.0)
         self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5.0)
+        self.pid = None

@@ -64,6 +64,11 @@ class LearnerSettings(BaseSettings):
     relay: bool = option(True, help="Serve snapshots to chain seeds over a relay port (strategy chain; "
                          "docs/broadcast.md). HTTP stays the fallback.")
     relay_port: int = option(0, help="Port of the relay hub (0: any free port).")
+    relay_mode: Literal["process", "thread"] = option("process", help="Where the relay hub runs: process (a child "
+                                                      "process, restarted on the same port if it dies; its sends "
+                                                      "never wait for the GIL training holds) or thread (a thread "
+                                                      "of the learner's process, sharing the GIL with training).",
+                                                      env="ECHO2_LEARNER_RELAY_MODE")
     data_timeout_s: float = option(300.0, help="Fail the job after this many seconds without data (not while "
                                    "it is paused).", flag="--data-timeout")
     status_poll_s: float = option(10.0, gt=0, help="While waiting for data, ask the site this often (seconds) "

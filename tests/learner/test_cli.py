@@ -15,7 +15,7 @@ from learner import cli
 from learner.settings import LearnerSettings
 
 FLAGS = ["--server", "--job", "--token", "--redis", "--snapshot-dir", "--snapshot-host", "--snapshot-port",
-         "--advertise-host", "--relay", "--no-relay", "--relay-port", "--data-timeout", "--device",
+         "--advertise-host", "--relay", "--no-relay", "--relay-port", "--relay-mode", "--data-timeout", "--device",
          "--checkpoint-dir", "--checkpoint-every", "--micro-batch", "--bf16", "--parallel",
          "--activation-checkpointing", "--site-timeout", "--debug"]
 REQUIRED = ["--server", "http://site", "--job", "3", "--token", "tok"]
@@ -32,7 +32,7 @@ def trained(monkeypatch) -> list[LearnerSettings]:
 
     monkeypatch.setattr("learner.trainer.run_job", run_job)
     for name in ("ECHO2_SERVER", "ECHO2_JOB", "ECHO2_TOKEN", "ECHO2_TOKEN_FILE", "REDIS_URL", "ECHO2_LOGDIR",
-                 "WANDB_PROJECT", "WANDB_NAME", "WANDB_TAGS"):
+                 "WANDB_PROJECT", "WANDB_NAME", "WANDB_TAGS", "ECHO2_LEARNER_RELAY_MODE"):
         monkeypatch.delenv(name, raising=False)
     return seen
 
@@ -48,7 +48,8 @@ def test_every_setting_is_an_option_of_run_with_its_variable() -> None:
     envvars = {param.name: param.envvar for param in run.params if param.envvar}
     assert envvars == {"server": "ECHO2_SERVER", "job": "ECHO2_JOB", "token": "ECHO2_TOKEN",
                        "token_file": "ECHO2_TOKEN_FILE", "redis_url": "REDIS_URL", "logdir": "ECHO2_LOGDIR",
-                       "wandb_project": "WANDB_PROJECT", "wandb_name": "WANDB_NAME", "wandb_tags": "WANDB_TAGS"}
+                       "wandb_project": "WANDB_PROJECT", "wandb_name": "WANDB_NAME", "wandb_tags": "WANDB_TAGS",
+                       "relay_mode": "ECHO2_LEARNER_RELAY_MODE"}
     assert {param.name for param in run.params} - {"help"} == set(LearnerSettings.model_fields)
 
 
@@ -62,6 +63,7 @@ def test_flags_reach_the_settings(trained) -> None:
     assert (s.snapshot_dir, s.relay, s.data_timeout_s, s.checkpoint_every, s.micro_batch, s.site_timeout_s) == (
         Path("/tmp/s"), False, 4.0, 2, 8, 3.0)
     assert (s.device, s.bf16, s.checkpoint_dir, s.status_poll_s) == ("cpu", False, None, 10.0)  # the defaults
+    assert s.relay_mode == "process"
 
 
 def test_environment_variables_reach_the_settings(trained) -> None:

@@ -21,7 +21,7 @@ from dataplane.broadcast.relay import SnapshotRelay
 from dataplane.broadcast.store import list_versions, version_dir
 from dataplane.credentials import issue, new_secret
 from dataplane.snapshot import SnapshotError, fetch_payload, full_url, parse_manifest
-from learner.publisher import LearnerRelay, SnapshotServer, SnapshotStore, manifest_json
+from learner.publisher import RELAY_MODES, LearnerRelay, SnapshotServer, SnapshotStore, manifest_json
 
 JOB = 5
 SECRET = new_secret()
@@ -32,16 +32,17 @@ def cred(version: int, *, worker_id: int = 9, job_id: int = JOB, ttl: int = 600,
                  expires=int(time.time()) + ttl)
 
 
-def test_a_published_version_reaches_a_seed_through_the_learner_relay(tmp_path):
+@pytest.mark.parametrize("mode", RELAY_MODES)
+def test_a_published_version_reaches_a_seed_through_the_learner_relay(tmp_path, mode):
     model = torch.nn.Linear(64, 32)
     store = SnapshotStore(tmp_path, job_id=JOB, chunk_bytes=1024, keep=2, dtype="fp32", full_every=1)
-    relay = LearnerRelay(store, uplink_bps=None)
+    relay = LearnerRelay(store, uplink_bps=None, mode=mode)
     try:
         relay.set_secret(SECRET)  # what the site's reply to the announcement carries
         for version in (1, 2, 3):
             manifest = store.write(model, version)
             relay.serve(version)  # and stops serving what the store pruned
-        assert list_versions(tmp_path) == [2, 3] and set(relay.hub.relays) == {(JOB, 2), (JOB, 3)}
+        assert list_versions(tmp_path) == [2, 3] and set(relay.served()) == {2, 3}
         host, _, port = relay.address.rpartition(":")
 
         async def seed(credential: str | None) -> bytes:
@@ -61,7 +62,7 @@ def test_a_published_version_reaches_a_seed_through_the_learner_relay(tmp_path):
         refused = asyncio.run(knock(None))
         assert refused.type == "refuse" and refused.header["reason"] == "worker 9: no credential"
         assert asyncio.run(knock(cred(3, ttl=-1))).header["reason"].startswith("worker 9: credential expired")
-        assert relay.hub.relays[(JOB, 3)].stats.refused == 2
+        assert relay.served()[3].refused == 2 and relay.served()[3].children_served == 1
     finally:
         relay.stop()
     assert torch.equal(tensors["weight"], model.weight.detach()) and torch.equal(tensors["bias"], model.bias.detach())
@@ -150,7 +151,8 @@ def test_the_base_stays_and_so_does_every_recent_version(tmp_path, tiny_model_di
     assert payload == basemodel.pack(tiny_model_dir)
 
 
-def test_a_delta_version_goes_down_the_relay_as_is_and_its_full_payload_is_served_over_http(tmp_path):
+@pytest.mark.parametrize("mode", RELAY_MODES)
+def test_a_delta_version_goes_down_the_relay_as_is_and_its_full_payload_is_served_over_http(tmp_path, mode):
     model = torch.nn.Linear(64, 32)
     store = SnapshotStore(tmp_path, job_id=JOB, chunk_bytes=1024)
     store.write(model, 1)
@@ -158,7 +160,7 @@ def test_a_delta_version_goes_down_the_relay_as_is_and_its_full_payload_is_serve
         model.bias.add_(1.0)
     delta = store.write(model, 2)
     assert delta.kind == "delta" and delta.total_bytes < delta.full.total_bytes / 10
-    relay, server = LearnerRelay(store, uplink_bps=None), SnapshotServer(store).start()
+    relay, server = LearnerRelay(store, uplink_bps=None, mode=mode), SnapshotServer(store).start()
     try:
         relay.set_secret(SECRET)
         server.set_secret(SECRET)

@@ -10,6 +10,7 @@ import dataclasses
 import shutil
 import time
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -18,7 +19,7 @@ from dataplane import messages as m
 from dataplane.broadcast.store import CHUNKS, version_dir
 from dataplane.snapshot import FULL
 from echo2_site.demo import free_port
-from learner.publisher import LearnerRelay, SnapshotServer, SnapshotStore, manifest_json
+from learner.publisher import RELAY_MODES, LearnerRelay, SnapshotServer, SnapshotStore, manifest_json
 from learner.snapshots import publishable_state
 
 from .test_session import SECRET, assign, make_session, push, snapshot, until
@@ -49,9 +50,10 @@ def engine_holds(session, expected: dict[str, torch.Tensor]) -> bool:
                and torch.equal(held[k], v.float()) for k, v in expected.items())
 
 
-def test_deltas_travel_a_chain_as_they_are_and_install_bit_for_bit(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("mode", RELAY_MODES)
+def test_deltas_travel_a_chain_as_they_are_and_install_bit_for_bit(tmp_path, tiny_model_dir, mode):
     store = SnapshotStore(tmp_path / "snapshots", job_id=1, chunk_bytes=16_384)
-    server, relay = SnapshotServer(store).start(), LearnerRelay(store, uplink_bps=None)
+    server, relay = SnapshotServer(store).start(), LearnerRelay(store, uplink_bps=None, mode=mode)
     server.set_secret(SECRET)
     relay.set_secret(SECRET)
     base = store.write_base(tiny_model_dir)
