@@ -56,6 +56,10 @@ class ChunkBook:
         partial = self._partial.get(index)
         return (partial.filled, partial.buf) if partial is not None else (0, b"")
 
+    def partial(self) -> dict[int, int]:
+        """The leading bytes held of each chunk not verified yet (a parent switched mid-chunk resumes after them)."""
+        return {index: p.filled for index, p in self._partial.items() if p.filled and index not in self.done}
+
     def ready(self, index: int, offset: int = 0) -> bool:
         """Whether bytes of chunk ``index`` from ``offset`` on may be forwarded now (an empty chunk once verified)."""
         held, _ = self.available(index)

@@ -237,9 +237,10 @@ class SnapshotRelay(ServesChildren):
         peer = f"parent {parent[0]}:{parent[1]}"
         reader, writer = await framing.open_peer(*parent, timeout=self.timeouts.connect)
         try:
+            partial = self._book.partial()
             await framing.write_frame(writer, framing.hello(job_id=self.job_id, version=self.version,
                                                             worker_id=self.worker_id, have=self.have,
-                                                            credential=self.credential),
+                                                            credential=self.credential, partial=partial),
                                        peer=peer, timeout=self.timeouts.stall)
             # the parent may hold us until the site's word reaches it (assign_wait)
             frame = await framing.read_frame(reader, peer=peer, max_payload=0,
@@ -248,7 +249,8 @@ class SnapshotRelay(ServesChildren):
                 raise PeerRefused(peer, frame.header["reason"])
             await self._check_assignment(writer, frame, peer)
             self.stats.resumed_with = len(self._chunks)
-            self._emit("accepted", parent=peer, resumed_with=len(self._chunks))
+            self.stats.resumed_bytes += sum(partial.values())
+            self._emit("accepted", parent=peer, resumed_with=len(self._chunks), resumed_bytes=sum(partial.values()))
             bad: Counter[int] = Counter()
             while not self.complete:
                 frame = await framing.read_frame(reader, peer=peer, timeout=self.timeouts.stall,
@@ -264,6 +266,11 @@ class SnapshotRelay(ServesChildren):
                 try:  # verified (and stored by _store, below) or discarded before any await
                     data = self._book.add_part(index, frame.header.get("offset", 0), frame.payload, peer=peer)
                 except SnapshotError as err:
+                    if index in partial:  # its first bytes came from an earlier parent: not this one's fault
+                        del partial[index]
+                        self._emit("bad_chunk", index=index, parent="an earlier parent", reason=str(err), copies=0)
+                        await framing.write_frame(writer, framing.want([index]), peer=peer, timeout=self.timeouts.stall)
+                        continue
                     await self._bad_chunk(writer, index, bad, str(err), peer)
                     continue
                 if data is None:  # a part: forwarded to our child, not verified yet

@@ -60,6 +60,9 @@ class RelayStats:
     """HTTP fallbacks given up for a parent the site routed us to meanwhile (a chain repair)."""
     resumed_with: int = 0
     """Chunks already held when the latest parent accepted us (non-zero after a resume)."""
+    resumed_bytes: int = 0
+    """Bytes of unverified chunks already held when a parent accepted us, over every parent (a switch mid-chunk
+    resumes after them, not from the chunk's start)."""
     children_served: int = 0
     child_failures: int = 0
     refused: int = 0

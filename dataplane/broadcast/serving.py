@@ -85,7 +85,8 @@ class ServesChildren:
                                                              chunks=len(self.manifest.chunks)),
                                        peer=peer, timeout=self.timeouts.stall)
             self.stats.children_served += 1
-            await self._stream(writer, session, listener, wants, set(hello.header["have"]), peer)
+            await self._stream(writer, session, listener, wants, set(hello.header["have"]),
+                               self._resume_points(hello.header.get("partial")), peer)
         except TransferError as err:
             self.stats.child_failures += 1
             self._emit("child_failed", child=child, reason=str(err))
@@ -135,17 +136,25 @@ class ServesChildren:
         finally:
             session.wake.set()
 
+    def _resume_points(self, partial: list[list[int]] | None) -> dict[int, int]:
+        """Where to start each chunk the child holds the first bytes of (its hello's ``partial``, from an earlier
+        parent); a claim past the chunk's end is ignored. Those bytes are the child's to verify: if the whole does not
+        match, it discards the chunk and asks for it again (a ``want``), which starts at 0."""
+        chunks = self.manifest.chunks
+        return {i: n for i, n in partial or [] if i < len(chunks) and 0 < n < chunks[i].size}
+
     async def _stream(self, writer: asyncio.StreamWriter, session: Session, listener: asyncio.Task,
-                      wants: deque[int], have: set[int], peer: str) -> None:
+                      wants: deque[int], have: set[int], resume: dict[int, int], peer: str) -> None:
         """Send the owed chunks part by part, each part as soon as we hold it (verified or not: cut-through), in
-        index order with ``want``s first; a chunk whose unverified bytes went bad here starts again at 0."""
+        index order with ``want``s first; a chunk the child holds the first bytes of starts after them (``resume``);
+        a chunk whose unverified bytes went bad here starts again at 0."""
         order = [c.index for c in self.manifest.chunks if c.index not in have]
         cursor: tuple[int, int, int] | None = None  # (chunk, next offset, its generation when we started it)
         while True:
             session.wake.clear()
             if listener.done():
                 return
-            cursor = cursor or self._next_chunk(wants, order)
+            cursor = cursor or self._next_chunk(wants, order, resume)
             if cursor is not None:
                 index, offset, generation = cursor
                 if self._book.generation[index] != generation:
@@ -160,16 +169,19 @@ class ServesChildren:
             # Waiting for our own parent (or, all sent, for the child's want/bye): not the child's fault.
             await self._wait_for_chunks(writer, session, keepalive=bool(order) or cursor is not None, peer=peer)
 
-    def _next_chunk(self, wants: deque[int], order: list[int]) -> tuple[int, int, int] | None:
-        """The next chunk to send a child: a ``want`` we hold (some of), else the first owed one we hold some of."""
+    def _next_chunk(self, wants: deque[int], order: list[int],
+                    resume: dict[int, int]) -> tuple[int, int, int] | None:
+        """The next chunk to send a child, with the offset to start at: a ``want`` we hold (some of), from 0; else the
+        first owed one we hold some of, after what the child already holds of it."""
         if wants and self._book.ready(wants[0]):
             index = wants.popleft()
-        else:
-            index = next((i for i in order if self._book.ready(i)), None)
-            if index is None:
-                return None
-            order.remove(index)
-        return index, 0, self._book.generation[index]
+            resume.pop(index, None)
+            return index, 0, self._book.generation[index]
+        index = next((i for i in order if self._book.ready(i)), None)
+        if index is None:
+            return None
+        order.remove(index)
+        return index, resume.pop(index, 0), self._book.generation[index]
 
     async def _wait_for_chunks(self, writer: asyncio.StreamWriter, session: Session, *, keepalive: bool,
                                peer: str) -> None:
