@@ -218,11 +218,14 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write the comparison here")
     parser.add_argument("--wan-json", type=Path, help="compare against a bench/bench_wan.py --json run instead (its "
                         "links, T_bcast and bubble per row; the loopback references are skipped)")
+    parser.add_argument("--wan-feeder", choices=("measured", "protocol"), default="measured",
+                        help="with --wan-json: the learner's prompt top-up at the run's measured feeder cycle "
+                        "(bench/sim_wan.py feeder_cycle), or at its round trips alone (the model before it)")
     args = parser.parse_args()
     if args.wan_json:
         from sim_wan import print_wan, wan_rows
 
-        rows = wan_rows(json.loads(args.wan_json.read_text()), args.seeds)
+        rows = wan_rows(json.loads(args.wan_json.read_text()), args.seeds, feeder=args.wan_feeder == "measured")
         print_wan(rows)
         if args.json:
             args.json.write_text(json.dumps({"wan": rows}, indent=1))

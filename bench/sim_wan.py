@@ -216,21 +216,23 @@ def simulated(config: SimConfig, seeds: int, versions: list[int] | None = None, 
     return out
 
 
-def wan_rows(rows: list[dict], seeds: int) -> list[dict]:
+def wan_rows(rows: list[dict], seeds: int, *, feeder: bool = True) -> list[dict]:
     """Each bench_wan.py row (its ``--json``) beside the simulator for the same links: T_bcast (the site's median
     over the clean part's full publications), the bubble and the stale share (the steps after WARMUP, the real
     ones from the row's calibration); simulated twice: ``links`` (the links and the protocol only) and ``sim`` (also
     the run's measured process latencies around a transfer, :func:`process_latency`); and the closed-form T_bcast
-    bench_wan.py printed (``closed_form_t_bcast``)."""
+    bench_wan.py printed (``closed_form_t_bcast``). ``feeder`` False: the top-up at its round trips, not the run's
+    measured feeder cycle (:func:`feeder_cycle`; what the table was before it)."""
     out = []
     for row in rows:
         label = f"{row['profile']} {row['strategy']} N={row['agents']}"
         cal = row["calibration"]
         try:
             timed = [s["version"] for s in cal["snapshots"] if s["version"] >= 1 and s["t_bcast"] is not None]
-            timing, processes, feeder = step_timing(row), process_latency(row), feeder_cycle(cal)
-            links = simulated(wan_config(cal, seed=0, timing=timing, feeder_s=feeder), seeds, timed)
-            sim = simulated(wan_config(cal, seed=0, timing=timing, processes=processes, feeder_s=feeder), seeds,
+            timing, processes = step_timing(row), process_latency(row)
+            feeder_s = feeder_cycle(cal) if feeder else None
+            links = simulated(wan_config(cal, seed=0, timing=timing, feeder_s=feeder_s), seeds, timed)
+            sim = simulated(wan_config(cal, seed=0, timing=timing, processes=processes, feeder_s=feeder_s), seeds,
                             timed)
             real = real_figures(cal)
         except (TypeError, KeyError, ValueError, ZeroDivisionError, StopIteration, statistics.StatisticsError) as err:
@@ -241,7 +243,7 @@ def wan_rows(rows: list[dict], seeds: int) -> list[dict]:
                     "bubble": real["bubble"], "stale": row["dropped_stale"] / accepted if accepted else None,
                     "closed_form_t_bcast": row.get("sim_t_bcast_s"), "inputs": {"timing": timing,
                                                                                 "processes": processes,
-                                                                                "feeder_s": feeder},
+                                                                                "feeder_s": feeder_s},
                     **{f"sim_{k}": sim[k] for k in ("t_bcast", "bubble", "stale", "timed")},
                     **{f"links_{k}": links[k] for k in ("t_bcast", "bubble", "stale")},
                     "sim_ranges": {k: sim[f"{k}_range"] for k in ("t_bcast", "bubble", "stale")}})

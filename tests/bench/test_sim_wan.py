@@ -84,6 +84,7 @@ def test_every_stored_run_measured_a_feeder_slower_than_its_round_trips() -> Non
         assert cycle is not None and cycle > 1.5 * (cal["site_rtt_ms"] + cal["learner_rtt_ms"]) / 1000, row["run"]
 
 
-def test_the_rows_inputs_name_the_feeder_cycle() -> None:
+def test_the_rows_inputs_name_the_feeder_cycle_and_the_protocol_model_has_none() -> None:
     out = sim_wan.wan_rows([paper_row()], seeds=1)[0]
     assert out["inputs"]["feeder_s"] == sim_wan.feeder_cycle(paper_row()["calibration"])
+    assert sim_wan.wan_rows([paper_row()], seeds=1, feeder=False)[0]["inputs"]["feeder_s"] is None
