@@ -28,10 +28,15 @@ from bench_simulator import MBIT, WARMUP, calibrate, median_or_none, real_figure
 from simulator import metrics
 from simulator.fleet import simulate
 from simulator.model import Link, NetSpec, SimConfig, WanSpec
+from simulator.wan import MeasuredWan
 
 INSTALLED = re.compile(r"installed snapshot v(\d+) of job \d+ \(([\d.]+) ?s after publication")
 FEEDER_QUANTILE = 0.1  # the fastest decile of the gaps between top-ups: the feeder's own cycle (feeder_cycle)
 ONE_TOP_UP_MS = 10  # XADDs of one top-up land within this many ms of each other (one call, several prompts)
+# How one run's installs after their last byte spread around its median (install_spread): measured on the two runs of
+# bench/data/wan-sim-2026-12-05-check.json (29 installs), held out from the 12 rows of wan-sim-2026-12-05.json.
+INSTALL_MEAN_PER_MEDIAN = 1.07
+INSTALL_CV = 0.60
 
 
 def run_record(row: dict) -> dict | None:
@@ -122,6 +127,26 @@ def process_latency(row: dict) -> dict | None:
             "relay_lag": max(0.0, statistics.median(lag)) if lag else 0.0}
 
 
+def install_spread(rows: list[dict]) -> tuple[float, float]:
+    """(mean over median, coefficient of variation) of the installs' seconds after their last byte (an agent's log
+    against its parent's tap, as :func:`process_latency` measures them), each over its run's median, pooled over the
+    rows that carry the full record (bench/wan/run.py ``calibration``: ``timeline`` and ``installed``): the shape
+    ``INSTALL_MEAN_PER_MEDIAN`` and ``INSTALL_CV`` give every run around its own median."""
+    pooled = []
+    for row in rows:
+        record = run_record(row)
+        if record is None:
+            continue
+        seconds = [record["installed"][(p["version"], h["child"])] - h["last_s"] for p in record["timeline"]
+                   for h in p["hops"] if (p["version"], h["child"]) in record["installed"]]
+        middle = statistics.median(seconds) if seconds else 0.0
+        pooled += [x / middle for x in seconds] if middle > 0 else []
+    if len(pooled) < 2:
+        raise ValueError("no row with its installs and hops recorded (calibration 'timeline' and 'installed')")
+    mean = statistics.fmean(pooled)
+    return mean, statistics.pstdev(pooled) / mean
+
+
 def feeder_cycle(cal: dict) -> float | None:
     """Seconds of the learner's prompt feeder's own cycle, measured in the run's append-only file (``top_ups``: when
     its prompts landed in Redis): the fastest decile of the gaps between consecutive top-ups, the XADDs of one top-up
@@ -167,13 +192,16 @@ def wan_config(doc: dict, *, seed: int, flows: bool = True, timing: dict | None 
     if steps_measured:  # each step's own T_train, as the run measured it
         learner = dataclasses.replace(learner, t_train_steps=tuple(m["t_train"] for m in sorted(
             doc["metrics"], key=lambda m: m["step"])))
-    wan = WanSpec(learner=Link(doc["b0_bps"], doc["b0_bps"], doc["learner_rtt_ms"] / 1000),
-                  site=Link(math.inf, math.inf, doc["site_rtt_ms"] / 1000),
-                  workers=tuple((w, Link(x["up_mbit"] * MBIT, x["down_mbit"] * MBIT, x["rtt_ms"] / 1000))
-                                for w, x in sorted(links.items())),
-                  publish_s=(timing or {}).get("publish_lag", 0.0), install_s=(processes or {}).get("install", 0.0),
-                  report_s=(processes or {}).get("report", 0.0),
-                  relay_lag_s=(processes or {}).get("relay_lag", 0.0))
+    # With the run's processes, each install drawn around its measured median as the runs' installs spread.
+    spec, spread = (MeasuredWan, {"install_cv": INSTALL_CV}) if processes else (WanSpec, {})
+    wan = spec(learner=Link(doc["b0_bps"], doc["b0_bps"], doc["learner_rtt_ms"] / 1000),
+               site=Link(math.inf, math.inf, doc["site_rtt_ms"] / 1000),
+               workers=tuple((w, Link(x["up_mbit"] * MBIT, x["down_mbit"] * MBIT, x["rtt_ms"] / 1000))
+                             for w, x in sorted(links.items())),
+               publish_s=(timing or {}).get("publish_lag", 0.0),
+               install_s=(processes or {}).get("install", 0.0) * (INSTALL_MEAN_PER_MEDIAN if processes else 1.0),
+               report_s=(processes or {}).get("report", 0.0), relay_lag_s=(processes or {}).get("relay_lag", 0.0),
+               **spread)
     latency = announce_latency(site_rtt_ms=doc["site_rtt_ms"], learner_rtt_ms=doc["learner_rtt_ms"],
                                agent_rtt_ms=statistics.median(x["rtt_ms"] for x in links.values()))
     net = NetSpec(b0_bps=doc["b0_bps"], chunk_bytes=doc["chunk_bytes"], strategy=doc["job"]["strategy"],

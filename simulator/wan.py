@@ -10,7 +10,8 @@ flight, with the latencies and rules of the real protocol:
   first byte: the hello there, the data back); a version the agent forwards to no child waits while another version
   is fetched, and a newer one replaces it (worker_agent/session.py ``_offer``);
 - the last byte in, the weights go into the engine once no batch is generating (the agent's ``install_lock``; the
-  next batch waits for them), ``install_s`` later; the install is reported to the site one way later, where it
+  next batch waits for them), ``install_s`` later (with :class:`MeasuredWan`, drawn per install around it, as the
+  runs' installs spread); the install is reported to the site one way later, where it
   counts towards ``ceil(active / gamma)`` installs of that version, and an older version finishing after a newer
   one was installed is not installed (worker_agent/installs.py).
 
@@ -20,12 +21,24 @@ A part of :class:`simulator.fleet.FleetSim`, which holds the workers, the clock 
 from __future__ import annotations
 
 import math
+import random
+from dataclasses import dataclass
 
 from dataplane.broadcast.chains import WorkerStats, measured_bandwidth
 
 from .broadcast import plan_for
 from .flows import Flow, FlowNet
-from .model import Link
+from .model import Link, WanSpec
+
+
+@dataclass(frozen=True)
+class MeasuredWan(WanSpec):
+    """A :class:`~simulator.model.WanSpec` whose installs vary as a run's did: each install's seconds after its last
+    byte is gamma-distributed with mean ``install_s`` and this coefficient of variation (bench/sim_wan.py measures
+    it on the WAN runs' agents' logs against their parents' taps: an install rebuilds the payload, reads the tensors
+    and loads them on a loaded machine, so one takes 0.1 s and the next 0.9 s)."""
+
+    install_cv: float = 0.0
 
 
 def one_way(a: Link, b: Link) -> float:
@@ -49,6 +62,7 @@ class WanBroadcast:
         self.landing: dict[int, list] = {}  # worker -> installs waiting for its batch to end (the install lock)
         self.busy_until = dict.fromkeys(self.spec, 0.0)
         self.counting: dict[int, dict] = {}  # version -> the site's count: need, done, its publication time
+        self.install_rng = random.Random(f"{self.cfg.seed}-installs")  # its own: other draws keep their sequences
         self.flow_wake = self.env.event()
         self.env.process(self._network())
 
@@ -134,7 +148,7 @@ class WanBroadcast:
         """Into the engine once the batch generating ends (the next one waits), then reported to the site."""
         gate = self.env.event()
         self.landing.setdefault(w, []).append(gate)
-        yield self.env.timeout(max(0.0, self.busy_until[w] - self.env.now) + self.cfg.net.wan.install_s)
+        yield self.env.timeout(max(0.0, self.busy_until[w] - self.env.now) + self._install_seconds())
         landed = self.installed.get(w) is not None and self.installed[w] < version
         if landed:
             self.installed[w] = version
@@ -160,6 +174,15 @@ class WanBroadcast:
             self.measured[parent] = measured_bandwidth(self.measured.get(parent),
                                                        total_bytes=int(self.cfg.learner.snapshot_bytes),
                                                        seconds=seconds)
+
+    def _install_seconds(self) -> float:
+        """One install's seconds after its last byte and the batch generating: ``install_s``, or drawn around it
+        (:class:`MeasuredWan`)."""
+        wan = self.cfg.net.wan
+        cv = getattr(wan, "install_cv", 0.0)  # a plain WanSpec: no spread
+        if cv <= 0 or wan.install_s <= 0:
+            return wan.install_s
+        return self.install_rng.gammavariate(1 / cv**2, wan.install_s * cv**2)
 
     def _before_batch(self, w: int):
         """The worker's next batch waits for the installs queued on its engine (the agent's install lock)."""

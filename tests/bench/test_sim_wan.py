@@ -33,7 +33,11 @@ def test_the_network_is_the_profiles_links_and_the_learner_the_runs_measurements
     assert wan.learner.up_bps == row["calibration"]["b0_bps"]
     assert config.lease_latency_s == pytest.approx((40 + 10) / 1000)  # the agent's and the site's round trips
     assert config.learner.t_train_steps == tuple(m["t_train"] for m in row["calibration"]["metrics"])
-    assert wan.publish_s == row["step_timing"]["publish_lag"] and wan.install_s == row["process_latency"]["install"]
+    assert wan.publish_s == row["step_timing"]["publish_lag"]
+    # each install drawn around the run's median install, spread as the held-out runs' installs were
+    assert wan.install_s == pytest.approx(sim_wan.INSTALL_MEAN_PER_MEDIAN * row["process_latency"]["install"])
+    assert wan.install_cv == sim_wan.INSTALL_CV
+    assert not hasattr(sim_wan.wan_config(row["calibration"], seed=0).net.wan, "install_cv")  # links only: none
 
 
 def test_the_simulated_broadcast_follows_the_links_not_the_measured_t_bcast() -> None:
@@ -88,3 +92,28 @@ def test_the_rows_inputs_name_the_feeder_cycle_and_the_protocol_model_has_none()
     out = sim_wan.wan_rows([paper_row()], seeds=1)[0]
     assert out["inputs"]["feeder_s"] == sim_wan.feeder_cycle(paper_row()["calibration"])
     assert sim_wan.wan_rows([paper_row()], seeds=1, feeder=False)[0]["inputs"]["feeder_s"] is None
+
+
+def test_the_install_spread_constants_are_the_held_out_runs_measurement() -> None:
+    check = json.loads((BENCH / "data" / "wan-sim-2026-12-05-check.json").read_text())
+    mean, cv = sim_wan.install_spread(check)
+    assert mean == pytest.approx(sim_wan.INSTALL_MEAN_PER_MEDIAN, abs=0.005)
+    assert cv == pytest.approx(sim_wan.INSTALL_CV, abs=0.005)
+    with pytest.raises(ValueError, match="no row with its installs"):
+        sim_wan.install_spread(ROWS)  # the 12 rows carry medians only
+
+
+def test_drawn_installs_spread_around_the_mean_and_are_reproducible() -> None:
+    row = paper_row()
+    config = sim_wan.wan_config(row["calibration"], seed=0, timing=row["step_timing"],
+                                processes=row["process_latency"])
+    wide = dataclasses.replace(config, net=dataclasses.replace(config.net, wan=dataclasses.replace(
+        config.net.wan, install_s=0.5)))
+    from simulator.fleet import FleetSim
+
+    sim = FleetSim(wide)
+    draws = [sim._install_seconds() for _ in range(4000)]
+    mean = sum(draws) / len(draws)
+    sd = (sum((x - mean) ** 2 for x in draws) / len(draws)) ** 0.5
+    assert mean == pytest.approx(0.5, rel=0.05) and sd / mean == pytest.approx(sim_wan.INSTALL_CV, rel=0.1)
+    assert FleetSim(wide)._install_seconds() == draws[0]  # its own generator, seeded by the run's seed
