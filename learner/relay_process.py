@@ -150,7 +150,16 @@ async def _obey(origin: OriginHub, emit: Callable[[dict[str, Any]], None]) -> No
         emit(reply)
 
 
+def _quiet_cancellation(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """Sessions still sending when we exit are cancelled; Python 3.11's ``start_server`` then logs each one's
+    cancellation as an "Exception in callback" with a traceback (its done-callback asks a cancelled task for its
+    exception; 3.12 checks first). Not an error: the learner asked us to exit."""
+    if not isinstance(context.get("exception"), asyncio.CancelledError):
+        loop.default_exception_handler(context)
+
+
 async def _main(args: argparse.Namespace) -> int:
+    asyncio.get_running_loop().set_exception_handler(_quiet_cancellation)
     origin = OriginHub(args.root, args.job, uplink_bps=args.uplink_bps)
     try:
         port = await origin.start(args.host, args.port)

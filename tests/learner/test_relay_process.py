@@ -29,8 +29,9 @@ JOB = 5
 SECRET = new_secret()
 
 
-def cred(version: int, *, secret: str = SECRET) -> str:
-    return issue(secret, job_id=JOB, worker_id=9, lowest=version, highest=version, expires=int(time.time()) + 600)
+def cred(version: int, *, secret: str = SECRET, worker_id: int = 9) -> str:
+    return issue(secret, job_id=JOB, worker_id=worker_id, lowest=version, highest=version,
+                 expires=int(time.time()) + 600)
 
 
 @pytest.fixture
@@ -257,3 +258,36 @@ def test_the_childs_warnings_land_in_the_learners_log(store, capfd):
         relay.stop()
     line = next(line for line in "".join(err).splitlines() if "bad credential signature" in line)
     assert f"learner relay[{pid}]: relay of worker 0 (job {JOB} v1) refused" in line, line
+
+
+def test_stopping_while_seeds_are_being_served_logs_no_traceback(tmp_path, capfd):
+    """The job ends while two seeds still pull (one sending, one waiting for the shared B0 bucket): the child exits
+    at once and quietly (Python 3.11 logged each cancelled session as an 'Exception in callback')."""
+    store = SnapshotStore(tmp_path / "big", job_id=JOB, keep=4, dtype="fp32", full_every=1)
+    store.write(torch.nn.Linear(512, 512), 1)  # 1 MB at 100 kB/s: still sending when stopped
+    relay = LearnerRelay(store, uplink_bps=100_000, secret=SECRET)
+    relay.serve(1)
+    host, _, port = relay.address.rpartition(":")
+    loop = asyncio.new_event_loop()
+
+    async def slow_seed(worker_id: int) -> str:
+        reader, writer = await framing.open_peer(host, int(port), timeout=5)
+        await framing.write_frame(writer, framing.hello(job_id=JOB, version=1, worker_id=worker_id, have=[],
+                                                        credential=cred(1, worker_id=worker_id)),
+                                  peer="hub", timeout=5)
+        return (await framing.read_frame(reader, peer="hub", timeout=10)).type  # then reads nothing more
+
+    async def seeds() -> list[str]:
+        return await asyncio.gather(slow_seed(9), slow_seed(10))
+
+    try:
+        assert loop.run_until_complete(seeds()) == ["accept", "accept"]
+        time.sleep(0.5)
+        pid = relay.pid
+        relay.stop()
+        assert not alive(pid)
+    finally:
+        relay.stop()
+        loop.close()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Exception in callback" not in err, err
