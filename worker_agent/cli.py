@@ -33,6 +33,12 @@ AllowUserCodeOpt = Annotated[bool, typer.Option(
     "--allow-user-code", help="Run job owners' code in this process (reward functions 'pkg.module:fn', verifiers "
     "environments): arbitrary code on this machine, see docs/trust.md 'User code on workers'. Declared to the site, "
     "which assigns such jobs only to workers that opted in; off, the agent also refuses any it is given.")]
+RelayListenOpt = Annotated[str | None, typer.Option(
+    help="HOST:PORT to serve snapshot chunks to a chain child (default: 0.0.0.0 and the port of the registered "
+    "--relay-address, if any; 'none': tail only).")]
+RelayModeOpt = Annotated[str | None, typer.Option(
+    envvar="ECHO2_RELAY_MODE", help="Where the snapshot relays run: 'process' (a child process, apart from "
+    "generation) or 'inline' (the agent's own event loop); default: the config's relay_mode, else process.")]
 EngineOpt = Annotated[str, typer.Option(help="Generation engine: auto (vllm on a GPU with vLLM, else hf), hf, vllm.")]
 
 
@@ -100,9 +106,7 @@ def run(
     groups: Annotated[int, typer.Option(min=1, max=64, help="Prompt groups to lease at a time.")] = 2,
     threads: Annotated[int | None, typer.Option(min=1, help="CPU threads for torch.")] = None,
     seed: Annotated[int | None, typer.Option(help="Sampling seed (default: random).")] = None,
-    relay_listen: Annotated[str | None, typer.Option(help="HOST:PORT to serve snapshot chunks to a chain child "
-                                                     "(default: 0.0.0.0 and the port of the registered "
-                                                     "--relay-address, if any; 'none': tail only).")] = None,
+    relay_listen: RelayListenOpt = None,
     cache_dir: Annotated[Path | None, typer.Option(envvar="ECHO2_CACHE_DIR", help="Where jobs' base models are "
                                                    "kept, by digest (default ~/.cache/echo2/base-snapshots).")] = None,
     cache_gb: Annotated[float, typer.Option(min=0, help="Disk for cached base models, GB; the least recently used "
@@ -111,6 +115,7 @@ def run(
                                                 "doing (each change at once, never two within 2 s); 0: changes "
                                                 "only.")] = 10.0,
     allow_user_code: AllowUserCodeOpt = False,
+    relay_mode: RelayModeOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Warnings and errors only.")] = False,
     debug: Annotated[bool, typer.Option(help="Verbose logs and full tracebacks.")] = False,
 ) -> None:
@@ -138,15 +143,15 @@ def run(
     chosen, options = _engine_choice(engine, device=device, seed=seed)
     if threads:
         torch.set_num_threads(threads)
-    relay_listen = _relay_listen(relay_listen, cfg)
     try:
         cache = BaseCache(cache_dir or default_cache_dir(), max_bytes=int(cache_gb * 1e9))
     except OSError as err:
         _fail(f"--cache-dir: {err}")
     warming = _warm_in_background(chosen, cache)
     session = AgentSession(cfg, engine_factory=_after(warming, lambda d: make_engine(chosen, d, **options)),
-                           cache=cache, groups_per_lease=groups,
-                           relay_listen=relay_listen, status_every=status_every, status_file=_status_file(config))
+                           cache=cache, groups_per_lease=groups, relay_mode=_relay_mode(relay_mode, cfg),
+                           relay_listen=_relay_listen(relay_listen, cfg), status_every=status_every,
+                           status_file=_status_file(config))
     try:
         asyncio.run(session.run_forever())
     except AgentRejected as err:
@@ -205,6 +210,16 @@ def _relay_listen(value: str | None, cfg: AgentConfig) -> str | None:
     if value is not None and not value.rpartition(":")[2].isdigit():
         _fail(f"--relay-listen: expected HOST:PORT, got {value!r}")
     return value
+
+
+def _relay_mode(value: str | None, cfg: AgentConfig) -> str:
+    """--relay-mode (or $ECHO2_RELAY_MODE) resolved: else the config's, else process."""
+    from .relay_process import relay_mode
+
+    try:
+        return relay_mode(value or cfg.relay_mode or None)
+    except ValueError as err:
+        _fail(f"--relay-mode: {err}")
 
 
 def _warm_in_background(engine: str, cache):

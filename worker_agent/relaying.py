@@ -36,6 +36,7 @@ class Relays:
         self.listen = listen
         self.report = report
         self.hub: RelayHub | None = None
+        self.port: int | None = None  # the hub's, once listening
         self.relays: dict[tuple[int, int], SnapshotRelay] = {}
         self.parents: dict[tuple[int, int], int | None] = {}
         self.reported_failures: set[tuple[int, int, str]] = set()
@@ -54,9 +55,15 @@ class Relays:
         if self.hub is None and self.listen:
             host, _, port = self.listen.rpartition(":")
             hub = RelayHub()
-            await hub.start(host, int(port))
+            self.port = await hub.start(host, int(port))
             self.hub = hub
             log.info("relay listening on %s", self.listen)
+
+    async def close(self) -> None:
+        """Stop listening (the agent is shutting down)."""
+        if self.hub is not None:
+            await self.hub.close()
+            self.hub = None
 
     async def receive(self, snap: m.SnapshotAvailable, chunks: dict[int, bytes] | None = None, *,
                       timeouts: RelayTimeouts | None = None) -> tuple[Manifest, list[bytes], str]:
@@ -83,9 +90,11 @@ class Relays:
                  stats.from_parent, stats.from_fallback)
         return manifest, ordered, source
 
-    def reroute(self, relay: SnapshotRelay, snap: m.SnapshotAvailable) -> None:
+    def reroute(self, relay: SnapshotRelay | None, snap: m.SnapshotAvailable) -> None:
         """Our place in the chain for ``snap``'s version, as the site routes it now (a publication or a repair)."""
         key = (snap.job_id, snap.version)
+        if relay is None:  # dropped meanwhile
+            return
         self.parents[key] = snap.parent_worker_id
         relay.assign_children({c: snap.child_credential_sha256.get(c) for c in snap.children})
         if snap.parent and not relay.complete:
