@@ -37,6 +37,7 @@ ONE_TOP_UP_MS = 10  # XADDs of one top-up land within this many ms of each other
 # bench/data/wan-sim-2026-12-05-check.json (29 installs), held out from the 12 rows of wan-sim-2026-12-05.json.
 INSTALL_MEAN_PER_MEDIAN = 1.07
 INSTALL_CV = 0.60
+LEGACY_PART_BYTES = 256 * 1024  # the relays' parts until 313635f; rows from before carry no part_bytes
 
 
 def run_record(row: dict) -> dict | None:
@@ -87,6 +88,11 @@ def step_timing(row: dict) -> dict | None:
             "publish_lag": max(0.0, statistics.median(lags)) if lags else 0.0}
 
 
+def part_bytes(row: dict) -> int:
+    """The relays' part size in the run (``calibration.part_bytes``; rows recorded before it was, 256 KiB)."""
+    return int((row.get("calibration") or row).get("part_bytes") or LEGACY_PART_BYTES)
+
+
 def process_latency(row: dict) -> dict | None:
     """What the run's processes took around a transfer, measured (None when the run's record is gone,
     :func:`run_record`): ``install``, the median from a child's last byte (its parent's proxy's tap) to its agent's
@@ -115,7 +121,7 @@ def process_latency(row: dict) -> dict | None:
                             h["child"]) for a, b, q, c in spans)  # no other transfer on the hop's two links
             if h["parent"] in last and alone and h.get("link_mbit_s"):
                 rate = h["link_mbit_s"] * MBIT * 1448 / 1514
-                lag.append(h["last_s"] - last[h["parent"]] - (256 * 1024 / rate + agent_rtt))
+                lag.append(h["last_s"] - last[h["parent"]] - (part_bytes(row) / rate + agent_rtt))
         install += [installed[(pub["version"], h["child"])] - h["last_s"] for h in pub["hops"]
                     if (pub["version"], h["child"]) in installed]
         if pub["t_bcast_s"] is not None and pub["installs_s"]:
@@ -201,7 +207,7 @@ def wan_config(doc: dict, *, seed: int, flows: bool = True, timing: dict | None 
                publish_s=(timing or {}).get("publish_lag", 0.0),
                install_s=(processes or {}).get("install", 0.0) * (INSTALL_MEAN_PER_MEDIAN if processes else 1.0),
                report_s=(processes or {}).get("report", 0.0), relay_lag_s=(processes or {}).get("relay_lag", 0.0),
-               **spread)
+               part_bytes=part_bytes(doc), **spread)
     latency = announce_latency(site_rtt_ms=doc["site_rtt_ms"], learner_rtt_ms=doc["learner_rtt_ms"],
                                agent_rtt_ms=statistics.median(x["rtt_ms"] for x in links.values()))
     net = NetSpec(b0_bps=doc["b0_bps"], chunk_bytes=doc["chunk_bytes"], strategy=doc["job"]["strategy"],

@@ -91,8 +91,9 @@ class WanSpec:
     site: Link
     workers: tuple[tuple[int, Link], ...]
     """(worker id, its link) for every worker."""
-    part_bytes: float = 256 * 1024
-    """A relay forwards a part once it holds it (dataplane/broadcast/serving.py's cut-through)."""
+    part_bytes: float = 64 * 1024
+    """A relay forwards a part once it holds it (dataplane/broadcast/serving.py's cut-through); the relays' own
+    ``framing.DEFAULT_PART_BYTES`` (256 KiB before issue 30's WAN runs; bench/sim_wan.py gives older rows theirs)."""
     window_bytes: float = 4 * 2**20
     """Bytes one connection keeps in flight (Linux's tcp_wmem maximum; the WAN bench's proxy's window): a flow's
     rate is at most window / path round trip."""

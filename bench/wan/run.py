@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from dataplane.broadcast.framing import DEFAULT_PART_BYTES
+
 from . import cpu, report, timeline
 from .faults import FaultPlan, Faults
 from .netns import Net
@@ -125,6 +127,7 @@ def run_job(topology: Topology, workdir: Path, job: Job, *, timeout: float = 300
     if row["m_bytes"] and chunk:
         row.update(report.predicted_t_bcast(topology, job.strategy, size=row["m_bytes"], chunk=chunk))
     row["calibration"] = calibration(stack, clean, aof, clean_until) | {"chunk_bytes": chunk,
+                                                                          "part_bytes": DEFAULT_PART_BYTES,
                                                                           "timeline": carried_timeline(versions)}
     (workdir / "results.json").write_text(json.dumps({"row": row, "hops": hop_list, "events": events,
                                                      "timeline": versions, "cpu_samples": sampler.samples, **found},

@@ -117,3 +117,12 @@ def test_drawn_installs_spread_around_the_mean_and_are_reproducible() -> None:
     sd = (sum((x - mean) ** 2 for x in draws) / len(draws)) ** 0.5
     assert mean == pytest.approx(0.5, rel=0.05) and sd / mean == pytest.approx(sim_wan.INSTALL_CV, rel=0.1)
     assert FleetSim(wide)._install_seconds() == draws[0]  # its own generator, seeded by the run's seed
+
+
+def test_the_simulated_part_is_the_relays_and_older_rows_keep_theirs() -> None:
+    from dataplane.broadcast.framing import DEFAULT_PART_BYTES
+    from simulator.model import WanSpec
+
+    assert WanSpec.part_bytes == DEFAULT_PART_BYTES  # the simulator may not import dataplane's framing
+    assert sim_wan.part_bytes({"calibration": {"part_bytes": 65536}}) == 65536
+    assert sim_wan.part_bytes({"calibration": {}}) == sim_wan.part_bytes({}) == 256 * 1024
