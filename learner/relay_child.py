@@ -164,6 +164,8 @@ class RelayChild:
             except RelayChildError:
                 self.served.discard(version)
                 raise
+            if version not in self.served:  # a restart on the way found it unreadable (its warning says why)
+                raise RelayChildError(f"learner relay: v{version} could not be served")
 
     def set_secret(self, secret: str | None) -> None:
         with self._locked():
