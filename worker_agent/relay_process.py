@@ -23,9 +23,11 @@ import itertools
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -81,12 +83,14 @@ class ChildHub:
 
 
 class ProcessRelays:
-    """The agent's relays, run by a child process. ``work_dir``: where payloads cross (the agent's cache's)."""
+    """The agent's relays, run by a child process. ``work_dir``: where payloads cross (the agent's cache's), in a
+    directory of this agent's own (``agent-<pid>-<random>``), removed on :meth:`close`."""
 
     def __init__(self, *, worker_id: int, bandwidth_bps: float | None, listen: str | None,
                  report: Callable[[m._Msg], Awaitable[None]], work_dir: Path, debug: bool = False) -> None:
         self.worker_id, self.bandwidth_bps, self.listen, self.report = worker_id, bandwidth_bps, listen, report
-        self.work_dir, self.debug = Path(work_dir), debug
+        # ours alone: agents sharing a cache (one user's, one machine's) never meet on a file name
+        self.work_dir, self.debug = Path(work_dir) / f"agent-{os.getpid()}-{uuid.uuid4().hex[:8]}", debug
         self.relays: dict[tuple[int, int], RelayView] = {}
         self.hub: ChildHub | None = None
         self.proc: asyncio.subprocess.Process | None = None
@@ -122,7 +126,9 @@ class ProcessRelays:
         return self.proc
 
     async def _spawn(self) -> None:
-        self.work_dir.mkdir(parents=True, exist_ok=True)
+        if not self.work_dir.exists():
+            await asyncio.to_thread(_clear_stale, self.work_dir.parent)
+            self.work_dir.mkdir(parents=True, exist_ok=True)
         args = ["--worker-id", str(self.worker_id), "--work-dir", str(self.work_dir)]
         args += ["--bandwidth-bps", str(self.bandwidth_bps)] if self.bandwidth_bps else []
         args += ["--listen", self.listen] if self.listen else []
@@ -233,6 +239,7 @@ class ProcessRelays:
             view.chunks.update(event["new"])
             view.complete, view.serving = bool(event["complete"]), bool(event["serving"])
         elif kind in ("received", "failed"):
+            self.deaths = 0 if kind == "received" else self.deaths  # it works: a later death restarts at once
             _, future = self._pending.pop(int(event["id"]), (None, None))
             if future is not None and not future.done():
                 future.set_result(event)
@@ -332,6 +339,8 @@ class ProcessRelays:
                 task.cancel()
         await self.stop_child()
 
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+
     async def stop_child(self) -> None:
         """End the child: the exit command and stdin's end, then SIGKILL (by its pid) if it lingers. Receives in
         flight fail; its relays are forgotten."""
@@ -356,6 +365,24 @@ class ProcessRelays:
 def _kill(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
+
+
+def _clear_stale(root: Path) -> None:
+    """Remove the work directories of agents that are gone (killed before they could clear their own)."""
+    for path in root.glob("agent-*"):
+        pid = path.name.split("-")[1]
+        if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def _write_held(path: Path, manifest: Manifest, chunks: dict[int, bytes]) -> None:

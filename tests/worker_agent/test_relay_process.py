@@ -74,11 +74,11 @@ class Origin:
 
 
 def agent(tmp_path: Path, worker: int, *, listen: bool = True, bw: float | None = None,
-          reports: list | None = None) -> ProcessRelays:
+          reports: list | None = None, cache: str = "") -> ProcessRelays:
     async def report(message) -> None:
         (reports if reports is not None else []).append(message)
     return ProcessRelays(worker_id=worker, bandwidth_bps=bw, listen=f"127.0.0.1:{free_port()}" if listen else None,
-                         report=report, work_dir=tmp_path / f"w{worker}")
+                         report=report, work_dir=tmp_path / (cache or f"w{worker}"))
 
 
 async def until(check, what: str, timeout: float = 30.0) -> None:
@@ -90,7 +90,8 @@ async def until(check, what: str, timeout: float = 30.0) -> None:
 
 def test_a_version_goes_down_a_chain_of_relay_processes_every_chunk_verified(tmp_path):
     async def main() -> None:
-        a, b = agent(tmp_path, 1, bw=2_000_000), agent(tmp_path, 2, listen=False)
+        # one cache for both, as agents run by one user share ~/.cache/echo2: their payload files must not meet
+        a, b = agent(tmp_path, 1, bw=2_000_000, cache="cache"), agent(tmp_path, 2, listen=False, cache="cache")
         try:
             async with Origin() as origin:
                 payload, manifest = origin.publish(1)
@@ -115,10 +116,11 @@ def test_a_version_goes_down_a_chain_of_relay_processes_every_chunk_verified(tmp
                 assert (tail.stats.from_parent, tail.stats.from_fallback) == (len(manifest.chunks), 0)
                 await until(lambda: a.get(key).stats.children_served == 1 and not a.busy(), "A done serving")
                 assert not b.busy()
-                assert not [p for p in (tmp_path / "w1").iterdir()] + [p for p in (tmp_path / "w2").iterdir()]
+                assert not list(a.work_dir.iterdir()) + list(b.work_dir.iterdir())  # every payload file deleted
         finally:
             await a.close()
             await b.close()
+        assert not a.work_dir.exists() and not b.work_dir.exists()
 
     asyncio.run(main())
 
