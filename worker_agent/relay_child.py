@@ -34,6 +34,7 @@ from dataplane import messages as m
 from dataplane.broadcast.relay import RelayTimeouts
 from dataplane.snapshot import parse_manifest
 
+from .relay_files import payload_name, read_held, write_payload
 from .relaying import Relays
 
 log = logging.getLogger("echo2.agent")
@@ -41,10 +42,6 @@ log = logging.getLogger("echo2.agent")
 STATE_EVERY_S = 0.05  # how often the relays' state is compared with what the agent was last told
 ALIVE_EVERY_S = 1.0  # the agent takes a child silent for ProcessRelays.SILENT_S as hung
 MAX_LINE = 64 * 2**20  # a command line (a manifest of many chunks) may be long
-
-
-def payload_name(job_id: int, version: int, request: int) -> str:
-    return f"job{job_id}-v{version}-{request}.payload"
 
 
 class RelayChild:
@@ -112,11 +109,11 @@ class RelayChild:
                        timeouts: RelayTimeouts | None) -> None:
         key = (snap.job_id, snap.version)
         try:
-            chunks = await asyncio.to_thread(_read_held, held, parse_manifest(snap.manifest), indices) if held else None
+            chunks = await asyncio.to_thread(read_held, held, parse_manifest(snap.manifest), indices) if held else None
             _, ordered, source = await self.relays.receive(snap, chunks, timeouts=timeouts)
             self._announce()
             path = self.work_dir / payload_name(*key, request)
-            await asyncio.to_thread(_write, path, ordered)
+            await asyncio.to_thread(write_payload, path, ordered)
             relay = self.relays.get(key)
             self._send_state()  # the last chunks before the result
             self.emit("received", id=request, key=list(key), path=str(path), source=source,
@@ -165,25 +162,6 @@ class RelayChild:
         for key in list(self.receiving):
             self._cancel(key)
         await self.relays.close()
-
-
-def _read_held(path: str, manifest, indices: list[int]) -> dict[int, bytes]:
-    """The held chunks, each at its offset in the file (the relay verifies each)."""
-    chunks = {}
-    with open(path, "rb") as f:
-        for index in indices:
-            info = manifest.chunks[index]
-            f.seek(index * manifest.chunk_bytes)
-            chunks[index] = f.read(info.size)
-    return chunks
-
-
-def _write(path: Path, ordered: list[bytes]) -> None:
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
-        for chunk in ordered:
-            f.write(chunk)
-    tmp.replace(path)
 
 
 async def main(args: argparse.Namespace) -> None:

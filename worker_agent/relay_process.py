@@ -37,7 +37,9 @@ import websockets
 
 from dataplane import messages as m
 from dataplane.broadcast.relay import RelayStats, RelayTimeouts
-from dataplane.snapshot import Manifest, SnapshotError, ordered_chunks, parse_manifest
+from dataplane.snapshot import Manifest, parse_manifest
+
+from .relay_files import clear_stale, read_payload, write_held
 
 log = logging.getLogger("echo2.agent")
 
@@ -127,7 +129,7 @@ class ProcessRelays:
 
     async def _spawn(self) -> None:
         if not self.work_dir.exists():
-            await asyncio.to_thread(_clear_stale, self.work_dir.parent)
+            await asyncio.to_thread(clear_stale, self.work_dir.parent)
             self.work_dir.mkdir(parents=True, exist_ok=True)
         args = ["--worker-id", str(self.worker_id), "--work-dir", str(self.work_dir)]
         args += ["--bandwidth-bps", str(self.bandwidth_bps)] if self.bandwidth_bps else []
@@ -276,7 +278,7 @@ class ProcessRelays:
         held = self.work_dir / f"held-{request}" if chunks else None
         try:
             if held is not None:
-                await asyncio.to_thread(_write_held, held, manifest, chunks)
+                await asyncio.to_thread(write_held, held, manifest, chunks)
             view = self.relays[key] = RelayView(key, manifest)
             future = asyncio.get_running_loop().create_future()
             self._pending[request] = (key, future)
@@ -295,7 +297,7 @@ class ProcessRelays:
                 held.unlink(missing_ok=True)
         if event["event"] == "failed":
             raise RelayChildError(f"v{snap.version} of job {snap.job_id}: {event.get('reason')}")
-        ordered = await asyncio.to_thread(_read_payload, Path(event["path"]), manifest)
+        ordered = await asyncio.to_thread(read_payload, Path(event["path"]), manifest)
         view.complete = True
         stats = view.stats
         source = "parent" if stats.from_parent and stats.from_parent >= stats.from_fallback else "fallback"
@@ -365,47 +367,6 @@ class ProcessRelays:
 def _kill(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-
-
-def _clear_stale(root: Path) -> None:
-    """Remove the work directories of agents that are gone (killed before they could clear their own)."""
-    for path in root.glob("agent-*"):
-        pid = path.name.split("-")[1]
-        if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's
-        return True
-    return True
-
-
-def _write_held(path: Path, manifest: Manifest, chunks: dict[int, bytes]) -> None:
-    """Held chunks, each at its offset (the child reads those named in the command)."""
-    with open(path, "wb") as f:
-        for index, data in sorted(chunks.items()):
-            f.seek(index * manifest.chunk_bytes)
-            f.write(data)
-
-
-def _read_payload(path: Path, manifest: Manifest) -> list[bytes]:
-    """The payload the child wrote, read chunk by chunk and checked whole against the manifest's digest (a file can
-    be truncated or overwritten); the file is deleted either way."""
-    try:
-        with open(path, "rb") as f:
-            chunks = {info.index: f.read(info.size) for info in manifest.chunks}
-            if f.read(1):
-                raise SnapshotError(f"{path}: longer than the manifest's {manifest.total_bytes} bytes")
-        return ordered_chunks(manifest, chunks)
-    except OSError as err:
-        raise RelayChildError(f"the relay process's payload {path}: {err}") from None
-    finally:
-        path.unlink(missing_ok=True)
 
 
 RELAY_MODES = ("process", "inline")
