@@ -75,7 +75,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="Shipped profiles (bench/wan/profiles/) or TOML files, one run each.")
     parser.add_argument("--agents", type=int, default=4, help="Agents per run (N); the profile's last link is kept "
                         "for the last agent (harsh: the slow worker).")
-    parser.add_argument("--steps", type=int, default=10, help="Clean learner steps per job (a publication every 2).")
+    parser.add_argument("--steps", type=int, default=10, help="Clean learner steps per job (a publication every "
+                        "S - 1).")
+    parser.add_argument("--staleness", type=int, default=3, help="The job's staleness budget S; it publishes every "
+                        "kappa = S - 1 steps. Raise it (and --steps) to space publications out, so that a broadcast "
+                        "does not share the links with the one before (the tiny job trains a step in ~0.3 s).")
     parser.add_argument("--hidden", type=int, default=640, help="The tiny model's hidden size (M grows as its "
                         "square; 640: 16.4 MB, four 4 MiB chunks).")
     parser.add_argument("--full-every", type=int, default=1, help="A full snapshot every this many publications, "
@@ -105,9 +109,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "run's synthetic load (bench/wan/burn.py): a pure-Python spinner beside each agent relay as "
                         "a process of its own (procs: cores shared) or as a thread in the relay's process (threads: "
                         "cores and the GIL shared, like the agent's generation thread).")
-    parser.add_argument("--agent-relay-mode", choices=("process", "inline"), default="process", help="Where each "
-                        "agent's relays run: a child process of the agent (echo2-agent's default) or the agent's own "
-                        "event loop, beside generation (docs/agent.md \"The relay process\").")
+    parser.add_argument("--agent-relay-mode", choices=("process", "inline"), default="inline", help="Where each "
+                        "agent's relays run: the agent's own event loop, beside generation (echo2-agent's default), or "
+                        "a child process of the agent (docs/agent.md \"The relay process\").")
     parser.add_argument("--pause-generation", action="store_true", help="Experiment: the agents start no batch "
                         "while one of their relays receives or serves (worker_agent/rollout_loop.py "
                         "PAUSE_WHILE_RELAYING): the broadcast without generation's CPU, the rest of the stack as is.")
@@ -120,6 +124,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.steps < 4 or args.agents < 1 or args.fault_steps < 1 or args.partition_s <= 0:
         parser.error("--steps must be at least 4, --agents and --fault-steps at least 1, --partition-s positive")
+    if args.staleness < 2:
+        parser.error(f"--staleness must be at least 2 (kappa = S - 1 >= 1), got {args.staleness}")
     args.strategies = [s for s in args.strategies if s != "none"]  # none: with --wire-only, the data plane alone
     unknown = set(args.strategies) - {"chain", "star-limited", "star-unlimited"}
     if unknown:
@@ -287,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
             steps = args.steps + (args.fault_steps if faults else 0)
             print(f"{name} {strategy}: {args.agents} agents, {steps} steps"
                   + (f" (faults after step {args.steps})" if faults else "") + " ...", flush=True)
-            job = Job(steps=steps, hidden=args.hidden, full_every=args.full_every, strategy=strategy)
+            job = Job(steps=steps, hidden=args.hidden, full_every=args.full_every, strategy=strategy,
+                      staleness=args.staleness)
             where = args.workdir / f"{topology.name}-{strategy}"
             try:
                 row = run_job(topology, where, job, timeout=args.run_timeout, faults=faults, emulation=emulation)

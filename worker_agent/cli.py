@@ -38,7 +38,8 @@ RelayListenOpt = Annotated[str | None, typer.Option(
     "--relay-address, if any; 'none': tail only).")]
 RelayModeOpt = Annotated[str | None, typer.Option(
     envvar="ECHO2_RELAY_MODE", help="Where the snapshot relays run: 'process' (a child process, apart from "
-    "generation) or 'inline' (the agent's own event loop); default: the config's relay_mode, else process.")]
+    "generation) or 'inline' (the agent's own event loop); default: the config's relay_mode, else inline "
+    "(docs/agent.md: the relay process).")]
 EngineOpt = Annotated[str, typer.Option(help="Generation engine: auto (vllm on a GPU with vLLM, else hf), hf, vllm.")]
 
 
@@ -213,7 +214,7 @@ def _relay_listen(value: str | None, cfg: AgentConfig) -> str | None:
 
 
 def _relay_mode(value: str | None, cfg: AgentConfig) -> str:
-    """--relay-mode (or $ECHO2_RELAY_MODE) resolved: else the config's, else process."""
+    """--relay-mode (or $ECHO2_RELAY_MODE) resolved: else the config's, else inline."""
     from .relay_process import relay_mode
 
     try:

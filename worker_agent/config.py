@@ -37,9 +37,9 @@ class AgentConfig:
     to every task it builds (``TaskAdapter.prepare(allow_user_code=...)``), the last line of defence."""
 
     relay_mode: str = ""
-    """Where the relays run: ``process`` (a child process of the agent, the default) or ``inline`` (the agent's own
-    event loop, beside generation); ``echo2-agent run --relay-mode`` or $ECHO2_RELAY_MODE win over it ('': neither
-    set: ``process``). docs/agent.md "The relay process"."""
+    """Where the relays run: ``inline`` (the agent's own event loop, beside generation, the default) or ``process`` (a
+    child process of the agent); ``echo2-agent run --relay-mode`` or $ECHO2_RELAY_MODE win over it ('': neither set:
+    ``inline``). docs/agent.md "The relay process"."""
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -374,8 +374,9 @@ MODE_ENV = "ECHO2_RELAY_MODE"
 
 
 def relay_mode(chosen: str | None = None) -> str:
-    """The relay mode: ``chosen`` (the flag or the config's), else $ECHO2_RELAY_MODE, else ``process``."""
-    mode = chosen or os.environ.get(MODE_ENV) or "process"
+    """The relay mode: ``chosen`` (the flag or the config's), else $ECHO2_RELAY_MODE, else ``inline`` (docs/agent.md
+    "The relay process": on the WAN bench the child cost more than it saved)."""
+    mode = chosen or os.environ.get(MODE_ENV) or "inline"
     if mode not in RELAY_MODES:
         raise ValueError(f"relay mode: expected one of {', '.join(RELAY_MODES)}, got {mode!r}")
     return mode

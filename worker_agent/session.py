@@ -5,8 +5,8 @@ and the rollout loop of the current assignment, each an object of its own:
   announced budget, requests sent again rather than dropped;
 - :class:`~worker_agent.installs.Installer`: the job's engine and its versions (no batch is generated under a
   partly installed snapshot, and its records carry the version really used);
-- :class:`~worker_agent.relaying.Relays`: the forwarding chains' relay hub and relays, run by a child process
-  (:class:`~worker_agent.relay_process.ProcessRelays`, ``relay_mode="process"``) or on the session's loop;
+- :class:`~worker_agent.relaying.Relays`: the forwarding chains' relay hub and relays, on the session's loop (the
+  default) or run by a child process (:class:`~worker_agent.relay_process.ProcessRelays`, ``relay_mode="process"``);
 - :class:`~worker_agent.rollout_loop.RolloutLoop`: lease, generate, return, supervised.
 
 The session reads the site's messages and hands each to its owner, and sends heartbeats (small and regular, and at
@@ -88,7 +88,7 @@ class AgentSession:
         ``status_file``: where the status is kept for ``echo2-agent status`` (None: nowhere);
         ``hardware``: what this machine has, sent with every hello (default: :func:`worker_agent.hardware.probe`);
         ``relay_mode``: ``process`` (the relays in a child process) or ``inline`` (on this loop); default
-        $ECHO2_RELAY_MODE, else ``process`` (:func:`worker_agent.relay_process.relay_mode`)."""
+        $ECHO2_RELAY_MODE, else ``inline`` (:func:`worker_agent.relay_process.relay_mode`)."""
         self.config = config
         self.hardware = hardware or probe(cache.root)
         self.groups_per_lease = groups_per_lease
