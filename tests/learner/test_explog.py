@@ -141,12 +141,17 @@ def test_with_wandb_on_tensorboard_stays_in_the_jobs_directory_and_wandb_in_wand
     runs: list = []
     init = wandb.init
     monkeypatch.setattr(wandb, "init", lambda **kw: runs.append(init(**kw)) or runs[-1])
-    explog = experiment_log(job_id=7, run_id="job7-abc", logdir=tmp_path / "runs", wandb_project="echo2-test",
-                            config={"job": {"seed": 1}}, wandb_name="grpo-seed1", wandb_tags=["tiny", "cpu"])
-    sample = {"step": 2, "version": 1, "worker": 3, "reward": 1.0, "prompt": "2+2?", "completion": "4"}
-    explog.log(1, {"reward_mean": 0.25})
-    explog.log(2, {"reward_mean": 0.5, "samples": [sample]})
-    explog.close(timeout_s=120)
+    try:
+        explog = experiment_log(job_id=7, run_id="job7-abc", logdir=tmp_path / "runs", wandb_project="echo2-test",
+                                config={"job": {"seed": 1}}, wandb_name="grpo-seed1", wandb_tags=["tiny", "cpu"])
+        sample = {"step": 2, "version": 1, "worker": 3, "reward": 1.0, "prompt": "2+2?", "completion": "4"}
+        explog.log(1, {"reward_mean": 0.25})
+        explog.log(2, {"reward_mean": 0.5, "samples": [sample]})
+        explog.close(timeout_s=120)
+    finally:
+        # W&B's service process would otherwise live until the test session's exit, where its atexit teardown found
+        # the connection gone (a traceback after the full suite's summary, 2026-12-05)
+        wandb.teardown()
 
     assert explog.failed == {} and explog.names == ["tensorboard", "wandb"]
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["job7"]  # nothing of TensorBoard's in --logdir
