@@ -27,9 +27,14 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
+from dataplane.broadcast.store import MANIFEST, version_dir
+
 log = logging.getLogger("echo2.learner")
 
 MODULE = "learner.relay_process"
+READ_FLOOR_BPS = 50e6
+"""A ``serve`` is acknowledged once the child has read the version from disk: its wait is ``ack_timeout`` plus the
+version's bytes at this rate (a slow disk), so a base of several GB is not taken for a hung child."""
 
 
 class RelayChildError(RuntimeError):
@@ -160,7 +165,8 @@ class RelayChild:
         with self._locked():
             self.served = {v for v in self.served if v in published} | {version}
             try:
-                self._ask({"cmd": "serve", "version": version, "published": sorted(published)})
+                self._ask({"cmd": "serve", "version": version, "published": sorted(published)},
+                          self._serve_timeout(version))
             except RelayChildError:
                 self.served.discard(version)
                 raise
@@ -190,23 +196,33 @@ class RelayChild:
 
     # ---- the child --------------------------------------------------------------------------------------------
 
+    def _serve_timeout(self, version: int) -> float:
+        """How long a ``serve`` of ``version`` may take: ``ack_timeout`` plus its bytes read at READ_FLOOR_BPS."""
+        try:
+            size = int(json.loads((version_dir(self.root, version) / MANIFEST).read_text())["total_bytes"])
+        except (OSError, ValueError, KeyError, TypeError):
+            size = 0  # the child will say what is wrong with it
+        return self.ack_timeout + size / READ_FLOOR_BPS
+
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         # Held at most for a start (start_timeout plus one acknowledgement per served version) or one command.
-        if not self._lock.acquire(timeout=self.start_timeout + self.ack_timeout * (len(self.served) + 3)):
+        busy = self.start_timeout + self.ack_timeout * 3 + sum(self._serve_timeout(v) for v in self.served)
+        if not self._lock.acquire(timeout=busy):
             raise RelayChildError("learner relay: busy restarting for too long")
         try:
             yield
         finally:
             self._lock.release()
 
-    def _ask(self, cmd: dict[str, Any]) -> dict[str, Any] | None:
-        """Send ``cmd`` to the child (the lock held). A child that is gone is restarted here and told everything,
-        ``cmd``'s effect included (None then); if it cannot be, the thread that saw it go retries."""
+    def _ask(self, cmd: dict[str, Any], timeout: float | None = None) -> dict[str, Any] | None:
+        """Send ``cmd`` to the child (the lock held); ``timeout``: its acknowledgement's wait (``ack_timeout``). A child
+        that is gone is restarted here and told everything, ``cmd``'s effect included (None then); if it cannot be,
+        the thread that saw it go retries."""
         if self._stopping.is_set() or self._child is None:
             raise RelayChildError("learner relay: stopped")
         try:
-            return self._child.ask(cmd, self.ack_timeout)
+            return self._child.ask(cmd, timeout or self.ack_timeout)
         except _Gone as gone:
             log.warning("learner relay: %s; restarting it on port %s", gone, self.port)
         try:
@@ -242,7 +258,8 @@ class RelayChild:
             child.ask({"cmd": "fan_out", "version": -1, "n_chains": self.n_chains}, self.ack_timeout)
         for version in sorted(self.served):
             try:
-                child.ask({"cmd": "serve", "version": version, "published": sorted(self.served)}, self.ack_timeout)
+                child.ask({"cmd": "serve", "version": version, "published": sorted(self.served)},
+                          self._serve_timeout(version))
             except RelayChildError as err:  # pruned meanwhile: nothing to serve
                 log.warning("%s; v%d is no longer served", err, version)
                 self.served.discard(version)

@@ -291,3 +291,20 @@ def test_stopping_while_seeds_are_being_served_logs_no_traceback(tmp_path, capfd
         loop.close()
     err = capfd.readouterr().err
     assert "Traceback" not in err and "Exception in callback" not in err, err
+
+
+def test_a_serve_waits_for_the_version_to_be_read_longer_the_larger_it_is(store) -> None:
+    # A base of several GB read from a slow disk must not be taken for a hung child (killed, restarted, read again).
+    from learner.relay_child import READ_FLOOR_BPS, RelayChild
+
+    hub = RelayChild(store.root, JOB, uplink_bps=None, ack_timeout=60.0)
+    try:
+        manifest = json.loads((store.root / "v1" / "manifest.json").read_text())
+        assert hub._serve_timeout(1) == pytest.approx(60.0 + manifest["total_bytes"] / READ_FLOOR_BPS)
+        big = store.root / "v9"
+        big.mkdir()
+        (big / "manifest.json").write_text(json.dumps({**manifest, "version": 9, "total_bytes": 8 * 10**9}))
+        assert hub._serve_timeout(9) == pytest.approx(60.0 + 160.0)  # 8 GB at 50 MB/s
+        assert hub._serve_timeout(42) == 60.0  # no such version: the child says so within the plain wait
+    finally:
+        hub.stop()
