@@ -146,6 +146,7 @@ class RelayChild:
         self.secret, self.n_chains = secret, None
         self.served: set[int] = set()
         """The versions the child serves (a new one is told them all)."""
+        self._sizes: dict[int, int] = {}  # bytes of each version served (_serve_timeout)
         self.restarts = 0
         self._lock, self._stopping = threading.Lock(), threading.Event()
         self._child: _Child | None = None
@@ -164,6 +165,7 @@ class RelayChild:
         published = set(published)
         with self._locked():
             self.served = {v for v in self.served if v in published} | {version}
+            self._sizes = {v: n for v, n in self._sizes.items() if v in self.served}
             try:
                 self._ask({"cmd": "serve", "version": version, "published": sorted(published)},
                           self._serve_timeout(version))
@@ -197,12 +199,15 @@ class RelayChild:
     # ---- the child --------------------------------------------------------------------------------------------
 
     def _serve_timeout(self, version: int) -> float:
-        """How long a ``serve`` of ``version`` may take: ``ack_timeout`` plus its bytes read at READ_FLOOR_BPS."""
-        try:
-            size = int(json.loads((version_dir(self.root, version) / MANIFEST).read_text())["total_bytes"])
-        except (OSError, ValueError, KeyError, TypeError):
-            size = 0  # the child will say what is wrong with it
-        return self.ack_timeout + size / READ_FLOOR_BPS
+        """How long a ``serve`` of ``version`` may take: ``ack_timeout`` plus its bytes read at READ_FLOOR_BPS (its
+        manifest read once: a version never changes)."""
+        if version not in self._sizes:
+            try:
+                self._sizes[version] = int(json.loads((version_dir(self.root, version) / MANIFEST).read_text())
+                                           ["total_bytes"])
+            except (OSError, ValueError, KeyError, TypeError):
+                return self.ack_timeout  # not there (yet): the child will say what is wrong with it
+        return self.ack_timeout + self._sizes[version] / READ_FLOOR_BPS
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
