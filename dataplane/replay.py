@@ -83,6 +83,14 @@ def delivered_key(job_id: int) -> str:
     return f"echo2:job:{job_id}:delivered"
 
 
+def returned_key(job_id: int, lease_id: str) -> str:
+    """The marker of lease ``lease_id`` answered: who answered it, with which group, stored under which entry."""
+    return f"echo2:job:{job_id}:returned:{lease_id}"
+
+
+RESEND_MEMORY_S = 900  # how long an answered lease is remembered: above any agent's resend window (its deadline)
+
+
 def consumer_name(worker_id: int) -> str:
     """The prompt-stream consumer of a worker: its leases are the entries pending under this name."""
     return f"worker-{worker_id}"
@@ -94,6 +102,12 @@ def connect(url: str, *, decode_responses: bool = True, socket_timeout: float = 
     retries itself and then re-reads what such a lost reply may have delivered."""
     return redis.Redis.from_url(url, decode_responses=decode_responses, socket_timeout=socket_timeout,
                                 socket_connect_timeout=min(socket_timeout, 10.0), retry=Retry(NoBackoff(), 0))
+
+
+class StoredId(str):
+    """A returned group's trajectory stream id; ``resent``: it had been stored by an earlier return of the group."""
+
+    resent: bool = False
 
 
 class LeaseError(ValueError):
@@ -248,20 +262,23 @@ class ReplayBuffer:
             raise LeaseError(f"lease_id: {lease_id!r} is not a lease ({err})") from None
 
     def return_group(self, *, worker_id: int, group: TrajectoryGroup, event: TimedEvent | None = None,
-                     seal_key: bytes | None = None) -> str:
+                     seal_key: bytes | None = None, remember_s: int = RESEND_MEMORY_S) -> str:
         """Append a validated group for its lease, at most once, and add ``event`` with it (one round trip);
         returns its trajectory stream id. With ``seal_key`` (the site's: ``marketplace.infra.group_seal``) the
         entry carries its ``seal`` (``dataplane.seal``), computed here over the very bytes appended.
 
-        Raises :class:`LeaseError` when the lease expired, is another worker's or names another group (then
-        ``event`` is not added).
+        The same group returned again by the same worker within ``remember_s`` of its first return (a resend: the
+        reply was lost) returns the stored entry's id again, appends nothing and adds no event (counted as
+        ``resent_groups``). Raises :class:`LeaseError` when the lease expired, is another worker's or names another
+        group (then ``event`` is not added).
         """
         data = encode_group(group)
         sealed = seal(seal_key, job_id=self.job_id, worker_id=worker_id, lease_id=group.lease_id, data=data) \
             if seal_key is not None else ""
-        keys = [self.prompts, self.trajectories, self.counters_key, self.delivered_key]
+        keys = [self.prompts, self.trajectories, self.counters_key, self.delivered_key,
+                returned_key(self.job_id, group.lease_id)]
         args = [group.lease_id, consumer_name(worker_id), group.group_id, data, PROMPT_GROUP,
-                len(group.records), group.records[0].prompt, worker_id, sealed]
+                len(group.records), group.records[0].prompt, worker_id, sealed, max(1, int(remember_s))]
         if event is not None:
             keys.append(event.key)
             args += [event.member, repr(event.at), repr(event.keep_after), event.ttl_s]
@@ -271,7 +288,9 @@ class ReplayBuffer:
             raise LeaseError(f"lease_id: {group.lease_id!r} is not a lease ({err})") from None
         if result in RETURN_ERRORS:
             raise LeaseError(RETURN_ERRORS[result])
-        return result
+        stored = StoredId(result.removeprefix("resent "))
+        stored.resent = result.startswith("resent ")
+        return stored
 
     # ---- counters and end of job ----------------------------------------------------------------
 

@@ -22,12 +22,23 @@ end
 return out
 """
 
-# KEYS: prompts, trajectories, counters, delivered[, event set].
-# ARGV: lease id, consumer, group id, payload, prompt group, records, prompt text, worker id, seal ('' for none)[,
-# event member, at, keep after, ttl].
+# KEYS: prompts, trajectories, counters, delivered, returned marker[, event set].
+# ARGV: lease id, consumer, group id, payload, prompt group, records, prompt text, worker id, seal ('' for none),
+# marker ttl s[, event member, at, keep after, ttl].
+# A lease answered is remembered (the marker: worker, group, stream id) for the ttl, so the same group sent again by
+# the same worker (its reply was lost, it reconnected) is answered with the stored entry, counted as resent, not
+# refused as expired and never appended twice.
 RETURN_GROUP = """
 local pending = redis.call('XPENDING', KEYS[1], ARGV[5], ARGV[1], ARGV[1], 1)
-if #pending == 0 then return 'expired' end
+if #pending == 0 then
+  local stored = redis.call('GET', KEYS[5])
+  local mine = ARGV[8] .. ' ' .. ARGV[3] .. ' '
+  if stored and string.sub(stored, 1, #mine) == mine then
+    redis.call('HINCRBY', KEYS[3], 'resent_groups', 1)
+    return 'resent ' .. string.sub(stored, #mine + 1)
+  end
+  return 'expired'
+end
 if pending[1][2] ~= ARGV[2] then return 'taken' end
 local entry = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
 if #entry == 0 then return 'expired' end
@@ -49,10 +60,11 @@ redis.call('XDEL', KEYS[1], ARGV[1])
 redis.call('HINCRBY', KEYS[3], 'accepted_groups', 1)
 redis.call('HINCRBY', KEYS[3], 'accepted_records', ARGV[6])
 redis.call('HINCRBY', KEYS[4], ARGV[8], 1)
-if KEYS[5] then
-  redis.call('ZADD', KEYS[5], ARGV[11], ARGV[10])
-  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', ARGV[12])
-  redis.call('EXPIRE', KEYS[5], ARGV[13])
+redis.call('SET', KEYS[5], ARGV[8] .. ' ' .. ARGV[3] .. ' ' .. id, 'EX', ARGV[10])
+if KEYS[6] then
+  redis.call('ZADD', KEYS[6], ARGV[12], ARGV[11])
+  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', ARGV[13])
+  redis.call('EXPIRE', KEYS[6], ARGV[14])
 end
 return id
 """

@@ -72,3 +72,24 @@ def test_acknowledging_with_a_count_counts_each_entry_once_however_often_it_is_r
     assert buffer.counters()[replay.DROPPED_STALE] == 20
     assert redis_client.xlen(buffer.trajectories) == 0  # deleted: the stream is a queue
     assert redis_client.xpending(buffer.trajectories, replay.LEARNER_GROUP)["pending"] == 0
+
+
+def test_a_group_returned_again_by_its_worker_is_the_stored_entry_not_a_refusal_nor_a_second_entry(buffer,
+                                                                                                   redis_client):
+    """A resend (the reply was lost; the agent reconnected) finds the lease answered and gone: it gets the entry its
+    first return stored, appended once, counted as resent; another worker's or another group's is still refused."""
+    buffer.add_prompts(["1+1=", "2+2="])
+    mine, other = buffer.lease(worker_id=1, count=2, timeout_s=60)
+    group = group_of(records(mine))
+    first = buffer.return_group(worker_id=1, group=group)
+    again = buffer.return_group(worker_id=1, group=group)
+    assert again == first and again.resent and not first.resent
+    assert redis_client.xlen(buffer.trajectories) == 1
+    counters = buffer.counters()
+    assert (counters["accepted_groups"], counters["resent_groups"]) == (1, 1)
+    assert 0 < redis_client.ttl(replay.returned_key(JOB, mine.lease_id)) <= replay.RESEND_MEMORY_S
+    with pytest.raises(LeaseError, match="expired"):
+        buffer.return_group(worker_id=2, group=group)  # not the worker that answered it
+    renamed = group_of([{**r, "group_id": "other"} for r in records(mine)])
+    with pytest.raises(LeaseError, match="expired"):
+        buffer.return_group(worker_id=1, group=renamed)
