@@ -189,6 +189,10 @@ class Job(models.Model):
     # its announcement) know it: no serializer, page or agent message carries it.
     transfer_secret = models.CharField(max_length=64, default=new_secret, editable=False,
                                        help_text="Signs this job's weight-transfer credentials; never shown.")
+    # The sha256 of the password of the learner's Redis user (docs/trust.md "The learner's door"): the site re-creates
+    # the user from it when Redis lost it (a restart; ACL users are not in the AOF). Empty: no learner door open.
+    learner_redis_password_sha256 = models.CharField(max_length=64, blank=True, editable=False, help_text=(
+        "sha256 of the learner's Redis password (its user re-created from it); empty when no learner is let in."))
     base_digest = models.CharField(max_length=64, blank=True, help_text="sha256 of the base snapshot (version 0) "
                                    "payload: the job's base weights, config and tokenizer as the learner published "
                                    "them; empty until then.")
