@@ -1,10 +1,14 @@
+from django.templatetags.static import static
 from django.urls import path, re_path
+from django.views.generic import RedirectView
 
 from . import controls, dist, views
 
 app_name = "frontend"
 urlpatterns = [
     path("", views.job_list, name="job-list"),
+    # browsers ask for /favicon.ico whatever the page links; the icon is a static SVG
+    path("favicon.ico", RedirectView.as_view(url=static("frontend/favicon.svg"), permanent=True)),
     path("jobs/new/", views.job_launch, name="job-launch"),
     path("jobs/<int:job_id>/", views.job_detail, name="job-detail"),
     re_path(r"^jobs/(?P<job_id>\d+)/(?P<verb>start|pause|resume|cancel)/$", views.job_control, name="job-control"),

@@ -25,6 +25,19 @@ if ! command -v chromium >/dev/null; then
   fi
 fi
 
+# axe-core (npm) checks the browser tests' pages for accessibility; installed under var/ (ignored), never committed.
+AXE_VERSION=4.14.1
+axe_dir="$(cd "$(dirname "$0")/.." && pwd)/var/node"
+if [ ! -f "$axe_dir"/node_modules/axe-core/axe.min.js ]; then
+  if command -v npm >/dev/null; then
+    echo "ensure-services: installing axe-core $AXE_VERSION for the browser tests"
+    npm install --prefix "$axe_dir" --no-save --no-audit --no-fund -s "axe-core@$AXE_VERSION" >/dev/null \
+      || echo "ensure-services: npm could not install axe-core: the accessibility checks will be skipped" >&2
+  else
+    echo "ensure-services: no npm: the browser tests' accessibility checks will be skipped" >&2
+  fi
+fi
+
 redis_url="${REDIS_URL:-redis://127.0.0.1:6379/0}"
 redis_port=$(python3 -c "import sys,urllib.parse as u; print(u.urlsplit(sys.argv[1]).port or 6379)" "$redis_url")
 if ! redis-cli -p "$redis_port" ping >/dev/null 2>&1; then

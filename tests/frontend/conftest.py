@@ -49,3 +49,19 @@ def sign_in(page, url: str, user: str, password: str) -> None:
     page.fill("#id_password", password)
     page.click("button[type=submit]")
     page.wait_for_url(url + "/")
+
+
+AXE = Path(__file__).resolve().parents[2] / "var" / "node" / "node_modules" / "axe-core" / "axe.min.js"
+EVIDENCE = Path(__file__).resolve().parents[2] / "var" / "evidence"
+
+
+def axe_violations(page, impacts: tuple[str, ...] = ("serious", "critical")) -> list[str]:
+    """axe-core's violations of the page as it is now, at the given impacts, one line each (rule, impact, where).
+    axe-core comes from npm (scripts/ensure-services.sh installs it under var/node); skipped without it."""
+    if not AXE.exists():
+        pytest.skip("axe-core is not installed (make services installs it with npm)")
+    page.add_script_tag(path=str(AXE))
+    result = page.evaluate("async () => (await axe.run(document, {resultTypes: ['violations']})).violations.map("
+                           "v => ({id: v.id, impact: v.impact, help: v.help,"
+                           " nodes: v.nodes.map(n => n.target.join(' ') + ': ' + n.failureSummary)}))")
+    return [f"{v['id']} ({v['impact']}): {v['help']}: {v['nodes'][:3]}" for v in result if v["impact"] in impacts]

@@ -29,7 +29,7 @@
 
   function drawReward() {
     curves.draw(document.getElementById("reward-curve"), {
-      series: [{ cls: "reward", color: "#2a6fdb", points: steps().map((m) => [m.step, m.reward_mean]) }],
+      series: [{ cls: "reward", color: "#1f5fbf", points: steps().map((m) => [m.step, m.reward_mean]) }],
       yFloor: 0, yCeil: 1, empty: noSteps() });
   }
 
@@ -37,9 +37,9 @@
     const rows = steps();
     const snaps = [...snapshots.values()].filter((s) => s.t_bcast !== null).sort((a, b) => a.version - b.version);
     curves.draw(document.getElementById("time-chart"), {
-      series: [{ cls: "t-train", color: "#2a6fdb", points: rows.map((m) => [m.step, m.t_train]) },
-        { cls: "t-wait", color: "#aaa", points: rows.map((m) => [m.step, m.wait_s]) }],
-      dots: snaps.map((s) => ({ step: s.version, value: s.t_bcast, cls: "t-bcast", color: "#d9822b",
+      series: [{ cls: "t-train", color: "#1f5fbf", points: rows.map((m) => [m.step, m.t_train]) },
+        { cls: "t-wait", color: "#5f6368", points: rows.map((m) => [m.step, m.wait_s]) }],
+      dots: snaps.map((s) => ({ step: s.version, value: s.t_bcast, cls: "t-bcast", color: "#a3530a",
         title: `v${s.version}: T_bcast ${s.t_bcast.toFixed(3)} s, ${s.installs} installs (${s.installs_via_parent} via a chain)` })),
       unit: " s", empty: noSteps() });
     const { lo, hi } = curves.state;

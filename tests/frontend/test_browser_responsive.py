@@ -1,0 +1,96 @@
+"""Every page as a phone (390 x 844, mobile layout) and a desktop (1440 x 900) show it, in Debian's Chromium, as the
+owner, the provider and staff: the page never scrolls sideways (wide tables scroll in their own box), the charts fit
+the screen, and axe-core finds no serious or critical accessibility violation. Screenshots go to var/evidence/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ..live import create_users, make_stack, start_site
+from ..lying_servers import closed_port
+from ..marketplace import factories
+from .conftest import CHROMIUM, EVIDENCE, axe_violations, sign_in
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+SETUP = """
+from decimal import Decimal
+from dataplane.jobs import parse_job_spec
+from dataplane.snapshot import build_manifest
+from marketplace import services
+from marketplace.models import Job
+owner, prov = User.objects.get(username='owner'), User.objects.get(username='prov')
+User.objects.filter(username='staff').update(is_staff=True)
+for name, gpu in (('rig-a-rather-long-machine-name', 'RTX 5090'), ('rig-b', 'RTX 4090')):
+    services.worker_register(user=prov, name=name, gpu=gpu, price_per_hour=Decimal('0.35'), bandwidth_bps=12_500_000)
+job = services.job_start(job=services.job_create(owner=owner, spec=parse_job_spec({
+    'name': 'arithmetic on a phone', 'model_dir': MODEL_DIR, 'task': {'name': 'arithmetic'}, 'staleness': 3,
+    'batch_trajectories': 8, 'group_size': 4, 'max_steps': 30})))
+services.learner_announce(job=Job.objects.get(pk=job.pk), t_train=0.05)
+services.snapshot_publish(job=Job.objects.get(pk=job.pk), version=0, url=f'{GONE}/v0/', manifest=build_manifest(
+    bytes(16), job_id=job.pk, version=0, format='checkpoint-tar').model_dump(mode='json'))
+for step in range(1, 21):
+    services.metrics_record(job=Job.objects.get(pk=job.pk), step=step, values={
+        'reward_mean': step / 25, 't_train': 17.0 if step == 1 else 0.05 + step / 1000, 'wait_s': 0.01,
+        'max_staleness': step % 3, 'dropped_stale': 0, 'extra': {'staleness_histogram': {'0': 6, '1': 2}}})
+"""
+
+PHONE = {"viewport": {"width": 390, "height": 844}, "is_mobile": True, "has_touch": True, "device_scale_factor": 2}
+DESKTOP = {"viewport": {"width": 1440, "height": 900}}
+# (user, page name, path): what each role opens
+PAGES = [("owner", "jobs", "/"), ("owner", "job", "/jobs/{job}/"), ("owner", "launch", "/jobs/new/"),
+         ("prov", "provider", "/provider/"), ("staff", "marketplace", "/marketplace/"), ("staff", "jobs", "/")]
+
+
+@pytest.fixture
+def responsive_site(tmp_path, redis_url):
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    stack = make_stack(tmp_path, redis_url, CELERY_TASK_ALWAYS_EAGER="true")
+    setup = f"MODEL_DIR = {factories.checkpoint_dir()!r}\nGONE = 'http://127.0.0.1:{closed_port()}'\n" + SETUP
+    create_users(stack, "owner", "prov", "staff", setup=setup)
+    yield start_site(stack, celery=False, host="localhost")
+    stack.stop()
+
+
+def layout_problems(page, width: int) -> list[str]:
+    """What a reader of this width would notice: a page wider than the screen, a chart that does not fit it."""
+    problems = []
+    if page.evaluate("window.innerWidth") != width:  # no <meta name=viewport>: a phone lays the page out at 980 px
+        problems.append(f"laid out at {page.evaluate('window.innerWidth')} px, not {width}")
+    scroll = page.evaluate("document.documentElement.scrollWidth")
+    if scroll > width:
+        problems.append(f"the page scrolls sideways: {scroll} px wide on a {width} px screen")
+    for svg in page.locator("main svg").all():
+        box = svg.bounding_box()
+        if box and box["x"] + box["width"] > width + 0.5:
+            problems.append(f"#{svg.get_attribute('id')} ends at {box['x'] + box['width']:.0f} px")
+    return problems
+
+
+def test_every_page_fits_a_phone_and_a_desktop_and_passes_axe(responsive_site, browser):
+    url = responsive_site
+    EVIDENCE.mkdir(parents=True, exist_ok=True)
+    problems: dict[str, list[str]] = {}
+    icon = httpx.get(url + "/favicon.ico", follow_redirects=True, timeout=10)  # what every browser asks for first
+    assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg")
+    for device, options in (("phone", PHONE), ("desktop", DESKTOP)):
+        width = options["viewport"]["width"]
+        for user in ("owner", "prov", "staff"):
+            context = browser.new_context(**options)
+            page = context.new_page()
+            sign_in(page, url, user, f"{user}-pass")
+            job = page.evaluate("fetch('/api/jobs/').then(r => r.json()).then(j => j.results.map(x => x.id))")
+            for _, name, path in (p for p in PAGES if p[0] == user):
+                page.goto(url + path.format(job=job[0] if job else 0))
+                page.wait_for_load_state("networkidle")
+                where = f"{device} {user} {name}"
+                problems[where] = layout_problems(page, width) + axe_violations(page)
+                page.screenshot(path=str(EVIDENCE / f"responsive-{device}-{user}-{name}.png"), full_page=True)
+            context.close()
+    failing = [f"{where}: {problem}" for where, found in problems.items() for problem in found]
+    assert not failing, "\n".join(failing)
+    assert len(problems) == 2 * len(PAGES)
