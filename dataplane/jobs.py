@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .broadcast import BroadcastStrategy
 from .chat import PromptFormat
+from .evalspec import EvalConfig
 from .losses import LOSS_TYPES, loss_types_help
 from .requirements import Requirements
 from .tasks import TaskSpecError, build_task
@@ -190,6 +191,10 @@ class JobSpec(BaseModel):
         default_factory=Requirements, description="What a worker must have to be activated for this job: "
         "min_gpu_memory_gb (default: estimated from the model), engine (any, hf, vllm), max_price_per_hour, "
         "min_reliability (README \"How workers are chosen\").")
+    eval: EvalConfig = Field(
+        default_factory=EvalConfig, description="Scoring the policy on held-out problems while it trains "
+        "(docs/learner.md \"Evaluation\"): before, after, every N updates; pass@1 greedy and mean@k over a split "
+        "of the task. Off by default.")
     snapshot_full_every: int = Field(
         default=0, ge=0, le=10_000, description="K: every K-th published version travels as a full snapshot (1: "
         "every version, for agents older than deltas); 0, the default: none after the first, every version a "
@@ -227,6 +232,11 @@ class JobSpec(BaseModel):
         if self.loss.clip_eps_low is None and self.clip_eps >= 1.0:
             problems.append(f"clip_eps: {self.clip_eps} is the default of loss.clip_eps_low, which must be < 1; "
                             "set loss.clip_eps_low, or a clip_eps below 1")
+        if self.eval.enabled:
+            try:
+                self.eval.build_task(self.task)
+            except TaskSpecError as err:
+                problems.append(f"eval.{str(err).removeprefix('task: ')}")
         if problems:
             raise ValueError("\n".join(problems))
         self.loss = self.loss.resolved(clip_eps=self.clip_eps, max_new_tokens=self.max_new_tokens)
@@ -251,7 +261,8 @@ def model_dir_problem(model_dir: str) -> str | None:
     return None
 
 
-NESTED: dict[str, type[BaseModel]] = {"requirements": Requirements, "loss": LossConfig, "prompt_format": PromptFormat}
+NESTED: dict[str, type[BaseModel]] = {"requirements": Requirements, "loss": LossConfig, "prompt_format": PromptFormat,
+                                      "eval": EvalConfig}
 """The job settings that are tables of settings, each refusing unknown keys."""
 
 

@@ -11,6 +11,8 @@ runs from the start of the previous step's report to the start of this one's, an
 - ``publish``: handing the snapshot to the committer's thread (every kappa steps; it writes and announces it after
   the checkpoint);
 - ``report``: reporting the previous step to the site (with the outbox, a queue append);
+- ``eval``: scoring the policy on held-out problems after this step, when the job's ``eval`` says so
+  (learner/evaluation.py);
 - ``other``: the rest (log lines, the target check, the loop itself).
 
 ``train_share`` is ``train / wall``: the figure to watch ("when data is waiting, T_train is at least 90% of
@@ -19,7 +21,7 @@ the step's wall time").
 
 from __future__ import annotations
 
-PARTS = ("wait", "train", "checkpoint", "publish", "report")
+PARTS = ("wait", "train", "checkpoint", "publish", "report", "eval")
 
 
 def step_split(wall_s: float, **parts: float) -> dict[str, float]:

@@ -48,6 +48,9 @@ TAGS = {
 }
 
 
+EVAL_TAGS = {"pass_at_1": "eval/pass@1", "mean_at_k": "eval/mean@k", "seconds": "eval/seconds"}
+
+
 def scalars(report: dict[str, Any]) -> dict[str, float]:
     """The scalars of one step's report (``POST /api/jobs/<id>/metrics/``), by tag: the named figures, the
     mean staleness, records quarantined since the start, and where the step's wall time went (``step_time/``)."""
@@ -58,9 +61,19 @@ def scalars(report: dict[str, Any]) -> dict[str, float]:
         out["staleness/mean"] = sum(lag * n for lag, n in histogram.items()) / sum(histogram.values())
     if isinstance(flat.get("quarantined"), dict):
         out["records/quarantined_total"] = float(sum(flat["quarantined"].values()))
+    for name, mean in (flat.get("rewards") or {}).items():  # each function's mean score (learner/scoring.py)
+        if _number(mean):
+            out[f"rewards/{name}/mean"] = float(mean)
+    if _number(flat.get("reward_errors")):
+        out["rewards/errors"] = float(flat["reward_errors"])
+    for key, value in (flat.get("completion_length") or {}).items():  # TRL's completions/mean_length, ...
+        if _number(value):
+            out[f"completions/{'clipped_ratio' if key == 'clipped_ratio' else key + '_length'}"] = float(value)
     for part, seconds in (flat.get("timing") or {}).items():
         if _number(seconds):
             out[f"step_time/{part}"] = float(seconds)
+    for result in report.get("eval") or []:  # an evaluation, logged at the version it scored (learner/evaluation.py)
+        out |= {tag: float(result[key]) for key, tag in EVAL_TAGS.items() if _number(result.get(key))}
     return out
 
 

@@ -34,6 +34,7 @@ from .audit_probation import restore_probation
 from .checkpoint import Checkpoint, CheckpointStore
 from .client import Heartbeat, SiteClient, SiteError
 from .consumer import StalenessGatedConsumer
+from .evaluation import Evaluation
 from .explog import ExperimentLog, experiment_log
 from .lifecycle import Lifecycle, State
 from .loop import LearnerLoop, ResumeError, StepOutcome, check_resume
@@ -83,6 +84,8 @@ def _train_job(site: SiteClient, settings: LearnerSettings, raw: dict, spec: Job
     """Rank 0: set up, then step until the lifecycle is final; each stage is a no-op once it is."""
     with _JobRun.set_up(site, settings, raw, spec, trainer, ctx) as run:
         life = Lifecycle(data_timeout_s=settings.data_timeout_s)
+        if run.loop.version == 0:  # --- the base model on the held-out problems, when the job's eval asks
+            run.evaluate(0)
         while not life.final:
             if run.loop.version >= spec.max_steps:
                 life.complete(f"reached {spec.max_steps} steps")
@@ -156,6 +159,8 @@ class _JobRun:
     explog: ExperimentLog
     report_started: float = dataclasses.field(default_factory=time.perf_counter)  # the step wall clock (timing.py)
     last_report_s: float = 0.0
+    evaluation: Evaluation | None = None  # the job's eval (learner/evaluation.py); None: off
+    evals: list[dict] = dataclasses.field(default_factory=list)  # results not yet in a step report
 
     @property
     def outbox(self) -> Outbox:
@@ -196,7 +201,7 @@ class _JobRun:
             heartbeat = Heartbeat(settings.server, settings.token, job_id, interval_s=settings.heartbeat_s,
                                   timeout=settings.site_timeout_s).start()
             stack.callback(heartbeat.stop)
-            run = cls(site, settings, spec, loop, publisher, ctx, explog)
+            run = cls(site, settings, spec, loop, publisher, ctx, explog, evaluation=_evaluation(spec, trainer))
             run.announce(resumed=ckpt is not None)
             publisher.publish_base(raw.get("base_digest") or "")
             if ckpt is not None:
@@ -252,11 +257,22 @@ class _JobRun:
         except PublishError as err:  # this version's, or an earlier one's met by the committer's thread
             life.publish_failed(err.version, str(err))
 
+    def evaluate(self, version: int) -> float:
+        """Score the policy at ``version`` on the held-out problems when the job's eval says so (its result goes
+        into the next step report and the experiment logs at ``version``); returns the seconds it took."""
+        if self.evaluation is None or not self.evaluation.due(version):
+            return 0.0
+        result = self.evaluation.run(self.loop.trainer.module, version)
+        self.evals.append(result)
+        self.explog.log(version, {"eval": [result]})
+        return result["seconds"]
+
     def report(self, life: Lifecycle, outcome: StepOutcome) -> None:
+        t_eval = self.evaluate(outcome.version)
         now = time.perf_counter()
         outcome.timing = step_split(now - self.report_started, wait=outcome.wait_s, train=outcome.t_train,
                                     checkpoint=outcome.t_checkpoint, publish=self.publisher.seconds,
-                                    report=self.last_report_s)
+                                    report=self.last_report_s, eval=t_eval)
         self.report_started = now
         try:
             self._report(life, outcome)
@@ -271,6 +287,8 @@ class _JobRun:
                 self.outbox.announce(self.loop.t_train_avg)  # T_train again, from the outbox's thread
             log_step(self.loop, outcome)
             metrics = step_metrics(self.loop, outcome, self.ctx)
+            if self.evals:  # the evaluations since the last report (the base's rides on step 1's)
+                metrics["extra"]["eval"], self.evals = self.evals, []
             self.explog.log(outcome.version, metrics)  # TensorBoard, W&B: a queue append, never a failure
             self.outbox.report(metrics)  # queued while the site is down
         except SiteError as err:  # a refusal; cancelled meanwhile is not a failure of ours
@@ -355,6 +373,19 @@ def _auditor(spec: JobSpec, settings: LearnerSettings, trainer: PolicyTrainer, s
                    encode=lambda prompt: prompt_ids(tokenizer, prompt, spec.prompt_format),
                    settings=AuditSettings(fraction=settings.audit_fraction, probation_groups=settings.audit_probation,
                                           logprob_tolerance=settings.audit_logprob_tolerance))
+
+
+def _evaluation(spec: JobSpec, trainer: PolicyTrainer) -> Evaluation | None:
+    """The job's evaluation on rank 0's policy (learner/evaluation.py), None when its eval is off or the policy is
+    sharded (rank 0 alone cannot run a sharded model)."""
+    if not spec.eval.enabled:
+        return None
+    if trainer.sharded:
+        log.warning("job eval: the policy is sharded with FSDP; the learner does not evaluate it")
+        return None
+    from transformers import AutoTokenizer
+
+    return Evaluation.for_job(spec, AutoTokenizer.from_pretrained(spec.model_dir))
 
 
 def _plain_copy(trainer: PolicyTrainer, spec: JobSpec) -> torch.nn.Module:
