@@ -3,7 +3,9 @@ controls (docs/ledger.md, docs/cli.md). Added to the ``echo2`` app by ``echo2_cl
 
 \b
 Examples:
-  echo2 ledger --job 7                        # the job's invoice: every billed interval, totals to the cent
+  echo2 ledger                                # per job, per worker and per day, totals to the cent
+  echo2 ledger --job 7 --entries              # the job's invoice: every billed interval
+  echo2 ledger --worker 3 --from 2026-12-01 --to 2027-01-01   # a payout statement for December
   echo2 ledger --worker 3 --from 2026-12-01 --csv --out december.csv   # a worker's statement as CSV
   echo2 worker list; echo2 worker price 3 0.42; echo2 worker pause 3; echo2 worker resume 3; echo2 worker remove 3
   echo2 job budget 7 25; echo2 job archive 7; echo2 job delete 8
@@ -48,6 +50,21 @@ def _ledger_table(entries: list[dict]):
     return table
 
 
+def _summary_tables(totals: dict) -> list:
+    """The totals per job, per worker and per UTC day (a statement or an invoice at a glance), each to the cent."""
+    from rich.table import Table
+
+    tables = []
+    for key, title, head in (("by_job", "per job", "job"), ("by_worker", "per worker", "worker"),
+                             ("by_day", "per day (UTC)", "day")):
+        table = Table(head, "hours", "USD", title=title, title_justify="left", box=None, header_style="bold")
+        for r in totals.get(key, []):
+            label = r["day"] if key == "by_day" else f"{r['id'] if r['id'] is not None else '-'} {r['name']}"
+            table.add_row(label, f"{Decimal(r['seconds']) / 3600:.3f}", r["total_usd"])
+        tables.append(table)
+    return tables
+
+
 def _totals_line(totals: dict) -> str:
     rates = ", ".join(f"{r['seconds']} s at {r['rate_per_hour']}/h" for r in totals["by_rate"])
     return f"{totals['entries']} entries, total {totals['total_usd']} USD" + (f" ({rates})" if rates else "")
@@ -76,23 +93,30 @@ def ledger(
     worker: Annotated[int | None, typer.Option(help="Only this worker's entries.")] = None,
     since: Annotated[str | None, typer.Option("--from", help="Billed at or after (ISO 8601 date or time).")] = None,
     until: Annotated[str | None, typer.Option("--to", help="Billed before (ISO 8601 date or time).")] = None,
-    as_csv: Annotated[bool, typer.Option("--csv", help="CSV, one line per entry, the total last.")] = False,
+    entries: Annotated[bool, typer.Option("--entries", help="Every billed interval, not only the summaries.")] = False,
+    as_csv: Annotated[bool, typer.Option("--csv", help="CSV, one line per entry, the total last (its own column).")
+                      ] = False,
     out: Annotated[Path | None, typer.Option(help="Write to this file instead of the terminal.")] = None,
     server: ServerOpt = DEFAULT_SERVER,
     token_file: TokenFileOpt = None,
     json_output: JsonOpt = False,
 ) -> None:
-    """Billed intervals you may read (your jobs': an invoice; your workers': a statement), with totals."""
+    """What you were billed or earned (your jobs': an invoice; your workers': a statement; --from/--to: a period):
+    totals per job, per worker and per day, to the cent; every billed interval with --entries (or --json, --csv)."""
     params = {k: v for k, v in {"job": job, "worker": worker, "from": since, "to": until}.items() if v is not None}
     with _site(server, token_file) as site:
         if as_csv:
             text = site.request("GET", "ledger/", params=params | {"format": "csv"},
                                 headers={"Accept": "text/csv"}).text
-        else:
+        elif entries or json_output:
             data = site.ledger(**params)
             text = json.dumps(data) if json_output else None
+        else:  # every page carries the totals of everything selected: one short page is enough for the summaries
+            data = site.get("ledger/", limit=1, **params)
+            text = None
     if text is None:
-        _console().print(_ledger_table(data["entries"]), _totals_line(data["totals"]))
+        shown = [_ledger_table(data["entries"])] if entries else _summary_tables(data["totals"])
+        _console().print(*shown, _totals_line(data["totals"]))
     elif out is not None:
         out.write_text(text)
         typer.echo(f"wrote {out}")

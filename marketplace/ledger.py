@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import csv
 import io
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 
 from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models.functions import TruncDate
 
 from .core import billing, budget
 from .models import Activation, Job, JobMetric, LedgerEntry, Worker
@@ -82,7 +83,16 @@ def totals(qs: QuerySet[LedgerEntry]) -> dict:
             "total_usd": str(billing.cents(amount)),
             "by_rate": [{"rate_per_hour": str(r["rate"]), "seconds": str(r["seconds"]), "amount_usd": str(r["amount"])}
                         for r in by_rate],
-            "by_job": _balances(qs, "job_id", "job_name"), "by_worker": _balances(qs, "worker_id", "worker_name")}
+            "by_job": _balances(qs, "job_id", "job_name"), "by_worker": _balances(qs, "worker_id", "worker_name"),
+            "by_day": _days(qs)}
+
+
+def _days(qs: QuerySet[LedgerEntry]) -> list[dict]:
+    """Per UTC day billed (``at``), oldest first: an owner's spend or a provider's earnings over time."""
+    rows = (qs.order_by().annotate(day=TruncDate("at", tzinfo=UTC)).values("day")
+            .annotate(n=Count("id"), amount=Sum("amount"), seconds=Sum("seconds")).order_by("day"))
+    return [{"day": r["day"].isoformat(), "entries": r["n"], "seconds": str(r["seconds"]),
+             "amount_usd": str(r["amount"]), "total_usd": str(billing.cents(r["amount"]))} for r in rows]
 
 
 def _balances(qs: QuerySet[LedgerEntry], key: str, name: str) -> list[dict]:
@@ -93,13 +103,14 @@ def _balances(qs: QuerySet[LedgerEntry], key: str, name: str) -> list[dict]:
 
 
 def as_csv(qs: QuerySet[LedgerEntry]) -> str:
-    """The entries as CSV (one header line, one line per entry, a last line with the total to the cent)."""
+    """The entries as CSV: one header line, one line per entry, and a last line whose total (to the cent) sits in a
+    column of its own, ``total_usd``, so that a spreadsheet's sum of ``amount_usd`` is the total, not twice it."""
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator="\n")
+    writer = csv.DictWriter(out, fieldnames=(*COLUMNS, "total_usd"), lineterminator="\n")
     writer.writeheader()
     for entry in qs.iterator():
         writer.writerow(row(entry))
-    writer.writerow({"id": "total", "amount_usd": totals(qs)["total_usd"]})
+    writer.writerow({"id": "total", "total_usd": totals(qs)["total_usd"]})
     return out.getvalue()
 
 

@@ -156,6 +156,14 @@ class LedgerRateSerializer(serializers.Serializer):
     amount_usd = serializers.CharField()
 
 
+class LedgerDaySerializer(serializers.Serializer):
+    day = serializers.DateField(help_text="A UTC day (the entries' at).")
+    entries = serializers.IntegerField()
+    seconds = serializers.CharField()
+    amount_usd = serializers.CharField()
+    total_usd = serializers.CharField()
+
+
 class LedgerTotalsSerializer(serializers.Serializer):
     entries = serializers.IntegerField(help_text="How many entries the filters select (on every page).")
     seconds = serializers.CharField()
@@ -164,6 +172,7 @@ class LedgerTotalsSerializer(serializers.Serializer):
     by_rate = LedgerRateSerializer(many=True)
     by_job = LedgerBalanceSerializer(many=True)
     by_worker = LedgerBalanceSerializer(many=True)
+    by_day = LedgerDaySerializer(many=True, help_text="Per UTC day, oldest first: spend or earnings over time.")
 
 
 class LedgerFiltersSerializer(serializers.Serializer):

@@ -54,7 +54,7 @@ def test_ledger_worker_and_job_controls(people):
     done = echo2("ledger", "--worker", str(worker.pk), "--csv", "--out", str(tmp / "s.csv"), env=provider)
     assert done.returncode == 0, done.stderr
     rows = list(csv.DictReader((tmp / "s.csv").open()))
-    assert rows[0]["amount_usd"] == "0.010000000" and rows[-1]["amount_usd"] == "0.01"
+    assert rows[0]["amount_usd"] == "0.010000000" and (rows[-1]["amount_usd"], rows[-1]["total_usd"]) == ("", "0.01")
     assert one_line_error(echo2("ledger", "--from", "yesterday", env=owner), 2).endswith(
         "from: must be an ISO 8601 date or time, e.g. 2026-12-01 or 2026-12-01T12:00:00Z")
 
@@ -95,4 +95,8 @@ def test_ledger_follows_every_page(people):
     ids = [e["id"] for e in invoice["entries"]]
     assert len(ids) == len(set(ids)) == LEDGER_PAGE + 201 == invoice["totals"]["entries"]
     assert ids == list(LedgerEntry.objects.filter(job=job).order_by("at", "id").values_list("id", flat=True))
-    assert f"{LEDGER_PAGE + 201} entries, total" in echo2("ledger", "--job", str(job.pk), env=env["owner"]).stdout
+    table = echo2("ledger", "--job", str(job.pk), "--entries", env=env["owner"]).stdout
+    assert f"{LEDGER_PAGE + 201} entries, total" in table and table.count(" generating ") == LEDGER_PAGE + 201
+    summary = echo2("ledger", "--job", str(job.pk), env=env["owner"]).stdout  # the default: per job/worker/day
+    assert f"{LEDGER_PAGE + 201} entries, total" in summary and " generating " not in summary
+    assert "per job" in summary and "per day (UTC)" in summary and at.date().isoformat() in summary

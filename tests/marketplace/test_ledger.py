@@ -88,7 +88,10 @@ def test_a_run_with_a_price_change_and_a_fault_reconciles_to_the_cent(run):
     assert sheet["Content-Type"].startswith("text/csv")
     rows = list(csv.DictReader(io.StringIO(sheet.content.decode())))
     assert sum(Decimal(r["amount_usd"]) for r in rows[:-1]) == total
-    assert rows[-1]["id"] == "total" and rows[-1]["amount_usd"] == str(billing.cents(total))
+    assert rows[-1]["id"] == "total" and rows[-1]["total_usd"] == str(billing.cents(total))
+    # a spreadsheet's SUM over the whole amount column is the total, not twice it (the total has a column of its own)
+    assert sum(Decimal(r["amount_usd"] or 0) for r in rows) == total
+    assert sum(Decimal(d["amount_usd"]) for d in owner["totals"]["by_day"]) == total  # per UTC day, all of it
 
 
 def test_each_side_sees_only_its_entries_and_entries_are_immutable(run):
