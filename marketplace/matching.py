@@ -112,9 +112,12 @@ def job_waiting_reason(job: Job) -> str:
     workers = online_workers()
     if not workers:
         return "waiting for workers: none online"
-    matched = match_workers(needs_of(job.as_spec())[0], workers)
-    if not matched.qualify:
-        return f"waiting for workers: {matched.line()}"
+    needs = needs_of(job.as_spec())[0]
+    reliabilities = worker_reliability(workers)
+    offers = [offer_of(w, reliabilities[w.pk]) for w in workers]
+    matched = core.match(offers, needs)
+    if not matched.qualify:  # which requirement, and what would fix it
+        return f"waiting for workers: {matched.line()}: {core.remedy(offers, needs, matched)}"
     busy = set(Activation.objects.filter(ended_at=None, worker_id__in=matched.qualify).values_list("worker_id",
                                                                                                    flat=True))
     if len(busy) == len(matched.qualify):

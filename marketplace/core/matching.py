@@ -87,3 +87,34 @@ def match(offers: Sequence[Offer], needs: Needs) -> Matching:
     counts = Counter(reasons.values())
     return Matching(tuple(sorted(o.worker_id for o in offers if o.worker_id not in reasons)), len(offers),
                     {reason: counts[reason] for reason in REASONS if counts[reason]}, reasons)
+
+
+def remedy(offers: Sequence[Offer], needs: Needs, matching: Matching) -> str:
+    """When no offer qualifies: the requirement that leaves out the most workers, what the best of them has, and what
+    the owner can change (the job file's field) or that it waits, e.g. ``needs 80 GB of GPU memory; the largest
+    worker has 24 GB: lower requirements.min_gpu_memory_gb or wait``. "" when some qualify or there are none."""
+    if matching.qualify or not matching.excluded:
+        return ""
+    reason = max(matching.excluded, key=lambda r: (matching.excluded[r], -REASONS.index(r)))
+    left_out = [o for o in offers if matching.reasons.get(o.worker_id) == reason]
+    if reason == "memory":
+        largest = max(o.memory_gb or 0.0 for o in left_out)
+        field = ("lower requirements.min_gpu_memory_gb" if needs.memory_given
+                 else "set requirements.min_gpu_memory_gb if the estimate is too high, or use a smaller model,")
+        return f"needs {needs.memory_gb:g} GB of GPU memory; the largest worker has {largest:g} GB: {field} or wait"
+    if reason == "price":
+        cheapest = min(o.price_per_hour for o in left_out)
+        return (f"pays at most {needs.max_price_per_hour:g} USD/h; the cheapest worker asks {cheapest:g}: raise "
+                "requirements.max_price_per_hour or wait")
+    if reason == "reliability":
+        best = max(o.reliability for o in left_out)
+        return (f"needs reliability {needs.min_reliability:g}; the most reliable worker has {best:.2f}: lower "
+                "requirements.min_reliability or wait")
+    if reason == "engine":
+        return f'needs the {needs.engine} engine, which none has: set requirements.engine = "any" or wait'
+    if reason == "hardware unknown":
+        return ("asks for GPU memory or an engine, and these workers reported no hardware (older agents): drop "
+                "requirements.min_gpu_memory_gb and requirements.engine, or wait for an upgraded agent")
+    return (f"runs your code ({', '.join(needs.user_code)}), which these workers' providers do not allow: wait for "
+            "one started with echo2-agent run --allow-user-code")
+

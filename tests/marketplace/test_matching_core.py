@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from marketplace.core.matching import Needs, Offer, match, unmet
+from marketplace.core.matching import Needs, Offer, match, remedy, unmet
 
 
 def offer(wid=1, *, memory=24.0, engines=("hf",), price=1.0, reliability=1.0):
@@ -34,3 +34,17 @@ def test_match_counts_per_reason_and_says_it_in_one_line():
     assert matched.excluded == {"memory": 2, "price": 1} and matched.reasons == {1: "memory", 2: "memory", 4: "price"}
     assert matched.line() == "1 of 4 match (memory 2, price 1)"
     assert match([offer(1)], Needs()).line() == "1 of 1 match"
+
+
+def test_a_job_no_worker_meets_is_told_the_requirement_and_the_fix():
+    big, small = Offer(1, 0.9, 0.95, 24.0, ("hf",)), Offer(2, 0.4, 0.5, 16.0, ("hf",))
+    needs = Needs(memory_gb=80, memory_given=True)
+    assert remedy([big, small], needs, match([big, small], needs)) == (
+        "needs 80 GB of GPU memory; the largest worker has 24 GB: lower requirements.min_gpu_memory_gb or wait")
+    needs = Needs(max_price_per_hour=0.3)
+    assert remedy([big, small], needs, match([big, small], needs)) == (
+        "pays at most 0.3 USD/h; the cheapest worker asks 0.4: raise requirements.max_price_per_hour or wait")
+    needs = Needs(min_reliability=0.99)
+    assert "the most reliable worker has 0.95: lower requirements.min_reliability" in remedy(
+        [big, small], needs, match([big, small], needs))
+    assert remedy([big], Needs(), match([big], Needs())) == ""  # it qualifies: nothing to fix

@@ -125,7 +125,8 @@ def test_a_waiting_job_says_why_in_the_summary_the_api_and_the_cli(eager, django
     assert selectors.job_summary(job)["waiting_reason"].startswith("waiting for learner")
     job.learner_seen_at = timezone.now()
     job.save(update_fields=["learner_seen_at"])
-    reason = "waiting for workers: 0 of 1 match (memory 1)"
+    reason = ("waiting for workers: 0 of 1 match (memory 1): needs 40 GB of GPU memory; the largest worker has 24 GB: "
+              "lower requirements.min_gpu_memory_gb or wait")
     summary = client_for(owner).get(f"/api/jobs/{job.pk}/summary/").json()
     assert summary["waiting_reason"] == reason
     assert ("waiting", reason) in summary_rows(summary)
