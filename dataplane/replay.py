@@ -59,6 +59,10 @@ from .stored import StoredGroup, field, stored_entry, text
 log = logging.getLogger("echo2.replay")
 T = TypeVar("T")
 TRANSIENT = (redis.ConnectionError, redis.TimeoutError)  # a restart, an outage, a server still loading its AOF
+# A password refused: the site deleted this learner's Redis user (its job ended, or another learner of the job took
+# the door), or Redis lost its users in a restart and the site has not set them again yet (it does at the learner's
+# next heartbeat, within seconds). Retried this long at most, so an ended job's learner stops soon.
+AUTH_RETRY_S = 45.0
 
 Client = redis.Redis
 RedisError = redis.RedisError  # what a Redis outage raises: the planes catch it without importing redis
@@ -96,12 +100,15 @@ def consumer_name(worker_id: int) -> str:
     return f"worker-{worker_id}"
 
 
-def connect(url: str, *, decode_responses: bool = True, socket_timeout: float = 10.0) -> redis.Redis:
+def connect(url: str, *, decode_responses: bool = True, socket_timeout: float = 10.0,
+            ca_file: str | None = None) -> redis.Redis:
     """A client for ``url``; every call on it times out (no wait without a limit). redis-py's own silent
     retries are off: a command re-sent after its reply was lost must be seen by :class:`ReplayBuffer`, which
-    retries itself and then re-reads what such a lost reply may have delivered."""
+    retries itself and then re-reads what such a lost reply may have delivered. A ``rediss://`` URL is TLS, the
+    server's certificate checked against ``ca_file`` (default: the system's CAs)."""
+    tls = {"ssl_ca_certs": ca_file} if ca_file and url.startswith("rediss://") else {}
     return redis.Redis.from_url(url, decode_responses=decode_responses, socket_timeout=socket_timeout,
-                                socket_connect_timeout=min(socket_timeout, 10.0), retry=Retry(NoBackoff(), 0))
+                                socket_connect_timeout=min(socket_timeout, 10.0), retry=Retry(NoBackoff(), 0), **tls)
 
 
 class StoredId(str):
@@ -174,6 +181,7 @@ class ReplayBuffer:
         """Run ``op``; retry it through connection errors (backoff 0.1 s doubling to 5 s, +-50% jitter) for up
         to ``retry_for_s``, and once after re-creating consumer groups a data-losing restart dropped."""
         deadline, delay, failed = time.monotonic() + self.retry_for_s, 0.1, False
+        auth_deadline: float | None = None
         while True:
             try:
                 result = op()
@@ -186,7 +194,9 @@ class ReplayBuffer:
                 regroup, failed = False, True
                 continue
             except TRANSIENT as err:
-                left = deadline - time.monotonic()
+                if isinstance(err, redis.AuthenticationError):
+                    auth_deadline = auth_deadline or time.monotonic() + min(self.retry_for_s, AUTH_RETRY_S)
+                left = min(deadline, auth_deadline or deadline) - time.monotonic()
                 if left <= 0:
                     raise
                 if not failed:

@@ -15,6 +15,7 @@ from django.urls import path  # noqa: E402
 from echo2_site.staticfiles import StaticFilesHandler  # noqa: E402
 from frontend import dist  # noqa: E402
 from frontend.consumers import JobLiveConsumer  # noqa: E402
+from marketplace.infra import learner_door  # noqa: E402
 from marketplace.realtime.consumers import AgentConsumer  # noqa: E402
 
 websocket_urlpatterns = [
@@ -24,6 +25,7 @@ websocket_urlpatterns = [
 ]
 
 dist.log_startup()  # which agent wheel providers get, or why none
+learner_door.log_startup()  # whether each learner gets a Redis user of its own, or why not
 
 application = ProtocolTypeRouter(
     {

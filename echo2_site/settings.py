@@ -1,7 +1,8 @@
 """ECHO-2 site settings, read from the environment (12-factor) with safe local defaults.
 
 DATABASE_URL  default: SQLite file under ECHO2_DATA_DIR (./var)
-REDIS_URL     default: redis://127.0.0.1:6379/0 (channel layer, Celery broker, trajectory streams)
+REDIS_URL     default: redis://127.0.0.1:6379/0 (channel layer, Celery broker; trajectory streams unless
+              ECHO2_STREAMS_REDIS_URL names another Redis: docs/trust.md "The learner's door")
 SECRET_KEY    default: an insecure development key (DEBUG only)
 SECRET_KEY_FALLBACKS default: none; comma-separated former SECRET_KEYs, still verified after a rotation
 DEBUG         default: true
@@ -168,6 +169,16 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+# The trajectory streams (each job's replay buffer) and the site's live state beside them; empty: REDIS_URL. Learners
+# connect here, each as its job's own Redis user (docs/trust.md "The learner's door"), so a deployment that lets
+# learners in from outside keeps the channel layer, the Celery broker and the cache on REDIS_URL, out of their reach.
+STREAMS_REDIS_URL = os.environ.get("ECHO2_STREAMS_REDIS_URL", "")
+# The streams' Redis as learners dial it, without credentials (each learner gets its own), e.g.
+# rediss://streams.example.org:6380/0 for TLS; empty: the streams URL above without its user and password.
+STREAMS_PUBLIC_URL = os.environ.get("ECHO2_STREAMS_PUBLIC_URL", "")
+# A Redis user per learner session (Redis >= 6 ACLs) whose keys are its job's alone. Off (or a Redis without ACLs):
+# every learner is handed the site's own streams URL, with full rights; the site says so when it starts.
+LEARNER_REDIS_USERS = env_bool("ECHO2_LEARNER_REDIS_USERS", True)
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "marketplace.realtime.channel_layer.ResilientRedisChannelLayer",

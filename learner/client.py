@@ -85,6 +85,11 @@ class SiteClient:
             self.learner_credential[job_id] = credentials.learner_token(secret, job_id=job_id)
         return reply
 
+    def streams(self, job_id: int) -> dict:
+        """The learner's door to the job's streams (``url``, ``username``, ``isolated``, ``reason``): a fresh password
+        at each call, which cuts off any earlier learner of the job (docs/trust.md "The learner's door")."""
+        return self._request("POST", f"jobs/{job_id}/learner/streams/")
+
     def report(self, job_id: int, metrics: dict, *, retries: int | None = None) -> dict:
         """A step's report; it carries the job's learner credential (learned from the announcement), without
         which the site takes no audits of workers (docs/trust.md "Audits of work")."""

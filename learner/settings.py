@@ -38,8 +38,12 @@ class LearnerSettings(BaseSettings):
                                "shows in `ps`.", env="ECHO2_TOKEN", repr=False)
     token_file: Path | None = option(None, help="A file holding the job owner's API token (first line; keep it mode "
                                      "600). Wins over --token.", env="ECHO2_TOKEN_FILE")
-    redis_url: str = option("redis://127.0.0.1:6379/0", help="Redis with the job's streams.", flag="--redis",
-                            env="REDIS_URL")
+    redis_url: str | None = option(None, help="Override: the Redis URL of the job's streams, for a single-machine "
+                                   "setup. Default: the site hands this learner its own door (a Redis user whose keys "
+                                   "are the job's alone, docs/trust.md \"The learner's door\").", flag="--redis",
+                                   env="ECHO2_LEARNER_REDIS_URL")
+    redis_ca: Path | None = option(None, help="CA certificate (PEM) to check a rediss:// streams server against "
+                                   "(default: the system's CAs).", env="ECHO2_REDIS_CA")
     redis_retry_s: float = option(300.0, ge=0, help="Ride out a Redis outage (a restart) this long per operation, "
                                   "retrying with backoff, before the job fails.", flag="--redis-retry")
     snapshot_dir: Path = option(Path("var/snapshots"), help="Where snapshots are written.")
@@ -144,7 +148,7 @@ class LearnerSettings(BaseSettings):
     def saved(self) -> dict[str, Any]:
         """The options as JSON values for the run's config.json: no token, no Redis password."""
         out = self.model_dump(mode="json", exclude={"token"})
-        out["redis_url"] = _masked(self.redis_url)
+        out["redis_url"] = _masked(self.redis_url) if self.redis_url else None
         return out
 
 
@@ -164,6 +168,14 @@ class _DeclaredEnvironment(PydanticBaseSettingsSource):
     def __call__(self) -> dict[str, Any]:
         values = {name: self.get_field_value(field, name)[0] for name, field in self.settings_cls.model_fields.items()}
         return {name: value for name, value in values.items() if value is not None}
+
+
+def redis_location(url: str) -> str:
+    """``url`` without its user and password: what a log line may show."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"{parts.hostname}:{parts.port or 6379}"))
 
 
 def _masked(url: str) -> str:

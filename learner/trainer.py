@@ -44,7 +44,7 @@ from .prompts import PromptFeeder
 from .publication import Publisher, PublishError
 from .quarantine import model_vocab_size
 from .report import log_step, step_metrics
-from .settings import LearnerSettings
+from .settings import LearnerSettings, redis_location
 from .snapshots import SnapshotStore
 from .step import PolicyTrainer
 
@@ -131,6 +131,22 @@ def _runnable_job(site: SiteClient, job_id: int) -> dict:
     return raw
 
 
+def _streams_url(site: SiteClient, settings: LearnerSettings) -> str:
+    """The Redis URL of the job's streams: ``--redis`` when given (a single-machine setup), else the door the site
+    opens for this learner session (its own Redis user; a learner of the job still running is cut off)."""
+    if settings.redis_url:
+        log.info("job %s: streams at %s (--redis)", settings.job, redis_location(settings.redis_url))
+        return settings.redis_url
+    door = site.streams(settings.job)
+    where = redis_location(door["url"])
+    if door.get("isolated"):
+        log.info("job %s: streams at %s as %s (its job's keys alone)", settings.job, where, door.get("username"))
+    else:
+        log.warning("job %s: streams at %s with the site's own rights, not a user of the job's own: %s",
+                    settings.job, where, door.get("reason") or "the site did not say why")
+    return door["url"]
+
+
 def _streams(client: replay.Client, job_id: int, spec: JobSpec, retry_for_s: float,
              vocab_size: int | None) -> tuple[StalenessGatedConsumer, PromptFeeder]:
     """The job's trajectory reader (the staleness gate, quarantining what the model must not see: the task's
@@ -178,7 +194,8 @@ class _JobRun:
         """Streams, checkpoint (resume), snapshot server and relay, announced to the site; all closed on exit."""
         job_id = settings.job
         with contextlib.ExitStack() as stack:
-            client = replay.connect(settings.redis_url, decode_responses=False, socket_timeout=30)
+            client = replay.connect(_streams_url(site, settings), decode_responses=False, socket_timeout=30,
+                                    ca_file=str(settings.redis_ca) if settings.redis_ca else None)
             stack.callback(client.close)
             datasets.provide(build_task(spec.task), root=settings.snapshot_dir / f"job{job_id}", job_id=job_id,
                              dataset=settings.dataset, site=site)  # before a prompt is sampled: the rows are there

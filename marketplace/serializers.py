@@ -355,6 +355,19 @@ class LearnerAnnouncedSerializer(JobSerializer):
         fields = [*JobSerializer.Meta.fields, "transfer_secret"]
 
 
+class LearnerStreamsSerializer(serializers.Serializer):
+    """A learner's door to its job's streams (docs/trust.md "The learner's door"): made fresh at each call."""
+
+    url = serializers.CharField(read_only=True, help_text=(
+        "The Redis URL the learner connects with, its user and password in it (rediss:// where the site serves TLS). "
+        "Only in this reply, to the job's owner; the previous learner's password is refused from now on."))
+    username = serializers.CharField(read_only=True, help_text="The Redis user (the job's learner user).")
+    isolated = serializers.BooleanField(read_only=True, help_text=(
+        "True: a user whose keys are this job's alone. False: the site's own streams URL, full rights (no ACLs here, "
+        "or the site opted out); ``reason`` says why."))
+    reason = serializers.CharField(read_only=True, help_text="Why the door is not isolated; empty when it is.")
+
+
 class JobFinishSerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=["completed", "failed"])
     reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=500)

@@ -22,6 +22,8 @@ def redis_url(settings) -> str:
         pytest.fail(f"Redis is not reachable at {TEST_REDIS_URL}: run `make services` (or set TEST_REDIS_URL)")
     client.flushdb()
     settings.REDIS_URL = TEST_REDIS_URL
+    settings.STREAMS_REDIS_URL = ""  # the streams beside it
+    settings.LEARNER_REDIS_USERS = False  # the machine's Redis: its users are not ours to make (private_redis.py is)
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "marketplace.realtime.channel_layer.ResilientRedisChannelLayer",
                                            "CONFIG": {"hosts": [TEST_REDIS_URL], "prefix": "echo2test"}}}
     from channels.layers import channel_layers

@@ -22,7 +22,9 @@ def make_stack(tmp_path: Path, redis_url: str, **env: str) -> Stack:
                 ECHO2_DATA_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="echo2_site.settings", OMP_NUM_THREADS="1",
                 TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", ECHO2_CHANNEL_PREFIX=f"echo2-{tmp_path.name}",
                 ECHO2_CACHE_DIR=str(tmp_path / "agent-cache"),  # agents' base models: not the user's cache
-                ECHO2_LOGDIR=str(tmp_path / "runs"))  # learners' TensorBoard logs: not the checkout's var/runs
+                ECHO2_LOGDIR=str(tmp_path / "runs"),  # learners' TensorBoard logs: not the checkout's var/runs
+                # No Redis users of learners on the machine's Redis (a test on a private one turns them on).
+                ECHO2_LEARNER_REDIS_USERS="false")
     return Stack(tmp_path, base | env)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 
 from django.core.handlers.asgi import ASGIRequest
@@ -15,6 +16,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
 from dataplane.jobs import JobSpec
+from dataplane.replay import RedisError
 
 from .. import ledger, scheduling, selectors, services
 from .. import serializers as s
@@ -27,6 +29,8 @@ from .auth import AGENT_KEY_ALLOWED, learner_problem
 from .plan_schema import CapacityPlanSerializer
 from .renderers import TomlRenderer, YamlRenderer
 from .schema import ErrorSerializer
+
+log = logging.getLogger(__name__)
 
 
 def _service_call(fn, **kwargs):
@@ -338,6 +342,24 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         form.is_valid(raise_exception=True)
         job = _service_call(services.learner_announce, job=job, **form.validated_data)
         return Response(s.LearnerAnnouncedSerializer(job).data)
+
+    @extend_schema(request=None, responses={200: s.LearnerStreamsSerializer, 503: OpenApiResponse(
+        ErrorSerializer, description="The streams' Redis did not answer; retry (Retry-After).")})
+    @action(detail=True, methods=["post"], url_path="learner/streams")
+    def learner_streams(self, request, pk=None):
+        """A learner starts: its door to the job's streams, a Redis user of its own whose keys are the job's alone,
+        with a fresh password (the previous learner's is refused from now on; the user is deleted when the job
+        ends). The owner's token only: the reply is a credential."""
+        job = self.get_object()
+        if job.owner_id != request.user.pk:
+            raise PermissionDenied("only the job's owner lets its learner in: the reply is a credential to its streams")
+        try:
+            door = _service_call(services.learner_streams_open, job=job)
+        except RedisError as err:
+            log.warning("job %s: no learner door: Redis: %s", job.pk, err)
+            return Response({"detail": "the job's streams (Redis) did not answer; retry in a moment"}, status=503,
+                            headers={"Retry-After": "2"})
+        return Response(s.LearnerStreamsSerializer(door).data)
 
     @extend_schema(
         responses={(200, "application/x-tar"): OpenApiTypes.BINARY,

@@ -43,7 +43,7 @@ from .jobs import (
     job_resume,
     job_start,
 )
-from .learner import jobs_stall_silent_learners, learner_announce, metrics_record
+from .learner import jobs_stall_silent_learners, learner_announce, learner_streams_open, metrics_record
 from .presence import (
     expire_silent_workers,
     worker_closes_record,
@@ -75,7 +75,8 @@ __all__ = [
     "broadcast_plan", "expire_silent_workers", "job_activate_idle_workers", "job_create",
     "groups_submit", "job_finish", "job_group", "job_pause", "lease_return", "job_replan_apply", "job_resume",
     "job_start",
-    "jobs_stall_silent_learners", "learner_announce", "metrics_record", "prompts_lease", "relay_failed",
+    "jobs_stall_silent_learners", "learner_announce", "learner_streams_open", "metrics_record", "prompts_lease",
+    "relay_failed",
     "RunningJob", "running_job",
     "snapshot_installed", "snapshot_publish", "snapshot_request", "trajectories_malformed", "trajectories_part_submit",
     "trajectories_submit",

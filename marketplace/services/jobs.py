@@ -14,7 +14,7 @@ from dataplane.jobs import JobSpec, model_dir_problem
 from dataplane.replay import RedisError
 
 from .. import ledger, matching, selectors
-from ..infra import stream
+from ..infra import learner_door, stream
 from ..models import Activation, Job, Worker
 from .base import ServiceError, enqueue_task, push_job_update
 from .datasets import datasets_check
@@ -71,7 +71,10 @@ def job_finish(*, job: Job, status: str, reason: str = "") -> Job:
     job.status = status
     job.status_reason = reason[:500]
     job.finished_at = timezone.now()
-    job.save(update_fields=["status", "status_reason", "finished_at"])
+    if job.learner_redis_password_sha256:  # its learner is let out (a resumed job's learner gets a new door)
+        transaction.on_commit(lambda: learner_door.door_close(job.pk))
+    job.learner_redis_password_sha256 = ""
+    job.save(update_fields=["status", "status_reason", "finished_at", "learner_redis_password_sha256"])
     for activation in job.activations.filter(ended_at=None).order_by("worker_id"):  # rows locked in id order
         worker_release(activation=activation, reason=f"job {status}")
     if status != Job.Status.FAILED:

@@ -1,5 +1,6 @@
-"""What the learner reports to the site: its announcement (``T_train``, relay address) and each step's metrics.
-Its snapshot publications are broadcast's (``broadcast.snapshot_publish``)."""
+"""What the learner reports to the site: its announcement (``T_train``, relay address) and each step's metrics; and its
+door to the job's streams (a Redis user of its own, ``infra.learner_door``). Its snapshot publications are
+broadcast's (``broadcast.snapshot_publish``)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from django.utils import timezone
 
 from dataplane.replay import RedisError
 
-from ..infra import liveness
+from ..infra import learner_door, liveness
 from ..models import Job, JobMetric
 from .audits import audits_record
-from .base import enqueue_task, learner_may_report, push_job_update
+from .base import ServiceError, enqueue_task, learner_may_report, push_job_update
 from .budgets import job_budget_check
 from .samples import samples_record
 from .workers import worker_release
@@ -37,7 +38,35 @@ def learner_announce(*, job: Job, t_train: float | None, relay_address: str | No
             setattr(job, name, value)
             fields.append(name)
     job.save(update_fields=fields)
+    _door_restore(job)
     return job
+
+
+LET_IN = (Job.Status.RUNNING, Job.Status.PAUSED, Job.Status.STALLED)  # a learner may train the job (learner/trainer.py)
+
+
+@transaction.atomic
+def learner_streams_open(*, job: Job) -> learner_door.LearnerDoor:
+    """A learner starts: a fresh door to the job's streams (its Redis user with a new password; a learner still
+    holding the old one is cut off). Raises ``RedisError`` when the streams' Redis does not answer."""
+    job = Job.objects.select_for_update().get(pk=job.pk)
+    if job.status not in LET_IN:
+        raise ServiceError(f"status: job is {job.status}; a learner is let in only while the job runs, is paused or "
+                           "stalled (start or resume it first)")
+    door, digest = learner_door.door_open(job.pk)
+    job.learner_redis_password_sha256 = digest
+    job.save(update_fields=["learner_redis_password_sha256"])
+    return door
+
+
+def _door_restore(job: Job) -> None:
+    """Its learner is alive: its Redis user exists (set again from its hash if Redis lost it in a restart)."""
+    if not job.learner_redis_password_sha256 or job.status not in LET_IN:
+        return
+    try:
+        learner_door.door_restore(job.pk, job.learner_redis_password_sha256)
+    except RedisError as err:
+        log.warning("job %s: could not check its learner's Redis user (Redis: %s)", job.pk, err)
 
 
 @transaction.atomic

@@ -31,8 +31,9 @@ def trained(monkeypatch) -> list[LearnerSettings]:
         return JobStatus.COMPLETED
 
     monkeypatch.setattr("learner.trainer.run_job", run_job)
-    for name in ("ECHO2_SERVER", "ECHO2_JOB", "ECHO2_TOKEN", "ECHO2_TOKEN_FILE", "REDIS_URL", "ECHO2_LOGDIR",
-                 "WANDB_PROJECT", "WANDB_NAME", "WANDB_TAGS", "ECHO2_LEARNER_RELAY_MODE"):
+    for name in ("ECHO2_SERVER", "ECHO2_JOB", "ECHO2_TOKEN", "ECHO2_TOKEN_FILE", "ECHO2_LEARNER_REDIS_URL",
+                 "ECHO2_REDIS_CA", "ECHO2_LOGDIR", "WANDB_PROJECT", "WANDB_NAME", "WANDB_TAGS",
+                 "ECHO2_LEARNER_RELAY_MODE"):
         monkeypatch.delenv(name, raising=False)
     return seen
 
@@ -47,7 +48,8 @@ def test_every_setting_is_an_option_of_run_with_its_variable() -> None:
     assert set(FLAGS) <= options
     envvars = {param.name: param.envvar for param in run.params if param.envvar}
     assert envvars == {"server": "ECHO2_SERVER", "job": "ECHO2_JOB", "token": "ECHO2_TOKEN",
-                       "token_file": "ECHO2_TOKEN_FILE", "redis_url": "REDIS_URL", "logdir": "ECHO2_LOGDIR",
+                       "token_file": "ECHO2_TOKEN_FILE", "redis_url": "ECHO2_LEARNER_REDIS_URL",
+                       "redis_ca": "ECHO2_REDIS_CA", "logdir": "ECHO2_LOGDIR",
                        "wandb_project": "WANDB_PROJECT", "wandb_name": "WANDB_NAME", "wandb_tags": "WANDB_TAGS",
                        "relay_mode": "ECHO2_LEARNER_RELAY_MODE"}
     assert {param.name for param in run.params} - {"help"} == set(LearnerSettings.model_fields)
@@ -67,10 +69,17 @@ def test_flags_reach_the_settings(trained) -> None:
 
 
 def test_environment_variables_reach_the_settings(trained) -> None:
-    env = {"ECHO2_SERVER": "http://env", "ECHO2_JOB": "7", "ECHO2_TOKEN": "t", "REDIS_URL": "redis://e/1"}
+    env = {"ECHO2_SERVER": "http://env", "ECHO2_JOB": "7", "ECHO2_TOKEN": "t", "ECHO2_LEARNER_REDIS_URL": "redis://e/1"}
     assert invoke(env=env).exit_code == 0
     assert (trained[0].server, trained[0].job, trained[0].redis_url) == ("http://env", 7, "redis://e/1")
     assert invoke("--job", "8", env=env).exit_code == 0 and trained[1].job == 8  # a flag beats the variable
+
+
+def test_the_site_hands_the_learner_its_streams_unless_overridden(trained) -> None:
+    """The whole command is --server, --job and --token-file: no Redis URL (the site's door), and the site's own
+    REDIS_URL in the environment is not taken for one (it would bypass the door)."""
+    assert invoke(*REQUIRED, env={"REDIS_URL": "redis://site-internal:6379/0"}).exit_code == 0
+    assert trained[0].redis_url is None and trained[0].saved()["redis_url"] is None
 
 
 def test_the_model_reads_only_the_variables_it_declares(monkeypatch) -> None:
