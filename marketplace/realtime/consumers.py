@@ -23,14 +23,16 @@ from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
+from django.db import InterfaceError, OperationalError
 from django.utils import timezone
 
 from dataplane import messages as m
+from dataplane.replay import TRANSIENT
 
 from .. import selectors, services
 from ..api import throttling
 from ..api.jsonlimits import JSONLimitError, check_json
-from ..infra import refusals
+from ..infra import refusals, verdicts
 from ..models import Worker
 from ..services import fanout
 from .assembly import GroupAssembler
@@ -42,6 +44,16 @@ UNAUTHORIZED = 4401
 TOO_MANY_REQUESTS = 4429  # over the rate limits, sustained (the standard 1008 cannot be sent through daphne)
 ROLLOUT_MESSAGES = (m.LeaseRequest, m.Trajectories, m.TrajectoriesPart, m.Submit)  # the hot path: no query
 MESSAGE_TOO_BIG = 4413  # a frame over ECHO2_WS_MAX_MESSAGE_BYTES (the standard 1009 cannot be sent through daphne)
+REMEMBERED_MESSAGES = (m.LeaseRequest, m.Trajectories, m.Submit)  # answered once per id (infra/verdicts.py)
+# Failures of the site's own stores, not of the request: answered "send it again" (retry_after), never as a verdict.
+INFRASTRUCTURE = (*TRANSIENT, OperationalError, InterfaceError)
+UNAVAILABLE_RETRY_AFTER_S = 2.0  # the Redis client has already retried for ECHO2_REDIS_RETRY_S
+BUSY_RETRY_AFTER_S = 1.0
+
+
+def _unavailable(ref: str, err: Exception) -> m.Rejected:
+    return m.Rejected(reason=f"the site cannot handle it now ({type(err).__name__}); nothing of it was refused: "
+                             "send it again", ref=ref, retry_after=UNAVAILABLE_RETRY_AFTER_S)
 
 
 def _agent_key(scope) -> str:
@@ -173,6 +185,13 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                 await self._refuse(f"too many hellos from worker {self.worker.pk}; retry in {wait:.0f} s",
                                    TOO_MANY_REQUESTS, ref="hello")
                 return
+        remembered = isinstance(message, REMEMBERED_MESSAGES) and message.id is not None
+        if remembered:
+            held = await self._verdict_held(message)
+            if held is not None:
+                for payload in held:
+                    await self.send_json(payload)
+                return
         try:
             if isinstance(message, ROLLOUT_MESSAGES):
                 replies = await self._rollout(message)
@@ -183,6 +202,9 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                 replies = await database_sync_to_async(self._dispatch)(message)
         except services.ServiceError as err:
             replies = [m.Rejected(reason=str(err), ref=message.type)]
+        except INFRASTRUCTURE as err:  # not a verdict on the request: it is sent again, and then runs again
+            log.warning("agent %s: %s not handled now (%s: %s)", self.worker.pk, message.type, type(err).__name__, err)
+            replies = [_unavailable(message.type, err)]
         except Exception:  # a bug must not kill the agent's session; it gets a reason, we get the traceback
             log.exception("agent %s: %s failed", self.worker.pk, message.type)
             replies = [m.Rejected(reason="internal error while handling the message", ref=message.type)]
@@ -191,13 +213,46 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             # it reconnected still serving a job it is no longer active in (released while it was away)
             replies.append(m.Release(job_id=message.job_id, reason="not active in this job any more"))
         request_id = getattr(message, "id", None)
+        payloads = []
         for reply in replies:
             if isinstance(reply, m.Welcome):  # the budget this connection enforces, so the agent keeps under it
                 reply = reply.model_copy(update=self.bucket.announced())
             if request_id is not None and "ref_id" in type(reply).model_fields:
                 reply = reply.model_copy(update={"ref_id": request_id})  # the agent pairs replies by id
-            await self.send_json(reply.model_dump(mode="json"))
+            payloads.append(reply.model_dump(mode="json"))
+        if remembered:  # before the reply goes: a resend that follows it finds the verdict
+            await self._verdict_reached(message, payloads)
+        for payload in payloads:
+            await self.send_json(payload)
         await self._follow(*(r.model_dump(mode="json") for r in replies if isinstance(r, m.Assign | m.Release)))
+
+    async def _verdict_held(self, message) -> list[dict] | None:
+        """What to answer a request without running it (``marketplace.infra.verdicts``): the replies its first
+        sending got, "still being handled: send it again shortly", or "the site cannot check now" (Redis away);
+        None when it is new (then it runs, and :meth:`_verdict_reached` settles it)."""
+        try:
+            held = await sync_to_async(verdicts.claim, thread_sensitive=False)(self.worker.pk, message)
+        except INFRASTRUCTURE as err:
+            reply = _unavailable(message.type, err)
+        else:
+            if held is None:
+                return None
+            if held is not verdicts.BUSY:
+                return held
+            reply = m.Rejected(reason=f"request {message.id} is still being handled; send it again shortly",
+                               ref=message.type, retry_after=BUSY_RETRY_AFTER_S)
+        return [reply.model_copy(update={"ref_id": message.id}).model_dump(mode="json")]
+
+    async def _verdict_reached(self, message, payloads: list[dict]) -> None:
+        """Keep the replies for a resend when they judge the request, else let a resend run it again. A store that
+        fails here costs a resend its shortcut only: the group it carries is recognised as stored anyway."""
+        try:
+            if verdicts.is_verdict(payloads):
+                await sync_to_async(verdicts.keep, thread_sensitive=False)(self.worker.pk, message, payloads)
+            else:
+                await sync_to_async(verdicts.forget, thread_sensitive=False)(self.worker.pk, message)
+        except INFRASTRUCTURE as err:
+            log.warning("agent %s: the verdict of request %s not kept (%s)", self.worker.pk, message.id, err)
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs) -> None:
         if self.worker is None:

@@ -15,7 +15,7 @@ from django.db.models import Sum
 from dataplane import messages as m
 from dataplane.chat import as_prompt_format
 from dataplane.records import RecordError, RecordLimits, TrajectoryGroup
-from dataplane.replay import LeaseError
+from dataplane.replay import LeaseError, RedisError
 from dataplane.tasks import TaskSpecError, build_task
 
 from .. import selectors
@@ -80,13 +80,17 @@ def prompts_lease(*, worker: Worker, job_id: int, groups: int, running: RunningJ
     if not leased:
         _starved(worker.pk, job_id, now=time.time())
         return m.NoWork(job_id=job_id, retry_after=0.2)
-    telemetry.record_observed(worker.pk, job_id=job_id, what="leased", at=time.time())  # it is working: billed
+    try:  # the prompts are leased: a figure lost to Redis must not lose the lease's reply (they would wait 30 s)
+        telemetry.record_observed(worker.pk, job_id=job_id, what="leased", at=time.time())  # it is working: billed
+    except RedisError as err:
+        log.warning("worker %s: a lease of job %s not recorded for billing (Redis: %s)", worker.pk, job_id, err)
     return m.Lease(job_id=job_id, timeout=timeout, leases=[
         m.LeasedPrompt(lease_id=g.lease_id, group_id=g.group_id, prompt=g.prompt) for g in leased
     ])
 
 
 STARVED_EVERY_S = 5.0
+UNLEASED_RETRY_AFTER_S = 2.0  # a lease that failed after its submit's groups were judged is asked again this late
 _starved_written: dict[tuple[int, int], float] = {}  # (worker, job) -> when this process last wrote it
 EARNINGS_EVERY_S = 10.0  # the agent prints a summary every 10 s by default (--status-every)
 _earned: dict[int, tuple[float, float]] = {}  # worker -> (when this process summed it, the sum)
@@ -115,12 +119,13 @@ def trajectories_submit(*, worker: Worker, group: TrajectoryGroup, running: Runn
     try:
         group.check_for_job(job_id=job.job_id, group_size=job.group_size, max_version=job.published_version,
                             limits=job.limits)
-        buffer.return_group(worker_id=worker.pk, group=group, seal_key=group_seal.signing_key(),
-                            event=telemetry.accepted_event(worker.pk, job_id=job.job_id, at=time.time(), records=n))
+        stored = buffer.return_group(worker_id=worker.pk, group=group, seal_key=group_seal.signing_key(),
+                                     event=telemetry.accepted_event(worker.pk, job_id=job.job_id, at=time.time(),
+                                                                    records=n))
     except (RecordError, LeaseError) as err:
         buffer.count("rejected_records", n)
         return m.Accepted(job_id=group.job_id, lease_id=group.lease_id, accepted=0, rejected=n, reasons=[str(err)])
-    if group.reward_errors is not None:  # counted once: a group is accepted at most once
+    if group.reward_errors is not None and not stored.resent:  # counted once: a resend finds its group stored
         reward_errors.record(job.job_id, group.reward_errors)
     return m.Accepted(job_id=group.job_id, lease_id=group.lease_id, accepted=n, rejected=0)
 
@@ -133,8 +138,15 @@ def groups_submit(*, worker: Worker, job_id: int, groups: list[TrajectoryGroup],
     due, so a caller off the database thread reads it there first), for its agent's status line."""
     job = _checked(worker, job_id, running)
     results = [trajectories_submit(worker=worker, group=group, running=job) for group in groups]
-    return m.Submitted(job_id=job_id, results=results,
-                       lease=prompts_lease(worker=worker, job_id=job_id, groups=lease, running=job) if lease else None,
+    try:
+        leased = prompts_lease(worker=worker, job_id=job_id, groups=lease, running=job) if lease else None
+    except RedisError as err:
+        if not groups:
+            raise  # nothing judged yet: the request as a whole is sent again
+        # The groups' verdicts stand (stored groups are accepted, whatever fails after); the lease is asked again.
+        log.warning("worker %s: lease of job %s after its groups failed (Redis: %s)", worker.pk, job_id, err)
+        leased = m.NoWork(job_id=job_id, retry_after=UNLEASED_RETRY_AFTER_S)
+    return m.Submitted(job_id=job_id, results=results, lease=leased,
                        earned_usd=worker_earned_usd(worker.pk, now=time.monotonic()) if earned_usd is None
                        else earned_usd)
 
