@@ -89,6 +89,10 @@ def test_every_page_fits_a_phone_and_a_desktop_and_passes_axe(responsive_site, b
                 page.wait_for_load_state("networkidle")
                 where = f"{device} {user} {name}"
                 problems[where] = layout_problems(page, width) + axe_violations(page)
+                if name == "job":  # its learner reports, no worker is online: it says "waiting", not a green running
+                    assert page.locator("#waiting-badge").is_visible()
+                    assert "status-waiting" in page.locator('[data-key="status"]').get_attribute("class")
+                    assert page.locator("#waiting-reason").inner_text() == "waiting for workers: none online"
                 page.screenshot(path=str(EVIDENCE / f"responsive-{device}-{user}-{name}.png"), full_page=True)
             context.close()
     failing = [f"{where}: {problem}" for where, found in problems.items() for problem in found]

@@ -129,13 +129,13 @@
     }
     // what shows for a running job, a finished one (final figures, no projection), one waiting for its learner
     const shown = { live: !summary.final, final: summary.final, "learner-waiting": summary.learner_waiting,
-      stepped: summary.as_of_step !== null };
+      stepped: summary.as_of_step !== null, waiting: !!summary.waiting_reason };
     for (const el of document.querySelectorAll("[data-show]")) el.hidden = !shown[el.dataset.show];
     document.getElementById("target-line").classList.toggle("error", summary.throughput_target_unmet);
     const howto = document.getElementById("export-howto"), download = document.getElementById("export");
     if (howto && download) { howto.hidden = !summary.export_line; download.hidden = !!summary.export_line; }
     const badge = document.querySelector('[data-key="status"]');
-    badge.className = `badge status-${summary.status}`;
+    badge.className = `badge status-${summary.waiting_reason ? "waiting" : summary.status}`;  // not green while it waits
     for (const form of document.querySelectorAll("form[data-when]")) {
       form.hidden = !form.dataset.when.split(" ").includes(summary.status);
     }
