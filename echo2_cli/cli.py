@@ -79,7 +79,7 @@ def submit(
         _print(job)
         return
     typer.echo(render.job_line(job))
-    typer.echo(render.learner_hint(job, site.server))
+    typer.echo(render.learner_hint(job, site.server, str(token_file.expanduser().resolve()) if token_file else None))
 
 
 @job_app.command("list")

@@ -7,6 +7,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from dataplane.learner_command import TOKEN_FILE, learner_command
+
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 """The statuses a job does not leave by itself: ``watch`` and ``logs --follow`` stop there. (A failed job can be
 resumed, but only by its owner.)"""
@@ -105,9 +107,13 @@ def export_line(written: dict) -> str:
             f"{', '.join(sorted(written['files']))} ({size / 1e6:.1f} MB)")
 
 
-def learner_hint(job: dict, server: str) -> str:
-    """What the owner runs next: the job trains only while its learner runs (on the learner's machine)."""
+def learner_hint(job: dict, server: str, token_file: str | None = None) -> str:
+    """What the owner runs next: the job trains only while its learner runs (on the learner's machine). The command
+    is whole (the site hands the learner its door to the job's streams); ``token_file`` is the one this command
+    used, else the learner reads ``~/.echo2-token``."""
     verb = "is waiting for" if job.get("status") == "running" else "will need (after `echo2 job start`)"
-    return (f"job {job['id']} {verb} its learner: on the learner machine run\n"
-            f"  echo2-learner --server {server} --job {job['id']} --token-file TOKEN_FILE --redis REDIS_URL\n"
+    where = "" if token_file else f" (your API token in {TOKEN_FILE}, mode 600)"
+    command = learner_command(server=server, job_id=job["id"], **({"token_file": token_file} if token_file else {}))
+    return (f"job {job['id']} {verb} its learner: on the learner machine run{where}\n"
+            f"  {command}\n"
             f"then follow it: echo2 job watch {job['id']}")

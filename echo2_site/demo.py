@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from echo2_site.demo_handover import handover_lines
+from echo2_site.demo_handover import handover_lines, learner_argv
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         _start_agents(console, stack, server, tokens, workdir)
         api = httpx.Client(base_url=server + "/api/", headers={"Authorization": f"Token {tokens['demo']}"},
                            timeout=30)
-        job = _launch_job(console, stack, api, server, tokens["demo"], model_dir, args, env["REDIS_URL"], workdir)
+        job = _launch_job(console, stack, api, server, tokens["demo"], model_dir, args, workdir)
         code = _watch(console, api, stack, job["id"], args.target, server)
         _hand_over(console, stack, server, job["id"], workdir, args.keep_running)
         return code
@@ -268,8 +268,9 @@ def _start_agents(console, stack: Stack, server: str, tokens: dict[str, str], wo
 
 
 def _launch_job(console, stack: Stack, api: httpx.Client, server: str, token: str, model_dir: Path, args,
-                redis_url: str, workdir: Path) -> dict:
-    """Create and start the demo job, then its learner; returns the job."""
+                workdir: Path) -> dict:
+    """Create and start the demo job, then its learner with the command an owner runs (no Redis URL: the site hands
+    it a Redis user of the job's own); returns the job."""
     job = api.post("jobs/", json={
         "name": "demo: arithmetic from scratch", "model_dir": str(model_dir),
         "task": {"name": "arithmetic", "max_operand": 4}, "staleness": 3, "batch_trajectories": 128,
@@ -277,9 +278,8 @@ def _launch_job(console, stack: Stack, api: httpx.Client, server: str, token: st
         "target_reward": args.target,
     }).raise_for_status().json()
     api.post(f"jobs/{job['id']}/start/").raise_for_status()
-    stack.start("learner", str(BIN / "echo2-learner"), "--server", server, "--job", str(job["id"]),
-                "--token-file", _token_file(workdir, "demo", token), "--redis", redis_url,
-                "--snapshot-dir", str(workdir / "snapshots"), "--logdir", str(workdir / "runs"))
+    _token_file(workdir, "demo", token)
+    stack.start("learner", *learner_argv(server=server, job_id=job["id"], workdir=workdir, bin_dir=BIN))
     console.print(f"job {job['id']} started; dashboard: {server}/jobs/{job['id']}/; TensorBoard: "
                   f"tensorboard --logdir {workdir / 'runs'}")
     return job

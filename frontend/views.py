@@ -9,6 +9,7 @@ from django.db import transaction
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from dataplane.learner_command import learner_command
 from marketplace import figures, scheduling, selectors, services
 from marketplace.api.samples import SampleQuerySerializer
 from marketplace.models import Job, Worker
@@ -43,9 +44,11 @@ def job_detail(request, job_id: int):
         "snapshots": [selectors.snapshot_point(s) for s in job.snapshots.order_by("version")],
         "staleness": job.staleness,
     }
+    server = request.build_absolute_uri("/").rstrip("/")
     return render(request, "frontend/job_detail.html", {"job": job, "summary": live["summary"], "live": live,
-                                                        "history": history, "controls": CONTROLS,
-                                                        "server": request.build_absolute_uri("/").rstrip("/"),
+                                                        "history": history, "controls": CONTROLS, "server": server,
+                                                        "learner_command": learner_command(server=server,
+                                                                                           job_id=job.pk),
                                                         "reward_window": figures.REWARD_WINDOW,
                                                         **_samples(request, job)})
 
