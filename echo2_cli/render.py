@@ -59,9 +59,21 @@ def summary_rows(summary: dict, *, staleness: int | None = None) -> list[tuple[s
         ("active workers", str(s["active_workers"])),
         ("throughput / target", f"{fmt(s.get('pool_throughput'), 1)} / {target} traj/s"),
         *([("target", s["throughput_target_line"])] if s.get("throughput_target_line") else []),
+        *([("held-out pass@1", eval_line(s["eval"]))] if s.get("eval") else []),
         ("spent (ledger, final)" if final else "cost so far", fmt(s.get("cost_usd"), 4, " USD")),
         *([] if final else [("projected cost", fmt(s.get("projected_cost_usd"), 4, " USD"))]),
     ]
+
+
+def eval_line(summary_eval: dict) -> str:
+    """The job's held-out evaluations (the summary's ``eval``): the first (the base) and the latest, pass@1 greedy
+    and mean@k."""
+    def one(e: dict) -> str:
+        return f"{fmt(e.get('pass_at_1'))} at v{e.get('version')} (mean@{e.get('k')} {fmt(e.get('mean_at_k'))})"
+
+    first, last = summary_eval["first"], summary_eval["last"]
+    where = f" on {last.get('problems')} problems" + (f" ({last['split']})" if last.get("split") else "")
+    return (one(first) if first == last else f"{one(first)} -> {one(last)}") + where
 
 
 def summary_table(summary: dict, *, title: str = "", staleness: int | None = None) -> Table:

@@ -99,6 +99,7 @@ class JobLaunchForm(forms.Form):
         ("Prompts", tuple(f"prompt_format_{name}" for name in _TABLES["prompt_format"].model_fields)),
         ("Workers", tuple(f"requirements_{name}" for name in _TABLES["requirements"].model_fields)),
         ("Loss", tuple(LOSS_PREFIX + name for name in _LOSS)),
+        ("Held-out evaluation", tuple(f"eval_{name}" for name in _TABLES["eval"].model_fields)),
         ("Plan estimates (not saved with the job)", ("t_train_s", "t_bcast_s")),
     )
 

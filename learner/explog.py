@@ -48,7 +48,8 @@ TAGS = {
 }
 
 
-EVAL_TAGS = {"pass_at_1": "eval/pass@1", "mean_at_k": "eval/mean@k", "seconds": "eval/seconds"}
+# the held-out evaluations (learner/evaluation.py); no "@" in a tag: tensorboardX rewrites it
+EVAL_TAGS = {"pass_at_1": "eval/pass_at_1", "mean_at_k": "eval/mean_at_k", "seconds": "eval/seconds"}
 
 
 def scalars(report: dict[str, Any]) -> dict[str, float]:

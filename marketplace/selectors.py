@@ -167,7 +167,24 @@ def job_summary(job: Job, *, active: list[Activation] | None = None) -> dict:
         "reward_errors_line": reward_errors.line(errors),
         "user_code_refusals_line": refusals_line(job),  # workers whose providers do not run the job's user code
         **figures.summary_figures(job, last=last, snap=snap, pool_throughput=pool),  # what each figure is (issue 31)
+        "eval": eval_summary(job),  # held-out pass@1 of the first and the latest evaluation (learner/evaluation.py)
     }
+
+
+def eval_points(metric: JobMetric) -> list[dict]:
+    """The evaluations a step report carries (``extra.eval``; the base's rides on step 1's), as the charts draw
+    them: the version scored, pass@1, mean@k, how many problems."""
+    rows = (metric.extra or {}).get("eval") or []
+    return [{key: row.get(key) for key in ("version", "pass_at_1", "mean_at_k", "k", "problems", "split", "seconds")}
+            for row in rows if isinstance(row, dict)]
+
+
+def eval_summary(job: Job) -> dict | None:
+    """The job's first evaluation (the base, when the job evaluates before training) and its latest; None when the
+    learner reported none."""
+    metrics = JobMetric.objects.filter(job=job, extra__has_key="eval").order_by("step")
+    points = [point for metric in metrics.only("step", "extra") for point in eval_points(metric)]
+    return {"first": points[0], "last": points[-1], "count": len(points)} if points else None
 
 
 def metric_point(metric: JobMetric) -> dict:
@@ -175,7 +192,7 @@ def metric_point(metric: JobMetric) -> dict:
     histogram = (metric.extra or {}).get("staleness_histogram") or {}
     return {"step": metric.step, "reward_mean": metric.reward_mean, "t_train": metric.t_train,
             "wait_s": metric.wait_s, "max_staleness": metric.max_staleness,
-            "staleness_histogram": {str(k): int(v) for k, v in histogram.items()}}
+            "staleness_histogram": {str(k): int(v) for k, v in histogram.items()}, "eval": eval_points(metric)}
 
 
 def snapshot_point(snap: Snapshot) -> dict:

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from dataplane.chat import PromptFormat
+from dataplane.evalspec import EvalConfig
 from dataplane.jobs import JobSpec, LossConfig
 from dataplane.requirements import Requirements
 from frontend.forms import JobLaunchForm
@@ -154,6 +155,7 @@ def test_every_job_setting_has_a_field_in_one_fieldset():
     form = JobLaunchForm()
     placed = [name for _, names in form.fieldsets for name in names]
     assert sorted(placed) == sorted(form.fields)  # each field drawn exactly once
-    tables = {"loss": LossConfig, "prompt_format": PromptFormat, "requirements": Requirements}  # <table>_<name>
+    tables = {"loss": LossConfig, "prompt_format": PromptFormat, "requirements": Requirements,  # <table>_<name>
+              "eval": EvalConfig}
     settings = set(JobSpec.model_fields) - {"task", "learner_uplink_bps", *tables}  # task_name/options, Mbit/s
     assert settings | {f"{t}_{name}" for t, model in tables.items() for name in model.model_fields} <= set(form.fields)

@@ -28,8 +28,12 @@
   const noSteps = () => (live.summary.learner_waiting ? "waiting for its learner: no step reported yet" : "no step reported yet");
 
   function drawReward() {
+    // held-out evaluations (learner/evaluation.py) as dots at the version they scored, beside the training reward
+    const evals = steps().flatMap((m) => m.eval || []).filter((e) => typeof e.pass_at_1 === "number");
     curves.draw(document.getElementById("reward-curve"), {
       series: [{ cls: "reward", color: "#1f5fbf", points: steps().map((m) => [m.step, m.reward_mean]) }],
+      dots: evals.map((e) => ({ step: e.version, value: e.pass_at_1, cls: "eval-pass", color: "#1a7f42",
+        title: `v${e.version}: held-out pass@1 ${fmt(e.pass_at_1)}, mean@${e.k} ${fmt(e.mean_at_k)} on ${e.problems} problems` })),
       yFloor: 0, yCeil: 1, empty: noSteps() });
   }
 
