@@ -9,9 +9,10 @@ never dropped by the transport (issue 25).
 - **Resent, not dropped.** A refusal that is the transport's (``rejected`` with ``retry_after``: over budget) holds
   every send that long, then the same request goes again under the same id; a request whose connection was lost
   goes again once the agent is back (after its ``welcome``); a reply that never comes sends it again. All within
-  the request's ``deadline``. Only the site's verdict on the content ends a request otherwise; the site applies a
-  group at most once (its lease is answered once), so a resent group that had already arrived is refused, never
-  trained twice.
+  the request's ``deadline``. Only the site's verdict on the content ends a request otherwise; the site answers a
+  resend with the verdict it gave the first sending (``marketplace/infra/verdicts.py``), and a group it stored
+  already is told accepted again, never stored or trained twice. Ids carry a random prefix per agent process, so a
+  restarted agent's requests are never taken for its predecessor's.
 - **Watched.** A site that stops answering is noticed by the websocket's pings within ``PING_INTERVAL_S`` and the
   ping timeout, and the connection is made again.
 - **Timed by what it measures** (:mod:`worker_agent.timing`, issue 30): each reply's round trip and each ping's
@@ -26,6 +27,7 @@ import contextlib
 import itertools
 import logging
 import random
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from urllib.parse import urlsplit, urlunsplit
@@ -95,6 +97,9 @@ class SiteConnection:
         self.round_trips = RoundTrips()  # replies' and pings' round trips: the timeouts follow them
         self._pinged = 0.0  # the websocket's last ping latency sampled
         self._ids = itertools.count(1)
+        # The site keeps each request's verdict by (worker, id) for a while and answers a resend with it: a restarted
+        # agent, counting from 1 again, must not be answered with its predecessor's verdicts.
+        self._id_prefix = secrets.token_hex(4)
 
     # ---- the socket -------------------------------------------------------------------------
 
@@ -181,7 +186,7 @@ class SiteConnection:
         failure: :class:`TimeoutError` or :class:`NotConnected`). A group too big for the site's frame limit goes
         in parts (``submit.frames``), all under the one id; a record too big for any frame:
         :class:`submit.RecordTooBig`."""
-        message = message.model_copy(update={"id": f"r{next(self._ids)}"})
+        message = message.model_copy(update={"id": f"{self._id_prefix}-{next(self._ids)}"})
         deadline = time.monotonic() + deadline_s
         attempt = 0
         while True:

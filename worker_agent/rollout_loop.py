@@ -53,6 +53,17 @@ LEASE_DEADLINE_S = 60.0  # a lease request that gets no answer this long (the si
 RETURN_DEADLINE_S = 120.0  # generated groups are sent again this long before they are given up (leases long gone)
 LEASE_AHEAD_SHARE = 0.5  # a lease taken ahead must be answered within this share of the site's lease timeout
 LEASE_AHEAD_DRY_S = 5.0  # no lease ahead this long after the site said it had no work
+# Generated groups that got no verdict (the site away or unable to take them past RETURN_DEADLINE_S) go again with the
+# next request for this long: under the 900 s the site remembers the groups it stored (dataplane.replay
+# RESEND_MEMORY_S), so one that was stored after all is told accepted, one whose lease went elsewhere is refused.
+KEEP_UNSENT_S = 600.0
+# What the site says to a lease or a submit of a job this worker is no longer in (marketplace/services/base.py
+# running_activation): a verdict no resend can change, so the loop stops asking.
+RELEASED_SIGNS = ("this worker was released from it", "this worker is not active in job")
+
+
+class Released(Exception):
+    """The site answered that this worker is not in the job any more (released, or the job ended)."""
 
 
 @dataclass
@@ -83,8 +94,10 @@ class RolloutLoop:
 
     def __init__(self, assign: m.Assign, *, connection: SiteConnection, installs: Installer, rollout: RolloutStatus,
                  tally: status.Tally, meter, report_state: Callable[[], Awaitable[None]], groups_per_lease: int,
-                 retry_delay: float, allow_user_code: bool = False) -> None:
+                 retry_delay: float, allow_user_code: bool = False,
+                 on_released: Callable[[str], None] | None = None) -> None:
         self.assign = assign
+        self.on_released = on_released  # told why, when the site's answer says the worker left the job
         self.allow_user_code = allow_user_code  # the provider's opt-in (echo2-agent run --allow-user-code)
         self.connection = connection
         self.installs = installs
@@ -98,6 +111,7 @@ class RolloutLoop:
         self.generation_s: float | None = None  # how long the last batch took to generate
         self.leased_ahead = 0  # batches leased while the one before generated
         self.dry_at = -math.inf  # when the site last had no work for us (time.monotonic())
+        self.unsent: dict[str, tuple[float, TrajectoryGroup]] = {}  # lease id -> (first sent, group): no verdict yet
 
     async def supervised(self) -> None:
         """Run the loop; when it crashes (an engine error, the site away past a deadline, a bug) the cause is
@@ -112,6 +126,12 @@ class RolloutLoop:
                 return
             except asyncio.CancelledError:
                 raise
+            except Released as err:  # asking again would be answered the same, once a second, for good
+                self.status.producing = False
+                log.warning("job %s: the site says %s; not asking for its work any more", self.assign.job_id, err)
+                if self.on_released is not None:
+                    self.on_released(str(err))
+                return
             except Exception as err:  # noqa: BLE001 - whatever killed it, the loop must come back
                 st = self.status
                 st.failures += 1
@@ -270,7 +290,7 @@ class RolloutLoop:
         """Return ``groups`` and lease ``lease`` more, in as few requests as the frame limit allows (the lease
         rides on the last). Returns the new lease, ``no_work``, or None when the site refused the request."""
         job_id = self.assign.job_id
-        batches, alone = self._batches(groups)
+        batches, alone = self._batches(self._with_unsent(groups))
         for group in alone:  # too big for a batch frame: in parts, under its own request
             await self._return_alone(group)
         if not batches and not lease:
@@ -279,7 +299,21 @@ class RolloutLoop:
             last = i == max(len(batches), 1) - 1
             ask = lease if last else 0
             deadline = RETURN_DEADLINE_S if batch else LEASE_DEADLINE_S
-            reply = await self.connection.request(m.Submit(job_id=job_id, groups=batch, lease=ask), deadline_s=deadline)
+            try:
+                reply = await self.connection.request(m.Submit(job_id=job_id, groups=batch, lease=ask),
+                                                      deadline_s=deadline)
+            except (TimeoutError, NotConnected):
+                self._keep_unsent(batches[i:])  # no verdict on them: they go again with the next request
+                raise
+            if isinstance(reply, m.Rejected) and any(sign in reply.reason for sign in RELEASED_SIGNS):
+                raise Released(reply.reason)
+            if isinstance(reply, m.Rejected) and reply.retry_after is not None:  # the site could not take it now
+                self._keep_unsent(batches[i:])
+                log.warning("job %s: the site could not take our submit (%s); %d groups go again with the next",
+                            job_id, reply.reason, len(self.unsent))
+                return None
+            for group in batch:  # a verdict on each: accepted, or refused for its content
+                self.unsent.pop(group.lease_id, None)
             if isinstance(reply, m.Rejected):
                 if batch:
                     log.warning("job %s: the site refused our submit of %d groups: %s", job_id, len(batch),
@@ -297,6 +331,22 @@ class RolloutLoop:
             if last:
                 return reply.lease
         return None
+
+    def _with_unsent(self, groups: list[TrajectoryGroup]) -> list[TrajectoryGroup]:
+        """The groups kept for want of a verdict (those under ``KEEP_UNSENT_S`` old), then ``groups``."""
+        now = time.monotonic()
+        for lease_id, (since, _) in list(self.unsent.items()):
+            if now - since >= KEEP_UNSENT_S:
+                del self.unsent[lease_id]
+                log.warning("job %s: the group of lease %s got no verdict in %.0f s; dropped", self.assign.job_id,
+                            lease_id, now - since)
+        kept = [group for _, group in self.unsent.values()]
+        return kept + [group for group in groups if group.lease_id not in self.unsent]
+
+    def _keep_unsent(self, batches: list[list[TrajectoryGroup]]) -> None:
+        now = time.monotonic()
+        for group in (group for batch in batches for group in batch):
+            self.unsent.setdefault(group.lease_id, (now, group))
 
     def _batches(self, groups: list[TrajectoryGroup]) -> tuple[list[list[TrajectoryGroup]], list[TrajectoryGroup]]:
         """Consecutive batches that each fit one frame, and the groups that fit no batch frame alone."""

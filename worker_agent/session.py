@@ -329,8 +329,16 @@ class AgentSession:
         loop = RolloutLoop(assign, connection=self.connection, installs=self.installs, rollout=self.rollout,
                            tally=self.tally, meter=self.meter, report_state=self.report_state,
                            groups_per_lease=self.groups_per_lease, retry_delay=self.retry_delay,
-                           allow_user_code=self.config.allow_user_code)
+                           allow_user_code=self.config.allow_user_code,
+                           on_released=lambda why, job=assign.job_id: self._left(job, why))
         self.rollout_task = asyncio.create_task(loop.supervised(), name=f"the rollout loop of job {assign.job_id}")
+
+    def _left(self, job_id: int, why: str) -> None:
+        """The site answered the rollout loop that this worker is not in ``job_id`` any more (its release was lost,
+        or crossed a request): idle, as if the release had come, and the status line says why."""
+        if self.assignment is not None and self.assignment.job_id == job_id:
+            self.assignment, self.released = None, f"released from job {job_id}: {why}"
+            self.rollout.reset()
 
     def _stop_rollout(self) -> None:
         if self.rollout_task is not None:

@@ -1,0 +1,67 @@
+"""The agent keeps its work until the site judges it, and stops asking for a job's work once the site says it left
+the job (a recording socket stands in for the site; the engine and snapshots are real, as in test_session)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from dataplane import messages as m
+from worker_agent import rollout_loop, status
+
+from .test_session import answering, generating, learner_side, push, returned, submits, until  # noqa: F401
+
+
+def test_groups_the_site_could_not_take_go_again_with_the_next_request_until_judged(tmp_path, learner_side,  # noqa: F811
+                                                                                    tiny_model_dir, monkeypatch):
+    """The site answered "send it again" (its Redis away) until the submit's deadline: the generated group is not
+    dropped; the next request carries it again, under a new id, and once accepted it is counted once."""
+    monkeypatch.setattr(rollout_loop, "RETURN_DEADLINE_S", 0.5)
+    store, server = learner_side
+    base = store.write_base(tiny_model_dir)
+
+    async def scenario() -> None:
+        session, socket = await generating(tmp_path, store, server, base)
+        first = submits(socket)[-1]
+        assert [g["lease_id"] for g in first["groups"]] == ["l1"]
+        answered: set[int] = set()
+        deadline = time.monotonic() + 20
+        while not any(s["id"] != first["id"] and s["groups"] for s in submits(socket)):
+            for i, request in enumerate(submits(socket)):
+                if request["id"] == first["id"] and i not in answered:
+                    answered.add(i)
+                    await push(session, m.Rejected(reason="the site cannot handle it now (ConnectionError)",
+                                                   ref="submit", ref_id=first["id"], retry_after=0.3))
+            assert time.monotonic() < deadline, "the group was not sent again"
+            await asyncio.sleep(0.05)
+        again = next(s for s in submits(socket) if s["id"] != first["id"] and s["groups"])
+        assert again["groups"] == first["groups"] and session.generated == 0
+        await push(session, answering(socket, m.NoWork(job_id=1, retry_after=30), request=again))
+        await until(lambda: session.generated == 2, "the group counted")
+        assert not session.rollout_task.done()
+        session._stop_rollout()
+
+    asyncio.run(scenario())
+
+
+def test_an_agent_told_it_left_the_job_stops_asking_and_says_it_is_idle(tmp_path, learner_side,  # noqa: F811
+                                                                         tiny_model_dir):
+    """The job completed while its release was lost: the site answers the lease request "this worker was released
+    from it". The loop stops (it once asked again every second for 18 minutes) and the status line says why."""
+    store, server = learner_side
+    base = store.write_base(tiny_model_dir)
+
+    async def scenario() -> None:
+        session, socket = await generating(tmp_path, store, server, base)
+        request = submits(socket)[-1]
+        await push(session, m.Rejected(reason="job_id: job 1 is completed; this worker was released from it",
+                                       ref="submit", ref_id=request["id"]))
+        await until(lambda: session.rollout_task.done(), "the rollout loop to stop")
+        asked = len(submits(socket))
+        await asyncio.sleep(1.5)
+        assert len(submits(socket)) == asked and returned(socket)
+        assert session.assignment is None and "released from job 1" in session.released
+        said = status.describe(status.view_of(session, status.Reporter(), time.monotonic()))
+        assert said.text.startswith("idle: not activated (released from job 1: ")
+
+    asyncio.run(scenario())
