@@ -5,19 +5,34 @@ checks"): it re-scores the wrong rewards itself and suspends that worker (with i
 forger has its own, the honest agents a third); the forged log-probs it finds consistent with what the forger sent
 but cannot recompute, and with one job owner reporting them they do not count: that worker is not suspended.
 Real processes: daphne, Celery, the learner and four ``echo2-agent`` (two of them tampered by
-tests/forging_agent.py, the real agent with its rollouts rewritten)."""
+tests/forging_agent.py, the real agent with its rollouts rewritten), on a private redis-server where the learner,
+started with the whole command (no Redis URL), trains through its own door: a Redis user whose keys are the job's
+alone, its audit hold included, deleted when the job completes (docs/trust.md "The learner's door")."""
 
 from __future__ import annotations
 
 import sys
 
 import pytest
+import redis
 
+from dataplane.learner_acl import learner_username
 from echo2_site.demo import wait_for
 
-from .live import BIN, api, create_users, start_site
+from .live import BIN, api, create_users, make_stack, start_site
+from .private_redis import PrivateRedis
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # ~4 min on the 2-core machine: the job learns
+
+
+@pytest.fixture
+def stack(tmp_path):
+    """The live site on a private Redis with a Redis user per learner (never on the machine's own Redis)."""
+    server = PrivateRedis(tmp_path).start()
+    stack = make_stack(tmp_path, server.url, ECHO2_LEARNER_REDIS_USERS="true")
+    yield stack
+    stack.stop()
+    server.stop()
 
 
 def test_forged_logprobs_and_wrong_rewards_are_caught_and_suspended_and_the_job_completes(stack, tmp_path,
@@ -54,12 +69,18 @@ def test_forged_logprobs_and_wrong_rewards_are_caught_and_suspended_and_the_job_
     }).raise_for_status().json()
     owner.post(f"jobs/{job['id']}/start/").raise_for_status()
     stack.start("learner", str(BIN / "echo2-learner"), "--server", server, "--job", str(job["id"]),
-                "--token-file", str(token_files["own"]), "--redis", stack.env["REDIS_URL"],
+                "--token-file", str(token_files["own"]),
                 "--snapshot-dir", str(tmp_path / "snapshots"), "--audit-fraction", "0.25")
 
     wait_for(lambda: owner.get(f"jobs/{job['id']}/").json()["status"] != "running", "the job to end", 720)
     final = owner.get(f"jobs/{job['id']}/").json()
     assert final["status"] == "completed", final["status_reason"]
+    learner_log = (stack.logs / "learner.log").read_text()
+    assert f"as {learner_username(job['id'])} (its job's keys alone)" in learner_log, learner_log[-3000:]
+    assert "NOPERM" not in learner_log and "WRONGPASS" not in learner_log
+    site_redis = redis.Redis.from_url(stack.env["REDIS_URL"])
+    assert site_redis.acl_getuser(learner_username(job["id"])) is None  # deleted with the job
+    site_redis.close()
 
     workers = listed()
     assert workers["liar"]["suspended_at"] and ".reward: claimed 1, the task gives 0" in \
