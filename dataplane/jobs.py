@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .broadcast import BroadcastStrategy
 from .chat import PromptFormat
 from .evalspec import EvalConfig
+from .lora import LoraSpec
 from .losses import LOSS_TYPES, loss_types_help
 from .requirements import Requirements
 from .tasks import TaskSpecError, build_task
@@ -200,6 +201,10 @@ class JobSpec(BaseModel):
         "every version, for agents older than deltas); 0, the default: none after the first, every version a "
         "lossless delta against the version before, and a worker lacking its base fetches the version's full "
         "payload from the learner's store (docs/broadcast.md \"Deltas on the wire, fulls from the cache\").")
+    lora: LoraSpec = Field(
+        default_factory=LoraSpec, description="Train a LoRA adapter on the frozen base instead of the whole model: "
+        "{\"rank\": 8} (alpha, dropout, target_modules optional); every snapshot after the base is then the "
+        "adapter alone, a few MB (docs/lora.md). rank 0, the default: the whole model.")
 
     @field_validator("model_dir")
     @classmethod
@@ -262,7 +267,7 @@ def model_dir_problem(model_dir: str) -> str | None:
 
 
 NESTED: dict[str, type[BaseModel]] = {"requirements": Requirements, "loss": LossConfig, "prompt_format": PromptFormat,
-                                      "eval": EvalConfig}
+                                      "eval": EvalConfig, "lora": LoraSpec}
 """The job settings that are tables of settings, each refusing unknown keys."""
 
 

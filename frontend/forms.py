@@ -39,7 +39,7 @@ LABELS = {
 }
 _FORM_FIELDS: dict[str, type[forms.Field]] = {
     "int": forms.IntegerField, "float": forms.FloatField, "str": forms.CharField, "bool": forms.BooleanField,
-    "choice": forms.ChoiceField,
+    "choice": forms.ChoiceField, "json": forms.JSONField,  # a list (lora.target_modules) as JSON text
 }
 
 
@@ -100,6 +100,7 @@ class JobLaunchForm(forms.Form):
         ("Workers", tuple(f"requirements_{name}" for name in _TABLES["requirements"].model_fields)),
         ("Loss", tuple(LOSS_PREFIX + name for name in _LOSS)),
         ("Held-out evaluation", tuple(f"eval_{name}" for name in _TABLES["eval"].model_fields)),
+        ("LoRA adapter", tuple(f"lora_{name}" for name in _TABLES["lora"].model_fields)),
         ("Plan estimates (not saved with the job)", ("t_train_s", "t_bcast_s")),
     )
 

@@ -49,7 +49,7 @@ def test_explicit_values_are_kept() -> None:
 
 @pytest.mark.parametrize(("changes", "field", "message"), [
     ({"stalenes": 4}, "stalenes", "unknown key (did you mean staleness?)"),
-    ({"colour": "blue"}, "colour", "unknown key"),
+    ({"colour_scheme": "blue"}, "colour_scheme", "unknown key"),  # "colour" is 0.6 from "lora"
     ({"kl_beta": 0.1}, "kl_beta", "unknown key (did you mean loss.kl_beta?)"),  # a loss setting at the top
     ({"loss": {"kl_bta": 0.1}}, "loss.kl_bta", "unknown key (did you mean loss.kl_beta?)"),
 ])
