@@ -230,7 +230,7 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = DATA_DIR / "static"
 LOGIN_URL = "login"
-LOGIN_REDIRECT_URL = "frontend:job-list"
+LOGIN_REDIRECT_URL = "frontend:home"  # the jobs, or a provider's own page (frontend.views.home)
 LOGOUT_REDIRECT_URL = "login"
 
 REST_FRAMEWORK = {

@@ -7,6 +7,7 @@ from . import controls, dist, views
 app_name = "frontend"
 urlpatterns = [
     path("", views.job_list, name="job-list"),
+    path("home/", views.home, name="home"),  # where signing in lands (LOGIN_REDIRECT_URL)
     # browsers ask for /favicon.ico whatever the page links; the icon is a static SVG
     path("favicon.ico", RedirectView.as_view(url=static("frontend/favicon.svg"), permanent=True)),
     path("jobs/new/", views.job_launch, name="job-launch"),

@@ -10,13 +10,24 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from dataplane.learner_command import learner_command
-from marketplace import figures, scheduling, selectors, services
+from marketplace import figures, matching, scheduling, selectors, services
 from marketplace.api.samples import SampleQuerySerializer
 from marketplace.models import Job, Worker
 from marketplace.services.audit_verify import audit_standing, recent_failures
 
-from . import dist
+from . import dist, provider
 from .forms import JobLaunchForm, job_file_initial
+
+
+@login_required
+def home(request):
+    """Where signing in lands: a provider with machines and no jobs on its provider page, everyone else (staff too:
+    the list is their queue of every job) on the jobs."""
+    user = request.user
+    if (not user.is_staff and not selectors.jobs_visible_to(user).exists()
+            and Worker.objects.filter(provider__user=user, removed_at=None).exists()):
+        return redirect("frontend:provider-workers")
+    return redirect("frontend:job-list")
 
 
 @login_required
@@ -24,7 +35,10 @@ def job_list(request):
     """The jobs, archived ones only with ``?archived=1``."""
     archived = request.GET.get("archived") == "1"
     jobs = selectors.jobs_visible_to(request.user).select_related("owner")
-    jobs = jobs if archived else jobs.filter(archived_at=None)
+    jobs = list(jobs if archived else jobs.filter(archived_at=None))
+    for job in jobs:  # why a running job does not run now, and what it can be told to do (staff: every job's)
+        job.waiting_reason = matching.job_waiting_reason(job)
+        job.verbs = [(verb, label) for verb, label, when in CONTROLS if job.status in when.split()]
     return render(request, "frontend/job_list.html", {"jobs": jobs, "archived": archived})
 
 
@@ -77,9 +91,11 @@ def provider_workers(request, new_token: str | None = None):
         worker.audit_failures = failures.get(worker.pk, [])
         if worker.audit_failures or worker.suspended_at is not None:  # why it is (or is not) suspended
             worker.audit_standing = audit_standing(worker)
+    provider.decorate(workers)
     return render(request, "frontend/provider_workers.html", {
         "workers": workers, "has_token": new_token is not None or selectors.user_has_api_token(request.user),
-        "new_token": new_token, "server": request.build_absolute_uri("/"), **dist.install_context(request)})
+        "new_token": new_token, "server": request.build_absolute_uri("/"), **dist.install_context(request),
+        "earnings_by_day": provider.earnings_by_day(request.user), "earnings_days": provider.EARNINGS_DAYS})
 
 
 @login_required

@@ -84,10 +84,10 @@ def totals(qs: QuerySet[LedgerEntry]) -> dict:
             "by_rate": [{"rate_per_hour": str(r["rate"]), "seconds": str(r["seconds"]), "amount_usd": str(r["amount"])}
                         for r in by_rate],
             "by_job": _balances(qs, "job_id", "job_name"), "by_worker": _balances(qs, "worker_id", "worker_name"),
-            "by_day": _days(qs)}
+            "by_day": by_day(qs)}
 
 
-def _days(qs: QuerySet[LedgerEntry]) -> list[dict]:
+def by_day(qs: QuerySet[LedgerEntry]) -> list[dict]:
     """Per UTC day billed (``at``), oldest first: an owner's spend or a provider's earnings over time."""
     rows = (qs.order_by().annotate(day=TruncDate("at", tzinfo=UTC)).values("day")
             .annotate(n=Count("id"), amount=Sum("amount"), seconds=Sum("seconds")).order_by("day"))
