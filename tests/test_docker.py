@@ -24,7 +24,7 @@ DOCKER = ROOT / "docker"
 COMPOSE = DOCKER / "compose.yaml"
 ENV_EXAMPLE = DOCKER / ".env.example"
 DOCKERFILES = ["Dockerfile.site", "Dockerfile.agent", "Dockerfile.learner"]
-CONTROL_PLANE = {"postgres", "redis", "migrate", "site", "celery-worker", "celery-beat"}
+CONTROL_PLANE = {"postgres", "redis", "streams", "migrate", "site", "celery-worker", "celery-beat"}
 SITE_PROCESSES = {"migrate", "site", "celery-worker", "celery-beat"}
 # Commands that come from the site's dependencies rather than from our own console scripts.
 THIRD_PARTY_COMMANDS = {"daphne", "celery"}
@@ -179,10 +179,28 @@ def test_every_database_url_points_at_the_postgres_service(services):
 
 def test_every_redis_url_points_at_the_redis_service(services):
     users = {name for name, service in services.items() if "REDIS_URL" in _environment(service)}
-    assert SITE_PROCESSES | {"learner"} <= users
+    assert users >= SITE_PROCESSES
     for name in users:
         assert urlsplit(_environment(services[name])["REDIS_URL"]).hostname == "redis", name
     assert "REDIS_URL" not in _environment(services["agent"]), "agents never talk to Redis"
+    assert "REDIS_URL" not in _environment(services["learner"]), "the learner gets its own door from the site"
+
+
+def test_learners_reach_the_streams_over_tls_and_the_sites_redis_not_at_all(services):
+    """docs/trust.md "Deploying it": the site's Redis is unpublished and behind a password; the streams' is TLS only,
+    published, behind a password, and the site dials it checking the certificate."""
+    assert not services["redis"].get("ports") and "--requirepass" in services["redis"]["command"]
+    streams = services["streams"]
+    command = streams["command"]
+    assert command[command.index("--port") + 1] == "0", "no plain-text port"
+    assert "--requirepass" in command and "--tls-cert-file" in command
+    assert int(command[command.index("--tls-port") + 1]) in _container_ports(streams)
+    for name in SITE_PROCESSES:
+        env = _environment(services[name])
+        site_url, public = urlsplit(env["ECHO2_STREAMS_REDIS_URL"]), urlsplit(env["ECHO2_STREAMS_PUBLIC_URL"])
+        assert (site_url.scheme, site_url.hostname, public.scheme) == ("rediss", "streams", "rediss"), name
+        assert "ssl_cert_reqs=required" in site_url.query and not public.password, name
+    assert (ROOT / "docker" / "make-tls.sh").stat().st_mode & 0o111, "make-tls.sh must be executable"
 
 
 def test_site_processes_need_a_secret_key_and_run_without_debug(raw, services):
@@ -199,7 +217,7 @@ def test_site_processes_need_a_secret_key_and_run_without_debug(raw, services):
 def test_services_wait_for_what_they_need(services):
     for name in SITE_PROCESSES - {"migrate"}:
         needs = {dep: spec["condition"] for dep, spec in services[name]["depends_on"].items()}
-        assert needs == {"postgres": "service_healthy", "redis": "service_healthy",
+        assert needs == {"postgres": "service_healthy", "redis": "service_healthy", "streams": "service_healthy",
                          "migrate": "service_completed_successfully"}, name
     assert services["migrate"]["depends_on"] == {"postgres": {"condition": "service_healthy"}}
     assert services["migrate"]["command"][:3] == ["python", "manage.py", "migrate"]
@@ -364,6 +382,7 @@ def _compose(*args: str, secret_key: str | None = "test-secret-key") -> subproce
         env.pop(name, None)
     if secret_key is not None:
         env["SECRET_KEY"] = secret_key
+        env["REDIS_PASSWORD"] = env["STREAMS_PASSWORD"] = "test-redis-password"
     return subprocess.run(["docker", "compose", "-f", str(COMPOSE), *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
 

@@ -56,7 +56,10 @@ def unisolated_reason() -> str | None:
 def public_url(username: str | None, password: str | None) -> str:
     """The streams' public URL (``STREAMS_PUBLIC_URL``, else the site's without its credentials) as this user (no
     user: the default one; no password: none)."""
-    parts = urlsplit(settings.STREAMS_PUBLIC_URL or stream.url())
+    if settings.STREAMS_PUBLIC_URL:
+        parts = urlsplit(settings.STREAMS_PUBLIC_URL)
+    else:  # the site's own, less what is the site's alone (its CA file's path and the like: ?ssl_ca_certs=...)
+        parts = urlsplit(stream.url())._replace(query="")
     host = parts.hostname or "127.0.0.1"
     netloc = f"[{host}]" if ":" in host else host
     netloc += f":{parts.port}" if parts.port else ""
