@@ -32,6 +32,11 @@ CHAT_TEMPLATE_TOKENS = 512
 
 Message = dict[str, str]
 
+#: How a prompt that is a whole chat (a conversational data set's row: system, user, ... messages) travels where a
+#: prompt is a text (leases, records): this mark, then the messages as JSON. A chat job renders them with the
+#: chat template, every role kept (:func:`chat_messages`).
+CHAT_MARK = "\x1echat:"
+
 
 class PromptFormatError(ValueError):
     """A prompt the tokenizer cannot build as the job asks (a chat job on a tokenizer without a chat template)."""
@@ -78,9 +83,31 @@ def as_prompt_format(value: PromptFormat | dict[str, Any] | None) -> PromptForma
     return value if isinstance(value, PromptFormat) else PromptFormat.model_validate(value)
 
 
+def encode_chat(messages: list[Message]) -> str:
+    """``messages`` as one prompt text (:data:`CHAT_MARK`); :func:`decode_chat` gives them back."""
+    return CHAT_MARK + json.dumps([{"role": m["role"], "content": m["content"]} for m in messages],
+                                  ensure_ascii=False, separators=(",", ":"))
+
+
+def decode_chat(prompt: str) -> list[Message] | None:
+    """The messages of a prompt text :func:`encode_chat` wrote; None for a plain text."""
+    if not prompt.startswith(CHAT_MARK):
+        return None
+    try:
+        messages = json.loads(prompt[len(CHAT_MARK):])
+    except ValueError:
+        return None
+    ok = isinstance(messages, list) and all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                            and isinstance(m.get("content"), str) for m in messages)
+    return messages if ok else None
+
+
 def chat_messages(prompt: str | list[Message], fmt: PromptFormat) -> list[Message]:
     """The chat of ``prompt``: the job's system message (unless the messages bring their own), then the prompt as
-    the user's message, or the messages themselves (an environment that writes whole chats)."""
+    the user's message, or the messages themselves (an environment or a data set that writes whole chats, as a list
+    or as :func:`encode_chat`'s text)."""
+    if isinstance(prompt, str):
+        prompt = decode_chat(prompt) or prompt
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
     if fmt.system_prompt is not None and (not messages or messages[0].get("role") != "system"):
         messages.insert(0, {"role": "system", "content": fmt.system_prompt})
@@ -99,7 +126,7 @@ def prompt_text(tokenizer: Any, prompt: str | list[Message], fmt: PromptFormat =
     """The text the model is prompted with: ``prompt`` itself (plain), or the rendered chat (its special tokens
     written by the template)."""
     if not fmt.chat:
-        if not isinstance(prompt, str):
+        if not isinstance(prompt, str) or decode_chat(prompt) is not None:
             raise PromptFormatError("a chat (a list of messages) needs prompt_format.chat = true")
         return prompt
     check_tokenizer(tokenizer, fmt)

@@ -45,6 +45,9 @@ class PackedRecords:
     tokens: array  # int64 (or any buffer of them: learner.batch.concat makes numpy arrays)
     logprobs: array  # float64
     mask: array  # int64
+    # The rewards the workers claimed, kept when the learner added the owner's functions' scores to ``rewards``
+    # (learner/scoring.py); None: ``rewards`` are the workers'.
+    worker_rewards: list[float] | None = None
 
     def __len__(self) -> int:
         return len(self.versions)

@@ -101,6 +101,10 @@ class SiteClient:
         return self._request("POST", f"jobs/{job_id}/snapshots/", json={"version": version, "url": url,
                                                                          "manifest": manifest}, retries=retries)
 
+    def pause(self, job_id: int, *, reason: str) -> dict:
+        """Pause the job (its workers released, queued records still trained) with ``reason`` as its status."""
+        return self._request("POST", f"jobs/{job_id}/pause/", json={"reason": reason})
+
     def finish(self, job_id: int, *, status: str, reason: str = "") -> dict:
         return self._request("POST", f"jobs/{job_id}/finish/", json={"status": status, "reason": reason})
 

@@ -54,6 +54,9 @@ class StalenessGatedConsumer:
     # with data waiting does not wait for Redis. Only what is already there is read ahead (no blocking read), and it
     # is gated and audited when the next batch is formed, like any read; read and not trained, it stays pending.
     prefetch: bool = False
+    # Called with the groups of every read (on the reader's thread for a read ahead): the learner starts scoring
+    # the owner's reward functions there (learner/scoring.py), so they score while the current batch trains.
+    on_read: Callable[[list[StoredGroup]], object] | None = None
     _resumed: bool = False
 
     def __post_init__(self) -> None:
@@ -113,6 +116,8 @@ class StalenessGatedConsumer:
         ones when every group read fits the model (an audit scores it: it must not hold a token id past the
         vocabulary); the training thread gates, quarantines and buffers them when it forms the next batch."""
         groups = self.replay.read(self.consumer, count=count, block_ms=1)
+        if self.on_read is not None:
+            self.on_read(groups)
         if self.audit is None or any(g.packed is None for g in groups) or \
                 not all_fit([g.packed for g in groups], self.quarantine.limits):
             return groups, None
@@ -162,6 +167,8 @@ class StalenessGatedConsumer:
         good, bad, quarantined = self.quarantine.split(new)
         if self.audit is not None:
             good = self._audited(good, verdicts)
+        if self.on_read is not None and good:
+            self.on_read(good)
         self.buffer.extend(good)
         if bad:
             self.ack(bad)

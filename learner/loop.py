@@ -49,6 +49,8 @@ class StepOutcome:
     t_checkpoint: float = 0.0  # checkpointing on this thread: writing it (or copying it for the committer), waiting
     timing: dict[str, float] | None = None  # the step's wall time split (dataplane/timing.py), set when reported
     samples: list[dict] = field(default_factory=list)  # a few trained records, every ``samples_every`` steps
+    scores: Any = None  # the owner's functions scored on the learner (learner/scoring.py BatchScores), or None
+    lengths: dict[str, float] = field(default_factory=dict)  # completion tokens: mean, max, clipped share
 
 
 def check_resume(job_id: int, *, learner_step: int, published_version: int, checkpoint_version: int | None,
@@ -65,6 +67,15 @@ def check_resume(job_id: int, *, learner_step: int, published_version: int, chec
     if checkpoint_version is not None and published_version > checkpoint_version:
         raise ResumeError(f"job {job_id} published v{published_version} but the checkpoint at {path} holds "
                           f"v{checkpoint_version}; the newer policy is lost, so the run cannot continue consistently")
+
+
+def completion_lengths(lengths: Any, max_new_tokens: int) -> dict[str, float]:
+    """A batch's completion lengths in tokens as TRL logs them: mean, max, and the share that hit the limit."""
+    lengths = [int(n) for n in lengths]
+    if not lengths:
+        return {}
+    return {"mean": sum(lengths) / len(lengths), "max": float(max(lengths)),
+            "clipped_ratio": sum(n >= max_new_tokens for n in lengths) / len(lengths)}
 
 
 class LearnerLoop:
@@ -96,7 +107,8 @@ class LearnerLoop:
     def __init__(self, *, spec: JobSpec, trainer: PolicyTrainer, consumer: StalenessGatedConsumer,
                  checkpoints: CheckpointStore, identity: dict[str, Any], checkpoint_every: int | None = None,
                  feeder: PromptFeeder | None = None, on_trained: Callable[[int, list[str]], None] | None = None,
-                 background: bool = False, samples_every: int = 0, samples_per_step: int = 4) -> None:
+                 background: bool = False, samples_every: int = 0, samples_per_step: int = 4,
+                 scoring: Any = None) -> None:
         self.spec, self.trainer, self.consumer, self.checkpoints = spec, trainer, consumer, checkpoints
         self.identity, self.feeder, self.on_trained = identity, feeder, on_trained
         self.checkpoint_every = checkpoint_every or spec.kappa
@@ -112,6 +124,11 @@ class LearnerLoop:
         self._in_stream, self._in_stream_lock = 0, threading.Lock()
         self.committed_once = False  # a checkpoint of this job is on disk (resumed from, or committed since)
         self.last_state: tuple[int, dict] | None = None  # (version, model copy) of the last checkpoint handed over
+        # The owner's reward functions, scored here (learner/scoring.py): started as groups are read, so they
+        # score while the current step trains; added to the rewards before the advantages.
+        self.scoring = scoring
+        if scoring is not None:
+            consumer.on_read = lambda groups: scoring.submit(groups, self.version)
 
     @property
     def rng(self) -> random.Random | None:
@@ -158,6 +175,7 @@ class LearnerLoop:
                                         timeout_s=timeout_s, on_poll=top_up)
         if wait is None:
             return None
+        scores = self.scoring.apply(wait.groups, self.version) if self.scoring is not None else None
         records = concat((g.packed for g in wait.groups), self.trainer.workspace)
         ids = [g.entry_id for g in wait.groups]
         lags = [self.version - v for v in records.versions]
@@ -180,7 +198,8 @@ class LearnerLoop:
         outcome = StepOutcome(version=self.version, result=result, entry_ids=ids, lags=lags, wait_s=wait.wait_s,
                               dropped=wait.dropped, t_train=t_train, checkpointed=checkpointed,
                               quarantined=wait.quarantined, t_checkpoint=settled,
-                              samples=self.samples_of(wait.groups))
+                              samples=self.samples_of(wait.groups), scores=scores,
+                              lengths=completion_lengths(records.completion_lens, self.spec.max_new_tokens))
         if checkpointed:
             started = time.perf_counter()
             self.pending_reports = ([*(unsent() if unsent is not None else []), report(outcome)]

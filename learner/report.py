@@ -35,6 +35,13 @@ def step_metrics(loop: LearnerLoop, outcome: StepOutcome, ctx: distributed.DistC
         # the workers' audit outcomes since the last report (learner/audit.py); the site suspends repeat failures
         "audits": loop.consumer.audit.report() if loop.consumer.audit is not None else [],
     }
+    if outcome.lengths:
+        metrics["extra"]["completion_length"] = outcome.lengths  # tokens: mean, max, clipped_ratio
+    if outcome.scores is not None:  # the owner's functions, scored here (learner/scoring.py)
+        metrics["extra"]["rewards"] = outcome.scores.means  # each function's mean score, unweighted
+        metrics["extra"]["reward_errors"] = outcome.scores.errors + outcome.scores.non_finite
+        if outcome.scores.last_error:
+            metrics["extra"]["reward_last_error"] = outcome.scores.last_error
     if outcome.samples:
         metrics["samples"] = outcome.samples  # a few trained records (dataplane/samples.py)
     return metrics
@@ -47,3 +54,7 @@ def log_step(loop: LearnerLoop, outcome: StepOutcome) -> None:
              "wait=%.3fs%s", outcome.version, result.reward_mean, result.loss, m["kl"], m["clip_fraction"],
              result.grad_norm, max(outcome.lags), loop.consumer.dropped_total, outcome.t_train, outcome.wait_s,
              " (checkpoint)" if outcome.checkpointed else "")
+    scores = outcome.scores
+    if scores is not None and scores.errors + scores.non_finite:  # loud: an owner's function failing is no detail
+        log.warning("step %d: reward functions failed on %d records (%d non-finite); last: %s", outcome.version,
+                    scores.errors + scores.non_finite, scores.non_finite, scores.last_error)

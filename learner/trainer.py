@@ -44,6 +44,7 @@ from .prompts import PromptFeeder
 from .publication import Publisher, PublishError
 from .quarantine import model_vocab_size
 from .report import log_step, step_metrics
+from .scoring import OwnerScoring
 from .settings import LearnerSettings, redis_location
 from .snapshots import SnapshotStore
 from .step import PolicyTrainer
@@ -83,6 +84,10 @@ def _train_job(site: SiteClient, settings: LearnerSettings, raw: dict, spec: Job
                ctx: distributed.DistContext) -> JobStatus:
     """Rank 0: set up, then step until the lifecycle is final; each stage is a no-op once it is."""
     with _JobRun.set_up(site, settings, raw, spec, trainer, ctx) as run:
+        # --- the owner's reward functions on a few real rows before step 1: a job that cannot score stops now
+        problem = run.loop.scoring.preflight() if run.loop.scoring is not None and run.loop.version == 0 else ""
+        if problem:
+            return _fail(site, settings.job, problem)
         life = Lifecycle(data_timeout_s=settings.data_timeout_s)
         if run.loop.version == 0:  # --- the base model on the held-out problems, when the job's eval asks
             run.evaluate(0)
@@ -205,7 +210,8 @@ class _JobRun:
             loop = LearnerLoop(spec=spec, trainer=trainer, consumer=consumer, checkpoints=checkpoints,
                                identity=identity, checkpoint_every=settings.checkpoint_every, feeder=feeder,
                                background=True,  # checkpoints and snapshots written while the next step trains
-                               samples_every=settings.samples_every, samples_per_step=settings.samples_per_step)
+                               samples_every=settings.samples_every, samples_per_step=settings.samples_per_step,
+                               scoring=_owner_scoring(spec, stack))
             stack.callback(loop.close)
             ckpt = _resume(loop, raw, job_id)
             resolved = _resolved_config(spec, settings, ctx)
@@ -308,6 +314,8 @@ class _JobRun:
                 metrics["extra"]["eval"], self.evals = self.evals, []
             self.explog.log(outcome.version, metrics)  # TensorBoard, W&B: a queue append, never a failure
             self.outbox.report(metrics)  # queued while the site is down
+            if outcome.scores is not None and outcome.scores.pause_reason:
+                self.pause_for(outcome.scores.pause_reason)
         except SiteError as err:  # a refusal; cancelled meanwhile is not a failure of ours
             life.report_failed(self.site_status(), outcome.version, str(err))
 
@@ -340,6 +348,17 @@ class _JobRun:
         else:
             self.site.finish(self.job_id, status=JobStatus.COMPLETED, reason=life.reason)
         return life.status
+
+    def pause_for(self, reason: str) -> None:
+        """Pause the job on the site with ``reason`` (the owner's functions fail too often); it runs again when the
+        owner resumes it."""
+        log.error("job %s: %s; pausing the job", self.job_id, reason)
+        try:
+            self.site.pause(self.job_id, reason=reason)
+        except SiteError as err:  # paused or ended meanwhile
+            log.warning("job %s: could not pause it: %s", self.job_id, err)
+        if self.loop.scoring is not None:
+            self.loop.scoring.recent.clear()  # a resumed job is judged on records scored after it
 
     def site_status(self) -> str | None:
         """The job's status on the site, or None when the site does not answer (the caller carries on)."""
@@ -411,6 +430,14 @@ def _plain_copy(trainer: PolicyTrainer, spec: JobSpec) -> torch.nn.Module:
     if not trainer.sharded:
         return copy.deepcopy(trainer.module)
     return load_model(spec.model_dir).to(trainer.ctx.device)
+
+
+def _owner_scoring(spec: JobSpec, stack: contextlib.ExitStack) -> OwnerScoring | None:
+    """The pool scoring the owner's reward functions here (learner/scoring.py); None when the workers score all."""
+    scoring = OwnerScoring.for_job(spec.task, chat=spec.prompt_format, max_steps=spec.max_steps)
+    if scoring is not None:
+        stack.callback(scoring.close)
+    return scoring
 
 
 def _fail(site: SiteClient, job_id: int, reason: str) -> JobStatus:

@@ -75,9 +75,11 @@ def load_rows(path: str | Path, spec: DataSpec) -> list[dict[str, Any]]:
         except Exception as err:  # noqa: BLE001 - pyarrow, json and datasets raise many kinds; one line names it
             raise DatasetError(f"data.format: cannot read the data set as {spec.format}: "
                                f"{str(err).splitlines()[0][:300] if str(err) else type(err).__name__}") from None
-        wanted = [spec.prompt_column, *spec.passed_columns(), *(f.column for f in spec.filter)]
+        wanted = [spec.prompt_column, *spec.passed_columns(list(table.column_names)),
+                  *(f.column for f in spec.filter)]
         for field, name in [("prompt_column", spec.prompt_column), ("answer_column", spec.answer_column),
-                            *(("columns", c) for c in spec.columns), *(("filter", f.column) for f in spec.filter)]:
+                            *(("columns", c) for c in spec.columns or []),
+                            *(("filter", f.column) for f in spec.filter)]:
             if name is not None and name not in table.column_names:
                 raise DatasetError(f"data.{field}: no column {name!r} in the data set (columns: "
                                    f"{', '.join(table.column_names[:20])})")

@@ -53,10 +53,12 @@ class DataSpec(BaseModel):
     split: str = Field(default="train", pattern=r"^[A-Za-z0-9_.-]{1,64}$", description="files named <split>... "
                        "(train-00000.parquet, test.jsonl); with none named so, every file is the train split.")
     prompt_column: str = Field(default="prompt", pattern=COLUMN, description="the column of prompt texts.")
-    answer_column: str | None = Field(default="answer", pattern=COLUMN, description="the reference answer, "
-                                      "passed to reward functions under its column name (None: no answer).")
-    columns: list[str] = Field(default_factory=list, max_length=64, description="more columns passed to "
-                               "reward functions as keyword arguments (TRL's reward_funcs shape).")
+    answer_column: str | None = Field(default=None, pattern=COLUMN, description="the reference answer's column, "
+                                      "passed to reward functions under its name; named, it must exist (None: "
+                                      "'answer' where the data set has one).")
+    columns: list[str] | None = Field(default=None, max_length=64, description="the columns passed to reward "
+                                      "functions as keyword arguments (None: every column but the prompt's, as "
+                                      "TRL passes them).")
     filter: list[RowFilter] = Field(default_factory=list, max_length=16, description="keep only rows that pass "
                                     "every one of these.")
     shuffle: bool = Field(default=True, description="draw prompts in an order shuffled with the job's seed "
@@ -64,8 +66,8 @@ class DataSpec(BaseModel):
 
     @field_validator("columns")
     @classmethod
-    def _columns(cls, value: list[str]) -> list[str]:
-        for name in value:
+    def _columns(cls, value: list[str] | None) -> list[str] | None:
+        for name in value or []:
             if not isinstance(name, str) or not 1 <= len(name) <= 200:
                 raise ValueError("each column is a name of 1..200 characters")
         return value
@@ -75,9 +77,13 @@ class DataSpec(BaseModel):
     def _one_filter(cls, value: Any) -> Any:
         return [value] if isinstance(value, dict) else value
 
-    def passed_columns(self) -> list[str]:
-        """The columns a reward function gets: the answer's, then ``columns``, each once."""
-        names = [self.answer_column] if self.answer_column else []
+    def passed_columns(self, available: list[str]) -> list[str]:
+        """The columns a reward function gets (of the data set's ``available``): every one but the prompt's, or the
+        answer's, then ``columns``, each once."""
+        if self.columns is None:
+            return [c for c in available if c != self.prompt_column]
+        answer = self.answer_column or "answer"
+        names = [answer] if answer in available else []
         return names + [c for c in self.columns if c not in names and c != self.prompt_column]
 
 

@@ -40,6 +40,14 @@ def _column(columns: dict[str, Any], name: str, count: int) -> Sequence[Any]:
     return values
 
 
+def text_of(completion: Any) -> str:
+    """A completion's text: itself, or for a chat (TRL's ``[{"role": "assistant", "content": ...}]``) its last
+    message's content."""
+    if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
+        return str(completion[-1].get("content", ""))
+    return str(completion)
+
+
 def _compile(pattern: Any, flags: Any) -> re.Pattern[str]:
     if not isinstance(pattern, str) or not pattern or len(pattern) > MAX_PATTERN:
         raise ValueError(f"pattern: must be a regular expression of 1 to {MAX_PATTERN} characters")
@@ -58,7 +66,7 @@ def regex(*, pattern: Any = None, flags: Any = "s") -> ScoreFn:
     compiled = _compile(pattern, flags)
 
     def score(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
-        return [1.0 if compiled.search(c) else 0.0 for c in completions]
+        return [1.0 if compiled.search(text_of(c)) else 0.0 for c in completions]
     return score
 
 
@@ -66,7 +74,7 @@ def format_(*, pattern: Any = None, flags: Any = "s") -> ScoreFn:
     compiled = _compile(pattern, flags)
 
     def score(prompts: list[str], completions: list[str], **columns: Any) -> list[float]:
-        return [1.0 if compiled.fullmatch(c.strip()) else 0.0 for c in completions]
+        return [1.0 if compiled.fullmatch(text_of(c).strip()) else 0.0 for c in completions]
     return score
 
 
@@ -99,7 +107,7 @@ def exact_match(*, column: Any = "answer", pattern: Any = None, flags: Any = "s"
         answers = _column(columns, column, len(completions))
         out = []
         for completion, answer in zip(completions, answers, strict=True):
-            given = answer_of(completion)
+            given = answer_of(text_of(completion))
             out.append(1.0 if given is not None and normalize(given, case_sensitive=case_sensitive)
                        == normalize(answer, case_sensitive=case_sensitive) else 0.0)
         return out
@@ -138,7 +146,7 @@ def math_verify(*, column: Any = "answer", timeout_s: Any = 5) -> ScoreFn:
         timeout = {"timeout_seconds": limits()["parsing_timeout"]}
         out = []
         for completion, answer in zip(completions, answers, strict=True):
-            gold, given = gold_of(answer), mv.parse(completion, **limits())
+            gold, given = gold_of(answer), mv.parse(text_of(completion), **limits())
             out.append(1.0 if gold and given and mv.verify(gold, given, **timeout) else 0.0)
         return out
     return score

@@ -15,11 +15,14 @@ still cannot score, and one it scores with something that is not a finite number
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import importlib
 import inspect
 import math
 import numbers
 import threading
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -29,6 +32,7 @@ from .builtins import SCORERS, MathVerifyMissing
 from .spec import RewardError, RewardFunctionSpec, RewardSpec, ScorerMissing, UserCodeRefused, parse_reward_spec
 
 MAX_ERROR_TEXT = 200
+MAX_TRACEBACK = 4000
 
 
 @dataclass(frozen=True)
@@ -41,13 +45,15 @@ class RewardStats:
     errors: int = 0
     non_finite: int = 0
     last_error: str = ""
+    last_traceback: str = ""  # the latest failure's traceback (at most MAX_TRACEBACK characters), for the owner
 
     def minus(self, earlier: RewardStats) -> RewardStats:
         """What happened since ``earlier`` (a snapshot of the same reward): the agent reports these deltas."""
         return RewardStats(calls=self.calls - earlier.calls, errors=self.errors - earlier.errors,
                            non_finite=self.non_finite - earlier.non_finite,
                            last_error=self.last_error if self.errors + self.non_finite
-                           > earlier.errors + earlier.non_finite else "")
+                           > earlier.errors + earlier.non_finite else "",
+                           last_traceback=self.last_traceback if self.errors > earlier.errors else "")
 
 
 def error_text(err: BaseException, function: str) -> str:
@@ -64,8 +70,12 @@ class _Scorer:
     def __init__(self, spec: RewardFunctionSpec, fn: Callable[..., Any], options: dict[str, Any]) -> None:
         self.spec, self.fn, self.options = spec, fn, options
 
-    def call(self, prompts: list[str], completions: list[str], columns: dict[str, Sequence[Any]]) -> list[Any]:
-        out = self.fn(prompts=prompts, completions=completions, **columns, **self.options)  # as TRL calls: by keyword
+    def call(self, prompts: list[Any], completions: list[Any], columns: dict[str, Sequence[Any]],
+             shared: dict[str, Any]) -> list[Any]:
+        # As TRL calls: everything by keyword, an ``async def`` function awaited.
+        out = self.fn(prompts=prompts, completions=completions, **columns, **shared, **self.options)
+        if inspect.isawaitable(out):
+            out = _await(out)
         if isinstance(out, str | bytes) or not isinstance(out, Sequence) or len(out) != len(completions):
             got = f"{len(out)} values" if isinstance(out, Sequence) else type(out).__name__
             raise TypeError(f"returned {got}, expected a list of {len(completions)} floats")
@@ -86,34 +96,64 @@ class Reward:
         """Everything counted so far (a frozen snapshot)."""
         return self._stats
 
-    def __call__(self, prompts: list[str], completions: list[str], **columns: Sequence[Any]) -> list[float]:
+    def __call__(self, prompts: list[Any], completions: list[Any], *, shared: dict[str, Any] | None = None,
+                 **columns: Sequence[Any]) -> list[float]:
+        """The weighted sums. ``columns`` are lists aligned with the completions (a record scored alone gets its
+        slice), ``shared`` what every call gets whole (TRL's ``trainer_state``)."""
+        return self.each(prompts, completions, shared=shared, **columns)[0]
+
+    def each(self, prompts: list[Any], completions: list[Any], *, shared: dict[str, Any] | None = None,
+             **columns: Sequence[Any]) -> tuple[list[float], dict[str, list[float]]]:
+        """The weighted sums and each function's own scores (by function name, unweighted)."""
         count = len(completions)
         if len(prompts) != count:
             raise ValueError(f"{len(prompts)} prompts for {count} completions")
-        totals = [0.0] * count
+        totals, each = [0.0] * count, {}
         for scorer in self._scorers:
-            for i, score in enumerate(self._scores(scorer, prompts, completions, columns)):
+            scores = self._scores(scorer, prompts, completions, columns, shared or {})
+            each[scorer.spec.function] = scores
+            for i, score in enumerate(scores):
                 totals[i] += scorer.spec.weight * score
-        return totals
+        return totals, each
 
-    def _scores(self, scorer: _Scorer, prompts: list[str], completions: list[str],
-                columns: dict[str, Sequence[Any]]) -> list[float]:
+    def check(self, prompts: list[Any], completions: list[Any], *, shared: dict[str, Any] | None = None,
+              **columns: Sequence[Any]) -> str:
+        """Call every function once on this batch, catching nothing on its behalf: "" when each returned a number
+        (or None) per completion, else the first failure as the owner needs it (the function, what it did, and
+        for an exception its traceback)."""
+        for scorer in self._scorers:
+            name = scorer.spec.function
+            try:
+                values = scorer.call(prompts, completions, columns, shared or {})
+            except Exception as err:  # noqa: BLE001 - any error of the owner's function is what this reports
+                return f"reward function {name} raised on {len(completions)} rows of the data set:\n" \
+                       f"{owner_traceback(err)[-MAX_TRACEBACK:]}"
+            bad = [v for v in values if v is not None and not (isinstance(v, numbers.Real) and math.isfinite(v))]
+            if bad:
+                return f"reward function {name} returned {bad[0]!r:.60} ({type(bad[0]).__name__}), not a number, " \
+                       f"on {len(completions)} rows of the data set"
+        return ""
+
+    def _scores(self, scorer: _Scorer, prompts: list[Any], completions: list[Any],
+                columns: dict[str, Sequence[Any]], shared: dict[str, Any]) -> list[float]:
         """One function's scores of a batch, every failure replaced by its fallback and counted."""
         self._count(calls=1)
         try:
-            raw = scorer.call(prompts, completions, columns)
+            raw = scorer.call(prompts, completions, columns, shared)
         except Exception:  # noqa: BLE001 - a user's function may raise anything; find the records at fault
-            raw = [self._one(scorer, i, prompts, completions, columns) for i in range(len(completions))]
+            raw = [self._one(scorer, i, prompts, completions, columns, shared) for i in range(len(completions))]
         return [self._finite(scorer, value) for value in raw]
 
-    def _one(self, scorer: _Scorer, i: int, prompts: list[str], completions: list[str],
-             columns: dict[str, Sequence[Any]]) -> Any:
+    def _one(self, scorer: _Scorer, i: int, prompts: list[Any], completions: list[Any],
+             columns: dict[str, Sequence[Any]], shared: dict[str, Any]) -> Any:
         """Record ``i`` scored alone (its batch raised); a failure is the fallback, counted."""
         self._count(calls=1)
         try:
-            return scorer.call(prompts[i:i + 1], completions[i:i + 1], {k: v[i:i + 1] for k, v in columns.items()})[0]
+            return scorer.call(prompts[i:i + 1], completions[i:i + 1], {k: v[i:i + 1] for k, v in columns.items()},
+                               shared)[0]
         except Exception as err:  # noqa: BLE001 - counted and reported, never raised into the worker
-            self._count(errors=1, last_error=error_text(err, scorer.spec.function))
+            self._count(errors=1, last_error=error_text(err, scorer.spec.function),
+                        last_traceback=traceback.format_exc()[-MAX_TRACEBACK:])
             return None if scorer.spec.fallback == 0.0 else scorer.spec.fallback
 
     def _finite(self, scorer: _Scorer, value: Any) -> float:
@@ -126,11 +166,36 @@ class Reward:
         self._count(non_finite=1, last_error=f"{scorer.spec.function}: returned {value!r:.60}, not a finite number")
         return scorer.spec.fallback
 
-    def _count(self, *, calls: int = 0, errors: int = 0, non_finite: int = 0, last_error: str = "") -> None:
+    def _count(self, *, calls: int = 0, errors: int = 0, non_finite: int = 0, last_error: str = "",
+               last_traceback: str = "") -> None:
         with self._lock:
             s = self._stats
             self._stats = replace(s, calls=s.calls + calls, errors=s.errors + errors,
-                                  non_finite=s.non_finite + non_finite, last_error=last_error or s.last_error)
+                                  non_finite=s.non_finite + non_finite, last_error=last_error or s.last_error,
+                                  last_traceback=last_traceback or s.last_traceback)
+
+
+def owner_traceback(err: BaseException) -> str:
+    """``err``'s traceback from the owner's code on: the frames of this module (the call into the function) left
+    out."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(err), err, tb)).strip()
+
+
+def _await(awaitable: Any) -> Any:
+    """The result of an ``async def`` reward function's call: on a loop of its own (on a thread of its own when
+    this thread already runs one, as an agent's may)."""
+    async def wait() -> Any:
+        return await awaitable
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(wait())
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, wait()).result()
 
 
 def build_reward(spec: Any, *, allow_user_code: bool, field: str = "reward") -> Reward:
@@ -159,7 +224,15 @@ def _scorer(spec: RewardFunctionSpec, where: str) -> _Scorer:
             raise ScorerMissing(f"{where}: {err}") from None
         except ValueError as err:
             raise RewardError(f"{where}.options.{err}") from None
-    return _Scorer(spec, load_function(spec.function, where=f"{where}.function"), dict(spec.options))
+    fn = load_function(spec.function, where=f"{where}.function")
+    if spec.factory is not None:
+        try:
+            fn = fn(**spec.factory)
+        except Exception as err:  # noqa: BLE001 - the owner's factory may raise anything: a bad spec
+            raise RewardError(f"{where}.factory: {error_text(err, spec.function)}") from None
+        if not callable(fn):
+            raise RewardError(f"{where}.factory: {spec.function} returned {type(fn).__name__}, not a function")
+    return _Scorer(spec, fn, dict(spec.options))
 
 
 def load_function(name: str, *, where: str) -> Callable[..., Any]:

@@ -6,16 +6,20 @@ A job names its reward in the task spec as ``"reward"``, in any of three shapes,
     ["math_verify", {"function": "format", "weight": 0.2, "options": {"pattern": "<answer>.*</answer>"}}]
     {"functions": [{"function": "mypkg.rewards:correct", "weight": 1.0, "fallback": 0.0}]}
 
-A function is a built-in scorer's name (``dataplane/rewards/builtins.py``) or a user function ``"pkg.module:fn"``
-(user code: it runs on a worker only where the provider opted in, docs/rewards.md). Parsing a spec imports nothing,
-so the site validates a job's reward without running or even loading the owner's code.
+A function is a built-in scorer's name (``dataplane/rewards/builtins.py``) or a user function ``"pkg.module:fn"``.
+Where it runs is its ``scored_on``: a built-in on the workers (they return its score with the record), a user
+function on the job's learner (the owner's machine: workers need no copy of it, cannot forge its score), unless the
+spec says ``"scored_on": "worker"`` (a heavy function; it then runs only on workers whose provider opted in,
+docs/rewards.md). TRL's ``reward_weights`` may be given beside the functions (``{"functions": [...], "weights":
+[...]}``). Parsing a spec imports nothing, so the site validates a job's reward without running or even loading
+the owner's code.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -64,6 +68,13 @@ class RewardFunctionSpec(BaseModel):
                                     "a regex 'pattern'; a user function gets them as keyword arguments).")
     fallback: float = Field(default=0.0, ge=-MAX_WEIGHT, le=MAX_WEIGHT, description="The score of a record whose "
                             "function raised or returned a non-finite value.")
+    factory: dict[str, Any] | None = Field(default=None, description="A user function that makes the reward "
+                                           "function (TRL's get_soft_overlong_punishment): called once with these "
+                                           "keyword arguments, its result scores.")
+    scored_on: Literal["learner", "worker"] | None = Field(default=None, description="Where it runs: 'learner' (the "
+                                                           "default for a user function: the owner's machine) or "
+                                                           "'worker' (the default for a built-in; a user function "
+                                                           "there needs workers run with --allow-user-code).")
 
     @field_validator("function")
     @classmethod
@@ -73,9 +84,9 @@ class RewardFunctionSpec(BaseModel):
                              "function 'pkg.module:fn'")
         return value
 
-    @field_validator("options")
+    @field_validator("options", "factory")
     @classmethod
-    def _small(cls, value: dict[str, Any]) -> dict[str, Any]:
+    def _small(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         if len(repr(value)) > MAX_OPTIONS_BYTES:
             raise ValueError(f"at most {MAX_OPTIONS_BYTES} characters of options")
         return value
@@ -84,6 +95,11 @@ class RewardFunctionSpec(BaseModel):
     def is_user_code(self) -> bool:
         """Whether this function is the owner's code rather than a built-in scorer."""
         return self.function not in SCORERS
+
+    @property
+    def on_learner(self) -> bool:
+        """Whether the learner scores it (after the workers returned the completion), not the workers."""
+        return self.scored_on == "learner" if self.scored_on is not None else self.is_user_code
 
 
 class RewardSpec(BaseModel):
@@ -103,6 +119,14 @@ class RewardSpec(BaseModel):
             data = {"functions": data}
         if isinstance(data, dict) and isinstance(data.get("functions"), list):
             data = {**data, "functions": [{"function": f} if isinstance(f, str) else f for f in data["functions"]]}
+        if isinstance(data, dict) and "weights" in data:  # TRL's reward_weights: one per function, in order
+            data = dict(data)
+            weights = data.pop("weights")
+            if not isinstance(weights, list) or not isinstance(data.get("functions"), list) \
+                    or len(weights) != len(data["functions"]):
+                raise ValueError("weights: one weight per function (TRL's reward_weights)")
+            data["functions"] = [{**f, "weight": w} if isinstance(f, dict) else f
+                                 for f, w in zip(data["functions"], weights, strict=True)]
         return data
 
     @property
@@ -110,13 +134,25 @@ class RewardSpec(BaseModel):
         """The user functions it names (empty: built-ins only)."""
         return [f.function for f in self.functions if f.is_user_code]
 
+    @property
+    def worker_user_functions(self) -> list[str]:
+        """The user functions the workers run (``scored_on = "worker"``): what a provider must opt in to."""
+        return [f.function for f in self.functions if f.is_user_code and not f.on_learner]
+
+    def part(self, *, learner: bool) -> RewardSpec | None:
+        """The functions the learner scores (``learner``) or the workers do; None when there are none."""
+        chosen = [f for f in self.functions if f.on_learner == learner]
+        return RewardSpec(functions=chosen) if chosen else None
+
     def bounds(self) -> tuple[float, float] | None:
-        """The range of the weighted sum when every function is a built-in (each scores in [0, 1]); None with user
-        code (its range is unknown)."""
-        if self.user_functions:
+        """The range of what a worker claims: the weighted sum of the functions the workers score when each is a
+        built-in (in [0, 1]); (0, 0) when the learner scores every function; None with user code on the workers
+        (its range is unknown)."""
+        on_workers = [f for f in self.functions if not f.on_learner]
+        if any(f.is_user_code for f in on_workers):
             return None
-        low = math.fsum(min(f.weight, 0.0, f.weight * f.fallback) for f in self.functions)
-        high = math.fsum(max(f.weight, 0.0, f.weight * f.fallback) for f in self.functions)
+        low = math.fsum(min(f.weight, 0.0, f.weight * f.fallback) for f in on_workers)
+        high = math.fsum(max(f.weight, 0.0, f.weight * f.fallback) for f in on_workers)
         return low, high
 
 

@@ -72,6 +72,27 @@ class TaskAdapter(ABC):
         (docs/trust.md, "User code on workers"); :meth:`prepare` refuses it where they did not."""
         return []
 
+    def learner_scored(self) -> list[str]:
+        """The reward functions the job's learner scores (the owner's code, by default), after the workers returned
+        the completions: the learner adds what :meth:`owner_scores` gives to each record's reward (learner/scoring.py).
+        Empty: the workers' reward is the whole reward."""
+        return []
+
+    def owner_scores(self, prompts: list[str], completions: list[str], *, completion_ids: list[list[int]],
+                     trainer_state: Any, chat: Any) -> tuple[list[float], dict[str, list[float]]]:
+        """The learner's part of each record's reward, and each function's scores (a task with
+        :meth:`learner_scored`)."""
+        raise NotImplementedError(f"task {self.name!r} has no reward functions scored on the learner")
+
+    def owner_preflight(self, count: int, *, chat: Any, trainer_state: Any = None) -> str:
+        """The functions of :meth:`learner_scored` called once on ``count`` real rows before training: "" when they
+        returned numbers, else what went wrong (with the function's traceback)."""
+        return ""
+
+    def owner_stats(self) -> RewardStats | None:
+        """What the functions of :meth:`learner_scored` did wrong on this machine so far."""
+        return None
+
     def content_digests(self) -> list[str]:
         """The data sets this task reads, by digest (docs/datasets.md): the learner serves each to the job's workers,
         and an agent fetches each it lacks (into its cache) before :meth:`prepare`. Empty for a task whose data ships

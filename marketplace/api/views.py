@@ -202,7 +202,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
     @action(detail=True, methods=["post"])
     def pause(self, request, pk=None):
         """Release the job's workers (generation and billing stop); queued trajectories are still trained."""
-        job = _service_call(services.job_pause, job=self.get_object(), by=request.user.get_username())
+        reason = request.data.get("reason") if isinstance(request.data, dict) else None  # the learner says why
+        job = _service_call(services.job_pause, job=self.get_object(), by=request.user.get_username(),
+                            reason=f"paused by the learner: {reason}"[:500] if isinstance(reason, str) and reason
+                            else "")
         return Response(s.JobSerializer(job).data)
 
     @extend_schema(request=None, responses=s.JobSerializer)

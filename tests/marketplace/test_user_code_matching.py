@@ -23,8 +23,8 @@ from . import factories
 
 MODEL = factories.checkpoint_dir()
 USER_TASK = {"name": "verifiers", "env": "owner_envs:load_environment", "size": 8}  # the owner's environment
-USER_REWARD = {"name": "dataset", "data": {"digest": "a" * 64, "format": "jsonl"},
-               "reward": ["exact_match", "owner_judge:score"]}
+USER_REWARD = {"name": "dataset", "data": {"digest": "a" * 64, "format": "jsonl"},  # shipped to the workers
+               "reward": ["exact_match", {"function": "owner_judge:score", "scored_on": "worker"}]}
 
 
 def test_the_core_leaves_out_only_workers_that_declared_no():
@@ -43,6 +43,8 @@ def test_a_task_says_which_of_its_code_is_the_owners_without_importing_it():
     assert build_task(USER_REWARD).user_code() == ["owner_judge:score"]
     assert build_task({"name": "arithmetic"}).user_code() == []
     assert build_task({**USER_REWARD, "reward": "exact_match"}).user_code() == []
+    # scored on the learner (a user function's default): no worker runs it, every worker qualifies
+    assert build_task({**USER_REWARD, "reward": ["exact_match", "owner_judge:score"]}).user_code() == []
 
 
 def test_the_hello_carries_the_opt_in_and_an_older_hello_parses():
