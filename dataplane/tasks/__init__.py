@@ -23,7 +23,7 @@ from typing import Any
 
 from .base import TASKS, Prompt, TaskAdapter, TaskSpecError, register_task
 
-SHARED = ("base", "episodes", "files")  # the modules of this folder that hold no task
+SHARED = ("base", "episodes", "files", "poker")  # the modules of this folder that hold no task (poker: an env)
 
 for _module in pkgutil.iter_modules(__path__):
     if _module.name not in SHARED:

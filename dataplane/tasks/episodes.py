@@ -31,10 +31,11 @@ class Episode:
     reward: float = 0.0
     turns: int = 0
     done: bool = False
+    info: dict = field(default_factory=dict)  # the task's own metadata for the record (Omega), beside the turns
 
     def record(self, *, job_id: int, lease_id: str, group_id: str, version: int) -> Trajectory:
         """A trajectory record tau = (x, y, r, v, Omega) with the turn-aware loss mask."""
         return Trajectory(job_id=job_id, lease_id=lease_id, group_id=group_id, prompt=self.prompt,
                           prompt_ids=self.prompt_ids, completion=self.text, completion_ids=self.completion_ids,
                           logprobs=self.logprobs, reward=self.reward, version=version, loss_mask=self.loss_mask,
-                          metadata={"turns": self.turns})
+                          metadata={"turns": self.turns, **self.info})

@@ -30,6 +30,7 @@ Switching game is configuration: ``{"name": "sandbox", "env": "nim", ...options}
 
 from __future__ import annotations
 
+import importlib
 import random
 import re
 from abc import ABC, abstractmethod
@@ -156,6 +157,15 @@ class NimState(GameState):
 
 
 GAMES: dict[str, type[Game]] = {Nim.name: Nim}
+#: Environments in modules of their own, imported when a job names one (their package may be an extra).
+MODULE_GAMES = {"poker": "poker:PokerGame"}
+
+
+def game_class(env: str) -> type[Game] | None:
+    if env in MODULE_GAMES and env not in GAMES:
+        module, _, cls = MODULE_GAMES[env].partition(":")
+        GAMES[env] = getattr(importlib.import_module(f".{module}", __package__), cls)
+    return GAMES.get(env)
 
 
 @register_task
@@ -164,8 +174,9 @@ class SandboxTask(TaskAdapter):
     multi_turn = True
 
     def __init__(self, *, env: str = "nim", max_turns: int = 10, **options: Any) -> None:
-        if not isinstance(env, str) or env not in GAMES:
-            raise TaskSpecError(f"env: unknown environment {env!r}; available: {', '.join(sorted(GAMES))}")
+        if not isinstance(env, str) or game_class(env) is None:
+            raise TaskSpecError(f"env: unknown environment {env!r}; available: "
+                                f"{', '.join(sorted({*GAMES, *MODULE_GAMES}))}")
         if not isinstance(max_turns, int) or isinstance(max_turns, bool) or not 1 <= max_turns <= 100:
             raise TaskSpecError("max_turns: must be an integer between 1 and 100")
         try:
@@ -181,7 +192,9 @@ class SandboxTask(TaskAdapter):
 
     def max_completion_tokens(self, max_new_tokens: int) -> int:
         """Every turn's sampled tokens plus the environment's reply after it (a short line: at most
-        :data:`REPLY_TOKENS` tokens even at one token per byte)."""
+        :data:`REPLY_TOKENS` tokens even at one token per byte); a game that plays its own episodes says."""
+        if hasattr(self.game, "max_completion_tokens"):
+            return self.game.max_completion_tokens(self.max_turns, max_new_tokens)
         return self.max_turns * (max_new_tokens + REPLY_TOKENS)
 
     def first_messages(self, first_user: str) -> list[dict[str, str]]:
@@ -203,10 +216,14 @@ class SandboxTask(TaskAdapter):
 
     def play(self, prompts: list[str], *, generate: Callable[[list[list[int]]], list[Turn]],
              encode: Callable[[str], list[int]], prompt_ids: list[list[int]] | None = None) -> list[Episode]:
+        if hasattr(self.game, "play"):  # a game with its own loop (poker: a self-play opponent samples too)
+            return self.game.play(self, prompts, generate=generate, encode=encode, prompt_ids=prompt_ids)
         return run_episodes(self, prompts, generate=generate, encode=encode, prompt_ids=prompt_ids)
 
     def reward(self, prompt: str, completion: str) -> float:
         """Replay the episode from its transcript: each turn's first action, then the reply that must follow it."""
+        if hasattr(self.game, "replay"):
+            return self.game.replay(self, prompt, completion)
         state = self.start(prompt)
         if state is None:
             return 0.0

@@ -175,7 +175,7 @@ def test_spec_round_trips_and_registry_switches_by_config(task: SandboxTask) -> 
 @pytest.mark.parametrize(
     ("options", "option"),
     [
-        ({"env": "poker"}, "env"),
+        ({"env": "chess"}, "env"),
         ({"env": 3}, "env"),
         ({"max_turns": 0}, "max_turns"),
         ({"max_turns": "5"}, "max_turns"),

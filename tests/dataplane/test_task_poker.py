@@ -1,0 +1,181 @@
+"""Heads-up hold'em on PokerKit for the sandbox task (dataplane/tasks/poker.py), driven by scripted players (no
+model): hands replay from their prompt, masks cover the assistant's tokens, illegal answers fold, self-play is
+zero-sum."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from dataplane.tasks import TaskSpecError, build_task
+from dataplane.tasks.episodes import Turn
+
+pytest.importorskip("pokerkit")
+
+
+def poker(**options):
+    return build_task({"name": "sandbox", "env": "poker", **options})
+
+
+def encode(text: str) -> list[int]:
+    return [ord(c) for c in text]
+
+
+def decode(ids: list[int]) -> str:
+    return "".join(map(chr, ids))
+
+
+def player(style: str = "mixed"):
+    """A scripted policy over the message it reads (the last one in its context): deterministic, so two workers
+    given the same hand play it the same way, and it often bets, so hands last several decisions."""
+
+    def answer(message: str) -> str:
+        options = re.search(r"Your options: (.*)\.\n", message)[1].split(" | ")
+        span = re.search(r"(bet|raise) N \((\d+) <= N", message)
+        cards = re.findall(r"Your cards: (\S\S) (\S\S)", message)[-1]
+        if style == "illegal":
+            return "<answer>raise 99999</answer>"
+        if span and cards[0][0] == cards[1][0]:
+            return f"<answer>{span[1]} {int(span[2]) + 2}</answer>"
+        if style == "mixed" and len(message) % 3 == 0:
+            return "<answer>fold</answer>" if "fold" in options else "<answer>check</answer>"
+        call = next((o for o in options if o.startswith(("call", "check"))), options[0])
+        return f"<answer>{call.split()[0]}</answer>"
+
+    def generate(contexts: list[list[int]]) -> list[Turn]:
+        turns = []
+        for ids in contexts:
+            text = answer(decode(ids).rsplit("Actions: ", 1)[-1] if "Actions: " in decode(ids) else decode(ids))
+            turns.append(Turn(ids=encode(text), logprobs=[-0.5] * len(text), text=text))
+        return turns
+
+    return generate
+
+
+def hands(task, count: int, seed: int = 0) -> list[str]:
+    return [p.text for p in task.sample_prompts(random.Random(seed), count)]
+
+
+@pytest.mark.parametrize("opponent", ["heuristic", "random", "self"])
+def test_a_hand_replays_from_its_prompt_on_any_worker_and_in_the_audit(opponent) -> None:
+    prompts = hands(poker(opponent=opponent), 30)
+    worker_a = poker(opponent=opponent).play(prompts, generate=player(), encode=encode)
+    worker_b = poker(opponent=opponent).play(prompts, generate=player(), encode=encode)
+    audit = poker(opponent=opponent)  # the learner's copy: the prompt and the transcript text only
+    assert [e.text for e in worker_a] == [e.text for e in worker_b]
+    assert [e.reward for e in worker_a] == [e.reward for e in worker_b]
+    assert [audit.reward(e.prompt, e.text) for e in worker_a] == [e.reward for e in worker_a]
+    assert max(e.info["decisions"] for e in worker_a) >= 3  # hands went past one decision
+    assert len({e.reward for e in worker_a}) > 1
+    # The transcript is checked, not trusted: a changed card, a changed result or a missing answer do not replay.
+    long = max(worker_a, key=lambda e: e.info["decisions"])
+    claimed = f"({long.reward:+g} big blinds)"
+    assert claimed in long.text
+    low = audit.game.return_range[0]
+    assert audit.reward(long.prompt, long.text.replace(claimed, "(+99 big blinds)")) == low
+    cut = long.text[:long.text.rfind("Actions: ")]
+    assert audit.reward(long.prompt, cut) == low
+
+
+def test_the_deal_comes_from_the_seed_in_the_prompt() -> None:
+    task = poker()
+    prompt = hands(task, 1, seed=7)[0]
+    assert re.search(r"Hand \d+: heads-up no-limit hold'em, blinds 1/2, stacks 200\. You are the", prompt)
+    assert hands(poker(), 1, seed=7)[0] == prompt  # another machine deals the same cards
+    other_seed = re.sub(r"Hand (\d+)", lambda m: f"Hand {int(m[1]) + 1}", prompt)
+    assert task.start(other_seed) is None  # the cards shown are not that seed's
+    assert task.start(prompt) is not None
+    assert poker(stack=100).start(prompt) is None  # nor the job's stacks
+
+
+def test_masks_cover_exactly_the_assistant_tokens() -> None:
+    task = poker(opponent="random")
+    prompts = hands(task, 12, seed=3)
+    sampled: list[list[int]] = []
+
+    def generate(contexts):
+        turns = player()(contexts)
+        sampled.extend(t.ids for t in turns)
+        return turns
+
+    episodes = task.play(prompts, generate=generate, encode=encode)
+    for ep in episodes:
+        record = ep.record(job_id=1, lease_id="l", group_id="g", version=0)
+        assert len(record.loss_mask) == len(record.completion_ids) == len(record.logprobs)
+        learned = [i for i, m in zip(record.completion_ids, record.loss_mask, strict=True) if m]
+        turns = "".join(m["content"] for m in ep.messages if m["role"] == "assistant")
+        assert decode(learned) == turns  # every assistant token, and nothing else
+        env = decode([i for i, m in zip(record.completion_ids, record.loss_mask, strict=True) if not m])
+        assert env == "".join(f"\n{m['content']}\n" for m in ep.messages[2:] if m["role"] == "user")
+        assert all(lp == 0.0 for lp, m in zip(record.logprobs, record.loss_mask, strict=True) if not m)
+        assert record.metadata["turns"] == ep.turns == record.metadata["decisions"]
+        assert record.metadata["seat"] in (0, 1) and f"Hand {record.metadata['hand']}:" in ep.prompt
+    assert sum(len(t) for t in sampled) == sum(sum(e.loss_mask) for e in episodes)
+    assert episodes[0].messages[-1]["content"].startswith("Actions: ")  # the hand's end closes every transcript
+
+
+@pytest.mark.parametrize("answer", ["<answer>raise 99999</answer>", "<answer>shove</answer>", "I call.",
+                                    "<answer>bet 1</answer>", "<answer>check 3</answer>"])
+def test_an_illegal_answer_folds_and_is_counted(answer) -> None:
+    task = poker(opponent="heuristic")
+    button = next(p for p in hands(task, 20) if "You are the button" in p)  # first to act, facing the big blind
+
+    def generate(contexts):
+        return [Turn(ids=encode(answer), logprobs=[-1.0] * len(answer), text=answer) for _ in contexts]
+
+    episode, = task.play([button], generate=generate, encode=encode)
+    assert episode.reward == -0.5  # the small blind, lost
+    assert episode.info["illegal"] == 1 and episode.info["decisions"] == 1
+    assert "Actions: preflop: you fold." in episode.text
+    assert task.reward(button, episode.text) == -0.5
+
+
+def test_self_play_returns_are_zero_sum_across_seats() -> None:
+    task = poker(opponent="self")
+    prompts = hands(task, 40, seed=11)
+    episodes = task.play(prompts, generate=player(), encode=encode)
+    assert all(e.reward + e.info["opponent_return"] == 0 for e in episodes)
+    assert any(e.reward for e in episodes)
+    # The same deal from the other seat, with the same deterministic policy in both seats, is the same hand.
+    seed_of = {int(re.search(r"Hand (\d+)", p)[1]): p for p in prompts}
+    swapped = []
+    for seed, prompt in seed_of.items():
+        seat = 0 if "You are the button" in prompt else 1
+        swapped.append((seed, seat))
+    starts = [task.game.first_message(task.game.deal(seed, seat)) for seed, seat in swapped]
+    others = task.play([task.render_prompt(task.first_messages(s)) for s in starts], generate=player(), encode=encode)
+    assert sorted(e.reward for e in others) == sorted(-e.reward for e in episodes)
+
+
+def test_fixed_limit_bets_are_the_fixed_size() -> None:
+    task = poker(limit="fixed-limit", blinds=[1, 2], stack=40, opponent="random")
+    button = next(p for p in hands(task, 20) if "You are the button" in p)
+    assert "raise 4." in button or "raise 4\n" in button or "| raise 4" in button
+
+    def generate(contexts):  # raise without an amount (there is one size), then call or check down
+        texts = [("<answer>call</answer>" if "| call" in decode(c)[-200:] else "<answer>check</answer>")
+                 if "you raise to 4" in decode(c) else "<answer>raise</answer>" for c in contexts]
+        return [Turn(encode(t), [-1.0] * len(t), t) for t in texts]
+
+    episode, = task.play([button], generate=generate, encode=encode)
+    assert episode.info["illegal"] == 0 and "preflop: you raise to 4" in episode.text
+
+
+def test_bad_options_are_refused_naming_the_option() -> None:
+    with pytest.raises(TaskSpecError, match="^limit: must be one of no-limit, fixed-limit"):
+        poker(limit="pot-limit")
+    with pytest.raises(TaskSpecError, match="^opponent: "):
+        poker(opponent="gto")
+    with pytest.raises(TaskSpecError, match="^blinds: "):
+        poker(blinds=[2])
+    with pytest.raises(TaskSpecError, match="^stack: must be an integer between 4 and 2000"):
+        poker(stack=3)
+    with pytest.raises(TaskSpecError, match="^env: unknown environment 'chess'; available: nim, poker"):
+        build_task({"name": "sandbox", "env": "chess"})
+    spec = poker().spec()
+    assert spec == {"name": "sandbox", "env": "poker", "max_turns": 10, "limit": "no-limit", "blinds": [1, 2],
+                    "stack": 200, "opponent": "heuristic", "turn_format": "plain"}
+    assert build_task(spec).spec() == spec
+    assert poker().reward_range == (-100.0, 100.0)
