@@ -232,3 +232,19 @@ def test_without_per_job_users_the_learner_gets_the_sites_url_and_is_told(stream
     assert given["isolated"] is False and "ECHO2_LEARNER_REDIS_USERS is off" in given["reason"]
     assert given["url"] == streams.url and Job.objects.get(pk=job.pk).learner_redis_password_sha256 == ""
     assert stream.client().acl_getuser(learner_username(job.pk)) is None
+
+
+@pytest.mark.timeout(120)
+def test_a_learner_shut_out_stops_retrying_soon(streams, monkeypatch, django_capture_on_commit_callbacks) -> None:
+    """A refused password is not an outage to ride out for the learner's whole --redis-retry (300 s): its job ended
+    (or another learner took the door), so it gives up after AUTH_RETRY_S."""
+    owner = factories.user()
+    api = owner_api(owner)
+    job = running_job(owner, api)
+    buffer = replay.ReplayBuffer(replay.connect(door(api, job)["url"]), job.pk, retry_for_s=300)
+    assert buffer.counters() == {}
+    with django_capture_on_commit_callbacks(execute=True):
+        api.post(f"/api/jobs/{job.pk}/cancel/")
+    monkeypatch.setattr(replay, "AUTH_RETRY_S", 1.0)
+    with pytest.raises(redis.AuthenticationError):
+        buffer.counters()
