@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .snapshot import SnapshotError
@@ -38,9 +38,10 @@ class TensorInfo:
         return math.prod(self.shape) * DTYPE_BYTES[self.dtype]
 
 
-def header(tensors: Sequence[TensorInfo]) -> bytes:
-    """The header of a payload holding ``tensors``' bytes back to back, in this order."""
-    entries: dict[str, dict] = {"__metadata__": {"format": "pt"}}
+def header(tensors: Sequence[TensorInfo], metadata: Mapping[str, str] | None = None) -> bytes:
+    """The header of a payload holding ``tensors``' bytes back to back, in this order; ``metadata`` (strings, as
+    safetensors wants) joins its ``__metadata__`` (an adapter's settings: dataplane/lora.py)."""
+    entries: dict[str, dict] = {"__metadata__": {"format": "pt", **(metadata or {})}}
     offset = 0
     for info in tensors:
         if info.dtype not in DTYPE_BYTES:
@@ -76,9 +77,17 @@ class ChunkedPayload:
         return b"".join(parts)
 
 
-def layout(payload: ChunkedPayload) -> list[TensorInfo]:
-    """The tensors of a safetensors payload, in payload order, each with its ``begin``; :class:`SnapshotError`
-    for a header that is not one (too long, not JSON, offsets that overlap, leave gaps or run past the end)."""
+def metadata(payload: ChunkedPayload) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors payload ({} when it has none); :class:`SnapshotError` for a header
+    that is not one."""
+    entries = _header_entries(payload)
+    found = entries.get("__metadata__") or {}
+    if not isinstance(found, dict) or not all(isinstance(v, str) for v in found.values()):
+        raise SnapshotError("safetensors __metadata__ must map names to strings")
+    return found
+
+
+def _header_entries(payload: ChunkedPayload) -> dict:
     if payload.size < 8:
         raise SnapshotError(f"a safetensors payload has an 8-byte header length; this one has {payload.size} bytes")
     (length,) = struct.unpack("<Q", payload.read(0, 8))
@@ -86,6 +95,19 @@ def layout(payload: ChunkedPayload) -> list[TensorInfo]:
         raise SnapshotError(f"safetensors header of {length} bytes in a payload of {payload.size}")
     try:
         entries = json.loads(bytes(payload.read(8, length)))
+    except ValueError as err:
+        raise SnapshotError(f"not a safetensors header: {err}") from None
+    if not isinstance(entries, dict):
+        raise SnapshotError("not a safetensors header: not a JSON object")
+    return entries
+
+
+def layout(payload: ChunkedPayload) -> list[TensorInfo]:
+    """The tensors of a safetensors payload, in payload order, each with its ``begin``; :class:`SnapshotError`
+    for a header that is not one (too long, not JSON, offsets that overlap, leave gaps or run past the end)."""
+    entries = _header_entries(payload)
+    (length,) = struct.unpack("<Q", payload.read(0, 8))
+    try:
         infos = sorted((TensorInfo(name, e["dtype"], tuple(int(d) for d in e["shape"]),
                                    8 + length + int(e["data_offsets"][0]))
                         for name, e in entries.items() if name != "__metadata__"), key=lambda t: t.begin)

@@ -47,6 +47,7 @@ from dataplane.records import TrajectoryGroup
 from dataplane.replay import StoredGroup
 from dataplane.tasks import TaskAdapter
 
+from . import lora
 from .batch import Workspace, collate_packed, concat, token_logprobs
 from .prompt_audit import Encode, prompt_mismatches
 
@@ -357,14 +358,19 @@ class Auditor:
     def _load(self, version: int) -> bool:
         if self._loaded == version:
             return True
+        adapter = lora.is_lora(self.scorer)  # a LoRA job: base + the version's adapter (v0: the base alone)
         try:
-            state = self.weights(version)
+            state = {} if adapter and version == 0 else self.weights(version)
         except Exception as err:  # noqa: BLE001 - weights we cannot read make groups unauditable, never a crash
             log.warning("audit: the weights of v%d cannot be loaded (%s: %s); its groups are not audited", version,
                         type(err).__name__, err)
             state = None
         if state is None:
             return False
+        if adapter:
+            lora.load_adapter(self.scorer, state)
+            self._loaded = version
+            return True
         missing, unexpected = self.scorer.load_state_dict(state, strict=False)
         real_missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied to the embeddings
         if real_missing or unexpected:

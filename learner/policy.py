@@ -1,6 +1,7 @@
-"""The job's policy as the learner trains it: the checkpoint loaded with fp32 master weights, its frozen reference
-when the loss has a KL term, both placed (one device, or sharded with FSDP2 across the ranks: ``learner/fsdp.py``),
-and the optimizer over what this rank holds."""
+"""The job's policy as the learner trains it: the checkpoint loaded with fp32 master weights (a LoRA job's wrapped
+with its adapter, the base frozen: learner/lora.py), its frozen reference when the loss has a KL term, both placed
+(one device, or sharded with FSDP2 across the ranks: ``learner/fsdp.py``), and the optimizer over what this rank
+holds and trains."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 from dataplane.jobs import JobSpec
 
-from . import distributed, fsdp
+from . import distributed, fsdp, lora
 from .step import PolicyTrainer
 
 
@@ -47,11 +48,14 @@ def build_policy(spec: JobSpec, *, device: str, ctx: distributed.DistContext | N
     model = load_model(spec.model_dir)
     if activation_checkpointing:
         fsdp.checkpoint_activations(model)
+    if spec.lora.enabled:  # the base frozen, one adapter trained (learner/lora.py)
+        model = lora.wrap(model, spec.lora)
     model = place(model)
     reference = None
-    if spec.loss.kl_beta > 0:
-        reference = place(load_model(spec.model_dir).eval().requires_grad_(False))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate)
+    if spec.loss.kl_beta > 0:  # a LoRA job's reference is its own base: the adapter disabled, no second model
+        reference = lora.AdapterOff(model) if spec.lora.enabled else place(
+            load_model(spec.model_dir).eval().requires_grad_(False))
+    optimizer = torch.optim.AdamW(lora.trainable(model), lr=spec.learning_rate)
     trainer = PolicyTrainer(model, optimizer, spec.loss, pad_id=tokenizer.pad_token_id, reference=reference,
                             micro_batch=micro_batch, bf16=bf16, ctx=ctx, max_grad_norm=spec.loss.max_grad_norm)
     return trainer, tokenizer

@@ -90,7 +90,7 @@ class Publisher:
         with contextlib.ExitStack() as stack:
             store = SnapshotStore(settings.snapshot_dir / f"job{job_id}", job_id=job_id, keep=spec.staleness + 2,
                                   retain_s=settings.snapshot_retain_s, dtype=spec.snapshot_dtype,
-                                  full_every=spec.snapshot_full_every)
+                                  full_every=spec.snapshot_full_every, adapter=spec.lora)
             server = SnapshotServer(store, host=settings.snapshot_host, port=settings.snapshot_port,
                                     advertise_host=settings.advertise_host).start()
             stack.callback(server.stop)

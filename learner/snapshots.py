@@ -15,6 +15,10 @@ version nothing goes on the wire full unless the job asks for it (``full_every``
 old schedule), the delta does not pay (larger than ``MAX_DELTA_FRACTION`` of the full payload: fp32 weights at a
 large learning rate), or ``MAX_UNANNOUNCED`` versions already wait for the site (it is down): a full one then
 replaces them in the learner's outbox, so neither the queue nor the disk it pins grows without bound.
+
+A LoRA job's store (``adapter``) publishes every version after the base as the adapter alone (format
+``lora-safetensors``, its settings in the payload's metadata: dataplane/lora.py), by the same rules: a delta against
+the previous adapter only where it pays.
 """
 
 from __future__ import annotations
@@ -43,8 +47,11 @@ from dataplane.broadcast.store import (
     write_version,
 )
 from dataplane.delta import ENCODING, DeltaEncoder
+from dataplane.lora import ADAPTER_FORMAT, LoraSpec, adapter_metadata
 from dataplane.snapshot import DEFAULT_CHUNK_BYTES, FULL, ChunkCutter, Manifest, build_manifest
 from dataplane.tensorfile import ChunkedPayload, TensorInfo, header, layout
+
+from .lora import adapter_state
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +82,12 @@ def published_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.dtype:
     return dtype if tensor.is_floating_point() else tensor.dtype
 
 
-def payload_layout(state: Mapping[str, torch.Tensor], dtype: torch.dtype) -> tuple[bytes, int]:
-    """The safetensors header of ``state`` published in ``dtype``, and the payload's whole size."""
+def payload_layout(state: Mapping[str, torch.Tensor], dtype: torch.dtype,
+                   metadata: Mapping[str, str] | None = None) -> tuple[bytes, int]:
+    """The safetensors header of ``state`` published in ``dtype`` (with ``metadata``), and the payload's size."""
     infos = [TensorInfo(name, SAFETENSORS_DTYPES[published_dtype(t, dtype)], tuple(t.shape))
              for name, t in state.items()]
-    head = header(infos)
+    head = header(infos, metadata)
     return head, len(head) + sum(info.nbytes for info in infos)
 
 
@@ -102,9 +110,10 @@ class TensorSource:
     write: Callable[[ChunkCutter], None]
 
 
-def state_source(state: Mapping[str, torch.Tensor], dtype: torch.dtype) -> TensorSource:
+def state_source(state: Mapping[str, torch.Tensor], dtype: torch.dtype,
+                 metadata: Mapping[str, str] | None = None) -> TensorSource:
     """A state dict: its shapes give the header at once; each tensor is cast as it is written."""
-    head, total = payload_layout(state, dtype)
+    head, total = payload_layout(state, dtype, metadata)
     return TensorSource(head, total, lambda cutter: stream_state(state, dtype, head, cutter))
 
 
@@ -152,13 +161,17 @@ class SnapshotStore:
     reconnected, is not pulled from under it), and those not announced yet (``pinned``)."""
 
     def __init__(self, root: Path, *, job_id: int, chunk_bytes: int = DEFAULT_CHUNK_BYTES, keep: int = 4,
-                 retain_s: float = 0.0, dtype: str = "bf16", full_every: int = 0) -> None:
+                 retain_s: float = 0.0, dtype: str = "bf16", full_every: int = 0,
+                 adapter: LoraSpec | None = None) -> None:
         if dtype not in SNAPSHOT_DTYPES:
             raise ValueError(f"snapshot dtype must be one of {', '.join(SNAPSHOT_DTYPES)}, not {dtype!r}")
         if full_every < 0:
             raise ValueError(f"full_every must be >= 0 (0: no full snapshot on a schedule), not {full_every}")
         self.root, self.job_id, self.chunk_bytes, self.keep = Path(root), job_id, chunk_bytes, keep
         self.retain_s, self.dtype, self.full_every = retain_s, dtype, full_every
+        self.adapter = adapter if adapter is not None and adapter.enabled else None
+        """A LoRA job's adapter: every version after the base is the adapter's tensors alone (learner/lora.py)."""
+        self.format = ADAPTER_FORMAT if self.adapter is not None else "safetensors"
         self.root.mkdir(parents=True, exist_ok=True)
         self._since_full = self._deltas_on_disk()
         self.pinned: Callable[[], Collection[int]] = frozenset
@@ -171,7 +184,10 @@ class SnapshotStore:
         the end). Returns the manifest agents get, full or delta."""
         started, dtype = time.perf_counter(), SNAPSHOT_DTYPES[self.dtype]
         with staging(self.root, version) as tmp:
-            if isinstance(weights, torch.nn.Module):
+            if self.adapter is not None:  # a few MB: gathered in memory, whatever the weights come as
+                state = publishable_state(weights) if isinstance(weights, torch.nn.Module) else weights
+                source = state_source(adapter_state(state), dtype, adapter_metadata(self.adapter))
+            elif isinstance(weights, torch.nn.Module):
                 source = state_source(publishable_state(weights), dtype)
             elif isinstance(weights, Mapping):
                 source = state_source(weights, dtype)
@@ -193,7 +209,7 @@ class SnapshotStore:
         """Write the full payload under ``tmp/full`` (and the delta under ``tmp``, if there is a base); keep the
         delta only when it pays, else move the full payload up to be the version itself."""
         base = self._delta_base(version, source.total)
-        fields = {"job_id": self.job_id, "version": version, "dtype": self.dtype}
+        fields = {"job_id": self.job_id, "version": version, "dtype": self.dtype, "format": self.format}
         delta_cutter = encoder = None
         if base is not None:
             delta_cutter = ChunkCutter(self.chunk_bytes, chunk_files(tmp / CHUNKS))
@@ -233,7 +249,7 @@ class SnapshotStore:
             return None
         base = found[0]
         if (base.total_bytes, base.chunk_bytes, base.dtype, base.format) != (total_bytes, self.chunk_bytes,
-                                                                             self.dtype, "safetensors"):
+                                                                             self.dtype, self.format):
             return None
         return found
 
