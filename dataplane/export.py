@@ -32,12 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
-from . import basemodel, weights
+from . import basemodel, lora, tensorfile, weights
 from .broadcast.store import full_payload
 from .chat import PLAIN, TEMPLATE_FILES, PromptFormat, PromptFormatError, exported_template_files
 from .snapshot import Manifest, verify_chunk
 
 WEIGHTS_FILE = "model.safetensors"
+ADAPTER_WEIGHTS, ADAPTER_CONFIG = "adapter_model.safetensors", "adapter_config.json"  # a LoRA job's, PEFT's names
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf",
                     ".safetensors.index.json", ".bin.index.json")
 MAX_SMALL_FILE_BYTES = 512 << 20
@@ -117,11 +118,13 @@ def plan(base: Manifest, fetch_base: Fetch, snapshot: Manifest, fetch_snapshot: 
         if dtype != "as-trained":
             raise ExportError("dtype: version 0 is the base model as published; it is exported unchanged")
         return _prompted(_base_members(archive, keep_weights=True), prompt_format)
-    if snapshot.format != "safetensors":
+    if snapshot.format not in ("safetensors", lora.ADAPTER_FORMAT):
         raise ExportError(f"version {snapshot.version} is {snapshot.format!r}, not safetensors weights")
     if snapshot.kind != "full":
         raise ExportError(f"version {snapshot.version} is a delta: export its full payload (its manifest's "
                           "`full`, served under full/)")
+    if snapshot.format == lora.ADAPTER_FORMAT:
+        return _adapter_members(archive, snapshot, fetch_snapshot, prompt_format)
     members = _prompted(_base_members(archive, keep_weights=False), prompt_format)
     payload = open_payload(snapshot, fetch_snapshot)
     try:
@@ -133,6 +136,24 @@ def plan(base: Manifest, fetch_base: Fetch, snapshot: Manifest, fetch_snapshot: 
     members[0] = Member(config.name, len(text), lambda: [text])
     members.append(Member(WEIGHTS_FILE, written.size, lambda: written.pieces(payload)))
     return members
+
+
+def _adapter_members(archive: BinaryIO, snapshot: Manifest, fetch: Fetch, fmt: PromptFormat) -> list[Member]:
+    """A LoRA job's version (dataplane/lora.py): the base model whole, and beside its files the adapter in PEFT's
+    layout (``adapter_model.safetensors``: the published payload as it is; ``adapter_config.json``): a local model
+    with an embedded adapter, which ``AutoModelForCausalLM.from_pretrained(out)`` loads as base + adapter
+    (transformers' PEFT integration) and ``PeftModel.from_pretrained(base, out)`` too. The merged model is the
+    learner's export's to write (``echo2-learner export --merged``: it needs torch)."""
+    payload = open_payload(snapshot, fetch).read()
+    try:
+        spec = lora.spec_from_metadata(tensorfile.metadata(tensorfile.ChunkedPayload([payload], len(payload))))
+    except ValueError as err:
+        raise ExportError(f"version {snapshot.version}: {err}") from None
+    config = json.dumps({**spec.peft_config(), "peft_type": "LORA", "inference_mode": True,
+                         "base_model_name_or_path": None}, indent=2).encode()
+    return [*_prompted(_base_members(archive, keep_weights=True), fmt),
+            Member(ADAPTER_WEIGHTS, len(payload), lambda: [payload]),
+            Member(ADAPTER_CONFIG, len(config), lambda: [config])]
 
 
 def _base_members(archive: BinaryIO, *, keep_weights: bool) -> list[Member]:

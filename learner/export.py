@@ -19,6 +19,7 @@ from safetensors.torch import save
 from dataplane import export
 from dataplane.broadcast.store import list_versions
 from dataplane.chat import PLAIN, PromptFormat, as_prompt_format
+from dataplane.lora import ADAPTER_FORMAT
 from dataplane.snapshot import build_manifest, split
 
 from . import fsdp
@@ -65,10 +66,11 @@ def saved_prompt_format(snapshot_dir: Path, job_id: int, checkpoint_dir: Path | 
 
 
 def export_version(snapshot_dir: Path, job_id: int, out: Path, *, version: int | None = None,
-                   dtype: str = "as-trained", prompt_format: PromptFormat | None = None) -> dict:
+                   dtype: str = "as-trained", prompt_format: PromptFormat | None = None, merged: bool = False) -> dict:
     """Write version ``version`` (default: the newest on disk) of job ``job_id`` to ``out``, its tokenizer as
     ``prompt_format`` (default: the saved one) prompted it; returns what was written (job, version, dtype,
-    prompt format, directory, files)."""
+    prompt format, directory, files). A LoRA job's version is the base with the adapter beside it
+    (dataplane/export.py), or with ``merged`` the adapter merged into the base's weights (:func:`merge_adapter`)."""
     root = job_store(snapshot_dir, job_id)
     held = list_versions(root)
     if version is None:
@@ -81,7 +83,36 @@ def export_version(snapshot_dir: Path, job_id: int, out: Path, *, version: int |
     snapshot, fetch = export.local_version(root, version)
     fmt = prompt_format or saved_prompt_format(snapshot_dir, job_id)
     members = export.plan(base, fetch_base, snapshot, fetch, dtype=dtype, prompt_format=fmt)
-    return _written(job_id, version, dtype, export.write_directory(members, out), members, fmt)
+    if merged and snapshot.format != ADAPTER_FORMAT:
+        raise export.ExportError(f"--merged: version {version} is not a LoRA adapter (merged already)")
+    written = _written(job_id, version, dtype, export.write_directory(members, out), members, fmt)
+    if merged:
+        written["files"] = merge_adapter(out)
+    return written
+
+
+def merge_adapter(directory: Path) -> dict[str, int]:
+    """Turn the export of a LoRA version in ``directory`` (the base's files and the adapter's) into one plain model:
+    the adapter merged into the base's weights with PEFT (``merge_and_unload``), written by ``save_pretrained`` in
+    the base's dtype, the adapter's files removed; returns the files and their sizes."""
+    import tempfile
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    directory = Path(directory)
+    with tempfile.TemporaryDirectory(dir=directory.parent) as aside:
+        base_dir, adapter_dir = Path(aside, "base"), Path(aside, "adapter")
+        base_dir.mkdir()
+        adapter_dir.mkdir()
+        for name in (export.ADAPTER_WEIGHTS, export.ADAPTER_CONFIG):  # apart: from_pretrained would apply it itself
+            (directory / name).rename(adapter_dir / name)
+        for name in ["config.json", *(p.name for p in directory.iterdir() if export.is_weights(p.name))]:
+            (directory / name).rename(base_dir / name)
+        base = AutoModelForCausalLM.from_pretrained(base_dir, dtype="auto")
+        model = PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
+        model.save_pretrained(directory)
+    return {p.name: p.stat().st_size for p in sorted(directory.iterdir()) if p.is_file()}
 
 
 def export_checkpoint(snapshot_dir: Path, job_id: int, out: Path, *, checkpoint_dir: Path | None = None,

@@ -205,11 +205,14 @@ class Installer:
         if job is None or snap.version <= job.version:
             return
         held, source = await self._full_payload(snap, manifest, chunks, job, source)
-        tensors = await asyncio.to_thread(held.tensors)
+        tensors, adapter = await asyncio.to_thread(lambda: (held.tensors(), held.adapter()))
         async with self.install_lock:
             if self.job is not job or snap.version <= job.version:
                 return
-            await asyncio.to_thread(job.engine.load_weights, tensors)
+            if adapter is not None:  # a LoRA job: the version's adapter applied on the installed base
+                await asyncio.to_thread(job.engine.load_adapter, tensors, adapter, version=manifest.version)
+            else:
+                await asyncio.to_thread(job.engine.load_weights, tensors)
             job.version, job.held = manifest.version, held
         self.relays.retire(snap.job_id, keep_from=snap.version - 1)
         await self._report_installed(snap, manifest, source)

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from dataplane.delta import apply_delta
+from dataplane.lora import ADAPTER_FORMAT, LoraSpec, spec_from_metadata
 from dataplane.snapshot import Manifest, SnapshotError
-from dataplane.tensorfile import ChunkedPayload, layout
+from dataplane.tensorfile import ChunkedPayload, layout, metadata
 
 TORCH_DTYPES = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "F16": torch.float16,
                 "BF16": torch.bfloat16, "I32": torch.int32, "F32": torch.float32, "I64": torch.int64,
@@ -33,6 +34,15 @@ class HeldWeights:
     @property
     def version(self) -> int:
         return self.manifest.version
+
+    def adapter(self) -> LoraSpec | None:
+        """The adapter's settings when the payload is a LoRA adapter (dataplane/lora.py), else None (the weights)."""
+        if self.manifest.format != ADAPTER_FORMAT:
+            return None
+        try:
+            return spec_from_metadata(metadata(ChunkedPayload(self.chunks, self.manifest.chunk_bytes)))
+        except ValueError as err:  # pydantic's errors included
+            raise SnapshotError(f"version {self.version}: {err}") from None
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """The payload's tensors, each copied out of the chunks (the chunks are never joined)."""

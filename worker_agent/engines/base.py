@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dataplane.chat import PLAIN, PromptFormat, prompt_ids
+from dataplane.lora import LoraSpec
 
 GREEDY_BELOW = 0.01  # temperatures under this sample greedily, on every engine
 
@@ -60,6 +61,14 @@ class Engine(ABC):
     def generate(self, prompts: list[str], *, n: int, params: SamplingParams) -> list[list[Completion]]:
         """Sample ``n`` completions for each prompt; returns one list of ``n`` per prompt (greedy: ``n`` copies of
         one completion)."""
+
+    adapter_version: int | None = None
+    """The version whose LoRA adapter the engine generates with (None: none, the weights it holds)."""
+
+    def load_adapter(self, tensors: dict, spec: LoraSpec, *, version: int) -> None:
+        """Apply ``version``'s LoRA adapter (its tensors under PEFT's saved names, ``spec`` its settings) on the
+        installed base, without reloading the base; raises ValueError, and installs nothing, when it does not fit."""
+        raise ValueError(f"the {type(self).__name__} cannot apply LoRA adapters")
 
     @abstractmethod
     def load_weights(self, tensors: dict) -> None:

@@ -12,6 +12,7 @@ import inspect
 import torch
 
 from dataplane.chat import PLAIN, PromptFormat
+from dataplane.lora import LoraSpec, injected_key, is_adapter_key
 
 from .base import Completion, Engine, SamplingParams
 
@@ -47,6 +48,7 @@ class HFEngine(Engine):
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.cache_name = cache_argument(self.model)
+        self.adapter: LoraSpec | None = None  # injected by the first load_adapter (a LoRA job's)
 
     def load_weights(self, tensors: dict) -> None:
         state = {k: v.to(self.device) for k, v in tensors.items()}
@@ -54,6 +56,31 @@ class HFEngine(Engine):
         real_missing = [k for k in missing if not k.endswith("lm_head.weight")]  # tied to the embeddings
         if real_missing or unexpected:
             raise ValueError(f"snapshot does not fit the model: missing={real_missing[:3]} unexpected={unexpected[:3]}")
+
+    @torch.no_grad()
+    def load_adapter(self, tensors: dict, spec: LoraSpec, *, version: int) -> None:
+        """The first adapter is injected into the model in place (PEFT's ``inject_adapter_in_model``: each target
+        layer gains lora_A/lora_B beside its unchanged base weight, no dropout); every later one only replaces
+        those tensors. The base is never reloaded."""
+        if self.adapter is None:
+            from peft import LoraConfig, inject_adapter_in_model
+
+            inject_adapter_in_model(LoraConfig(**{**spec.peft_config(), "lora_dropout": 0.0}), self.model)
+            self.model.eval()
+            self.adapter = spec.model_copy(update={"dropout": 0.0})
+        elif spec.model_copy(update={"dropout": 0.0}) != self.adapter:
+            raise ValueError(f"v{version}'s adapter settings {spec} are not those the engine holds {self.adapter}")
+        try:
+            state = {injected_key(name): tensor for name, tensor in tensors.items()}
+        except ValueError as err:
+            raise ValueError(f"v{version} is not an adapter: {err}") from None
+        own = {name: t for name, t in self.model.state_dict().items() if is_adapter_key(name)}
+        wrong = sorted(set(state) ^ set(own)) or [k for k, t in state.items() if t.shape != own[k].shape]
+        if wrong:
+            raise ValueError(f"v{version}'s adapter does not fit the model: {wrong[:3]}")
+        for name, tensor in state.items():
+            own[name].copy_(tensor)
+        self.adapter_version = version
 
     def generate(self, prompts: list[str], *, n: int, params: SamplingParams) -> list[list[Completion]]:
         return self.generate_ids([self.encode_prompt(p) for p in prompts], n=n, params=params)

@@ -25,6 +25,12 @@ other threads, so we set ``spawn`` unless the variable is set already.
 
 ``vllm`` is imported inside the class, so this module imports (and the agent runs its HF engine) on machines
 without it.
+
+LoRA jobs (docs/lora.md): an engine built with ``enable_lora=True`` (and ``max_lora_rank`` at least the job's rank)
+applies each version's adapter as vLLM's own LoRA: the adapter written as a PEFT directory, then every request
+of that version carries ``LoRARequest(f"v{version}", version, directory)``; the base weights stay as loaded.
+Written against vLLM's documented LoRA API (``vllm.lora.request.LoRARequest``, ``LLM.generate(lora_request=)``)
+and not run here: no GPU on the machine where it was written.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from dataplane.chat import PLAIN, PromptFormat
+from dataplane.lora import LoraSpec
 
 from .base import Completion, Engine, SamplingParams
 from .seeds import SeedStream
@@ -113,6 +120,9 @@ class VLLMEngine(Engine):
         self.last_install: dict[str, Any] = {}
         self._partial: str | None = None  # why the weights may be a mix of two snapshots
         engine_kwargs.setdefault("logprobs_mode", "raw_logprobs")
+        self.lora_enabled = bool(engine_kwargs.get("enable_lora"))
+        self._lora: Any = None  # the LoRARequest of the adapter generated with (None: the base's weights)
+        self._lora_dirs: list[tempfile.TemporaryDirectory] = []
         self.llm = vllm.LLM(model=model_dir, tokenizer=model_dir, seed=seed if seed is not None else 0, dtype=dtype,
                             gpu_memory_utilization=gpu_memory_utilization,
                             worker_extension_cls=f"{__name__}.WeightLoader", **engine_kwargs)
@@ -131,7 +141,8 @@ class VLLMEngine(Engine):
         requests = [VSamplingParams(**sampling_kwargs(
             params, n=n, stop=stops, seed=self.seeds.take(n) if self.seeds and not params.greedy else None))
             for _ in prompt_ids]
-        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], requests, use_tqdm=False)
+        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in prompt_ids], requests, use_tqdm=False,
+                                    lora_request=self._lora)
         groups = []
         for ids, out in zip(prompt_ids, outputs, strict=True):
             group = []
@@ -142,6 +153,27 @@ class VLLMEngine(Engine):
                                         text=self.tokenizer.decode(tokens, skip_special_tokens=True)))
             groups.append(group * n if params.greedy else group)
         return groups
+
+    def load_adapter(self, tensors: dict, spec: LoraSpec, *, version: int) -> None:
+        """Write ``version``'s adapter as a PEFT directory (adapter_model.safetensors and adapter_config.json) and
+        generate under it from now on; vLLM loads it at the first request that names it. The two newest
+        directories are kept (the previous one may still be loading), older ones removed."""
+        from peft import LoraConfig
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+
+        if not self.lora_enabled:
+            raise ValueError("this vLLM engine was built without enable_lora=True; a LoRA job needs it (and "
+                             f"max_lora_rank >= {spec.rank})")
+        directory = tempfile.TemporaryDirectory(prefix=f"echo2-adapter-v{version}-", dir=self.install_dir)
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
+                  str(Path(directory.name) / "adapter_model.safetensors"), metadata={"format": "pt"})
+        LoraConfig(**{**spec.peft_config(), "lora_dropout": 0.0}).save_pretrained(directory.name)
+        self._lora = LoRARequest(f"v{version}", version, directory.name)
+        self.adapter_version = version
+        self._lora_dirs.append(directory)
+        while len(self._lora_dirs) > 2:
+            self._lora_dirs.pop(0).cleanup()
 
     def load_weights(self, tensors: dict) -> None:
         """Install a full snapshot: checked against the base checkpoint's names, written to one file that the workers

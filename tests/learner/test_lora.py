@@ -1,0 +1,125 @@
+"""LoRA jobs on the learner (docs/lora.md): the adapter trains on the frozen base, its KL reference is the base with
+the adapter disabled, every publication after the base is the adapter alone, a checkpoint resumes it, and the
+export loads with ``from_pretrained`` (the adapter beside the base, or merged) and answers as an agent's engine."""
+
+from __future__ import annotations
+
+import safetensors.torch
+import torch
+
+from dataplane.broadcast.store import full_payload, iter_chunks
+from dataplane.jobs import JobSpec
+from dataplane.lora import ADAPTER_FORMAT
+from learner import lora
+from learner.batch import collate, token_logprobs
+from learner.checkpoint import CheckpointStore
+from learner.export import export_version
+from learner.policy import build_policy, load_model
+from learner.publisher import SnapshotStore
+from worker_agent.engines.base import SamplingParams
+from worker_agent.engines.hf import HFEngine
+from worker_agent.weights import HeldWeights
+
+from .test_trainer_step import make_group, on_policy
+
+
+def lora_spec(model_dir, **changes) -> JobSpec:
+    return JobSpec(name="lora", model_dir=str(model_dir), task={"name": "arithmetic"}, batch_trajectories=4,
+                   group_size=2, learning_rate=5e-2, max_new_tokens=2, lora={"rank": 4},
+                   loss={"kl_beta": 0.1}, **changes)
+
+
+def records(trainer, tokenizer):
+    return on_policy(trainer.module, [*make_group(tokenizer, "a", "3+4=", {"7": 1.0, "5": 0.0}),
+                                      *make_group(tokenizer, "b", "2+2=", {"1": 0.0, "4": 1.0})],
+                     tokenizer.pad_token_id)
+
+
+def test_the_adapter_trains_alone_and_the_reference_is_the_base(tiny_model_dir) -> None:
+    trainer, tokenizer = build_policy(lora_spec(tiny_model_dir), device="cpu")
+    batch = records(trainer, tokenizer)
+    before = {k: v.clone() for k, v in trainer.module.state_dict().items()}
+
+    result = trainer.step(batch)
+
+    after = trainer.module.state_dict()
+    moved = {k for k in after if not torch.equal(before[k], after[k])}
+    assert moved and all(".lora_" in k for k in moved)  # the adapter moved; no base weight did
+    assert all(".lora_" in n for n, p in trainer.module.named_parameters() if p.requires_grad)
+    adapter_params = {id(p) for n, p in trainer.module.named_parameters() if ".lora_" in n}
+    assert {id(p) for p in trainer.optimizer.state} == adapter_params  # AdamW's moments for the adapter only
+    assert result.stats.kl_term == 0.0  # the first step: policy == base
+    base = load_model(str(tiny_model_dir)).eval()
+    rows = collate(batch, pad_id=tokenizer.pad_token_id)
+    with torch.no_grad():
+        reference, policy, plain = (token_logprobs(m, rows) for m in (trainer.reference, trainer.module, base))
+    assert torch.allclose(reference, plain, atol=1e-5)  # adapter disabled: the base itself, no second model
+    assert not torch.allclose(policy, plain, atol=1e-3)  # and the adapter really changed the policy
+    assert not any(isinstance(m, type(base)) for m in trainer.reference.modules() if m is not trainer.reference)
+
+
+def test_publications_are_the_adapter_and_a_checkpoint_resumes_it(tiny_model_dir, tmp_path) -> None:
+    spec = lora_spec(tiny_model_dir)
+    trainer, tokenizer = build_policy(spec, device="cpu")
+    store = SnapshotStore(tmp_path / "snapshots", job_id=1, adapter=spec.lora, chunk_bytes=4096)
+    store.write_base(tiny_model_dir)
+    full_store = SnapshotStore(tmp_path / "full", job_id=1, chunk_bytes=4096)
+    trainer.step(records(trainer, tokenizer))
+
+    manifest = store.write(trainer.full_state(), 1)
+    full = full_store.write(load_model(str(tiny_model_dir)), 1)
+
+    assert manifest.format == ADAPTER_FORMAT and manifest.kind == "full"
+    assert manifest.total_bytes < full.total_bytes / 3
+    manifest, directory = full_payload(store.root, 1)
+    held = HeldWeights(manifest, list(iter_chunks(directory, manifest)))
+    payload = safetensors.torch.load(b"".join(held.chunks))  # an ordinary safetensors file
+    assert held.adapter() == spec.lora and set(payload) == set(held.tensors())
+    assert all(k.startswith("base_model.model.") and ".lora_" in k and ".default." not in k for k in payload)
+
+    checkpoints = CheckpointStore(tmp_path / "checkpoint")
+    state = trainer.checkpoint_state(checkpoints, 1, copy=True)  # as the background committer takes it
+    resumed, _ = build_policy(spec, device="cpu")
+    resumed.load_state(state["model"], state["optimizer"])
+    batch = records(trainer, tokenizer)
+    trainer.step(batch)
+    resumed.step(batch)  # the same update from the same adapter and AdamW moments
+    for (name, a), b in zip(trainer.module.state_dict().items(), resumed.module.state_dict().values(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6), name
+    second = store.write(trainer.module, 2)
+    assert second.format == ADAPTER_FORMAT and second.total_bytes <= manifest.total_bytes  # full, or a delta that pays
+
+
+def test_the_export_loads_with_from_pretrained_and_answers_as_the_engine(tiny_model_dir, tmp_path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    spec = lora_spec(tiny_model_dir)
+    trainer, tokenizer = build_policy(spec, device="cpu")
+    store = SnapshotStore(tmp_path / "snapshots" / "job1", job_id=1, adapter=spec.lora, dtype="fp32")
+    store.write_base(tiny_model_dir)
+    for _ in range(3):
+        trainer.step(records(trainer, tokenizer))
+    store.write(trainer.module, 3)
+
+    export_version(tmp_path / "snapshots", 1, tmp_path / "adapter")
+    export_version(tmp_path / "snapshots", 1, tmp_path / "merged", merged=True)
+
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
+    assert not (tmp_path / "merged" / "adapter_config.json").exists()
+    with_adapter = AutoModelForCausalLM.from_pretrained(tmp_path / "adapter").eval()  # base + embedded adapter
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    engine = HFEngine(str(tiny_model_dir), device="cpu")
+    manifest, directory = full_payload(store.root, 3)
+    held = HeldWeights(manifest, list(iter_chunks(directory, manifest)))
+    engine.load_adapter(held.tensors(), held.adapter(), version=3)
+    rows = collate(records(trainer, tokenizer), pad_id=tokenizer.pad_token_id)
+    with torch.no_grad():
+        expected = token_logprobs(trainer.module.eval(), rows)
+        for model in (with_adapter, merged, engine.model):
+            assert torch.allclose(token_logprobs(model, rows), expected, atol=1e-4)
+    greedy = SamplingParams(max_new_tokens=4, temperature=0.0)
+    prompts = ["3+4=", "2+2=", "9+1="]
+    answers = [g[0].completion_ids for g in engine.generate(prompts, n=1, params=greedy)]
+    exported = HFEngine(str(tmp_path / "merged"), device="cpu")
+    assert [g[0].completion_ids for g in exported.generate(prompts, n=1, params=greedy)] == answers
+    assert engine.adapter_version == 3 and lora.is_lora(trainer.module)
