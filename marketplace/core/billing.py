@@ -7,7 +7,9 @@ bills the interval between two reports when the earlier one was ``installing`` o
 model pays a worker while it serves the job (section 3.4); issue 13 narrows "serves" to installing snapshots and
 generating rollouts, so ``loading`` (building the engine from the job's base, version 0, which happens once per
 activation), ``idle`` (waiting for work or a version) and ``failed`` (a crashed rollout loop, being restarted) are
-free; issue 26 makes "generating" what the site saw (leases, accepted groups), so silent time is free too. An
+free; issue 26 makes "generating" what the site saw (leases, accepted groups), so silent time is free too; it is now
+a lease outstanding on an open socket, from the lease to its group's acceptance or its timeout (not a
+fixed hold after the last lease, which billed killed agents and stalled jobs for up to the lease timeout). An
 interval longer than the worker timeout is not billed at all: the site does not know what the worker did meanwhile.
 
 Plain functions over plain values; the database side is ``services.billing``.
@@ -36,29 +38,36 @@ def effective_state(*, reported: str, reported_job_id: int | None, job_id: int) 
     return reported if reported_job_id == job_id else "idle"
 
 
-def observed_state(*, reported: str, started: float, installed: float | None, active: float | None, now: float,
-                   hold_s: float) -> tuple[str, float]:
+def observed_state(*, reported: str, started: float, installed: float | None, held_since: float | None,
+                   held_until: float | None, now: float, connected: bool = True) -> tuple[str, float]:
     """The state an activation started at ``started`` is in at ``now`` as the site saw it, and the time from which
-    it holds (earlier than ``now`` only for ``idle``: the bill in ``generating`` stops ``hold_s`` after the last work).
+    it holds (earlier than ``now`` when it began after the last report could say so: the caller bills up to it).
+
+    Bills follow leases, not recency: generating is a lease outstanding with the socket open. ``held_since``: when
+    the leases the worker holds now began to be held (None: it holds none); ``held_until``: when the last lease it
+    held stopped being held (its group accepted, or its timeout ran out unanswered).
 
     - ``failed``: the agent says its rollout loop crashed; believed, since the word only lowers its own bill;
     - ``loading``: no install of a published version of the job reported (``installed``) since the activation
       started: building the engine from the base, free as issue 13 asks; a worker that never installs is never
       billed;
-    - ``generating``: a lease taken or a group accepted (``active``) within ``hold_s`` (the lease timeout: a lease
-      is work outstanding until it would time out);
-    - ``idle`` otherwise, from ``hold_s`` after the last work: silent time is not billed, whatever the heartbeat
-      says.
+    - ``idle`` with the socket closed (``connected`` False), from ``now``: its leases went back with the socket and
+      nothing it does can be delivered; no later observation turns it back;
+    - ``generating`` from ``held_since`` while a lease is outstanding;
+    - ``idle`` otherwise, from ``held_until``: the time after its last lease, waiting for work that does not come
+      (no prompts: the learner gone) or not asking, is not billed, whatever the heartbeat says.
     """
     if reported == "failed":
         return "failed", now
     if installed is None or installed < started:
         return "loading", now
-    if active is None or active < started:
+    if not connected:
         return "idle", now
-    if now - active <= hold_s:
-        return "generating", now
-    return "idle", active + hold_s
+    if held_since is not None:
+        return "generating", min(max(held_since, started), now)
+    if held_until is None or held_until < started:
+        return "idle", now
+    return "idle", min(held_until, now)
 
 
 def silence_bound_s(*, min_s: float, groups: float, group_size: int, throughput: float | None) -> float:

@@ -13,11 +13,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import secrets
+import time
 
 from django.conf import settings
 
 from dataplane.broadcast import chains
-from dataplane.replay import TimedEvent, add_event
+from dataplane.replay import PROMPT_GROUP, TimedEvent, add_event, consumer_name, prompts_key
 
 from ..core import controller
 from . import stream
@@ -127,6 +128,8 @@ class Observed:
     accepted: float | None = None
     installed: float | None = None
     starved: float | None = None  # it asked for work and there was none
+    held_since: float | None = None  # when the leases it holds now (unexpired) began to be held; None: none held
+    held_until: float | None = None  # when the last lease it held stopped being held (accepted, or timed out)
 
     @property
     def active(self) -> float | None:
@@ -136,18 +139,43 @@ class Observed:
 
 
 def observed(worker_ids: list[int], *, job_id: int) -> dict[int, Observed]:
-    """:class:`Observed` of each worker in ``job_id``, in one round trip."""
+    """:class:`Observed` of each worker in ``job_id``, in one round trip: with the leases pending under its consumer
+    in the job's prompt stream (``dataplane.replay``), which say whether it holds one now and since when."""
     pipe = stream.client().pipeline(transaction=False)
     for wid in worker_ids:
         pipe.hmget(observed_key(wid, job_id), ["leased", "installed", "starved"])
         pipe.zrevrange(accepted_key(wid, job_id), 0, 0, withscores=True)
-    rows = pipe.execute()
+        pipe.xpending_range(prompts_key(job_id), PROMPT_GROUP, min="-", max="+", count=HELD_SCAN,
+                            consumername=consumer_name(wid))
+    rows = pipe.execute(raise_on_error=False)
+    now, timeout = time.time(), float(settings.ECHO2["LEASE_TIMEOUT_S"])
     out = {}
     for i, wid in enumerate(worker_ids):
-        (leased, installed, starved), last = rows[2 * i], rows[2 * i + 1]
-        out[wid] = Observed(leased=_time(leased), accepted=float(last[0][1]) if last else None,
-                            installed=_time(installed), starved=_time(starved))
+        (leased, installed, starved), last, pending = rows[3 * i: 3 * i + 3]
+        for row in (leased, last):
+            if isinstance(row, Exception):
+                raise row
+        accepted = float(last[0][1]) if last else None
+        idles = [] if isinstance(pending, Exception) else [p["time_since_delivered"] / 1000 for p in pending]
+        held_since, held_until = lease_hold(idles, accepted=accepted, now=now, timeout_s=timeout)
+        out[wid] = Observed(leased=_time(leased), accepted=accepted, installed=_time(installed),
+                            starved=_time(starved), held_since=held_since, held_until=held_until)
     return out
+
+
+HELD_SCAN = 256  # pending leases read per worker: a lease takes at most one step's groups, and it holds one or two
+
+
+def lease_hold(idles: list[float], *, accepted: float | None, now: float,
+               timeout_s: float) -> tuple[float | None, float | None]:
+    """``(held_since, held_until)`` of a worker whose pending leases were delivered ``idles`` seconds before
+    ``now`` (a prompt stream's pending entries; one past ``timeout_s`` is no longer held: it may go to anyone) and
+    whose last group was accepted at ``accepted``. A stream missing its group (no prompts yet) has no pending."""
+    live = [idle for idle in idles if idle < timeout_s]
+    held_since = now - max(live) if live else None
+    expired = [now - idle + timeout_s for idle in idles if idle >= timeout_s]
+    ends = [t for t in (accepted, max(expired, default=None)) if t is not None]
+    return held_since, max(ends) if ends else None
 
 
 def _time(raw: str | None) -> float | None:

@@ -37,23 +37,19 @@ def gap_limit_s() -> float:
     return float(settings.ECHO2["WORKER_TIMEOUT_S"])
 
 
-def hold_s() -> float:
-    """How long after a lease or an accepted group a worker counts as generating: the lease timeout."""
-    return float(settings.ECHO2["LEASE_TIMEOUT_S"])
-
-
 def activation_observe(*, activation: Activation, at: datetime, reported: str = "idle", reason: str = "",
-                       seen: telemetry.Observed | None = None) -> Activation | None:
+                       seen: telemetry.Observed | None = None, connected: bool = True) -> Activation | None:
     """Bill ``activation`` up to ``at`` by what the site observed (``billing.observed_state``; ``seen``: read now
     when not given) and record that state. ``reported``: the state the agent claims for this job, which counts only
-    when it is ``failed``. Returns the updated activation, None when it has ended."""
+    when it is ``failed``; ``connected``: whether its agent's socket is open. Returns the updated activation, None
+    when it has ended."""
     if seen is None:
         seen = telemetry.observed([activation.worker_id], job_id=activation.job_id)[activation.worker_id]
     state, since = billing.observed_state(reported=reported, started=activation.started_at.timestamp(),
-                                          installed=seen.installed, active=seen.active, now=at.timestamp(),
-                                          hold_s=hold_s())
+                                          installed=seen.installed, held_since=seen.held_since,
+                                          held_until=seen.held_until, now=at.timestamp(), connected=connected)
     reason = reason if state == "failed" else ""
-    if since < at.timestamp():  # generating stopped at ``since``: billed up to it, idle after
+    if since < at.timestamp():  # the state began at ``since`` (a lease taken or ended): the bill changes there
         activation_report(activation_id=activation.pk, at=datetime.fromtimestamp(since, tz=at.tzinfo), state=state,
                           reason=reason)
     return activation_report(activation_id=activation.pk, at=at, state=state, reason=reason)

@@ -27,7 +27,7 @@ from ..core import billing
 from ..infra import liveness, telemetry
 from ..models import Activation, Job, Worker, WorkerSession
 from .base import ServiceError, enqueue_task, push_job_update
-from .billing import activation_observe, activation_report, gap_limit_s, hold_s
+from .billing import activation_observe, activation_report, gap_limit_s
 from .broadcast import assign_message
 from .repair import repair_without
 from .workers import _return_leases, worker_activate, worker_release
@@ -197,13 +197,14 @@ def _bill_until(activation: Activation, *, at: datetime, now: datetime) -> None:
 
 
 def _observe(activation: Activation, *, at: datetime, reported: str, reason: str, throughput: float | None,
-             seen: telemetry.Observed | None = None) -> None:
+             seen: telemetry.Observed | None = None, connected: bool = True) -> None:
     """Bill the activation up to ``at`` by what the site observed and record that state (pushed to the job page
     when it changed); then release the worker, and re-plan its job, when it returned nothing past the silence
     bound (``billing.silent_reason``) or its own rollout loop has been failing for ``ROLLOUT_FAILED_RELEASE_S``."""
     if seen is None:
         seen = telemetry.observed([activation.worker_id], job_id=activation.job_id)[activation.worker_id]
-    updated = activation_observe(activation=activation, at=at, reported=reported, reason=reason, seen=seen)
+    updated = activation_observe(activation=activation, at=at, reported=reported, reason=reason, seen=seen,
+                                 connected=connected)
     if updated is None:
         return
     if updated.state != activation.state:
@@ -249,9 +250,11 @@ def activations_release_silent(*, now: datetime | None = None) -> int:
         for activation in activations:
             observed = seen[activation.worker_id]
             reported = activation.state if activation.state == "failed" else "idle"
+            connected = activation.worker.status != Worker.Status.OFFLINE  # a closed socket is never billed again
             state, _ = billing.observed_state(reported=reported, started=activation.started_at.timestamp(),
-                                              installed=observed.installed, active=observed.active,
-                                              now=now.timestamp(), hold_s=hold_s())
+                                              installed=observed.installed, held_since=observed.held_since,
+                                              held_until=observed.held_until, now=now.timestamp(),
+                                              connected=connected)
             why = _release_reason(activation, seen=observed, now=now.timestamp(),
                                   throughput=activation.worker.throughput)
             age = (now - activation.reported_at).total_seconds()
@@ -260,7 +263,7 @@ def activations_release_silent(*, now: datetime | None = None) -> int:
                 continue  # nothing to change, and the bill is recent
             with transaction.atomic():
                 _observe(activation, at=now, reported=reported, reason=activation.state_reason,
-                         throughput=activation.worker.throughput, seen=observed)
+                         throughput=activation.worker.throughput, seen=observed, connected=connected)
             released += bool(why)
     return released
 

@@ -15,7 +15,7 @@ from dataplane import replay
 from dataplane.tasks import build_task
 from learner.prompts import PromptFeeder
 from marketplace import services, tasks
-from marketplace.infra import liveness, telemetry
+from marketplace.infra import liveness, stream, telemetry
 from marketplace.models import Activation, Job, Worker, WorkerSession
 
 from . import factories
@@ -96,7 +96,9 @@ def test_billing_is_exact_when_reports_are_sparser_than_heartbeats(eager):
     Activation.objects.filter(pk=activation.pk).update(started_at=timezone.now() - timedelta(seconds=60))
     activation.refresh_from_db()
     telemetry.record_observed(worker.pk, job_id=activation.job_id, what="installed", at=time.time() - 59)
-    telemetry.record_observed(worker.pk, job_id=activation.job_id, what="leased", at=time.time() - 1)
+    stream.replay(activation.job_id).ensure_groups()
+    stream.replay(activation.job_id).add_prompts(["1+1="])
+    stream.replay(activation.job_id).lease(worker_id=worker.pk, count=1, timeout_s=30)  # a lease outstanding
     beat = services.worker_heartbeat_record(worker_id=worker.pk, throughput=1.0, state="generating",
                                             job_id=activation.job_id)
     services.worker_heartbeat_apply(worker=worker, beat=beat, throughput=1.0, state="generating",

@@ -29,19 +29,30 @@ LIE = 999_999.0
 
 
 def test_the_state_billed_is_what_the_site_saw():
-    rule = {"started": 100.0, "hold_s": 30.0}
-    assert billing.observed_state(reported="generating", installed=None, active=None, now=150.0, **rule) == \
+    rule = {"started": 100.0, "held_since": None, "held_until": None}
+    assert billing.observed_state(reported="generating", installed=None, now=150.0, **rule) == \
         ("loading", 150.0)  # no install reported: free, whatever it says
-    assert billing.observed_state(reported="generating", installed=110.0, active=None, now=150.0, **rule) == \
+    assert billing.observed_state(reported="generating", installed=110.0, now=150.0, **rule) == \
         ("idle", 150.0)  # installed, never leased
-    assert billing.observed_state(reported="idle", installed=110.0, active=140.0, now=150.0, **rule) == \
-        ("generating", 150.0)  # a lease 10 s ago: working, whatever it says
-    assert billing.observed_state(reported="generating", installed=110.0, active=115.0, now=150.0, **rule) == \
-        ("idle", 145.0)  # billed until the hold after its last work ran out
-    assert billing.observed_state(reported="failed", installed=110.0, active=140.0, now=150.0, **rule) == \
+    held = {**rule, "held_since": 140.0}
+    assert billing.observed_state(reported="idle", installed=110.0, now=150.0, **held) == \
+        ("generating", 140.0)  # a lease outstanding since 140: working from then, whatever it says
+    assert billing.observed_state(reported="idle", installed=110.0, now=150.0, connected=False, **held) == \
+        ("idle", 150.0)  # its socket closed: nothing it holds can be delivered
+    ended = {**rule, "held_until": 145.0}
+    assert billing.observed_state(reported="generating", installed=110.0, now=150.0, **ended) == \
+        ("idle", 145.0)  # billed until its last lease ended (its group accepted, or its timeout), not a hold after
+    assert billing.observed_state(reported="failed", installed=110.0, now=150.0, **held) == \
         ("failed", 150.0)  # its own word against itself is believed
-    assert billing.observed_state(reported="idle", installed=90.0, active=95.0, now=150.0, **rule) == \
+    assert billing.observed_state(reported="idle", installed=90.0, now=150.0, **rule) == \
         ("loading", 150.0)  # what it did in an earlier activation does not count
+
+
+def test_a_lease_is_held_from_its_delivery_until_its_group_is_accepted_or_its_timeout():
+    assert telemetry.lease_hold([], accepted=None, now=100.0, timeout_s=30.0) == (None, None)
+    assert telemetry.lease_hold([4.0, 9.0], accepted=80.0, now=100.0, timeout_s=30.0) == (91.0, 80.0)
+    assert telemetry.lease_hold([], accepted=97.5, now=100.0, timeout_s=30.0) == (None, 97.5)  # answered at 97.5
+    assert telemetry.lease_hold([45.0], accepted=60.0, now=100.0, timeout_s=30.0) == (None, 85.0)  # expired at 85
 
 
 def test_the_silence_bound_and_its_reasons():
@@ -183,7 +194,9 @@ def test_a_silent_worker_is_billed_nothing_and_released_after_the_bound(eager):
 def test_the_honest_worker_beside_it_is_billed_and_kept(eager):
     job = running()
     honest, _ = lying_worker(job, started_s=190, installed_s=181)
-    telemetry.record_observed(honest.pk, job_id=job.pk, what="leased", at=time.time() - 5)
+    stream.replay(job.pk).ensure_groups()
+    stream.replay(job.pk).add_prompts(["1+1="])
+    assert services.prompts_lease(worker=honest, job_id=job.pk, groups=1).leases  # a lease outstanding
     telemetry.record_accepted(honest.pk, job_id=job.pk, at=time.time() - 2, records=job.group_size)
     row = beat(honest, job, "idle")  # it says idle; the site saw it work
     assert row.ended_at is None and row.state == "generating"

@@ -1,0 +1,97 @@
+"""Bills follow leases, not recency: per fault, the worker-seconds billed against the seconds the worker held an
+outstanding lease, over the real consumer (Channels communicator, real Redis, real clock). Before, "generating" held
+for the lease timeout after the last lease or accepted group whether or not a lease was outstanding, a closed socket
+marked the activation idle and the next expiry beat turned it back to generating."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from channels.db import database_sync_to_async
+
+from dataplane.tasks import build_task
+from learner.prompts import PromptFeeder
+from marketplace import services
+from marketplace.infra import telemetry
+from marketplace.services import presence
+
+from .test_agent_socket import connect, settings_eager, setup_job_and_worker, started_with  # noqa: F401
+from .test_agent_socket_budget import submit
+from .test_agent_socket_parts import answer
+from .test_billing import billed
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("redis_url", "settings_eager")]
+TOLERANCE_S = 0.5  # between the test's clock readings and the site's, on a loaded machine
+
+
+async def working(redis_client, prompts: int = 1):
+    """A started job whose worker has installed its base and holds one lease: (job, comm, lease, leased at)."""
+    job, worker, key = await setup_job_and_worker()
+    comm = await connect(key)
+    await started_with(comm, job)
+    started = (await billed(job.pk)).started_at.timestamp()
+    telemetry.record_observed(worker.pk, job_id=job.pk, what="installed", at=max(time.time(), started + 0.001))
+    PromptFeeder(redis_client, job_id=job.pk, task=build_task({"name": "arithmetic"}), seed=0,
+                 backlog=prompts).top_up()
+    await comm.send_to(text_data=submit(job.pk, "l1", lease=1))
+    before = time.time()
+    lease = (await comm.receive_json_from(timeout=5))["lease"]["leases"][0]
+    return job, comm, lease, before
+
+
+beat = database_sync_to_async(lambda: presence.activations_release_silent())
+
+
+async def test_billing_ends_when_the_last_group_is_accepted_not_a_hold_after_it(redis_client):
+    """The learner is gone: the prompts run out. The worker returns its group and gets no more work; it is billed
+    the seconds it held its lease, not the lease timeout after its last group."""
+    job, comm, lease, leased_at = await working(redis_client)
+    await asyncio.sleep(1.0)
+    await beat()  # an expiry beat while it holds the lease: generating, from the lease
+    await asyncio.sleep(1.0)
+    returned_at = time.time()
+    await comm.send_to(text_data=submit(job.pk, "l2", [answer(job.pk, lease, tokens=4)], lease=1))
+    reply = await comm.receive_json_from(timeout=5)
+    assert reply["results"][0]["accepted"] == 4 and reply["lease"]["type"] == "no_work"
+    await asyncio.sleep(2.0)
+    await beat()
+    await beat()
+    row = await billed(job.pk)
+    assert row.state == "idle"
+    assert row.billed_seconds == pytest.approx(returned_at - leased_at, abs=TOLERANCE_S)
+    await comm.disconnect()
+
+
+async def test_a_closed_socket_stops_the_bill_at_once_and_no_beat_turns_it_back(redis_client):
+    """The agent is killed while it holds a lease: its socket closes. Billed up to the close; expiry beats after it
+    bill nothing more (one used to turn it back to generating until the lease timeout)."""
+    job, comm, _, leased_at = await working(redis_client)
+    await asyncio.sleep(1.0)
+    await beat()
+    await asyncio.sleep(0.5)
+    closed_at = time.time()
+    await comm.disconnect()
+    await database_sync_to_async(services.worker_closes_record)()
+    for _ in range(3):
+        await asyncio.sleep(0.5)
+        await beat()
+    row = await billed(job.pk)
+    assert row.state == "idle"
+    assert row.billed_seconds == pytest.approx(closed_at - leased_at, abs=TOLERANCE_S)
+
+
+async def test_a_lease_left_unanswered_is_billed_until_its_timeout_then_nothing(settings, redis_client):
+    """The agent froze with its socket open: its lease is held until the lease timeout, then goes to anyone; the
+    bill stops there, whatever the socket does after."""
+    settings.ECHO2 = {**settings.ECHO2, "LEASE_TIMEOUT_S": 1.5}
+    job, comm, _, leased_at = await working(redis_client)
+    await asyncio.sleep(0.5)
+    await beat()
+    await asyncio.sleep(3.0)
+    await beat()
+    row = await billed(job.pk)
+    assert row.state == "idle"
+    assert row.billed_seconds == pytest.approx(1.5, abs=TOLERANCE_S)
+    await comm.disconnect()
