@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 from datetime import datetime, timedelta
@@ -189,10 +190,21 @@ def eval_summary(job: Job) -> dict | None:
 
 def metric_point(metric: JobMetric) -> dict:
     """One learner step as the job page's charts draw it."""
-    histogram = (metric.extra or {}).get("staleness_histogram") or {}
+    extra = metric.extra or {}
+    histogram = extra.get("staleness_histogram") or {}
+    lengths = extra.get("completion_length") if isinstance(extra.get("completion_length"), dict) else {}
     return {"step": metric.step, "reward_mean": metric.reward_mean, "t_train": metric.t_train,
             "wait_s": metric.wait_s, "max_staleness": metric.max_staleness,
-            "staleness_histogram": {str(k): int(v) for k, v in histogram.items()}, "eval": eval_points(metric)}
+            "staleness_histogram": {str(k): int(v) for k, v in histogram.items()}, "eval": eval_points(metric),
+            # the optimisation's own series, as the learner reports them (learner/report.py); null where it did not
+            "loss": metric.loss, "kl": _number(extra.get("kl")), "grad_norm": _number(extra.get("grad_norm")),
+            "tokens_per_s": _number(extra.get("tokens_per_s")), "completion_mean": _number(lengths.get("mean")),
+            "completion_max": _number(lengths.get("max"))}
+
+
+def _number(value) -> float | None:
+    """A reported figure the charts can draw: a finite number, else None (a learner's extra is free-form JSON)."""
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
 
 
 def snapshot_point(snap: Snapshot) -> dict:

@@ -35,7 +35,9 @@ services.snapshot_publish(job=Job.objects.get(pk=job.pk), version=0, url=f'{GONE
 for step in range(1, 21):
     services.metrics_record(job=Job.objects.get(pk=job.pk), step=step, values={
         'reward_mean': step / 25, 't_train': 17.0 if step == 1 else 0.05 + step / 1000, 'wait_s': 0.01,
-        'max_staleness': step % 3, 'dropped_stale': 0, 'extra': {'staleness_histogram': {'0': 6, '1': 2}}})
+        'max_staleness': step % 3, 'dropped_stale': 0, 'loss': 0.5 - step / 100, 'extra': {
+            'staleness_histogram': {'0': 6, '1': 2}, 'kl': step / 1000, 'grad_norm': 1.5 - step / 50,
+            'tokens_per_s': 900.0 + step, 'completion_length': {'mean': 20.0 + step, 'max': 40, 'clipped_ratio': 0.0}}})
 """
 
 PHONE = {"viewport": {"width": 390, "height": 844}, "is_mobile": True, "has_touch": True, "device_scale_factor": 2}
@@ -98,3 +100,44 @@ def test_every_page_fits_a_phone_and_a_desktop_and_passes_axe(responsive_site, b
     failing = [f"{where}: {problem}" for where, found in problems.items() for problem in found]
     assert not failing, "\n".join(failing)
     assert len(problems) == 2 * len(PAGES)
+
+
+def test_the_charts_draw_every_series_with_a_readout_keyboard_zoom_and_clipped_outliers(responsive_site, browser):
+    url = responsive_site
+    page = browser.new_page(viewport={"width": 1440, "height": 900})
+    sign_in(page, url, "owner", "owner-pass")
+    job = page.evaluate("fetch('/api/jobs/').then(r => r.json()).then(j => j.results[0].id)")
+    page.goto(f"{url}/jobs/{job}/")
+    for chart, series in (("loss-chart", ["loss"]), ("kl-chart", ["kl"]), ("grad-norm-chart", ["grad-norm"]),
+                          ("tokens-chart", ["tokens-per-s"]), ("length-chart", ["completion-mean", "completion-max"])):
+        for name in series:  # all 20 steps, drawn
+            assert len(page.locator(f"#{chart} polyline.{name}").get_attribute("points").split()) == 20, (chart, name)
+        assert page.locator(f"#{chart} line.grid").count() >= 3  # gridlines at round values
+
+    # The 17 s first step is clipped, marked, and does not flatten the other steps (0.05-0.07 s).
+    times = page.locator("#time-chart")
+    assert "17.000 s (above the scale)" in times.locator("path.clipped title").text_content()
+    top = max(float(t) for t in times.locator("text.y-tick").all_text_contents())
+    assert top < 1, top
+    # Told apart by more than colour: the wait is dashed, T_train is not; a legend names each.
+    assert times.locator("polyline.t-wait").get_attribute("stroke-dasharray")
+    assert not times.locator("polyline.t-train").get_attribute("stroke-dasharray")
+    assert times.locator("g.legend-item text").all_text_contents() == ["T_train", "learner wait"]
+
+    # Hover: the values at the step under the pointer, as reported and smoothed.
+    page.locator("#kl-chart").hover()  # its middle: step 10 of 1-20
+    said = page.locator("#kl-chart-readout").inner_text()
+    assert said.startswith("Step 10: KL 0.0100 (smoothed"), said
+
+    # Keyboard: Right moves the readout; + zooms every chart around it; 0 shows every step again.
+    page.focus("#kl-chart")
+    page.keyboard.press("ArrowRight")
+    assert page.locator("#kl-chart-readout").inner_text().startswith("Step 11: KL 0.0110")
+    page.keyboard.press("+")
+    lo, hi = (int(page.locator("#loss-chart").get_attribute(f"data-{k}")) for k in ("lo", "hi"))
+    assert 1 < lo <= 11 <= hi < 20 and len(page.locator("#loss-chart polyline.loss").get_attribute(
+        "points").split()) == hi - lo + 1
+    page.keyboard.press("0")
+    assert page.locator("#loss-chart").get_attribute("data-lo") == "1"
+    page.screenshot(path=str(EVIDENCE / "charts-desktop.png"), full_page=True)
+

@@ -31,7 +31,7 @@
     // held-out evaluations (learner/evaluation.py) as dots at the version they scored, beside the training reward
     const evals = steps().flatMap((m) => m.eval || []).filter((e) => typeof e.pass_at_1 === "number");
     curves.draw(document.getElementById("reward-curve"), {
-      series: [{ cls: "reward", color: "#1f5fbf", points: steps().map((m) => [m.step, m.reward_mean]) }],
+      series: [{ cls: "reward", color: "#1f5fbf", label: "reward", points: steps().map((m) => [m.step, m.reward_mean]) }],
       dots: evals.map((e) => ({ step: e.version, value: e.pass_at_1, cls: "eval-pass", color: "#1a7f42",
         title: `v${e.version}: held-out pass@1 ${fmt(e.pass_at_1)}, mean@${e.k} ${fmt(e.mean_at_k)} on ${e.problems} problems` })),
       yFloor: 0, yCeil: 1, empty: noSteps() });
@@ -41,8 +41,9 @@
     const rows = steps();
     const snaps = [...snapshots.values()].filter((s) => s.t_bcast !== null).sort((a, b) => a.version - b.version);
     curves.draw(document.getElementById("time-chart"), {
-      series: [{ cls: "t-train", color: "#1f5fbf", points: rows.map((m) => [m.step, m.t_train]) },
-        { cls: "t-wait", color: "#5f6368", points: rows.map((m) => [m.step, m.wait_s]) }],
+      series: [{ cls: "t-train", color: "#1f5fbf", label: "T_train", points: rows.map((m) => [m.step, m.t_train]) },
+        { cls: "t-wait", color: "#5f6368", label: "learner wait", points: rows.map((m) => [m.step, m.wait_s]) }],
+      dotLabel: "T_bcast", robust: true,
       dots: snaps.map((s) => ({ step: s.version, value: s.t_bcast, cls: "t-bcast", color: "#a3530a",
         title: `v${s.version}: T_bcast ${s.t_bcast.toFixed(3)} s, ${s.installs} installs (${s.installs_via_parent} via a chain)` })),
       unit: " s", empty: noSteps() });
@@ -153,7 +154,23 @@
     drawAll();
   }
 
-  function drawAll() { drawReward(); drawTimes(); drawStaleness(); drawChains(); drawWorkers(); }
+  // The optimisation's series (selectors.metric_point): null where a learner did not report one (an older learner).
+  const TRAINING = [["loss-chart", [["loss", "loss", "#1f5fbf"]], ""], ["kl-chart", [["kl", "KL", "#6a3d9a"]], ""],
+    ["grad-norm-chart", [["grad_norm", "grad norm", "#a3530a"]], ""], ["tokens-chart", [["tokens_per_s", "tokens/s", "#05664a"]], ""],
+    ["length-chart", [["completion_mean", "mean", "#1f5fbf"], ["completion_max", "longest", "#a3530a"]], ""]];
+
+  function drawTraining() {
+    const rows = steps();
+    for (const [id, keys, unit] of TRAINING) {
+      const series = keys.map(([key, name, color]) => ({ cls: key.replace(/_/g, "-"), color, label: name,
+        points: rows.filter((m) => typeof m[key] === "number").map((m) => [m.step, m[key]]) }));
+      const none = series.every((s) => !s.points.length);
+      curves.draw(document.getElementById(id), { series, unit, robust: true, yFloor: Math.min(0, ...series.flatMap((s) => s.points.map((p) => p[1]))),
+        empty: none && rows.length ? "not reported by this job's learner" : noSteps() });
+    }
+  }
+
+  function drawAll() { drawReward(); drawTimes(); drawTraining(); drawStaleness(); drawChains(); drawWorkers(); }
 
   function connect(delay) {
     const proto = location.protocol === "https:" ? "wss" : "ws";
@@ -165,10 +182,11 @@
     ws.onclose = () => { document.body.dataset.live = "reconnecting"; setTimeout(() => connect(Math.min(delay * 2, 15000)), delay); };
   }
 
-  curves.state.redraw = () => { drawReward(); drawTimes(); };
+  curves.state.redraw = () => { drawReward(); drawTimes(); drawTraining(); };
   curves.smoothingControl(document.getElementById("smoothing"), document.getElementById("smoothing-value"));
   curves.zoomable(document.getElementById("reward-curve"));
   curves.zoomable(document.getElementById("time-chart"));
+  for (const [id] of TRAINING) curves.zoomable(document.getElementById(id));
   drawAll();
   connect(1000);
 })();
