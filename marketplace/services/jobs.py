@@ -71,7 +71,9 @@ def job_finish(*, job: Job, status: str, reason: str = "") -> Job:
     job.status = status
     job.status_reason = reason[:500]
     job.finished_at = timezone.now()
-    if job.learner_redis_password_sha256:  # its learner is let out (a resumed job's learner gets a new door)
+    # Its learner is let out (a resumed job's learner gets a new door). Read under the row's lock: a door opened
+    # since ``job`` was read is closed too, and a heartbeat cannot set the user again once this commits.
+    if Job.objects.select_for_update().filter(pk=job.pk).values_list("learner_redis_password_sha256", flat=True)[0]:
         transaction.on_commit(lambda: learner_door.door_close(job.pk))
     job.learner_redis_password_sha256 = ""
     job.save(update_fields=["status", "status_reason", "finished_at", "learner_redis_password_sha256"])

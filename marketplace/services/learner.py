@@ -60,11 +60,14 @@ def learner_streams_open(*, job: Job) -> learner_door.LearnerDoor:
 
 
 def _door_restore(job: Job) -> None:
-    """Its learner is alive: its Redis user exists (set again from its hash if Redis lost it in a restart)."""
-    if not job.learner_redis_password_sha256 or job.status not in LET_IN:
+    """Its learner is alive: its Redis user exists (set again from its hash if Redis lost it in a restart). Called
+    after the announcement's update locked the job's row, and read afresh under that lock: a job ended meanwhile has
+    no door to restore, and one ending now waits for this to commit before it deletes the user."""
+    status, digest = Job.objects.filter(pk=job.pk).values_list("status", "learner_redis_password_sha256")[0]
+    if not digest or status not in LET_IN:
         return
     try:
-        learner_door.door_restore(job.pk, job.learner_redis_password_sha256)
+        learner_door.door_restore(job.pk, digest)
     except RedisError as err:
         log.warning("job %s: could not check its learner's Redis user (Redis: %s)", job.pk, err)
 
