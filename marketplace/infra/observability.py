@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import hmac
 import logging
 import time
@@ -25,7 +26,7 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from dataplane.replay import RedisError
+from dataplane.replay import RedisError, connect
 
 from .. import selectors
 from ..models import Job
@@ -69,7 +70,18 @@ def _checks() -> dict[str, str]:
     except RedisError as err:
         out["redis"] = _down("Redis", err)
         out["celery"] = "unknown: Redis is down"
+    if stream.url() != settings.REDIS_URL:  # the streams apart (ECHO2_STREAMS_REDIS_URL): the channel layer's too
+        try:
+            _site_redis(settings.REDIS_URL).ping()
+            out["site_redis"] = "ok"
+        except RedisError as err:
+            out["site_redis"] = _down("the site's Redis (channel layer, broker)", err)
     return out
+
+
+@functools.lru_cache(maxsize=1)
+def _site_redis(url: str):
+    return connect(url, socket_timeout=5)
 
 
 def _down(what: str, err: Exception) -> str:
