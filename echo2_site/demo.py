@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from echo2_site.demo_handover import handover_lines, learner_argv
+from echo2_site.demo_handover import handover_lines, learner_argv, shown
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -281,7 +281,7 @@ def _launch_job(console, stack: Stack, api: httpx.Client, server: str, token: st
     _token_file(workdir, "demo", token)
     stack.start("learner", *learner_argv(server=server, job_id=job["id"], workdir=workdir, bin_dir=BIN))
     console.print(f"job {job['id']} started; dashboard: {server}/jobs/{job['id']}/; TensorBoard: "
-                  f"tensorboard --logdir {workdir / 'runs'}")
+                  f"{shown(BIN / 'tensorboard')} --logdir {shown(workdir / 'runs')}")  # the venv's, as elsewhere
     return job
 
 

@@ -74,10 +74,18 @@ def _samples(request, job) -> dict:
     query = SampleQuerySerializer(data={**bounds, "limit": 20})
     if not query.is_valid():
         field, problems = next(iter(query.errors.items()))
-        return {"samples": selectors.job_samples(job=job, limit=20), "samples_filter": {},
+        return {"samples": _named(selectors.job_samples(job=job, limit=20)), "samples_filter": {},
                 "samples_error": f"{field}: {problems[0]}"}
-    return {"samples": selectors.job_samples(job=job, **query.validated_data),
+    return {"samples": _named(selectors.job_samples(job=job, **query.validated_data)),
             "samples_filter": query.validated_data}
+
+
+def _named(samples: list) -> list:
+    """Each sample with its worker's name, as the workers table names it (the learner reports the worker's id)."""
+    names = dict(Worker.objects.filter(pk__in={s.worker for s in samples}).values_list("pk", "name"))
+    for sample in samples:
+        sample.worker_name = names.get(sample.worker, "unknown" if sample.worker else "")
+    return samples
 
 
 @login_required

@@ -27,15 +27,19 @@ def test_job_page_shows_the_samples_and_filters_them_by_reward() -> None:
     job = factories.job(owner)
     client = signed_in(owner)
     assert "None yet: the learner reports a few" in client.get(f"/jobs/{job.pk}/").content.decode()
-    samples_record(job=job, step=10, rows=[{"version": 9, "worker": 4, "reward": 1.0, "prompt": "3+4?",
+    samples_record(job=job, step=10, rows=[{"version": 9, "worker": 999_999_999, "reward": 1.0, "prompt": "3+4?",
                                             "completion": "<b>7</b>"},
-                                           {"version": 9, "worker": 4, "reward": 0.0, "prompt": "2+2?",
+                                           {"version": 9, "worker": 999_999_999, "reward": 0.0, "prompt": "2+2?",
                                             "completion": "five"}])
-    samples_record(job=job, step=20, rows=[{"version": 19, "worker": 5, "reward": 0.5, "prompt": "9-1?",
+    rig, _ = factories.worker(factories.user(), name="rig-samples")
+    samples_record(job=job, step=20, rows=[{"version": 19, "worker": rig.pk, "reward": 0.5, "prompt": "9-1?",
                                             "completion": "8"}])
 
-    assert sample_rows(client.get(f"/jobs/{job.pk}/").content.decode()) == [
-        ("0.500", "8"), ("1.000", "&lt;b&gt;7&lt;/b&gt;"), ("0.000", "five")]
+    shown = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert sample_rows(shown) == [("0.500", "8"), ("1.000", "&lt;b&gt;7&lt;/b&gt;"), ("0.000", "five")]
+    # the worker by its name, as the workers table shows it (the learner reports its id); a gone one as unknown
+    assert re.findall(r'<td class="worker" title="worker id \d+">([^<]*)</td>', shown) == [
+        "rig-samples", "unknown", "unknown"]
     assert sample_rows(client.get(f"/jobs/{job.pk}/?min_reward=0.75").content.decode()) == [
         ("1.000", "&lt;b&gt;7&lt;/b&gt;")]
     page = client.get(f"/jobs/{job.pk}/?min_reward=0.2&max_reward=0.6").content.decode()
