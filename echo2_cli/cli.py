@@ -16,7 +16,9 @@ Examples:
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,10 +27,10 @@ from typing import Annotated, Any
 
 import typer
 
-from dataplane.dataset.content import pack
+from dataplane.dataset.content import locate, pack
 from dataplane.dataset.jobfile import upload_path
 from dataplane.jobfiles import apply_overrides, dump_toml, load_job_file
-from dataplane.jobs import parse_job_spec
+from dataplane.jobs import JobSpec, parse_job_spec
 
 from . import login, money, render, samples
 from .client import BAD_INPUT, CliError, Site
@@ -65,6 +67,9 @@ def submit(
     if dry_run:
         resolved = spec.model_dump(mode="json")
         typer.echo(json.dumps(resolved) if json_output else dump_toml(resolved), nl=json_output)
+        problem = _reward_preflight(spec)
+        if problem:
+            raise CliError(problem, BAD_INPUT)
         return
     with _site(server, token_file) as site:
         if upload is not None:
@@ -80,6 +85,24 @@ def submit(
         return
     typer.echo(render.job_line(job))
     typer.echo(render.learner_hint(job, site.server, str(token_file.expanduser().resolve()) if token_file else None))
+
+
+def _reward_preflight(spec: JobSpec) -> str:
+    """The owner's reward functions (those the learner scores) called on a few rows of the job file's data set, as
+    the learner does before step 1, importing them from here as the learner does from where it runs: "" when
+    they return numbers (or there are none, or this machine holds no rows), else the failure with its traceback."""
+    from dataplane.rewards import TrainerState
+    from dataplane.tasks import build_task
+
+    task = build_task(spec.task)
+    if not task.learner_scored() or not all(locate(d) is not None for d in task.content_digests()):
+        return ""
+    sys.path.insert(0, os.getcwd())
+    try:
+        return task.owner_preflight(4, chat=spec.prompt_format,
+                                    trainer_state=TrainerState(global_step=0, max_steps=spec.max_steps))
+    finally:
+        sys.path.remove(os.getcwd())
 
 
 @job_app.command("list")

@@ -128,7 +128,8 @@ app.command("run")(_settings_command(run))
 @app.command("init-model")
 def init_model(
     directory: Annotated[Path, typer.Argument(help="Directory to write (Hugging Face layout).")],
-    task: Annotated[str, typer.Option(help="Task whose alphabet the tokenizer covers.")] = "arithmetic",
+    task: Annotated[str, typer.Option(help="Task whose alphabet the tokenizer covers: a task's name, or a job file "
+                                      "(its task, data set included).")] = "arithmetic",
     hidden: Annotated[int, typer.Option(min=8, help="Hidden size.")] = 64,
     layers: Annotated[int, typer.Option(min=1, help="Transformer layers.")] = 2,
     seed: Annotated[int, typer.Option(help="Initialisation seed.")] = 0,
@@ -146,22 +147,44 @@ def init_model(
     \b
     Examples:
       echo2-learner init-model var/tiny-arith --task arithmetic
+      echo2-learner init-model var/tiny-gym --task examples/jobs/reasoning-gym.toml
       echo2-learner init-model --from-gguf SmolLM2-135M-Instruct.Q4_1.gguf var/models/smollm2
       echo2-learner init-model --smollm2 var/models/smollm2-135m-instruct
     """
     if from_gguf is not None or smollm2:
         _init_from_gguf(directory, from_gguf, smollm2=smollm2, fp32=fp32, debug=debug)
         return
-    from dataplane.tasks import TaskSpecError, build_task
-
     from .tiny import build_tiny_model
 
-    try:
-        adapter = build_task({"name": task})
-    except TaskSpecError as err:
-        _fail(str(err), False)
-    path = build_tiny_model(directory, alphabet=adapter.alphabet, hidden=hidden, layers=layers, seed=seed)
+    path = build_tiny_model(directory, alphabet=_alphabet(task), hidden=hidden, layers=layers, seed=seed)
     typer.echo(json.dumps({"model_dir": str(path.resolve())}))
+
+
+def _alphabet(task: str) -> str:
+    """The characters a tiny model's tokenizer covers for ``task``: a job file's task (its data set read where the
+    file names it), or a task's name; a task that needs options it was not given (reasoning_gym's dataset) gets
+    printable ASCII and a line saying so."""
+    import string
+
+    from dataplane.jobfiles import JobFileError, load_job_file
+    from dataplane.tasks import TaskSpecError, build_task
+
+    try:
+        if Path(task).suffix in (".toml", ".yaml", ".yml", ".json"):
+            spec = load_job_file(Path(task)).get("task")
+            adapter = build_task(spec if isinstance(spec, dict) else {})
+            adapter.prepare(allow_user_code=False)  # a data set's rows, where the job file named its files
+            return adapter.alphabet or string.printable
+        adapter = build_task({"name": task})
+    except (JobFileError, OSError) as err:
+        _fail(str(err), False)
+    except TaskSpecError as err:
+        if str(err).startswith("task: unknown task"):
+            _fail(str(err), False)
+        typer.echo(f"echo2-learner: task {task!r} needs its options ({err}); the tokenizer covers printable ASCII "
+                   "(--task JOB_FILE covers the job's own characters)", err=True)
+        return string.printable
+    return adapter.alphabet or string.printable
 
 
 def _init_from_gguf(directory: Path, gguf_file: Path | None, *, smollm2: bool, fp32: bool, debug: bool) -> None:

@@ -9,7 +9,9 @@ Scoring runs in a pool of processes (``spawn``: no torch in them, and a function
 not the trainer), submitted as groups are read, so it overlaps the current step; :meth:`OwnerScoring.apply` waits
 for a batch's scores only when the batch is formed. Each child builds the job's task from its spec, with the
 learner's copy of the data set, and calls :meth:`~dataplane.tasks.base.TaskAdapter.owner_scores` with TRL's whole
-signature (``trainer_state`` is :class:`TrainerState`).
+signature (``trainer_state`` is :class:`TrainerState`). The owner's modules import as they would in a script run
+where the learner was started: its working directory comes first on their import path (``echo2-learner`` started
+in a checkout finds ``examples.rewards.sums_rewards``), then the learner's own.
 
 Before the first step :meth:`OwnerScoring.preflight` calls every function on a few real rows and returns the
 failure (the function's traceback, its last lines) that stops the job; while training, :meth:`OwnerScoring.apply`
@@ -21,25 +23,18 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import multiprocessing
+import os
 import sys
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
 from dataplane.dataset.content import locate, register
+from dataplane.rewards import TrainerState
 from dataplane.tasks import TaskAdapter, build_task
 
 MAX_REASON = 480  # the site keeps a job's reason to 500 characters
 PENDING_MEMORY = 10_000  # groups scored ahead and not yet trained (dropped stale ones are forgotten past it)
-
-
-@dataclass(frozen=True)
-class TrainerState:
-    """What TRL's ``trainer_state`` gives a reward function that this learner knows."""
-
-    global_step: int  # the learner's version when the record was read (TRL: the optimizer steps so far)
-    max_steps: int
-    epoch: float = 0.0
 
 
 @dataclass
@@ -118,7 +113,7 @@ class OwnerScoring:
         digests = {d: str(locate(d)) for d in task.content_digests() if locate(d) is not None}
         self.pool = concurrent.futures.ProcessPoolExecutor(
             processes, mp_context=multiprocessing.get_context("spawn"), initializer=_start,
-            initargs=(task_spec, digests, list(sys.path)))
+            initargs=(task_spec, digests, [os.getcwd(), *sys.path]))
         self.pending: collections.OrderedDict[str, concurrent.futures.Future] = collections.OrderedDict()
         self.recent: collections.deque[int] = collections.deque(maxlen=window)  # 1 per record a function failed on
 

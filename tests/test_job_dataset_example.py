@@ -22,7 +22,6 @@ STEPS, WINDOW = 120, 10  # about 15 s on one core
 @pytest.fixture
 def job(monkeypatch):
     pytest.importorskip("datasets")
-    monkeypatch.syspath_prepend(str(ROOT / "examples" / "rewards"))
     spec = parse_job_spec(load_job_file(JOB))
     task = build_task(spec.task)
     task.prepare(allow_user_code=True)  # the owner's reward functions, as the learner runs them

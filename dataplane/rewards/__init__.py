@@ -8,7 +8,7 @@ function's fallback and counts it (:class:`RewardStats`).
 """
 
 from .builtins import SCORERS
-from .reward import Reward, RewardStats, build_reward, load_function
+from .reward import Reward, RewardStats, TrainerState, build_reward, load_function
 from .spec import (
     REFUSED,
     CannotServe,
@@ -21,4 +21,5 @@ from .spec import (
 )
 
 __all__ = ["REFUSED", "SCORERS", "CannotServe", "Reward", "RewardError", "RewardFunctionSpec", "RewardSpec",
-           "RewardStats", "ScorerMissing", "UserCodeRefused", "build_reward", "load_function", "parse_reward_spec"]
+           "RewardStats", "ScorerMissing", "TrainerState", "UserCodeRefused", "build_reward", "load_function",
+           "parse_reward_spec"]

@@ -56,6 +56,15 @@ class RewardStats:
                            last_traceback=self.last_traceback if self.errors > earlier.errors else "")
 
 
+@dataclass(frozen=True)
+class TrainerState:
+    """What TRL's ``trainer_state`` gives a reward function that ECHO-2's learner knows."""
+
+    global_step: int  # the learner's version when the record was read (TRL: the optimizer steps so far)
+    max_steps: int
+    epoch: float = 0.0
+
+
 def error_text(err: BaseException, function: str) -> str:
     """``function: Type: message``, one line, at most ``MAX_ERROR_TEXT`` characters."""
     message = str(err).replace("\x00", "\\0").strip()

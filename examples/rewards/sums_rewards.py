@@ -1,7 +1,7 @@
 """Reward functions in TRL's ``reward_funcs`` shape for examples/jobs/dataset-parquet.toml: each takes the batch's
-prompts and completions and the data set's columns as keyword arguments (``answer``: the job's answer_column) and
-returns one float per completion. Importable where the job runs them: the learner, and agents run with
-``--allow-user-code`` (docs/rewards.md), e.g. with ``PYTHONPATH=examples/rewards``."""
+prompts and completions and the data set's columns as keyword arguments (``answer``, ``max_term``) and returns one
+float per completion. The job's learner scores them (docs/rewards.md): it imports them as
+``examples.rewards.sums_rewards`` from the directory it was started in (the repository's root)."""
 
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ def user_module(tmp_path, monkeypatch):
 
 def test_a_spec_in_each_shorthand_normalizes_to_the_same_functions() -> None:
     full = {"functions": [{"function": "math_verify", "weight": 1.0, "options": {}, "fallback": 0.0,
-                          "scored_on": None}]}
+                          "factory": None, "scored_on": None}]}
     assert parse_reward_spec("math_verify").model_dump() == full
     assert parse_reward_spec(["math_verify"]).model_dump() == full
     assert parse_reward_spec(full).model_dump() == full

@@ -1,0 +1,40 @@
+"""``echo2-learner init-model`` for every task: a job file's task (its data set read where the file names it), a
+task's name, and a task that needs options it was not given (printable ASCII, said on stderr)."""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from learner import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def vocabulary(directory: Path) -> set[str]:
+    return set(json.loads((directory / "tokenizer.json").read_text())["model"]["vocab"])
+
+
+@pytest.mark.parametrize("job", ["reasoning-gym.toml", "dataset-parquet.toml", "arithmetic.toml"])
+def test_a_job_file_gives_the_tokenizer_its_tasks_characters(tmp_path, job) -> None:
+    pytest.importorskip("reasoning_gym")
+    pytest.importorskip("datasets")
+    job_file = ROOT / "examples" / "jobs" / job
+    done = CliRunner().invoke(cli.app, ["init-model", str(tmp_path / "m"), "--task", str(job_file), "--hidden", "8",
+                                        "--layers", "1"])
+    assert done.exit_code == 0, done.output
+    assert set("012345678+") <= vocabulary(tmp_path / "m")
+
+
+def test_a_task_that_needs_options_gets_printable_ascii_and_an_unknown_one_fails(tmp_path) -> None:
+    done = CliRunner().invoke(cli.app, ["init-model", str(tmp_path / "gym"), "--task", "reasoning_gym", "--hidden", "8",
+                                        "--layers", "1"])
+    assert done.exit_code == 0, done.output
+    assert "needs its options" in done.output and set(string.printable) <= vocabulary(tmp_path / "gym")
+
+    bad = CliRunner().invoke(cli.app, ["init-model", str(tmp_path / "x"), "--task", "nope"])
+    assert bad.exit_code != 0 and "unknown task 'nope'" in bad.output
