@@ -119,9 +119,9 @@ class JobLaunchForm(forms.Form):
         return value
 
     def clean(self):
+        # Every problem at once: a field Django already refused (a blank name) does not hide the spec's errors on the
+        # others; the spec is checked over what is left, and says nothing more about a field already in error.
         data = super().clean()
-        if self.errors:
-            return data
         try:
             options = json.loads(data.get("task_options") or "{}")
         except ValueError:
@@ -132,11 +132,12 @@ class JobLaunchForm(forms.Form):
             return data
         blank = (None, "")  # left blank: the JobSpec default
         raw = {k: v for k, v in data.items() if k in _FIELDS and v not in blank}
-        raw["task"] = {"name": data["task_name"], **options}
-        raw["learner_uplink_bps"] = int(data["learner_uplink_mbps"] * 1e6 / 8)
+        raw["task"] = {"name": data.get("task_name", ""), **options}
+        if data.get("learner_uplink_mbps") is not None:
+            raw["learner_uplink_bps"] = int(data["learner_uplink_mbps"] * 1e6 / 8)
         for table, model in _TABLES.items():
             raw[table] = {name: data[f"{table}_{name}"] for name in model.model_fields
-                          if data[f"{table}_{name}"] not in blank}
+                          if data.get(f"{table}_{name}") not in blank}
         try:
             self.spec = parse_job_spec(raw)
         except JobSpecError as err:
@@ -144,8 +145,25 @@ class JobLaunchForm(forms.Form):
                 table, dot, key = name.partition(".")
                 field = {"task": "task_options", "learner_uplink_bps": "learner_uplink_mbps"}.get(
                     name, f"{table}_{key}" if dot and table in _TABLES else name)
-                self.add_error(field if field in self.fields else None, message)
+                if field not in self.errors:
+                    self.add_error(field if field in self.fields else None, message)
         return data
+
+    def _post_clean(self) -> None:
+        """A field in error names its message for screen readers (``aria-describedby``: the error, then its help);
+        the first one in the page's order takes the focus when the page comes back."""
+        super()._post_clean()
+        first = True
+        for _, names in self.fieldsets:
+            for name in names:
+                if name not in self.errors:
+                    continue
+                field = self.fields[name]
+                described = [f"error-{name}"] + ([f"id_{name}_helptext"] if field.help_text else [])
+                field.widget.attrs.update({"aria-describedby": " ".join(described), "aria-invalid": "true"})
+                if first:
+                    field.widget.attrs["autofocus"] = True
+                    first = False
 
 
 

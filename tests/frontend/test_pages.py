@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
@@ -134,3 +136,19 @@ def test_marketplace_view_is_staff_only_and_sorted_by_unit_cost():
     assert signed_in(provider).get("/marketplace/").status_code == 403
     page = signed_in(factories.user(is_staff=True)).get("/marketplace/").content.decode()
     assert page.index("cheap-per-unit") < page.index("dear-per-unit")
+
+
+@pytest.mark.django_db
+def test_launch_form_shows_every_error_at_once_and_focuses_the_first():
+    """A blank name no longer hides the spec's errors; the first field in error has the focus; every
+    aria-describedby names ids the page has."""
+    reply = signed_in(factories.user()).post("/jobs/new/", {**LAUNCH, "name": "", "staleness": 1,
+                                                             "model_dir": "relative/dir"})
+    html = reply.content.decode()
+    assert reply.status_code == 200 and Job.objects.count() == 0
+    assert {"error-name", "error-staleness", "error-model_dir"} <= set(re.findall(r'id="(error-[\w]+)"', html))
+    focused = re.findall(r'<(?:input|select|textarea)[^>]*\bautofocus\b[^>]*>', html)
+    assert len(focused) == 1 and 'name="name"' in focused[0]
+    ids = set(re.findall(r'\bid="([^"]+)"', html))
+    described = {i for refs in re.findall(r'aria-describedby="([^"]+)"', html) for i in refs.split()}
+    assert described and described <= ids, described - ids
