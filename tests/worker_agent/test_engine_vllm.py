@@ -108,7 +108,8 @@ def test_prefix_cache_that_never_resets_fails_the_install() -> None:
         reset_prefix_cache(lambda **kw: False, attempts=2, sleep=lambda _: None)
 
 
-@pytest.mark.parametrize(("version", "status"), [("0.34.0", "tested"), ("0.34.2", "tested"), ("0.33.1", "older"),
+@pytest.mark.parametrize(("version", "status"), [("0.34.0", "tested"), ("0.34.2", "tested"), ("0.33.0", "tested"),
+                                                 ("0.32.1", "older"),
                                                  ("0.35.0", "newer"), ("0.8.3", "older"), ("banana", "unknown")])
 def test_version_status(version: str, status: str) -> None:
     assert version_status(version) == status

@@ -19,7 +19,11 @@ from typing import Any
 from .base import SamplingParams
 
 TIED_HEAD = "lm_head.weight"  # absent from checkpoints (and snapshots) of models that tie it to the embeddings
-TESTED_VERSIONS = ("0.34.0", "0.35.0")  # the release line the engine is written and pinned against: [0.34, 0.35)
+# The releases the engine accepts without a warning, [0.33, 0.35): written against 0.34.0's source; echo2[vllm] installs
+# 0.33 (0.34.0 pins a flashinfer-python the registry lacks), whose wheel has every API the engine calls with the same
+# signature (LLM.collective_rpc, LLM.reset_prefix_cache, the worker's reload_weights(weights_iterator=),
+# worker_extension_cls, logprobs_mode="raw_logprobs", LoRARequest, SamplingParams). Neither has run on a GPU here.
+TESTED_VERSIONS = ("0.33.0", "0.35.0")
 
 
 def sampling_kwargs(params: SamplingParams, *, n: int, stop: Iterable[str], seed: int | None) -> dict[str, Any]:
