@@ -11,6 +11,7 @@ evaluation's own seed. Off by default (nothing before, after or between).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -33,8 +34,8 @@ class EvalConfig(BaseModel):
         "with the evaluation's seed (not held out).")
     problems: int = Field(default=50, ge=1, le=10_000, description="Problems scored per evaluation: the first N of "
                           "the split (or N drawn).")
-    k: int = Field(default=4, ge=1, le=64, description="Sampled answers per problem for mean@k (pass@1 is one "
-                   "greedy answer).")
+    k: int = Field(default=4, ge=0, le=64, description="Sampled answers per problem for mean@k (pass@1 is one "
+                   "greedy answer); 0: none (mean@k not measured, the greedy answers alone).")
     temperature: float = Field(default=1.0, gt=0.0, le=10.0, description="Sampling temperature of the k answers.")
     max_new_tokens: int | None = Field(default=None, ge=1, le=32_768, description="Longest answer, in tokens; "
                                        "default the job's max_new_tokens.")
@@ -69,3 +70,17 @@ class EvalConfig(BaseModel):
         if self.split is not None and isinstance(listed, list) and listed:
             return [str(p) for p in listed[: self.problems]]
         return [p.text for p in adapter.sample_prompts(random.Random(f"eval/{self.seed}"), self.problems)]
+
+
+def paired_change(before: list[float], after: list[float]) -> dict[str, float]:
+    """How two evaluations of the same problems differ: ``gained`` (wrong before, right after), ``lost``, and the
+    two-sided exact McNemar (sign test) p-value over the discordant problems: the chance of a split at least this
+    uneven if the policy had not changed. Scores are per problem, 1 right, else 0."""
+    if len(before) != len(after):
+        raise ValueError(f"{len(before)} problems before, {len(after)} after: not the same evaluation")
+    gained = sum(1 for b, a in zip(before, after, strict=True) if a >= 0.5 > b)
+    lost = sum(1 for b, a in zip(before, after, strict=True) if b >= 0.5 > a)
+    n, low = gained + lost, min(gained, lost)
+    p = 1.0 if n == 0 else min(1.0, 2 * sum(math.comb(n, i) for i in range(low + 1)) / 2**n)
+    return {"gained": gained, "lost": lost, "p_value": p,
+            "change": (sum(after) - sum(before)) / max(len(before), 1)}

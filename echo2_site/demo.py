@@ -234,14 +234,14 @@ def _interactive() -> bool:
     return sys.stdin.isatty() and sys.stdout.isatty()
 
 
-def _start_site(console, stack: Stack, server: str, site_port: int, workdir: Path) -> tuple[dict[str, str], Path]:
-    """Migrate, create the users, build the tiny model, start daphne and Celery; returns (tokens, model dir)."""
+def _start_site(console, stack: Stack, server: str, site_port: int, workdir: Path,
+                build_model=None) -> tuple[dict[str, str], Path]:
+    """Migrate, create the users, build the model (``build_model(console, stack, workdir) -> dir``; default the tiny
+    one), start daphne and Celery; returns (tokens, model dir)."""
     py = str(BIN / "python")
     stack.run(py, "manage.py", "migrate", "--noinput")
     tokens = _create_users(stack, py)
-    model_dir = workdir / "tiny-arithmetic"
-    stack.run(str(BIN / "echo2-learner"), "init-model", str(model_dir), "--task", "arithmetic")
-    console.print(f"tiny model built in {model_dir}")
+    model_dir = (build_model or _tiny_model)(console, stack, workdir)
     stack.start("daphne", str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(site_port), *DAPHNE_WEBSOCKET_LIMITS,
                 "echo2_site.asgi:application")
     stack.start("celery-worker", str(BIN / "celery"), "-A", "echo2_site", "worker", "-l", "info", "-P", "solo")
@@ -250,6 +250,13 @@ def _start_site(console, stack: Stack, server: str, site_port: int, workdir: Pat
     wait_for(lambda: httpx.get(server + "/api/schema/", timeout=2).status_code == 200, "the site", 60)
     console.print(f"site up at {server}  (dashboard login: demo / demo)")
     return tokens, model_dir
+
+
+def _tiny_model(console, stack: Stack, workdir: Path) -> Path:
+    model_dir = workdir / "tiny-arithmetic"
+    stack.run(str(BIN / "echo2-learner"), "init-model", str(model_dir), "--task", "arithmetic")
+    console.print(f"tiny model built in {model_dir}")
+    return model_dir
 
 
 def _start_agents(console, stack: Stack, server: str, tokens: dict[str, str], workdir: Path) -> None:

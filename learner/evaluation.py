@@ -21,7 +21,6 @@ part of dataplane/timing.py); the workers keep generating meanwhile. A model sha
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +28,7 @@ from typing import Any
 import torch
 
 from dataplane.chat import PromptFormat, prompt_ids
-from dataplane.evalspec import EvalConfig
+from dataplane.evalspec import EvalConfig, paired_change  # noqa: F401  (paired_change: named here too)
 from dataplane.tasks import TaskAdapter
 
 log = logging.getLogger("echo2.learner")
@@ -84,19 +83,20 @@ class Evaluation:
             with torch.no_grad(), torch.random.fork_rng(devices=_devices(module)):
                 torch.manual_seed(self.config.seed)  # the same draws for every version evaluated
                 greedy = self._scores(module, samples=1, temperature=None)
-                sampled = self._scores(module, samples=self.config.k, temperature=self.config.temperature)
+                sampled = self._scores(module, samples=self.config.k, temperature=self.config.temperature) \
+                    if self.config.k else []
         finally:
             module.train(was_training)
         correct = [row[0] for row in greedy]
         result = {
             "version": version, "split": self.config.split, "problems": len(self.prompts), "k": self.config.k,
             "temperature": self.config.temperature, "pass_at_1": sum(correct) / len(correct),
-            "mean_at_k": sum(sum(row) for row in sampled) / (len(sampled) * self.config.k),
+            "mean_at_k": sum(sum(row) for row in sampled) / (len(sampled) * self.config.k) if sampled else None,
             "seconds": time.perf_counter() - started, "correct": correct,
         }
-        log.info("eval v%d: pass@1 %.3f, mean@%d %.3f on %d problems (%s) in %.1f s", version, result["pass_at_1"],
-                 self.config.k, result["mean_at_k"], len(self.prompts), self.config.split or "the job's task",
-                 result["seconds"])
+        sampled_line = f", mean@{self.config.k} {result['mean_at_k']:.3f}" if sampled else ""
+        log.info("eval v%d: pass@1 %.3f%s on %d problems (%s) in %.1f s", version, result["pass_at_1"], sampled_line,
+                 len(self.prompts), self.config.split or "the job's task", result["seconds"])
         return result
 
     def _scores(self, module: torch.nn.Module, *, samples: int,
@@ -133,17 +133,3 @@ class Evaluation:
 def _devices(module: torch.nn.Module) -> list[int]:
     device = next(module.parameters()).device
     return [device.index or 0] if device.type == "cuda" else []
-
-
-def paired_change(before: list[float], after: list[float]) -> dict[str, float]:
-    """How two evaluations of the same problems differ: ``gained`` (wrong before, right after), ``lost``, and the
-    two-sided exact McNemar (sign test) p-value over the discordant problems: the chance of a split at least this
-    uneven if the policy had not changed. Scores are per problem, 1 right, else 0."""
-    if len(before) != len(after):
-        raise ValueError(f"{len(before)} problems before, {len(after)} after: not the same evaluation")
-    gained = sum(1 for b, a in zip(before, after, strict=True) if a >= 0.5 > b)
-    lost = sum(1 for b, a in zip(before, after, strict=True) if b >= 0.5 > a)
-    n, low = gained + lost, min(gained, lost)
-    p = 1.0 if n == 0 else min(1.0, 2 * sum(math.comb(n, i) for i in range(low + 1)) / 2**n)
-    return {"gained": gained, "lost": lost, "p_value": p,
-            "change": (sum(after) - sum(before)) / max(len(before), 1)}

@@ -98,7 +98,7 @@ def test_a_job_evaluates_on_the_held_out_split_and_bad_eval_settings_are_named()
     assert not parse_job_spec(base).eval.enabled  # off unless asked
     cases = [
         ({"after": True, "split": "dev"}, "eval.split", "'dev' is no split of this task"),
-        ({"k": 0}, "eval.k", "greater than or equal to 1"),
+        ({"k": -1}, "eval.k", "greater than or equal to 0"),
         ({"temperature": 0}, "eval.temperature", "greater than 0"),
         ({"problems": 0}, "eval.problems", "greater than or equal to 1"),
         ({"every": -2}, "eval.every", "greater than or equal to 0"),
