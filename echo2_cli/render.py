@@ -49,6 +49,7 @@ def summary_rows(summary: dict, *, staleness: int | None = None) -> list[tuple[s
     return [
         ("status", s["status"] + (f" ({s['status_reason']})" if s.get("status_reason") else "")),
         *([("waiting", s["waiting_reason"])] if s.get("waiting_reason") else []),  # why it has no workers now
+        *([("learner storage", s["learner_storage_line"])] if s.get("learner_storage_line", "ok") != "ok" else []),
         ("step", f"{s['step']} / {s['max_steps']}"),
         reward,
         ("max staleness" + (f" (S={staleness})" if staleness else ""), fmt(s.get("max_staleness"))),

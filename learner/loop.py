@@ -21,6 +21,7 @@ from dataplane import samples
 from dataplane.jobs import JobSpec
 from dataplane.replay import DROPPED_STALE, RedisError
 
+from . import diskroom
 from .audit_probation import probation_state
 from .batch import concat
 from .checkpoint import Checkpoint, CheckpointStore, Committer, capture_rng, restore_rng
@@ -123,6 +124,15 @@ class LearnerLoop:
         # Trained entries still in the stream, as the feeder's thread counts them (``trained_in_stream``).
         self._in_stream, self._in_stream_lock = 0, threading.Lock()
         self.committed_once = False  # a checkpoint of this job is on disk (resumed from, or committed since)
+        # A full disk (learner/diskroom.py): what the step reports say, the first version whose checkpoint is not on
+        # disk (nothing from it on is published: a restart would train those versions again), when to try again,
+        # what drops old snapshots as retention allows (the Publisher's store), and the ids of a checkpoint that
+        # did not fit (the committer's thread only: they go with the next one).
+        self.storage_warning = ""
+        self.unsaved_since: int | None = None
+        self.room = diskroom.Backoff()
+        self.free_room: Callable[[], Any] | None = None
+        self._unsaved: list[str] = []
         self.last_state: tuple[int, dict] | None = None  # (version, model copy) of the last checkpoint handed over
         # The owner's reward functions, scored here (learner/scoring.py): started as groups are read, so they
         # score while the current step trains; added to the rewards before the advantages.
@@ -222,8 +232,13 @@ class LearnerLoop:
         """Write the checkpoint of the current version, then acknowledge the entries it contains. With a committer
         both happen on its thread, from a copy of the state, while the next step trains; :meth:`settle` collects
         them."""
+        if not self.room.due():  # the disk was full: its entries stay unacknowledged and go with a later one
+            self.unsaved_since = self.version if self.unsaved_since is None else self.unsaved_since
+            log.info("checkpoint v%d skipped (%s)", self.version, self.storage_warning)
+            return
         if self.committer is None:
-            self.write_checkpoint()
+            if not self._saved(self.checkpoint(copy=False)):
+                return
             self._count_in_stream(-len(self.uncommitted))
             self.consumer.ack_ids(self.uncommitted)
             log.info("checkpoint v%d committed; %d entries acknowledged", self.version, len(self.uncommitted))
@@ -233,14 +248,43 @@ class LearnerLoop:
         self.last_state = (version, checkpoint.model)
         self.uncommitted = []
 
-        def write() -> list[str]:
-            self.checkpoints.save(checkpoint)
-            self._count_in_stream(-len(ids))
-            self.consumer.replay.ack(ids)  # in Redis; the reader's own records of it when the loop collects this
-            log.info("checkpoint v%d committed; %d entries acknowledged", version, len(ids))
-            return ids
+        def write() -> list[str] | None:
+            carried, self._unsaved = self._unsaved, []
+            checkpoint.trained_entry_ids = carried + ids
+            if not self._saved(checkpoint):
+                self._unsaved = carried + ids
+                return None
+            self._count_in_stream(-len(carried + ids))
+            self.consumer.replay.ack(carried + ids)  # in Redis; the reader's own records of it when collected
+            log.info("checkpoint v%d committed; %d entries acknowledged", version, len(carried + ids))
+            return carried + ids
 
         self.committer.submit(write)
+
+    def _saved(self, checkpoint: Checkpoint) -> bool:
+        """Save ``checkpoint``; False when the disk is full even after dropping what the snapshot store's retention
+        allows (the last checkpoint stays whole: it is written aside, then renamed)."""
+        for attempt in (1, 2):
+            try:
+                self.checkpoints.save(checkpoint)
+            except OSError as err:
+                if not diskroom.is_full(err):
+                    raise
+                if attempt == 1 and self.free_room is not None and self.free_room():
+                    continue
+                size = self.checkpoints.path.stat().st_size if self.checkpoints.exists() else 0
+                self.storage_warning = diskroom.full_line("checkpoint store", needed_bytes=size,
+                                                          root=self.checkpoints.root)
+                self.unsaved_since = checkpoint.version if self.unsaved_since is None else self.unsaved_since
+                log.error("checkpoint v%d not written (%s: %s); training goes on, tried again in %.0f s",
+                          checkpoint.version, self.storage_warning, err.strerror, self.room.failed())
+                return False
+            if self.storage_warning.startswith("checkpoint"):
+                self.storage_warning = ""
+            self.unsaved_since = None
+            self.room.succeeded()
+            return True
+        return False
 
     def trained_in_stream(self) -> int:
         """Trained entries still in the stream (their acknowledgement waits for a checkpoint): the feeder does not

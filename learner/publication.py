@@ -28,7 +28,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -36,6 +37,7 @@ from dataplane.broadcast import strategies
 from dataplane.jobs import JobSpec
 from dataplane.snapshot import Manifest
 
+from . import diskroom
 from .client import SiteClient, SiteError
 from .loop import LearnerLoop
 from .outbox import Outbox, Publication
@@ -79,6 +81,8 @@ class Publisher:
         """The newest version published (written, served, handed to the outbox); None before the base."""
         self.seconds = 0.0  # the training thread's time in the last step's publication (the step's timing)
         self._failure: PublishError | None = None  # met by the committer's thread, raised by the next step
+        self.room = diskroom.Backoff()  # publications skipped while the store's disk is full (learner/diskroom.py)
+        loop.free_room = store.prune  # a checkpoint that finds the disk full drops what retention allows, too
 
     @classmethod
     @contextlib.contextmanager
@@ -159,6 +163,10 @@ class Publisher:
             raise failure
         if version % self.spec.kappa:
             return
+        if not self.room.due():  # the disk was full: the next due version after the back-off tries again
+            log.info("job %s: v%d not published (%s); trying again in %.0f s", self.job_id, version,
+                     self.loop.storage_warning, self.room.until - self.room.clock())
+            return
         started = time.perf_counter()
         try:
             self.publish(version)
@@ -187,16 +195,59 @@ class Publisher:
         policy itself."""
         last, committer = self.loop.last_state, self.loop.committer
         if not background or committer is None or last is None or last[0] != version or not last[1]:
-            self._announce(self.store.write(self.loop.trainer.full_state(), version))
+            # a sharded policy's full state is gathered by every rank together: rank 0 cannot ask for it twice
+            manifest = self._written(self.loop.trainer.full_state, version,
+                                     again=not getattr(self.loop.trainer, "sharded", False))
+            if manifest is not None:
+                self._announce(manifest)
             return
 
         def write() -> None:
             try:
-                self._announce(self.store.write(_each_tensor_once(last[1]), version))
+                manifest = self._written(lambda: _each_tensor_once(last[1]), version, again=True)
+                if manifest is not None:
+                    self._announce(manifest)
             except SiteError as err:  # a refusal the outbox met earlier: the training thread fails the job with it
                 self._failure = PublishError(version, str(err))
 
         committer.submit(write)
+
+    def _written(self, weights: Callable[[], Any], version: int, *, again: bool) -> Manifest | None:
+        """``store.write`` of ``weights()``; None when the disk is full (learner/diskroom.py): what the store's
+        retention allows is dropped first and, ``again``, the write tried once more; then the job page says how much
+        room it needs and publications wait out the back-off, while training goes on. Nothing whose checkpoint is not
+        on disk is published: a restart would train that version again, and agents would hold another one."""
+        if self.loop.unsaved_since is not None and self.loop.unsaved_since <= version:
+            log.warning("job %s: v%d not published: its checkpoint is not on disk (%s)", self.job_id, version,
+                        self.loop.storage_warning)
+            return None
+        try:
+            manifest = self.store.write(weights(), version)
+        except OSError as err:
+            if not diskroom.is_full(err):
+                raise
+            dropped = self.store.prune()
+            if not (again and dropped):
+                return self._no_room(version, err)
+            log.warning("job %s: disk full writing v%d; dropped v%s as retention allows, writing it again",
+                        self.job_id, version, dropped)
+            try:
+                manifest = self.store.write(weights(), version)
+            except OSError as err2:
+                if not diskroom.is_full(err2):
+                    raise
+                return self._no_room(version, err2)
+        self.room.succeeded()
+        self.loop.storage_warning = ""
+        return manifest
+
+    def _no_room(self, version: int, err: OSError) -> None:
+        known = self.store.manifest(self.version or 0)  # a version as big as the last one published
+        needed = (known.full or known).total_bytes if known is not None else 0
+        self.loop.storage_warning = diskroom.full_line("snapshot store", needed_bytes=needed, root=self.store.root)
+        wait = self.room.failed()
+        log.error("job %s: snapshot v%d not written (%s: %s); training goes on, the next due version is tried in "
+                  "%.0f s", self.job_id, version, self.loop.storage_warning, err.strerror, wait)
 
     def _announce(self, manifest: Manifest) -> None:
         version = manifest.version

@@ -35,6 +35,8 @@ def step_metrics(loop: LearnerLoop, outcome: StepOutcome, ctx: distributed.DistC
         # the workers' audit outcomes since the last report (learner/audit.py); the site suspends repeat failures
         "audits": loop.consumer.audit.report() if loop.consumer.audit is not None else [],
     }
+    if loop.storage_warning:  # a full disk (learner/diskroom.py): the job page and `echo2 job status` say it
+        metrics["extra"]["storage"] = loop.storage_warning
     if outcome.lengths:
         metrics["extra"]["completion_length"] = outcome.lengths  # tokens: mean, max, clipped_ratio
     if outcome.scores is not None:  # the owner's functions, scored here (learner/scoring.py)

@@ -60,7 +60,7 @@ def _publisher(site, tmp_path, model_dir, *, version=0, committer=None, full_eve
                    batch_trajectories=4, group_size=2, max_steps=10)
     store = SnapshotStore(tmp_path / "snapshots", job_id=7, chunk_bytes=4096, keep=10, full_every=full_every)
     loop = SimpleNamespace(version=version, trainer=_Trainer(torch.nn.Linear(16, 8)), committer=committer,
-                           last_state=None)
+                           last_state=None, unsaved_since=None, storage_warning="")
     client = SiteClient(f"http://127.0.0.1:{site.port}", "token", timeout=2, retries=1)
     _servers.append(SnapshotServer(store))
     return Publisher(client, job_id=7, spec=spec, loop=loop, store=store, server=_servers[-1], relay=None)
