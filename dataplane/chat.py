@@ -32,9 +32,10 @@ CHAT_TEMPLATE_TOKENS = 512
 
 Message = dict[str, str]
 
-#: How a prompt that is a whole chat (a conversational data set's row: system, user, ... messages) travels where a
-#: prompt is a text (leases, records): this mark, then the messages as JSON. A chat job renders them with the
-#: chat template, every role kept (:func:`chat_messages`).
+#: How a prompt that is a whole chat (a conversational data set's row, a verifiers task with a system prompt: system,
+#: user, ... messages) travels where a prompt is a text (leases, records): this mark, then the messages as JSON. A
+#: chat job renders them with the chat template, every role kept (:func:`chat_messages`); a plain job reads their
+#: contents, a line each (:func:`flatten_chat`).
 CHAT_MARK = "\x1echat:"
 
 
@@ -102,6 +103,11 @@ def decode_chat(prompt: str) -> list[Message] | None:
     return messages if ok else None
 
 
+def flatten_chat(messages: list[Message]) -> str:
+    """A chat as one plain text (a base model's prompt): each message's content and a newline."""
+    return "".join(f"{m['content']}\n" for m in messages)
+
+
 def chat_messages(prompt: str | list[Message], fmt: PromptFormat) -> list[Message]:
     """The chat of ``prompt``: the job's system message (unless the messages bring their own), then the prompt as
     the user's message, or the messages themselves (an environment or a data set that writes whole chats, as a list
@@ -126,9 +132,10 @@ def prompt_text(tokenizer: Any, prompt: str | list[Message], fmt: PromptFormat =
     """The text the model is prompted with: ``prompt`` itself (plain), or the rendered chat (its special tokens
     written by the template)."""
     if not fmt.chat:
-        if not isinstance(prompt, str) or decode_chat(prompt) is not None:
+        if not isinstance(prompt, str):
             raise PromptFormatError("a chat (a list of messages) needs prompt_format.chat = true")
-        return prompt
+        messages = decode_chat(prompt)  # a chat written as a text: a base model reads its contents, a line each
+        return prompt if messages is None else flatten_chat(messages)
     check_tokenizer(tokenizer, fmt)
     return tokenizer.apply_chat_template(chat_messages(prompt, fmt), tokenize=False, add_generation_prompt=True)
 

@@ -8,10 +8,12 @@ conversation. verifiers' own rollout (an ``Env`` driving a harness through an Op
 server) is not used: a worker samples with its own engine, which is what the record's token ids and behaviour
 log-probs must come from.
 
-The prompt text is the task's messages (its ``system_prompt``, then its ``prompt``: a string as one user message,
-or a list of messages), each message's text followed by a newline, as the ``sandbox`` task renders its
-conversation. A worker knows only that text, so the learner and every worker keep the index prompt -> task,
-rebuilt alike from the same spec.
+The prompt is the task's messages (its ``system_prompt``, then its ``prompt``: a string as one user message, or a
+list of messages): a lone user message as its text and a newline, as the ``sandbox`` task renders its
+conversation; a chat of several turns as :func:`dataplane.chat.encode_chat`'s text, so that a chat job
+(``prompt_format.chat``) renders it with the model's chat template, the system turn kept (a plain job reads each
+message's text and a newline, as before). A worker knows only that text, so the learner and every worker keep the
+index prompt -> task, rebuilt alike from the same spec.
 
 **Multi-turn** (``max_turns`` > 1): the environment answers each assistant turn through
 ``env_response(messages, task) -> str | None`` (a method of the loaded environment or of its taskset: the
@@ -38,6 +40,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from ..chat import decode_chat, encode_chat, flatten_chat
 from ..rewards import UserCodeRefused
 from .base import Prompt, TaskAdapter, TaskSpecError, register_task
 from .episodes import Episode, Turn
@@ -58,8 +61,12 @@ def user_code_allowed() -> bool:
 
 
 def render(messages: list[dict[str, str]]) -> str:
-    """The text of a conversation: each message's text and a newline (as the sandbox task)."""
-    return "".join(f"{m['content']}\n" for m in messages)
+    """A task's opening messages as its prompt text: a lone user message as its text and a newline (as the sandbox
+    task); with a system (or any other) turn, the chat itself (:func:`dataplane.chat.encode_chat`), which a chat job
+    renders with the chat template, roles kept, and a plain job reads as each message's text and a newline."""
+    if len(messages) == 1 and messages[0]["role"] == "user":
+        return flatten_chat(messages)
+    return encode_chat(messages)
 
 
 def run_async(coro_fn: Callable[[], Any]) -> Any:
@@ -142,7 +149,8 @@ class VerifiersTask(TaskAdapter):
     @property
     def alphabet(self) -> str:  # type: ignore[override]
         """Characters of the prompts (for tiny tokenizers); loads the environment."""
-        return "".join(sorted(set("".join(self._load()[1]) + "\n")))
+        texts = (flatten_chat(decode_chat(p) or []) or p for p in self._load()[1])
+        return "".join(sorted(set("".join(texts) + "\n")))
 
     def sample_prompts(self, rng: random.Random, count: int) -> list[Prompt]:
         prompts = list(self._load()[1])

@@ -8,9 +8,15 @@ import random
 
 import pytest
 
+from dataplane.chat import encode_chat, prompt_text
 from dataplane.tasks import TaskSpecError, build_task
 from dataplane.tasks.episodes import Turn
 from dataplane.tasks.verifiers_env import ALLOW_USER_CODE, UserCodeRefused
+
+
+def prompt(a: int) -> str:
+    """The prompt of the task "a+1=" with its system prompt: the chat, as it travels (dataplane.chat.encode_chat)."""
+    return encode_chat([{"role": "system", "content": "Add."}, {"role": "user", "content": f"{a}+1="}])
 
 vf = pytest.importorskip("verifiers.v1")
 HERE = "tests.dataplane.test_task_verifiers"
@@ -71,18 +77,20 @@ def test_single_turn_prompts_are_the_tasks_and_the_rubric_scores(allowed) -> Non
     task = build_task(SINGLE)
     prompts = {p.text for p in task.sample_prompts(random.Random(0), 50)}
 
-    assert prompts == {f"Add.\n{a}+1=\n" for a in range(5)} and not task.multi_turn
-    assert set("".join(prompts)) <= set(task.alphabet)
-    assert task.reward("Add.\n2+1=\n", " 3\n") == 1.5  # correct (1) + polite (0.5)
-    assert task.reward("Add.\n2+1=\n", "3!") == 0.0  # neither right nor polite
-    assert task.reward("Add.\n2+1=\n", "4") == 0.5
-    assert task.reward("Add.\n9+1=\n", "10") == 0.0  # not one of its prompts
+    assert prompts == {prompt(a) for a in range(5)} and not task.multi_turn
+    # the system prompt kept as a turn of its own: a chat job's template renders it, a plain job reads its lines
+    assert prompt_text(None, prompt(2)) == "Add.\n2+1=\n"
+    assert set(prompt_text(None, prompt(2))) <= set(task.alphabet)
+    assert task.reward(prompt(2), " 3\n") == 1.5  # correct (1) + polite (0.5)
+    assert task.reward(prompt(2), "3!") == 0.0  # neither right nor polite
+    assert task.reward(prompt(2), "4") == 0.5
+    assert task.reward(prompt(9), "10") == 0.0  # not one of its prompts
     assert build_task(task.spec()).spec() == task.spec()
 
 
 def test_scoring_works_inside_an_agents_event_loop(allowed) -> None:
     async def in_loop() -> float:
-        return build_task(SINGLE).reward("Add.\n0+1=\n", "1")
+        return build_task(SINGLE).reward(prompt(0), "1")
 
     assert asyncio.run(in_loop()) == 1.5
 
@@ -95,7 +103,7 @@ def test_multi_turn_plays_against_env_response_with_the_turn_aware_mask(allowed)
         text = next(guesses)
         return [Turn(ids=[ord(c) for c in text], logprobs=[-0.5] * len(text), text=text) for _ in contexts]
 
-    (episode,) = task.play(["Add.\n3+1=\n"], generate=generate, encode=lambda s: [ord(c) for c in s])
+    (episode,) = task.play([prompt(3)], generate=generate, encode=lambda s: [ord(c) for c in s])
 
     assert task.multi_turn and episode.turns == 3 and episode.reward == 1.5
     assert episode.text == "1\nhigher\n9\nlower\n4"
@@ -120,7 +128,7 @@ def test_prepare_with_the_opt_in_loads_the_environment(monkeypatch) -> None:
     task = build_task(SINGLE)
     task.prepare(allow_user_code=True)  # the learner; an agent run with --allow-user-code
 
-    assert task.reward("Add.\n4+1=\n", "5") == 1.5
+    assert task.reward(prompt(4), "5") == 1.5
 
 
 @pytest.mark.parametrize(("options", "field"), [
@@ -140,3 +148,14 @@ def test_a_bad_spec_names_the_field(options, field) -> None:
 def test_a_bad_environment_is_a_clear_error_on_first_use(allowed, options, message) -> None:
     with pytest.raises(TaskSpecError, match=message):
         build_task({**SINGLE, **options}).sample_prompts(random.Random(0), 1)
+
+
+def test_a_chat_job_renders_the_system_prompt_as_its_own_turn() -> None:
+    pytest.importorskip("transformers")
+    from dataplane.chat import PromptFormat
+    from learner.tiny import build_tokenizer
+
+    tokenizer = build_tokenizer("Add.+=0123456789")
+    tokenizer.chat_template = "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
+    assert prompt_text(tokenizer, prompt(2), PromptFormat(chat=True)) == "[system]Add.[user]2+1="
+    assert prompt_text(tokenizer, "2+1=", PromptFormat(chat=True)) == "[user]2+1="  # a lone user message
