@@ -65,3 +65,20 @@ def test_an_agent_told_it_left_the_job_stops_asking_and_says_it_is_idle(tmp_path
         assert said.text.startswith("idle: not activated (released from job 1: ")
 
     asyncio.run(scenario())
+
+
+def test_an_idle_agent_backs_off_with_jitter_from_the_sites_retry_after_to_the_cap():
+    """No work again and again: the waits grow from the site's ``retry_after`` (never shorter) to
+    ``IDLE_WAIT_CAP_S``, drawn at random, so a fleet that ran dry together does not poll at 0.2 s in step."""
+    fleets = []
+    for _ in range(2):
+        waits, previous = [], None
+        for _ in range(12):
+            previous = rollout_loop.idle_wait(retry_after=0.2, previous=previous)
+            waits.append(previous)
+        fleets.append(waits)
+    for waits in fleets:
+        assert waits[0] == 0.2 and all(0.2 <= w <= rollout_loop.IDLE_WAIT_CAP_S for w in waits)
+        assert min(waits[-4:]) >= rollout_loop.IDLE_WAIT_CAP_S / 2  # settled near the cap
+    assert fleets[0][1:] != fleets[1][1:]  # not in step
+    assert rollout_loop.idle_wait(retry_after=5.0, previous=4.0) >= 5.0  # a longer retry_after is kept
