@@ -44,15 +44,18 @@ async def hello(port: int, credential: str | None, *, worker_id: int = CHILD) ->
         writer.close()
 
 
-BAD = [  # (credential presented as worker CHILD, the reason's tail)
-    (None, "no credential"),
-    ("e2t1.garbage", "malformed credential"),
-    (cred(secret="not the job's secret"), None),  # learner: bad signature; agent relay: not the one issued
-    (cred(ttl=-5), "expired"),
-    (cred(worker_id=CHILD + 1), None),  # another worker's (valid for that worker)
-    (cred(job_id=JOB + 1), None),  # another job's
-    (cred(version=VERSION + 1), None),  # another version's
-]
+def bad() -> list[tuple[str | None, str | None]]:
+    """(credential presented as worker CHILD, the reason's tail), made when a test runs: made at import, with a
+    600 s lifetime, they had expired when the file ran more than 10 minutes after collection (a loaded CI)."""
+    return [
+        (None, "no credential"),
+        ("e2t1.garbage", "malformed credential"),
+        (cred(secret="not the job's secret"), None),  # learner: bad signature; agent relay: not the one issued
+        (cred(ttl=-5), "expired"),
+        (cred(worker_id=CHILD + 1), None),  # another worker's (valid for that worker)
+        (cred(job_id=JOB + 1), None),  # another job's
+        (cred(version=VERSION + 1), None),  # another version's
+    ]
 
 
 async def knock_all(relay: SnapshotRelay) -> list[str]:
@@ -61,7 +64,7 @@ async def knock_all(relay: SnapshotRelay) -> list[str]:
     port = await hub.start()
     try:
         reasons = []
-        for credential, _ in BAD:
+        for credential, _ in bad():
             frame = await hello(port, credential)
             assert frame.type == "refuse", credential
             reasons.append(frame.header["reason"])
@@ -85,9 +88,9 @@ def test_the_learner_hub_refuses_every_credential_but_a_valid_one_counts_and_log
         f"worker {CHILD}: credential covers versions {VERSION + 1}..{VERSION + 1}, not {VERSION}",
     ]
     assert reasons[3].startswith(f"worker {CHILD}: credential expired ")
-    assert relay.stats.refused == len(BAD) and relay.stats.children_served == 1
+    assert relay.stats.refused == len(bad()) and relay.stats.children_served == 1
     refusals = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
-    assert len(refusals) == len(BAD) and all("127.0.0.1:" in line for line in refusals)
+    assert len(refusals) == len(bad()) and all("127.0.0.1:" in line for line in refusals)
 
 
 def test_an_agent_relay_admits_only_the_credential_the_site_issued_to_that_child(caplog) -> None:
@@ -106,15 +109,15 @@ def test_an_agent_relay_admits_only_the_credential_the_site_issued_to_that_child
     reasons = asyncio.run(run())
     not_issued = f"worker {CHILD}: credential is not the one the site issued to worker {CHILD}"
     assert reasons[:2] == [f"worker {CHILD}: no credential", f"worker {CHILD}: malformed credential"]
-    assert reasons[2:-1] == [not_issued] * (len(BAD) - 2)
+    assert reasons[2:-1] == [not_issued] * (len(bad()) - 2)
     assert reasons[-1].startswith(f"worker {CHILD}: credential expired ")
-    assert relay.stats.refused == len(BAD) + 1 and relay.stats.children_served == 1
-    assert sum("127.0.0.1:" in r.getMessage() for r in caplog.records) == len(BAD) + 1
+    assert relay.stats.refused == len(bad()) + 1 and relay.stats.children_served == 1
+    assert sum("127.0.0.1:" in r.getMessage() for r in caplog.records) == len(bad()) + 1
 
 
 async def knock_all_with(relay: SnapshotRelay, genuine: str) -> list[str]:
     reasons = []
-    for credential, _ in BAD:
+    for credential, _ in bad():
         reasons.append(await refusal(relay, credential))
     hub = RelayHub(assign_wait=0.2)
     hub.register(relay)
