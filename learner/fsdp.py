@@ -180,9 +180,10 @@ def load_full(model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_st
 
 
 def _optimizer_by_name(state: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
-    """``torch.optim``'s state dict keys parameters by their index in ``model.parameters()``; the sharded
-    loaders key them by name. Both count a tied parameter once, in the same order."""
-    names = [name for name, _ in model.named_parameters()]
+    """``torch.optim``'s state dict keys parameters by their index in what it was given, the parameters that train
+    (a LoRA policy's adapter alone: learner/lora.py); the sharded loaders key them by name. Both count a tied
+    parameter once, in the same order."""
+    names = [name for name, p in model.named_parameters() if p.requires_grad]
     if len(names) != sum(len(g["params"]) for g in state["param_groups"]):
         raise ValueError(f"the checkpoint's optimizer has {sum(len(g['params']) for g in state['param_groups'])} "
                          f"parameters, the model {len(names)}")

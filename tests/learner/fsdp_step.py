@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=None)
     parser.add_argument("--activation-checkpointing", action="store_true")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--lora", type=int, default=0, help="A LoRA job of this rank (0: the whole model).")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -64,7 +65,8 @@ def main() -> None:
     # AdamW (two moments to shard and checkpoint), a KL term (a sharded reference model), clipping (the norm of
     # sharded gradients)
     spec = JobSpec(name="fsdp", model_dir=args.model_dir, task={"name": "arithmetic"}, batch_trajectories=9,
-                   group_size=3, learning_rate=1e-2, loss={"kl_beta": 0.1, "max_grad_norm": 0.5})
+                   group_size=3, learning_rate=1e-2, loss={"kl_beta": 0.1, "max_grad_norm": 0.5},
+                   lora={"rank": args.lora})
     trainer, tokenizer = build_policy(spec, device=ctx.device, ctx=ctx, micro_batch=args.micro_batch,
                                       bf16=args.mode == "bf16", parallel="ddp" if args.mode == "reference" else "fsdp",
                                       activation_checkpointing=args.activation_checkpointing)

@@ -4,6 +4,7 @@ export loads with ``from_pretrained`` (the adapter beside the base, or merged) a
 
 from __future__ import annotations
 
+import pytest
 import safetensors.torch
 import torch
 
@@ -123,3 +124,29 @@ def test_the_export_loads_with_from_pretrained_and_answers_as_the_engine(tiny_mo
     exported = HFEngine(str(tmp_path / "merged"), device="cpu")
     assert [g[0].completion_ids for g in exported.generate(prompts, n=1, params=greedy)] == answers
     assert engine.adapter_version == 3 and lora.is_lora(trainer.module)
+
+
+@pytest.mark.slow
+def test_two_fsdp_ranks_train_the_adapter_as_one_process_and_checkpoints_cross_world_sizes(tmp_path,
+                                                                                          tiny_model_dir) -> None:
+    """FSDP2 on CPU gloo shards the frozen base with the adapter: the same two updates as one process, a sharded
+    checkpoint resumed on one process and a whole one on two ranks (the optimizer's state keyed by the adapter's
+    parameters alone)."""
+    from .test_fsdp import _alone, _torchrun
+
+    _alone(tiny_model_dir, tmp_path, "--mode", "reference", "--lora", "4")
+    _torchrun(tiny_model_dir, tmp_path, "--mode", "fsdp", "--lora", "4")
+    _alone(tiny_model_dir, tmp_path, "--mode", "resume", "--lora", "4")
+
+    reference = torch.load(tmp_path / "reference.pt")
+    sharded = torch.load(tmp_path / "fsdp.pt")
+    assert sharded["ranks"] == 2 and sharded["sharded"]
+    for what, got in (("2 FSDP ranks", sharded["continued"]), ("a whole checkpoint on 2 ranks", sharded["from_whole"]),
+                      ("a sharded checkpoint on 1 process", torch.load(tmp_path / "resumed.pt"))):
+        assert got.keys() == reference.keys(), what
+        for name, tensor in reference.items():
+            torch.testing.assert_close(got[name], tensor, rtol=0, atol=1e-5,
+                                       msg=lambda m, n=name, w=what: f"{w}, {n}: {m}")
+    base = load_model(str(tiny_model_dir)).state_dict()
+    assert all(torch.equal(tensor, base[name.removeprefix("base_model.model.").replace(".base_layer", "")])
+               for name, tensor in reference.items() if ".lora_" not in name)  # the base frozen throughout
