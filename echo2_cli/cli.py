@@ -23,14 +23,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-
-from dataplane.dataset.content import locate, pack
-from dataplane.dataset.jobfile import upload_path
-from dataplane.jobfiles import apply_overrides, dump_toml, load_job_file
-from dataplane.jobs import JobSpec, parse_job_spec
 
 from . import login, money, render, samples
 from .client import BAD_INPUT, CliError, Site
@@ -38,6 +33,9 @@ from .options import DEFAULT_SERVER, JsonOpt, ServerOpt, TokenFileOpt, one_line_
 from .options import console as _console
 from .options import print_json as _print
 from .options import site as _site
+
+if TYPE_CHECKING:  # the job-spec modules load where a command needs them: `echo2 --help` stays under 0.5 s
+    from dataplane.jobs import JobSpec
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, rich_markup_mode=None)
 job_app = typer.Typer(no_args_is_help=True, help="Submit, follow and control your jobs.", rich_markup_mode=None)
@@ -61,6 +59,11 @@ def submit(
     json_output: JsonOpt = False,
 ) -> None:
     """Create a job from a job file (checked here first: every error at once, unknown keys named)."""
+    from dataplane.dataset.content import pack
+    from dataplane.dataset.jobfile import upload_path
+    from dataplane.jobfiles import apply_overrides, dump_toml, load_job_file
+    from dataplane.jobs import parse_job_spec
+
     raw = apply_overrides(load_job_file(file), set_ or [])
     upload = upload_path(raw)  # a data set named by path in the file: the site takes its content, never a path
     spec = parse_job_spec(raw)  # the site checks again; this answers at once, before any network
@@ -91,6 +94,7 @@ def _reward_preflight(spec: JobSpec) -> str:
     """The owner's reward functions (those the learner scores) called on a few rows of the job file's data set, as
     the learner does before step 1, importing them from here as the learner does from where it runs: "" when
     they return numbers (or there are none, or this machine holds no rows), else the failure with its traceback."""
+    from dataplane.dataset.content import locate
     from dataplane.rewards import TrainerState
     from dataplane.tasks import build_task
 

@@ -8,10 +8,11 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import parse_qs, urlsplit
 
-import httpx
+if TYPE_CHECKING:  # httpx is imported where a request is made: `echo2 --help` needs none of it
+    import httpx
 
 from dataplane.tokens import read_token_file
 
@@ -101,11 +102,15 @@ class Site:
     """The owner's view of the REST API (``/api/jobs/...``)."""
 
     def __init__(self, server: str, token: str, *, timeout: float = 30.0) -> None:
+        import httpx
+
         self.server = server.rstrip("/")
         self._http = httpx.Client(base_url=self.server + "/api/", timeout=timeout,
                                   headers={"Authorization": f"Token {token}", "Accept": "application/json"})
 
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        import httpx
+
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.TransportError as err:
@@ -117,6 +122,8 @@ class Site:
     @contextmanager
     def download(self, path: str, params: dict[str, Any]) -> Iterator[tuple[httpx.Response, BinaryIO]]:
         """GET ``path`` as a stream: the response (headers) and its body as a binary file, read as it arrives."""
+        import httpx
+
         try:
             with self._http.stream("GET", path, params=params, headers={"Accept": "*/*"}) as response:
                 if response.status_code >= 400:

@@ -12,9 +12,6 @@ from typing import Annotated, Any
 
 import typer
 
-from dataplane.jobfiles import JobFileError
-from dataplane.jobs import JobSpecError
-
 from . import config
 from .client import BAD_INPUT, CliError, Site, owner_token
 
@@ -36,8 +33,12 @@ def one_line_errors(command: Callable) -> Callable:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return command(*args, **kwargs)
-        except (CliError, JobSpecError, JobFileError) as err:
-            if os.environ.get("ECHO2_DEBUG"):
+        except Exception as err:
+            # imported here, on the way out of a failure: `echo2 --help` loads no job-spec module (< 0.5 s)
+            from dataplane.jobfiles import JobFileError
+            from dataplane.jobs import JobSpecError
+
+            if not isinstance(err, CliError | JobSpecError | JobFileError) or os.environ.get("ECHO2_DEBUG"):
                 raise
             message = err.one_line() if isinstance(err, JobSpecError) else str(err)
             typer.echo(f"echo2: error: {message}", err=True)

@@ -3,11 +3,13 @@ prints the API's JSON itself)."""
 
 from __future__ import annotations
 
-from rich.console import Group
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING
 
 from dataplane.learner_command import TOKEN_FILE, learner_command
+
+if TYPE_CHECKING:  # rich loads when something is drawn, not for `echo2 --help`
+    from rich.console import Group
+    from rich.table import Table
 
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 """The statuses a job does not leave by itself: ``watch`` and ``logs --follow`` stop there. (A failed job can be
@@ -29,6 +31,8 @@ def job_line(job: dict) -> str:
 
 
 def jobs_table(jobs: list[dict]) -> Table:
+    from rich.table import Table
+
     table = Table("id", "name", "status", "step", "S", "R", "task", "created", box=None, header_style="bold")
     for job in jobs:
         table.add_row(str(job["id"]), job["name"], job["status"], f"{job['learner_step']}/{job['max_steps']}",
@@ -78,6 +82,8 @@ def eval_line(summary_eval: dict) -> str:
 
 
 def summary_table(summary: dict, *, title: str = "", staleness: int | None = None) -> Table:
+    from rich.table import Table
+
     table = Table(box=None, show_header=False, title=title or None, title_justify="left", title_style="bold")
     table.add_column(style="dim")
     table.add_column()
@@ -87,6 +93,8 @@ def summary_table(summary: dict, *, title: str = "", staleness: int | None = Non
 
 
 def workers_table(workers: list[dict]) -> Table:
+    from rich.table import Table
+
     table = Table("worker", "gpu", "$/h", "mu (traj/s)", "state", "version", "behind", "billed USD", box=None,
                   header_style="bold")
     for w in workers:
@@ -98,6 +106,9 @@ def workers_table(workers: list[dict]) -> Table:
 
 def watch_view(job: dict, live: dict) -> Group:
     """The live view of ``echo2 job watch``: the headline figures, then the active workers."""
+    from rich.console import Group
+    from rich.text import Text
+
     title = f"job {job['id']} {job['name']!r}"
     parts = [summary_table(live["summary"], title=title, staleness=job.get("staleness"))]
     if live.get("workers"):

@@ -10,15 +10,17 @@ Examples:
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
 from .options import DEFAULT_SERVER, JsonOpt, ServerOpt, TokenFileOpt, one_line_errors
 from .options import console as _console
 from .options import print_json as _print
 from .options import site as _site
+
+if TYPE_CHECKING:  # rich loads when a table is drawn, not for `echo2 --help`
+    from rich.table import Table
 
 TEXT_SHOWN = 400  # characters of a prompt or completion in the table (--json has them whole)
 
@@ -29,6 +31,8 @@ def register(job_app: typer.Typer) -> None:
 
 
 def samples_table(rows: list[dict]) -> Table:
+    from rich.table import Table
+
     table = Table("step", "version", "worker", "reward", "prompt", "completion", show_lines=True)
     for row in rows:
         table.add_row(str(row["step"]), f"v{row['version']}", str(row["worker"] or "–"), f"{row['reward']:.3g}",
