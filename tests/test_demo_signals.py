@@ -3,6 +3,7 @@ session of its own, so a signal to the demo reaches none of them)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -14,6 +15,26 @@ from pathlib import Path
 import pytest
 
 from echo2_site.demo import ROOT
+
+
+def _default_signals() -> None:
+    """In the child before exec: the signals this test sends act by default there, whatever the test's own process
+    inherited (``nohup`` ignores SIGHUP, a shell's background job SIGINT; an ignored disposition survives exec)."""
+    for signum in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
+
+
+def _stop_recorded(pids_file: Path) -> None:
+    """Finalizer, on failure too: kill what the demo or the stack recorded and still runs (each child leads a
+    session of its own: its whole group goes)."""
+    try:
+        pids = json.loads(pids_file.read_text())
+    except (OSError, ValueError):
+        return
+    for pid in pids.values():
+        if isinstance(pid, int) and _alive(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
 
 
 def _alive(pid: int) -> bool:
@@ -28,7 +49,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_a_signal_stops_every_process_the_demo_started(tmp_path, signum) -> None:
     demo = subprocess.Popen([sys.executable, "-m", "echo2_site.demo", "--workdir", str(tmp_path)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=_default_signals)
     pids_file = tmp_path / "pids.json"
     try:
         deadline = time.monotonic() + 120
@@ -47,6 +68,8 @@ def test_a_signal_stops_every_process_the_demo_started(tmp_path, signum) -> None
     finally:
         if demo.poll() is None:
             demo.kill()
+            demo.wait(10)
+        _stop_recorded(pids_file)  # a failed stop must not leave daphne, Celery, agents and a redis-server behind
     assert demo.returncode == 128 + signum, out
     assert "all demo processes stopped" in out
     deadline = time.monotonic() + 5
@@ -60,7 +83,7 @@ def test_a_child_the_stack_did_not_record_is_found_for_the_stop() -> None:
     children all the same (and never names a child the stack holds)."""
     from echo2_site.demo import _untracked_children
 
-    child = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    child = subprocess.Popen(["sleep", "30"], start_new_session=True, preexec_fn=_default_signals)
     try:
         assert child.pid in _untracked_children(set())
         assert child.pid not in _untracked_children({child.pid})
@@ -87,7 +110,7 @@ def test_any_program_with_a_stack_stops_what_it_started_on_a_signal(tmp_path, si
     them too, even before the program reached its own ``finally`` (a bench's private redis-server once outlived
     it by 15 minutes)."""
     program = subprocess.Popen([sys.executable, "-c", PROGRAM, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+                               stderr=subprocess.STDOUT, text=True, preexec_fn=_default_signals)
     try:
         assert program.stdout.readline().strip() == "started"
         child = json.loads((tmp_path / "pids.json").read_text())["sleeper"]
@@ -101,3 +124,5 @@ def test_any_program_with_a_stack_stops_what_it_started_on_a_signal(tmp_path, si
     finally:
         if program.poll() is None:
             program.kill()
+            program.wait(10)
+        _stop_recorded(tmp_path / "pids.json")
