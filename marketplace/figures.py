@@ -27,16 +27,21 @@ def reward_window(job: Job) -> tuple[float | None, int]:
     return (math.fsum(rewards) / len(rewards) if rewards else None), len(rewards)
 
 
-def target_line(job: Job, snap: Snapshot | None, pool_throughput: float) -> tuple[str, bool]:
+def target_line(job: Job, snap: Snapshot | None, pool_throughput: float,
+                last: JobMetric | None = None) -> tuple[str, bool]:
     """How the throughput target ``gamma * mu_min`` (section 3.3) was computed from what was measured (it moves with
     every new T_train and T_bcast), or why there is none: no T_train yet, or a schedule no pool can keep up with
     (the launch preview's reason); and whether it is the latter (the page marks it). Ends with the feasibility
-    report's verdict on the pool now."""
+    report's verdict on the pool now. One T_train: the schedule's (the learner's calibration) is the one the formula
+    uses; where the last step measured another, the line names both, and a verdict that the learner will idle says
+    how long it actually waited then (the page's learner-wait card), so the two never read as contradicting."""
     if not job.learner_t_train:
         return ("no target yet: T_train is not known (the learner measures it in its first steps); every available "
                 "worker is used meanwhile"), False
     t_train, t_bcast = job.learner_t_train, (snap.t_bcast if snap else 0.0)
-    measured = (f"T_train {t_train:.3g} s (the learner's calibration), T_bcast {t_bcast:.3g} s "
+    step = (f"; step {last.step} took {last.t_train:.3g} s" if last and last.t_train
+            and f"{last.t_train:.3g}" != f"{t_train:.3g}" else "")
+    measured = (f"T_train {t_train:.3g} s (the learner's calibration{step}), T_bcast {t_bcast:.3g} s "
                 + (f"(snapshot v{snap.version})" if snap else "(no broadcast measured yet: 0 assumed)"))
     try:
         report = provisioning.feasibility(staleness=job.staleness, kappa=job.kappa, t_train=t_train, t_bcast=t_bcast,
@@ -47,6 +52,9 @@ def target_line(job: Job, snap: Snapshot | None, pool_throughput: float) -> tupl
         return f"no target: {report.reason} ({measured})", True
     now = (f"Now: {report.reason}" if job.status == Job.Status.RUNNING
            else f"The job is {job.status}: no worker is planned for it.")
+    if "will idle" in now and last is not None and last.t_train + last.wait_s > 0:
+        now += (f" (by the model; measured at step {last.step}: it waited {last.wait_s:.3g} s, "
+                f"{last.wait_s / (last.t_train + last.wait_s):.0%} of the step)")
     return (f"γ·μ_min = {job.gamma:g} × κR/(κ·T_train − T_bcast) = {job.gamma:g} × {job.kappa}·"
             f"{job.batch_trajectories}/({job.kappa} × {t_train:.3g} − {t_bcast:.3g}) = {report.target:.4g} traj/s "
             f"from {measured}; it moves as they are measured again. {now}"), False
@@ -95,7 +103,7 @@ def summary_figures(job: Job, *, last: JobMetric | None, snap: Snapshot | None, 
     figures are as of, the snapshot T_bcast was measured on, the target's derivation, whether the job is over (the
     page shows final figures, no projection), the download's availability and the learner's absence."""
     mean, steps = reward_window(job)
-    line, unmet = target_line(job, snap, pool_throughput)
+    line, unmet = target_line(job, snap, pool_throughput, last)
     published = job.snapshots.exists()
     return {
         "reward_recent_mean": mean,

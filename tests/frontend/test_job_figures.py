@@ -90,8 +90,8 @@ def test_the_step_figures_are_the_learners_reports_as_of_the_last_step(running):
     target = provisioning.mu_target(kappa=job.kappa, batch=8, t_train=0.05, t_bcast=0.0, gamma=job.gamma)
     assert float(keyed(page, "throughput_target")[0]) == pytest.approx(target, abs=0.05)
     line = keyed(page, "throughput_target_line")[0]
-    assert f"= {target:.4g} traj/s from T_train 0.05 s (the learner's calibration), T_bcast 0 s (no broadcast " \
-           "measured yet: 0 assumed)" in line, line
+    assert f"= {target:.4g} traj/s from T_train 0.05 s (the learner's calibration; step 12 took 0.052 s), T_bcast " \
+           "0 s (no broadcast measured yet: 0 assumed)" in line, line
     assert 'class="target-line"' in page  # not marked as an error
 
     # echo2 job status says the same figures, from the API's summary
