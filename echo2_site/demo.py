@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -162,6 +163,28 @@ def wait_for(check, what: str, timeout: float = 60.0) -> None:
     raise RuntimeError(f"timed out waiting for {what}")
 
 
+def claim_workdir(workdir: Path):
+    """The lock of ``workdir`` (an open file: keep it), or why it cannot be had: another demo runs there. Two runs in
+    one directory destroyed each other (the second wiped the first's database; their Celery beats shared a schedule
+    file) and neither said why. The lock sits beside the directory, which each run wipes."""
+    path = workdir.parent / f".{workdir.name}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    held = open(path, "a+")  # noqa: SIM115 - held for the life of the process
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        held.seek(0)
+        owner = held.read().strip() or "unknown"
+        held.close()
+        return (f"another demo (pid {owner}) is running in {workdir}: stop it first (Ctrl-C in its terminal, or "
+                f"kill {owner}), or give this one its own directory with --workdir")
+    held.seek(0)
+    held.truncate()
+    held.write(f"{os.getpid()}\n")
+    held.flush()
+    return held
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", type=Path, default=ROOT / "var" / "demo", help="State and logs (wiped).")
@@ -176,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
 
     console = Console()
     workdir = args.workdir.resolve()
+    claim = claim_workdir(workdir)  # held until this process ends (closing the file releases the lock)
+    if isinstance(claim, str):
+        console.print(f"[red]{claim}")
+        return 1
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     redis_port, site_port = free_port(), args.port or free_port()
