@@ -150,3 +150,58 @@ def test_two_fsdp_ranks_train_the_adapter_as_one_process_and_checkpoints_cross_w
     base = load_model(str(tiny_model_dir)).state_dict()
     assert all(torch.equal(tensor, base[name.removeprefix("base_model.model.").replace(".base_layer", "")])
                for name, tensor in reference.items() if ".lora_" not in name)  # the base frozen throughout
+
+
+def test_audits_recompute_log_probs_under_the_base_and_the_versions_adapter(tiny_model_dir, tmp_path) -> None:
+    """An agent's honest group generated with v1's adapter passes the audit; the same completions claimed at v1 with
+    the base's log-probs (a worker that never installed the adapter) fail it; v0's group is scored on the base."""
+    import copy
+
+    from transformers import AutoTokenizer
+
+    from dataplane.records import Trajectory, TrajectoryGroup
+    from dataplane.replay import StoredGroup
+    from dataplane.tasks import build_task
+    from learner.audit import Auditor, AuditSettings, snapshot_weights
+
+    spec = lora_spec(tiny_model_dir)
+    trainer, tokenizer = build_policy(spec, device="cpu")
+    store = SnapshotStore(tmp_path / "snapshots", job_id=1, adapter=spec.lora)
+    store.write_base(tiny_model_dir)
+    with torch.no_grad():  # an adapter far enough from the base that its log-probs tell them apart
+        for name, parameter in trainer.module.named_parameters():
+            if ".lora_" in name:
+                parameter.add_(torch.randn_like(parameter) * 0.5)
+    store.write(trainer.module, 1)
+    task = build_task({"name": "arithmetic"})
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    audit = Auditor(copy.deepcopy(trainer.module).eval(), pad_id=tokenizer.pad_token_id, task=task,
+                    weights=snapshot_weights(store.root, str(tiny_model_dir)),
+                    decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
+                    settings=AuditSettings(fraction=1.0, probation_groups=0), key=b"k" * 32)
+    engines = {0: HFEngine(str(tiny_model_dir), device="cpu", seed=0), 1: HFEngine(str(tiny_model_dir), device="cpu")}
+    manifest, directory = full_payload(store.root, 1)
+    held = HeldWeights(manifest, list(iter_chunks(directory, manifest)))
+    engines[1].load_adapter(held.tensors(), held.adapter(), version=1)
+
+    def group(version: int, *, scored_by: int, lease: str) -> TrajectoryGroup:
+        completions = engines[version].generate(["3+4="], n=3, params=SamplingParams(max_new_tokens=4))[0]
+        logprobs = [c.logprobs if scored_by == version else _logprobs(engines[scored_by].model, c.prompt_ids,
+                                                                       c.completion_ids) for c in completions]
+        return TrajectoryGroup.of([Trajectory(
+            job_id=1, lease_id=lease, group_id=f"g-{lease}", prompt="3+4=", prompt_ids=c.prompt_ids, completion=c.text,
+            completion_ids=c.completion_ids, logprobs=lp, reward=task.reward("3+4=", c.text), version=version)
+            for c, lp in zip(completions, logprobs, strict=True)])
+
+    assert audit.check(StoredGroup("1-0", group(1, scored_by=1, lease="a"), worker_id=3)) == ""
+    assert audit.check(StoredGroup("2-0", group(0, scored_by=0, lease="b"), worker_id=3)) == ""
+    lazy = group(1, scored_by=0, lease="c")  # v1's completions, the base's log-probs
+    assert audit.check(StoredGroup("3-0", lazy, worker_id=4)).startswith("logprobs: mean |claimed - recomputed|")
+
+
+def _logprobs(model, prompt_ids: list[int], completion_ids: list[int]) -> list[float]:
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt_ids + completion_ids])).logits[0].float()
+    logp = torch.log_softmax(logits, dim=-1)
+    start = len(prompt_ids) - 1
+    return [float(logp[start + k, t]) for k, t in enumerate(completion_ids)]
