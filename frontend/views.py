@@ -125,6 +125,7 @@ def marketplace_overview(request):
     utilization = selectors.worker_utilization(workers)
     for worker in workers:
         worker.utilization = utilization[worker.pk]
+    provider.decorate(workers)  # a declared GPU its agent did not measure is flagged here too
     workers.sort(key=lambda w: (w.unit_cost is None, w.unit_cost or 0.0))
     online = [w for w in workers if w.status != Worker.Status.OFFLINE]
     active = [w for w in workers if w.status == Worker.Status.ACTIVE]

@@ -73,3 +73,16 @@ def test_staff_land_on_every_job_with_why_it_waits_and_its_actions(redis_url):
     assert f"waiting for learner: none has reported yet (echo2-learner --job {job.pk})" in row
     assert f'action="/jobs/{job.pk}/pause/"' in row and f'action="/jobs/{job.pk}/cancel/"' in row
     assert "/start/" not in row  # only what its status allows
+
+
+def test_staff_see_paused_workers_and_declared_hardware_flagged_on_the_marketplace(redis_url):
+    staff, provider = factories.user("staff", is_staff=True), factories.user("prov")
+    rig, _ = factories.worker(provider, name="rig", price="0.5")
+    Worker.objects.filter(pk=rig.pk).update(gpu="RTX 5090", hardware={
+        "gpus": [{"name": "NVIDIA GeForce RTX 4090", "memory_gb": 24, "capability": "8.9"}], "engines": ["hf"],
+        "cpu_count": 8, "ram_gb": 64, "disk_free_gb": 100})
+    services.worker_pause(worker=Worker.objects.get(pk=rig.pk))
+    page, _ = signs_in(staff)
+    row = re.search(r'<tr data-worker="rig">(.*?)</tr>', page.get("/marketplace/").content.decode(), re.S).group(1)
+    assert "declared RTX 5090, but its agent measured NVIDIA GeForce RTX 4090" in row and ">paused<" in row
+
