@@ -42,6 +42,7 @@ from .timing import RoundTrips
 
 log = logging.getLogger("echo2.agent")
 
+MAX_REPLY_BACKOFF = 8.0  # a request's reply timeout grows to this multiple at most while its replies do not come
 PING_INTERVAL_S = 5.0  # the ping timeout follows the measured round trips (timing.RoundTrips.ping_timeout)
 Reply = m.Lease | m.NoWork | m.Accepted | m.Rejected | m.Submitted
 
@@ -188,14 +189,23 @@ class SiteConnection:
         :class:`submit.RecordTooBig`."""
         message = message.model_copy(update={"id": f"{self._id_prefix}-{next(self._ids)}"})
         deadline = time.monotonic() + deadline_s
-        attempt = 0
+        attempt = unanswered = 0
         while True:
             attempt += 1
             if attempt > 1:
                 self.resent += 1
             try:
-                reply = await self._exchange(message, deadline, timed=attempt == 1)
-            except (NotConnected, TimeoutError) as err:
+                # each reply that did not come doubles the next wait (RFC 6298 5.5): a site slower than our timeout
+                # is not sent the same request again and again at that timeout
+                reply = await self._exchange(message, deadline, timed=attempt == 1,
+                                             backoff=min(2.0 ** unanswered, MAX_REPLY_BACKOFF))
+            except TimeoutError as err:
+                unanswered += 1
+                if deadline - time.monotonic() <= 0:
+                    raise
+                log.info("request %s (%s): %s; sending it again", message.id, message.type, err)
+                continue
+            except NotConnected as err:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise
@@ -213,9 +223,10 @@ class SiteConnection:
                 continue
             return reply
 
-    async def _exchange(self, message, deadline: float, *, timed: bool = False) -> Reply:
+    async def _exchange(self, message, deadline: float, *, timed: bool = False, backoff: float = 1.0) -> Reply:
         """One attempt: the request's frames out, its reply back (or TimeoutError / NotConnected). ``timed``: its
-        round trip, last frame out to reply in, is a sample (a first attempt: Karn's rule)."""
+        round trip, last frame out to reply in, is a sample (a first attempt: Karn's rule); ``backoff``: the reply
+        timeout's multiple."""
         if self.ws is None or not self.welcomed.is_set():
             raise NotConnected("not connected")
         texts = submit.frames(message, limit=self.max_message_bytes)
@@ -231,7 +242,7 @@ class SiteConnection:
                     except websockets.WebSocketException as err:
                         raise NotConnected(str(err)) from None
             sent = time.monotonic()
-            timeout = max(0.1, min(self.round_trips.reply_timeout(), deadline - sent))
+            timeout = max(0.1, min(self.round_trips.reply_timeout() * backoff, deadline - sent))
             try:
                 reply = await asyncio.wait_for(future, timeout)
                 if timed:

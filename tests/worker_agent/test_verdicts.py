@@ -9,7 +9,18 @@ import time
 from dataplane import messages as m
 from worker_agent import rollout_loop, status
 
-from .test_session import answering, generating, learner_side, push, returned, submits, until  # noqa: F401
+from .test_session import (  # noqa: F401 (learner_side: a fixture)
+    answering,
+    assign,
+    generating,
+    learner_side,
+    make_session,
+    push,
+    returned,
+    snapshot,
+    submits,
+    until,
+)
 
 
 def test_groups_the_site_could_not_take_go_again_with_the_next_request_until_judged(tmp_path, learner_side,  # noqa: F811
@@ -82,3 +93,28 @@ def test_an_idle_agent_backs_off_with_jitter_from_the_sites_retry_after_to_the_c
         assert min(waits[-4:]) >= rollout_loop.IDLE_WAIT_CAP_S / 2  # settled near the cap
     assert fleets[0][1:] != fleets[1][1:]  # not in step
     assert rollout_loop.idle_wait(retry_after=5.0, previous=4.0) >= 5.0  # a longer retry_after is kept
+
+
+def test_a_reply_that_does_not_come_is_waited_for_longer_at_each_resend(tmp_path, learner_side,  # noqa: F811
+                                                                        tiny_model_dir, monkeypatch):
+    """The site answers slower than the reply timeout (a loaded site): each resend of the same request waits twice
+    as long as the one before, so a fleet does not send the same request again and again at its timeout (1,480
+    resends in 5 minutes, each run again by the site)."""
+    import worker_agent.timing as timing
+
+    monkeypatch.setattr(timing, "REPLY_FLOOR_S", 0.2)
+    monkeypatch.setattr(timing, "REPLY_CEILING_S", 0.2)
+    monkeypatch.setattr(rollout_loop, "LEASE_DEADLINE_S", 60.0)
+    store, server = learner_side
+    base = store.write_base(tiny_model_dir)
+
+    async def scenario() -> None:
+        session, socket = make_session(tmp_path, [])
+        await push(session, assign(1, snapshot(store, server, base), digest=base.sha256))
+        await until(lambda: submits(socket), "the first lease request")
+        await asyncio.sleep(3.0)  # 0.2 s each: 15 sendings; doubling (0.2, 0.4, 0.8, 1.6): 4 or 5
+        sendings = len(submits(socket))
+        assert 2 <= sendings <= 5 and len({s["id"] for s in submits(socket)}) == 1
+        session._stop_rollout()
+
+    asyncio.run(scenario())
