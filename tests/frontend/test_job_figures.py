@@ -175,7 +175,9 @@ def test_a_job_waiting_for_its_learner_says_so_and_how_to_start_it(running):
     client = signed_in(owner)
     page = client.get(f"/jobs/{job.pk}/").content.decode()
     assert shown(page, 'id="learner-waiting"')
-    assert f"echo2-learner --server http://testserver --job {job.pk} --token-file TOKEN_FILE" in page
+    # the whole command, runnable as printed (dataplane/learner_command.py): the token file where the page says
+    assert f'<code id="learner-command">echo2-learner --server http://testserver --job {job.pk} --token-file ' \
+           "~/.echo2-token</code>" in page
     assert keyed(page, "waiting_reason")[0].startswith("waiting for learner: none has reported yet")
     assert keyed(page, "reward_recent_mean") == ["–"] and not shown(page, 'data-show="stepped"')  # no "as of step"
     assert keyed(page, "pool_throughput") == ["0.0"] and keyed(page, "throughput_target") == ["–"]
