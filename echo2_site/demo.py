@@ -244,12 +244,14 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"all demo processes stopped; logs in {stack.logs}")
 
 
-def _hand_over(console, stack: Stack, server: str, job_id: int, workdir: Path, keep_running: bool | None) -> None:
+def _hand_over(console, stack: Stack, server: str, job_id: int, workdir: Path, keep_running: bool | None,
+               make_target: str = "demo") -> None:
     """Print what the newcomer needs next; then, kept running (the default in a terminal), wait for Ctrl-C."""
     keep_running = keep_running if keep_running is not None else _interactive()
     console.rule("hand-over")
     for line in handover_lines(server=server, job_id=job_id, workdir=workdir, bin_dir=BIN,
-                               providers=[p[0] for p in PROVIDERS], keep_running=keep_running):
+                               providers=[p[0] for p in PROVIDERS], keep_running=keep_running,
+                               make_target=make_target):
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     while keep_running:
         stack.check_alive()

@@ -28,7 +28,7 @@ def learner_argv(*, server: str, job_id: int, workdir: Path, bin_dir: Path,
 
 
 def handover_lines(*, server: str, job_id: int, workdir: Path, bin_dir: Path, providers: list[str],
-                   keep_running: bool) -> list[str]:
+                   keep_running: bool, make_target: str = "demo") -> list[str]:
     """The closing block: dashboard and logins, token files, the owner CLI's next commands, and how the site stays
     up (or that it stops, and the flag that keeps it)."""
     tokens = workdir / "tokens"
@@ -54,5 +54,5 @@ def handover_lines(*, server: str, job_id: int, workdir: Path, bin_dir: Path, pr
         lines.append(f"the site stays up at {server} until Ctrl-C, which stops every demo process")
     else:
         lines.append("the site stops with the demo now; to keep it up until Ctrl-C: "
-                     "make demo DEMO_ARGS=--keep-running")
+                     f"make {make_target} DEMO_ARGS=--keep-running")
     return lines

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         job = launch(console, stack, api, server, tokens["demo"], job_spec(model_dir, quick=args.quick,
                                                                             steps=args.steps), workdir)
         code = watch(console, api, stack, job["id"], server)
-        demo._hand_over(console, stack, server, job["id"], workdir, args.keep_running)
+        demo._hand_over(console, stack, server, job["id"], workdir, args.keep_running, make_target="demo-real")
         return code
     except KeyboardInterrupt:
         console.print("\ninterrupted")
