@@ -74,7 +74,8 @@ def eval_line(summary_eval: dict) -> str:
     """The job's held-out evaluations (the summary's ``eval``): the first (the base) and the latest, pass@1 greedy
     and mean@k."""
     def one(e: dict) -> str:
-        return f"{fmt(e.get('pass_at_1'))} at v{e.get('version')} (mean@{e.get('k')} {fmt(e.get('mean_at_k'))})"
+        sampled = f" (mean@{e.get('k')} {fmt(e.get('mean_at_k'))})" if e.get("mean_at_k") is not None else ""
+        return f"{fmt(e.get('pass_at_1'))} at v{e.get('version')}{sampled}"
 
     first, last = summary_eval["first"], summary_eval["last"]
     where = f" on {last.get('problems')} problems" + (f" ({last['split']})" if last.get("split") else "")

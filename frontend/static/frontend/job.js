@@ -33,7 +33,8 @@
     curves.draw(document.getElementById("reward-curve"), {
       series: [{ cls: "reward", color: "#1f5fbf", label: "reward", points: steps().map((m) => [m.step, m.reward_mean]) }],
       dots: evals.map((e) => ({ step: e.version, value: e.pass_at_1, cls: "eval-pass", color: "#1a7f42",
-        title: `v${e.version}: held-out pass@1 ${fmt(e.pass_at_1)}, mean@${e.k} ${fmt(e.mean_at_k)} on ${e.problems} problems` })),
+        title: `v${e.version}: held-out pass@1 ${fmt(e.pass_at_1)}` +
+          `${typeof e.mean_at_k === "number" ? `, mean@${e.k} ${fmt(e.mean_at_k)}` : ""} on ${e.problems} problems` })),
       yFloor: 0, yCeil: 1, empty: noSteps() });
   }
 
