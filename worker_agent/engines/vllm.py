@@ -26,11 +26,11 @@ other threads, so we set ``spawn`` unless the variable is set already.
 ``vllm`` is imported inside the class, so this module imports (and the agent runs its HF engine) on machines
 without it.
 
-LoRA jobs (docs/lora.md): an engine built with ``enable_lora=True`` (and ``max_lora_rank`` at least the job's rank)
-applies each version's adapter as vLLM's own LoRA: the adapter written as a PEFT directory, then every request
-of that version carries ``LoRARequest(f"v{version}", version, directory)``; the base weights stay as loaded.
-Written against vLLM's documented LoRA API (``vllm.lora.request.LoRARequest``, ``LLM.generate(lora_request=)``)
-and not run here: no GPU on the machine where it was written.
+LoRA jobs (docs/lora.md): an engine built with ``enable_lora=True`` (the agent's ``ECHO2_VLLM_MAX_LORA_RANK`` at
+least the job's rank) applies each version's adapter as vLLM's own LoRA: the adapter written as a PEFT directory,
+then every request of that version carries ``LoRARequest(f"v{version}", version, directory)``; the base weights
+stay as loaded. Written against vLLM's documented LoRA API (``vllm.lora.request.LoRARequest``,
+``LLM.generate(lora_request=)``) and not run here: no GPU on the machine where it was written.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ from .vllm_support import (
 log = logging.getLogger("echo2.agent")
 
 MULTIPROC_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
+LORA_RANK_ENV = "ECHO2_VLLM_MAX_LORA_RANK"  # > 0: the engine serves LoRA jobs up to this rank (enable_lora)
 
 
 class VLLMUnavailable(RuntimeError):
@@ -120,6 +121,9 @@ class VLLMEngine(Engine):
         self.last_install: dict[str, Any] = {}
         self._partial: str | None = None  # why the weights may be a mix of two snapshots
         engine_kwargs.setdefault("logprobs_mode", "raw_logprobs")
+        lora_rank = int(os.environ.get(LORA_RANK_ENV) or 0)  # vLLM sizes its LoRA buffers when it starts
+        if lora_rank > 0 and "enable_lora" not in engine_kwargs:
+            engine_kwargs.update(enable_lora=True, max_lora_rank=lora_rank)
         self.lora_enabled = bool(engine_kwargs.get("enable_lora"))
         self._lora: Any = None  # the LoRARequest of the adapter generated with (None: the base's weights)
         self._lora_dirs: list[tempfile.TemporaryDirectory] = []
@@ -163,8 +167,8 @@ class VLLMEngine(Engine):
         from vllm.lora.request import LoRARequest
 
         if not self.lora_enabled:
-            raise ValueError("this vLLM engine was built without enable_lora=True; a LoRA job needs it (and "
-                             f"max_lora_rank >= {spec.rank})")
+            raise ValueError(f"this vLLM engine was built without LoRA; a LoRA job needs it: start the agent with "
+                             f"{LORA_RANK_ENV}={spec.rank} or more")
         directory = tempfile.TemporaryDirectory(prefix=f"echo2-adapter-v{version}-", dir=self.install_dir)
         save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
                   str(Path(directory.name) / "adapter_model.safetensors"), metadata={"format": "pt"})
