@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 import tarfile
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
@@ -84,12 +85,18 @@ def digest(directory: str | Path) -> str:
     return sink.hash.hexdigest()
 
 
+_REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
 def checked_member(member: tarfile.TarInfo, seen: list[str]) -> str:
-    """The name of ``member`` of a base archive, if it is one :func:`write_archive` writes: a regular file with
-    a plain name (no separator, no leading dot) not ``seen`` before; else :class:`ArchiveError`."""
+    """The name of ``member`` of a base archive, if it is one :func:`write_archive` writes: a plain regular
+    file (not sparse: a sparse member's declared size is not in the archive, so it would expand without bound)
+    with a plain name (no separator, no leading dot, no control character) not ``seen`` before; else
+    :class:`ArchiveError`."""
     name = member.name
-    if (not member.isreg() or not name or name.startswith(".") or len(PurePosixPath(name).parts) != 1
-            or "\\" in name or name in seen):
+    if (member.type not in _REGULAR or member.sparse is not None or not name or name.startswith(".")
+            or len(PurePosixPath(name).parts) != 1 or "\\" in name or _CONTROL.search(name) or name in seen):
         raise ArchiveError(f"base archive: refusing member {name!r}")
     return name
 
@@ -97,24 +104,41 @@ def checked_member(member: tarfile.TarInfo, seen: list[str]) -> str:
 def unpack(payload: bytes, destination: str | Path) -> list[str]:
     """Write the files of a base archive into ``destination`` (created); returns their names.
 
-    Refuses anything :func:`write_archive` does not produce: links, devices, directories, paths with a
-    separator or a leading dot, duplicate names.
+    Refuses anything :func:`write_archive` does not produce: links, devices, directories, sparse members,
+    paths with a separator, a leading dot or a control character, duplicate names. Every member's data lies
+    in the archive, so the files together hold fewer bytes than ``payload`` (the size its manifest declared):
+    a member whose size would pass that, or that yields more than its header says, is refused while it is
+    written, before the disk sees more than the payload's size.
     """
     dest = Path(destination)
     dest.mkdir(parents=True, exist_ok=True)
     names: list[str] = []
+    room = len(payload)
     try:
         with tarfile.open(fileobj=io.BytesIO(payload), mode="r:") as tar:
             for member in tar:
                 name = checked_member(member, names)
-                source = tar.extractfile(member)
-                assert source is not None  # a regular file
-                with (dest / name).open("wb") as out:
-                    while piece := source.read(_PIECE):
-                        out.write(piece)
+                if member.size > room:
+                    raise ArchiveError(f"base archive: member {name!r} declares {member.size} bytes, "
+                                       f"more than the {len(payload)}-byte archive holds")
+                room -= _write_member(tar, member, dest / name)
                 names.append(name)
     except tarfile.TarError as err:
         raise ArchiveError(f"base archive: {err}") from None
     if not names:
         raise ArchiveError("base archive: no files")
     return names
+
+
+def _write_member(tar: tarfile.TarFile, member: tarfile.TarInfo, path: Path) -> int:
+    """Copy ``member``'s data to ``path``, never more than its declared size; returns the bytes written."""
+    source = tar.extractfile(member)
+    assert source is not None  # a regular file
+    written = 0
+    with path.open("wb") as out:
+        while piece := source.read(min(_PIECE, member.size - written + 1)):
+            written += len(piece)
+            if written > member.size:
+                raise ArchiveError(f"base archive: member {member.name!r} holds more than its declared size")
+            out.write(piece)
+    return written

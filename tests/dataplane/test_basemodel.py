@@ -64,3 +64,56 @@ def test_garbage_and_empty_directories_are_refused(tmp_path):
         basemodel.pack(tmp_path / "empty")
     with pytest.raises(basemodel.ArchiveError, match="not a directory"):
         basemodel.pack(tmp_path / "missing")
+
+
+def _gnu_sparse(name: str, declared: int) -> bytes:
+    """A ~2 KB tar whose old-GNU sparse member declares ``declared`` bytes (one stored byte at the end)."""
+    info = tarfile.TarInfo(name)
+    info.size = 1
+    buf = bytearray(info.tobuf(format=tarfile.GNU_FORMAT))
+    buf[156:157] = tarfile.GNUTYPE_SPARSE
+    buf[386:398] = tarfile.itn(declared - 1, 12, tarfile.GNU_FORMAT)  # the one block's offset
+    buf[398:410] = tarfile.itn(1, 12, tarfile.GNU_FORMAT)  # and its length
+    buf[483:495] = tarfile.itn(declared, 12, tarfile.GNU_FORMAT)  # the real size
+    buf[148:156] = b" " * 8
+    buf[148:156] = b"%06o\0 " % sum(buf[:512])
+    return bytes(buf) + b"x" + bytes(511) + bytes(1024)
+
+
+def _pax_sparse(name: str, declared: int) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.pax_headers = {"GNU.sparse.size": str(declared), "GNU.sparse.map": f"{declared - 1},1"}
+    return _archive((info, b"x"))
+
+
+@pytest.mark.parametrize("bomb", [_gnu_sparse, _pax_sparse])
+def test_a_sparse_member_declaring_50_gib_is_refused_before_a_byte_is_written(tmp_path, bomb):
+    payload = bomb("model.safetensors", 50 << 30)
+    assert len(payload) <= 10240
+    with pytest.raises(basemodel.ArchiveError, match="refusing member"):
+        basemodel.unpack(payload, tmp_path / "out")
+    assert sum(p.stat().st_size for p in (tmp_path / "out").iterdir()) == 0
+
+
+@pytest.mark.parametrize("name", ["con\nfig.json", "a\x1b[2Jb", "tab\tname", "nul\x7f"])
+def test_names_with_control_characters_are_refused(tmp_path, name):
+    with pytest.raises(basemodel.ArchiveError, match="refusing member"):
+        basemodel.unpack(_archive((tarfile.TarInfo(name), b"{}")), tmp_path / "out")
+
+
+@pytest.mark.parametrize("kind", [tarfile.DIRTYPE, tarfile.CHRTYPE, tarfile.FIFOTYPE, tarfile.LNKTYPE])
+def test_directories_devices_fifos_and_hard_links_are_refused(tmp_path, kind):
+    info = tarfile.TarInfo("model.safetensors")
+    info.type = kind
+    with pytest.raises(basemodel.ArchiveError, match="refusing member"):
+        basemodel.unpack(_archive((info, b"")), tmp_path / "out")
+
+
+def test_a_member_larger_than_the_archive_is_refused_before_writing(tmp_path):
+    """A header may claim more than the payload holds: refused on the claim, not after filling the disk."""
+    info = tarfile.TarInfo("model.safetensors")
+    info.size = 1 << 40
+    payload = info.tobuf(format=tarfile.PAX_FORMAT) + bytes(2048)
+    with pytest.raises(basemodel.ArchiveError, match="more than the"):
+        basemodel.unpack(payload, tmp_path / "out")
+    assert not (tmp_path / "out" / "model.safetensors").exists()
