@@ -173,7 +173,7 @@ def _alphabet(task: str) -> str:
         if Path(task).suffix in (".toml", ".yaml", ".yml", ".json"):
             spec = load_job_file(Path(task)).get("task")
             adapter = build_task(spec if isinstance(spec, dict) else {})
-            adapter.prepare(allow_user_code=False)  # a data set's rows, where the job file named its files
+            adapter.prepare(allow_user_code=True)  # the owner's machine: its data set's rows, its environment
             return adapter.alphabet or string.printable
         adapter = build_task({"name": task})
     except (JobFileError, OSError) as err:

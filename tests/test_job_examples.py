@@ -16,18 +16,19 @@ from dataplane.tasks.verifiers_env import ALLOW_USER_CODE
 from tests.job_training import first_and_last, one_thread, train
 
 ROOT = Path(__file__).resolve().parents[1]
-OURS = ["arithmetic.toml", "reasoning-gym.toml", "verifiers.toml"]
+OURS = ["arithmetic.toml", "reasoning-gym.toml", "verifiers.toml"]  # dataset-parquet.toml: test_job_dataset_example
 STEPS, WINDOW = 120, 10  # about 10 s a job on one core
 
 
 @pytest.fixture
 def example_envs(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "examples" / "envs"))
+    # As the comments say: run in the repository's root, no PYTHONPATH (examples.envs.echo2_sums imports from there)
+    monkeypatch.chdir(ROOT)
     monkeypatch.setenv(ALLOW_USER_CODE, "1")  # the owner's environment runs here, as on the learner
 
 
 def test_every_example_job_file_is_a_valid_job(example_envs) -> None:
-    for path in (ROOT / "examples" / "jobs" / name for name in OURS):
+    for path in (ROOT / "examples" / "jobs" / name for name in [*OURS, "dataset-parquet.toml"]):
         spec = parse_job_spec(load_job_file(path))
         task = build_task(spec.task)
         assert task.sample_prompts(random.Random(0), 2), path.name

@@ -21,6 +21,8 @@ import importlib
 import inspect
 import math
 import numbers
+import os
+import sys
 import threading
 import traceback
 from collections.abc import Callable, Sequence
@@ -244,11 +246,25 @@ def _scorer(spec: RewardFunctionSpec, where: str) -> _Scorer:
     return _Scorer(spec, fn, dict(spec.options))
 
 
+def import_owner_module(name: str) -> Any:
+    """Import the owner's module ``name`` as a script run here would: from the import path, else from the working
+    directory (appended to the path once, after everything else, so it shadows nothing): a learner or an agent
+    started in the owner's checkout finds ``examples.rewards.sums_rewards`` with no ``PYTHONPATH``."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        here = os.getcwd()
+        if here in sys.path or err.name is None or not name.startswith(err.name):
+            raise
+        sys.path.append(here)
+        return importlib.import_module(name)
+
+
 def load_function(name: str, *, where: str) -> Callable[..., Any]:
     """Import ``pkg.module:attr.path`` and return it; :class:`RewardError` naming ``where`` if it cannot."""
     module_name, _, attr_path = name.partition(":")
     try:
-        target: Any = importlib.import_module(module_name)
+        target: Any = import_owner_module(module_name)
         for attr in attr_path.split("."):
             target = getattr(target, attr)
     except Exception as err:  # noqa: BLE001 - importing a user's module runs its code: any error is a bad spec

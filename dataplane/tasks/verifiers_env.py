@@ -42,6 +42,7 @@ from typing import Any
 
 from ..chat import decode_chat, encode_chat, flatten_chat
 from ..rewards import UserCodeRefused
+from ..rewards.reward import import_owner_module
 from .base import Prompt, TaskAdapter, TaskSpecError, register_task
 from .episodes import Episode, Turn
 
@@ -261,11 +262,9 @@ def _respond(respond: Callable | None, messages: list[dict[str, str]], task: Any
 
 
 def _call_loader(ref: str, args: dict[str, Any]) -> Any:
-    import importlib
-
     module_name, _, attr_path = ref.partition(":")
     try:
-        target: Any = importlib.import_module(module_name)
+        target: Any = import_owner_module(module_name)  # from the path, else the working directory
         for attr in attr_path.split("."):
             target = getattr(target, attr)
         return target(**args)
