@@ -170,10 +170,24 @@ def job_plan(job: Job) -> dict:
 
 
 def _earlier_job(spec: JobSpec, user) -> Job | None:
-    """The newest job of ``user``'s (all jobs for staff) with the same model and task whose learner measured
-    ``T_train``: the best guess for a new job's, since ``T_train`` depends on the model, R and the learner."""
-    return (selectors.jobs_visible_to(user).filter(model_dir=spec.model_dir, task__name=spec.task.get("name"),
-                                                   learner_t_train__gt=0).order_by("-pk").first())
+    """The newest job of ``user``'s (all jobs for staff) with the same model, task and adapter whose learner
+    measured ``T_train``: the best guess for a new job's, since ``T_train`` depends on the model, R and the learner,
+    and ``T_bcast`` on what a publication ships (a LoRA job's adapter is a few MB, a full job's the whole model:
+    docs/lora.md)."""
+    candidates = (selectors.jobs_visible_to(user).filter(model_dir=spec.model_dir, task__name=spec.task.get("name"),
+                                                         learner_t_train__gt=0).order_by("-pk"))[:EARLIER_JOBS_READ]
+    return next((job for job in candidates if _ships_alike(job.spec.get("lora") or {}, spec)), None)  # none: rank 0
+
+
+EARLIER_JOBS_READ = 20  # of the same model and task, newest first: one with the same adapter is among them or none
+
+
+def _ships_alike(lora: dict, spec: JobSpec) -> bool:
+    """Whether a job with adapter settings ``lora`` publishes versions of the size ``spec``'s would: the same rank
+    on the same layers (both 0: the whole model)."""
+    rank = int(lora.get("rank") or 0)
+    return rank == spec.lora.rank and (rank == 0 or sorted(lora.get("target_modules") or [])
+                                       == sorted(spec.lora.target_modules))
 
 
 def spec_plan(spec: JobSpec, *, user, t_train: float | None = None, t_bcast: float | None = None) -> dict:
