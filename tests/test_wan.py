@@ -180,20 +180,42 @@ def start_topology() -> subprocess.Popen:
     pytest.fail(f"the topology did not come up (exit {proc.returncode})")
 
 
+def tear_down(*procs: subprocess.Popen) -> None:
+    """Finalizer, on failure too: end the topologies still up and remove the namespaces of every run of ours whose
+    process is gone (``down --all-mine`` leaves live runs alone): a failing test once left five namespaces."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+    subprocess.run((sys.executable, "-m", "bench.wan", "down", "--all-mine"), cwd=ROOT, capture_output=True,
+                   timeout=60)
+
+
 @needs_namespaces
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_topology_removed_on_signal(sig: signal.Signals) -> None:
     proc = start_topology()
-    assert len(ours(proc.pid)[0]) == 5  # core, learner, site, two agents
-    proc.send_signal(sig)
-    proc.wait(30)
-    assert ours(proc.pid) == ([], [])
+    try:
+        assert len(ours(proc.pid)[0]) == 5  # core, learner, site, two agents
+        proc.send_signal(sig)
+        proc.wait(30)
+        assert ours(proc.pid) == ([], [])
+    finally:
+        tear_down(proc)
 
 
 @needs_namespaces
 def test_cleanup_after_kill_9_removes_only_ours() -> None:
     proc = start_topology()
-    survivor = start_topology()  # a live run: down --all-mine leaves it alone
+    try:
+        survivor = start_topology()  # a live run: down --all-mine leaves it alone
+    except BaseException:
+        tear_down(proc)
+        raise
     try:
         sleeper = subprocess.Popen(("ip", "netns", "exec", netns.prefix(proc.pid) + "a0", "sleep", "600"))
         proc.kill()
@@ -208,6 +230,7 @@ def test_cleanup_after_kill_9_removes_only_ours() -> None:
     finally:
         survivor.terminate()
         survivor.wait(30)
+        tear_down(proc, survivor)
     assert ours(survivor.pid) == ([], [])
 
 
