@@ -12,6 +12,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.urls import path  # noqa: E402
 
+from echo2_site.gate import Gate  # noqa: E402
 from echo2_site.staticfiles import StaticFilesHandler  # noqa: E402
 from frontend import dist  # noqa: E402
 from frontend.consumers import JobLiveConsumer  # noqa: E402
@@ -29,7 +30,8 @@ learner_door.log_startup()  # whether each learner gets a Redis user of its own,
 
 application = ProtocolTypeRouter(
     {
-        "http": StaticFilesHandler(django_asgi_app),
+        # Sign-in floods and oversized uploads are refused before Django reads a body or takes a connection.
+        "http": Gate(StaticFilesHandler(django_asgi_app)),
         # Agents are not browsers: they authenticate with their worker key (see AgentConsumer).
         "websocket": URLRouter(websocket_urlpatterns),
     }

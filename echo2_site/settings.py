@@ -365,6 +365,13 @@ ECHO2 = {
     # DATASET_MAX_BYTES. The site never reads a data set by a path a request names.
     "DATASET_DIR": Path(os.environ.get("ECHO2_DATASET_DIR") or DATA_DIR / "datasets"),
     "DATASET_MAX_BYTES": env_int("ECHO2_DATASET_MAX_BYTES", 256 << 20),
+    # Bytes of uploaded data sets one owner may hold (a 409 past it).
+    "DATASET_QUOTA_BYTES": env_int("ECHO2_DATASET_QUOTA_BYTES", 1 << 30),
+    # Sign-in posts, refused with a 429 before Django (echo2_site/gate.py): per address and per process each
+    # minute, and at most SIGNIN_INFLIGHT at once so a flood holds few of the pool's connections.
+    "SIGNIN_PER_ADDRESS": env_int("ECHO2_SIGNIN_PER_ADDRESS", 10),
+    "SIGNIN_PER_MIN": env_int("ECHO2_SIGNIN_PER_MIN", 600),
+    "SIGNIN_INFLIGHT": env_int("ECHO2_SIGNIN_INFLIGHT", 4),
     # Bounds on what strangers send (docs/trust.md "Bounds"): a snapshot's total bytes as its manifest declares them
     # (each chunk is at most 64 MiB, and no read takes more than a chunk's declared size), and the JSON of one
     # record's task metadata.

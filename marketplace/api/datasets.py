@@ -23,20 +23,30 @@ UPLOADED = inline_serializer("DatasetUploaded", {"digest": serializers.CharField
                                                  "files": serializers.ListField(child=serializers.CharField())})
 
 
+def _store(**kwargs) -> tuple[dict | None, datasets.ServiceError | None]:
+    try:
+        return datasets.dataset_store(**kwargs), None
+    except (datasets.TooLarge, datasets.OverQuota) as err:
+        return None, err
+
+
 class DatasetViewSet(viewsets.ViewSet):
     parser_classes: list = []  # the body is the archive, read as a stream by the service
     lookup_value_regex = "[0-9a-f]{64}"
 
     @extend_schema(request={"application/octet-stream": OpenApiTypes.BINARY},
-                   responses={201: UPLOADED, 400: ErrorSerializer},
+                   responses={201: UPLOADED, 400: ErrorSerializer, 409: ErrorSerializer, 413: ErrorSerializer},
                    description="Upload a data set's archive (the raw body, at most ECHO2_DATASET_MAX_BYTES); "
                                "the answer names its digest, which a dataset job's data.digest names.")
     def create(self, request):
         length = request.META.get("CONTENT_LENGTH") or None
         if length is not None and not str(length).isdigit():
             raise ValidationError({"body": ["a bad Content-Length"]})
-        stored = _service_call(datasets.dataset_store, owner=request.user, stream=request._request,
-                               length=int(length) if length is not None else None)
+        stored, refused = _service_call(_store, owner=request.user, stream=request._request,
+                                        length=int(length) if length is not None else None)
+        if refused is not None:  # too large for one upload (413) or for the owner's quota (409)
+            return Response({"detail": str(refused), "errors": {"body": [str(refused).partition(": ")[2]]}},
+                            status=413 if isinstance(refused, datasets.TooLarge) else 409)
         return Response(stored, status=status.HTTP_201_CREATED)
 
     @extend_schema(responses={(200, "application/x-tar"): OpenApiTypes.BINARY,

@@ -30,6 +30,14 @@ _PIECE = 1 << 20
 _owners_lock = threading.Lock()
 
 
+class TooLarge(ServiceError):
+    """An upload over ``ECHO2_DATASET_MAX_BYTES`` (the API answers 413)."""
+
+
+class OverQuota(ServiceError):
+    """An upload that would take its owner past ``ECHO2_DATASET_QUOTA_BYTES`` (the API answers 409)."""
+
+
 def dataset_dir() -> Path:
     return Path(settings.ECHO2["DATASET_DIR"])
 
@@ -53,7 +61,7 @@ def _receive(stream: BinaryIO, into: BinaryIO, max_bytes: int) -> str:
     while piece := stream.read(_PIECE):
         size += len(piece)
         if size > max_bytes:
-            raise ServiceError(f"body: a data set of more than {max_bytes} bytes (ECHO2_DATASET_MAX_BYTES)")
+            raise TooLarge(f"body: a data set of more than {max_bytes} bytes (ECHO2_DATASET_MAX_BYTES)")
         digest.update(piece)
         into.write(piece)
     if size == 0:
@@ -65,12 +73,21 @@ def dataset_store(*, owner, stream: BinaryIO, length: int | None) -> dict:
     """Store an uploaded archive under its digest (see the module); returns ``{"digest", "bytes", "files"}``."""
     max_bytes = int(settings.ECHO2["DATASET_MAX_BYTES"])
     if length is not None and length > max_bytes:
-        raise ServiceError(f"body: a data set of {length} bytes, at most {max_bytes} (ECHO2_DATASET_MAX_BYTES)")
+        raise TooLarge(f"body: a data set of {length} bytes, at most {max_bytes} (ECHO2_DATASET_MAX_BYTES)")
     root = dataset_dir()
     root.mkdir(parents=True, exist_ok=True)
+    room = _quota_room(owner, root)
+    if length is not None and length > room:
+        raise _over_quota(length, room)
+    max_bytes = min(max_bytes, room)
     with tempfile.NamedTemporaryFile(dir=root, prefix=".upload-", delete=False) as tmp:
         try:
-            digest = _receive(stream, tmp, max_bytes)
+            try:
+                digest = _receive(stream, tmp, max_bytes)
+            except TooLarge:
+                if max_bytes == room:  # the quota, not the per-upload cap, was the bound
+                    raise _over_quota(max_bytes + 1, room) from None
+                raise
             tmp.flush()
             tmp.seek(0)
             try:
@@ -89,13 +106,35 @@ def dataset_store(*, owner, stream: BinaryIO, length: int | None) -> dict:
     return {"digest": digest, "bytes": archive.stat().st_size, "files": files}
 
 
+def _quota_room(owner, root: Path) -> int:
+    """Bytes ``owner`` may still upload: ``ECHO2_DATASET_QUOTA_BYTES`` less the archives it uploaded (one it
+    shares with another owner counts for both: either may be the one who keeps it)."""
+    quota = int(settings.ECHO2.get("DATASET_QUOTA_BYTES", 1 << 30))
+    me = str(owner.pk)
+    used = 0
+    for owners in root.glob("*.owners"):
+        if me in _owners(owners):
+            try:
+                used += owners.with_suffix(".tar").stat().st_size
+            except OSError:
+                continue
+    return max(0, quota - used)
+
+
+def _over_quota(size: int, room: int) -> OverQuota:
+    quota = int(settings.ECHO2.get("DATASET_QUOTA_BYTES", 1 << 30))
+    return OverQuota(f"body: {size} more bytes would pass your data set quota of {quota} bytes "
+                     f"({room} left; ECHO2_DATASET_QUOTA_BYTES)")
+
+
 def dataset_file(*, user, digest: str) -> Path | None:
-    """The stored archive of ``digest`` if ``user`` uploaded it (or is staff); else None."""
+    """The stored archive of ``digest`` if ``user`` uploaded it; else None. Staff get no exception: a data set
+    is its owner's, and the site never needs to read one (only the job's learner does, with the owner's token)."""
     try:
         archive, owners = _paths(digest)
     except content.DatasetError:
         return None
-    if not archive.is_file() or not (user.is_staff or str(user.pk) in _owners(owners)):
+    if not archive.is_file() or str(user.pk) not in _owners(owners):
         return None
     return archive
 

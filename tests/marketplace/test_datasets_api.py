@@ -31,7 +31,7 @@ def client() -> APIClient:
 
 
 def archive(tmp_path, text: str = '{"prompt": "1+1=", "answer": "2"}\n') -> bytes:
-    (tmp_path / "files").mkdir(exist_ok=True)
+    (tmp_path / "files").mkdir(parents=True, exist_ok=True)
     (tmp_path / "files" / "train.jsonl").write_text(text)
     return content.pack(tmp_path / "files")
 
@@ -75,13 +75,55 @@ def test_another_owner_can_neither_fetch_nor_name_it(store, tmp_path) -> None:
 @pytest.mark.parametrize(("body", "reason"), [
     (b"", "empty"),
     (b"not a tar at all" * 100, "not a data set archive"),
-    (b"x" * (65 << 10), "a data set of 66560 bytes, at most 65536"),
 ])
 def test_a_bad_body_is_a_400_naming_it(store, body, reason) -> None:
     reply = upload(client(), body)
 
     assert reply.status_code == 400
     assert reason in reply.json()["errors"]["body"][0]
+    assert not list(store.glob("*.tar"))
+
+
+def test_a_body_over_the_cap_is_a_413_naming_it(store) -> None:
+    reply = upload(client(), b"x" * (65 << 10))
+
+    assert reply.status_code == 413
+    assert "a data set of 66560 bytes, at most 65536" in reply.json()["errors"]["body"][0]
+    assert not list(store.glob("*.tar"))
+
+
+def test_an_owner_past_its_quota_gets_a_409_and_others_still_upload(store, settings, tmp_path) -> None:
+    settings.ECHO2 = {**settings.ECHO2, "DATASET_QUOTA_BYTES": 48 << 10}
+    owner, bodies = client(), [archive(tmp_path / str(i), f'{{"prompt": "{i}", "answer": "{"y" * 9000}"}}\n')
+                               for i in range(4)]
+    assert [upload(owner, b).status_code for b in bodies[:2]] == [201, 201]  # 2 x ~20 KB of 48 KB
+
+    refused = upload(owner, bodies[2])
+
+    assert refused.status_code == 409, refused.content
+    assert "would pass your data set quota of 49152 bytes" in refused.json()["errors"]["body"][0]
+    assert len(list(store.glob("*.tar"))) == 2
+    assert upload(client(), bodies[2]).status_code == 201  # the quota is per owner
+
+
+def test_staff_cannot_read_an_owners_data_set(store, tmp_path) -> None:
+    digest = upload(client(), archive(tmp_path)).json()["digest"]
+    staff = APIClient()
+    staff.credentials(HTTP_AUTHORIZATION=f"Token {factories.token(factories.user(is_staff=True))}")
+
+    assert staff.get(f"/api/datasets/{digest}/").status_code == 404
+
+
+def test_a_sparse_member_is_refused_before_it_is_stored(store) -> None:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("train.parquet")
+        info.size = 1
+        info.pax_headers = {"GNU.sparse.size": str(50 << 30), "GNU.sparse.map": f"{(50 << 30) - 1},1"}
+        tar.addfile(info, io.BytesIO(b"x"))
+    reply = upload(client(), out.getvalue())
+
+    assert reply.status_code == 400 and "refusing member 'train.parquet'" in reply.json()["errors"]["body"][0]
     assert not list(store.glob("*.tar"))
 
 
