@@ -174,6 +174,7 @@ def test_the_job_page_shows_every_figure_as_the_api_has_it(figures_site, browser
     assert drawn == pytest.approx(debiased_ema(rewards, 0.9), abs=0.002)  # the y range is [0, 1] here
 
     # Zoom: drag across the middle of the reward curve; both curves show those steps only; double-click resets.
+    page.locator("#reward-curve").scroll_into_view_if_needed()  # the pointer only reaches what is on screen
     box = page.locator("#reward-curve").bounding_box()
     page.mouse.move(box["x"] + 0.3 * box["width"], box["y"] + box["height"] / 2)
     page.mouse.down()
