@@ -52,7 +52,7 @@ from redis.retry import Retry
 
 from .groupcodec import encode_group
 from .records import TrajectoryGroup
-from .replay_scripts import ACK_COUNTED, LEASE, RETURN_ERRORS, RETURN_GROUP, script
+from .replay_scripts import ACK_COUNTED, LEASE, RENEW, RETURN_ERRORS, RETURN_GROUP, script
 from .seal import seal
 from .stored import StoredGroup, field, stored_entry, text
 
@@ -250,6 +250,16 @@ class ReplayBuffer:
             leased.append(LeasedPrompt(lease_id=text(entry_id), group_id=text(field(fields, "group_id")),
                                        prompt=text(field(fields, "prompt"))))
         return leased
+
+    def renew(self, *, worker_id: int, timeout_s: float, at_most: int = 256) -> int:
+        """Start the timeout of ``worker_id``'s unexpired leases again: it is visibly working (a group of it just
+        came back), so a lease it took ahead, or the rest of a batch, is not handed to another worker while it
+        delivers under load. Expired ones are left to whoever claims them. Returns how many were renewed."""
+        args = [PROMPT_GROUP, consumer_name(worker_id), int(timeout_s * 1000), at_most]
+        try:
+            return int(self._retrying(lambda: script(self.client, RENEW)(keys=[self.prompts], args=args)))
+        except redis.ResponseError:  # no consumer group yet: nothing leased
+            return 0
 
     def return_leases(self, *, worker_id: int, lease_id: str | None = None) -> int:
         """Hand every prompt leased to ``worker_id`` (or only ``lease_id``) back at once (it was released or

@@ -69,6 +69,21 @@ end
 return id
 """
 
+# KEYS: prompts. ARGV: prompt group, consumer, lease timeout ms, at most this many.
+# The consumer's leases not yet expired start their timeout again (XCLAIM to itself, idle 0); an expired one is left
+# alone: another worker may be taking it (XAUTOCLAIM), and a renewal must never take it back.
+RENEW = """
+local pending = redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', tonumber(ARGV[4]), ARGV[2])
+local renewed = 0
+for _, entry in ipairs(pending) do
+  if entry[3] < tonumber(ARGV[3]) then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, entry[1], 'IDLE', 0, 'JUSTID')
+    renewed = renewed + 1
+  end
+end
+return renewed
+"""
+
 RETURN_ERRORS = {
     "expired": "lease expired or unknown: its prompt was handed to another worker",
     "taken": "lease belongs to another worker",

@@ -139,6 +139,8 @@ def groups_submit(*, worker: Worker, job_id: int, groups: list[TrajectoryGroup],
     job = _checked(worker, job_id, running)
     results = [trajectories_submit(worker=worker, group=group, running=job) for group in groups]
     try:
+        if any(result.accepted for result in results):  # visibly working: its other leases are not taken from it
+            stream.replay(job_id).renew(worker_id=worker.pk, timeout_s=settings.ECHO2["LEASE_TIMEOUT_S"])
         leased = prompts_lease(worker=worker, job_id=job_id, groups=lease, running=job) if lease else None
     except RedisError as err:
         if not groups:

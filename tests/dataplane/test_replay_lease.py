@@ -93,3 +93,21 @@ def test_a_group_returned_again_by_its_worker_is_the_stored_entry_not_a_refusal_
     renamed = group_of([{**r, "group_id": "other"} for r in records(mine)])
     with pytest.raises(LeaseError, match="expired"):
         buffer.return_group(worker_id=1, group=renamed)
+
+
+def test_a_renewal_restarts_the_timeout_of_the_workers_live_leases_and_leaves_expired_ones(buffer, redis_client):
+    """A worker that just returned a group is visibly working: its other leases start their timeout again, so a
+    lease taken ahead is not handed to another worker while it delivers under load; one already expired is not
+    taken back from whoever may be claiming it."""
+    buffer.add_prompts(["1+1=", "2+2=", "3+3="])
+    live, late, _ = buffer.lease(worker_id=1, count=3, timeout_s=10)
+    redis_client.xclaim(buffer.prompts, replay.PROMPT_GROUP, replay.consumer_name(1), 0, [live.lease_id],
+                        idle=8_000, justid=True)  # 8 s into its 10 s
+    redis_client.xclaim(buffer.prompts, replay.PROMPT_GROUP, replay.consumer_name(1), 0, [late.lease_id],
+                        idle=12_000, justid=True)  # expired
+    assert buffer.renew(worker_id=1, timeout_s=10) == 2  # the fresh one and the one 8 s in
+    idle = {p["message_id"]: p["time_since_delivered"] for p in redis_client.xpending_range(
+        buffer.prompts, replay.PROMPT_GROUP, min="-", max="+", count=10, consumername=replay.consumer_name(1))}
+    assert idle[live.lease_id] < 1_000 and idle[late.lease_id] >= 12_000
+    assert [p.lease_id for p in buffer.lease(worker_id=2, count=3, timeout_s=10)] == [late.lease_id]
+    assert buffer.renew(worker_id=3, timeout_s=10) == 0  # no leases: nothing

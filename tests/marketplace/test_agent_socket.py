@@ -89,7 +89,7 @@ async def test_malformed_frames_get_reasons_and_the_session_survives(settings_ea
     await comm.send_json_to({"type": "lease_request", "job_id": 999})
     assert (await comm.receive_json_from())["reason"] == "job_id: this worker is not active in job 999"
     await comm.send_json_to({"type": "hello", "agent_version": "test"})  # still alive after all that
-    assert (await comm.receive_json_from())["type"] == "welcome"
+    assert (await comm.receive_json_from(timeout=10))["type"] == "welcome"
     await comm.disconnect()
     assert (await database_sync_to_async(Worker.objects.get)(pk=worker.pk)).status == Worker.Status.OFFLINE
 
