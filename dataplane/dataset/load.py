@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from . import bounds
 from .content import DatasetError, dataset_files
 from .spec import DataSpec
 
@@ -52,6 +53,7 @@ def split_files(files: list[Path], spec: DataSpec) -> list[Path]:
 def _read(path: Path, spec: DataSpec, cache: str) -> Any:
     hf = _hf()
     if spec.format == "arrow" and path.is_dir() and (path / SAVED).is_file():
+        bounds.check(sorted(path.glob("*.arrow")), "arrow")
         table = hf.load_from_disk(str(path))
         if not isinstance(table, hf.Dataset):
             raise DatasetError("data.format: a DatasetDict directory; save one split (dataset['train'].save_to_disk)")
@@ -59,6 +61,7 @@ def _read(path: Path, spec: DataSpec, cache: str) -> Any:
             raise DatasetError(f"data.split: this arrow data set is split {str(table.split)!r}, not {spec.split!r}")
         return table
     files = split_files(dataset_files(path), spec)
+    bounds.check(files, spec.format)  # rows, cells and decoded bytes, before datasets holds any of it
     return hf.load_dataset(BUILDERS[spec.format], data_files=[str(f) for f in files], split="train", cache_dir=cache)
 
 
