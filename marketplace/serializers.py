@@ -48,6 +48,26 @@ def _step_seconds(value: float | None, *, unknown: float | None) -> None:
         raise serializers.ValidationError(f"must be 0 (not measured) or at least {MIN_STEP_SECONDS:g} s")
 
 
+def _bounded_extra(value, depth: int = 0) -> None:
+    """A step report's ``extra``: JSON whose numbers are within MAX_FIGURE (1e308 was stored, and the job page's
+    sums and charts of it overflowed), nested at most 6 deep, strings at most 4,000 characters."""
+    if depth > 6:
+        raise serializers.ValidationError("nested more than 6 deep")
+    if isinstance(value, bool) or value is None:
+        return
+    if isinstance(value, int | float):
+        if not math.isfinite(value) or abs(value) > MAX_FIGURE:
+            raise serializers.ValidationError(f"numbers must be finite and within {MAX_FIGURE:g}, got {value!r}")
+    elif isinstance(value, str):
+        if len(value) > 4000:
+            raise serializers.ValidationError("strings of at most 4000 characters")
+    elif isinstance(value, dict | list):
+        for item in (value.values() if isinstance(value, dict) else value):
+            _bounded_extra(item, depth + 1)
+    else:
+        raise serializers.ValidationError(f"not JSON: {type(value).__name__}")
+
+
 class WorkerSerializer(serializers.ModelSerializer):
     """A provider's machine with the figures of the provider page: price, measured throughput, unit cost,
     relay score, status and uptime."""
@@ -301,7 +321,7 @@ class MetricReportSerializer(serializers.Serializer):
     t_train = serializers.FloatField(min_value=0, max_value=MAX_SECONDS, required=False, default=0.0,
                                      validators=[lambda v: _step_seconds(v, unknown=0.0)])
     wait_s = serializers.FloatField(min_value=0, max_value=MAX_SECONDS, required=False, default=0.0)
-    extra = serializers.DictField(required=False, default=dict)
+    extra = serializers.DictField(required=False, default=dict, validators=[_bounded_extra])
     audits = AuditResultSerializer(many=True, required=False, default=list, max_length=10_000,
                                    help_text="Audit outcomes per worker since the previous report; the site "
                                              "checks each failure against the group it stored, and a worker past "

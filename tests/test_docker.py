@@ -214,6 +214,18 @@ def test_site_processes_need_a_secret_key_and_run_without_debug(raw, services):
         assert {"127.0.0.1", "site"} <= set(hosts), name
 
 
+def test_the_site_image_runs_without_debug_unless_told():
+    """``docker run`` as the Dockerfile's own example writes it (no DEBUG given) must not serve Django's debug
+    pages: the image's environment turns DEBUG off; only the build's collectstatic turns it on, for itself."""
+    dockerfile = DOCKER / "Dockerfile.site"
+    env = " ".join(args for kw, args in _instructions(dockerfile) if kw == "ENV")
+    assert "DEBUG=false" in env.split()
+    runs = [args for kw, args in _instructions(dockerfile) if kw == "RUN" and "DEBUG=true" in args]
+    assert all(args.startswith("DEBUG=true python manage.py collectstatic") for args in runs)
+    example = " ".join(line for line in dockerfile.read_text().splitlines() if line.startswith("#"))
+    assert "docker run" in example and "DEBUG=true" not in example.split("docker run")[1].split("#")[0]
+
+
 def test_services_wait_for_what_they_need(services):
     for name in SITE_PROCESSES - {"migrate"}:
         needs = {dep: spec["condition"] for dep, spec in services[name]["depends_on"].items()}

@@ -29,8 +29,9 @@ class ArithmeticTask(TaskAdapter):
             raise TaskSpecError("max_operand: must be an integer between 1 and 10000")
         if not isinstance(ops, str) or not ops or any(op not in _OPS for op in ops):
             raise TaskSpecError(f"ops: use a string of {''.join(_OPS)}, got {ops!r}")
-        if not isinstance(modulus, int) or modulus < 2:
-            raise TaskSpecError("modulus: must be an integer >= 2")
+        # an answer is at most 10 digits: 10**300 made answers the engines cannot write in max_new_tokens
+        if not isinstance(modulus, int) or isinstance(modulus, bool) or not 2 <= modulus <= 10**9:
+            raise TaskSpecError("modulus: must be an integer between 2 and 1000000000")
         self.max_operand, self.ops, self.modulus = max_operand, ops, modulus
 
     def spec(self) -> dict[str, Any]:

@@ -102,6 +102,7 @@ def test_spec_without_a_name_is_refused(spec) -> None:
         ({"ops": "+x"}, "ops"),
         ({"modulus": 1}, "modulus"),
         ({"modulus": 10.0}, "modulus"),
+        ({"modulus": 10**300}, "modulus"),  # answers no engine writes in max_new_tokens
         ({"colour": "blue"}, "colour"),
     ],
 )

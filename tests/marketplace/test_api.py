@@ -170,6 +170,19 @@ def test_learner_extra_metrics_are_stored_flat(redis_url, settings):
     assert api.get(f"/api/jobs/{job.pk}/metrics/").json()[0]["extra"] == {"kl": 0.01}
 
 
+@pytest.mark.parametrize("extra", [{"kl": 1e308}, {"timing": {"train": -1e300}}, {"eval": [[[[[[[[1]]]]]]]]},
+                                   {"storage": "x" * 5000}])
+def test_learner_extra_metrics_out_of_bounds_are_a_400(redis_url, settings, extra):
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    owner = factories.user()
+    api = client_for(owner)
+    job = factories.job(owner)
+    api.post(f"/api/jobs/{job.pk}/start/")
+    reply = api.post(f"/api/jobs/{job.pk}/metrics/", {"step": 1, "reward_mean": 0.5, "extra": extra}, format="json")
+    assert reply.status_code == 400 and reply.json()["detail"].startswith("extra:"), reply.content
+    assert api.get(f"/api/jobs/{job.pk}/metrics/").json() == []
+
+
 def test_the_transfer_secret_reaches_only_the_learner_in_the_reply_to_its_announcement(redis_url, settings):
     settings.CELERY_TASK_ALWAYS_EAGER = True
     owner, provider = factories.user(), factories.user()
