@@ -66,3 +66,8 @@ def conversation(prompts, completions, answer, **kwargs):
     """A conversational data set: the row's messages, system turn first, then the completion as a message."""
     assert prompts[0][0] == {"role": "system", "content": "sum"}, prompts[0]
     return [1.0 if _number(c[0]["content"]) == a else 0.1 for c, a in zip(completions, answer, strict=True)]
+
+
+def flaky(completions, **kwargs):
+    """Raises on completions that are not a number: some records fail, the others score."""
+    return [float(int(c)) for c in completions]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from dataplane.records import MAX_REWARD_ERRORS, RewardErrors, Trajectory, TrajectoryGroup
@@ -10,6 +11,8 @@ from dataplane.tasks import TaskAdapter
 from dataplane.tasks.episodes import Turn
 
 from .engines.base import Engine, SamplingParams
+
+log = logging.getLogger("echo2.agent")
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,9 @@ def with_reward_errors(group: TrajectoryGroup, task: TaskAdapter, before: Reward
         return group
     errors = RewardErrors(errors=min(delta.errors, MAX_REWARD_ERRORS), non_finite=min(delta.non_finite,
                           MAX_REWARD_ERRORS), last_error=delta.last_error.replace("\x00", "")[:200])
+    # Loud where it happens too: a provider running an owner's function sees it fail in its own log.
+    log.warning("job %s: reward functions failed on %d records (%d non-finite); last: %s", group.records[0].job_id,
+                delta.errors + delta.non_finite, delta.non_finite, errors.last_error)
     return group.model_copy(update={"reward_errors": errors})
 
 

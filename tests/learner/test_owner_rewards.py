@@ -120,3 +120,30 @@ def test_a_function_that_cannot_score_is_caught_before_step_1(function, says) ->
     assert len(problem) <= 480
     if function == "broken":
         assert "owner_rewards.py" in problem and "1 / 0" in problem, "the end of the function's traceback"
+
+
+def test_a_function_failing_on_most_records_asks_to_pause_the_job_with_the_reason() -> None:
+    from types import SimpleNamespace
+
+    from dataplane.packed import pack_records
+    from dataplane.records import Trajectory
+
+    spec, _ = job("tests.owner_rewards:flaky")
+    scoring = OwnerScoring.for_job(spec.task, chat=spec.prompt_format, max_steps=STEPS, processes=1, window=8,
+                                   max_error_rate=0.5)
+
+    def group(g: int, answers: list[str]) -> SimpleNamespace:
+        records = [Trajectory(job_id=1, lease_id=f"l{g}", group_id=f"g{g}", prompt="3+4=", prompt_ids=[1],
+                              completion=a, completion_ids=[2], logprobs=[-1.0], reward=0.0, version=0)
+                   for a in answers]
+        return SimpleNamespace(entry_id=f"{g}-0", packed=pack_records(records))
+
+    try:
+        fine = scoring.apply([group(0, ["7", "5", "x", "7"]), group(1, ["7", "7", "7", "7"])], 0)
+        assert (fine.errors, fine.pause_reason) == (1, "")  # 1 of 8 failed: under the threshold
+        assert fine.means == {"tests.owner_rewards:flaky": pytest.approx((7 + 5 + 0 + 7 + 28) / 8)}
+        bad = scoring.apply([group(2, ["x", "y", "7", "z"]), group(3, ["a", "b", "c", "7"])], 1)
+    finally:
+        scoring.close()
+    assert bad.errors == 6 and "failed on 75% of the last 8 records (above 50%)" in bad.pause_reason
+    assert "tests.owner_rewards:flaky: ValueError: invalid literal for int()" in bad.pause_reason

@@ -114,7 +114,7 @@ def test_a_worker_without_the_opt_in_refuses_the_job_with_its_reason_and_stays_u
 
 
 def test_with_the_opt_in_the_users_function_runs_and_its_errors_travel_with_the_group(
-        tmp_path, learner_side, tiny_model_dir, rewarded_task):
+        tmp_path, learner_side, tiny_model_dir, rewarded_task, caplog):
     store, server = learner_side
     base = store.write_base(tiny_model_dir)
 
@@ -141,6 +141,8 @@ def test_with_the_opt_in_the_users_function_runs_and_its_errors_travel_with_the_
         assert group["reward_errors"] == {"errors": 2, "non_finite": 0,  # one per record (group size 2)
                                           "last_error": "owner_judge:stubborn: RuntimeError: the judge is down"}
     m.Submit.model_validate({"type": "submit", "job_id": 1, "groups": [first]})  # the site's schema takes it
+    assert "job 1: reward functions failed on 2 records (0 non-finite); last: owner_judge:stubborn: RuntimeError" \
+        in caplog.text, "and in the agent's own log"
 
 
 def test_the_run_flag_opts_in_on_the_config_and_for_code_that_asks_the_process(monkeypatch, caplog) -> None:
