@@ -155,7 +155,8 @@ def job_summary(job: Job, *, active: list[Activation] | None = None) -> dict:
         "bubble_ratio": last.wait_s / (last.wait_s + last.t_train) if last and last.wait_s + last.t_train > 0 else None,
         # Where the last step's whole wall time went (dataplane/timing.py): train, wait, checkpoint, publish, ...
         "step_time": (last.extra or {}).get("timing") if last else None,
-        "step_time_line": split_line((last.extra or {}).get("timing") or {}) if last else "–",
+        "step_time_line": ((split_line(timing) if (timing := (last.extra or {}).get("timing")) else
+                            "not reported by this job's learner") if last else "no step yet"),
         "cost_usd": round(cost, 6),
         # a finished job's is its spend; a running one's the pool's cost per step times the steps left (ledger.py)
         # why a running job has no worker (or no learner) now; "" when it runs (matching.job_waiting_reason)

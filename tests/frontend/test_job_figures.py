@@ -101,7 +101,7 @@ def test_the_step_figures_are_the_learners_reports_as_of_the_last_step(running):
     assert rows["mean reward (10-step)"] == (f"{keyed(page, 'reward_recent_mean')[0]} as of step 12 (that step alone "
                                              f"{keyed(page, 'reward_mean')[0]})")
     assert rows["target"] == line and "projected cost" in rows
-    assert keyed(page, "t_bcast_of") == ["no broadcast measured yet"] and keyed(page, "t_bcast") == ["–"]
+    assert keyed(page, "t_bcast_of") == ["no broadcast measured yet"] and keyed(page, "t_bcast") == ["not measured yet"]
 
 
 def test_t_bcast_names_its_snapshot_and_a_target_no_pool_can_meet_says_why(running):

@@ -130,7 +130,8 @@
     for (const [key, value] of Object.entries(summary)) {
       if (value === undefined) continue;
       for (const el of document.querySelectorAll(`[data-key="${key}"]`)) {
-        el.textContent = value === null ? (key === "status_reason" ? "" : "–") : fmt(value, el.dataset.digits && +el.dataset.digits);
+        // a card never shows a bare dash where it can say why there is no value (data-null: "no cap", ...)
+        el.textContent = value === null ? (el.dataset.null ?? (key === "status_reason" ? "" : "–")) : fmt(value, el.dataset.digits && +el.dataset.digits);
       }
     }
     // what shows for a running job, a finished one (final figures, no projection), one waiting for its learner
