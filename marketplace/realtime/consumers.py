@@ -35,6 +35,7 @@ from ..api.jsonlimits import JSONLimitError, check_json
 from ..infra import refusals, verdicts
 from ..models import Worker
 from ..services import fanout
+from . import lag
 from .assembly import GroupAssembler
 from .jobcache import FreshFor
 
@@ -49,6 +50,7 @@ REMEMBERED_MESSAGES = (m.LeaseRequest, m.Trajectories, m.Submit)  # answered onc
 INFRASTRUCTURE = (*TRANSIENT, OperationalError, InterfaceError)
 UNAVAILABLE_RETRY_AFTER_S = 2.0  # the Redis client has already retried for ECHO2_REDIS_RETRY_S
 BUSY_RETRY_AFTER_S = 1.0
+REANNOUNCE_EVERY_S = 5.0  # a connection's budget is announced again at most this often (realtime/lag.py)
 
 
 def _unavailable(ref: str, err: Exception) -> m.Rejected:
@@ -131,6 +133,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         self.assembler = GroupAssembler()  # the group arriving in parts, if any: dropped with the socket
         self.frame_bytes = 0  # size of the frame being handled, which the assembly counts
         self.running = FreshFor(settings.ECHO2["AGENT_STATE_MAX_AGE_S"])  # the worker's running job, as last read
+        self.welcomed: m.Welcome | None = None  # as sent: announced again with a lower budget when replies lag
+        self.announced_share, self.reannounced_at = 1.0, -REANNOUNCE_EVERY_S
         await self.accept()
         client = (self.scope.get("client") or ["unknown"])[0]
         self.worker, wait = await database_sync_to_async(_worker_by_key)(client, _agent_key(self.scope))
@@ -192,9 +196,11 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                 for payload in held:
                     await self.send_json(payload)
                 return
+        started = time.monotonic()
         try:
             if isinstance(message, ROLLOUT_MESSAGES):
                 replies = await self._rollout(message)
+                lag.REPLIES.add(time.monotonic() - started)
             elif isinstance(message, m.Heartbeat):
                 replies = await self._heartbeat(message)
             else:
@@ -216,7 +222,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         payloads = []
         for reply in replies:
             if isinstance(reply, m.Welcome):  # the budget this connection enforces, so the agent keeps under it
-                reply = reply.model_copy(update=self.bucket.announced())
+                reply = self.welcomed = reply.model_copy(update=self.bucket.announced())
+                self.announced_share = 1.0
             if request_id is not None and "ref_id" in type(reply).model_fields:
                 reply = reply.model_copy(update={"ref_id": request_id})  # the agent pairs replies by id
             payloads.append(reply.model_dump(mode="json"))
@@ -225,6 +232,26 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         for payload in payloads:
             await self.send_json(payload)
         await self._follow(*(r.model_dump(mode="json") for r in replies if isinstance(r, m.Assign | m.Release)))
+        if isinstance(message, ROLLOUT_MESSAGES):
+            await self._shed_load()
+
+    async def _shed_load(self) -> None:
+        """Announce the budget again, lowered in proportion while this process answers late (``realtime/lag.py``)
+        or back up as it recovers: a change of a quarter or more, at most every ``REANNOUNCE_EVERY_S``. The bucket
+        still enforces the full budget: agents pace below it, so the lower figure costs no refusal."""
+        if self.welcomed is None:
+            return
+        share, now = lag.REPLIES.share(lag_s=settings.ECHO2["REPLY_LAG_S"]), time.monotonic()
+        if abs(share - self.announced_share) < 0.25 * self.announced_share or now - self.reannounced_at < \
+                REANNOUNCE_EVERY_S:
+            return
+        self.announced_share, self.reannounced_at = share, now
+        full = self.bucket.announced()
+        lowered = self.welcomed.model_copy(update={"messages_per_s": full["messages_per_s"] * share,
+                                                   "message_burst": max(1.0, full["message_burst"] * share)})
+        log.info("agent %s: replies lag %.1f s on average; announcing %.0f%% of the message budget", self.worker.pk,
+                 lag.REPLIES.average, 100 * share)
+        await self.send_json(lowered.model_dump(mode="json"))
 
     async def _verdict_held(self, message) -> list[dict] | None:
         """What to answer a request without running it (``marketplace.infra.verdicts``): the replies its first
