@@ -102,6 +102,16 @@ def _balances(qs: QuerySet[LedgerEntry], key: str, name: str) -> list[dict]:
              "total_usd": str(billing.cents(r["amount"]))} for r in rows]
 
 
+_NAMED = ("job_name", "worker_name")  # what owners and providers type: the only free text of a row
+_FORMULA = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _inert(text: str) -> str:
+    """``text`` as a spreadsheet shows it, never runs it: a name like ``=HYPERLINK(...)`` in the other party's
+    statement was a formula (CSV injection, OWASP); a leading apostrophe makes any such cell plain text."""
+    return f"'{text}" if text.startswith(_FORMULA) else text
+
+
 def as_csv(qs: QuerySet[LedgerEntry]) -> str:
     """The entries as CSV: one header line, one line per entry, and a last line whose total (to the cent) sits in a
     column of its own, ``total_usd``, so that a spreadsheet's sum of ``amount_usd`` is the total, not twice it."""
@@ -109,7 +119,10 @@ def as_csv(qs: QuerySet[LedgerEntry]) -> str:
     writer = csv.DictWriter(out, fieldnames=(*COLUMNS, "total_usd"), lineterminator="\n")
     writer.writeheader()
     for entry in qs.iterator():
-        writer.writerow(row(entry))
+        line = row(entry)
+        for name in _NAMED:
+            line[name] = _inert(line[name])
+        writer.writerow(line)
     writer.writerow({"id": "total", "total_usd": totals(qs)["total_usd"]})
     return out.getvalue()
 

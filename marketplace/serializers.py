@@ -338,6 +338,12 @@ class SnapshotSerializer(serializers.ModelSerializer):
         read_only_fields = ["published_at", "installs", "installs_via_parent", "t_bcast", "n_chains"]
         extra_kwargs = {"version": {"min_value": 0, "max_value": MAX_INT}}
 
+    def validate_manifest(self, value):
+        # a list or a number reached the service's manifest.get(...) and was a 500
+        if not isinstance(value, Mapping):
+            raise serializers.ValidationError(f"must be an object (its manifest), not {type(value).__name__}")
+        return value
+
     n_chains = serializers.SerializerMethodField(help_text="Chains of the broadcast plan (0: every worker pulls "
                                                  "over HTTP); set on the publish reply only.")
 

@@ -17,6 +17,14 @@ class BudgetSerializer(serializers.Serializer):
         "Most the job may spend, USD (null: no cap). A job paused at its budget runs again when the new one leaves "
         "room for its next step."))
 
+    def validate(self, attrs):
+        # a misspelt key ("budget": 5) was ignored and the cap set to null: no cap at all
+        unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(self.initial_data, dict) else []
+        if unknown:
+            raise serializers.ValidationError({unknown[0]: [f"unknown field; the body is {{\"budget_usd\": USD or "
+                                                            f"null}}, got {', '.join(map(repr, unknown))}"]})
+        return attrs
+
 
 def listed(params, name: str) -> bool:
     """``?archived=1`` / ``?removed=1``: lists include archived jobs / removed workers too."""
