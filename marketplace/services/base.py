@@ -7,12 +7,15 @@ This module imports no sibling, so each sub-domain may import it without closing
 from __future__ import annotations
 
 import logging
+import random
+import time
+from functools import wraps
 from typing import Any
 
 from asgiref.sync import async_to_sync
 from celery import current_app
 from channels.layers import get_channel_layer
-from django.db import transaction
+from django.db import OperationalError, connection, transaction
 
 from dataplane import messages as m
 
@@ -112,3 +115,28 @@ def learner_may_report(job: Job) -> None:
     when it comes back to a job it had stalled."""
     if job.status not in (Job.Status.RUNNING, Job.Status.PAUSED, Job.Status.STALLED):
         raise ServiceError(f"status: job is {job.status}")
+
+
+CONFLICT_ATTEMPTS = 3
+
+
+def retry_conflicts(fn):
+    """Run the transaction ``fn`` (decorated with ``transaction.atomic`` beneath this) again, up to
+    ``CONFLICT_ATTEMPTS`` times in all, when PostgreSQL aborts it for a deadlock or a serialization failure:
+    two agents' reports that lock the same rows in opposite orders are both correct, and the one chosen as the
+    victim has changed nothing. Inside an outer transaction it runs once: only the outermost may retry."""
+    @wraps(fn)
+    def run(*args, **kwargs):
+        for attempt in range(1, CONFLICT_ATTEMPTS + 1):
+            try:
+                return fn(*args, **kwargs)
+            except OperationalError as err:
+                conflict = type(err.__cause__).__name__ in ("DeadlockDetected", "SerializationFailure")
+                if not conflict or connection.in_atomic_block or attempt == CONFLICT_ATTEMPTS:
+                    raise
+                log.info("%s: %s, attempt %d of %d; running it again", fn.__name__, type(err.__cause__).__name__,
+                         attempt, CONFLICT_ATTEMPTS)
+                time.sleep(0.05 * attempt * (1 + random.random()))  # apart, so the two do not meet again
+        raise AssertionError("unreachable")
+
+    return run

@@ -32,7 +32,7 @@ from .. import selectors
 from ..infra import telemetry
 from ..models import Activation, Job, Snapshot, SnapshotInstall, Worker
 from . import fanout
-from .base import ServiceError, learner_may_report, push_job_update, running_activation
+from .base import ServiceError, learner_may_report, push_job_update, retry_conflicts, running_activation
 
 log = logging.getLogger(__name__)
 
@@ -225,6 +225,7 @@ def broadcast_plan(*, job: Job, workers: Sequence[Worker | PlannedWorker], now: 
                          b0_bps=job.learner_uplink_bps, now=now)
 
 
+@retry_conflicts
 @transaction.atomic
 def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: float, source: str = "http") -> None:
     """Count an install, once per worker and version however often it is reported (``SnapshotInstall``);
