@@ -25,7 +25,9 @@ import concurrent.futures
 import multiprocessing
 import os
 import sys
+import threading
 import traceback
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,11 +113,16 @@ class OwnerScoring:
         self.chat, self.max_steps = chat, max_steps
         self.window, self.max_error_rate = window, max_error_rate
         digests = {d: str(locate(d)) for d in task.content_digests() if locate(d) is not None}
-        self.pool = concurrent.futures.ProcessPoolExecutor(
-            processes, mp_context=multiprocessing.get_context("spawn"), initializer=_start,
-            initargs=(task_spec, digests, [os.getcwd(), *sys.path]))
+        self._start = (task_spec, digests, [os.getcwd(), *sys.path])
+        self.processes = processes
+        self.pool = self._new_pool()
+        self.lock = threading.Lock()  # submit runs on the reader's thread and the training thread
         self.pending: collections.OrderedDict[str, concurrent.futures.Future] = collections.OrderedDict()
         self.recent: collections.deque[int] = collections.deque(maxlen=window)  # 1 per record a function failed on
+
+    def _new_pool(self) -> concurrent.futures.ProcessPoolExecutor:
+        return concurrent.futures.ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"),
+                                                      initializer=_start, initargs=self._start)
 
     @classmethod
     def for_job(cls, task_spec: dict, *, chat: Any, max_steps: int, **kwargs: Any) -> OwnerScoring | None:
@@ -140,15 +147,41 @@ class OwnerScoring:
         """Start scoring ``groups`` (StoredGroups, their ``packed`` records) unless already started; called as they
         are read, on whichever thread reads them."""
         state = TrainerState(global_step=version, max_steps=self.max_steps)
-        for group in groups:
-            packed = group.packed
-            if packed is None or group.entry_id in self.pending:
-                continue
-            ids = [list(view.completion_ids) for view in packed.views()]
-            self.pending[group.entry_id] = self.pool.submit(_score, list(packed.prompts), list(packed.completions),
-                                                            ids, state, self.chat)
-            while len(self.pending) > PENDING_MEMORY:
-                self.pending.popitem(last=False)[1].cancel()
+        with self.lock:
+            for group in groups:
+                packed = group.packed
+                if packed is None or group.entry_id in self.pending:
+                    continue
+                ids = [list(view.completion_ids) for view in packed.views()]
+                try:
+                    self.pending[group.entry_id] = self.pool.submit(_score, list(packed.prompts),
+                                                                    list(packed.completions), ids, state, self.chat)
+                except BrokenProcessPool:  # replaced when its batch is formed (_scored), which submits it again
+                    return
+                while len(self.pending) > PENDING_MEMORY:
+                    self.pending.popitem(last=False)[1].cancel()
+
+    def _scored(self, group: Any, version: int, timeout_s: float) -> Scored:
+        """``group``'s scores; a pool whose process died (the owner's code exited or crashed it) is replaced and
+        the group scored once more, then counted as failed on every record."""
+        reason = ""
+        for _ in range(2):
+            with self.lock:
+                future = self.pending.pop(group.entry_id, None)
+            if future is None:
+                self.submit([group], version)
+                with self.lock:
+                    future = self.pending.pop(group.entry_id)
+            try:
+                return future.result(timeout=timeout_s)
+            except BrokenProcessPool as err:
+                with self.lock:
+                    broken, self.pool = self.pool, self._new_pool()
+                    self.pending.clear()  # every future of the broken pool failed with it: submitted again
+                broken.shutdown(wait=False, cancel_futures=True)
+                reason = f"a learner scoring process died while scoring ({err})"
+        size = len(group.packed)
+        return Scored([0.0] * size, {}, errors=size, last_error=f"{', '.join(self.functions)}: {reason}"[:200])
 
     def apply(self, groups: list, version: int, timeout_s: float = 600.0) -> BatchScores:
         """Wait for ``groups``' scores and add them to their records' rewards (the workers' part stays in
@@ -158,7 +191,7 @@ class OwnerScoring:
         for group in groups:
             if group.packed is None:
                 continue
-            scored: Scored = self.pending.pop(group.entry_id).result(timeout=timeout_s)
+            scored = self._scored(group, version, timeout_s)
             packed = group.packed
             if getattr(packed, "worker_rewards", None) is None:
                 packed.worker_rewards = list(packed.rewards)

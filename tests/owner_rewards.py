@@ -71,3 +71,12 @@ def conversation(prompts, completions, answer, **kwargs):
 def flaky(completions, **kwargs):
     """Raises on completions that are not a number: some records fail, the others score."""
     return [float(int(c)) for c in completions]
+
+
+def dies(completions, **kwargs):
+    """Ends its process on the completion "die" (what a crashing extension does); scores the others."""
+    import os
+
+    if "die" in completions:
+        os._exit(3)
+    return [1.0 for _ in completions]

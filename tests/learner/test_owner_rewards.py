@@ -147,3 +147,29 @@ def test_a_function_failing_on_most_records_asks_to_pause_the_job_with_the_reaso
         scoring.close()
     assert bad.errors == 6 and "failed on 75% of the last 8 records (above 50%)" in bad.pause_reason
     assert "tests.owner_rewards:flaky: ValueError: invalid literal for int()" in bad.pause_reason
+
+
+def test_a_function_that_kills_its_process_costs_its_group_not_the_learner() -> None:
+    from types import SimpleNamespace
+
+    from dataplane.packed import pack_records
+    from dataplane.records import Trajectory
+
+    spec, _ = job("tests.owner_rewards:dies")
+    scoring = OwnerScoring.for_job(spec.task, chat=spec.prompt_format, max_steps=STEPS, processes=1)
+
+    def group(g: int, answers: list[str]) -> SimpleNamespace:
+        records = [Trajectory(job_id=1, lease_id=f"l{g}", group_id=f"g{g}", prompt="3+4=", prompt_ids=[1],
+                              completion=a, completion_ids=[2], logprobs=[-1.0], reward=0.0, version=0)
+                   for a in answers]
+        return SimpleNamespace(entry_id=f"{g}-0", packed=pack_records(records))
+
+    try:
+        groups = [group(0, ["7", "die"]), group(1, ["7", "5"])]
+        scores = scoring.apply(groups, 0)
+        later = scoring.apply([group(2, ["1", "2"])], 1)
+    finally:
+        scoring.close()
+    assert scores.errors == 2 and "a learner scoring process died" in scores.last_error, scores
+    assert groups[0].packed.rewards == [0.0, 0.0] and groups[1].packed.rewards == [1.0, 1.0]
+    assert later.errors == 0 and later.means == {"tests.owner_rewards:dies": 1.0}
