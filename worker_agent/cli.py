@@ -240,7 +240,8 @@ def _warm_in_background(engine: str, cache):
 
 @app.command()
 def bench(
-    model: Annotated[str, typer.Option(help="Checkpoint directory (Hugging Face layout) to benchmark.")],
+    model: Annotated[str | None, typer.Option(help="Checkpoint directory (Hugging Face layout) to benchmark; default: "
+                                              "a tiny model made for the task (checks that generation works).")] = None,
     task: Annotated[str, typer.Option(help='Task spec as JSON, or just its name.')] = '{"name": "arithmetic"}',
     seconds: Annotated[float, typer.Option(min=0.1, help="How long to generate.")] = 10.0,
     group_size: Annotated[int, typer.Option(min=1, help="Samples per prompt (the job's n).")] = 8,
@@ -263,14 +264,13 @@ def bench(
         adapter = build_task(spec)
     except (ValueError, TaskSpecError) as err:
         _fail(f"--task: {err}")
+    model = _bench_model(model, adapter.spec()["name"], report=report)
     cfg = None
     if report:
         try:
             cfg = AgentConfig.load(config or default_path())
         except ConfigError as err:
             _fail(str(err))
-    if not Path(model).is_dir():
-        _fail(f"--model: {model} is not a directory")
     import torch
     from rich.progress import Progress
 
@@ -298,6 +298,31 @@ def bench(
         typer.echo(f"mu = {result.throughput:.2f} trajectories/s ({result.tokens_per_s:.0f} tokens/s, "
                    f"{result.trajectories} trajectories in {result.seconds:.1f}s, {where})"
                    + ("; reported to the site" if cfg else ""))
+
+
+def _bench_model(model: str | None, task_name: str, *, report: bool) -> str:
+    """What ``bench`` measures: ``--model``, else a tiny model for the task that ``echo2-learner init-model`` makes in
+    a temporary directory (removed at exit): providers hold no model, a job's base reaches them from its learner.
+    A calibration (``--report``) is of one model, the job's, so it needs ``--model``."""
+    if model is not None:
+        if not Path(model).is_dir():
+            _fail(f"--model: {model} is not a directory")
+        return model
+    if report:
+        _fail("--report needs --model: a calibration is of one model, the base of the jobs it is for")
+    import atexit
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix="echo2-bench-"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)
+    made = subprocess.run([str(Path(sys.executable).with_name("echo2-learner")), "init-model", str(work / "tiny"),
+                           "--task", task_name], capture_output=True, text=True, timeout=600)
+    if made.returncode != 0:
+        _fail(f"cannot make a tiny model for task {task_name!r}: {(made.stderr.strip() or 'no reason given')[-300:]}")
+    return str(work / "tiny")
 
 
 def _engine_choice(engine: str, *, device: str | None, seed: int | None) -> tuple[str, dict]:

@@ -90,3 +90,15 @@ def test_bench_measures_and_reports_a_calibration(live_server, tmp_path, tiny_mo
 
     bad = agent("bench", "--model", str(tiny_model_dir), "--task", '{"name": "zzz"}', config=cfg)
     assert bad.returncode == 1 and "unknown task 'zzz'" in bad.stderr
+
+
+def test_bench_needs_no_model(tmp_path):
+    """A provider holds no model: without --model the bench makes a tiny one for the task and measures it; a
+    calibration (--report) is of a job's model, so it asks for --model."""
+    done = agent("bench", "--seconds", "0.3", "--max-new-tokens", "2", "--threads", "1", "--json",
+                 config=tmp_path / "none.json")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["throughput"] > 0 and result["model"].endswith("/tiny") and not Path(result["model"]).exists()
+    refused = agent("bench", "--report", config=tmp_path / "none.json")
+    assert refused.returncode == 1 and "--report needs --model" in refused.stderr
