@@ -10,6 +10,10 @@ the event loop, without a thread, a connection or the body:
   well under ``ECHO2_DB_POOL_MAX``): past any of them it is a 429 with ``Retry-After``, never a 500. Agents
   (websockets), learners and owners (tokens, sessions) never pass through these buckets, so the pool's other
   connections stay theirs however many anonymous posts arrive.
+- **Anonymous load.** A request with no credentials (no ``Authorization`` header, no session cookie) waits for
+  nothing: past ``ECHO2_ANON_INFLIGHT`` such requests in progress it is a 503 with ``Retry-After`` (the sign-in
+  form a flood fetches first is CPU, and the agents' and owners' requests share that CPU). Health checks,
+  static files and the agent wheel are exempt.
 - **Bodies over a cap.** ``POST /api/datasets/`` whose ``Content-Length`` passes ``ECHO2_DATASET_MAX_BYTES`` is a
   413 before a byte of the body is received.
 """
@@ -23,6 +27,7 @@ from collections import OrderedDict
 from django.conf import settings
 
 SIGNIN_PATHS = ("/accounts/login/", "/admin/login/")
+EXEMPT = ("/healthz", "/readyz", "/metrics", "/static/", "/dist/")
 DATASETS_PATH = "/api/datasets/"
 _ADDRESSES = 50_000  # buckets kept; the least recently seen address is forgotten first
 
@@ -55,18 +60,30 @@ class Gate:
                            clock())
         self.addresses: OrderedDict[str, Bucket] = OrderedDict()
         self.inflight = 0
+        self.anonymous_max, self.anonymous = int(limits.get("ANON_INFLIGHT", 16)), 0
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope.get("method") != "POST":
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        path = scope.get("path", "")
-        if path == DATASETS_PATH:
+        path, post = scope.get("path", ""), scope.get("method") == "POST"
+        if post and path == DATASETS_PATH:
             refused = self._too_large(scope)
             if refused:
                 return await _answer(send, 413, refused, None)
-            return await self.app(scope, receive, send)
-        if path not in SIGNIN_PATHS:
-            return await self.app(scope, receive, send)
+        if _anonymous(scope) and not path.startswith(EXEMPT):
+            if self.anonymous >= self.anonymous_max:
+                return await _answer(send, 503, "the site is busy with anonymous requests; retry in a moment", 1.0)
+            self.anonymous += 1
+            try:
+                return await self._signin(scope, receive, send) if post and path in SIGNIN_PATHS else \
+                    await self.app(scope, receive, send)
+            finally:
+                self.anonymous -= 1
+        if post and path in SIGNIN_PATHS:
+            return await self._signin(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+    async def _signin(self, scope, receive, send):
         wait = self._admit(_address(scope))
         if wait:
             return await _answer(send, 429, "too many sign-in attempts; retry later", wait)
@@ -99,6 +116,13 @@ class Gate:
             if name == b"content-length" and value.isdigit() and int(value) > cap:
                 return f"body: a data set of {int(value)} bytes, at most {cap} (ECHO2_DATASET_MAX_BYTES)"
         return None
+
+
+def _anonymous(scope) -> bool:
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization" or (name == b"cookie" and b"sessionid=" in value):
+            return False
+    return True
 
 
 def _address(scope) -> str:

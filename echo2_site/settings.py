@@ -376,6 +376,8 @@ ECHO2 = {
     "SIGNIN_PER_ADDRESS": env_int("ECHO2_SIGNIN_PER_ADDRESS", 10),
     "SIGNIN_PER_MIN": env_int("ECHO2_SIGNIN_PER_MIN", 600),
     "SIGNIN_INFLIGHT": env_int("ECHO2_SIGNIN_INFLIGHT", 4),
+    # Requests without credentials in progress at once per process; past it a 503 with Retry-After.
+    "ANON_INFLIGHT": env_int("ECHO2_ANON_INFLIGHT", 16),
     # Bounds on what strangers send (docs/trust.md "Bounds"): a snapshot's total bytes as its manifest declares them
     # (each chunk is at most 64 MiB, and no read takes more than a chunk's declared size), and the JSON of one
     # record's task metadata.

@@ -66,3 +66,30 @@ async def test_an_upload_over_the_cap_is_a_413_before_its_body_is_read(settings)
 
     assert start["status"] == 413
     assert b"at most" in body["body"] and b"ECHO2_DATASET_MAX_BYTES" in body["body"]
+
+
+async def test_anonymous_requests_past_their_cap_are_503_while_owners_and_health_checks_pass(settings):
+    release = asyncio.Event()
+
+    async def slow_site(scope, receive, send):
+        if scope["path"] != "/healthz":
+            await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def get(path: str, *headers: tuple[bytes, bytes]) -> int:
+        communicator = HttpCommunicator(gate, "GET", path, headers=list(headers))
+        return (await communicator.get_response(timeout=20))["status"]
+
+    gate = Gate(slow_site)
+    held = [asyncio.ensure_future(get("/accounts/login/")) for _ in range(gate.anonymous_max)]
+    while gate.anonymous < gate.anonymous_max:
+        await asyncio.sleep(0.01)
+
+    assert await get("/") == 503
+    assert await get("/healthz") == 200
+    owner = asyncio.ensure_future(get("/api/jobs/", (b"authorization", b"Token e2u_x")))
+    await asyncio.sleep(0.05)
+    assert not owner.done() and gate.anonymous == gate.anonymous_max  # it runs, not refused, not counted
+    release.set()
+    assert await owner == 200 and [await h for h in held] == [200] * gate.anonymous_max
