@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import queue
+import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -49,6 +50,8 @@ TAGS = {
 
 
 # the held-out evaluations (learner/evaluation.py); no "@" in a tag: tensorboardX rewrites it
+TAG_UNSAFE = re.compile(r"[^\w./-]")
+
 EVAL_TAGS = {"pass_at_1": "eval/pass_at_1", "mean_at_k": "eval/mean_at_k", "seconds": "eval/seconds"}
 
 
@@ -63,8 +66,8 @@ def scalars(report: dict[str, Any]) -> dict[str, float]:
     if isinstance(flat.get("quarantined"), dict):
         out["records/quarantined_total"] = float(sum(flat["quarantined"].values()))
     for name, mean in (flat.get("rewards") or {}).items():  # each function's mean score (learner/scoring.py)
-        if _number(mean):
-            out[f"rewards/{name}/mean"] = float(mean)
+        if _number(mean):  # pkg.module:fn as a tag TensorBoard keeps as is (no ":", which tensorboardX rewrites)
+            out["rewards/" + TAG_UNSAFE.sub(".", str(name)) + "/mean"] = float(mean)
     if _number(flat.get("reward_errors")):
         out["rewards/errors"] = float(flat["reward_errors"])
     for key, value in (flat.get("completion_length") or {}).items():  # TRL's completions/mean_length, ...
