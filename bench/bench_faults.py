@@ -43,7 +43,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--outage", type=float, default=60.0, help="Seconds daphne stays down in site-outage.")
     parser.add_argument("--seed", type=int, default=0, help="Job seed.")
     parser.add_argument("--run-timeout", type=float, default=240.0, help="Give up on a job after this many seconds "
-                        "(plus --outage).")
+                        "(plus --outage) unless it progresses: each new step gives it half of this more, up to 4 times "
+                        "this in all.")
     parser.add_argument("--workdir", type=Path, default=ROOT / "var" / "bench-faults", help="State and logs (wiped).")
     parser.add_argument("--keep-logs", action="store_true", help="Keep every run's logs and state (default: only "
                         "the logs of failing rows).")
