@@ -78,6 +78,7 @@ def submit(
         if upload is not None:
             site.request("POST", "datasets/", content=pack(upload), headers={"Content-Type": "application/x-tar"})
         job = site.post("jobs/", json.loads(json.dumps(raw, default=str)))
+        _say_when_no_worker_qualifies(site, raw)
         if start:
             try:
                 job = site.post(f"jobs/{job['id']}/start/")
@@ -88,6 +89,21 @@ def submit(
         return
     typer.echo(render.job_line(job))
     typer.echo(render.learner_hint(job, site.server, str(token_file.expanduser().resolve()) if token_file else None))
+
+
+def _say_when_no_worker_qualifies(site: Site, raw: dict) -> None:
+    """One line on stderr when no online worker meets the job's requirements now (the launch preview's count: the
+    reasons, e.g. ``user code 3`` for a job shipping its own code to workers that did not opt in). The job is
+    created either way: workers may come; a preview the site cannot answer says nothing."""
+    try:
+        plan = site.post("jobs/plan/", json.loads(json.dumps(raw, default=str)))
+    except CliError:
+        return
+    matching = plan.get("requirements") if isinstance(plan, dict) else None
+    if isinstance(matching, dict) and matching.get("total") and not matching.get("qualify"):
+        hint = (" (workers run a job's own code only with echo2-agent run --allow-user-code)"
+                if matching.get("excluded", {}).get("user code") else "")
+        typer.echo(f"echo2: no online worker qualifies for this job now: {matching.get('line')}{hint}", err=True)
 
 
 def _reward_preflight(spec: JobSpec) -> str:
