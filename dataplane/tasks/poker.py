@@ -159,6 +159,20 @@ class Hand:
             out.append(f"{word} {lo}" if lo == hi else f"{word} N ({lo} <= N <= {hi}, your total this round)")
         return out
 
+    def tagged_options(self) -> list[str]:
+        """The options as an answer is written (a small model copies one), with their amounts:
+        ``<answer>call</answer> (1 more)``, ``<answer>raise N</answer> (N from 4 to 40, your total this round)``."""
+        out = []
+        for option in self.options():
+            word, _, span = option.partition(" N (")
+            if span:
+                out.append(f"<answer>{word} N</answer> (N from {span.replace(' <= N <= ', ' to ')}")
+            elif option.startswith("call"):
+                out.append(f"<answer>call</answer> ({option.split()[1]} more)")
+            else:
+                out.append(f"<answer>{option}</answer>")
+        return out
+
     def act(self, answer: str | None) -> bool:
         """The seat to act answers ``answer``; anything but a listed option folds. Whether it was legal."""
         s, seat = self.state, self.state.actor_index
@@ -228,8 +242,8 @@ class Hand:
         lines += [f"Board: {board} ({street}). Your cards: {cards}.",
                   f"Pot {s.total_pot_amount}. This round you put in {s.bets[view]}, the opponent {s.bets[other]}. "
                   f"Stacks: you {s.stacks[view]}, the opponent {s.stacks[other]}.",
-                  f"Your options: {' | '.join(self.options())}.",
-                  "Answer with exactly one option as <answer>option</answer>."]
+                  f"Your options: {' or '.join(self.tagged_options())}.",
+                  "Reply with exactly one of them, nothing else."]
         return "\n".join(lines)
 
 

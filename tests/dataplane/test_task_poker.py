@@ -32,17 +32,17 @@ def player(style: str = "mixed"):
     given the same hand play it the same way, and it often bets, so hands last several decisions."""
 
     def answer(message: str) -> str:
-        options = re.search(r"Your options: (.*)\.\n", message)[1].split(" | ")
-        span = re.search(r"(bet|raise) N \((\d+) <= N", message)
+        options = re.findall(r"<answer>([^<]*)</answer>", re.search(r"Your options: (.*)\n", message)[1])
+        span = re.search(r"<answer>(bet|raise) N</answer> \(N from (\d+) to", message)
         cards = re.findall(r"Your cards: (\S\S) (\S\S)", message)[-1]
         if style == "illegal":
             return "<answer>raise 99999</answer>"
         if span and cards[0][0] == cards[1][0]:
             return f"<answer>{span[1]} {int(span[2]) + 2}</answer>"
-        if style == "mixed" and len(message) % 3 == 0:
+        if style == "mixed" and sum(map(ord, message)) % 4 == 0:
             return "<answer>fold</answer>" if "fold" in options else "<answer>check</answer>"
-        call = next((o for o in options if o.startswith(("call", "check"))), options[0])
-        return f"<answer>{call.split()[0]}</answer>"
+        call = next((o for o in options if o in ("call", "check")), options[0])
+        return f"<answer>{call}</answer>"
 
     def generate(contexts: list[list[int]]) -> list[Turn]:
         turns = []
@@ -152,10 +152,11 @@ def test_self_play_returns_are_zero_sum_across_seats() -> None:
 def test_fixed_limit_bets_are_the_fixed_size() -> None:
     task = poker(limit="fixed-limit", blinds=[1, 2], stack=40, opponent="random")
     button = next(p for p in hands(task, 20) if "You are the button" in p)
-    assert "raise 4." in button or "raise 4\n" in button or "| raise 4" in button
+    options = "Your options: <answer>fold</answer> or <answer>call</answer> (1 more) or <answer>raise 4</answer>."
+    assert options in button  # one size: no N to choose
 
     def generate(contexts):  # raise without an amount (there is one size), then call or check down
-        texts = [("<answer>call</answer>" if "| call" in decode(c)[-200:] else "<answer>check</answer>")
+        texts = [("<answer>call</answer>" if "<answer>call" in decode(c)[-200:] else "<answer>check</answer>")
                  if "you raise to 4" in decode(c) else "<answer>raise</answer>" for c in contexts]
         return [Turn(encode(t), [-1.0] * len(t), t) for t in texts]
 

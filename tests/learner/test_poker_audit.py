@@ -67,7 +67,8 @@ def test_chatml_turns_decode_to_the_text_the_replay_reads() -> None:
     def generate(contexts):  # call or check; every other turn ends at the end-of-turn token, as a chat model may
         turns = []
         for k, ids in enumerate(contexts):
-            text = "<answer>check</answer>" if "| call" not in tokenizer.decode(ids)[-300:] else "<answer>call</answer>"
+            facing_a_bet = "<answer>call" in tokenizer.decode(ids)[-300:]
+            text = "<answer>call</answer>" if facing_a_bet else "<answer>check</answer>"
             tids = tokenizer(text, add_special_tokens=False)["input_ids"] + ([end] if k % 2 else [])
             turns.append(Turn(ids=tids, logprobs=[-1.0] * len(tids), text=tokenizer.decode(tids,
                                                                                         skip_special_tokens=True)))
