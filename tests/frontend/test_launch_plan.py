@@ -10,6 +10,7 @@ import pytest
 from dataplane.chat import PromptFormat
 from dataplane.evalspec import EvalConfig
 from dataplane.jobs import JobSpec, LossConfig
+from dataplane.lora import LoraSpec
 from dataplane.requirements import Requirements
 from frontend.forms import JobLaunchForm
 from marketplace.models import Job, Worker, WorkerCalibration
@@ -156,6 +157,6 @@ def test_every_job_setting_has_a_field_in_one_fieldset():
     placed = [name for _, names in form.fieldsets for name in names]
     assert sorted(placed) == sorted(form.fields)  # each field drawn exactly once
     tables = {"loss": LossConfig, "prompt_format": PromptFormat, "requirements": Requirements,  # <table>_<name>
-              "eval": EvalConfig}
+              "eval": EvalConfig, "lora": LoraSpec}
     settings = set(JobSpec.model_fields) - {"task", "learner_uplink_bps", *tables}  # task_name/options, Mbit/s
     assert settings | {f"{t}_{name}" for t, model in tables.items() for name in model.model_fields} <= set(form.fields)
