@@ -53,6 +53,8 @@ def summary_rows(summary: dict, *, staleness: int | None = None) -> list[tuple[s
     return [
         ("status", s["status"] + (f" ({s['status_reason']})" if s.get("status_reason") else "")),
         *([("waiting", s["waiting_reason"])] if s.get("waiting_reason") else []),  # why it has no workers now
+        # the owner's reward functions failing (on the workers or the learner): loud, not only on the web page
+        *([("reward function errors", s["reward_errors_line"])] if s.get("reward_errors_line", "0") != "0" else []),
         *([("learner storage", s["learner_storage_line"])] if s.get("learner_storage_line", "ok") != "ok" else []),
         ("step", f"{s['step']} / {s['max_steps']}"),
         reward,

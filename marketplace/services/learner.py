@@ -12,9 +12,10 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from dataplane.records import MAX_REWARD_ERRORS, RewardErrors
 from dataplane.replay import RedisError
 
-from ..infra import learner_door, liveness
+from ..infra import learner_door, liveness, reward_errors
 from ..models import Job, JobMetric
 from .audits import audits_record
 from .base import ServiceError, enqueue_task, learner_may_report, push_job_update
@@ -80,9 +81,11 @@ def metrics_record(*, job: Job, step: int, values: dict[str, Any]) -> JobMetric:
     audits_record(job=job, step=step, results=values.pop("audits", None) or [])
     samples_record(job=job, step=step, rows=values.pop("samples", None) or [])
     extra = {**values.pop("extra", {}), **{k: v for k, v in values.items() if k not in known}}
-    metric, _ = JobMetric.objects.update_or_create(
+    metric, created = JobMetric.objects.update_or_create(
         job=job, step=step, defaults={**{k: v for k, v in values.items() if k in known}, "extra": extra},
     )
+    if created:  # a step report sent again counts once
+        _learner_reward_errors(job, extra)
     Job.objects.filter(pk=job.pk).update(learner_step=step, learner_seen_at=timezone.now())
     job.refresh_from_db()
     if job.status == Job.Status.STALLED:
@@ -92,6 +95,17 @@ def metrics_record(*, job: Job, step: int, values: dict[str, Any]) -> JobMetric:
     job_budget_check(job=job)  # paused before the next step would pass its budget
     push_job_update(job)
     return metric
+
+
+def _learner_reward_errors(job: Job, extra: dict[str, Any]) -> None:
+    """The owner's reward functions the learner scores (learner/scoring.py) failed on ``extra["reward_errors"]``
+    records this step: counted with the workers' (the job page's and ``echo2 job status``'s reward function errors)."""
+    count, last = extra.get("reward_errors"), extra.get("reward_last_error")
+    if type(count) is not int or count <= 0:
+        return
+    text = last.replace("\x00", "")[:200] if isinstance(last, str) else ""
+    for start in range(0, count, MAX_REWARD_ERRORS):  # one count of a step may exceed one group's bound
+        reward_errors.record(job.pk, RewardErrors(errors=min(MAX_REWARD_ERRORS, count - start), last_error=text))
 
 
 def _unstall(job: Job, fields: list[str]) -> None:
