@@ -61,6 +61,18 @@ def test_a_bad_gguf_is_one_error_line_and_a_non_zero_exit(tmp_path, make, words)
     assert not (tmp_path / "out").exists()
 
 
+def test_a_missing_gguf_package_names_the_extra_to_install(tmp_path, monkeypatch) -> None:
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
+    (tmp_path / "model.gguf").write_bytes(b"GGUF\x03\x00\x00\x00")
+    result = CliRunner().invoke(cli.app, ["init-model", "--from-gguf", str(tmp_path / "model.gguf"),
+                                          str(tmp_path / "out")])
+    assert result.exit_code == 1
+    assert "needs the gguf package" in result.output and "echo2[smollm2]" in result.output
+
+
 def test_the_directory_is_an_ordinary_bf16_checkpoint_with_its_chat_template(smollm2_dir) -> None:
     from transformers import AutoTokenizer
 
