@@ -386,8 +386,9 @@ ECHO2 = {
     # A worker whose records failed this many of the learners' audits (all jobs) is suspended (docs/trust.md).
     "AUDIT_SUSPEND_AFTER": env_int("ECHO2_AUDIT_SUSPEND_AFTER", 3),
     # A log-prob or text failure the site cannot recompute counts (once per owner) only when learners of this many
-    # distinct job owners report such failures of the worker (docs/trust.md "Audits the site checks").
-    "AUDIT_CORROBORATING_OWNERS": env_int("ECHO2_AUDIT_CORROBORATING_OWNERS", 2),
+    # distinct job owners report such failures of the worker; 0 (the default): never, since colluding owner
+    # accounts could suspend an honest provider (docs/trust.md "Audits the site checks", "Failed work").
+    "AUDIT_CORROBORATING_OWNERS": env_int("ECHO2_AUDIT_CORROBORATING_OWNERS", 0),
     # GET /metrics (Prometheus) with "Authorization: Bearer <this>"; unset, only a staff session may scrape.
     "METRICS_TOKEN": os.environ.get("ECHO2_METRICS_TOKEN", ""),
     # /readyz says Celery is down when no beat task ran for this long (beat runs replan_running_jobs every 5 s).

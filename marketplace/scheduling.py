@@ -64,9 +64,9 @@ def candidate_pool(*, model_dir: str, task_name: str, job: Job | None = None, no
     started = dict(job.activations.filter(ended_at=None).values_list("worker_id", "started_at")) if job else {}
     busy = Activation.objects.filter(ended_at=None)
     busy = (busy.exclude(job=job) if job else busy).values("worker_id")
-    refused = selectors.refused_workers(job) if job else []
+    refused = selectors.excluded_workers(job) if job else []
     workers = {w.pk: w for w in Worker.objects.exclude(status=Worker.Status.OFFLINE).exclude(pk__in=busy)
-               .exclude(pk__in=refused)  # it refused this job's task (user code it does not run): not again
+               .exclude(pk__in=refused)  # it refused this job's task, or failed its audits: not again
                .filter(suspended_at__isnull=True,  # suspended after failed audits: never planned
                        paused_at=None, removed_at=None)}  # nor one its provider paused or removed
     workers.update({w.pk: w for w in Worker.objects.filter(pk__in=list(started))})

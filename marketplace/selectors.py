@@ -113,6 +113,18 @@ def refused_workers(job: Job) -> QuerySet:
     return job.activations.filter(end_reason__startswith=REFUSED).values("worker_id")
 
 
+AUDIT_RELEASED = "failed its owner's audit: "
+"""How an activation ended by failed audits begins its ``end_reason``."""
+
+
+def excluded_workers(job: Job) -> QuerySet:
+    """The workers never planned for ``job`` again, as a ``pk`` values query: those that refused its task (above),
+    and those whose groups failed its learner's audits. The owner's word suffices for his own job; it costs the
+    worker nothing elsewhere (docs/trust.md "Failed work")."""
+    return (Worker.objects.filter(Q(activations__job=job, activations__end_reason__startswith=REFUSED)
+                                  | Q(audits__job=job, audits__failed__gt=0)).values("pk"))
+
+
 def refusals_line(job: Job) -> str:
     """The job page's line for the workers that refused its user code: ``0``, or ``2 (last: rig-7: reward: runs user
     code (...) ...)``: how its owner learns why workers come and go (their providers did not opt in)."""

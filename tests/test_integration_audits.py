@@ -37,7 +37,7 @@ def stack(tmp_path):
 
 def test_forged_logprobs_and_wrong_rewards_are_caught_and_suspended_and_the_job_completes(stack, tmp_path,
                                                                                          tiny_model_dir):
-    stack.env["ECHO2_AUDIT_SUSPEND_AFTER"] = "2"
+    stack.env["ECHO2_AUDIT_SUSPEND_AFTER"] = "1"  # a worker leaves the job at its first failed report
     tokens = create_users(stack, "own", "prov", "prov-forger", "prov-liar")
     server = start_site(stack)
     token_files = {}
@@ -86,10 +86,10 @@ def test_forged_logprobs_and_wrong_rewards_are_caught_and_suspended_and_the_job_
     assert workers["liar"]["suspended_at"] and ".reward: claimed 1, the task gives 0" in \
         workers["liar"]["suspended_reason"] and "verified by the site" in workers["liar"]["suspended_reason"]
     liar_rows = accounts[2].get(f"workers/{workers['liar']['id']}/audits/").json()
-    assert liar_rows["standing"]["verified"] >= 2 and liar_rows["standing"]["refused"] == 0
+    assert liar_rows["standing"]["verified"] >= 1 and liar_rows["standing"]["refused"] == 0
     forger_rows = accounts[1].get(f"workers/{workers['forger']['id']}/audits/").json()
     assert workers["forger"]["suspended_at"] is None and workers["forger"]["audits_failed"] == 0
-    assert forger_rows["standing"]["consistent"] >= 2 and forger_rows["standing"]["consistent_owners"] == 1
+    assert forger_rows["standing"]["consistent"] >= 1 and forger_rows["standing"]["consistent_owners"] == 1
     assert forger_rows["standing"]["refused"] == 0 and "not suspended" in forger_rows["standing"]["text"]
     assert {f["site"] for row in forger_rows["results"] for f in row["failures"]} <= {"consistent", "unverified"}
     for name in ("honest", "honest-2"):

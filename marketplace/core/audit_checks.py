@@ -187,4 +187,4 @@ def counted_failures(verified: int, consistent_owners: Iterable[int], *, owners_
     owner whose learner reported a consistent (log-prob or text) failure of it, once at least ``owners_needed``
     distinct owners have. A single owner (forging, or honest) never adds more than one, and none on his own."""
     owners = len(set(consistent_owners))
-    return verified + (owners if owners >= owners_needed else 0)
+    return verified + (owners if owners_needed and owners >= owners_needed else 0)  # 0 needed: never

@@ -26,7 +26,7 @@ from ..infra import group_seal, stream
 from ..models import Job, Worker, WorkerAudit
 
 log = logging.getLogger(__name__)
-CORROBORATING_OWNERS = 2  # the default of ECHO2["AUDIT_CORROBORATING_OWNERS"]
+CORROBORATING_OWNERS = 0  # the default of ECHO2["AUDIT_CORROBORATING_OWNERS"]: unverified claims never count
 SEALED_LEASE = "sealed_lease"  # an evidence item's key: the lease of the sealed group it was checked against
 
 
@@ -136,7 +136,7 @@ def _entries_reported(job: Job, worker_id: int, *, exclude_step: int) -> set[str
 
 
 def owners_needed() -> int:
-    return max(1, int(settings.ECHO2.get("AUDIT_CORROBORATING_OWNERS", CORROBORATING_OWNERS)))
+    return max(0, int(settings.ECHO2.get("AUDIT_CORROBORATING_OWNERS", CORROBORATING_OWNERS)))
 
 
 def worker_counted_failures(worker_id: int) -> tuple[int, dict[str, Any]]:
@@ -156,10 +156,12 @@ def standing_text(figures: dict[str, Any], *, limit: int) -> str:
     """Why a worker is (or is not) suspended, in one line for the provider."""
     parts = [f"{figures['counted']} of {limit} failures that count: {figures['verified']} verified by the site"]
     if figures["consistent"]:
-        corroborated = figures["consistent_owners"] >= figures["owners_needed"]
+        needed = figures["owners_needed"]
+        corroborated = needed and figures["consistent_owners"] >= needed
+        why = (f"needs {needed} distinct owners" if needed else
+               "the site cannot verify them; each released the worker from that owner's job")
         parts.append(f"{figures['consistent']} log-prob/text failures from {figures['consistent_owners']} job "
-                     f"owner(s) ({'counted once per owner' if corroborated else 'not counted'}: needs "
-                     f"{figures['owners_needed']} distinct owners)")
+                     f"owner(s) ({'counted once per owner' if corroborated else 'not counted'}: {why})")
     if figures["unverified"]:
         parts.append(f"{figures['unverified']} unverified (not counted)")
     if figures["refused"]:

@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from ..infra import stream
 from ..models import Activation, Job, Provider, Worker, WorkerAudit
+from ..selectors import AUDIT_RELEASED
 from .audit_verify import JobChecker, standing_text, worker_counted_failures
 from .workers import worker_release
 
@@ -71,10 +72,22 @@ def audits_record(*, job: Job, step: int, results: list[dict[str, Any]]) -> None
         counted, figures = worker_counted_failures(worker_id)
         Worker.objects.filter(pk=worker_id).update(audits_passed=passes, audits_failed=counted)
         if failed:
+            _release_from_job(job, worker_id, step=step, failed=failed)
             log.info("job %s step %s: worker %s audits checked by the site: %s", job.pk, step, worker_id,
                      standing_text(figures, limit=int(settings.ECHO2["AUDIT_SUSPEND_AFTER"])))
             _suspend_if_due(worker_id, failures=counted, reason=_last_counted(checked, result.get("reason", "")),
                             figures=figures)
+
+
+def _release_from_job(job: Job, worker_id: int, *, step: int, failed: int) -> None:
+    """The owner's learner failed groups of this worker: its part in the job ends now (billing stops, leases go
+    back) and the scheduler plans it for this job no more (``selectors.excluded_workers``). On the owner's word
+    alone, for his own job: nothing changes for the worker elsewhere unless the site verified the failure."""
+    for activation in Activation.objects.select_for_update().filter(job=job, worker_id=worker_id, ended_at=None):
+        worker_release(activation=activation, reason=f"{AUDIT_RELEASED}{failed} group(s) failed at step {step}; "
+                                                     "not planned for this job again")
+        log.info("job %s step %s: worker %s released from the job after %d failed audit(s)", job.pk, step,
+                 worker_id, failed)
 
 
 def _mergeable(results: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:

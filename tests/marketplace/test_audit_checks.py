@@ -75,3 +75,4 @@ def test_log_prob_failures_count_once_per_owner_from_the_second_owner_on() -> No
     assert counted_failures(1, [7, 7, 7], owners_needed=2) == 1  # one owner, however often: nothing
     assert counted_failures(1, [7, 7, 8], owners_needed=2) == 3  # two owners: one each
     assert counted_failures(0, [7], owners_needed=1) == 1
+    assert counted_failures(1, [7, 8, 9], owners_needed=0) == 1  # the default: only what the site verified

@@ -15,11 +15,11 @@ from rest_framework.test import APIClient
 
 from dataplane import audit_hold
 from dataplane.records import TrajectoryGroup
-from marketplace import services
+from marketplace import selectors, services
 from marketplace.core.audit_checks import site_scorer
 from marketplace.infra import stream
 from marketplace.models import Activation, Job, Worker, WorkerAudit
-from marketplace.services.workers import worker_release
+from marketplace.services.audit_verify import audit_standing
 
 from . import factories
 from .test_audits import deliver, entries, learner_api, report, reward_failures
@@ -134,18 +134,9 @@ def test_a_record_gone_is_unverified_and_a_held_one_is_checked(market):
     assert cheat.audits_failed == 1
 
 
-def test_log_prob_failures_count_once_per_owner_when_two_owners_report_them(market):
-    """A consistent log-prob failure is the learner's word: one owner's never suspends (however many he reports);
-    a second owner's learner reporting such failures of the same worker makes each owner's count once."""
-    job, cheat = market["job"], market["cheat"]
-    groups = entries(job, cheat)
-    assert report(market["api"], job, 1, [{"worker_id": cheat.pk, "passed": 0, "failed": 3, "reason": "logprobs",
-                                           "evidence": [logprob_failure(g) for g in groups[:3]]}]).status_code == 201
-    cheat.refresh_from_db()
-    assert (cheat.audits_failed, cheat.suspended_at) == (0, None)
-
+def _second_owner_reports(cheat, kind: str = "logprobs") -> None:
+    """Another owner's job takes the worker, gets one group and its learner reports it failed."""
     second_owner = factories.user()
-    worker_release(activation=Activation.objects.get(worker=cheat, ended_at=None), reason="moved to another job")
     other = factories.job(second_owner)
     services.job_start(job=other)
     other = Job.objects.get(pk=other.pk)
@@ -153,8 +144,42 @@ def test_log_prob_failures_count_once_per_owner_when_two_owners_report_them(mark
     deliver(other, cheat, 1)
     [group] = entries(other, cheat)
     assert report(learner_api(second_owner, other), other, 1, [
-        {"worker_id": cheat.pk, "passed": 0, "failed": 1, "reason": "logprobs: mean |claimed - recomputed| 2.5",
+        {"worker_id": cheat.pk, "passed": 0, "failed": 1, "reason": f"{kind}: mean |claimed - recomputed| 2.5",
          "evidence": [logprob_failure(group)]}]).status_code == 201
+
+
+def test_log_prob_failures_release_from_the_job_and_never_suspend_across_owners(market):
+    """A consistent log-prob failure is the learner's word: it ends the worker's part in that owner's job (and the
+    scheduler plans it there no more), but however many owners report such failures they never suspend: three
+    colluding owner accounts suspended an honest provider that way."""
+    job, cheat = market["job"], market["cheat"]
+    groups = entries(job, cheat)
+    assert report(market["api"], job, 1, [{"worker_id": cheat.pk, "passed": 0, "failed": 3, "reason": "logprobs",
+                                           "evidence": [logprob_failure(g) for g in groups[:3]]}]).status_code == 201
+    cheat.refresh_from_db()
+    assert (cheat.audits_failed, cheat.suspended_at) == (0, None)
+    ended = Activation.objects.get(worker=cheat, job=job)
+    assert ended.ended_at is not None and ended.end_reason.startswith("failed its owner's audit: 3 group(s)")
+    assert cheat.pk in set(selectors.excluded_workers(job).values_list("pk", flat=True))
+    assert not Activation.objects.filter(worker=market["honest"], ended_at__isnull=False).exists()
+    services.job_activate_idle_workers(job=Job.objects.get(pk=job.pk))
+    assert not Activation.objects.filter(worker=cheat, job=job, ended_at=None).exists(), "planned again"
+
+    _second_owner_reports(cheat)
+    _second_owner_reports(cheat, kind="text")
+    cheat.refresh_from_db()
+    assert (cheat.audits_failed, cheat.suspended_at) == (0, None)
+    assert "from 3 job owner(s) (not counted: the site cannot verify them" in \
+        audit_standing(cheat)["text"]
+
+
+def test_an_operator_may_still_count_log_prob_failures_corroborated_by_owners(market, settings):
+    settings.ECHO2 = {**settings.ECHO2, "AUDIT_CORROBORATING_OWNERS": 2}
+    job, cheat = market["job"], market["cheat"]
+    groups = entries(job, cheat)
+    report(market["api"], job, 1, [{"worker_id": cheat.pk, "passed": 0, "failed": 3, "reason": "logprobs",
+                                    "evidence": [logprob_failure(g) for g in groups[:3]]}])
+    _second_owner_reports(cheat)
     cheat.refresh_from_db()
     assert cheat.audits_failed == 2 and cheat.suspended_at is not None
     assert "log-prob/text failures from 2 job owner(s) (counted once per owner" in cheat.suspended_reason
