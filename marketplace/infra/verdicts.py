@@ -18,10 +18,14 @@ import hashlib
 import json
 
 from dataplane import messages as m
-from dataplane.replay import RESEND_MEMORY_S
 
 from . import stream
 
+# A resend under the same id comes within the agent's request deadline (worker_agent/rollout_loop.py
+# RETURN_DEADLINE_S, 120 s); groups kept longer go again under new ids and are recognised by the return script's own
+# memory of stored groups (dataplane/replay.py RESEND_MEMORY_S, 900 s, a few bytes each). A verdict carries leased
+# prompts, so it is kept only as long as its own resends can come: a busy site's 50 submits a second stay ~15,000 keys.
+VERDICT_MEMORY_S = 300
 RUNNING = "running"
 RESENT_KEY = "echo2:resent"  # hash: worker id -> requests answered from their stored verdict
 RUNNING_TTL_S = 120  # a handler that died with its process frees the id after this long
@@ -62,7 +66,7 @@ def resent_counts() -> dict[int, int]:
     return {int(k): int(v) for k, v in stream.client().hgetall(RESENT_KEY).items()}
 
 
-def keep(worker_id: int, message, replies: list[dict], *, memory_s: int = RESEND_MEMORY_S) -> None:
+def keep(worker_id: int, message, replies: list[dict], *, memory_s: int = VERDICT_MEMORY_S) -> None:
     """The replies sent to the request: what a resend of it gets within ``memory_s``."""
     stream.client().set(verdict_key(worker_id, message.id, fingerprint(message)), json.dumps(replies), ex=memory_s)
 

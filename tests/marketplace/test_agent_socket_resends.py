@@ -114,3 +114,12 @@ async def test_a_site_that_cannot_reach_redis_answers_retry_after_not_a_verdict(
     again = await comm.receive_json_from(timeout=10)
     assert again["type"] == "submitted" and again["ref_id"] == "x1" and len(again["lease"]["leases"]) == 1
     await comm.disconnect()
+
+
+def test_verdicts_are_kept_past_every_resend_an_agent_can_make():
+    from dataplane.replay import RESEND_MEMORY_S
+    from worker_agent import rollout_loop
+
+    deadline = max(rollout_loop.RETURN_DEADLINE_S, rollout_loop.LEASE_DEADLINE_S)
+    assert deadline < verdicts.VERDICT_MEMORY_S  # a resend under the same id comes within its request's deadline
+    assert RESEND_MEMORY_S > rollout_loop.KEEP_UNSENT_S  # a kept group is recognised as stored for as long as kept
