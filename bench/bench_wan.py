@@ -109,9 +109,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "run's synthetic load (bench/wan/burn.py): a pure-Python spinner beside each agent relay as "
                         "a process of its own (procs: cores shared) or as a thread in the relay's process (threads: "
                         "cores and the GIL shared, like the agent's generation thread).")
-    parser.add_argument("--agent-relay-mode", choices=("process", "inline"), default="inline", help="Where each "
-                        "agent's relays run: the agent's own event loop, beside generation (echo2-agent's default), or "
-                        "a child process of the agent (docs/agent.md \"The relay process\").")
     parser.add_argument("--pause-generation", action="store_true", help="Experiment: the agents start no batch "
                         "while one of their relays receives or serves (worker_agent/rollout_loop.py "
                         "PAUSE_WHILE_RELAYING): the broadcast without generation's CPU, the rest of the stack as is.")
@@ -277,7 +274,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"links: rates by tc tbf; round trip, jitter and loss by "
           f"{'tc netem' if emulation == 'netem' else 'our delay proxy (bench/wan/proxy.py)'} ({why})", flush=True)
     netns.on_signals_exit()
-    os.environ["ECHO2_RELAY_MODE"] = args.agent_relay_mode  # bench/wan/stack.py passes it to every agent
     if args.pause_generation:
         os.environ["ECHO2_EXPERIMENT_PAUSE_WHILE_RELAYING"] = "1"  # the agents inherit it (bench/wan/stack.py)
     args.workdir = args.workdir.resolve()

@@ -36,10 +36,6 @@ AllowUserCodeOpt = Annotated[bool, typer.Option(
 RelayListenOpt = Annotated[str | None, typer.Option(
     help="HOST:PORT to serve snapshot chunks to a chain child (default: 0.0.0.0 and the port of the registered "
     "--relay-address, if any; 'none': tail only).")]
-RelayModeOpt = Annotated[str | None, typer.Option(
-    envvar="ECHO2_RELAY_MODE", help="Where the snapshot relays run: 'process' (a child process, apart from "
-    "generation) or 'inline' (the agent's own event loop); default: the config's relay_mode, else inline "
-    "(docs/agent.md: the relay process).")]
 EngineOpt = Annotated[str, typer.Option(help="Generation engine: auto (vllm on a GPU with vLLM, else hf), hf, vllm.")]
 
 
@@ -116,7 +112,6 @@ def run(
                                                 "doing (each change at once, never two within 2 s); 0: changes "
                                                 "only.")] = 10.0,
     allow_user_code: AllowUserCodeOpt = False,
-    relay_mode: RelayModeOpt = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Warnings and errors only.")] = False,
     debug: Annotated[bool, typer.Option(help="Verbose logs and full tracebacks.")] = False,
 ) -> None:
@@ -150,7 +145,7 @@ def run(
         _fail(f"--cache-dir: {err}")
     warming = _warm_in_background(chosen, cache)
     session = AgentSession(cfg, engine_factory=_after(warming, lambda d: make_engine(chosen, d, **options)),
-                           cache=cache, groups_per_lease=groups, relay_mode=_relay_mode(relay_mode, cfg),
+                           cache=cache, groups_per_lease=groups,
                            relay_listen=_relay_listen(relay_listen, cfg), status_every=status_every,
                            status_file=_status_file(config))
     try:
@@ -211,16 +206,6 @@ def _relay_listen(value: str | None, cfg: AgentConfig) -> str | None:
     if value is not None and not value.rpartition(":")[2].isdigit():
         _fail(f"--relay-listen: expected HOST:PORT, got {value!r}")
     return value
-
-
-def _relay_mode(value: str | None, cfg: AgentConfig) -> str:
-    """--relay-mode (or $ECHO2_RELAY_MODE) resolved: else the config's, else inline."""
-    from .relay_process import relay_mode
-
-    try:
-        return relay_mode(value or cfg.relay_mode or None)
-    except ValueError as err:
-        _fail(f"--relay-mode: {err}")
 
 
 def _warm_in_background(engine: str, cache):

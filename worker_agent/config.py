@@ -36,11 +36,6 @@ class AgentConfig:
     session declares it in every hello (the site then assigns such jobs only to workers that opted in) and hands it
     to every task it builds (``TaskAdapter.prepare(allow_user_code=...)``), the last line of defence."""
 
-    relay_mode: str = ""
-    """Where the relays run: ``inline`` (the agent's own event loop, beside generation, the default) or ``process`` (a
-    child process of the agent); ``echo2-agent run --relay-mode`` or $ECHO2_RELAY_MODE win over it ('': neither set:
-    ``inline``). docs/agent.md "The relay process"."""
-
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -56,8 +51,7 @@ class AgentConfig:
             data = json.loads(path.read_text())
             return cls(**{k: data[k] for k in ("server", "worker_id", "name", "agent_key")},
                        relay_address=data.get("relay_address", ""), bandwidth_bps=data.get("bandwidth_bps"),
-                       allow_user_code=data.get("allow_user_code", False) is True,
-                       relay_mode=str(data.get("relay_mode") or ""))
+                       allow_user_code=data.get("allow_user_code", False) is True)
         except FileNotFoundError:
             raise ConfigError(f"no agent config at {path}; run `echo2-agent register` first") from None
         except (ValueError, KeyError, TypeError) as err:

@@ -30,7 +30,6 @@ from dataplane.snapshot import Manifest, SnapshotError, fetch_chunks, full_url, 
 
 from .cache import BaseCache
 from .engines.base import Engine
-from .relay_process import ProcessRelays
 from .relaying import Relays
 from .taskdata import fetch_task_data
 from .timing import TRANSFER_FACTOR, Rates, RoundTrips, fetch_timeouts, relay_timeouts
@@ -56,9 +55,9 @@ class JobEngine:
 class Installer:
     """The job's engine and its versions: what is installed, what is being installed, what must be reached before
     generating. ``assignment()`` is the agent's current assignment (None: no job); ``send`` reports installs to the
-    site; ``relays`` receive and serve the versions that come down a chain (in a child process or on this loop)."""
+    site; ``relays`` receive and serve the versions that come down a chain."""
 
-    def __init__(self, *, cache: BaseCache, engine_factory: Callable[[str], Engine], relays: Relays | ProcessRelays,
+    def __init__(self, *, cache: BaseCache, engine_factory: Callable[[str], Engine], relays: Relays,
                  send: Callable[[m._Msg], Awaitable[None]], assignment: Callable[[], m.Assign | None],
                  round_trips: RoundTrips | None = None, rates: Rates | None = None) -> None:
         self.cache = cache

@@ -5,8 +5,7 @@ and the rollout loop of the current assignment, each an object of its own:
   announced budget, requests sent again rather than dropped;
 - :class:`~worker_agent.installs.Installer`: the job's engine and its versions (no batch is generated under a
   partly installed snapshot, and its records carry the version really used);
-- :class:`~worker_agent.relaying.Relays`: the forwarding chains' relay hub and relays, on the session's loop (the
-  default) or run by a child process (:class:`~worker_agent.relay_process.ProcessRelays`, ``relay_mode="process"``);
+- :class:`~worker_agent.relaying.Relays`: the forwarding chains' relay hub and relays, on the session's loop;
 - :class:`~worker_agent.rollout_loop.RolloutLoop`: lease, generate, return, supervised.
 
 The session reads the site's messages and hands each to its owner, and sends heartbeats (small and regular, and at
@@ -35,8 +34,6 @@ from .connection import AgentRejected, NotConnected, SiteConnection, reconnect_d
 from .engines.base import Engine
 from .hardware import probe
 from .installs import Installer
-from .relay_process import ProcessRelays
-from .relay_process import relay_mode as relay_mode_of
 from .relaying import Relays
 from .rollout_loop import RolloutLoop, RolloutStatus
 from .state import Facts, derive_state, heartbeat_due
@@ -80,28 +77,20 @@ class AgentSession:
     def __init__(self, config: AgentConfig, *, engine_factory: Callable[[str], Engine], cache: BaseCache,
                  groups_per_lease: int = 2, max_reconnect_delay: float = 30.0, relay_listen: str | None = None,
                  retry_delay: float = 2.0, status_every: float = 10.0, hardware: Hardware | None = None,
-                 status_file: Path | None = None, relay_mode: str | None = None) -> None:
+                 status_file: Path | None = None) -> None:
         """``engine_factory`` builds an engine from a checkpoint directory (the job's base, unpacked in ``cache``);
         ``groups_per_lease``: the least groups leased per round trip (more when the agent is fast);
         ``retry_delay``: first wait before asking the site again for a snapshot the agent lacks (doubling, <= 30 s);
         ``status_every``: seconds between two summaries of what the agent does (:mod:`worker_agent.status`);
         ``status_file``: where the status is kept for ``echo2-agent status`` (None: nowhere);
-        ``hardware``: what this machine has, sent with every hello (default: :func:`worker_agent.hardware.probe`);
-        ``relay_mode``: ``process`` (the relays in a child process) or ``inline`` (on this loop); default
-        $ECHO2_RELAY_MODE, else ``inline`` (:func:`worker_agent.relay_process.relay_mode`)."""
+        ``hardware``: what this machine has, sent with every hello (default: :func:`worker_agent.hardware.probe`);"""
         self.config = config
         self.hardware = hardware or probe(cache.root)
         self.groups_per_lease = groups_per_lease
         self.retry_delay = retry_delay
         self.connection = SiteConnection(config.server, config.agent_key, max_reconnect_delay=max_reconnect_delay)
-        self.relay_mode = relay_mode_of(relay_mode)
-        if self.relay_mode == "process":
-            self.relaying: Relays | ProcessRelays = ProcessRelays(
-                worker_id=config.worker_id, bandwidth_bps=config.bandwidth_bps, listen=relay_listen, report=self.send,
-                work_dir=cache.root / ".relay-work", debug=log.isEnabledFor(logging.DEBUG))
-        else:
-            self.relaying = Relays(worker_id=config.worker_id, bandwidth_bps=config.bandwidth_bps,
-                                   listen=relay_listen, report=self.send)
+        self.relaying = Relays(worker_id=config.worker_id, bandwidth_bps=config.bandwidth_bps, listen=relay_listen,
+                               report=self.send)
         self.installs = Installer(cache=cache, engine_factory=engine_factory, relays=self.relaying, send=self.send,
                                   assignment=lambda: self.assignment, round_trips=self.connection.round_trips,
                                   rates=Rates(config.bandwidth_bps))

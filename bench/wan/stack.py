@@ -156,8 +156,7 @@ class WanStack:
             self.workers[node] = json.loads(cfg.read_text())["worker_id"]
             self.start_proxy(node, [RELAY_PORT], bulk=(RELAY_PORT,))
             self.stack.start(f"agent-{node}", *self.net.exec(node), str(BIN / "echo2-agent"), "run", "--config",
-                             str(cfg), "--threads", "1", "--relay-listen", f"127.0.0.1:{RELAY_PORT}", "--debug",
-                             "--relay-mode", os.environ.get("ECHO2_RELAY_MODE") or "inline")  # bench_wan.py sets it
+                             str(cfg), "--threads", "1", "--relay-listen", f"127.0.0.1:{RELAY_PORT}", "--debug")
         with self.api("provider") as provider:
             wait_for(lambda: sum(w["status"] == "idle" for w in provider.get("workers/").json()["results"])
                      == len(agents), f"{len(agents)} idle workers", 180)
