@@ -8,6 +8,11 @@ lives (Channels cancels it when the socket closes), and once Redis answers again
 channels were in afresh, since a Redis without persistence lost them. Group joins retry for a bounded time
 (the socket is refused after that); leaving a group is best effort (memberships expire on their own).
 
+Re-joins that keep an old membership alive (``rejoin``) are made together: the channels of one event loop due at
+the same moment share one pipelined ``ZADD`` per group on one connection. ``channels_redis`` runs each
+``group_add`` on a connection of its own while others are in flight, so 10,000 sockets re-joining at one
+publication opened 10,000 Redis connections ("max number of clients reached").
+
 Pushes (``group_send``) are not retried here: the site's pushes are best effort by design
 (``services.base._push``), and agents catch up on their next hello or request.
 """
@@ -17,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
+import weakref
 from collections import defaultdict
 
 from channels_redis.core import RedisChannelLayer
@@ -40,6 +47,7 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.memberships: dict[str, set[str]] = defaultdict(set)  # channel -> groups it joined through us
+        self._batches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> _Rejoins
 
     async def receive(self, channel: str) -> dict:
         attempt = 0
@@ -72,6 +80,35 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
                 attempt, waited = attempt + 1, waited + delay
         self.memberships[channel].add(group)
 
+    async def rejoin(self, group: str, channel: str) -> None:
+        """Renew ``channel``'s membership of ``group``, batched with every other re-join due on this event loop
+        at the same moment (one connection, one round trip per group and batch); raises as ``group_add``."""
+        loop = asyncio.get_running_loop()
+        batch = self._batches.get(loop)
+        if batch is None:
+            batch = self._batches[loop] = _Rejoins(self)
+        await batch.add(group, channel)
+        self.memberships[channel].add(group)
+
+    async def group_add_many(self, group: str, channels: list[str]) -> None:
+        """Add ``channels`` to ``group`` in one pipelined round trip, retried as ``group_add``."""
+        key = self._group_key(group)
+        attempt, waited = 0, 0.0
+        while True:
+            try:
+                now = time.time()
+                async with self.connection(self.consistent_hash(group)).pipeline(transaction=False) as pipe:
+                    pipe.zadd(key, dict.fromkeys(channels, now))
+                    pipe.expire(key, self.group_expiry)
+                    await pipe.execute()
+                return
+            except TRANSIENT:
+                if waited >= JOIN_RETRY_S:
+                    raise
+                delay = _backoff(attempt)
+                await asyncio.sleep(delay)
+                attempt, waited = attempt + 1, waited + delay
+
     async def group_discard(self, group: str, channel: str) -> None:
         self.memberships[channel].discard(group)
         if not self.memberships[channel]:
@@ -85,3 +122,33 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
         """Join ``channel``'s groups again (raises while Redis is still away: the caller retries)."""
         for group in list(self.memberships.get(channel, ())):
             await super().group_add(group, channel)
+
+
+class _Rejoins:
+    """The re-joins of one event loop: the first due starts a flush, which yields once so that the sockets handling
+    the same event add theirs, then writes all pending ones; re-joins added while it writes go in its next round.
+    One flush at a time, so one connection at a time, however many sockets are due."""
+
+    def __init__(self, layer: ResilientRedisChannelLayer) -> None:
+        self.layer = layer
+        self.pending: dict[str, set[str]] = defaultdict(set)
+        self.flushing: asyncio.Task | None = None
+        self.rounds = 0  # batches written (the tests count them)
+
+    async def add(self, group: str, channel: str) -> None:
+        self.pending[group].add(channel)
+        if self.flushing is None:
+            self.flushing = asyncio.get_running_loop().create_task(self._flush())
+        await asyncio.shield(self.flushing)  # a socket closing while it waits must not cancel the others' write
+
+    async def _flush(self) -> None:
+        try:
+            await asyncio.sleep(0)
+            while self.pending:
+                due, self.pending = self.pending, defaultdict(set)
+                self.rounds += 1
+                for group, channels in due.items():
+                    await self.layer.group_add_many(group, sorted(channels))
+        finally:
+            self.flushing = None
+            self.pending.clear()  # a failed write fails its waiters; they try again at their next event

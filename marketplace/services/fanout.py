@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import secrets
 import time
 from collections import OrderedDict
@@ -37,6 +38,7 @@ from django.db import transaction
 from dataplane import credentials
 from dataplane import messages as m
 from dataplane.broadcast import chains, strategies
+from dataplane.replay import TRANSIENT
 
 from ..infra import stream, telemetry
 from ..models import Snapshot
@@ -278,6 +280,9 @@ class JobFollower:
         self.group: str | None = None
         self.caught_up: str | None = None  # nonce of the announcement sent on joining, if any
         self.joined_at = 0.0
+        # Each socket renews after its own share of the hour, so a fleet that joined together does not re-join
+        # together at one publication (the layer batches those that still meet, ``channel_layer.rejoin``).
+        self.spread = random.uniform(0.5, 1.0)
 
     def follows(self, job_id: int) -> bool:
         return self.group == agents_group(job_id)
@@ -309,10 +314,16 @@ class JobFollower:
 
     async def stay(self) -> None:
         """Join the group again when the membership is old: channels_redis drops a member ``group_expiry`` after it
-        joined (a day by default), and a job can run for longer. Called at each event, so it costs a round trip an
-        hour, not one per publication."""
-        if self.group is not None and time.monotonic() - self.joined_at > REJOIN_AFTER_S:
-            await self.layer.group_add(self.group, self.channel_name)
+        joined (a day by default), and a job can run for longer. Called at each event, so it costs a share of a
+        batched round trip every half hour to hour (``spread``), not one per publication; a failed re-join is
+        tried again at the next event (the membership has most of a day left)."""
+        if self.group is not None and time.monotonic() - self.joined_at > REJOIN_AFTER_S * self.spread:
+            try:
+                await self.layer.rejoin(self.group, self.channel_name)
+            except TRANSIENT as err:
+                log.warning("re-join of %s for %s failed (%s); next event tries again", self.group,
+                            self.channel_name, err)
+                return
             self.joined_at = time.monotonic()
 
     async def leave(self) -> None:
