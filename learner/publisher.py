@@ -27,14 +27,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Literal, get_args
 
+from dataplane.broadcast.origin import OriginHub
+from dataplane.broadcast.origin_process import OriginProcess
 from dataplane.broadcast.relay import RelayStats
 from dataplane.broadcast.store import CHUNKS, MANIFEST, list_versions, version_dir
 from dataplane.credentials import CredentialError, parse, verify
 from dataplane.dataset.content import PREFIX as DATA
 from dataplane.snapshot import FULL, Manifest
 
-from .relay_child import RelayChild
-from .relay_process import OriginHub
 from .snapshots import SnapshotStore
 
 __all__ = ["RELAY_MODES", "LearnerRelay", "RelayMode", "SnapshotServer", "SnapshotStore", "manifest_json"]
@@ -164,20 +164,21 @@ RELAY_MODES: tuple[RelayMode, ...] = get_args(RelayMode)
 
 class LearnerRelay:
     """The learner's end of the chain broadcast (docs/broadcast.md): a :class:`RelayHub` serving each published
-    version to the chain seeds under one ``B0`` uplink bucket (:class:`~learner.relay_process.OriginHub`).
+    version to the chain seeds under one ``B0`` uplink bucket (:class:`~dataplane.broadcast.origin.OriginHub`).
 
     ``mode="process"`` (the default, the learner's ``relay_mode``): the hub runs in a child process
-    (:class:`~learner.relay_child.RelayChild`), so training never holds the GIL its event loop waits for; it is
-    restarted on the same port if it dies. ``mode="thread"``: on an asyncio loop in a daemon thread of this process,
-    as before. The :class:`SnapshotServer` stays the HTTP fallback and the whole path of the star strategies."""
+    (:class:`~dataplane.broadcast.origin_process.OriginProcess`), so training never holds the GIL its event loop waits
+    for; it is restarted on the same port if it dies. ``mode="thread"``: on an asyncio loop in a daemon thread of this
+    process, as before. The :class:`SnapshotServer` stays the HTTP fallback and the whole path of the star
+    strategies."""
 
     def __init__(self, store: SnapshotStore, *, uplink_bps: float | None, host: str = "127.0.0.1", port: int = 0,
                  advertise_host: str | None = None, secret: str | None = None, mode: RelayMode = "process") -> None:
         if mode not in RELAY_MODES:
             raise ValueError(f"relay mode must be one of {', '.join(RELAY_MODES)}, not {mode!r}")
         self.store, self.secret, self.mode = store, secret, mode
-        self._hub: RelayChild | _RelayThread = (
-            RelayChild(store.root, store.job_id, uplink_bps=uplink_bps, host=host, port=port, secret=secret)
+        self._hub: OriginProcess | _RelayThread = (
+            OriginProcess(store.root, store.job_id, uplink_bps=uplink_bps, host=host, port=port, secret=secret)
             if mode == "process" else _RelayThread(store, uplink_bps=uplink_bps, host=host, port=port, secret=secret))
         self.port = self._hub.port
         self.host = advertise_host or (host if host not in ("0.0.0.0", "") else "127.0.0.1")

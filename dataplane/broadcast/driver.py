@@ -23,7 +23,8 @@ MODULE = "dataplane.broadcast.process"
 
 
 class RelayProcessError(RuntimeError):
-    """The relay reported an error, exited, or said nothing in time."""
+    """A relay process (a test's, the bench's, the learner's origin) reported an error or refused a command,
+    did not start, exited, or said nothing in time: the one error of the relays run as processes."""
 
 
 class RelayProcess:

@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from dataplane.broadcast import framing
+from dataplane.broadcast.driver import RelayProcessError
 from dataplane.broadcast.relay import SnapshotRelay
 from dataplane.credentials import issue, new_secret
 from dataplane.snapshot import parse_manifest
 from learner.publisher import LearnerRelay, SnapshotStore, manifest_json
-from learner.relay_child import RelayChildError
 from learner.settings import LearnerSettings
 
 JOB = 5
@@ -124,7 +124,7 @@ def test_stop_leaves_no_process_and_no_port(store):
 
 
 def test_the_child_exits_when_its_stdin_closes(store):
-    child = subprocess.Popen([sys.executable, "-m", "learner.relay_process", "--root", str(store.root), "--job",
+    child = subprocess.Popen([sys.executable, "-m", "dataplane.broadcast.origin", "--root", str(store.root), "--job",
                               str(JOB)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert json.loads(child.stdout.readline())["event"] == "listening"
@@ -216,7 +216,7 @@ def test_the_secret_set_before_or_after_serving_admits_credentials_and_only_thos
 def test_a_version_not_in_the_store_is_a_clear_error_and_the_hub_goes_on(store):
     relay = LearnerRelay(store, uplink_bps=None, secret=SECRET)
     try:
-        with pytest.raises(RelayChildError, match=r"serve: .*v7"):
+        with pytest.raises(RelayProcessError, match=r"serve: .*v7"):
             relay.serve(7)
         relay.serve(1)
         assert set(relay.served()) == {1}
@@ -227,7 +227,7 @@ def test_a_version_not_in_the_store_is_a_clear_error_and_the_hub_goes_on(store):
 def test_a_port_taken_is_a_clear_error_and_a_mode_unknown_is_refused(store):
     taken = LearnerRelay(store, uplink_bps=None)
     try:
-        with pytest.raises(RelayChildError, match=rf"127.0.0.1:{taken.port}: cannot listen"):
+        with pytest.raises(RelayProcessError, match=rf"127.0.0.1:{taken.port}: cannot listen"):
             LearnerRelay(store, uplink_bps=None, port=taken.port)
     finally:
         taken.stop()
@@ -295,9 +295,9 @@ def test_stopping_while_seeds_are_being_served_logs_no_traceback(tmp_path, capfd
 
 def test_a_serve_waits_for_the_version_to_be_read_longer_the_larger_it_is(store) -> None:
     # A base of several GB read from a slow disk must not be taken for a hung child (killed, restarted, read again).
-    from learner.relay_child import READ_FLOOR_BPS, RelayChild
+    from dataplane.broadcast.origin_process import READ_FLOOR_BPS, OriginProcess
 
-    hub = RelayChild(store.root, JOB, uplink_bps=None, ack_timeout=60.0)
+    hub = OriginProcess(store.root, JOB, uplink_bps=None, ack_timeout=60.0)
     try:
         manifest = json.loads((store.root / "v1" / "manifest.json").read_text())
         assert hub._serve_timeout(1) == pytest.approx(60.0 + manifest["total_bytes"] / READ_FLOOR_BPS)

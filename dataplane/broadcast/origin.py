@@ -1,5 +1,6 @@
 """The learner's relay hub (the chain seeds' source, docs/broadcast.md) as a process of its own:
-``python -m learner.relay_process --root DIR --job N``, started and watched by :class:`learner.relay_child.RelayChild`.
+``python -m dataplane.broadcast.origin --root DIR --job N``, started and watched by
+:class:`dataplane.broadcast.origin_process.OriginProcess`.
 
 Why a process: the hub's event loop wakes for every 64 KiB piece it sends; in the learner's process each wake-up
 first waits for the GIL that training holds, and every chain goes through this hop (docs/wan.md "Where the time
@@ -33,11 +34,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from dataplane.broadcast.hub import RelayHub
-from dataplane.broadcast.ratelimit import bucket
-from dataplane.broadcast.relay import SnapshotRelay
-from dataplane.broadcast.store import read_version, version_dir
-from dataplane.snapshot import SnapshotError
+from ..snapshot import SnapshotError
+from .hub import RelayHub
+from .ratelimit import bucket
+from .relay import SnapshotRelay
+from .store import read_version, version_dir
 
 log = logging.getLogger("echo2.learner.relay")
 
@@ -95,7 +96,7 @@ class OriginHub:
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m learner.relay_process",
+        prog="python -m dataplane.broadcast.origin",
         description="The learner's relay hub (started by the learner; see the module's doc for the commands "
                     "on stdin and the events on stdout). The job's secret comes on stdin, never here.")
     p.add_argument("--root", type=Path, required=True, help="the job's snapshot store (v<N>/ directories)")

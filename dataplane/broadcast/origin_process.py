@@ -1,4 +1,4 @@
-"""The learner's handle on its relay hub's process (:mod:`learner.relay_process`): starts it, tells it what to
+"""The learner's handle on its relay hub's process (:mod:`dataplane.broadcast.origin`): starts it, tells it what to
 serve, and keeps it running.
 
 - **Commands** go to the child's stdin, each with an id; the call waits for the acknowledgement naming that id, at
@@ -11,7 +11,7 @@ serve, and keeps it running.
   finds it dead restarts it at once; otherwise the thread reading its stdout does, retrying with backoff.
 - **The child's stderr is the learner's**: its log lines (a refused credential) land in the learner's log. It
   stays in the learner's process group; it exits on stdin's end, so a learner killed even with SIGKILL leaves
-  no relay behind. :meth:`RelayChild.stop` asks it to exit, then kills it by pid.
+  no relay behind. :meth:`OriginProcess.stop` asks it to exit, then kills it by pid.
 """
 
 from __future__ import annotations
@@ -27,18 +27,15 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
-from dataplane.broadcast.store import MANIFEST, version_dir
+from .driver import RelayProcessError
+from .store import MANIFEST, version_dir
 
 log = logging.getLogger("echo2.learner")
 
-MODULE = "learner.relay_process"
+MODULE = "dataplane.broadcast.origin"
 READ_FLOOR_BPS = 50e6
 """A ``serve`` is acknowledged once the child has read the version from disk: its wait is ``ack_timeout`` plus the
 version's bytes at this rate (a slow disk), so a base of several GB is not taken for a hung child."""
-
-
-class RelayChildError(RuntimeError):
-    """The relay process refused a command (the reason is its own), did not start, or did not answer in time."""
 
 
 class _Gone(Exception):
@@ -88,7 +85,7 @@ class _Child:
 
     def ask(self, cmd: dict[str, Any], timeout: float) -> dict[str, Any]:
         """Send ``cmd``; its acknowledgement. Raises :class:`_Gone` if the child exits first or says nothing within
-        ``timeout`` s (then it is killed: a hung hub is a dead one), RelayChildError on its refusal."""
+        ``timeout`` s (then it is killed: a hung hub is a dead one), RelayProcessError on its refusal."""
         waiter: list = [threading.Event(), None]
         with self._write:
             ident = next(self._ids)
@@ -111,7 +108,7 @@ class _Child:
         if reply is None:
             raise _Gone(f"pid {self.pid} exited (code {self.proc.poll()}) before acknowledging {cmd.get('cmd')!r}")
         if reply.get("event") == "error":
-            raise RelayChildError(f"learner relay: {reply.get('reason')}")
+            raise RelayProcessError(f"learner relay: {reply.get('reason')}")
         return reply
 
     def kill(self, timeout: float) -> None:
@@ -135,7 +132,7 @@ class _Child:
             self.proc.stdin.close()
 
 
-class RelayChild:
+class OriginProcess:
     """The relay hub in a child process (see the module); the interface of the in-thread hub of
     :class:`learner.publisher.LearnerRelay`."""
 
@@ -169,11 +166,11 @@ class RelayChild:
             try:
                 self._ask({"cmd": "serve", "version": version, "published": sorted(published)},
                           self._serve_timeout(version))
-            except RelayChildError:
+            except RelayProcessError:
                 self.served.discard(version)
                 raise
             if version not in self.served:  # a restart on the way found it unreadable (its warning says why)
-                raise RelayChildError(f"learner relay: v{version} could not be served")
+                raise RelayProcessError(f"learner relay: v{version} could not be served")
 
     def set_secret(self, secret: str | None) -> None:
         with self._locked():
@@ -214,7 +211,7 @@ class RelayChild:
         # Held at most for a start (start_timeout plus one acknowledgement per served version) or one command.
         busy = self.start_timeout + self.ack_timeout * 3 + sum(self._serve_timeout(v) for v in self.served)
         if not self._lock.acquire(timeout=busy):
-            raise RelayChildError("learner relay: busy restarting for too long")
+            raise RelayProcessError("learner relay: busy restarting for too long")
         try:
             yield
         finally:
@@ -225,7 +222,7 @@ class RelayChild:
         that is gone is restarted here and told everything, ``cmd``'s effect included (None then); if it cannot be,
         the thread that saw it go retries."""
         if self._stopping.is_set() or self._child is None:
-            raise RelayChildError("learner relay: stopped")
+            raise RelayProcessError("learner relay: stopped")
         try:
             return self._child.ask(cmd, timeout or self.ack_timeout)
         except _Gone as gone:
@@ -233,7 +230,7 @@ class RelayChild:
         try:
             self._child = self._start()
             self.restarts += 1
-        except RelayChildError as err:
+        except RelayProcessError as err:
             log.error("%s; retrying in the background", err)
         return None
 
@@ -248,12 +245,12 @@ class RelayChild:
             child.kill(5.0)
             why = child.start_error or (f"exited with code {child.proc.poll()}" if child.gone.is_set()
                                         else f"not listening within {self.start_timeout:g} s")
-            raise RelayChildError(f"learner relay on {self.host}:{self.port}: {why} (its log lines: the learner's)")
+            raise RelayProcessError(f"learner relay on {self.host}:{self.port}: {why} (its log lines: the learner's)")
         try:
             self._tell(child)
         except _Gone as gone:
             child.kill(5.0)
-            raise RelayChildError(f"learner relay: {gone} while being told what to serve") from None
+            raise RelayProcessError(f"learner relay: {gone} while being told what to serve") from None
         return child
 
     def _tell(self, child: _Child) -> None:
@@ -265,7 +262,7 @@ class RelayChild:
             try:
                 child.ask({"cmd": "serve", "version": version, "published": sorted(self.served)},
                           self._serve_timeout(version))
-            except RelayChildError as err:  # pruned meanwhile: nothing to serve
+            except RelayProcessError as err:  # pruned meanwhile: nothing to serve
                 log.warning("%s; v%d is no longer served", err, version)
                 self.served.discard(version)
 
@@ -285,7 +282,7 @@ class RelayChild:
                     self._child = self._start()
                     self.restarts += 1
                     return
-            except RelayChildError as err:
+            except RelayProcessError as err:
                 log.error("%s; again in %g s", err, delay)
             self._stopping.wait(delay)
             delay = min(delay * 2, 30.0)
