@@ -271,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
             print(done.stderr[-2000:], file=sys.stderr)
             return 1
         results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        if args.json:  # each configuration kept as it ends: a run cut short still has the ones done
+            args.json.write_text(json.dumps({"model": args.model, "results": results}, indent=1))
     sizes = print_results(results, args)
     wired = []
     if args.wire:
