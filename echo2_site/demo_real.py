@@ -37,7 +37,7 @@ JOB = {
     "task": {"name": "word_problems", "split": "train"},
     "prompt_format": {"chat": True, "system_prompt": SYSTEM_PROMPT},
     "staleness": 3, "kappa": 2, "batch_trajectories": 32, "group_size": 8, "learning_rate": 2e-5,
-    "max_steps": 16, "max_new_tokens": 80, "temperature": 1.0,
+    "max_steps": 24, "max_new_tokens": 48, "temperature": 1.0,
     "eval": {"before": True, "after": True, "split": "test", "problems": 100, "k": 0},
 }
 QUICK = {"batch_trajectories": 8, "group_size": 4, "max_steps": 2, "max_new_tokens": 24,
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-dir", type=Path, default=MODEL_DIR, help="The model directory (made from the GGUF "
                         "when it holds no config.json).")
     parser.add_argument("--quick", action="store_true", help="2 small steps, 8 held-out problems: that it runs.")
-    parser.add_argument("--steps", type=int, default=None, help="Learner steps (default: the job's, 16).")
+    parser.add_argument("--steps", type=int, default=None, help="Learner steps (default: the job's, 24).")
     parser.add_argument("--port", type=int, default=0, help="Site port (default: a free one).")
     parser.add_argument("--keep-running", action=argparse.BooleanOptionalAction, default=None,
                         help="Leave the site up after the job ends, until Ctrl-C (default: when run in a terminal).")

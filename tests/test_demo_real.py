@@ -18,7 +18,7 @@ def test_the_demo_jobs_train_on_the_training_split_and_evaluate_the_held_out_one
     assert spec.task["name"] == "word_problems" and spec.task["split"] == "train"
     assert spec.eval.before and spec.eval.after and spec.eval.split == "test"
     assert spec.prompt_format.chat and "####" in spec.prompt_format.system_prompt
-    assert (spec.max_steps, spec.eval.problems) == ((2, 8) if quick else (16, 100))
+    assert (spec.max_steps, spec.eval.problems) == ((2, 8) if quick else (24, 100))
     assert parse_job_spec(job_spec(tmp_path, quick=quick, steps=7)).max_steps == 7
 
 

@@ -11,7 +11,7 @@ held-out prompt sent as training work scores 0; ``tests/dataplane/test_word_prob
 problem, nor one with its template and numbers, appears in the training split.
 
 **The reward** is 1 when the completion's final number equals the answer, checked by Hugging Face's ``math-verify``
-(``pip install 'echo2[math]'``): the number after the last ``####`` (GSM8K's answer line), or, unless
+(``pip install 'echo2[math]'``): the number after the first ``####`` (GSM8K's answer line), or, unless
 ``require_hashes``, the last number of the completion. The job asks for the ``####`` line in its system prompt
 (:data:`SYSTEM_PROMPT`, with ``prompt_format.chat``). As with ``math``, the answer is not in the prompt: every
 machine rebuilds the same problems from the spec and keeps ``prompt text -> answer``.
@@ -26,9 +26,10 @@ from typing import Any
 
 from .base import Prompt, TaskAdapter, TaskSpecError, register_task
 
-#: The system prompt the demo's job gives this task (``prompt_format.system_prompt``).
-SYSTEM_PROMPT = ("Solve the math word problem. Reason briefly, then write the final answer as a whole number "
-                 "on its own line after ####, for example: #### 42")
+#: The system prompt the demo's job gives this task (``prompt_format.system_prompt``). SmolLM2-135M-Instruct answers
+#: 2 of 16 held-out problems with it in 32 greedy tokens, with a line or two of working and the #### line; asked to
+#: "reason briefly" it answered 2 of 32 in 96 tokens, most cut off while it explained how it would solve them.
+SYSTEM_PROMPT = "Answer with the final number only, on one line after ####, for example: #### 42"
 SPLITS = ("train", "test")
 MAX_TRIES_PER_PROBLEM = 50
 
@@ -128,11 +129,12 @@ def generate(seed: int, size: int) -> list[tuple[str, int]]:
 
 
 def final_number(completion: str, *, require_hashes: bool = False) -> str | None:
-    """The completion's final answer: the number after the last ``####``, else (unless ``require_hashes``) its
-    last number; None when there is none."""
+    """The completion's final answer: the number after its first ``####`` (lm-evaluation-harness's GSM8K
+    strict-match: a model that repeats the line until its tokens run out is judged by the line it wrote first), else
+    (unless ``require_hashes``) its last number; None when there is none."""
     hashes = _HASHES.findall(completion)
     if hashes:
-        return hashes[-1].replace(",", "")
+        return hashes[0].replace(",", "")
     if require_hashes:
         return None
     numbers = _NUMBER.findall(completion)

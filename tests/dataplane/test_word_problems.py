@@ -53,6 +53,8 @@ def test_every_machine_builds_the_same_problems_and_another_seed_others() -> Non
     ("#### 1,007", 0.0),
     ("She has 3 and gets 4, so 7 in all.", 1.0),  # no #### line: the last number
     ("#### 7\nor maybe 8", 1.0),  # the #### line wins over a later number
+    ("#### 7\n#### 7\n#### 1", 1.0),  # the first #### line: one repeated until the tokens ran out
+    ("#### 8\n#### 7", 0.0),
     ("7 is wrong, the answer is #### 8", 0.0),
     ("I do not know", 0.0),
     ("", 0.0),
