@@ -32,10 +32,11 @@ FORBIDDEN: dict[str, set[str]] = {
     "simulator": {"learner", "worker_agent", "redis", "torch", "transformers", *(SITE_ONLY - {"marketplace"})},
 }
 # The only modules of the site and the planes the simulator may import: plain functions over plain data, no Django,
-# no I/O (the chain strategies are shared with the site through dataplane, whose job spec reads their names).
+# no I/O (the chain strategies are shared with the site through dataplane, whose job spec reads their names; they
+# register in dataplane.registry, the variation points' one registry).
 SIMULATOR_MAY_IMPORT = ("marketplace.core.provisioning", "marketplace.core.activation", "marketplace.core.controller",
                         "marketplace.core.inputs", "marketplace.core.reliability", "dataplane.broadcast.chains",
-                        "dataplane.broadcast.strategies")
+                        "dataplane.broadcast.strategies", "dataplane.registry")
 SIMULATOR_PACKAGES = ("marketplace", "marketplace.core", "dataplane", "dataplane.broadcast")  # empty __init__s
 # The site's rooms (issue 27): marketplace/ is split by kind, and each room keeps to its kind. Sub-package -> names
 # (top-level packages, or modules of ours) its modules may never import.

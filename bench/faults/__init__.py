@@ -8,16 +8,13 @@ bench/bench_faults.py runs them; docs/faults.md's table is :func:`doc_table` (a 
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
+from dataplane.registry import import_modules
 
 from .base import REGISTERED, Fault, register_fault
 
 __all__ = ["DEFAULT_FAULTS", "FAULTS", "Fault", "doc_table", "register_fault"]
 
-for _module in pkgutil.iter_modules(__path__):
-    if _module.name != "base":
-        importlib.import_module(f"{__name__}.{_module.name}")
+import_modules(__name__, __path__, shared=("base",))
 
 FAULTS: dict[str, Fault] = {name: REGISTERED[name] for name in sorted(REGISTERED, key=lambda n: (n != "none", n))}
 DEFAULT_FAULTS = list(FAULTS)

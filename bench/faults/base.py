@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dataplane.broadcast.relay import RelayTimeouts
+from dataplane.registry import Registry
 
 WORKER_TIMEOUT_S, LEASE_TIMEOUT_S, BEAT_S = 10.0, 10.0, 10.0  # site settings of every run; BEAT_S: expiry period
 
@@ -45,14 +46,12 @@ class Fault:
         return f"| `{self.name}` | {self.does} | {self.detected_by or '—'} |"
 
 
-REGISTERED: dict[str, Fault] = {}
+REGISTERED: Registry[Fault] = Registry("fault")
 
 
 def register_fault(cls: type[Fault]) -> type[Fault]:
     """Class decorator: add one instance of ``cls`` to the suite under ``cls.name``."""
-    if not cls.name or cls.name in REGISTERED:
-        raise ValueError(f"fault {cls.name!r}: no name, or already registered")
-    REGISTERED[cls.name] = cls()
+    REGISTERED.add(cls.name, cls())
     return cls
 
 

@@ -15,19 +15,16 @@ the package imports every module here but the shared ones (:data:`SHARED`), so a
 from __future__ import annotations
 
 import difflib
-import importlib
 import inspect
-import pkgutil
 from importlib.metadata import entry_points
 from typing import Any
 
+from ..registry import import_modules
 from .base import TASKS, Prompt, TaskAdapter, TaskSpecError, register_task
 
 SHARED = ("base", "episodes", "files", "poker")  # the modules of this folder that hold no task (poker: an env)
 
-for _module in pkgutil.iter_modules(__path__):
-    if _module.name not in SHARED:
-        importlib.import_module(f"{__name__}.{_module.name}")
+import_modules(__name__, __path__, shared=SHARED)
 
 BUILTIN: dict[str, type[TaskAdapter]] = dict(TASKS)  # what this package registered (tests may register more)
 

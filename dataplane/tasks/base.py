@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..records import MAX_REWARD, RecordLimits
+from ..registry import Registry
 
 if TYPE_CHECKING:
     from ..rewards import RewardStats
@@ -126,14 +127,9 @@ class TaskAdapter(ABC):
 
 
 #: The task adapters of this package by name, filled by :func:`register_task` (dataplane/tasks/__init__.py).
-TASKS: dict[str, type[TaskAdapter]] = {}
+TASKS: Registry[type[TaskAdapter]] = Registry("task")
 
 
 def register_task(cls: type[TaskAdapter]) -> type[TaskAdapter]:
     """Class decorator: make ``cls`` a task a job can name (``{"name": cls.name, ...options}``)."""
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} has no name")
-    if TASKS.get(cls.name, cls) is not cls:
-        raise ValueError(f"task {cls.name!r} is already registered ({TASKS[cls.name].__name__})")
-    TASKS[cls.name] = cls
-    return cls
+    return TASKS.add(cls.name, cls, same=cls)

@@ -4,8 +4,7 @@ extend"). Importing the package imports every module in this folder, so a new va
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
+from dataplane.registry import import_modules
 
 from .base import PolicyLoss, Surrogate
 from .registry import POLICY_LOSSES, get_policy_loss, register_policy_loss
@@ -14,6 +13,4 @@ __all__ = ["POLICY_LOSSES", "PolicyLoss", "Surrogate", "get_policy_loss", "regis
 
 SHARED = ("base", "registry")  # the modules of this folder that are no variant
 
-for _module in pkgutil.iter_modules(__path__):
-    if _module.name not in SHARED:
-        importlib.import_module(f"{__name__}.{_module.name}")
+import_modules(__name__, __path__, shared=SHARED)

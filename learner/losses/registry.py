@@ -5,19 +5,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from dataplane.registry import Registry
+
 from .base import PolicyLoss
 
-POLICY_LOSSES: dict[str, PolicyLoss] = {}
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("loss type")
 
 
 def register_policy_loss(name: str) -> Callable[[type[PolicyLoss]], type[PolicyLoss]]:
     """Class decorator: register one instance of the decorated variant under ``name`` (``LossConfig.type``)."""
 
     def register(cls: type[PolicyLoss]) -> type[PolicyLoss]:
-        if name in POLICY_LOSSES:
-            raise ValueError(f"policy loss {name!r} is already registered ({type(POLICY_LOSSES[name]).__name__})")
         cls.name = name
-        POLICY_LOSSES[name] = cls()
+        POLICY_LOSSES.add(name, cls())
         return cls
 
     return register
@@ -25,7 +25,4 @@ def register_policy_loss(name: str) -> Callable[[type[PolicyLoss]], type[PolicyL
 
 def get_policy_loss(name: str) -> PolicyLoss:
     """The variant registered as ``name``; ValueError naming the registered ones otherwise."""
-    try:
-        return POLICY_LOSSES[name]
-    except KeyError:
-        raise ValueError(f"unknown loss type {name!r}; registered: {', '.join(sorted(POLICY_LOSSES))}") from None
+    return POLICY_LOSSES.lookup(name)

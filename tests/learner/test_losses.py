@@ -11,7 +11,7 @@ import torch
 import learner.losses
 from dataplane.jobs import LossConfig
 from dataplane.losses import LOSS_TYPES, LossType
-from learner.losses import POLICY_LOSSES, PolicyLoss, Surrogate, register_policy_loss
+from learner.losses import POLICY_LOSSES, PolicyLoss, Surrogate, get_policy_loss, register_policy_loss
 
 from .helpers import grpo_step, loss_config
 from .test_trainer_step import completion_logprobs, make_group, on_policy
@@ -25,9 +25,12 @@ def test_every_module_of_the_folder_is_a_registered_variant_a_job_can_name() -> 
 
 
 def test_a_job_naming_an_undeclared_variant_is_refused_with_the_declared_ones() -> None:
-    with pytest.raises(ValueError, match="unknown loss type 'ppo'; available: grpo, gspo"):
+    assert "ppo" not in LOSS_TYPES
+    with pytest.raises(ValueError, match=f"unknown loss type 'ppo'; available: {', '.join(LOSS_TYPES)} "):
         LossConfig(type="ppo")
-    assert LossConfig.model_json_schema()["properties"]["type"]["enum"] == ["grpo", "gspo"]
+    assert LossConfig.model_json_schema()["properties"]["type"]["enum"] == list(LOSS_TYPES)
+    with pytest.raises(ValueError, match=f"unknown loss type 'ppo'; one of {', '.join(POLICY_LOSSES)}$"):
+        get_policy_loss("ppo")
 
 
 @pytest.fixture

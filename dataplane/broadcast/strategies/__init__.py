@@ -14,11 +14,10 @@ Adding a strategy is one module here: a :class:`Strategy` subclass decorated wit
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Collection, Sequence
 from typing import ClassVar
 
+from ...registry import Registry, import_modules
 from ..chains import ChainPlan, WorkerStats
 
 
@@ -46,14 +45,12 @@ class Strategy:
         raise NotImplementedError(f"strategy {self.name!r} has no closed form")
 
 
-_REGISTRY: dict[str, Strategy] = {}
+_REGISTRY: Registry[Strategy] = Registry("broadcast strategy")
 
 
 def register(cls: type[Strategy]) -> type[Strategy]:
     """Class decorator: register one instance of ``cls`` under ``cls.name`` (a name taken twice is an error)."""
-    if cls.name in _REGISTRY:
-        raise ValueError(f"broadcast strategy {cls.name!r} is already registered")
-    _REGISTRY[cls.name] = cls()
+    _REGISTRY.add(cls.name, cls())
     return cls
 
 
@@ -64,10 +61,7 @@ def unregister(name: str) -> None:
 
 def get(name: str) -> Strategy:
     """The strategy called ``name``; ValueError naming the known ones otherwise."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown broadcast strategy {name!r}; one of {', '.join(_REGISTRY)}") from None
+    return _REGISTRY.lookup(name)
 
 
 def names() -> tuple[str, ...]:
@@ -75,5 +69,4 @@ def names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
-for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
-    importlib.import_module(f"{__name__}.{_module}")  # each built-in registers itself
+import_modules(__name__, __path__)  # each built-in registers itself
