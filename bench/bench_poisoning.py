@@ -8,9 +8,14 @@ free port holds the job's prompt and trajectory streams; producers lease prompts
 Redis scripts the site uses (``ReplayBuffer.lease`` / ``return_group``, which stamp the worker id), and a real
 ``LearnerLoop`` (``StalenessGatedConsumer`` with the ``Auditor`` the learner builds, ``PolicyTrainer`` GRPO steps,
 checkpoints, acknowledgements) reads, audits and trains on them. The Django site and the agents' websocket are not
-in the loop: the bench plays the site's part of a step report (a worker whose reported failures reach
-``--suspend-after`` is suspended: it stops producing and its leases go back), and the producers generate with the
-agent's HF engine under the learner's newest version, as agents do after installing a snapshot.
+in the loop: the bench plays the site's rules on each step report (docs/trust.md "Failed work"): a worker with a
+failed audit is released from the job at once (it stops producing, its leases go back, it is never planned for the
+job again); only failures the site verifies itself count toward suspension across owners (a reward re-scored with
+the built-in task: the ``reward`` forgery), ``--suspend-after`` of them; a log-prob or text failure is that owner's
+word and suspends no one. Billing: the owner pays each producer's generating time while it is active, at
+``--price`` $/h (the site bills leases outstanding, docs/ledger.md); the table gives what the forged groups cost.
+The producers generate with the agent's HF engine under the learner's newest version, as agents do after
+installing a snapshot.
 
 Producers: ``--honest`` honest workers, and for each forgery and strategy ``--lives`` forgers:
 
@@ -93,18 +98,26 @@ class Producer:
     forged: set[str] = field(default_factory=set)  # stream entry ids of its forged groups
     failures: int = 0
     trained_at_detection: int | None = None  # its forged groups trained when its first failure was reported
-    suspended: bool = False
+    released: bool = False  # from the job, at its first failed report (the owner's word suffices)
+    verified: int = 0  # failures the site re-scores itself: only these count toward suspension
+    suspended: bool = False  # across owners, on verified failures alone
+    billed_s: float = 0.0  # generating time the owner pays
+    forged_billed_s: float = 0.0  # of which generating groups it then forged
 
     def produce(self, replay: ReplayBuffer, engine, *, count: int, n: int, version: int,
                 params: SamplingParams) -> list[StoredGroup]:
+        started = time.perf_counter()
         leases = replay.lease(worker_id=self.worker_id, count=count, timeout_s=600)
         honest = rollout_groups(engine, TASK, leases, job_id=JOB, n=n, params=params, version=version)
+        each = (time.perf_counter() - started) / max(1, len(honest))
+        self.billed_s += each * len(honest)
         out = []
         for group in honest:
             fake = forge(self.forgery, group) if self.forgery and self.sent >= self.honest_first else None
             entry = replay.return_group(worker_id=self.worker_id, group=fake or group)
             if fake is not None:
                 self.forged.add(entry)
+                self.forged_billed_s += each
             out.append(StoredGroup(entry, group, worker_id=self.worker_id))
             self.sent += 1
         return out
@@ -159,7 +172,7 @@ class PoisoningRun:
 
     def run(self) -> float:
         started = time.perf_counter()
-        while any(p.forgery and not p.suspended and p.sent < p.honest_first + self.args.forged_cap
+        while any(p.forgery and not p.released and p.sent < p.honest_first + self.args.forged_cap
                   for p in self.producers):
             self._round()
         while self.loop.step(timeout_s=0.05) is not None:  # what is left in the stream
@@ -173,7 +186,7 @@ class PoisoningRun:
         if self.engine_version != self.loop.version:
             self.engine.load_weights(self.versions[self.loop.version])
             self.engine_version = self.loop.version
-        working = [p for p in self.producers if not p.suspended and
+        working = [p for p in self.producers if not p.released and
                    (p.forgery is None or p.sent < p.honest_first + self.args.forged_cap)]
         # at most half the staleness budget's groups per round, so that what a round returns is trained, not stale
         count = max(1, min(self.args.groups_per_round,
@@ -205,9 +218,12 @@ class PoisoningRun:
             if producer.trained_at_detection is None:
                 producer.trained_at_detection = len(producer.forged & self.trained)
             producer.failures += outcome["failed"]
-            if producer.failures >= self.args.suspend_after and not producer.suspended:
-                producer.suspended = True  # the site: released, its leases back, never activated again
+            if not producer.released:  # the site: released from the job, its leases back, never planned again
+                producer.released = True
                 self.replay.return_leases(worker_id=producer.worker_id)
+            if producer.forgery == "reward":  # re-scored by the site with the built-in task: verified
+                producer.verified += outcome["failed"]
+            producer.suspended = producer.suspended or producer.verified >= self.args.suspend_after
 
     def text_check_us(self) -> tuple[float, float]:
         """Microseconds per group of the text check (every group read) and of a full audit (a sampled one)."""
@@ -235,11 +251,12 @@ def bound(kind: str, strategy: str, args: argparse.Namespace) -> str:
 
 
 def table(run: PoisoningRun, args: argparse.Namespace) -> Table:
-    out = Table(title=f"Forged groups trained before detection and suspension (base fraction {args.fraction:g}, "
-                      f"probation {args.probation}, suspended after {args.suspend_after} failures, {args.lives} "
-                      f"lives each, groups of {args.n})")
+    out = Table(title=f"Forged groups trained and billed under the site's rules (base fraction {args.fraction:g}, "
+                      f"probation {args.probation}, suspended after {args.suspend_after} verified failures, "
+                      f"{args.lives} lives each, groups of {args.n}, ${args.price:g}/h)")
     for col in ("forgery", "strategy", "forged sent", "trained before 1st failure, mean / max",
-                "trained in all, mean / max", "suspended", "bound, docs/trust.md"):
+                "trained in all, mean / max", "released from job", "suspended across owners",
+                "forged s billed, mean", "$ billed for forged", "bound, docs/trust.md"):
         out.add_column(col, justify="right")
     for kind in args.forgeries:
         for strategy in args.strategies:
@@ -247,13 +264,18 @@ def table(run: PoisoningRun, args: argparse.Namespace) -> Table:
             first = [p.trained_at_detection if p.trained_at_detection is not None else len(p.forged & run.trained)
                      for p in lives]
             total = [len(p.forged & run.trained) for p in lives]
+            forged_s = [p.forged_billed_s for p in lives]
             out.add_row(kind, strategy, str(sum(len(p.forged) for p in lives)),
                         f"{statistics.mean(first):.1f} / {max(first)}", f"{statistics.mean(total):.1f} / {max(total)}",
-                        f"{sum(p.suspended for p in lives)} of {len(lives)}", bound(kind, strategy, args))
+                        f"{sum(p.released for p in lives)} of {len(lives)}",
+                        f"{sum(p.suspended for p in lives)} of {len(lives)}", f"{statistics.mean(forged_s):.1f}",
+                        f"{sum(forged_s) * args.price / 3600:.5f}", bound(kind, strategy, args))
     honest = [p for p in run.producers if p.forgery is None]
     out.add_row("none (honest)", "-", f"{sum(p.sent for p in honest)} sent",
                 f"{sum(p.failures for p in honest)} failed audits", f"{len(run.trained)} (all producers)",
-                f"{sum(p.suspended for p in honest)} of {len(honest)}", "0 failures")
+                f"{sum(p.released for p in honest)} of {len(honest)}", f"{sum(p.suspended for p in honest)} of "
+                f"{len(honest)}", f"{statistics.mean(p.billed_s for p in honest):.1f} (all its work)", "-",
+                "0 failures")
     return out
 
 
@@ -263,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--honest", type=int, default=2, help="Honest producers.")
     parser.add_argument("--fraction", type=float, default=0.05, help="The base audit fraction (--audit-fraction).")
     parser.add_argument("--probation", type=int, default=16, help="--audit-probation.")
-    parser.add_argument("--suspend-after", type=int, default=3, help="ECHO2_AUDIT_SUSPEND_AFTER.")
+    parser.add_argument("--suspend-after", type=int, default=3, help="ECHO2_AUDIT_SUSPEND_AFTER (verified).")
+    parser.add_argument("--price", type=float, default=0.30, help="$/h the owner pays each producer.")
     parser.add_argument("--forged-cap", type=int, default=200, help="A forger stops after this many forged groups.")
     parser.add_argument("--groups-per-round", type=int, default=4, help="Groups each producer returns per round.")
     parser.add_argument("--groups-per-step", type=int, default=8, help="Groups per learner step (R / n).")
