@@ -14,8 +14,9 @@ the event loop, without a thread, a connection or the body:
   nothing: past ``ECHO2_ANON_INFLIGHT`` such requests in progress it is a 503 with ``Retry-After`` (the sign-in
   form a flood fetches first is CPU, and the agents' and owners' requests share that CPU). Health checks,
   static files and the agent wheel are exempt.
-- **Bodies over a cap.** ``POST /api/datasets/`` whose ``Content-Length`` passes ``ECHO2_DATASET_MAX_BYTES`` is a
-  413 before a byte of the body is received.
+- **Bodies over a cap.** ``POST /api/datasets/`` whose ``Content-Length`` passes ``ECHO2_DATASET_MAX_BYTES``, and
+  any other request whose ``Content-Length`` passes ``ECHO2_MAX_BODY_BYTES`` (64 MiB: far above any report, form
+  or job file), is a 413 before a byte of the body is received.
 """
 
 from __future__ import annotations
@@ -66,10 +67,9 @@ class Gate:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path, post = scope.get("path", ""), scope.get("method") == "POST"
-        if post and path == DATASETS_PATH:
-            refused = self._too_large(scope)
-            if refused:
-                return await _answer(send, 413, refused, None)
+        refused = self._too_large(scope, datasets=post and path == DATASETS_PATH)
+        if refused:
+            return await _answer(send, 413, refused, None)
         if _anonymous(scope) and not path.startswith(EXEMPT):
             if self.anonymous >= self.anonymous_max:
                 return await _answer(send, 503, "the site is busy with anonymous requests; retry in a moment", 1.0)
@@ -110,11 +110,12 @@ class Gate:
             bucket.tokens += 1  # the site was full, not this address: its attempt is not spent
         return wait
 
-    def _too_large(self, scope) -> str | None:
-        cap = int(settings.ECHO2["DATASET_MAX_BYTES"])
+    def _too_large(self, scope, *, datasets: bool) -> str | None:
+        cap = int(settings.ECHO2["DATASET_MAX_BYTES"] if datasets else settings.ECHO2.get("MAX_BODY_BYTES", 64 << 20))
         for name, value in scope.get("headers", ()):
             if name == b"content-length" and value.isdigit() and int(value) > cap:
-                return f"body: a data set of {int(value)} bytes, at most {cap} (ECHO2_DATASET_MAX_BYTES)"
+                return (f"body: a data set of {int(value)} bytes, at most {cap} (ECHO2_DATASET_MAX_BYTES)" if datasets
+                        else f"body: {int(value)} bytes, at most {cap} (ECHO2_MAX_BODY_BYTES)")
         return None
 
 

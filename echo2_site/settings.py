@@ -378,6 +378,8 @@ ECHO2 = {
     "SIGNIN_INFLIGHT": env_int("ECHO2_SIGNIN_INFLIGHT", 4),
     # Requests without credentials in progress at once per process; past it a 503 with Retry-After.
     "ANON_INFLIGHT": env_int("ECHO2_ANON_INFLIGHT", 16),
+    # A request body larger than this (by its Content-Length) is a 413 before it is read; data sets have their own.
+    "MAX_BODY_BYTES": env_int("ECHO2_MAX_BODY_BYTES", 64 << 20),
     # Bounds on what strangers send (docs/trust.md "Bounds"): a snapshot's total bytes as its manifest declares them
     # (each chunk is at most 64 MiB, and no read takes more than a chunk's declared size), and the JSON of one
     # record's task metadata.

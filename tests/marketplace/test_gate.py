@@ -93,3 +93,15 @@ async def test_anonymous_requests_past_their_cap_are_503_while_owners_and_health
     assert not owner.done() and gate.anonymous == gate.anonymous_max  # it runs, not refused, not counted
     release.set()
     assert await owner == 200 and [await h for h in held] == [200] * gate.anonymous_max
+
+
+async def test_any_other_body_over_the_cap_is_a_413_before_it_is_read(settings):
+    communicator = ApplicationCommunicator(application, {
+        "type": "http", "http_version": "1.1", "method": "POST", "path": "/api/jobs/1/metrics/",
+        "raw_path": b"/api/jobs/1/metrics/", "query_string": b"", "root_path": "", "scheme": "http",
+        "client": ("203.0.113.8", 1), "server": ("t", 80),
+        "headers": [(b"content-length", str(10 << 30).encode()), (b"authorization", b"Token nope")]})
+    start = await communicator.receive_output(timeout=5)  # no body is ever sent
+
+    assert start["status"] == 413
+    assert b"ECHO2_MAX_BODY_BYTES" in (await communicator.receive_output(timeout=5))["body"]
