@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -109,9 +108,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "run's synthetic load (bench/wan/burn.py): a pure-Python spinner beside each agent relay as "
                         "a process of its own (procs: cores shared) or as a thread in the relay's process (threads: "
                         "cores and the GIL shared, like the agent's generation thread).")
-    parser.add_argument("--pause-generation", action="store_true", help="Experiment: the agents start no batch "
-                        "while one of their relays receives or serves (worker_agent/rollout_loop.py "
-                        "PAUSE_WHILE_RELAYING): the broadcast without generation's CPU, the rest of the stack as is.")
     parser.add_argument("--link-emulation", choices=netns.EMULATIONS, default="auto", help="Who adds each link's "
                         "round trip, jitter and loss: tc netem (where the kernel has sch_netem; the proxies then only "
                         "tap), our delay proxy (bench/wan/proxy.py), or auto: netem if usable, else the proxy. tbf "
@@ -274,8 +270,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"links: rates by tc tbf; round trip, jitter and loss by "
           f"{'tc netem' if emulation == 'netem' else 'our delay proxy (bench/wan/proxy.py)'} ({why})", flush=True)
     netns.on_signals_exit()
-    if args.pause_generation:
-        os.environ["ECHO2_EXPERIMENT_PAUSE_WHILE_RELAYING"] = "1"  # the agents inherit it (bench/wan/stack.py)
     args.workdir = args.workdir.resolve()
     shutil.rmtree(args.workdir, ignore_errors=True)
     rows = []

@@ -47,10 +47,6 @@ class Relays:
     def get(self, key: tuple[int, int]) -> SnapshotRelay | None:
         return self.relays.get(key)
 
-    def busy(self) -> bool:
-        """Whether a relay of ours is receiving a version or serving a child now."""
-        return any(not r.complete or r.serving for r in self.relays.values())
-
     async def start_hub(self) -> None:
         if self.hub is None and self.listen:
             host, _, port = self.listen.rpartition(":")

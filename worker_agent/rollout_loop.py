@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -43,11 +42,6 @@ from .rollout import GroupLease, rollout_groups
 from .state import MAX_REASON_CHARS, crash_reason
 
 log = logging.getLogger("echo2.agent")
-PAUSE_WHILE_RELAYING = os.environ.get("ECHO2_EXPERIMENT_PAUSE_WHILE_RELAYING") == "1"
-"""An experiment of the WAN bench (bench/bench_wan.py --pause-generation): start no batch while a relay of this agent
-receives or serves a snapshot, to tell the relay's loss to generation (CPU, the GIL) from the network's. Not a
-setting for production: it idles the GPU for the broadcast."""
-PAUSE_AT_MOST_S = 20.0
 
 BUDGET_SHARE = 0.25  # of the paced message rate, at most, spent on the rollout loop's round trips
 LEASE_DEADLINE_S = 60.0  # a lease request that gets no answer this long (the site away) fails the loop
@@ -262,8 +256,6 @@ class RolloutLoop:
         """The lease's groups, generated under the installed version (no install lands meanwhile); None when the
         job's engine is not ready (an install failed since the lease was asked for)."""
         assign = self.assign
-        if PAUSE_WHILE_RELAYING:
-            await self._until_relays_idle()
         async with self.installs.install_lock:  # no snapshot is installed while we generate
             job = self.installs.engine_for(assign.job_id)
             if job is None or not self.installs.ready(assign.job_id):
@@ -274,13 +266,6 @@ class RolloutLoop:
                                              n=assign.group_size, params=params, version=job.version)
         self.generation_s = time.monotonic() - began
         return groups
-
-    async def _until_relays_idle(self) -> None:
-        """The experiment's pause (:data:`PAUSE_WHILE_RELAYING`): no batch starts while a relay of ours receives or
-        serves a child, for at most :data:`PAUSE_AT_MOST_S` (the lease in hand must not expire)."""
-        deadline = time.monotonic() + PAUSE_AT_MOST_S
-        while self.installs.relays.busy() and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
 
     async def _hand_back(self, lease: m.Lease, why: str) -> None:
         """Give a lease's prompts back to the site (leased again at once); where that cannot be said now (no

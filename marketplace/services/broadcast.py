@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from dataplane import basemodel, credentials
+from dataplane import basemodel
 from dataplane import messages as m
 from dataplane.broadcast import chains, strategies
 from dataplane.snapshot import SnapshotError, parse_manifest
@@ -65,12 +65,6 @@ def credential_expiry() -> int:
     """When credentials issued now expire (Unix s): ``ECHO2["TRANSFER_CREDENTIAL_TTL_S"]`` from now. Computed
     once per publication or repair, so the token a child gets and the fingerprint its parent gets agree."""
     return int(time.time() + settings.ECHO2["TRANSFER_CREDENTIAL_TTL_S"])
-
-
-def transfer_credential(job: Job, version: int, worker_id: int, *, expires: int) -> str:
-    """The token letting ``worker_id`` fetch ``version`` of ``job`` until ``expires`` (dataplane.credentials)."""
-    return credentials.issue(job.transfer_secret, job_id=job.pk, worker_id=worker_id, lowest=version,
-                             highest=version, expires=expires)
 
 
 def snapshot_message(snap: Snapshot, *, job: Job, worker_id: int, expires: int,
