@@ -127,6 +127,14 @@ def _anonymous(scope) -> bool:
 
 
 def _address(scope) -> str:
+    """The address the API's throttles count by (``ECHO2_NUM_PROXIES``, as DRF reads X-Forwarded-For): behind a
+    proxy the socket's peer is the proxy, and every sign-in would share one bucket."""
+    proxies = int(settings.REST_FRAMEWORK.get("NUM_PROXIES") or 0)
+    if proxies > 0:
+        forwarded = next((v for n, v in scope.get("headers", ()) if n == b"x-forwarded-for"), b"").decode("latin-1")
+        hops = [h.strip() for h in forwarded.split(",") if h.strip()]
+        if hops:
+            return hops[-min(proxies, len(hops))]
     client = scope.get("client")
     return str(client[0]) if client else "?"
 

@@ -105,3 +105,21 @@ async def test_any_other_body_over_the_cap_is_a_413_before_it_is_read(settings):
 
     assert start["status"] == 413
     assert b"ECHO2_MAX_BODY_BYTES" in (await communicator.receive_output(timeout=5))["body"]
+
+
+async def test_behind_a_proxy_each_forwarded_address_has_its_own_bucket(settings):
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "NUM_PROXIES": 1}
+
+    async def site(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    gate = Gate(site)
+
+    async def post(forwarded: bytes) -> int:
+        communicator = HttpCommunicator(gate, "POST", "/accounts/login/", headers=[(b"x-forwarded-for", forwarded)])
+        communicator.scope["client"] = ("10.0.0.1", 5000)  # the proxy
+        return (await communicator.get_response(timeout=20))["status"]
+
+    assert [await post(b"198.51.100.1") for _ in range(11)][-1] == 429
+    assert await post(b"198.51.100.1, 198.51.100.2") == 200  # another client behind the same proxy
