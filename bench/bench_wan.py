@@ -133,12 +133,6 @@ def table(rows: list[dict], columns=COLUMNS) -> str:
     return "\n".join(lines)
 
 
-def chains(topology: profile.Topology) -> int:
-    """N_ch = floor(B0/Bw), the site's number of chains (Bw the usual worker link), at most one per agent."""
-    bw = min(a.up_mbit for a in topology.agents[:-1] or topology.agents)
-    return min(len(topology.agents), max(1, int(topology.learner.up_mbit // bw)))
-
-
 def star_vs_chain(rows: list[dict]) -> list[str]:
     """star-limited T_bcast / chain T_bcast per profile, beside the closed forms' ratio (docs/broadcast.md: star
     max(M/Bw, N M/B0), chain M/Bw + (L-1) c/Bw) and the paper's N Bw / B0 (2.0 at N = 4, B0 = 2 Bw)."""
@@ -196,7 +190,7 @@ def finish(row: dict, topology: profile.Topology, sim_seeds: int) -> dict:
     (:func:`simulator_columns`)."""
     reply = row["reply_ms"]
     timeouts = row["timeouts"]
-    row.update(chains=chains(topology) if row["strategy"] == "chain" else 0,
+    row.update(chains=profile.chains(topology) if row["strategy"] == "chain" else 0,
                m_mb=row["m_bytes"] and row["m_bytes"] / 1e6, pubs=f"{row['timed']}/{row['all_installed']}/"
                f"{row['publications']}", bw_bps=statistics.median(a.up_bps for a in topology.agents),
                b0_bps=topology.learner.up_bps, reply_n=reply["n"], reply_p50=reply["p50"], reply_p95=reply["p95"],
@@ -248,8 +242,8 @@ def wire_row(topology: profile.Topology, args: argparse.Namespace) -> dict:
     when = row.get("timeline") or {}
     row.update({k: v for k, v in when.items() if k != "cpu_groups"},
                **{f"cpu_{g}": c for g, c in (when.get("cpu_groups") or {}).items()},
-               chains=chains(topology), m_mb=row["m_bytes"] / 1e6, pubs=f"{row['timed']}/{row['all_installed']}/"
-               f"{row['publications']}")
+               chains=profile.chains(topology), m_mb=row["m_bytes"] / 1e6,
+               pubs=f"{row['timed']}/{row['all_installed']}/{row['publications']}")
     return row
 
 

@@ -23,11 +23,11 @@ import re
 import statistics
 from pathlib import Path
 
-from bench_simulator import MBIT, WARMUP, calibrate, median_or_none, real_figures
+from sim_calibration import WARMUP, calibrate, median_or_none, real_figures
 
 from simulator import metrics
 from simulator.fleet import simulate
-from simulator.model import Link, NetSpec, SimConfig, WanSpec
+from simulator.model import MBIT, Link, NetSpec, SimConfig, WanSpec
 from simulator.wan import MeasuredWan
 
 INSTALLED = re.compile(r"installed snapshot v(\d+) of job \d+ \(([\d.]+) ?s after publication")

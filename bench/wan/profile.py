@@ -62,6 +62,12 @@ class Topology:
         return replace(self, agents=tuple(agents))
 
 
+def chains(topology: Topology) -> int:
+    """N_ch = floor(B0/Bw), the site's number of chains (Bw the usual worker link), at most one per agent."""
+    bw = min(a.up_mbit for a in topology.agents[:-1] or topology.agents)
+    return min(len(topology.agents), max(1, int(topology.learner.up_mbit // bw)))
+
+
 def _link(table: dict, where: str) -> Link:
     unknown = set(table) - set(LINK_FIELDS) - {"count", "override", "index"}
     if unknown:

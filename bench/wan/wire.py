@@ -26,7 +26,7 @@ from dataplane.snapshot import build_manifest
 
 from . import cpu, report, timeline
 from .netns import Net
-from .profile import Topology
+from .profile import Topology, chains
 from .stack import BIN, HUB_PORT, RELAY_PORT, WanStack
 
 GAMMA = 1.1
@@ -116,8 +116,6 @@ def run_wire(topology: Topology, workdir: Path, *, size: int, chunk: int, part_b
     with the agent's generation thread)."""
     if load not in ("none", "procs", "threads"):
         raise ValueError(f"load must be none, procs or threads, not {load!r}")
-    from bench.bench_wan import chains
-
     started = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
     with Net(topology) as net:
