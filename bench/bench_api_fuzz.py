@@ -1,4 +1,4 @@
-"""The whole REST API under schemathesis, every phase, against a real daphne on PostgreSQL (issue 26, Low).
+"""The whole REST API under schemathesis, every phase, against a real daphne on PostgreSQL.
 
 ``tests/marketplace/test_schema_fuzz.py`` fuzzes each operation in-process with a few examples; this is the broad
 run a reviewer makes from outside: ``schemathesis run`` with the examples, coverage, fuzzing and stateful phases over

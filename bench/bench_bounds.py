@@ -1,4 +1,4 @@
-"""What a liar costs a reader (issue 26, docs/trust.md "Bounds"): a snapshot server sending ``--mib`` MiB for a 100-byte
+"""What a liar costs a reader (docs/trust.md "Bounds"): a snapshot server sending ``--mib`` MiB for a 100-byte
 chunk, with and without a ``Content-Length``, fetched by ``dataplane.snapshot.fetch_chunk`` (agents, relays' fallback,
 the site's export); and a stranger opening a relay hub's port with a chunk frame declaring ``--mib`` MiB. Prints what
 the liar got out, the reader's Python peak (tracemalloc) and the process's max RSS.

@@ -1,4 +1,4 @@
-"""A burst of concurrent API requests against a real daphne on PostgreSQL (issue 26, High 5).
+"""A burst of concurrent API requests against a real daphne on PostgreSQL.
 
 Before the connection pool every request thread of daphne opened its own connection and kept it for
 ``CONN_MAX_AGE`` (60 s): 150 concurrent requests asked for more connections than the server allows, and the late

@@ -1,4 +1,4 @@
-"""Fault suite: the paper's Table 4 on our stack (issue 13). One fresh stack and one short job per fault.
+"""Fault suite: the paper's Table 4 on our stack. One fresh stack and one short job per fault.
 
 Run: ``.venv/bin/python bench/bench_faults.py [--faults none redis-restart ...] [--steps 250] [--outage 60]
 [--seed 0] [--workdir var/bench-faults] [--keep-logs] [--json PATH]``
@@ -8,7 +8,7 @@ everysec, in the run's directory), daphne over a SQLite copy, a Celery worker an
 snapshots to each other (one chain: B0 = Bw), and ``echo2-learner``; it runs one job (S = 3, R = 32, n = 8,
 the tiny model of ``echo2-learner init-model``) and injects one fault once the learner passed an eighth of
 the steps. The bench drives the stack as a user and a provider would: CLIs, the REST API, signals to
-processes it started. It prints one row per run, issue 13's pass criteria per row, and exits 0 unless the
+processes it started. It prints one row per run, the pass criteria per row, and exits 0 unless the
 bench itself broke: a failing row is a finding, not an error. docs/faults.md explains every column.
 """
 

@@ -1,4 +1,4 @@
-"""Fleet bench (issue 25): N emulated agents against the real site, with 1 or more site processes.
+"""Fleet bench: N emulated agents against the real site, with 1 or more site processes.
 
 Run: ``.venv/bin/python bench/bench_fleet.py [--agents 100,300] [--site-processes 1,2] [--database postgres]
 [--window 30] [--tokens-per-s 256] [--no-drain] [--json PATH]``. N = 1000 is opt-in (``--agents 100,300,1000``):

@@ -1,4 +1,4 @@
-"""Ingest at fleet speed (issue 15): records/s the site takes in over real websockets, against raw Redis.
+"""Ingest at fleet speed: records/s the site takes in over real websockets, against raw Redis.
 
 Run: ``.venv/bin/python bench/bench_ingest.py [--k 1 4 16] [--shapes demo long] [--seconds 6] [--in-flight 8]
 [--groups-per-lease 8] [--workdir var/bench-ingest] [--json PATH]``

@@ -1,4 +1,4 @@
-"""The learner's read path (issue 15): records/s of its stream reader beside raw XREADGROUP of the same entries.
+"""The learner's read path: records/s of its stream reader beside raw XREADGROUP of the same entries.
 
 Run: ``.venv/bin/python bench/bench_learner_read.py [--shapes demo long] [--rounds 7] [--groups-per-step 16] [--kappa 2]
 [--prefetch] [--threads 1] [--redis-url URL] [--json PATH] [--profile]``

@@ -1,4 +1,4 @@
-"""Where the learner's step time goes when data is waiting (issue 15): T_train's share of the step wall time.
+"""Where the learner's step time goes when data is waiting: T_train's share of the step wall time.
 
 Run: ``.venv/bin/python bench/bench_learner_steps.py [--steps 80] [--warmup 5] [--audit-fractions 0 0.05]
 [--workdir var/bench-learner-steps] [--json PATH]``

@@ -1,4 +1,4 @@
-"""A live poisoning run (issue 26): forged groups trained before the learner's audits catch and suspend the forger.
+"""A live poisoning run: forged groups trained before the learner's audits catch and suspend the forger.
 
 Run: ``.venv/bin/python bench/bench_poisoning.py [--lives 3] [--honest 2] [--fraction 0.05] [--probation 16]
 [--suspend-after 3] [--groups-per-round 4] [--seed 0]``

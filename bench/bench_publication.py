@@ -7,7 +7,7 @@ Run: ``.venv/bin/python bench/bench_publication.py [--sizes 1000 10000 100000] [
 
 The second table (``bench/publication_fanout.py`` says what is real there): the learner's ``POST /snapshots/``
 time, the time until every agent socket has its own message, the site's CPU per worker and the Redis bytes of the
-fan-out, beside the figures issue 25 measured before (one channel-layer send per worker in the request). Targets
+fan-out, beside the figures measured before (one channel-layer send per worker in the request). Targets
 at 10 k workers: request under 1 s, every socket notified within 5 s.
 
 What a publication computes before it can tell N active workers where to pull from (``marketplace.services.

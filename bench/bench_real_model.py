@@ -20,7 +20,7 @@ peer:
   the same collated batch (bench/bench_learner.py's ``plain_step``): median seconds and each process's peak RSS
   (each runs in a process of its own, so the peaks are apart);
 - **engine**: the HF engine's sampled tokens per second in one agent process (its chat template), beside the
-  figure issue 40 measured with plain transformers (20 tokens/s: 8 prompts x 32 tokens, load ~3).
+  figure measured before with plain transformers (20 tokens/s: 8 prompts x 32 tokens, load ~3).
 
 The machine is shared: the load average is printed before and after.
 """
@@ -42,8 +42,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 DEFAULT_DIR = ROOT / "var" / "models" / "smollm2-135m-instruct"
-DELTA_GOAL = 0.03  # bytes per publication / full bf16 at lr 1e-6 (issue 30's target, here at real size)
-ISSUE_TOKENS_PER_S = 20.0  # issue 40: plain transformers, 8 prompts x 32 tokens, load ~3
+DELTA_GOAL = 0.03  # bytes per publication / full bf16 at lr 1e-6 (here at real size)
+ISSUE_TOKENS_PER_S = 20.0  # measured before: plain transformers, 8 prompts x 32 tokens, load ~3
 PARTS = ("publication", "compute")
 PROMPTS = ["What is 17+25?", "Tom has 3 apples and buys 5 more. How many apples does he have?",
            "What is 9 times 7?", "A train travels 60 km in 1 hour. How far does it go in 3 hours?"]

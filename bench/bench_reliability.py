@@ -1,5 +1,5 @@
 """Cost per step with flaky cheap workers: the site's short-window ``a_i`` alone against ``a_i`` weighed by the
-long-run reliability ``r_i`` (marketplace/core/reliability.py; issue 29), in the fleet simulator (simulator/).
+long-run reliability ``r_i`` (marketplace/core/reliability.py), in the fleet simulator (simulator/).
 
 The fleet: ``--steady`` RTX 5090s (0.35 USD/h, always there) and ``--flaky`` cheaper ones (``--flaky-price`` USD/h,
 there half the time in spells of ``absence_s`` = 600 s on average), all at 0.28 trajectories/s, the paper's Qwen3-8B

@@ -14,11 +14,11 @@ an agent's side rebuilds it (:func:`worker_agent.weights.rebuild`, applying each
 and checks the tensors bit for bit against the learner's bf16 cast.
 
 The first table: the full fp32 and bf16 payloads; the deltas (median and largest over the delta versions) and the
-median as % of full bf16 (target <= 5 % at lr 1e-6, issue 16); the fp32 delta's median as % of full fp32 (for
+median as % of full bf16 (target <= 5 % at lr 1e-6); the fp32 delta's median as % of full fp32 (for
 comparison: fp32 low bits change every step); median times to write a full and a delta version (cast, chunk,
 hash, XOR, compress, to disk) and to rebuild a delta and read its tensors.
 
-The second, bytes on the wire per publication as % of the full bf16 payload (issue 30, docs/broadcast.md "Deltas
+The second, bytes on the wire per publication as % of the full bf16 payload (docs/broadcast.md "Deltas
 on the wire, fulls from the cache"): before, a full snapshot every ``--old-k`` versions (the old default, 10; from
 the same run's sizes: a full one where the old schedule put it, else the version's delta); now, what an
 established worker (holding the version before) receives per publication, and the mean over the whole run with its
@@ -58,9 +58,9 @@ from learner.step import PolicyTrainer  # noqa: E402
 from learner.tiny import build_tiny_model  # noqa: E402
 from worker_agent.weights import rebuild  # noqa: E402
 
-TARGET = 0.05  # delta / full bf16 at lr 1e-6 (issue 16)
-WIRE_TARGET = 0.03  # bytes on the wire per publication / full bf16 at lr 1e-6, established worker (issue 30)
-WIRE_BEFORE = 0.119  # the same at lr 1e-6 with a full snapshot every 10 versions, as issue 30 measured it
+TARGET = 0.05  # delta / full bf16 at lr 1e-6
+WIRE_TARGET = 0.03  # bytes on the wire per publication / full bf16 at lr 1e-6, established worker
+WIRE_BEFORE = 0.119  # the same at lr 1e-6 with a full snapshot every 10 versions, as measured before deltas chained
 
 
 def fp32_chunks(model: torch.nn.Module, chunk_bytes: int) -> list[bytes]:

@@ -1,4 +1,4 @@
-"""Learning under staleness, measured with statistics (issue 32): GRPO through the learner's own update, fed by a
+"""Learning under staleness, measured with statistics: GRPO through the learner's own update, fed by a
 simulated pool whose records lag by up to S versions, against the synchronous reference, per off-policy correction,
 over seeds, with bootstrap 95% intervals.
 

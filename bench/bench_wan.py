@@ -1,4 +1,4 @@
-"""The stack on emulated wide-area links (issue 30): T_bcast against M/Bw and the simulator, star-limited against
+"""The stack on emulated wide-area links: T_bcast against M/Bw and the simulator, star-limited against
 the chain, per-hop throughput, reply latency, reconnects, timeouts, the bubble, and recovery from a partition and
 a relay killed mid-broadcast, per profile.
 

@@ -2,7 +2,7 @@
 
 No processes and no network here: the bench hands in the learner's final step reports, the site's summary,
 its own samples of the summary over time, the step lines it saw in the learner's log, and the private Redis'
-append-only file; these functions turn them into one table row and its pass/fail line (issue 13).
+append-only file; these functions turn them into one table row and its pass/fail line.
 """
 
 from __future__ import annotations
@@ -271,7 +271,7 @@ def table(rows: list[dict], title: str):
 
 def verdicts(rows: list[dict], console, staleness: int, detect: dict[str, str],
              detect_pool: dict[str, str] | None = None) -> int:
-    """Print issue 13's criteria per row, PASS or FAIL with the reasons and notes, and the overall line;
+    """Print the pass criteria per row, PASS or FAIL with the reasons and notes, and the overall line;
     each row gets its ``failures``. Returns how many rows pass."""
     console.print("Pass criteria (issue 13): the job completes, 0 lost, 0 trained twice, max staleness <= S, "
                   "and recovery (next step and pool throughput) within one training step plus the timeout that "

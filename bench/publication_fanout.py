@@ -1,4 +1,4 @@
-"""Publication at fleet size (issue 25), the part of ``bench_publication.py`` that runs the site: the learner's
+"""Publication at fleet size, the part of ``bench_publication.py`` that runs the site: the learner's
 ``POST /api/jobs/<id>/snapshots/`` against N active workers, and the fan-out to N agent sockets.
 
 What is real: the site's code (Django's test client through the API, authentication and ``snapshot_publish``),
@@ -15,7 +15,7 @@ Per row: the learner's request time (client to reply), the time until every memb
 CPU (this process: request and fan-out) per worker, the Redis bytes of the fan-out (the event as channels_redis
 queues it, with its member list, and the announcement record; beside them the chain plan, stored as before) and
 what the old way queued (one message per worker: the bytes the sockets were sent, scaled to N), and the
-figures measured before (issue 25: one channel-layer send per worker inside the request).
+figures measured before (one channel-layer send per worker inside the request).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-BEFORE = {1_000: "2.1-2.8", 10_000: "25-29", 100_000: "~240-300 (extrapolated)"}  # issue 25, end to end, s
+BEFORE = {1_000: "2.1-2.8", 10_000: "25-29", 100_000: "~240-300 (extrapolated)"}  # per-worker sends, end to end, s
 REQUEST_TARGET_S, NOTIFIED_TARGET_S, TARGET_N = 1.0, 5.0, 10_000
 
 

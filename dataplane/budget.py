@@ -1,4 +1,4 @@
-"""A connection's message budget, as the site enforces it and an honest agent keeps under it (issue 25).
+"""A connection's message budget, as the site enforces it and an honest agent keeps under it.
 
 The site gives every agent connection a token bucket of messages and one of bytes, and announces both in its
 ``welcome`` (``messages_per_s``, ``message_burst``, ``bytes_per_s``). A frame over budget is refused unread with

@@ -3,7 +3,7 @@
 A model sees during RL the ids built here, and a user of the exported model must be able to build the same ids
 with plain ``transformers``. So the ids come only from what the tokenizer itself knows, never from a convention of
 ours (the engines once put a BOS in front by hand, which a user calling ``tokenizer(prompt)`` did not get: 4 sums
-of 25 right instead of 24, issue 28):
+of 25 right instead of 24):
 
 - **plain** (``PromptFormat(chat=False)``, the default): ``tokenizer(prompt, add_special_tokens=True)``, the
   tokenizer's own special tokens (its post-processor: a BOS for Llama-style tokenizers, nothing for Qwen's); what

@@ -4,8 +4,8 @@ The site validated every group against the whole schema (:class:`~dataplane.reco
 appends it; what it appends is :func:`encode_group`'s bytes, and the learner reads them back with
 :func:`decode_packed` (the columns it trains on, ``dataplane.packed.PackedRecords``) or, where it needs the whole
 group (audits), :func:`decode_group`. Storing a 640-token record's ids and log-probs as JSON text made the
-learner's parse of it (``orjson`` plus a list-to-array copy per column) cost more than reading it from Redis
-(issue 15, "Learner read"); as columns, a group is a few byte copies whatever its length, and a 640-token group's
+learner's parse of it (``orjson`` plus a list-to-array copy per column) cost more than reading it from Redis; as
+columns, a group is a few byte copies whatever its length, and a 640-token group's
 entry is 30% smaller (the group's one prompt stored once, the loss mask as bytes).
 
 Layout (little-endian): ``MAGIC``, the header's length (uint32), the header (UTF-8 JSON, padded with spaces to a

@@ -140,7 +140,7 @@ MAX_BATCH = 64  # groups one ``submit`` returns, and leases it may ask for
 class Submit(_Msg):
     """Several answered leases in one frame, and (``lease`` > 0) a request for the next ones in the same round
     trip: "return these, lease k more". One message per batch instead of one per group plus a lease request, so
-    the messages an agent sends per trajectory fall as it gets faster (issue 25). The site answers with one
+    the messages an agent sends per trajectory fall as it gets faster. The site answers with one
     ``submitted`` naming this ``id``: a verdict per group, in order, and the new lease (or ``no_work``). A group too
     big for a frame goes alone as ``trajectories_part`` frames instead."""
 
@@ -365,7 +365,7 @@ def parse_agent_message(raw: Any) -> AgentMessage:
 
 def parse_agent_json(text: str | bytes) -> AgentMessage:
     """An agent message straight from its frame's text, by pydantic's own JSON parser: no tree of Python objects
-    is built first, which is most of the cost of a large group (issue 15). It accepts what
+    is built first, which is most of the cost of a large group. It accepts what
     :func:`parse_agent_message` of the parsed text accepts; its reasons may be worded differently, so a caller that
     shows one parses the frame that way again (see ``marketplace.realtime.consumers``)."""
     try:

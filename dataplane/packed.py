@@ -1,4 +1,4 @@
-"""Records in columns: how the learner reads trajectory groups back from the stream (issue 15, "Learner read").
+"""Records in columns: how the learner reads trajectory groups back from the stream.
 
 The site validated every group against the whole schema (:class:`~dataplane.records.TrajectoryGroup`) before it
 appended it, and the learner trains on a handful of its fields. So the learner does not build a pydantic object

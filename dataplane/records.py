@@ -36,7 +36,7 @@ MAX_REWARD = 1e6
 #: learner's float32 ratio ``exp(logp - behaviour)`` would overflow well below it.
 MIN_LOGPROB = -1e4
 #: The most bytes of JSON a record's task metadata (Omega) may take: our tasks write a few dozen (the sandbox's
-#: ``{"turns": 3}``); padding there grew a group from under 2 KB to 7 MiB (issue 26). The site's setting
+#: ``{"turns": 3}``); padding there grew a group from under 2 KB to 7 MiB. The site's setting
 #: ``ECHO2_MAX_RECORD_METADATA_BYTES`` may change it.
 MAX_METADATA_BYTES = 1024
 

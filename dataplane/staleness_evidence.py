@@ -27,7 +27,7 @@ CORRECTIONS: tuple[str, ...] = get_args(LossConfig.model_fields["off_policy"].an
 SEE = 'docs/learner.md, "Staleness and corrections, measured"'
 SYNCHRONOUS = "238 [218, 294] updates to reward 0.8 with no lag (median [95%], 15/16 runs reached it)"
 
-# The measurement behind the rows: bench/bench_staleness.py --full (issue 32), make demo's arithmetic job trained
+# The measurement behind the rows: bench/bench_staleness.py --full, make demo's arithmetic job trained
 # in-process, lags uniform 0..S, updates until the 10-update mean reward reaches 0.8 (cap 400), paired by seed with
 # percentile-bootstrap 95% intervals; 16 seeds in every cell (bench/data/staleness-2026-12-04.jsonl).
 SWEEP = "bench_staleness --full, 2026-12-04"

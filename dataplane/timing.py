@@ -1,4 +1,4 @@
-"""Where a learner step's wall time goes: the honest bubble (issue 15).
+"""Where a learner step's wall time goes: the honest bubble.
 
 The paper's bubble, ``wait / (wait + T_train)``, leaves out everything else the learner does between two
 updates: writing checkpoints, writing and announcing snapshots, reporting to the site. A step's wall time here

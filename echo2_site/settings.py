@@ -140,7 +140,7 @@ WSGI_APPLICATION = None
 ASGI_APPLICATION = "echo2_site.asgi.application"
 
 # Connections persist (CONN_MAX_AGE seconds, checked before reuse): a new connection per agent message was a large
-# share of the site's time under load (issue 15). 0 closes one at the end of each request, as Django's default.
+# share of the site's time under load. 0 closes one at the end of each request, as Django's default.
 DATABASES = {
     "default": dj_database_url.parse(
         os.environ.get("DATABASE_URL") or f"sqlite:///{DATA_DIR / 'echo2.sqlite3'}",
@@ -152,7 +152,7 @@ if DATABASES["default"]["ENGINE"].endswith("postgresql") and DB_POOL_MAX > 0:
     # PostgreSQL: one pool of at most ECHO2_DB_POOL_MAX connections per site process (Django's psycopg pool), so a
     # burst of requests queues for a connection (up to ECHO2_DB_POOL_TIMEOUT_S) instead of each request thread
     # opening its own and keeping it for CONN_MAX_AGE: 150 concurrent requests took more connections than the
-    # server allows and got 500s (issue 26). A request hands its connection back when it ends (the pool needs
+    # server allows and got 500s. A request hands its connection back when it ends (the pool needs
     # CONN_MAX_AGE 0); each is checked before it is handed out (CONN_HEALTH_CHECKS). Size it so that every
     # process's pool together (daphne x P, Celery x its concurrency, beat) stays under the server's max_connections.
     # 0: no pool (CONN_MAX_AGE as above; put pgbouncer in front instead).

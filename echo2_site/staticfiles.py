@@ -1,6 +1,6 @@
 """Static files under daphne: Django's ``ASGIStaticFilesHandler``, with a path that climbs out of a static folder
 (``/static/%2e%2e/...``) answered 400 like any suspicious request (Django's own ``response_for_exception``), not
-the unhandled ``SuspiciousFileOperation`` that dropped the connection with a 500 (issue 26)."""
+the unhandled ``SuspiciousFileOperation`` that dropped the connection with a 500."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Django's ``AuthenticationForm`` sets only the widget's ``maxlength`` from the user model: a longer name went on to
 ``authenticate``, and django-axes, recording the failure, wrote it into its 255-character column: a 500 on
-PostgreSQL (issue 26). Here it is a field error like any other, and nothing is looked up or recorded."""
+PostgreSQL. Here it is a field error like any other, and nothing is looked up or recorded."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The job page's figures said for what they are (issue 31), added to ``selectors.job_summary`` (so the page, the API
+"""The job page's figures said for what they are, added to ``selectors.job_summary`` (so the page, the API
 and ``echo2 job status`` show the same): the reward as the mean of the last steps as of a step, the throughput
 target with how it was computed or, where there is none, why (the launch preview's words,
 ``provisioning.feasibility``), whether the site can serve the model's download now and, where it cannot, how to get

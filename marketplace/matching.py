@@ -1,4 +1,4 @@
-"""Reads for matching jobs to workers (issue 29): each worker's long-run reliability, what a job needs, who meets
+"""Reads for matching jobs to workers: each worker's long-run reliability, what a job needs, who meets
 it, and why a running job waits. The decisions are the pure cores' (``core/reliability.py``, ``core/matching.py``);
 this module only gathers their inputs. It writes nothing.
 """

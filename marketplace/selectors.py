@@ -182,7 +182,7 @@ def job_summary(job: Job, *, active: list[Activation] | None = None) -> dict:
         "user_code_refusals_line": refusals_line(job),  # workers whose providers do not run the job's user code
         # the learner's disk, full: "snapshot store full: N MB needed, ..." (learner/diskroom.py), until a write fits
         "learner_storage_line": ((last.extra or {}).get("storage") or "ok") if last else "ok",
-        **figures.summary_figures(job, last=last, snap=snap, pool_throughput=pool),  # what each figure is (issue 31)
+        **figures.summary_figures(job, last=last, snap=snap, pool_throughput=pool),  # what each figure is
         "eval": eval_summary(job),  # held-out pass@1 of the first and the latest evaluation (learner/evaluation.py)
     }
 

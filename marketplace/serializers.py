@@ -43,7 +43,7 @@ def _peer_address(value: str | None, *, url: bool = False) -> str | None:
 
 def _step_seconds(value: float | None, *, unknown: float | None) -> None:
     """A learner's T_train: ``unknown`` (not measured) or at least MIN_STEP_SECONDS. 1e-308 was finite, and every
-    rate the site derives from it (throughput target, pool size) came out infinite: a 500 on the summary (issue 26)."""
+    rate the site derives from it (throughput target, pool size) came out infinite: a 500 on the summary."""
     if value is not None and value != unknown and value < MIN_STEP_SECONDS:
         raise serializers.ValidationError(f"must be 0 (not measured) or at least {MIN_STEP_SECONDS:g} s")
 

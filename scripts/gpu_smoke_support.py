@@ -16,7 +16,7 @@ GiB = 2**30
 
 @dataclass(frozen=True)
 class Sizes:
-    """What the run builds and generates: the GPU sizes of issue 33, or toy ones for ``--cpu``."""
+    """What the run builds and generates: the GPU sizes of the smoke run, or toy ones for ``--cpu``."""
 
     hidden: int
     intermediate: int

@@ -1,4 +1,4 @@
-"""The GPU path that needs only torch and transformers, one PASS/FAIL/SKIP line each (issue 33).
+"""The GPU path that needs only torch and transformers, one PASS/FAIL/SKIP line each.
 
 What it checks, on CUDA (``--cpu``: the same code on the CPU at toy sizes, to shake out bugs for free):
 
@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# The checks of issue 33 that need vLLM (scripts/gpu_smoke.py runs them where vLLM is installed).
+# The checks that need vLLM (scripts/gpu_smoke.py runs them where vLLM is installed).
 VLLM_CHECKS = (
     "vllm: engine built from a thread, n>1 with seeds",
     "vllm: log-probs against the HF engine (max abs difference per token)",

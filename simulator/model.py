@@ -93,7 +93,7 @@ class WanSpec:
     """(worker id, its link) for every worker."""
     part_bytes: float = 64 * 1024
     """A relay forwards a part once it holds it (dataplane/broadcast/serving.py's cut-through); the relays' own
-    ``framing.DEFAULT_PART_BYTES`` (256 KiB before issue 30's WAN runs; bench/sim_wan.py gives older rows theirs)."""
+    ``framing.DEFAULT_PART_BYTES`` (256 KiB before the WAN runs; bench/sim_wan.py gives older rows theirs)."""
     window_bytes: float = 4 * 2**20
     """Bytes one connection keeps in flight (Linux's tcp_wmem maximum; the WAN bench's proxy's window): a flow's
     rate is at most window / path round trip."""
@@ -168,7 +168,7 @@ class ControlSpec:
     1 (ours: the site has no other availability figure)."""
     reliability: bool = False
     """Weigh ``a_i mu_i`` by the long-run reliability ``r_i`` of marketplace/core/reliability.py, from each worker's
-    record: a week before the run at its availability, plus the absences of the run (ours, issue 29)."""
+    record: a week before the run at its availability, plus the absences of the run (ours)."""
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The agent's connection to its site: one websocket, reconnected with jittered back-off, and requests that are
-never dropped by the transport (issue 25).
+never dropped by the transport.
 
 - **Requests by id.** Every request (a lease request, a batch of groups) goes under a fresh id; its reply names
   it (``ref_id``) and is paired by id, never by order. A reply that comes after its request was given up on is
@@ -15,7 +15,7 @@ never dropped by the transport (issue 25).
   restarted agent's requests are never taken for its predecessor's.
 - **Watched.** A site that stops answering is noticed by the websocket's pings within ``PING_INTERVAL_S`` and the
   ping timeout, and the connection is made again.
-- **Timed by what it measures** (:mod:`worker_agent.timing`, issue 30): each reply's round trip and each ping's
+- **Timed by what it measures** (:mod:`worker_agent.timing`): each reply's round trip and each ping's
   feed :attr:`SiteConnection.round_trips`; the reply timeout, the opening and the ping timeouts follow them
   between a floor and a ceiling, so a long or loaded path is not mistaken for a lost reply.
 """

@@ -1,4 +1,4 @@
-"""The agent keeps under the budget its site announces, so an honest agent is never refused (issue 25).
+"""The agent keeps under the budget its site announces, so an honest agent is never refused.
 
 The site enforces a token bucket of messages and one of bytes per connection (``dataplane.budget``) and announces
 them in its ``welcome``. The agent paces every frame it sends through the same arithmetic at ``SHARE`` of the

@@ -1,7 +1,7 @@
 """The rollout loop of one assignment: return the last batch and lease the next in one round trip, generate under
 the installed version, again; supervised, so a crash is reported and the loop restarted.
 
-**Lease ahead** (issue 30): once a batch's generation has been timed, that round trip goes out while the current
+**Lease ahead**: once a batch's generation has been timed, that round trip goes out while the current
 batch generates, so generation does not wait a round trip per batch (150 ms and more on a long link). At most one
 lease is held ahead, and only when this batch, the next and a reply fit in ``LEASE_AHEAD_SHARE`` of the site's
 lease timeout; a lease ahead that cannot be generated (a newer snapshot to install first) is handed back at once.
@@ -9,7 +9,7 @@ lease timeout; a lease ahead that cannot be generated (a newer snapshot to insta
 Each round trip is one ``submit`` ("return these groups, lease k more"; ``dataplane.messages.Submit``): the
 messages an agent sends per trajectory fall as its batches grow, and the batch grows when the agent is fast enough
 that one message per batch would use more than ``BUDGET_SHARE`` of the budget the site announced, so the fastest
-engine stays far below it (issue 25). A group too big for one frame goes alone, in parts (``submit.frames``).
+engine stays far below it. A group too big for one frame goes alone, in parts (``submit.frames``).
 
 A generated group is only ever discarded by the site's verdict on its content: the connection sends a request
 again after a refusal, a reconnect or a reply that never came (``worker_agent.connection``) until

@@ -35,7 +35,7 @@ class Facts:
 def derive_state(facts: Facts) -> WorkerState:
     """The one state to report, by precedence: a crashed loop is ``failed`` until it works again, whatever else
     runs; producing rollouts beats a background install (both are billed); building the engine from the base
-    is ``loading`` (not billed, as issue 13 asks: the worker is not serving the job yet); anything else with an
+    is ``loading`` (not billed: the worker is not serving the job yet); anything else with an
     assignment is ``idle`` (no work from the site, waiting for a version it has asked for)."""
     if not facts.assigned:
         return "idle"

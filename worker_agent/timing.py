@@ -1,4 +1,4 @@
-"""How long the agent waits on a long link (issue 30): every timeout that a round trip or a transfer decides is
+"""How long the agent waits on a long link: every timeout that a round trip or a transfer decides is
 derived from what the agent measured, between a floor and a ceiling, so every wait stays bounded.
 
 - **Round trips** (:class:`RoundTrips`) are measured on the websocket the agent already uses: each request's reply

@@ -1,4 +1,4 @@
-"""An emulated agent fleet against the real site (issue 25): ``bench/bench_fleet.py`` drives it.
+"""An emulated agent fleet against the real site: ``bench/bench_fleet.py`` drives it.
 
 ``engine``: a stand-in generation engine of configurable speed (no model); ``probe``: what the agents' websocket
 frames say (reply latencies, refusals, pushes), recorded without touching the session's code; ``agents``: one

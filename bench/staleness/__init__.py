@@ -1,3 +1,3 @@
-"""The staleness sweep (issue 32), driven by ``bench/bench_staleness.py``: ``runs`` trains one run under a simulated
+"""The staleness sweep, driven by ``bench/bench_staleness.py``: ``runs`` trains one run under a simulated
 stale pool; ``stats`` summarises runs over seeds (bootstrap intervals, censoring); ``report`` prints the table and
 draws the figure."""

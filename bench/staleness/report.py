@@ -1,4 +1,4 @@
-"""The sweep's table (rich and markdown), its figure, and the answer to issue 32's question, from finished runs."""
+"""The sweep's table (rich and markdown), its figure, and the answer (does staleness cost learning?), from runs."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """One training run of the staleness sweep: GRPO through the learner's own update (:class:`learner.step.PolicyTrainer`),
 fed by a simulated pool whose records lag behind the policy, and what the run measured.
 
-The pool (the model of issue 17's bench, kept): the learner publishes a snapshot every kappa = S - 1 updates (paper
+The pool (the first staleness bench's model, kept): the learner publishes a snapshot every kappa = S - 1 updates (paper
 3.2); each prompt group of update t + 1 is sampled (``worker_agent.engines.hf.HFEngine``) under a version drawn
 uniformly from the published versions the staleness gate admits (v >= t - S): a fleet whose workers hold a spread of
 the versions they may still use, the most stale allowed included. ``staleness = 0`` is the synchronous reference:

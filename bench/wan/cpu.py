@@ -1,4 +1,4 @@
-"""CPU used by the stack's processes while a job runs on the WAN topology (issue 30): is a broadcast slower than its
+"""CPU used by the stack's processes while a job runs on the WAN topology: is a broadcast slower than its
 links allow because the machine has no core left for the relays?
 
 A :class:`CpuSampler` thread reads, every ``interval`` seconds, the CPU time (utime + stime, ``/proc/<pid>/stat``)

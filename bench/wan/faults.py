@@ -1,4 +1,4 @@
-"""Faults on a running WAN job (issue 30) and what recovery took, driven beside :meth:`WanStack.wait`:
+"""Faults on a running WAN job and what recovery took, driven beside :meth:`WanStack.wait`:
 
 1. **Partition**: once the learner passed ``after_step``, one agent's link goes down for ``partition_s`` (40 s:
    nothing crosses it either way; bench/wan/netns.py ``set_link``), then comes back. Recovery: its websocket open

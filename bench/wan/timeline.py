@@ -1,4 +1,4 @@
-"""Where a broadcast's time goes on the WAN bench (issue 30): per version, when each hop of the chain got its first
+"""Where a broadcast's time goes on the WAN bench: per version, when each hop of the chain got its first
 and its last byte after the publication, beside the CPU the stack used meanwhile (:mod:`bench.wan.cpu`).
 
 The hops are the proxies' bursts (:func:`bench.wan.report.hops`: bytes the child's TCP acknowledged without a pause,

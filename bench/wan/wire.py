@@ -1,4 +1,4 @@
-"""The data plane alone on the WAN topology (issue 30, ``bench/bench_wan.py --wire-only``): the same namespaces, tbf
+"""The data plane alone on the WAN topology (``bench/bench_wan.py --wire-only``): the same namespaces, tbf
 rates, delay proxies, relay code (``python -m dataplane.broadcast.process``, the agent's and the learner's
 SnapshotRelay and RelayHub) and chain plan (N_ch = floor(B0/Bw) chains of consecutive agents, the origin's uplink
 bucket B0 shared by the seeds, each agent's buckets its link rate), with no site, no learner training and no

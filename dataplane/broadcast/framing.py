@@ -174,7 +174,7 @@ async def read_frame(reader: asyncio.StreamReader, *, peer: str, timeout: float,
 async def _read_exactly(reader: asyncio.StreamReader, n: int, *, peer: str, timeout: float,
                         between_frames: bool = False) -> bytes:
     try:
-        async with asyncio.timeout(timeout):  # not wait_for: no task per read (issue 30: the loop's wake-ups cost)
+        async with asyncio.timeout(timeout):  # not wait_for: no task per read (the loop's wake-ups cost)
             return await reader.readexactly(n)
     except TimeoutError:
         raise PeerStalled(f"{peer} stalled: nothing received for {timeout:g} s") from None

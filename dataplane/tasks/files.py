@@ -3,7 +3,7 @@
 A task spec names a file by path, and every machine that builds the task reads it: the learner and the agents
 read what their own machine holds (their operators chose it), unconfined. The site builds tasks from requests of
 strangers (``POST /api/jobs/``, ``/api/jobs/plan/``, an agent's calibration), so it must read nothing it was not
-given (issue 26): ``marketplace.apps`` confines the site's processes with :func:`configure` to
+given: ``marketplace.apps`` confines the site's processes with :func:`configure` to
 
 - ``builtin:<file>`` (a file shipped in ``dataplane/tasks/data/``; a plain file name, no ``/``), or
 - an absolute path lexically under ``root`` (``ECHO2_TASK_DATA_ROOT``): no ``..`` component, resolved (symlinks

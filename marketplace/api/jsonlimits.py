@@ -45,7 +45,7 @@ def check_json(value: Any, *, depth: int | None = None, forbid_nul: bool = False
             continue  # nothing to look into, found at C speed (a group's token ids and log-probs)
         items = node.items() if isinstance(node, dict) else enumerate(node)
         # The path is spelled only for what is looked into: a group's long lists of token ids and log-probs hold
-        # none, and an f-string per number was most of a large frame's cost (issue 15).
+        # none, and an f-string per number was most of a large frame's cost.
         for key, item in items:
             if forbid_nul and isinstance(key, str) and "\x00" in key:
                 raise JSONLimitError(f"{path}.{key}" if path else key, "NUL characters are not allowed in keys")

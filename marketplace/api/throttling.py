@@ -78,7 +78,7 @@ def client_address(request) -> str | None:
 
 class FailureBudget:
     """At most ``N`` failed credential checks per ``T`` seconds per client address (the rate of ``scope``), counted
-    atomically, so concurrent guesses cannot all be checked before the first failure is counted (issue 26: 40 of 40
+    atomically, so concurrent guesses cannot all be checked before the first failure is counted (40 of 40
     concurrent guesses were checked against a limit of 30).
 
     Two counters per address, each changed by one atomic cache increment (Redis ``INCR`` in production): the

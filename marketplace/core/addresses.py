@@ -6,7 +6,7 @@ always refused, loopback and private ranges unless a setting allows them (tests 
 Host names are checked as names (``localhost``, metadata names), not resolved: what a name resolves to at the
 site says nothing of what it resolves to at the agent. A host that is a number in any form a resolver takes as an
 IPv4 address (``inet_aton``: ``2852039166``, ``0xa9fea9fe``, ``127.1``, ``0177.0.0.1``, ``0``) is that address and
-checked as one (issue 26); a host whose last label is a number but is no such address is refused, as browsers do
+checked as one; a host whose last label is a number but is no such address is refused, as browsers do
 (WHATWG URL). An IPv6 address that carries an IPv4 one (``::ffff:a.b.c.d``, NAT64's ``64:ff9b::a.b.c.d``) is
 checked as the IPv4 address it reaches. Pure functions; the serializers call them with the
 settings ``ECHO2_ALLOW_LOOPBACK_PEERS`` and ``ECHO2_ALLOW_PRIVATE_PEERS``.

@@ -4,10 +4,10 @@ The state billed is the one the site observes (:func:`observed_state`: leases ta
 published versions; docs/trust.md, "What the scheduler believes"), never the one a heartbeat claims
 (``WorkerState``, shown as "reported"). A state holds from the report that recorded it until the next; the site
 bills the interval between two reports when the earlier one was ``installing`` or ``generating``. The paper's cost
-model pays a worker while it serves the job (section 3.4); issue 13 narrows "serves" to installing snapshots and
+model pays a worker while it serves the job (section 3.4); we narrow "serves" to installing snapshots and
 generating rollouts, so ``loading`` (building the engine from the job's base, version 0, which happens once per
 activation), ``idle`` (waiting for work or a version) and ``failed`` (a crashed rollout loop, being restarted) are
-free; issue 26 makes "generating" what the site saw (leases, accepted groups), so silent time is free too; it is now
+free; and "generating" is what the site saw (leases, accepted groups), so silent time is free too; it is now
 a lease outstanding on an open socket, from the lease to its group's acceptance or its timeout (not a
 fixed hold after the last lease, which billed killed agents and stalled jobs for up to the lease timeout). An
 interval longer than the worker timeout is not billed at all: the site does not know what the worker did meanwhile.
@@ -49,7 +49,7 @@ def observed_state(*, reported: str, started: float, installed: float | None, he
 
     - ``failed``: the agent says its rollout loop crashed; believed, since the word only lowers its own bill;
     - ``loading``: no install of a published version of the job reported (``installed``) since the activation
-      started: building the engine from the base, free as issue 13 asks; a worker that never installs is never
+      started: building the engine from the base, free (not serving yet); a worker that never installs is never
       billed;
     - ``idle`` with the socket closed (``connected`` False), from ``now``: its leases went back with the socket and
       nothing it does can be delivered; no later observation turns it back;

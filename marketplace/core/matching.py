@@ -1,4 +1,4 @@
-"""Which workers meet a job's requirements, and why the others do not (issue 29). Pure: plain data in, reasons out.
+"""Which workers meet a job's requirements, and why the others do not. Pure: plain data in, reasons out.
 
 A worker's hardware is what its agent reported (``dataplane/hardware.py``): a claim, used for matching only. A
 worker that never reported any (an older agent) is matched on price and reliability alone, unless the owner asked

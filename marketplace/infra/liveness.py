@@ -1,4 +1,4 @@
-"""Agent liveness kept in Redis, folded into the database periodically (issue 25).
+"""Agent liveness kept in Redis, folded into the database periodically.
 
 A heartbeat is Redis alone: one pipelined round trip records when the worker was last heard (``SEEN_KEY``, a sorted
 set of worker id by time), its telemetry sample (``telemetry.heartbeats_key``) and the state it reports

@@ -1,4 +1,4 @@
-"""Health checks and Prometheus metrics for operators (issue 18).
+"""Health checks and Prometheus metrics for operators.
 
 - ``GET /healthz``: the process answers (liveness: restart it when this fails). No I/O.
 - ``GET /readyz``: the site can serve (readiness: send it traffic): the database answers, Redis answers,

@@ -1,4 +1,4 @@
-"""What one agent socket remembers of its worker's running job between messages (issue 15).
+"""What one agent socket remembers of its worker's running job between messages.
 
 A lease and a group are checked against the worker's running activation: the job is running, the group's size, the
 newest published version, the record limits. Read from the database on every message, that was most of the site's

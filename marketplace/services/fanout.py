@@ -1,4 +1,4 @@
-"""Publication at fleet size (issue 25; docs/broadcast.md "Publication at fleet size"): one small event per
+"""Publication at fleet size (docs/broadcast.md "Publication at fleet size"): one small event per
 published snapshot to the job's agents group, and each agent socket building its own worker's notice.
 
 The learner's ``POST /snapshots/`` (``broadcast.snapshot_publish``) records the snapshot, plans the chains

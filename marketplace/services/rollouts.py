@@ -33,7 +33,7 @@ class RunningJob:
 
     The agent socket keeps one per connection (``marketplace.realtime.jobcache``) so that the hot path, a lease or a
     group, costs Redis round trips and no query: the ORM on every message was most of the site's time under
-    load (issue 15). It is only as fresh as its read: the socket drops it on every push that changes it
+    load. It is only as fresh as its read: the socket drops it on every push that changes it
     (assign, release, snapshot) and after a short max age; whatever it misses, the lease script still refuses
     a group whose lease is not this worker's any more (a released worker's leases are handed back)."""
 
