@@ -3,6 +3,7 @@ episode that becomes one record (dataplane/tasks/sandbox.py explains the convers
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..records import Trajectory
@@ -39,3 +40,39 @@ class Episode:
                           prompt_ids=self.prompt_ids, completion=self.text, completion_ids=self.completion_ids,
                           logprobs=self.logprobs, reward=self.reward, version=version, loss_mask=self.loss_mask,
                           metadata={"turns": self.turns, **self.info})
+
+
+React = Callable[[int, Episode, Turn], "tuple[str, str] | None"]
+
+
+def play_lockstep(episodes: list[Episode], *, max_turns: int, generate: Callable[[list[list[int]]], list[Turn]],
+                  encode: Callable[[str], list[int]], react: React) -> list[Episode]:
+    """The multi-turn loop of every environment task: all live episodes in lockstep, one ``generate`` call per turn.
+
+    Each sampled turn is appended (loss mask 1); then ``react(i, episode, turn)`` is the environment's answer to
+    episode ``i``: ``(text, content)``, the text appended to the transcript (encoded, loss mask 0, log-prob 0) and
+    the user message's content, or None, which ends the episode. An episode already ``done`` is not played."""
+    for _ in range(max_turns):
+        live = [i for i, ep in enumerate(episodes) if not ep.done]
+        if not live:
+            break
+        turns = generate([episodes[i].prompt_ids + episodes[i].completion_ids for i in live])
+        for i, turn in zip(live, turns, strict=True):
+            ep = episodes[i]
+            ep.completion_ids += turn.ids
+            ep.logprobs += turn.logprobs
+            ep.loss_mask += [1] * len(turn.ids)
+            ep.text += turn.text
+            ep.turns += 1
+            ep.messages.append({"role": "assistant", "content": turn.text})
+            reply = react(i, ep, turn)
+            ep.done = reply is None
+            if reply is not None:
+                text, content = reply
+                reply_ids = encode(text)
+                ep.completion_ids += reply_ids
+                ep.logprobs += [0.0] * len(reply_ids)
+                ep.loss_mask += [0] * len(reply_ids)
+                ep.text += text
+                ep.messages.append({"role": "user", "content": content})
+    return episodes

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .base import Prompt, TaskAdapter, TaskSpecError, register_task
-from .episodes import Episode, Turn
+from .episodes import Episode, Turn, play_lockstep
 
 #: The most tokens of one environment reply in a completion (a one-line message).
 REPLY_TOKENS = 256
@@ -256,32 +256,16 @@ def run_episodes(task: SandboxTask, prompts: list[str], *, generate: Callable[[l
         episodes.append(Episode(prompt=prompt, prompt_ids=list(pids), messages=task.first_messages(first_user),
                                 done=state is None))
         states.append(state)
-    for _ in range(task.max_turns):
-        live = [i for i, ep in enumerate(episodes) if not ep.done]
-        if not live:
-            break
-        turns = generate([episodes[i].prompt_ids + episodes[i].completion_ids for i in live])
-        for i, turn in zip(live, turns, strict=True):
-            ep, state = episodes[i], states[i]
-            ep.completion_ids += turn.ids
-            ep.logprobs += turn.logprobs
-            ep.loss_mask += [1] * len(turn.ids)
-            ep.text += turn.text
-            ep.turns += 1
-            ep.messages.append({"role": "assistant", "content": turn.text})
-            action = parse_action(turn.text)
-            result = state.step(action[1] if action else None)
-            ep.reward += result.reward
-            ep.done = result.done or action is None
-            if not ep.done:
-                reply = render_reply(result.observation)
-                reply_ids = encode(reply)
-                ep.completion_ids += reply_ids
-                ep.logprobs += [0.0] * len(reply_ids)
-                ep.loss_mask += [0] * len(reply_ids)
-                ep.text += reply
-                ep.messages.append({"role": "user", "content": result.observation})
-    return episodes
+
+    def react(i: int, ep: Episode, turn: Turn) -> tuple[str, str] | None:
+        action = parse_action(turn.text)
+        result = states[i].step(action[1] if action else None)
+        ep.reward += result.reward
+        if result.done or action is None:
+            return None
+        return render_reply(result.observation), result.observation
+
+    return play_lockstep(episodes, max_turns=task.max_turns, generate=generate, encode=encode, react=react)
 
 
 def run_episode(task: SandboxTask, prompt: str, *, generate: Callable[[list[int]], Turn],

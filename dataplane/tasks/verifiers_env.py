@@ -44,7 +44,7 @@ from ..chat import decode_chat, encode_chat, flatten_chat
 from ..rewards import UserCodeRefused
 from ..rewards.reward import import_owner_module
 from .base import Prompt, TaskAdapter, TaskSpecError, register_task
-from .episodes import Episode, Turn
+from .episodes import Episode, Turn, play_lockstep
 
 INSTALL = "pip install 'echo2[verifiers]'"
 #: Set to 1 in a process that runs a job's environment code without :meth:`VerifiersTask.prepare` (tests, benches).
@@ -208,28 +208,12 @@ class VerifiersTask(TaskAdapter):
         tasks = [self.task_of(p) for p in prompts]
         episodes = [Episode(prompt=p, prompt_ids=list(i), messages=first_messages(t) if t is not None else [],
                             done=t is None) for p, i, t in zip(prompts, ids, tasks, strict=True)]
-        for _ in range(self.max_turns):
-            live = [i for i, ep in enumerate(episodes) if not ep.done]
-            if not live:
-                break
-            turns = generate([episodes[i].prompt_ids + episodes[i].completion_ids for i in live])
-            for i, turn in zip(live, turns, strict=True):
-                ep = episodes[i]
-                ep.completion_ids += turn.ids
-                ep.logprobs += turn.logprobs
-                ep.loss_mask += [1] * len(turn.ids)
-                ep.text += turn.text
-                ep.turns += 1
-                ep.messages.append({"role": "assistant", "content": turn.text})
-                reply = _respond(respond, ep.messages, tasks[i]) if ep.turns < self.max_turns else None
-                ep.done = reply is None
-                if reply is not None:
-                    reply_ids = encode(f"\n{reply}\n")
-                    ep.completion_ids += reply_ids
-                    ep.logprobs += [0.0] * len(reply_ids)
-                    ep.loss_mask += [0] * len(reply_ids)
-                    ep.text += f"\n{reply}\n"
-                    ep.messages.append({"role": "user", "content": reply})
+
+        def react(i: int, ep: Episode, turn: Turn) -> tuple[str, str] | None:
+            reply = _respond(respond, ep.messages, tasks[i]) if ep.turns < self.max_turns else None
+            return None if reply is None else (f"\n{reply}\n", reply)
+
+        play_lockstep(episodes, max_turns=self.max_turns, generate=generate, encode=encode, react=react)
         for ep, task in zip(episodes, tasks, strict=True):
             ep.reward = self.score(task, ep.messages) if task is not None and ep.turns else 0.0
         return episodes
