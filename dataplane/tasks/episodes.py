@@ -34,6 +34,23 @@ class Episode:
     done: bool = False
     info: dict = field(default_factory=dict)  # the task's own metadata for the record (Omega), beside the turns
 
+    def add_turn(self, turn: Turn) -> None:
+        """Append an assistant turn the policy sampled: trained on (loss mask 1), its log-probs kept."""
+        self.completion_ids += turn.ids
+        self.logprobs += turn.logprobs
+        self.loss_mask += [1] * len(turn.ids)
+        self.text += turn.text
+        self.turns += 1
+        self.messages.append({"role": "assistant", "content": turn.text})
+
+    def add_reply(self, ids: list[int], text: str, content: str) -> None:
+        """Append the environment's reply: in the context, never trained on (loss mask 0, log-prob 0)."""
+        self.completion_ids += ids
+        self.logprobs += [0.0] * len(ids)
+        self.loss_mask += [0] * len(ids)
+        self.text += text
+        self.messages.append({"role": "user", "content": content})
+
     def record(self, *, job_id: int, lease_id: str, group_id: str, version: int) -> Trajectory:
         """A trajectory record tau = (x, y, r, v, Omega) with the turn-aware loss mask."""
         return Trajectory(job_id=job_id, lease_id=lease_id, group_id=group_id, prompt=self.prompt,
@@ -59,20 +76,10 @@ def play_lockstep(episodes: list[Episode], *, max_turns: int, generate: Callable
         turns = generate([episodes[i].prompt_ids + episodes[i].completion_ids for i in live])
         for i, turn in zip(live, turns, strict=True):
             ep = episodes[i]
-            ep.completion_ids += turn.ids
-            ep.logprobs += turn.logprobs
-            ep.loss_mask += [1] * len(turn.ids)
-            ep.text += turn.text
-            ep.turns += 1
-            ep.messages.append({"role": "assistant", "content": turn.text})
+            ep.add_turn(turn)
             reply = react(i, ep, turn)
             ep.done = reply is None
             if reply is not None:
                 text, content = reply
-                reply_ids = encode(text)
-                ep.completion_ids += reply_ids
-                ep.logprobs += [0.0] * len(reply_ids)
-                ep.loss_mask += [0] * len(reply_ids)
-                ep.text += text
-                ep.messages.append({"role": "user", "content": content})
+                ep.add_reply(encode(text), text, content)
     return episodes

@@ -396,13 +396,7 @@ class PokerGame(Game):
             for t, mine, turn in zip(live, agents, generate(contexts), strict=True):
                 action = parse_action(turn.text)
                 if mine:
-                    ep = t.episode
-                    ep.completion_ids += turn.ids
-                    ep.logprobs += turn.logprobs
-                    ep.loss_mask += [1] * len(turn.ids)
-                    ep.text += turn.text
-                    ep.turns += 1
-                    ep.messages.append({"role": "assistant", "content": turn.text})
+                    t.episode.add_turn(turn)
                     t.agent_waits = True
                 else:
                     t.opponent_ids += turn.ids
@@ -421,12 +415,7 @@ class PokerGame(Game):
                 raw, text = self.reply(hand.message(hand.agent))
                 if end and len(end) == 1 and ep.completion_ids[-1:] == end:
                     raw = raw.removeprefix("<|im_end|>")  # the turn ended at its end-of-turn token
-                reply_ids = encode(raw)
-                ep.completion_ids += reply_ids
-                ep.logprobs += [0.0] * len(reply_ids)
-                ep.loss_mask += [0] * len(reply_ids)
-                ep.text += text
-                ep.messages.append({"role": "user", "content": hand.message(hand.agent)})
+                ep.add_reply(encode(raw), text, hand.message(hand.agent))
                 t.agent_waits = False
             ep.done = hand.over
         elif t.opponent_waits:  # self-play: the opponent reads its own view
