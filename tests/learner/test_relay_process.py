@@ -1,4 +1,4 @@
-"""The learner's relay hub in a process of its own (learner/relay_process.py, learner/relay_child.py): served by
+"""The learner's relay hub in a process of its own (dataplane/broadcast/origin.py, origin_process.py): served by
 another pid than the learner's, gone with the learner (stdin's end, even after SIGKILL) and after ``stop()``,
 restarted on the same port serving the same versions when it dies, the job's secret applied whenever it comes."""
 
