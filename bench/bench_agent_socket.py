@@ -1,25 +1,31 @@
 """How many agents one site process holds: connect, heartbeats handled on time, disconnects recorded (issue 25).
 
 Run: ``.venv/bin/python bench/bench_agent_socket.py [--agents 100 300 1000] [--interval 2] [--seconds 30]
-[--database postgres|sqlite] [--root PATH]``
+[--storm 1000] [--database postgres|sqlite] [--root PATH]``
 
 Starts its own stack on loopback: a private redis-server on a free port, a fresh PostgreSQL database (dropped at the
 end; SQLite when PostgreSQL is not reachable or ``--database sqlite``), one daphne, a Celery worker and beat, all
 run from ``--root`` (default: this checkout; another checkout, e.g. a ``git worktree`` of an older commit, gives the
 "before" figures with the same harness). Registers the largest N workers, then for each N: N asyncio websocket
 clients (the ``websockets`` library, each with its own agent key) connect and say hello, heartbeat for
-``--seconds`` at ``--interval`` (default: the site's 2 s), and all close at once.
+``--seconds`` at ``--interval`` (default: the site's 2 s), and all close at once. Then, for each ``--storm`` N
+(default 1000; ``--storm`` alone: none), a *storm* row: N agents connect at once, as a fleet reconnects after a
+site restart, each heartbeating from its own ``welcome`` on while the others still connect, for ``--seconds``
+from the storm's start.
 
 What is measured, and how:
-- *all connected*: from the first connect to the last ``welcome`` (64 connects in flight at a time; a refused or
-  failed connect is retried after 1 s and counted).
+- *all connected*: from the first connect to the last ``welcome`` (64 connects in flight at a time, a storm all
+  at once; a refused or failed connect is retried after 1 s and counted).
+- *handshake*: per agent, from its connect's start (its turn, in the gentle rows) to its ``welcome``: the
+  websocket handshake, the hello and the site's provisioning, retries included.
 - *heartbeat handling*: each heartbeat carries its sequence number as its ``throughput`` figure; the site records
   every heartbeat it handles as a telemetry sample ``[handled at, throughput]`` in Redis
   (``marketplace.infra.telemetry.record_heartbeat``: before this issue at the start of the database work, since then in
   the Redis-only path). Latency = handled at - sent at (one machine, one clock), read from Redis 3 s after the
   last heartbeat; a heartbeat with no sample by then was never handled (counted; its latency is unknown, so the
   percentiles are over handled ones and the "within 1 s" share is over all sent).
-- *daphne CPU*: its user + system CPU seconds over the heartbeat phase, divided by the phase's wall time.
+- *daphne CPU*: its user + system CPU seconds over the heartbeat phase (a storm: from its start), divided by the
+  phase's wall time.
 - *disconnects*: every socket closed at once; then the database is polled until every session is ended and every
   worker offline (or 30 s): how many were recorded and how long it took.
 
@@ -62,6 +68,7 @@ def cpu_seconds(pid: int) -> float:
 async def _connect(url: str, key: str, stats: dict):
     import websockets
 
+    started = time.time()
     while True:
         try:
             ws = await websockets.connect(url, additional_headers={"Authorization": f"Bearer {key}"},
@@ -70,6 +77,7 @@ async def _connect(url: str, key: str, stats: dict):
             await ws.send(json.dumps({"type": "hello", "agent_version": "bench"}))
             while (reply := json.loads(await asyncio.wait_for(ws.recv(), 60)))["type"] != "welcome":
                 stats["last_error"] = f"before the welcome: {reply}"[:200]
+            stats["handshakes"].append(time.time() - started)
             return ws
         except Exception as err:  # noqa: BLE001 - any failed connect is retried
             stats["retries"] += 1
@@ -101,7 +109,7 @@ async def run_agents(url: str, workers: list[dict], *, interval: float, seconds:
     """Connect ``workers`` (``worker_id``, ``agent_key``), heartbeat, close all at once. Returns the raw timings:
     connect span, retries, per worker the send times of its heartbeats, the heartbeat phase's bounds.
     ``on_phase()`` is called as the heartbeat phase starts and as it ends."""
-    stats = {"retries": 0, "last_error": ""}
+    stats = {"retries": 0, "last_error": "", "handshakes": []}
     gate = asyncio.Semaphore(CONNECTS_IN_FLIGHT)
 
     async def one(w):
@@ -128,7 +136,38 @@ async def run_agents(url: str, workers: list[dict], *, interval: float, seconds:
     for task in drains:
         task.cancel()
     return {"connected_s": connected, "retries": stats["retries"], "last_error": stats["last_error"], "sent": sent,
-            "phase": (phase_start, phase_end), "closed_at": closed_at}
+            "phase": (phase_start, phase_end), "closed_at": closed_at, "handshakes": stats["handshakes"]}
+
+
+async def run_storm(url: str, workers: list[dict], *, interval: float, seconds: float, on_phase=None) -> dict:
+    """As ``run_agents``, but every agent connects at once and heartbeats from its own ``welcome`` until
+    ``seconds`` after the storm began: the heartbeats of the first connected meet the handshakes of the rest."""
+    stats = {"retries": 0, "last_error": "", "handshakes": []}
+    sent: dict[int, list[float]] = {w["worker_id"]: [] for w in workers}
+    welcomed: list[float] = []
+    if on_phase:
+        on_phase()
+    start = time.time()
+    until = start + seconds
+
+    async def one(w):
+        ws = await _connect(url, w["agent_key"], stats)
+        welcomed.append(time.time())
+        drain = asyncio.create_task(_drain(ws))
+        await _beat(ws, sent[w["worker_id"]], interval=interval, until=until)
+        return ws, drain
+
+    done = await asyncio.gather(*(one(w) for w in workers))
+    phase_end = time.time()
+    if on_phase:
+        on_phase()
+    await asyncio.sleep(3.0)  # the tail of the last heartbeats
+    closed_at = time.time()
+    await asyncio.gather(*(ws.close() for ws, _ in done), return_exceptions=True)
+    for _, task in done:
+        task.cancel()
+    return {"connected_s": max(welcomed) - start, "retries": stats["retries"], "last_error": stats["last_error"],
+            "sent": sent, "phase": (start, phase_end), "closed_at": closed_at, "handshakes": stats["handshakes"]}
 
 
 def heartbeat_latencies(redis_client, sent: dict[int, list[float]]) -> tuple[list[float], int, int]:
@@ -264,15 +303,18 @@ class Bench:
                 conn.execute(f'DROP DATABASE IF EXISTS "{self.pg_name}" WITH (FORCE)')
 
 
-def measure(bench: Bench, workers: list[dict], *, interval: float, seconds: float) -> dict:
-    """One row: connect ``workers``, heartbeat, close all; the figures of the table."""
+def measure(bench: Bench, workers: list[dict], *, interval: float, seconds: float, storm: bool = False) -> dict:
+    """One row: connect ``workers`` (a ramp, or all at once), heartbeat, close all; the figures of the table."""
     import redis
 
     client = redis.Redis(port=bench.redis_port, decode_responses=True)
+    # an earlier row's samples of the same workers carry the same sequence numbers: they would pass for this row's
+    client.delete(*(f"echo2:worker:{w['worker_id']}:heartbeats" for w in workers))
     cpu: list[float] = []
     url = f"ws://127.0.0.1:{bench.site_port}/ws/agent/"
-    raw = asyncio.run(run_agents(url, workers, interval=interval, seconds=seconds,
-                                 on_phase=lambda: cpu.append(cpu_seconds(bench.daphne.pid))))
+    run = run_storm if storm else run_agents
+    raw = asyncio.run(run(url, workers, interval=interval, seconds=seconds,
+                          on_phase=lambda: cpu.append(cpu_seconds(bench.daphne.pid))))
     latencies, handled, total = heartbeat_latencies(client, raw["sent"])
     ids = [w["worker_id"] for w in workers]
     deadline, recorded_s = time.time() + 30, None
@@ -285,8 +327,9 @@ def measure(bench: Bench, workers: list[dict], *, interval: float, seconds: floa
     open_sessions, online = bench.db_state(ids)
     client.close()
     within = sum(1 for x in latencies if x <= 1.0)
-    return {"agents": len(workers), "connected_s": raw["connected_s"], "retries": raw["retries"],
-            "last_error": raw["last_error"], "sent": total, "handled": handled,
+    return {"agents": len(workers), "storm": storm, "handshake_p50": percentile(raw["handshakes"], 0.5),
+            "handshake_p99": percentile(raw["handshakes"], 0.99), "connected_s": raw["connected_s"],
+            "retries": raw["retries"], "last_error": raw["last_error"], "sent": total, "handled": handled,
             "within_1s": within / total if total else float("nan"),
             "p50": percentile(latencies, 0.5), "p99": percentile(latencies, 0.99),
             "daphne_cpu": (cpu[1] - cpu[0]) / (raw["phase"][1] - raw["phase"][0]),
@@ -298,11 +341,25 @@ def _ms(x: float) -> str:
     return "n/a" if x != x else (f"{x * 1000:.0f} ms" if x < 1 else f"{x:.2f} s")
 
 
+def _row(row: dict) -> str:
+    n = row["agents"]
+    retried = f" ({row['retries']} connects retried)" if row["retries"] else ""
+    recorded = (f"{row['closed_recorded']}/{n} in {row['recorded_s']:.1f} s" if row["recorded_s"] is not None
+                else f"{row['closed_recorded']}/{n} after 30 s ({row['open_sessions']} sessions open, "
+                     f"{row['not_offline']} not offline)")
+    return (f"| {n}{' at once' if row['storm'] else ''} | {row['connected_s']:.1f} s{retried} | "
+            f"{_ms(row['handshake_p50'])} / {_ms(row['handshake_p99'])} | {100 * row['within_1s']:.1f}% | "
+            f"{row['sent'] - row['handled']}/{row['sent']} | {_ms(row['p50'])} / {_ms(row['p99'])} | "
+            f"{100 * row['daphne_cpu']:.0f}% | {recorded} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--agents", type=int, nargs="+", default=[100, 300, 1000])
     parser.add_argument("--interval", type=float, default=2.0, help="Seconds between an agent's heartbeats.")
     parser.add_argument("--seconds", type=float, default=30.0, help="Heartbeat phase per row.")
+    parser.add_argument("--storm", type=int, nargs="*", default=[1000],
+                        help="Agents connecting all at once, a row each (none: the ramp only).")
     parser.add_argument("--database", choices=["postgres", "sqlite"], default="postgres")
     parser.add_argument("--root", type=Path, default=ROOT, help="Checkout the site runs from.")
     parser.add_argument("--json", type=Path, help="Also write the rows here.")
@@ -319,21 +376,15 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench(workdir, root=args.root.resolve(), database=args.database)
     rows = []
     try:
-        registered = bench.start(max(args.agents))
+        registered = bench.start(max(args.agents + args.storm))
         print(f"site from {args.root} on {args.database}; heartbeats every {args.interval:g} s for {args.seconds:g} s")
-        print("| agents | all connected | heartbeats handled within 1 s | never handled | p50 / p99 | daphne CPU "
-              "| disconnects recorded |")
-        print("| --- | --- | --- | --- | --- | --- | --- |")
-        for n in args.agents:
-            row = measure(bench, registered[:n], interval=args.interval, seconds=args.seconds)
+        print("| agents | all connected | handshake p50 / p99 | heartbeats handled within 1 s | never handled "
+              "| p50 / p99 | daphne CPU | disconnects recorded |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for n, storm in [(n, False) for n in args.agents] + [(n, True) for n in args.storm]:
+            row = measure(bench, registered[:n], interval=args.interval, seconds=args.seconds, storm=storm)
             rows.append(row)
-            retried = f" ({row['retries']} connects retried)" if row["retries"] else ""
-            recorded = (f"{row['closed_recorded']}/{n} in {row['recorded_s']:.1f} s" if row["recorded_s"] is not None
-                        else f"{row['closed_recorded']}/{n} after 30 s ({row['open_sessions']} sessions open, "
-                             f"{row['not_offline']} not offline)")
-            print(f"| {n} | {row['connected_s']:.1f} s{retried} | {100 * row['within_1s']:.1f}% | "
-                  f"{row['sent'] - row['handled']}/{row['sent']} | {_ms(row['p50'])} / {_ms(row['p99'])} | "
-                  f"{100 * row['daphne_cpu']:.0f}% | {recorded} |", flush=True)
+            print(_row(row), flush=True)
             time.sleep(2)
     except BaseException:
         print(f"failed; the stack's logs are kept in {workdir / 'logs'}")
