@@ -1,4 +1,4 @@
-"""Servers that lie about sizes, for the bounds tests (issue 26): each counts what it managed to send, so a test shows
+"""Servers that lie about sizes, for the bounds tests: each counts what it managed to send, so a test shows
 that its reader stopped early (a reader that took everything makes the sender's count the whole lie)."""
 
 from __future__ import annotations

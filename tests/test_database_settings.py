@@ -1,4 +1,4 @@
-"""Database connections persist across agent messages (issue 15): ``CONN_MAX_AGE`` from the environment, checked
+"""Database connections persist across agent messages: ``CONN_MAX_AGE`` from the environment, checked
 before reuse, and SQLite keeps its multi-process settings (WAL, immediate transactions)."""
 
 from __future__ import annotations

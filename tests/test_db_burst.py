@@ -1,5 +1,5 @@
-"""150 concurrent requests on PostgreSQL: no server error, and the site's connections stay under its pool's cap
-(issue 26, High 5). Before the pool each of daphne's request threads opened a connection of its own and kept it
+"""150 concurrent requests on PostgreSQL: no server error, and the site's connections stay under its pool's cap.
+Before the pool each of daphne's request threads opened a connection of its own and kept it
 for CONN_MAX_AGE: the burst took the server's every connection and the late requests got 500s ("too many
 clients"); ``bench/bench_db_burst.py`` shows both, on a private server.
 

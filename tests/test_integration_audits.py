@@ -1,4 +1,4 @@
-"""Audits end to end (issue 14): one provider's agent forges its log-probs, another's reports every answer as
+"""Audits end to end: one provider's agent forges its log-probs, another's reports every answer as
 right; the learner's audits catch both and drop their groups, and the job still reaches its target on the honest
 workers. The site checks each reported failure against the group it stored (docs/trust.md "Audits the site
 checks"): it re-scores the wrong rewards itself and suspends that worker (with its provider account, issue 26: each

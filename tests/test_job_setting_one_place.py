@@ -1,4 +1,4 @@
-"""A job setting is written once, in JobSpec (issue 27): added there, it is in the API and its schema, the launch
+"""A job setting is written once, in JobSpec: added there, it is in the API and its schema, the launch
 form, the job file, ``echo2 job submit`` and what the learner reads, with no migration.
 
 The checks (``tests/job_setting_added.py``) run in a fresh interpreter whose JobSpec has gained ``warmup_steps``

@@ -38,7 +38,7 @@ SIMULATOR_MAY_IMPORT = ("marketplace.core.provisioning", "marketplace.core.activ
                         "marketplace.core.inputs", "marketplace.core.reliability", "dataplane.broadcast.chains",
                         "dataplane.broadcast.strategies", "dataplane.registry")
 SIMULATOR_PACKAGES = ("marketplace", "marketplace.core", "dataplane", "dataplane.broadcast")  # empty __init__s
-# The site's rooms (issue 27): marketplace/ is split by kind, and each room keeps to its kind. Sub-package -> names
+# The site's rooms: marketplace/ is split by kind, and each room keeps to its kind. Sub-package -> names
 # (top-level packages, or modules of ours) its modules may never import.
 SITE_ROOMS: dict[str, set[str]] = {
     # pure cores: plain functions over plain data, which the simulator runs as the site does

@@ -1,4 +1,4 @@
-"""The WAN in network namespaces (issue 30, bench/wan/): the profiles, our delay proxy and its tap, teardown after
+"""The WAN in network namespaces (bench/wan/): the profiles, our delay proxy and its tap, teardown after
 exit, SIGTERM and kill -9, a small topology (learner, site, two agents on 40 ms / 20 Mbit links) training a few steps
 of the demo's tiny job with every record trained once, and (slow) the fault script: a relay killed mid-broadcast and
 a partition, each recovered from. The namespace tests skip, with the reason, where namespaces cannot be created (not

@@ -1,4 +1,4 @@
-"""The replay buffer's one-round-trip lease and return (issue 15), on a real Redis."""
+"""The replay buffer's one-round-trip lease and return, on a real Redis."""
 
 from __future__ import annotations
 

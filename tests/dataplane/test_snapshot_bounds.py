@@ -1,4 +1,4 @@
-"""Bounded snapshots (issue 26): a manifest declaring a 4 EiB chunk, more chunks than a hello can list or more
+"""Bounded snapshots: a manifest declaring a 4 EiB chunk, more chunks than a hello can list or more
 bytes than the site takes is refused naming the field; a server sending far more than a chunk's declared size is
 cut off after that size (its ``Content-Length`` refused before a byte is read), memory staying flat; a redirect
 is never followed."""

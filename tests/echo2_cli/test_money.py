@@ -1,4 +1,4 @@
-"""``echo2 ledger``, ``echo2 worker ...`` and ``echo2 job budget|archive|delete`` against a live site (issue 29):
+"""``echo2 ledger``, ``echo2 worker ...`` and ``echo2 job budget|archive|delete`` against a live site:
 the ledger's totals as the API gives them, CSV to a file, a price changed from now on, a worker paused and removed,
 a job's budget raised, archived, a draft deleted; bad input one line and exit 2."""
 

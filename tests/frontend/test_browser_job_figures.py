@@ -1,4 +1,4 @@
-"""The job page's figures in Chromium (issue 31), each against the API's JSON for its job: a running job with samples,
+"""The job page's figures in Chromium, each against the API's JSON for its job: a running job with samples,
 a finished job (final figures, spent from the ledger, no projection, the download's how-to) and a job waiting for
 its learner (a banner that goes away, live, when the learner reports). The curves smooth (the EMA the slider sets,
 checked against one computed here from the API's metrics) and zoom (drag a step range, double-click for all).

@@ -1,4 +1,4 @@
-"""Every figure of the job page says what it is and equals what it is drawn from (issue 31): the reward as the mean
+"""Every figure of the job page says what it is and equals what it is drawn from: the reward as the mean
 of the learner's last 10 reported step means as of a step, the step figures of that step, T_bcast of a named
 snapshot, the throughput target with its derivation or the launch preview's reason why none can be met, a finished
 job's final figures (spent from the ledger, no projection), a job waiting for its learner, and the download: where

@@ -1,4 +1,4 @@
-"""The pages' controls (issue 29, docs/ledger.md): a provider prices, pauses, resumes and removes a worker on the
+"""The pages' controls (docs/ledger.md): a provider prices, pauses, resumes and removes a worker on the
 provider page; an owner sets a job's budget, archives it (gone from the list until asked for) and deletes a draft."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Audits as evidence (issue 26): every record's text is checked against its token ids (the forgery "text set to
+"""Audits as evidence: every record's text is checked against its token ids (the forgery "text set to
 the right answer, ids left as the wrong sample" is caught on every group, sampled or not), new workers are on
 probation (audited in full, then less as they pass; back to full after a failure), and each verdict carries what
 was checked (entry, group, claimed against recomputed reward and log-prob, the texts that differ)."""

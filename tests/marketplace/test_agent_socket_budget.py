@@ -1,7 +1,7 @@
 """The batched, paced agent protocol over the real consumer (Channels communicator, real Redis): the welcome
 announces the connection's budget; a ``submit`` returns several groups and leases more in one round trip; a frame
 over the budget is refused unread but named (type and request id) with ``retry_after``, and the same request sent
-again then is applied once; a reconnecting agent still serving a job it lost is told so (issue 25)."""
+again then is applied once; a reconnecting agent still serving a job it lost is told so."""
 
 from __future__ import annotations
 

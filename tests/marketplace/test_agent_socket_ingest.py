@@ -1,4 +1,4 @@
-"""The agent socket's hot path (issue 15) over the real ASGI app and Redis: the running job each socket holds is
+"""The agent socket's hot path over the real ASGI app and Redis: the running job each socket holds is
 dropped by the pushes that change it, and groups sent without waiting for replies are each answered and counted."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A request that found every pooled database connection of its site process busy for ECHO2_DB_POOL_TIMEOUT_S gets
-a 503 with Retry-After (clients retry it), never a 500 page (issue 26, High 5; echo2_site/settings.py)."""
+a 503 with Retry-After (clients retry it), never a 500 page (echo2_site/settings.py)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 often a report is re-sent, shown to the provider, and a worker past ECHO2_AUDIT_SUSPEND_AFTER failures is
 suspended: released from its job (billing stops) and never planned or activated again.
 
-Audits are evidence only within what the site saw (issue 26, High 1): only the job's learner reports them (its
+Audits are evidence only within what the site saw: only the job's learner reports them (its
 credential, not the owner's token alone), only of workers that delivered groups to that job, never more groups
 than they delivered."""
 

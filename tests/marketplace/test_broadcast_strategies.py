@@ -1,5 +1,5 @@
 """A chain strategy is one object in a registry that the site and the simulator both plan with: a toy strategy
-registered here shapes the site's publication plan and the simulator's broadcast alike (issue 27)."""
+registered here shapes the site's publication plan and the simulator's broadcast alike."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Budgets (issue 29, docs/ledger.md "Budgets"): a job stops at its budget within one step's cost, says why, and
+"""Budgets (docs/ledger.md "Budgets"): a job stops at its budget within one step's cost, says why, and
 runs again when its owner raises it; the forecast and a finished job's projected cost."""
 
 from __future__ import annotations

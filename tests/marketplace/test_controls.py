@@ -1,4 +1,4 @@
-"""Provider and owner controls (issue 29, docs/ledger.md): a worker's price from now on, pause, resume and removal;
+"""Provider and owner controls (docs/ledger.md): a worker's price from now on, pause, resume and removal;
 a job archived or deleted; the ledger intact through all of them."""
 
 from __future__ import annotations

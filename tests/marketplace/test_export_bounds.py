@@ -1,4 +1,4 @@
-"""What an export dials and what it tells (issue 26): the snapshot URL passes the peers' address rules again when the
+"""What an export dials and what it tells: the snapshot URL passes the peers' address rules again when the
 site dials it (numeric forms, and the addresses a name resolves to); whatever answers there, a closed port, a
 service that is not HTTP, a silent one, a TLS error or a server sending far more than a chunk declares, the owner
 reads one message while the log keeps the detail; and a liar's bytes are cut off at the chunk's declared size."""

@@ -1,4 +1,4 @@
-"""Publication at fleet size (issue 25): one event per publication to the job's agents group, each agent socket
+"""Publication at fleet size: one event per publication to the job's agents group, each agent socket
 building its own worker's message, over the real ASGI app and a real Redis channel layer."""
 
 from __future__ import annotations

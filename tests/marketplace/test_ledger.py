@@ -1,4 +1,4 @@
-"""The ledger (issue 29, docs/ledger.md): every billed interval one immutable entry, at the rate then in force;
+"""The ledger (docs/ledger.md): every billed interval one immutable entry, at the rate then in force;
 its sums are what the dashboard shows, to the cent, over a run with a price change and a fault; read as JSON and
 CSV, scoped to the owner's jobs and the provider's workers."""
 

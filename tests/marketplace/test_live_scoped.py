@@ -1,4 +1,4 @@
-"""A job's live view shows its own state only (issue 31): a finished job's chain picture shows the versions of that
+"""A job's live view shows its own state only: a finished job's chain picture shows the versions of that
 job its workers installed, not the version they hold now in another job; a job whose learner never started shows
 no throughput and no installed version of workers that came from another job."""
 

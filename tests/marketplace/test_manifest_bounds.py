@@ -1,4 +1,4 @@
-"""The site bounds what a learner's manifest may declare (issue 26): a 4 EiB chunk was accepted; now it is a 400
+"""The site bounds what a learner's manifest may declare: a 4 EiB chunk was accepted; now it is a 400
 naming the field, and so is a snapshot over ``ECHO2_MAX_SNAPSHOT_BYTES``."""
 
 from __future__ import annotations

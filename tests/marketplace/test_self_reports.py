@@ -1,4 +1,4 @@
-"""Believe no self-report in scheduling or billing (issue 26): an agent that never leases and heartbeats
+"""Believe no self-report in scheduling or billing: an agent that never leases and heartbeats
 ``{"state": "generating", "throughput": 999999}`` is not planned with that figure, is released once it has returned
 nothing past the silence bound, and is billed nothing for the silence; one child's ``relay_failed`` neither marks its
 parent failed nor promotes the child toward the seeds."""

@@ -1,4 +1,4 @@
-"""The site reads no file it was not given (issue 26, High 3; dataplane/tasks/files.py).
+"""The site reads no file it was not given (dataplane/tasks/files.py).
 
 A math task names its data file by path. Before, the site opened whatever path a request named: ``/dev/zero`` ran
 it out of memory, and the answer told whether any file existed and the first hex digits of its sha256

@@ -1,4 +1,4 @@
-"""Lease ahead (issue 30): once a batch's generation has been timed, the agent asks for the next lease while the
+"""Lease ahead: once a batch's generation has been timed, the agent asks for the next lease while the
 current batch generates, so on a long link generation does not wait a round trip per batch. Driven message by
 message against a real session and a real engine whose generation the test holds (a recording socket stands in
 for the site): the next lease goes out before the generating batch's groups, one lease at most is held ahead,

@@ -1,4 +1,4 @@
-"""An agent paced by the budget its site announces is never refused, however fast it could go (issue 25): the
+"""An agent paced by the budget its site announces is never refused, however fast it could go: the
 frames' send times, replayed through the site's own bucket (``marketplace.api.throttling.MessageBucket``), all pass."""
 
 from __future__ import annotations

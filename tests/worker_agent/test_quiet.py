@@ -1,4 +1,4 @@
-"""A quiet agent (issue 31): a real session generating without pause while the learner publishes version after version
+"""A quiet agent: a real session generating without pause while the learner publishes version after version
 says at most one INFO line every 2 s (each install's details at DEBUG, the newest install in the status line); a
 worker that joins long after its job's base was published is told the install time since it joined; the status
 file the session keeps is what ``echo2-agent status`` prints."""

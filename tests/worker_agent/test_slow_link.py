@@ -1,4 +1,4 @@
-"""An agent on a slow link (issue 30): versions published faster than it can fetch them do not all download at
+"""An agent on a slow link: versions published faster than it can fetch them do not all download at
 once, sharing its downlink so that none finishes (the harsh profile's 10 Mbit/s worker installed nothing for
 minutes); a version with no chain child to serve waits while another is fetched, a newer one replaces it, and
 the newest is installed once the fetch in flight ends. Real session, real learner snapshot store over HTTP, a

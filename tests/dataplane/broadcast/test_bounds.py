@@ -1,4 +1,4 @@
-"""Bounded relays (issue 26), on real sockets: a parent declaring a 100 MiB frame for a 100-byte chunk, or a stranger
+"""Bounded relays, on real sockets: a parent declaring a 100 MiB frame for a 100-byte chunk, or a stranger
 opening with a 100 MiB frame instead of a hello, is cut off before a byte of the payload is read, memory staying
 flat (tracemalloc's peak) and the liar getting out only what the sockets buffer; a hub refuses a hello for a
 version it does not serve without naming any job or version it does."""

@@ -229,7 +229,7 @@ def test_peer_asking_for_an_unassigned_version_or_not_its_child_is_refused(snaps
 
     reason = asyncio.run(ask(VERSION + 1, 2))
     assert f"not assigned job {JOB} version {VERSION + 1}" in reason
-    assert f"version {VERSION} " not in reason + " "  # never what the hub does serve (issue 26)
+    assert f"version {VERSION} " not in reason + " "  # never what the hub does serve
     assert "worker 9 is not an assigned child of worker 1" in asyncio.run(ask(VERSION, 9))
 
 
