@@ -64,7 +64,7 @@ def evaluate(engine, spec, hands: int, params: SamplingParams, batch: int, seed:
     return out
 
 
-def train(engine, model, spec, task, steps: int, batch: int) -> list[float]:
+def train(engine, model, spec, task, steps: int, batch: int, micro_batch: int | None = None) -> list[float]:
     """``steps`` GRPO updates of ``model`` from the job's settings; each update's mean return (big blinds)."""
     import torch
 
@@ -73,7 +73,7 @@ def train(engine, model, spec, task, steps: int, batch: int) -> list[float]:
 
     settings = LossConfig().resolved(clip_eps=spec.clip_eps, max_new_tokens=spec.max_new_tokens)
     trainer = PolicyTrainer(model, torch.optim.AdamW(model.parameters(), lr=spec.learning_rate), settings,
-                            pad_id=engine.tokenizer.pad_token_id, max_grad_norm=1.0)
+                            pad_id=engine.tokenizer.pad_token_id, max_grad_norm=1.0, micro_batch=micro_batch)
     rng = random.Random(spec.seed)
     params = SamplingParams(max_new_tokens=spec.max_new_tokens, temperature=spec.temperature)
     means = []
@@ -86,10 +86,16 @@ def train(engine, model, spec, task, steps: int, batch: int) -> list[float]:
             groups += rollout_groups(engine, task, leases, job_id=1, n=spec.group_size, params=params, version=t)
         stats = trainer.step(concat(pack_records(g.records) for g in groups))
         means.append(stats.reward_mean)
+        print(f"  step {t}: {len(groups)} groups, legal share {legal_share(groups):.3f}", file=sys.stderr)
         engine.load_weights({k: v.detach().clone() for k, v in model.state_dict().items()})
         print(f"  step {t}: mean return {stats.reward_mean:+.3f} bb, {time.perf_counter() - started:.0f} s",
               file=sys.stderr)
     return means
+
+
+def legal_share(groups) -> float:
+    records = [r for g in groups for r in g.records]
+    return 1 - sum(r.metadata["illegal"] for r in records) / max(1, sum(r.metadata["decisions"] for r in records))
 
 
 def summary(rows: list[dict]) -> dict:
@@ -140,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=32, help="hands played in lockstep per engine call")
     parser.add_argument("--eval-seed", type=int, default=12345)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--micro-batch", type=int, help="records per forward/backward of an update (memory)")
     parser.add_argument("--opponents", default=",".join(OPPONENTS), help="comma-separated, of " + ", ".join(OPPONENTS))
     parser.add_argument("--json", type=Path, help="write the table here")
     args = parser.parse_args(argv)
@@ -163,11 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"before: {args.hands} hands per opponent, {model_dir}", file=sys.stderr)
     before = evaluate(engine, spec, args.hands, params, args.batch, args.eval_seed, opponents)
     after, curve = None, []
+    show(table(before, None))  # printed now: a training that runs out of memory does not lose it
     if args.steps:
         model = AutoModelForCausalLM.from_pretrained(model_dir)
         engine.load_weights({k: v.detach().clone() for k, v in model.state_dict().items()})
         print(f"training: {args.steps} updates of {spec.batch_trajectories} hands", file=sys.stderr)
-        curve = train(engine, model, spec, task, args.steps, args.batch)
+        curve = train(engine, model, spec, task, args.steps, args.batch, args.micro_batch)
         print("after:", file=sys.stderr)
         after = evaluate(engine, spec, args.hands, params, args.batch, args.eval_seed, opponents)
     rows = table(before, after)
