@@ -81,8 +81,10 @@ def train(engine, model, spec, task, steps: int, batch: int, micro_batch: int | 
         started = time.perf_counter()
         prompts = [p.text for p in task.sample_prompts(rng, spec.batch_trajectories // spec.group_size)]
         groups = []
-        for start in range(0, len(prompts), max(1, batch // spec.group_size)):
-            leases = [GroupLease(f"{t}-{i}", f"{t}-{i}", p) for i, p in enumerate(prompts[start:start + batch], start)]
+        per_call = max(1, batch // spec.group_size)  # prompts per engine call: ``batch`` hands in lockstep
+        for start in range(0, len(prompts), per_call):
+            chunk = prompts[start:start + per_call]
+            leases = [GroupLease(f"{t}-{i}", f"{t}-{i}", p) for i, p in enumerate(chunk, start)]
             groups += rollout_groups(engine, task, leases, job_id=1, n=spec.group_size, params=params, version=t)
         stats = trainer.step(concat(pack_records(g.records) for g in groups))
         means.append(stats.reward_mean)
