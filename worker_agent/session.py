@@ -90,7 +90,7 @@ class AgentSession:
         self.retry_delay = retry_delay
         self.connection = SiteConnection(config.server, config.agent_key, max_reconnect_delay=max_reconnect_delay)
         self.relaying = Relays(worker_id=config.worker_id, bandwidth_bps=config.bandwidth_bps, listen=relay_listen,
-                               report=self.send)
+                               report=self._relay_report)
         self.installs = Installer(cache=cache, engine_factory=engine_factory, relays=self.relaying, send=self.send,
                                   assignment=lambda: self.assignment, round_trips=self.connection.round_trips,
                                   rates=Rates(config.bandwidth_bps))
@@ -196,6 +196,15 @@ class AgentSession:
 
     async def send(self, message: m._Msg) -> None:
         await self.connection.send(message)
+
+    async def _relay_report(self, message: m.RelayFailed) -> None:
+        """A relay's parent failure, reported only for the job this worker serves: when a job ends or releases us,
+        the chain above closes too, and the site would refuse a report about a job the worker has left."""
+        if self.assignment is None or self.assignment.job_id != message.job_id:
+            log.debug("not reporting v%d of job %d's failed parent: not serving that job now", message.version,
+                      message.job_id)
+            return
+        await self.send(message)
 
     def state(self) -> m.WorkerState:
         """What the agent is doing now (:func:`worker_agent.state.derive_state`), as the site bills it."""
