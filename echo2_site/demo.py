@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -199,29 +200,8 @@ def main(argv: list[str] | None = None) -> int:
 
     console = Console()
     workdir = args.workdir.resolve()
-    claim = claim_workdir(workdir)  # held until this process ends (closing the file releases the lock)
-    if isinstance(claim, str):
-        console.print(f"[red]{claim}")
-        return 1
-    shutil.rmtree(workdir, ignore_errors=True)
-    workdir.mkdir(parents=True)
-    redis_port, site_port = free_port(), args.port or free_port()
-    server = f"http://127.0.0.1:{site_port}"
-    env = dict(os.environ, DATABASE_URL=f"sqlite:///{workdir / 'echo2.sqlite3'}",
-               REDIS_URL=f"redis://127.0.0.1:{redis_port}/0", ECHO2_DATA_DIR=str(workdir), DEBUG="true",
-               DJANGO_SETTINGS_MODULE="echo2_site.settings", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", ECHO2_WORKER_TIMEOUT_S="20")
-    stack = Stack(workdir, env)
-    stop_on_signals()  # each child runs in its own session: they get no signal
-    redis_server = shutil.which("redis-server")
-    if redis_server is None:
-        console.print("[red]redis-server is not installed; `make demo` installs it (apt-get install redis-server)")
-        return 1
-    try:
-        console.rule("ECHO-2 demo")
-        stack.start("redis", redis_server, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
-                    "--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(workdir))
-        console.print(f"private Redis on 127.0.0.1:{redis_port}")
+
+    def body(stack: Stack, server: str, site_port: int) -> int:
         tokens, model_dir = _start_site(console, stack, server, site_port, workdir)
         _start_agents(console, stack, server, tokens, workdir)
         api = httpx.Client(base_url=server + "/api/", headers={"Authorization": f"Token {tokens['demo']}"},
@@ -230,6 +210,41 @@ def main(argv: list[str] | None = None) -> int:
         code = _watch(console, api, stack, job["id"], args.target, server)
         _hand_over(console, stack, server, job["id"], workdir, args.keep_running)
         return code
+
+    return run_stack(console, workdir=workdir, port=args.port, env={"ECHO2_WORKER_TIMEOUT_S": "20"},
+                     title="ECHO-2 demo", make_target="demo", body=body)
+
+
+def run_stack(console, *, workdir: Path, port: int, env: dict[str, str], title: str, make_target: str,
+              body: Callable[[Stack, str, int], int]) -> int:
+    """The frame every demo runs in: the work directory claimed (one demo per directory) and wiped, a private
+    Redis, every process stopped at the end whatever ends it. ``body(stack, server, site_port)`` starts the site,
+    the agents and the job and returns the exit code; ``env`` is added to the stack's environment."""
+    claim = claim_workdir(workdir)  # held until this function returns (closing the file releases the lock)
+    if isinstance(claim, str):
+        console.print(f"[red]{claim}")
+        return 1
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    redis_port, site_port = free_port(), port or free_port()
+    server = f"http://127.0.0.1:{site_port}"
+    stack = Stack(workdir, {
+        **os.environ, "DATABASE_URL": f"sqlite:///{workdir / 'echo2.sqlite3'}",
+        "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0", "ECHO2_DATA_DIR": str(workdir), "DEBUG": "true",
+        "DJANGO_SETTINGS_MODULE": "echo2_site.settings", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1", **env})
+    stop_on_signals()  # each child runs in its own session: they get no signal
+    redis_server = shutil.which("redis-server")
+    if redis_server is None:
+        console.print(f"[red]redis-server is not installed; `make {make_target}` installs it "
+                      "(apt-get install redis-server)")
+        return 1
+    try:
+        console.rule(title)
+        stack.start("redis", redis_server, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
+                    "--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(workdir))
+        console.print(f"private Redis on 127.0.0.1:{redis_port}")
+        return body(stack, server, site_port)
     except KeyboardInterrupt:
         console.print("\ninterrupted")
         return 130
@@ -242,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stack.stop()
         console.print(f"all demo processes stopped; logs in {stack.logs}")
+        claim.close()
 
 
 def _hand_over(console, stack: Stack, server: str, job_id: int, workdir: Path, keep_running: bool | None,

@@ -16,9 +16,6 @@ the model learns.
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
-import signal
 import time
 from pathlib import Path
 
@@ -83,24 +80,8 @@ def main(argv: list[str] | None = None) -> int:
 
     console = Console()
     workdir = args.workdir.resolve()
-    shutil.rmtree(workdir, ignore_errors=True)
-    workdir.mkdir(parents=True)
-    redis_port, site_port = demo.free_port(), args.port or demo.free_port()
-    server = f"http://127.0.0.1:{site_port}"
-    env = dict(os.environ, DATABASE_URL=f"sqlite:///{workdir / 'echo2.sqlite3'}",
-               REDIS_URL=f"redis://127.0.0.1:{redis_port}/0", ECHO2_DATA_DIR=str(workdir), DEBUG="true",
-               DJANGO_SETTINGS_MODULE="echo2_site.settings", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", **SLOW_CPU)
-    stack = demo.Stack(workdir, env)
-    demo.stop_on_signals()
-    redis_server = shutil.which("redis-server")
-    if redis_server is None:
-        console.print("[red]redis-server is not installed; `make demo-real` installs it (apt-get install redis-server)")
-        return 1
-    try:
-        console.rule("ECHO-2 demo: SmolLM2-135M-Instruct on word problems")
-        stack.start("redis", redis_server, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "",
-                    "--appendonly", "yes", "--appendfsync", "everysec", "--dir", str(workdir))
+
+    def body(stack: demo.Stack, server: str, site_port: int) -> int:
         tokens, model_dir = demo._start_site(console, stack, server, site_port, workdir,
                                              build_model=model_builder(args.model_dir.resolve()))
         demo._start_agents(console, stack, server, tokens, workdir)
@@ -111,18 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         code = watch(console, api, stack, job["id"], server)
         demo._hand_over(console, stack, server, job["id"], workdir, args.keep_running, make_target="demo-real")
         return code
-    except KeyboardInterrupt:
-        console.print("\ninterrupted")
-        return 130
-    except demo.Stopped as sig:
-        console.print(f"\n{sig}: stopping")
-        return 128 + signal.Signals[str(sig)].value
-    except RuntimeError as err:
-        console.print(f"[red]demo failed: {err}")
-        return 1
-    finally:
-        stack.stop()
-        console.print(f"all demo processes stopped; logs in {stack.logs}")
+
+    return demo.run_stack(console, workdir=workdir, port=args.port, env=SLOW_CPU,
+                          title="ECHO-2 demo: SmolLM2-135M-Instruct on word problems", make_target="demo-real",
+                          body=body)
 
 
 def launch(console, stack: demo.Stack, api: httpx.Client, server: str, token: str, spec: dict, workdir: Path) -> dict:
