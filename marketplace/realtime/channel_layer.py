@@ -25,6 +25,7 @@ import random
 import time
 import weakref
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 
 from channels_redis.core import RedisChannelLayer
 
@@ -67,17 +68,7 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
             return message
 
     async def group_add(self, group: str, channel: str) -> None:
-        attempt, waited = 0, 0.0
-        while True:
-            try:
-                await super().group_add(group, channel)
-                break
-            except TRANSIENT:
-                if waited >= JOIN_RETRY_S:
-                    raise
-                delay = _backoff(attempt)
-                await asyncio.sleep(delay)
-                attempt, waited = attempt + 1, waited + delay
+        await _retry_joining(lambda: super(ResilientRedisChannelLayer, self).group_add(group, channel))
         self.memberships[channel].add(group)
 
     async def rejoin(self, group: str, channel: str) -> None:
@@ -93,21 +84,14 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
     async def group_add_many(self, group: str, channels: list[str]) -> None:
         """Add ``channels`` to ``group`` in one pipelined round trip, retried as ``group_add``."""
         key = self._group_key(group)
-        attempt, waited = 0, 0.0
-        while True:
-            try:
-                now = time.time()
-                async with self.connection(self.consistent_hash(group)).pipeline(transaction=False) as pipe:
-                    pipe.zadd(key, dict.fromkeys(channels, now))
-                    pipe.expire(key, self.group_expiry)
-                    await pipe.execute()
-                return
-            except TRANSIENT:
-                if waited >= JOIN_RETRY_S:
-                    raise
-                delay = _backoff(attempt)
-                await asyncio.sleep(delay)
-                attempt, waited = attempt + 1, waited + delay
+
+        async def add() -> None:
+            async with self.connection(self.consistent_hash(group)).pipeline(transaction=False) as pipe:
+                pipe.zadd(key, dict.fromkeys(channels, time.time()))
+                pipe.expire(key, self.group_expiry)
+                await pipe.execute()
+
+        await _retry_joining(add)
 
     async def group_discard(self, group: str, channel: str) -> None:
         self.memberships[channel].discard(group)
@@ -152,3 +136,19 @@ class _Rejoins:
         finally:
             self.flushing = None
             self.pending.clear()  # a failed write fails its waiters; they try again at their next event
+
+
+async def _retry_joining(join: Callable[[], Awaitable[None]]) -> None:
+    """Run ``join`` until it succeeds, backing off while Redis is unreachable, for ``JOIN_RETRY_S`` at most (then
+    it raises): a socket's membership is worth a short wait, not a dropped connection."""
+    attempt, waited = 0, 0.0
+    while True:
+        try:
+            await join()
+            return
+        except TRANSIENT:
+            if waited >= JOIN_RETRY_S:
+                raise
+            delay = _backoff(attempt)
+            await asyncio.sleep(delay)
+            attempt, waited = attempt + 1, waited + delay
