@@ -1,5 +1,5 @@
-"""Two ``make demo`` (or ``make demo-real``) runs in one clone: the second refuses with a clear message and touches nothing of the first
-(it once wiped the first's database, and their Celery beats shared a schedule file)."""
+"""Two ``make demo`` (or ``make demo-real``) runs in one clone: the second refuses with a clear message and touches
+nothing of the first (it once wiped the first's database, and their Celery beats shared a schedule file)."""
 
 from __future__ import annotations
 
