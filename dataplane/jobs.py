@@ -191,7 +191,7 @@ class JobSpec(BaseModel):
     requirements: Requirements = Field(
         default_factory=Requirements, description="What a worker must have to be activated for this job: "
         "min_gpu_memory_gb (default: estimated from the model), engine (any, hf, vllm), max_price_per_hour, "
-        "min_reliability (README \"How workers are chosen\").")
+        "min_reliability (docs/scheduling.md \"Reliability\").")
     eval: EvalConfig = Field(
         default_factory=EvalConfig, description="Scoring the policy on held-out problems while it trains "
         "(docs/learner.md \"Evaluation\"): before, after, every N updates; pass@1 greedy and mean@k over a split "

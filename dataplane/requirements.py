@@ -51,7 +51,7 @@ class Requirements(BaseModel):
         default=None, gt=0, le=1e6, description="The most a worker may cost, USD per hour; null: any price.")
     min_reliability: float = Field(
         default=0.0, ge=0.0, le=1.0, description="The least long-run reliability a worker must have, in [0, 1] "
-        "(README \"Reliability\"); 0: any.")
+        "(docs/scheduling.md \"Reliability\"); 0: any.")
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ SECRET_KEY_FALLBACKS default: none; comma-separated former SECRET_KEYs, still ve
 DEBUG         default: true
 ALLOWED_HOSTS default: localhost,127.0.0.1,[::1],testserver
 
-With DEBUG off the HTTPS settings (SECURE_*, *_COOKIE_SECURE) default to secure; the README's "Production"
-section lists every variable, and `manage.py check --deploy` is clean with them.
+With DEBUG off the HTTPS settings (SECURE_*, *_COOKIE_SECURE) default to secure; the "Production" section of
+docs/operations.md lists every variable, and `manage.py check --deploy` is clean with them.
 """
 
 from __future__ import annotations
@@ -78,8 +78,9 @@ SECRET_KEY_FALLBACKS = env_list("SECRET_KEY_FALLBACKS")  # rotated secrets, stil
 ALLOWED_HOSTS = [h.strip() for h in os.environ.get("ALLOWED_HOSTS", "localhost,127.0.0.1,[::1],testserver").split(",")]
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
 
-# HTTPS (README "Production"): secure by default when DEBUG is off. A plain-HTTP deployment on a trusted network
-# (docker/compose.yaml) turns them off explicitly. Behind a TLS-terminating proxy, name the header it sets.
+# HTTPS (docs/operations.md "Production"): secure by default when DEBUG is off. A plain-HTTP deployment on a
+# trusted network (docker/compose.yaml) turns them off explicitly. Behind a TLS-terminating proxy, name the header
+# it sets.
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
 # Path regexes served over plain HTTP too; the probes always are (a container's healthcheck speaks plain HTTP).
 SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", *env_list("SECURE_REDIRECT_EXEMPT")]
@@ -402,7 +403,7 @@ ECHO2 = {
 # daphne drops (without a close reason) any websocket message above its limit, 1 MiB by default: it must exceed
 # the site's own limit, so that frames between the two get the site's reason and close code (4413).
 # `manage.py runserver` reads these; the daphne command line takes --websocket-max-message-size and
-# --websocket-max-frame-size (docker/compose.yaml, README "Production").
+# --websocket-max-frame-size (docker/compose.yaml, docs/operations.md "Production").
 DAPHNE_WEBSOCKET_MAX_MESSAGE_SIZE = DAPHNE_WEBSOCKET_MAX_FRAME_SIZE = 2 * ECHO2["WS_MAX_MESSAGE_BYTES"]
 
 LOGGING = {

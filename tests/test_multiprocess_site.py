@@ -1,5 +1,6 @@
-"""The site runs as several ASGI processes sharing Redis and the database (README "Production"): a push that a
-request to one process triggers reaches an agent connected to another, through the channel layer.
+"""The site runs as several ASGI processes sharing Redis and the database (docs/operations.md "Several site
+processes"): a push that a request to one process triggers reaches an agent connected to another, through the
+channel layer.
 
 Two daphne processes over one SQLite file and one private Redis: the agent's socket is on process A; the job is
 created and started, and a snapshot published, through process B's REST API.

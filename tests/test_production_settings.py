@@ -1,5 +1,5 @@
-"""Production settings come from the environment: `manage.py check --deploy` is clean with the environment the
-README's "Production" section documents, and each HTTPS setting can be changed from the environment."""
+"""Production settings come from the environment: `manage.py check --deploy` is clean with the environment that
+docs/operations.md "Production" documents, and each HTTPS setting can be changed from the environment."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ MARKER = "<!-- production-environment -->"
 
 
 def documented_environment() -> dict[str, str]:
-    """The NAME=value lines of the fenced block after the README's production marker (placeholders filled)."""
-    readme = (ROOT / "README.md").read_text()
-    assert MARKER in readme, "README lost its production environment block"
-    block = readme.split(MARKER, 1)[1].split("```", 2)[1]
+    """The NAME=value lines of the fenced block after docs/operations.md's production marker (placeholders filled)."""
+    doc = (ROOT / "docs" / "operations.md").read_text()
+    assert MARKER in doc, "docs/operations.md lost its production environment block"
+    block = doc.split(MARKER, 1)[1].split("```", 2)[1]
     env = dict(re.findall(r"^([A-Z][A-Z0-9_]*)=(.*)$", block, re.MULTILINE))
     env["SECRET_KEY"] = secrets.token_urlsafe(50)
     env["DATABASE_URL"] = "sqlite:///unused.sqlite3"  # check --deploy does not connect

@@ -4,7 +4,7 @@ The paper's availability ``a_i`` (section 4.3) is the share of the last heartbea
 says nothing of a worker that is there now and gone in ten minutes, as it was every hour of the last week. ``r_i``
 reads the long-run record the site kept itself (never what the worker says) and is the product of four
 probabilities, each a smoothed rate so that a new worker starts near 1 and one bad event does not sink a good
-record (README "Reliability"):
+record (docs/scheduling.md "Reliability"):
 
     stay     = exp(-H * ended / (connected_s + PRIOR_S))         it is still connected H seconds from now: sessions
                ended over the window, per second connected (a Poisson rate; a day connected is assumed before any
