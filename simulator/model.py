@@ -85,7 +85,7 @@ class Link:
 class WanSpec:
     """Snapshots as TCP flows over access links, publications overlapping (simulator/wan.py, simulator/flows.py),
     in place of the closed-form install times of one broadcast alone. Every figure a property of the links or of
-    the agent's and site's protocol, none fitted (docs/simulator.md "The WAN model")."""
+    the agent's and site's protocol, none fitted (docs/simulator.md "Validation on WAN links")."""
 
     learner: Link
     site: Link
