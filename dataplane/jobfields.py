@@ -1,7 +1,7 @@
 """The job settings read off :class:`~dataplane.jobs.JobSpec` as plain facts: kind, default, bounds, help.
 
 ``JobSpec`` is the one place a job setting is written. The site does not restate it: its serializer (and so the
-API schema) and its launch form turn these facts into their own kind of field (``marketplace/spec_fields.py``,
+API schema) and its launch form turn these facts into their own kind of field (``marketplace/api/spec_fields.py``,
 ``frontend/forms.py``), so a field added to ``JobSpec`` shows up in both without another line.
 """
 

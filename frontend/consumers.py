@@ -16,8 +16,9 @@ from urllib.parse import parse_qs
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from marketplace import selectors, services
+from marketplace import services
 from marketplace.models import Job
+from marketplace.reads import selectors
 
 PUSH_INTERVAL_S = 0.5
 

@@ -11,7 +11,8 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_POST
 
-from marketplace import selectors, services
+from marketplace import services
+from marketplace.reads import selectors
 
 
 def _number(text: str, field: str) -> Decimal:

@@ -8,8 +8,8 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from marketplace import ledger
 from marketplace.models import Worker
+from marketplace.reads import ledger
 
 EARNINGS_DAYS = 30
 """Days of earnings the page lists; a longer period is a statement (the page's form, or ``echo2 ledger --from``)."""

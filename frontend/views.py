@@ -10,9 +10,10 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from dataplane.learner_command import learner_command
-from marketplace import figures, matching, scheduling, selectors, services
+from marketplace import services
 from marketplace.api.samples import SampleQuerySerializer
 from marketplace.models import Job, Worker
+from marketplace.reads import figures, matching, scheduling, selectors
 from marketplace.services.audit_verify import audit_standing, recent_failures
 
 from . import dist, provider

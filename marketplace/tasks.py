@@ -10,9 +10,10 @@ import logging
 
 from celery import shared_task
 
-from . import scheduling, services
+from . import services
 from .infra import observability
 from .models import Job
+from .reads import scheduling
 
 log = logging.getLogger(__name__)
 

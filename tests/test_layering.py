@@ -43,7 +43,7 @@ SIMULATOR_PACKAGES = ("marketplace", "marketplace.core", "dataplane", "dataplane
 SITE_ROOMS: dict[str, set[str]] = {
     # pure cores: plain functions over plain data, which the simulator runs as the site does
     "marketplace.core": {"django", "rest_framework", "drf_spectacular", "channels", "celery", "redis", "knox",
-                         "marketplace.models", "marketplace.services", "marketplace.selectors", "marketplace.api",
+                         "marketplace.models", "marketplace.services", "marketplace.reads", "marketplace.api",
                          "marketplace.realtime", "marketplace.infra"},
     # the REST API and its HTTP plumbing: no websockets
     "marketplace.api": {"channels", "channels_redis", "marketplace.realtime"},

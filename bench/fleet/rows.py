@@ -177,8 +177,8 @@ class Row:
 
     def _time_replan(self) -> None:
         """One re-plan decision of the running job over the whole pool (the scheduler's own function)."""
-        from marketplace import scheduling
         from marketplace.models import Job
+        from marketplace.reads import scheduling
 
         started = time.perf_counter()
         scheduling.job_replan(Job.objects.get(pk=self.job_id))

@@ -15,8 +15,8 @@ from rest_framework import authentication, exceptions, permissions
 
 from dataplane import credentials
 
-from .. import selectors
 from ..models import Job, Worker
+from ..reads import selectors
 from . import throttling
 
 _TOKEN_SHAPE = re.compile(rb"[A-Za-z0-9_-]{20,200}")

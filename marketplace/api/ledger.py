@@ -6,7 +6,8 @@ no offset is given), ``from`` included, ``to`` excluded.
 
 JSON comes in pages (``?limit=N&cursor=C``): ``entries`` is one page in the ledger's order, ``next`` and
 ``previous`` the URLs of the pages beside it (null at either end), ``totals`` always of every entry the filters
-select. The cursor is a position (an entry's ``at`` and ``id``), not an offset: see :func:`marketplace.ledger.page`.
+select. The cursor is a position (an entry's ``at`` and ``id``), not an offset: see
+:func:`marketplace.reads.ledger.page`.
 The CSV is the whole statement in one download (a file to keep); ``limit`` or ``cursor`` with it is a 400.
 """
 
@@ -28,7 +29,7 @@ from rest_framework.response import Response
 from rest_framework.utils.encoders import JSONEncoder
 from rest_framework.views import APIView
 
-from .. import ledger
+from ..reads import ledger
 from .errors import Pagination
 
 FORMATS = ("json", "csv")

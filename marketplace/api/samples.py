@@ -7,7 +7,7 @@ from rest_framework import serializers
 
 from dataplane import samples
 
-from ..sample_models import JobSample
+from ..models import JobSample
 
 MAX_INT = 2**31 - 1
 MAX_REWARD = 1e12

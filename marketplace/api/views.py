@@ -18,13 +18,14 @@ from rest_framework.response import Response
 from dataplane.jobs import JobSpec
 from dataplane.replay import RedisError
 
-from .. import ledger, scheduling, selectors, services
-from .. import serializers as s
+from .. import services
 from ..core import provisioning
 from ..infra import stream
 from ..models import Job, Worker
+from ..reads import ledger, scheduling, selectors
 from ..services.audit_verify import audit_standing
 from . import controls, exports, samples
+from . import serializers as s
 from .auth import AGENT_KEY_ALLOWED, learner_problem
 from .plan_schema import CapacityPlanSerializer
 from .renderers import TomlRenderer, YamlRenderer

@@ -106,7 +106,7 @@ def cost_usd(*, price_per_hour: float, billed_seconds: float) -> float:
 
 
 MICROSECOND = Decimal("0.000001")
-NANO_USD = Decimal("0.000000001")  # a ledger amount's last place (marketplace/ledger_models.py AMOUNT_PLACES)
+NANO_USD = Decimal("0.000000001")  # a ledger amount's last place (marketplace/models/ledger.py AMOUNT_PLACES)
 CENT = Decimal("0.01")
 
 

@@ -28,8 +28,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dataplane.replay import RedisError, connect
 
-from .. import selectors
 from ..models import Job
+from ..reads import selectors
 from . import refusals, stream
 
 log = logging.getLogger(__name__)

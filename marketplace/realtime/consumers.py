@@ -29,11 +29,12 @@ from django.utils import timezone
 from dataplane import messages as m
 from dataplane.replay import TRANSIENT
 
-from .. import selectors, services
+from .. import services
 from ..api import throttling
 from ..api.jsonlimits import JSONLimitError, check_json
 from ..infra import refusals, verdicts
 from ..models import Worker
+from ..reads import selectors
 from ..services import fanout
 from . import lag
 from .assembly import GroupAssembler

@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from ..infra import stream
 from ..models import Activation, Job, Provider, Worker, WorkerAudit
-from ..selectors import AUDIT_RELEASED
+from ..reads.selectors import AUDIT_RELEASED
 from .audit_verify import JobChecker, standing_text, worker_counted_failures
 from .workers import worker_release
 

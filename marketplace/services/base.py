@@ -19,8 +19,8 @@ from django.db import OperationalError, connection, transaction
 
 from dataplane import messages as m
 
-from .. import selectors
 from ..models import Activation, Job, Worker
+from ..reads import selectors
 
 log = logging.getLogger(__name__)
 

@@ -28,9 +28,9 @@ from dataplane import messages as m
 from dataplane.broadcast import chains, strategies
 from dataplane.snapshot import SnapshotError, parse_manifest
 
-from .. import selectors
 from ..infra import telemetry
 from ..models import Activation, Job, Snapshot, SnapshotInstall, Worker
+from ..reads import selectors
 from . import fanout
 from .base import ServiceError, learner_may_report, push_job_update, retry_conflicts, running_activation
 

@@ -10,8 +10,8 @@ from django.db import transaction
 
 from dataplane.jobs import JobSpecError, parse_job_spec
 
-from .. import ledger
 from ..models import Job
+from ..reads import ledger
 from .base import ServiceError, push_job_update
 from .jobs import job_pause, job_resume
 

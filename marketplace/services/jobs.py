@@ -13,9 +13,9 @@ from django.utils import timezone
 from dataplane.jobs import JobSpec, model_dir_problem
 from dataplane.replay import RedisError
 
-from .. import ledger, matching, selectors
 from ..infra import learner_door, stream
 from ..models import Activation, Job, Worker
+from ..reads import ledger, matching, selectors
 from .base import ServiceError, enqueue_task, push_job_update
 from .datasets import datasets_check
 from .workers import worker_activate, worker_release

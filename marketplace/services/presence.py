@@ -22,10 +22,10 @@ from dataplane.hardware import Hardware
 from dataplane.replay import RedisError
 from dataplane.rewards import REFUSED
 
-from .. import selectors
 from ..core import billing
 from ..infra import liveness, telemetry
 from ..models import Activation, Job, Worker, WorkerSession
+from ..reads import selectors
 from .base import ServiceError, enqueue_task, push_job_update
 from .billing import activation_observe, activation_report, gap_limit_s
 from .broadcast import assign_message

@@ -16,9 +16,9 @@ from django.utils import timezone
 
 from dataplane.broadcast import chains
 
-from .. import selectors
 from ..infra import liveness, telemetry
 from ..models import Job, Snapshot, SnapshotInstall, Worker
+from ..reads import selectors
 from . import fanout
 from .base import ServiceError, push_job_update, push_to_worker, running_activation
 from .broadcast import credential_expiry, snapshot_message

@@ -18,9 +18,9 @@ from dataplane.records import RecordError, RecordLimits, TrajectoryGroup
 from dataplane.replay import LeaseError, RedisError
 from dataplane.tasks import TaskSpecError, build_task
 
-from .. import selectors
 from ..infra import group_seal, reward_errors, stream, telemetry
 from ..models import Activation, Job, Worker
+from ..reads import selectors
 from ..realtime.assembly import AssemblyError, GroupAssembler, JobLimits, group_bytes_bound
 from .base import ServiceError, running_activation
 

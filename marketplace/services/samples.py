@@ -9,8 +9,7 @@ from django.db import transaction
 
 from dataplane.samples import SAMPLES_KEPT_PER_JOB
 
-from ..models import Job
-from ..sample_models import JobSample
+from ..models import Job, JobSample
 
 
 @transaction.atomic

@@ -16,9 +16,9 @@ from dataplane.hardware import Hardware
 from dataplane.replay import RedisError
 from dataplane.tasks import TaskSpecError, build_task
 
-from .. import matching, selectors
 from ..infra import liveness, stream
 from ..models import Activation, Job, PriceChange, Provider, Worker, WorkerCalibration
+from ..reads import matching, selectors
 from .base import ServiceError, push_job_update, push_to_worker
 from .billing import activation_observe
 from .broadcast import assign_message

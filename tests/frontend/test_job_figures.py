@@ -19,9 +19,10 @@ from rest_framework.test import APIClient
 
 from dataplane.snapshot import build_manifest
 from echo2_cli.render import summary_rows
-from marketplace import ledger, services
+from marketplace import services
 from marketplace.core import provisioning
 from marketplace.models import Activation, Job, Snapshot
+from marketplace.reads import ledger
 from marketplace.services.billing import activation_report
 
 from ..lying_servers import closed_port

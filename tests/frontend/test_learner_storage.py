@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from echo2_cli.render import summary_rows
-from marketplace import selectors, services
+from marketplace import services
 from marketplace.models import Job
+from marketplace.reads import selectors
 
 from ..marketplace import factories
 from .test_pages import signed_in

@@ -18,9 +18,10 @@ from dataplane import messages as m
 from dataplane import replay
 from dataplane.tasks import build_task
 from learner.prompts import PromptFeeder
-from marketplace import selectors, services
+from marketplace import services
 from marketplace.infra import refusals
 from marketplace.models import Activation, Job
+from marketplace.reads import selectors
 from marketplace.services import rollouts
 
 from . import factories

@@ -8,7 +8,7 @@ from django.db import OperationalError
 from psycopg_pool import PoolTimeout
 from rest_framework.test import APIClient
 
-from marketplace import selectors
+from marketplace.reads import selectors
 
 from . import factories
 

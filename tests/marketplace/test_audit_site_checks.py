@@ -15,10 +15,11 @@ from rest_framework.test import APIClient
 
 from dataplane import audit_hold
 from dataplane.records import TrajectoryGroup
-from marketplace import selectors, services
+from marketplace import services
 from marketplace.core.audit_checks import site_scorer
 from marketplace.infra import stream
 from marketplace.models import Activation, Job, Worker, WorkerAudit
+from marketplace.reads import selectors
 from marketplace.services.audit_verify import audit_standing
 
 from . import factories

@@ -18,9 +18,10 @@ from dataplane.replay import NEVER_DECODE
 from dataplane.stored import StoredGroup, stored_entry
 from dataplane.tasks import build_task
 from learner.prompts import PromptFeeder
-from marketplace import scheduling, services
+from marketplace import services
 from marketplace.infra import stream
 from marketplace.models import Activation, Job, Provider, Worker, WorkerAudit
+from marketplace.reads import scheduling
 
 from . import factories
 

@@ -14,10 +14,11 @@ from django.utils import timezone
 
 from dataplane.tasks import build_task
 from learner.prompts import PromptFeeder
-from marketplace import selectors, services
+from marketplace import services
 from marketplace.core import billing
 from marketplace.infra import liveness, telemetry
 from marketplace.models import Activation, Job
+from marketplace.reads import selectors
 from marketplace.services.billing import activation_report
 
 from . import factories

@@ -393,7 +393,7 @@ def test_an_install_reported_again_counts_once(pushes):
 
 
 def test_the_base_measures_neither_broadcast_time_nor_bandwidth(pushes):
-    from marketplace import selectors
+    from marketplace.reads import selectors
 
     workers = make_workers(2)
     job = running_job(workers, b0=1000)  # one chain: seed -> tail

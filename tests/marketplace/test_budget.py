@@ -9,9 +9,10 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from marketplace import ledger, selectors, services
+from marketplace import services
 from marketplace.core import budget
 from marketplace.models import Activation, Job
+from marketplace.reads import ledger, selectors
 from marketplace.services.billing import activation_report
 
 from . import factories

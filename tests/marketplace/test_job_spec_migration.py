@@ -20,7 +20,7 @@ def _migrate(target):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_job_saved_before_keeps_every_setting_and_the_way_back_restores_them() -> None:
-    from marketplace.selectors import job_spec
+    from marketplace.reads.selectors import job_spec
 
     old = _migrate(BEFORE)
     owner = old.get_model("auth", "User").objects.create(username="owner")

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from echo2_cli.render import summary_rows
-from marketplace import selectors, services
+from marketplace import services
+from marketplace.reads import selectors
 
 from . import factories
 

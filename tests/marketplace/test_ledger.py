@@ -13,10 +13,11 @@ import pytest
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from marketplace import selectors, services
+from marketplace import services
 from marketplace.core import billing
-from marketplace.ledger_models import LedgerError
 from marketplace.models import Activation, Job, LedgerEntry
+from marketplace.models.ledger import LedgerError
+from marketplace.reads import selectors
 from marketplace.services.billing import activation_report
 
 from . import factories

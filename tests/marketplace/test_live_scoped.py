@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from marketplace import selectors, services
+from marketplace import services
 from marketplace.models import Job, Worker
+from marketplace.reads import selectors
 
 from . import factories
 from .test_pause import online

@@ -15,10 +15,11 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from echo2_site.asgi import application
-from marketplace import scheduling, services
+from marketplace import services
 from marketplace.core import controller
 from marketplace.infra import telemetry
 from marketplace.models import Activation, Worker
+from marketplace.reads import scheduling
 
 from . import factories
 

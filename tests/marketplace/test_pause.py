@@ -9,8 +9,9 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from rest_framework.test import APIClient
 
-from marketplace import selectors, services
+from marketplace import services
 from marketplace.models import Activation, Job, Worker, WorkerCalibration
+from marketplace.reads import selectors
 
 from . import factories
 

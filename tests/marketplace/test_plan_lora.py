@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from dataplane.jobs import parse_job_spec
-from marketplace import scheduling
 from marketplace.models import Job
+from marketplace.reads import scheduling
 
 from . import factories
 

@@ -7,8 +7,9 @@ import pytest
 from rest_framework.test import APIClient
 
 from dataplane.jobs import parse_job_spec
-from marketplace import scheduling, services
+from marketplace import services
 from marketplace.models import Job, Worker, WorkerCalibration
+from marketplace.reads import scheduling
 
 from . import factories
 

@@ -14,8 +14,9 @@ from rest_framework.test import APIClient
 
 from dataplane.hardware import Hardware
 from echo2_cli.render import summary_rows
-from marketplace import matching, scheduling, selectors, services
+from marketplace import services
 from marketplace.models import Activation, Worker, WorkerCalibration
+from marketplace.reads import matching, scheduling, selectors
 
 from . import factories
 

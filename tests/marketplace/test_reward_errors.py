@@ -8,8 +8,9 @@ import pytest
 from channels.db import database_sync_to_async
 from rest_framework.test import APIClient
 
-from marketplace import scheduling, selectors, services
+from marketplace import services
 from marketplace.models import Activation, Job
+from marketplace.reads import scheduling, selectors
 
 from . import factories
 from .test_agent_socket import connect, group, record, started_with

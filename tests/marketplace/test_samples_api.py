@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dataplane import samples
-from marketplace.sample_models import JobSample
+from marketplace.models import JobSample
 
 from . import factories
 from .test_api import client_for

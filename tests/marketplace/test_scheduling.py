@@ -7,9 +7,10 @@ import time
 import pytest
 from rest_framework.test import APIClient
 
-from marketplace import scheduling, services, tasks
+from marketplace import services, tasks
 from marketplace.infra import telemetry
 from marketplace.models import Activation, Job, Worker, WorkerCalibration
+from marketplace.reads import scheduling
 
 from . import factories
 

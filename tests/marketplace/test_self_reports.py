@@ -12,10 +12,11 @@ import pytest
 from django.utils import timezone
 
 from dataplane.broadcast import chains
-from marketplace import scheduling, services, tasks
+from marketplace import services, tasks
 from marketplace.core import billing
 from marketplace.infra import liveness, stream, telemetry
 from marketplace.models import Activation, Job, Worker, WorkerCalibration
+from marketplace.reads import scheduling
 from marketplace.services import fanout
 
 from . import factories

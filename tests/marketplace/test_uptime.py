@@ -14,8 +14,9 @@ from rest_framework.test import APIClient
 
 from dataplane.broadcast import chains
 from echo2_site.asgi import application
-from marketplace import selectors, services
+from marketplace import services
 from marketplace.models import Activation, Worker, WorkerSession
+from marketplace.reads import selectors
 
 from . import factories
 

@@ -14,9 +14,10 @@ from channels.testing import WebsocketCommunicator
 from dataplane import messages as m
 from dataplane.tasks import build_task
 from echo2_site.asgi import application
-from marketplace import matching, scheduling, services
+from marketplace import services
 from marketplace.core.matching import Needs, Offer, match, unmet
 from marketplace.models import Activation, Worker, WorkerCalibration
+from marketplace.reads import matching, scheduling
 from marketplace.services.base import ServiceError
 
 from . import factories

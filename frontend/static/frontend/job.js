@@ -1,5 +1,5 @@
 // Job page: draws the charts and the forwarding chains from the rendered state, then applies each live
-// update the site pushes over the job's websocket (frontend.consumers, marketplace.selectors.job_live).
+// update the site pushes over the job's websocket (frontend.consumers, marketplace.reads.selectors.job_live).
 // No libraries.
 (function () {
   "use strict";

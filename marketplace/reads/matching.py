@@ -18,9 +18,9 @@ from dataplane.jobs import JobSpec
 from dataplane.requirements import estimate_memory, memory_needed
 from dataplane.tasks import build_task
 
-from .core import matching as core
-from .core.reliability import HORIZON_S, Record, Reliability, reliability
-from .models import Activation, Job, Worker, WorkerSession
+from ..core import matching as core
+from ..core.reliability import HORIZON_S, Record, Reliability, reliability
+from ..models import Activation, Job, Worker, WorkerSession
 
 WINDOW = timedelta(days=7)
 """The long-run record's window, the same as the provider page's uptime."""

@@ -1,6 +1,6 @@
 """The ledger (docs/ledger.md): every billed interval one immutable row, and every price a worker had, with its date.
 
-Balances, provider statements and owner invoices are queries over :class:`LedgerEntry` (``marketplace.ledger``);
+Balances, provider statements and owner invoices are queries over :class:`LedgerEntry` (``marketplace.reads.ledger``);
 the running sums the pages show (``Activation.billed_usd``) are written in the same transaction as each row, so
 they equal the ledger's sums to the cent (tests/marketplace/test_ledger.py proves it over a run).
 Imported by ``marketplace.models`` (Django finds the models there).
@@ -13,7 +13,7 @@ from django.utils import timezone
 
 AMOUNT_PLACES = 9
 """An entry's amount is kept to 1e-9 USD: a two-second interval at $0.35/h is $0.000194..., so rounding each to the
-cent would bill nothing; totals are rounded to the cent once, when shown (``marketplace.ledger.cents``)."""
+cent would bill nothing; totals are rounded to the cent once, when shown (``marketplace.core.billing.cents``)."""
 
 
 class LedgerError(ValueError):

@@ -15,8 +15,8 @@ from decimal import Decimal
 from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 
-from .core import billing, budget
-from .models import Activation, Job, JobMetric, LedgerEntry, Worker
+from ..core import billing, budget
+from ..models import Activation, Job, JobMetric, LedgerEntry, Worker
 
 COLUMNS = ("id", "at", "started_at", "job_id", "job_name", "worker_id", "worker_name", "state", "seconds",
            "rate_per_hour", "amount_usd")

@@ -18,13 +18,13 @@ from django.conf import settings
 from dataplane import staleness_evidence
 from dataplane.jobs import JobSpec
 
+from ..core import activation
+from ..core import controller as ctl
+from ..core import matching as match
+from ..core import provisioning as p
+from ..infra import telemetry
+from ..models import Activation, Job, Worker, WorkerCalibration
 from . import matching, selectors
-from .core import activation
-from .core import controller as ctl
-from .core import matching as match
-from .core import provisioning as p
-from .infra import telemetry
-from .models import Activation, Job, Worker, WorkerCalibration
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,8 +11,8 @@ import math
 from django.conf import settings
 from django.utils import timezone
 
-from .core import provisioning
-from .models import Job, JobMetric, Snapshot
+from ..core import provisioning
+from ..models import Job, JobMetric, Snapshot
 
 REWARD_WINDOW = 10
 """Steps the headline reward averages: the window of the learner's ``target_reward`` check (learner/loop.py) and of

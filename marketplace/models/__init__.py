@@ -16,8 +16,8 @@ from dataplane.jobs import TERMINAL as TERMINAL_STATUSES
 from dataplane.jobs import JobSpec, JobStatus
 from dataplane.messages import WorkerState
 
-from .ledger_models import AMOUNT_PLACES, LedgerEntry, PriceChange  # noqa: F401 (Django finds the models here)
-from .sample_models import JobSample  # noqa: F401 (Django finds the model here)
+from .ledger import AMOUNT_PLACES, LedgerEntry, PriceChange  # noqa: F401 (Django finds the models here)
+from .samples import JobSample  # noqa: F401 (Django finds the model here)
 
 
 class Provider(models.Model):

@@ -17,11 +17,10 @@ from dataplane.broadcast import chains
 from dataplane.rewards import REFUSED
 from dataplane.timing import split_line
 
+from ..core import provisioning
+from ..infra import refusals, reward_errors, telemetry
+from ..models import Activation, Job, JobMetric, JobSample, Snapshot, SnapshotInstall, Worker, WorkerSession
 from . import figures, ledger, matching
-from .core import provisioning
-from .infra import refusals, reward_errors, telemetry
-from .models import Activation, Job, JobMetric, Snapshot, SnapshotInstall, Worker, WorkerSession
-from .sample_models import JobSample
 
 UPTIME_WINDOW = timedelta(days=7)
 """The window the pages and the API measure uptime and utilization over."""

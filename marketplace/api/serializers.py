@@ -14,10 +14,10 @@ from dataplane.hardware import Hardware, parse_hardware
 from dataplane.jobs import JobSpec, JobSpecError, parse_job_spec
 from dataplane.messages import MAX_THROUGHPUT
 
+from ..core.addresses import AddressError, PeerPolicy, check_host_port, check_url
+from ..models import Activation, Job, JobMetric, Snapshot, Worker, WorkerAudit, WorkerCalibration
 from . import spec_fields
-from .api.samples import sample_rows_field
-from .core.addresses import AddressError, PeerPolicy, check_host_port, check_url
-from .models import Activation, Job, JobMetric, Snapshot, Worker, WorkerAudit, WorkerCalibration
+from .samples import sample_rows_field
 
 # Bounds of numbers the API stores: every integer fits its column on every database (PostgreSQL's integer is 32
 # bits), every float is finite (DRF) and small enough that sums and means of many stay finite (JSON has no inf).
@@ -99,7 +99,7 @@ class WorkerSerializer(serializers.ModelSerializer):
         "\"User code on workers\"); null: its agent never said (older)."))
     reliability = serializers.JSONField(read_only=True, allow_null=True, help_text=(
         "The long-run reliability figure in [0, 1] the scheduler weighs a_i mu_i by and jobs filter on "
-        "(min_reliability), with its parts (marketplace/core/reliability.py; README \"Reliability\")."))
+        "(min_reliability), with its parts (marketplace/core/reliability.py; docs/scheduling.md \"Reliability\")."))
 
     class Meta:
         model = Worker
