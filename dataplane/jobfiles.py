@@ -16,6 +16,7 @@ from typing import Any
 
 from .dataset.content import DatasetError
 from .dataset.jobfile import resolve_data_path
+from .usercode import CodeError, resolve_code_modules
 
 TOML_SUFFIXES = (".toml",)
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -58,7 +59,8 @@ def file_kind(name: str) -> str:
 
 def load_job_file(path: Path | str) -> dict[str, Any]:
     """The settings in the TOML or YAML job file at ``path``; a data set it names by path (``task.data.path``,
-    relative to the file) becomes its digest (:mod:`dataplane.dataset.jobfile`)."""
+    relative to the file) becomes its digest (:mod:`dataplane.dataset.jobfile`), the modules it ships to the
+    workers (``task.code_modules``) their code package's (:mod:`dataplane.usercode`)."""
     kind = file_kind(str(path))
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -66,8 +68,11 @@ def load_job_file(path: Path | str) -> dict[str, Any]:
         raise JobFileError(f"{path}: cannot read: {err}") from None
     raw = read_job_text(text, kind=kind, name=str(path))
     try:  # a data set named by its path (task.data.path) becomes its digest, the files this machine's copy
-        return resolve_data_path(raw, base=Path(path).parent)
-    except DatasetError as err:
+        raw = resolve_data_path(raw, base=Path(path).parent)
+        # the modules the workers import (task.code_modules), found as the learner imports them (from the working
+        # directory first), become the digest of their code package (dataplane/usercode.py)
+        return resolve_code_modules(raw, roots=[Path.cwd(), Path(path).parent.resolve()])
+    except (DatasetError, CodeError) as err:
         raise JobFileError(f"{path}: {err}") from None
 
 

@@ -63,10 +63,13 @@ def submit(
     from dataplane.dataset.jobfile import upload_path
     from dataplane.jobfiles import apply_overrides, dump_toml, load_job_file
     from dataplane.jobs import parse_job_spec
+    from dataplane.usercode import upload_path as code_upload_path
 
     raw = apply_overrides(load_job_file(file), set_ or [])
     upload = upload_path(raw)  # a data set named by path in the file: the site takes its content, never a path
+    code = code_upload_path(raw)  # the modules it ships to the workers (task.code_modules), packed by content
     spec = parse_job_spec(raw)  # the site checks again; this answers at once, before any network
+    _say_when_workers_need_installed_code(spec)
     if dry_run:
         resolved = spec.model_dump(mode="json")
         typer.echo(json.dumps(resolved) if json_output else dump_toml(resolved), nl=json_output)
@@ -75,8 +78,8 @@ def submit(
             raise CliError(problem, BAD_INPUT)
         return
     with _site(server, token_file) as site:
-        if upload is not None:
-            site.request("POST", "datasets/", content=pack(upload), headers={"Content-Type": "application/x-tar"})
+        for path in (p for p in (upload, code) if p is not None):  # the code package is stored as a data set is
+            site.request("POST", "datasets/", content=pack(path), headers={"Content-Type": "application/x-tar"})
         job = site.post("jobs/", json.loads(json.dumps(raw, default=str)))
         _say_when_no_worker_qualifies(site, raw)
         if start:
@@ -89,6 +92,19 @@ def submit(
         return
     typer.echo(render.job_line(job))
     typer.echo(render.learner_hint(job, site.server, str(token_file.expanduser().resolve()) if token_file else None))
+
+
+def _say_when_workers_need_installed_code(spec: JobSpec) -> None:
+    """One line on stderr when the job runs the owner's code on the workers and ships no code package for it: each
+    worker would need the modules installed by hand, which a marketplace's providers do not do."""
+    from dataplane.tasks import build_task
+
+    task = build_task(spec.task)
+    if task.user_code() and not task.code:
+        modules = sorted({ref.partition(":")[0] for ref in task.user_code()})
+        typer.echo(f"echo2: the workers run this job's own code ({', '.join(task.user_code())}) and the job ships "
+                   f"none: a worker imports it only where it is installed; add task.code_modules = "
+                   f"{json.dumps(modules)} to ship it (docs/rewards.md, \"Code on the workers\")", err=True)
 
 
 def _say_when_no_worker_qualifies(site: Site, raw: dict) -> None:

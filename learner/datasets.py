@@ -10,7 +10,8 @@ learner holds each before it samples a prompt, from
 
 registers where it is (:func:`dataplane.dataset.content.register`, where the task reads its rows and the auditor
 recomputes rewards alike) and lays its archive out as manifest and chunks under ``<store>/data/<digest>/``, which the
-snapshot server serves to the job's credential holders (``GET /data/<digest>/chunks/<i>``).
+snapshot server serves to the job's credential holders (``GET /data/<digest>/chunks/<i>``). The job's code package
+(``task.code``: dataplane/usercode.py) is one of them, always from the site.
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ def provide(task: TaskAdapter, *, root: Path, job_id: int, dataset: Path | None,
     naming the data set when it is neither at ``dataset`` nor uploaded to the site."""
     digests = task.content_digests()
     for digest in digests:
-        path = _local(digest, dataset)
+        what = "code package" if digest == task.code else "data set"  # the code package comes from the site alone
+        path = _local(digest, dataset) if digest != task.code else None
         if path is None:
             path = Path(root) / FILES / digest
             if not path.is_dir() or content.digest(path) != digest:
@@ -103,5 +105,5 @@ def provide(task: TaskAdapter, *, root: Path, job_id: int, dataset: Path | None,
                 basemodel.unpack(payload, path)
         content.register(digest, path)
         lay_out(root, digest, content.pack(path), job_id=job_id)
-        log.info("job %s: data set %s... from %s, served to the workers", job_id, digest[:12], path)
+        log.info("job %s: %s %s... from %s, served to the workers", job_id, what, digest[:12], path)
     return digests

@@ -45,6 +45,9 @@ class TaskAdapter(ABC):
     #: A worker gets this task's records by playing whole episodes of several turns (:meth:`play`), not by
     #: sampling one completion per prompt and scoring it with :meth:`reward`.
     multi_turn: bool = False
+    #: The digest of the job's code package (dataplane/usercode.py): the owner's modules that the task imports where
+    #: the workers are, shipped by content. A task that runs user code takes it as its ``code`` option; None: none.
+    code: str | None = None
 
     @abstractmethod
     def sample_prompts(self, rng: random.Random, count: int) -> list[Prompt]:
@@ -96,9 +99,9 @@ class TaskAdapter(ABC):
 
     def content_digests(self) -> list[str]:
         """The data sets this task reads, by digest (docs/datasets.md): the learner serves each to the job's workers,
-        and an agent fetches each it lacks (into its cache) before :meth:`prepare`. Empty for a task whose data ships
-        with it."""
-        return []
+        and an agent fetches each it lacks (into its cache) before :meth:`prepare`; the job's code package
+        (:attr:`code`) is one of them, last. Empty for a task whose data and code ship with it."""
+        return [self.code] if self.code else []
 
     def reward_stats(self) -> RewardStats | None:
         """What the task's reward functions did wrong so far (errors, non-finite scores; cumulative), for the agent

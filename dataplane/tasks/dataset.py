@@ -34,6 +34,7 @@ from ..dataset.load import INSTALL_HINT, load_rows
 from ..dataset.spec import DataSpec, parse_data
 from ..records import MAX_REWARD
 from ..rewards import CannotServe, Reward, RewardError, RewardSpec, RewardStats, build_reward, parse_reward_spec
+from ..usercode import CodeError, activate, parse_code
 from .base import Prompt, TaskAdapter, TaskSpecError, register_task
 
 MAX_PROMPT_CHARS = 100_000
@@ -78,9 +79,10 @@ def index_rows(rows: list[dict[str, Any]], data: DataSpec) -> dict[str, dict[str
 class DatasetTask(TaskAdapter):
     name = "dataset"
 
-    def __init__(self, *, data: Any = None, reward: Any = None) -> None:
+    def __init__(self, *, data: Any = None, reward: Any = None, code: Any = None) -> None:
         try:
             self.data = parse_data(data)
+            self.code = parse_code(code)
         except ValueError as err:
             raise TaskSpecError(str(err)) from None
         if reward is None:
@@ -108,11 +110,12 @@ class DatasetTask(TaskAdapter):
         return "".join(sorted(set("".join(self._prompts) + "".join(answers))))
 
     def spec(self) -> dict[str, Any]:
+        code = {"code": self.code} if self.code else {}
         return {"name": self.name, "data": self.data.model_dump(mode="json"),
-                "reward": self.reward_spec.model_dump(mode="json")}
+                "reward": self.reward_spec.model_dump(mode="json"), **code}
 
     def content_digests(self) -> list[str]:
-        return [self.data.digest]
+        return [self.data.digest, *super().content_digests()]
 
     def user_code(self) -> list[str]:
         return self.reward_spec.worker_user_functions
@@ -129,6 +132,11 @@ class DatasetTask(TaskAdapter):
         except ImportError:
             raise DatasetsMissing(f"data: reading data sets needs Hugging Face datasets: {INSTALL_HINT}") from None
         workers = self.reward_spec.part(learner=False)
+        if allow_user_code and self.code and self.reward_spec.worker_user_functions:
+            try:  # the owner's functions scored here import from the job's code package, where this machine holds it
+                activate(self.code)
+            except CodeError as err:
+                raise TaskSpecError(str(err)) from None
         self._reward = build_reward(workers, allow_user_code=allow_user_code) if workers is not None else None
         if locate(self.data.digest) is not None:
             self._rows()

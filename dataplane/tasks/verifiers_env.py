@@ -27,6 +27,8 @@ environment gives to it follows.
 ``allow_user_code`` (the agent passes the provider's ``echo2-agent run --allow-user-code``, the learner true), or on
 first use in a process that set ``ECHO2_ALLOW_USER_CODE=1``; never on the site (building the adapter from a spec
 imports nothing). Refused, it raises :class:`~dataplane.rewards.UserCodeRefused` and the agent refuses the job.
+With ``code`` (a code package's digest, dataplane/usercode.py) it imports from that package, which the agent
+fetched with the job's data: the workers need no copy installed.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from typing import Any
 from ..chat import decode_chat, encode_chat, flatten_chat
 from ..rewards import UserCodeRefused
 from ..rewards.reward import import_owner_module
+from ..usercode import CodeError, activate, parse_code
 from .base import Prompt, TaskAdapter, TaskSpecError, register_task
 from .episodes import Episode, Turn, play_lockstep
 
@@ -85,9 +88,13 @@ class VerifiersTask(TaskAdapter):
     name = "verifiers"
 
     def __init__(self, *, env: str = "", args: dict[str, Any] | None = None, size: int = 1000, max_turns: int = 1,
-                 reward_range: list[float] | tuple[float, float] = (0.0, 1.0)) -> None:
+                 reward_range: list[float] | tuple[float, float] = (0.0, 1.0), code: Any = None) -> None:
         if not isinstance(env, str) or not _REF.match(env):
             raise TaskSpecError("env: name the environment's loader as 'pkg.module:load_environment'")
+        try:
+            self.code = parse_code(code)
+        except CodeError as err:
+            raise TaskSpecError(str(err)) from None
         args = {} if args is None else args
         if not isinstance(args, dict) or any(not isinstance(k, str) for k in args):
             raise TaskSpecError("args: must be an object of keyword arguments of the loader")
@@ -105,8 +112,9 @@ class VerifiersTask(TaskAdapter):
         self._allowed = False  # prepare(allow_user_code=True) was called
 
     def spec(self) -> dict[str, Any]:
+        code = {"code": self.code} if self.code else {}
         return {"name": self.name, "env": self.env, "args": dict(self.args), "size": self.size,
-                "max_turns": self.max_turns, "reward_range": list(self.reward_range)}
+                "max_turns": self.max_turns, "reward_range": list(self.reward_range), **code}
 
     def max_completion_tokens(self, max_new_tokens: int) -> int:
         return max_new_tokens if not self.multi_turn else self.max_turns * (max_new_tokens + REPLY_TOKENS)
@@ -131,6 +139,11 @@ class VerifiersTask(TaskAdapter):
                 import verifiers.v1  # noqa: F401 - the format the environment is written in
             except ImportError:
                 raise TaskSpecError(f"env: the verifiers task needs verifiers ({INSTALL})") from None
+            if self.code:  # the environment imports from the job's code package, where this machine holds it
+                try:
+                    activate(self.code)
+                except CodeError as err:
+                    raise TaskSpecError(str(err)) from None
             environment = _call_loader(self.env, self.args)
             taskset = getattr(environment, "taskset", environment)
             index: dict[str, Any] = {}

@@ -141,8 +141,13 @@ def dataset_file(*, user, digest: str) -> Path | None:
 
 def datasets_check(*, owner, spec: JobSpec) -> None:
     """A job's task may name only data sets its owner uploaded, unless its learner serves them (``source:
-    learner``); ServiceError naming ``task`` otherwise."""
-    digests = build_task(spec.task).content_digests()
+    learner``), and only a code package (``task.code``, dataplane/usercode.py) its owner uploaded, always: the
+    learner fetches it from here; ServiceError naming ``task`` otherwise."""
+    task = build_task(spec.task)
+    if task.code and dataset_file(user=owner, digest=task.code) is None:
+        raise ServiceError(f"task: code: no code package {task.code[:12]}... was uploaded by you: echo2 job submit "
+                           "packs and uploads it for a job file's task.code_modules (POST /api/datasets/)")
+    digests = [d for d in task.content_digests() if d != task.code]
     if not digests or (spec.task.get("data") or {}).get("source") == "learner":
         return
     for digest in digests:
