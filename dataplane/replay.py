@@ -32,11 +32,14 @@ Returning a group is one Lua script (loaded once, then called by its SHA): check
 this worker's and names this group and its prompt, append the group, acknowledge and delete the prompt, count it, and
 add the caller's :class:`TimedEvent` (the site's accepted-records evidence: its key is the caller's). So a group is
 accepted at most once, a prompt is never lost, and the whole return is one round trip. A lease is one script too:
-expired leases first (XAUTOCLAIM), fresh prompts for the remainder (XREADGROUP).
+expired leases first (XAUTOCLAIM), fresh prompts for the remainder (XREADGROUP). A worker's whole request (groups
+returned, its leases renewed, more leased, and the outcome kept for a resend of the request) is one script as well:
+:meth:`ReplayBuffer.submit`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
@@ -52,7 +55,7 @@ from redis.retry import Retry
 
 from .groupcodec import encode_group
 from .records import TrajectoryGroup
-from .replay_scripts import ACK_COUNTED, LEASE, RENEW, RETURN_ERRORS, RETURN_GROUP, script
+from .replay_scripts import ACK_COUNTED, LEASE, RENEW, RETURN_ERRORS, RETURN_GROUP, SUBMIT, script
 from .seal import seal
 from .stored import StoredGroup, field, stored_entry, text
 
@@ -121,6 +124,21 @@ class LeaseError(ValueError):
     """A returned group that no open lease of this worker can take; ``str(err)`` is the reason."""
 
 
+def return_error(code: str, lease_id: str) -> str:
+    """The reason of a return script's error ``code`` (``replay_scripts.RETURN_ERRORS``) for lease ``lease_id``."""
+    return f"lease_id: {lease_id!r} is not a lease" if code == "badid" else RETURN_ERRORS[code]
+
+
+def returned(result: str) -> StoredId | LeaseError:
+    """A return script's answer for one group: its stored id (``resent`` when stored by an earlier return), or the
+    error (``str``: the code's reason, lease id left out: see :func:`return_error`)."""
+    if result in RETURN_ERRORS:
+        return LeaseError(result)
+    stored = StoredId(result.removeprefix("resent "))
+    stored.resent = result.startswith("resent ")
+    return stored
+
+
 @dataclass(frozen=True)
 class LeasedPrompt:
     lease_id: str
@@ -139,6 +157,41 @@ class TimedEvent:
     at: float
     keep_after: float
     ttl_s: int
+
+
+@dataclass(frozen=True)
+class KeptVerdict:
+    """Where :meth:`ReplayBuffer.submit` keeps a request's outcome, so that the same request sent again (its reply was
+    late or lost) is answered with it, not run again. The key and ``context`` are the caller's
+    (``marketplace.infra.verdicts``): ``context`` is what the caller knew before the script (a text without a
+    newline), kept and handed back with the outcome. A resend answered from it counts one in hash ``resent_key``,
+    field ``resent_field``."""
+
+    key: str
+    ttl_s: int
+    context: str
+    resent_key: str
+    resent_field: str
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """What :meth:`ReplayBuffer.submit` did, or (``held``) what the first sending of the same request did."""
+
+    returns: list[StoredId | LeaseError]  # per group given, in order
+    leased: list[LeasedPrompt]
+    context: str  # the caller's part: as given now, or as the first sending gave it
+    held: bool = False
+
+
+def kept_outcome(kept: str | bytes, *, held: bool = True) -> Submitted:
+    """The outcome :meth:`ReplayBuffer.submit` keeps under a verdict key (the caller's context, a newline, then the
+    script's JSON), read back."""
+    context, _, outcome = text(kept).partition("\n")
+    results, leases = json.loads(outcome)
+    return Submitted(returns=[returned(r) for r in results or []],
+                     leased=[LeasedPrompt(lease_id=i, group_id=g, prompt=p) for i, g, p in leases or []],
+                     context=context, held=held)
 
 
 def add_event(client: redis.Redis, event: TimedEvent) -> None:
@@ -307,10 +360,36 @@ class ReplayBuffer:
         except redis.ResponseError as err:  # e.g. a lease id that is not a stream id
             raise LeaseError(f"lease_id: {group.lease_id!r} is not a lease ({err})") from None
         if result in RETURN_ERRORS:
-            raise LeaseError(RETURN_ERRORS[result])
-        stored = StoredId(result.removeprefix("resent "))
-        stored.resent = result.startswith("resent ")
-        return stored
+            raise LeaseError(return_error(result, group.lease_id))
+        return returned(result)
+
+    def submit(self, *, worker_id: int, groups: list[tuple[TrajectoryGroup, TimedEvent]], lease: int,
+               timeout_s: float, renew: bool, now: float, observed_key: str, observed_ttl_s: int,
+               rejected_records: int = 0, seal_key: bytes | None = None, verdict: KeptVerdict | None = None,
+               remember_s: int = RESEND_MEMORY_S) -> Submitted:
+        """A worker's whole request in one round trip (the ``SUBMIT`` script): return ``groups`` (each as
+        :meth:`return_group`, with its event), renew the worker's other leases when one was accepted and ``renew``
+        (:meth:`renew`), lease ``lease`` more (:meth:`lease`) and, when leasing, set field ``leased`` (or ``starved``:
+        none came) of hash ``observed_key`` to ``now``; ``rejected_records`` refused before (by the caller's checks)
+        are counted with those refused here. With ``verdict``, the outcome is kept there and a request found kept is
+        answered from it (``held``) and runs nothing. Refusals come back per group as :class:`LeaseError` (its
+        text: the code; :func:`return_error` words it), never raised."""
+        keys = [self.prompts, self.trajectories, self.counters_key, self.delivered_key, observed_key,
+                verdict.key if verdict else observed_key, verdict.resent_key if verdict else observed_key]
+        args: list = [PROMPT_GROUP, consumer_name(worker_id), worker_id, max(1, int(remember_s)), lease,
+                      int(timeout_s * 1000), 1 if renew else 0, repr(now), observed_ttl_s, rejected_records,
+                      verdict.ttl_s if verdict else 0, verdict.context if verdict else "", len(groups)]
+        if verdict is not None and "\n" in verdict.context:
+            raise ValueError("a verdict's context is one line")
+        for group, event in groups:
+            data = encode_group(group)
+            sealed = seal(seal_key, job_id=self.job_id, worker_id=worker_id, lease_id=group.lease_id, data=data) \
+                if seal_key is not None else ""
+            keys += [returned_key(self.job_id, group.lease_id), event.key]
+            args += [group.lease_id, group.group_id, data, len(group.records), group.records[0].prompt, sealed,
+                     event.member, repr(event.at), repr(event.keep_after), event.ttl_s]
+        status, kept = self._retrying(lambda: script(self.client, SUBMIT)(keys=keys, args=args))
+        return kept_outcome(kept, held=text(status) == "held")
 
     # ---- counters and end of job ----------------------------------------------------------------
 

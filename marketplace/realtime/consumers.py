@@ -50,7 +50,6 @@ REMEMBERED_MESSAGES = (m.LeaseRequest, m.Trajectories, m.Submit)  # answered onc
 # Failures of the site's own stores, not of the request: answered "send it again" (retry_after), never as a verdict.
 INFRASTRUCTURE = (*TRANSIENT, OperationalError, InterfaceError)
 UNAVAILABLE_RETRY_AFTER_S = 2.0  # the Redis client has already retried for ECHO2_REDIS_RETRY_S
-BUSY_RETRY_AFTER_S = 1.0
 REANNOUNCE_EVERY_S = 5.0  # a connection's budget is announced again at most this often (realtime/lag.py)
 
 
@@ -190,17 +189,19 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                 await self._refuse(f"too many hellos from worker {self.worker.pk}; retry in {wait:.0f} s",
                                    TOO_MANY_REQUESTS, ref="hello")
                 return
-        remembered = isinstance(message, REMEMBERED_MESSAGES) and message.id is not None
-        if remembered:
-            held = await self._verdict_held(message)
-            if held is not None:
-                for payload in held:
-                    await self.send_json(payload)
-                return
+        # Its verdict kept, and a resend answered from it, in the work's own Redis round trip (infra/verdicts.py)
+        verdict_key = verdicts.key_for(self.worker.pk, message) \
+            if isinstance(message, REMEMBERED_MESSAGES) and message.id is not None else None
         started = time.monotonic()
         try:
             if isinstance(message, ROLLOUT_MESSAGES):
-                replies = await self._rollout(message)
+                try:
+                    replies = await self._rollout(message, verdict_key)
+                except services.ServiceError:
+                    again = await self._answered_before(message, verdict_key) if verdict_key is not None else None
+                    if again is None:
+                        raise
+                    replies = [again]
                 lag.REPLIES.add(time.monotonic() - started)
             elif isinstance(message, m.Heartbeat):
                 replies = await self._heartbeat(message)
@@ -228,8 +229,6 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             if request_id is not None and "ref_id" in type(reply).model_fields:
                 reply = reply.model_copy(update={"ref_id": request_id})  # the agent pairs replies by id
             payloads.append(reply.model_dump(mode="json"))
-        if remembered:  # before the reply goes: a resend that follows it finds the verdict
-            await self._verdict_reached(message, payloads)
         for payload in payloads:
             await self.send_json(payload)
         await self._follow(*(r.model_dump(mode="json") for r in replies if isinstance(r, m.Assign | m.Release)))
@@ -254,33 +253,12 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                  lag.REPLIES.average, 100 * share)
         await self.send_json(lowered.model_dump(mode="json"))
 
-    async def _verdict_held(self, message) -> list[dict] | None:
-        """What to answer a request without running it (``marketplace.infra.verdicts``): the replies its first
-        sending got, "still being handled: send it again shortly", or "the site cannot check now" (Redis away);
-        None when it is new (then it runs, and :meth:`_verdict_reached` settles it)."""
-        try:
-            held = await sync_to_async(verdicts.claim, thread_sensitive=False)(self.worker.pk, message)
-        except INFRASTRUCTURE as err:
-            reply = _unavailable(message.type, err)
-        else:
-            if held is None:
-                return None
-            if held is not verdicts.BUSY:
-                return held
-            reply = m.Rejected(reason=f"request {message.id} is still being handled; send it again shortly",
-                               ref=message.type, retry_after=BUSY_RETRY_AFTER_S)
-        return [reply.model_copy(update={"ref_id": message.id}).model_dump(mode="json")]
-
-    async def _verdict_reached(self, message, payloads: list[dict]) -> None:
-        """Keep the replies for a resend when they judge the request, else let a resend run it again. A store that
-        fails here costs a resend its shortcut only: the group it carries is recognised as stored anyway."""
-        try:
-            if verdicts.is_verdict(payloads):
-                await sync_to_async(verdicts.keep, thread_sensitive=False)(self.worker.pk, message, payloads)
-            else:
-                await sync_to_async(verdicts.forget, thread_sensitive=False)(self.worker.pk, message)
-        except INFRASTRUCTURE as err:
-            log.warning("agent %s: the verdict of request %s not kept (%s)", self.worker.pk, message.id, err)
+    async def _answered_before(self, message, verdict_key: str) -> m._Msg | None:
+        """For a request refused before it reached Redis (the worker is not active in the job now): when an earlier
+        sending of it ran, its groups may be stored, and the resend gets that verdict (else None: the refusal
+        stands)."""
+        return await sync_to_async(services.submitted_again, thread_sensitive=False)(
+            worker=self.worker, message=message, verdict_key=verdict_key)
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs) -> None:
         if self.worker is None:
@@ -335,10 +313,12 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         await self.send_json(m.Rejected(reason=reason, ref=_frame_type(text), ref_id=_frame_id(text),
                                         retry_after=round(wait + 0.005, 3)).model_dump())
 
-    async def _rollout(self, message: m.LeaseRequest | m.Trajectories | m.TrajectoriesPart | m.Submit) -> list[m._Msg]:
+    async def _rollout(self, message: m.LeaseRequest | m.Trajectories | m.TrajectoriesPart | m.Submit,
+                       verdict_key: str | None = None) -> list[m._Msg]:
         """A lease or a group, checked against the running job this socket read (``marketplace.realtime.jobcache``):
-        read from the database when it is not held, then the work is Redis alone and runs off the database thread, so
-        the sockets' rollouts do not queue behind one another's queries."""
+        read from the database when it is not held, then the work is one Redis round trip (its verdict kept under
+        ``verdict_key`` in it) and runs off the database thread, so the sockets' rollouts do not queue behind one
+        another's queries."""
         job_id = message.job_id if isinstance(message, m.LeaseRequest | m.Submit) else message.group.job_id
         running = self.running.get(job_id)
         if running is None:
@@ -356,7 +336,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             earned = services.worker_earned_usd_held(self.worker.pk, now=now)
             if earned is None:
                 earned = await database_sync_to_async(services.worker_earned_usd)(self.worker.pk, now=now)
-        return await sync_to_async(self._dispatch_rollout, thread_sensitive=False)(message, running, earned)
+        return await sync_to_async(self._dispatch_rollout, thread_sensitive=False)(message, running, earned,
+                                                                                     verdict_key)
 
     async def _heartbeat(self, message: m.Heartbeat) -> list[m._Msg]:
         """Recorded in Redis off the database thread (``services.worker_heartbeat_record``), so heartbeats never
@@ -371,7 +352,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                                                                           reason=message.reason, **fields)
         return []
 
-    def _dispatch_rollout(self, message, running, earned: float | None = None) -> list[m._Msg]:
+    def _dispatch_rollout(self, message, running, earned: float | None = None,
+                          verdict_key: str | None = None) -> list[m._Msg]:
         """The rollout messages' services, given the running job and, for a submit, the worker's earnings (no query:
         see :meth:`_rollout`; a query here would pin a pooled connection to a worker thread that never returns it,
         and PostgreSQL then refuses to drop the test database at the end of a test session)."""
@@ -379,12 +361,14 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         match message:
             case m.LeaseRequest():
                 return [services.prompts_lease(worker=worker, job_id=message.job_id, groups=message.groups,
-                                               running=running)]
+                                               running=running, verdict_key=verdict_key)]
             case m.Trajectories():
-                return [services.trajectories_submit(worker=worker, group=message.group, running=running)]
+                return [services.trajectories_submit(worker=worker, group=message.group, running=running,
+                                                     verdict_key=verdict_key)]
             case m.Submit():
                 return [services.groups_submit(worker=worker, job_id=message.job_id, groups=message.groups,
-                                               lease=message.lease, running=running, earned_usd=earned)]
+                                               lease=message.lease, running=running, earned_usd=earned,
+                                               verdict_key=verdict_key)]
             case m.TrajectoriesPart():
                 return services.trajectories_part_submit(worker=worker, assembler=self.assembler, part=message,
                                                          frame_bytes=self.frame_bytes, running=running)

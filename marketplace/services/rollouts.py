@@ -15,10 +15,10 @@ from django.db.models import Sum
 from dataplane import messages as m
 from dataplane.chat import as_prompt_format
 from dataplane.records import RecordError, RecordLimits, TrajectoryGroup
-from dataplane.replay import LeaseError, RedisError
+from dataplane.replay import LeasedPrompt, LeaseError, return_error
 from dataplane.tasks import TaskSpecError, build_task
 
-from ..infra import group_seal, reward_errors, stream, telemetry
+from ..infra import group_seal, reward_errors, stream, telemetry, verdicts
 from ..models import Activation, Job, Worker
 from ..reads import selectors
 from ..realtime.assembly import AssemblyError, GroupAssembler, JobLimits, group_bytes_bound
@@ -70,87 +70,143 @@ def _checked(worker: Worker, job_id: int, running: RunningJob | None) -> Running
     return running_job(worker=worker, job_id=job_id)
 
 
-def prompts_lease(*, worker: Worker, job_id: int, groups: int, running: RunningJob | None = None) -> m.Lease | m.NoWork:
+def prompts_lease(*, worker: Worker, job_id: int, groups: int, running: RunningJob | None = None,
+                  verdict_key: str | None = None) -> m.Lease | m.NoWork:
     """Lease up to ``groups`` prompt groups to the worker. ``running``: the job as the caller last read it
-    (:func:`running_job`); without it the activation is read now."""
+    (:func:`running_job`); without it the activation is read now. ``verdict_key``: where the outcome is kept for a
+    resend of the request (``infra.verdicts``); a request found kept there is answered as it was the first time."""
     job = _checked(worker, job_id, running)
-    timeout = settings.ECHO2["LEASE_TIMEOUT_S"]
-    count = min(groups, job.max_lease_groups)
-    leased = stream.replay(job_id).lease(worker_id=worker.pk, count=count, timeout_s=timeout)
-    if not leased:
-        _starved(worker.pk, job_id, now=time.time())
-        return m.NoWork(job_id=job_id, retry_after=0.2)
-    try:  # the prompts are leased: a figure lost to Redis must not lose the lease's reply (they would wait 30 s)
-        telemetry.record_observed(worker.pk, job_id=job_id, what="leased", at=time.time())  # it is working: billed
-    except RedisError as err:
-        log.warning("worker %s: a lease of job %s not recorded for billing (Redis: %s)", worker.pk, job_id, err)
-    return m.Lease(job_id=job_id, timeout=timeout, leases=[
-        m.LeasedPrompt(lease_id=g.lease_id, group_id=g.group_id, prompt=g.prompt) for g in leased
-    ])
+    done = _submit(worker=worker, job=job, groups=[], lease=min(groups, job.max_lease_groups), renew=False,
+                   verdict_key=verdict_key, context={})
+    return _lease_reply(job_id, done)
 
 
-STARVED_EVERY_S = 5.0
-UNLEASED_RETRY_AFTER_S = 2.0  # a lease that failed after its submit's groups were judged is asked again this late
-_starved_written: dict[tuple[int, int], float] = {}  # (worker, job) -> when this process last wrote it
+NO_WORK_RETRY_AFTER_S = 0.2
 EARNINGS_EVERY_S = 10.0  # the agent prints a summary every 10 s by default (--status-every)
 _earned: dict[int, tuple[float, float]] = {}  # worker -> (when this process summed it, the sum)
 
 
-def _starved(worker_id: int, job_id: int, *, now: float) -> None:
-    """The worker asked for work and the job had none: not silent (``billing.silent_reason``), not billed either.
-    Written at most every ``STARVED_EVERY_S`` per worker and process: an idle agent asks several times a second."""
-    if now - _starved_written.get((worker_id, job_id), 0.0) >= STARVED_EVERY_S:
-        _starved_written[(worker_id, job_id)] = now
-        telemetry.record_observed(worker_id, job_id=job_id, what="starved", at=now)
+@dataclasses.dataclass(frozen=True)
+class _Done:
+    """What a request did (or, ``held``, what its first sending did): a verdict per group, the prompts leased, and
+    the context the site decided before Redis (kept with the outcome, so a resend is worded the same)."""
+
+    results: list[m.Accepted]
+    leased: list[LeasedPrompt]
+    context: dict
+    held: bool
 
 
-def trajectories_submit(*, worker: Worker, group: TrajectoryGroup, running: RunningJob | None = None) -> m.Accepted:
+def _submit(*, worker: Worker, job: RunningJob, groups: list[TrajectoryGroup], lease: int, renew: bool,
+            verdict_key: str | None, context: dict) -> _Done:
+    """Check ``groups`` against the job, then return those that pass, renew, lease ``lease`` more and keep the
+    outcome under ``verdict_key``, all in one Redis round trip (``ReplayBuffer.submit``). The billing marks ride
+    along: each accepted group's event (the worker's measured mu_i), the lease taken (or asked for in vain). What
+    fails the checks is refused with its reason, its records counted as ``rejected_records`` in the same trip."""
+    now = time.time()
+    refused: list[str | None] = []
+    sent = []
+    for group in groups:
+        try:
+            group.check_for_job(job_id=job.job_id, group_size=job.group_size, max_version=job.published_version,
+                                limits=job.limits)
+        except RecordError as err:
+            refused.append(str(err))
+            continue
+        refused.append(None)
+        sent.append((group, telemetry.accepted_event(worker.pk, job_id=job.job_id, at=now, records=len(group.records))))
+    context = {**context, "refused": refused, "records": [len(g.records) for g in groups],
+               "timeout": settings.ECHO2["LEASE_TIMEOUT_S"]}
+    kept = verdicts.kept(worker.pk, verdict_key, context) if verdict_key is not None else None
+    outcome = stream.replay(job.job_id).submit(
+        worker_id=worker.pk, groups=sent, lease=lease, timeout_s=context["timeout"], renew=renew, now=now,
+        observed_key=telemetry.observed_key(worker.pk, job.job_id), observed_ttl_s=telemetry.OBSERVED_TTL_S,
+        rejected_records=sum(len(g.records) for g, why in zip(groups, refused, strict=True) if why is not None),
+        seal_key=group_seal.signing_key(), verdict=kept)
+    if outcome.held:
+        context = json.loads(outcome.context)
+    else:  # counted once: a resend finds its group stored
+        for (group, _), stored in zip(sent, outcome.returns, strict=True):
+            if group.reward_errors is not None and not isinstance(stored, LeaseError) and not stored.resent:
+                reward_errors.record(job.job_id, group.reward_errors)
+    return _Done(results=_results(groups, context, outcome.returns), leased=outcome.leased, context=context,
+                 held=outcome.held)
+
+
+def _results(groups: list[TrajectoryGroup], context: dict, returns: list) -> list[m.Accepted]:
+    """A verdict per group: refused by the site's checks (``context``), or as the return script answered."""
+    answered = iter(returns)
+    results = []
+    for group, reason, n in zip(groups, context["refused"], context["records"], strict=True):
+        if reason is None and isinstance(stored := next(answered), LeaseError):
+            reason = return_error(str(stored), group.lease_id)
+        results.append(m.Accepted(job_id=group.job_id, lease_id=group.lease_id, accepted=0 if reason else n,
+                                  rejected=n if reason else 0, reasons=[reason] if reason else []))
+    return results
+
+
+def _lease_reply(job_id: int, done: _Done) -> m.Lease | m.NoWork:
+    if not done.leased:
+        return m.NoWork(job_id=job_id, retry_after=NO_WORK_RETRY_AFTER_S)
+    return m.Lease(job_id=job_id, timeout=done.context["timeout"], leases=[
+        m.LeasedPrompt(lease_id=g.lease_id, group_id=g.group_id, prompt=g.prompt) for g in done.leased
+    ])
+
+
+def trajectories_submit(*, worker: Worker, group: TrajectoryGroup, running: RunningJob | None = None,
+                        verdict_key: str | None = None) -> m.Accepted:
     """Check a returned group against its job and lease and append it to the learner's stream, all or nothing.
 
     The group's schema and group rules were checked when its message was parsed (``TrajectoryGroup``).
     A group that does not fit is refused whole (GRPO needs whole groups); its lease stays open, so the
-    prompt is re-leased after the timeout and nothing is lost. ``running``: as for :func:`prompts_lease`.
-    The accepted records are counted for the worker's measured mu_i in the same Redis round trip, and the entry
-    carries the site's seal (``dataplane.seal``): what an audit of it later believes (``services.audit_verify``).
+    prompt is re-leased after the timeout and nothing is lost. ``running`` and ``verdict_key``: as for
+    :func:`prompts_lease`. The accepted records are counted for the worker's measured mu_i in the same Redis round
+    trip, and the entry carries the site's seal (``dataplane.seal``): what an audit of it later believes
+    (``services.audit_verify``).
     """
     job = _checked(worker, group.job_id, running)
-    buffer = stream.replay(group.job_id)
-    n = len(group.records)
-    try:
-        group.check_for_job(job_id=job.job_id, group_size=job.group_size, max_version=job.published_version,
-                            limits=job.limits)
-        stored = buffer.return_group(worker_id=worker.pk, group=group, seal_key=group_seal.signing_key(),
-                                     event=telemetry.accepted_event(worker.pk, job_id=job.job_id, at=time.time(),
-                                                                    records=n))
-    except (RecordError, LeaseError) as err:
-        buffer.count("rejected_records", n)
-        return m.Accepted(job_id=group.job_id, lease_id=group.lease_id, accepted=0, rejected=n, reasons=[str(err)])
-    if group.reward_errors is not None and not stored.resent:  # counted once: a resend finds its group stored
-        reward_errors.record(job.job_id, group.reward_errors)
-    return m.Accepted(job_id=group.job_id, lease_id=group.lease_id, accepted=n, rejected=0)
+    done = _submit(worker=worker, job=job, groups=[group], lease=0, renew=False, verdict_key=verdict_key, context={})
+    return done.results[0]
 
 
 def groups_submit(*, worker: Worker, job_id: int, groups: list[TrajectoryGroup], lease: int = 0,
-                  running: RunningJob | None = None, earned_usd: float | None = None) -> m.Submitted:
-    """A batch of answered leases, each checked and appended on its own (:func:`trajectories_submit`: one bad group
-    does not sink the others), then ``lease`` more groups leased in the same round trip (:func:`prompts_lease`).
-    The answer carries what the worker has earned (``earned_usd``, else :func:`worker_earned_usd`: a query when
-    due, so a caller off the database thread reads it there first), for its agent's status line."""
+                  running: RunningJob | None = None, earned_usd: float | None = None,
+                  verdict_key: str | None = None) -> m.Submitted:
+    """A batch of answered leases, each checked and appended on its own (as :func:`trajectories_submit`: one bad
+    group does not sink the others), the worker's other leases renewed when one was accepted (it is visibly working:
+    they are not taken from it), then ``lease`` more groups leased: one Redis round trip in all, the verdict kept
+    under ``verdict_key`` included. The answer carries what the worker has earned (``earned_usd``, else
+    :func:`worker_earned_usd`: a query when due, so a caller off the database thread reads it there first), for its
+    agent's status line."""
     job = _checked(worker, job_id, running)
-    results = [trajectories_submit(worker=worker, group=group, running=job) for group in groups]
-    try:
-        if any(result.accepted for result in results):  # visibly working: its other leases are not taken from it
-            stream.replay(job_id).renew(worker_id=worker.pk, timeout_s=settings.ECHO2["LEASE_TIMEOUT_S"])
-        leased = prompts_lease(worker=worker, job_id=job_id, groups=lease, running=job) if lease else None
-    except RedisError as err:
-        if not groups:
-            raise  # nothing judged yet: the request as a whole is sent again
-        # The groups' verdicts stand (stored groups are accepted, whatever fails after); the lease is asked again.
-        log.warning("worker %s: lease of job %s after its groups failed (Redis: %s)", worker.pk, job_id, err)
-        leased = m.NoWork(job_id=job_id, retry_after=UNLEASED_RETRY_AFTER_S)
-    return m.Submitted(job_id=job_id, results=results, lease=leased,
-                       earned_usd=worker_earned_usd(worker.pk, now=time.monotonic()) if earned_usd is None
-                       else earned_usd)
+    if earned_usd is None:
+        earned_usd = worker_earned_usd(worker.pk, now=time.monotonic())
+    done = _submit(worker=worker, job=job, groups=groups, lease=min(lease, job.max_lease_groups), renew=True,
+                   verdict_key=verdict_key, context={"earned_usd": earned_usd})
+    return m.Submitted(job_id=job_id, results=done.results, lease=_lease_reply(job_id, done) if lease else None,
+                       earned_usd=done.context["earned_usd"])
+
+
+def submitted_again(*, worker: Worker, message: m.LeaseRequest | m.Trajectories | m.Submit,
+                    verdict_key: str) -> m._Msg | None:
+    """The reply the first sending of ``message`` got, when its outcome is kept under ``verdict_key``; else None.
+    For a resend refused before it reached Redis (the worker released since): its groups may be stored already."""
+    outcome = verdicts.stored(worker.pk, verdict_key)
+    if outcome is None:
+        return None
+    context = json.loads(outcome.context)
+    groups = message.groups if isinstance(message, m.Submit) else [message.group] \
+        if isinstance(message, m.Trajectories) else []
+    results = _results(groups, context, outcome.returns)
+    done = _Done(results=results, leased=outcome.leased, context=context, held=True)
+    match message:
+        case m.Submit():
+            return m.Submitted(job_id=message.job_id, results=results,
+                               lease=_lease_reply(message.job_id, done) if message.lease else None,
+                               earned_usd=context["earned_usd"])
+        case m.Trajectories():
+            return results[0]
+    return _lease_reply(message.job_id, done)
 
 
 def worker_earned_usd(worker_id: int, *, now: float) -> float:

@@ -123,3 +123,85 @@ def test_verdicts_are_kept_past_every_resend_an_agent_can_make():
     deadline = max(rollout_loop.RETURN_DEADLINE_S, rollout_loop.LEASE_DEADLINE_S)
     assert deadline < verdicts.VERDICT_MEMORY_S  # a resend under the same id comes within its request's deadline
     assert RESEND_MEMORY_S > rollout_loop.KEEP_UNSENT_S  # a kept group is recognised as stored for as long as kept
+
+
+@pytest.fixture
+def streams_round_trips():
+    """The commands the site sends to the streams' Redis, one entry per round trip (a pipeline or a script call is
+    one), connection handshakes left out: the stream client's pool makes counting connections from here on."""
+    sent: list[bytes] = []
+    pool = stream.client().connection_pool
+    base = pool.connection_class
+
+    class Counting(base):
+        handshaking = False
+
+        def on_connect(self):
+            self.handshaking = True
+            try:
+                super().on_connect()
+            finally:
+                self.handshaking = False
+
+        def send_packed_command(self, command, check_health=True):
+            if not self.handshaking:
+                sent.append(b"".join(command) if isinstance(command, list) else bytes(command))
+            return super().send_packed_command(command, check_health)
+
+    pool.connection_class = Counting
+    pool.disconnect()
+    yield sent
+    pool.connection_class = base
+    pool.disconnect()
+
+
+async def test_a_submit_is_one_round_trip_to_redis_and_so_is_its_resend(redis_client, streams_round_trips):
+    """Groups returned, leases renewed, more leased, billing marks and the verdict kept for a resend: one script
+    call; a resend answered from its kept verdict: one more. A lone lease request, likewise."""
+    job, worker, key = await setup_job_and_worker(batch_trajectories=12)
+    comm = await connect(key)
+    await started_with(comm, job)
+    first = await leasing(comm, redis_client, job, "r1")  # the scripts are loaded by now
+    del streams_round_trips[:]
+    await comm.send_to(text_data=submit(job.pk, "r1", lease=2))
+    assert await comm.receive_json_from(timeout=5) == first
+    assert len(streams_round_trips) == 1
+    del streams_round_trips[:]
+    frame = submit(job.pk, "r2", [answer(job.pk, lease, tokens=4) for lease in first["lease"]["leases"]], lease=1)
+    await comm.send_to(text_data=frame)
+    told = await comm.receive_json_from(timeout=5)
+    assert [r["accepted"] for r in told["results"]] == [4, 4] and len(told["lease"]["leases"]) == 1
+    assert len(streams_round_trips) == 1 and b"EVALSHA" in streams_round_trips[0]
+    await comm.send_to(text_data=frame)
+    assert await comm.receive_json_from(timeout=5) == told
+    assert len(streams_round_trips) == 2
+    assert redis_client.xlen(replay.trajectories_key(job.pk)) == 2
+    assert verdicts.resent_counts() == {worker.pk: 2}
+    await comm.disconnect()
+
+
+async def test_a_resend_after_the_worker_was_released_gets_the_verdict_its_groups_got(redis_client):
+    """The first sending stored the groups, its reply was lost, and the worker was released before the resend came:
+    the resend is told what the first sending got (accepted), not "not active in this job"."""
+    from asgiref.sync import sync_to_async
+
+    from marketplace import services
+    from marketplace.models import Activation
+
+    job, worker, key = await setup_job_and_worker(batch_trajectories=12)
+    comm = await connect(key)
+    await started_with(comm, job)
+    leases = (await leasing(comm, redis_client, job, "v1"))["lease"]["leases"]
+    frame = submit(job.pk, "v2", [answer(job.pk, lease, tokens=4) for lease in leases])
+    await comm.send_to(text_data=frame)
+    told = await comm.receive_json_from(timeout=5)
+    assert [r["accepted"] for r in told["results"]] == [4, 4]
+    activation = await sync_to_async(Activation.objects.get)(worker=worker, job=job, ended_at=None)
+    await sync_to_async(services.worker_release)(activation=activation, reason="test")
+    assert (await comm.receive_json_from(timeout=5))["type"] == "release"
+    await comm.send_to(text_data=frame)
+    assert await comm.receive_json_from(timeout=5) == told
+    await comm.send_to(text_data=submit(job.pk, "v3", lease=1))  # a new request is refused as ever
+    refused = await comm.receive_json_from(timeout=5)
+    assert refused["type"] == "rejected" and "active" in refused["reason"]
+    await comm.disconnect()
