@@ -7,7 +7,7 @@ discarded.
 
 A group whose ``trajectories`` frame would exceed the site's frame limit (announced in the ``welcome``) goes as
 ``trajectories_part`` frames: each carries a slice of the group's records as a valid group of its own, its index and
-the count, and the request's one ``id``; the site assembles them (``marketplace/realtime/assembly.py``) and answers the
+the count, and the request's one ``id``; the site assembles them (``marketplace/core/assembly.py``) and answers the
 whole group once. A single record too big for a frame cannot be split: the agent hands its lease back
 (``lease_return``).
 

@@ -4,8 +4,8 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from frontend.signin import AdminSignInForm, SignInForm
+from marketplace.api import observability
 from marketplace.api.errors import not_found
-from marketplace.infra import observability
 
 admin.site.login_form = AdminSignInForm
 

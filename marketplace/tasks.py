@@ -11,7 +11,7 @@ import logging
 from celery import shared_task
 
 from . import services
-from .infra import observability
+from .infra import probes
 from .models import Job
 from .reads import scheduling
 
@@ -34,7 +34,7 @@ def provision_waiting_jobs() -> int:
 @shared_task
 def replan_running_jobs() -> int:
     """The low-frequency scheduler (beat): adjust every running job's active set with hysteresis."""
-    observability.celery_alive()
+    probes.celery_alive()
     return sum(_replan(job) for job in Job.objects.filter(status=Job.Status.RUNNING).order_by("started_at"))
 
 

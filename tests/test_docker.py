@@ -247,14 +247,14 @@ def test_services_wait_for_what_they_need(services):
 def test_health_check_calls_a_url_that_answers_without_login(services, client, settings, redis_url):
     """The image's own check is liveness (/healthz: the process answers); compose's is readiness (/readyz: the
     database, Redis and a recent Celery beat), which other services wait for."""
-    from marketplace.infra import observability
+    from marketplace.infra import probes
 
     test = services["site"]["healthcheck"]["test"]
     (url,) = re.findall(r"https?://[^'\"\s]+", " ".join(test))
     dockerfile_check = " ".join(a for kw, a in _instructions(DOCKER / "Dockerfile.site") if kw == "HEALTHCHECK")
     (image_url,) = re.findall(r"https?://[^'\"\s]+", dockerfile_check)
     assert urlsplit(url).path == "/readyz" and urlsplit(image_url).path == "/healthz"
-    observability.celery_alive()  # what Celery beat does every 5 s
+    probes.celery_alive()  # what Celery beat does every 5 s
     settings.ALLOWED_HOSTS = _environment(services["site"])["ALLOWED_HOSTS"].split(",")
     for checked in (url, image_url):
         parts = urlsplit(checked)

@@ -1,4 +1,4 @@
-"""The API's JSON parser: DRF's, plus the limits of :mod:`marketplace.api.jsonlimits`, so that JSON nested 100 000
+"""The API's JSON parser: DRF's, plus the limits of :mod:`marketplace.infra.jsonlimits`, so that JSON nested 100 000
 deep or a NUL character in a string (PostgreSQL stores neither) is a 400 naming where, never a 500."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from rest_framework import parsers
 from rest_framework.exceptions import ParseError, ValidationError
 
-from .jsonlimits import JSONLimitError, check_json, max_depth
+from ..infra.jsonlimits import JSONLimitError, check_json, max_depth
 
 
 class JSONParser(parsers.JSONParser):

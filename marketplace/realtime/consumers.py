@@ -6,7 +6,7 @@ is applied. Pushes from services (assign, release, snapshot) arrive as ``agent.m
 Limits (docs/trust.md "Limits"): failed keys per client address, hellos per worker, a token bucket of
 messages per connection (closed with 4429 after sustained abuse), frames up to ``ECHO2_WS_MAX_MESSAGE_BYTES``
 (closed with 4413 beyond; the ``welcome`` announces the limit, and a bigger group comes as ``trajectories_part``
-frames, joined per connection by ``marketplace/realtime/assembly.py``), JSON nested at most ``ECHO2_JSON_MAX_DEPTH``
+frames, joined per connection by ``marketplace/core/assembly.py``), JSON nested at most ``ECHO2_JSON_MAX_DEPTH``
 levels. The reason always comes as a ``rejected`` frame first: daphne passes no close reason text on, and its
 websocket library lets a server close only with 1000 or 3000-4999, so the codes are HTTP's in the application
 range (as 4401), not 1008/1009.
@@ -30,14 +30,13 @@ from dataplane import messages as m
 from dataplane.replay import TRANSIENT
 
 from .. import services
-from ..api import throttling
-from ..api.jsonlimits import JSONLimitError, check_json
-from ..infra import refusals, verdicts
+from ..core.assembly import GroupAssembler
+from ..infra import limits, refusals, verdicts
+from ..infra.jsonlimits import JSONLimitError, check_json
 from ..models import Worker
 from ..reads import selectors
 from ..services import fanout
 from . import lag
-from .assembly import GroupAssembler
 from .jobcache import FreshFor
 
 log = logging.getLogger(__name__)
@@ -110,16 +109,16 @@ def _frame_id(text: str | None) -> str | None:
 
 def _worker_by_key(client: str, key: str | None) -> tuple[Worker | None, float]:
     """(the worker of agent key ``key``, 0), or (None, 0) for a wrong key (a failure counted against ``client``),
-    or (None, seconds to wait) when ``client`` may have no credential checked now (throttling.AUTH_FAILURES)."""
-    wait, ticket = throttling.AUTH_FAILURES.reserve(client)
+    or (None, seconds to wait) when ``client`` may have no credential checked now (limits.AUTH_FAILURES)."""
+    wait, ticket = limits.AUTH_FAILURES.reserve(client)
     if ticket is None:
         return None, wait
     try:
         worker = selectors.worker_by_key(key)
     except Exception:
-        throttling.AUTH_FAILURES.finish(ticket, failed=False)  # no verdict (the database did not answer)
+        limits.AUTH_FAILURES.finish(ticket, failed=False)  # no verdict (the database did not answer)
         raise
-    throttling.AUTH_FAILURES.finish(ticket, failed=worker is None)
+    limits.AUTH_FAILURES.finish(ticket, failed=worker is None)
     return worker, 0.0
 
 
@@ -129,7 +128,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
 
     async def connect(self) -> None:
         self.hello_at = None  # when this socket's session began: its close must not end a newer socket's
-        self.bucket = throttling.MessageBucket.from_settings()
+        self.bucket = limits.MessageBucket.from_settings()
         self.assembler = GroupAssembler()  # the group arriving in parts, if any: dropped with the socket
         self.frame_bytes = 0  # size of the frame being handled, which the assembly counts
         self.running = FreshFor(settings.ECHO2["AGENT_STATE_MAX_AGE_S"])  # the worker's running job, as last read
@@ -184,7 +183,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
     async def _handle(self, message) -> None:
         """Call the message's service and send its replies, each naming the request's id."""
         if isinstance(message, m.Hello):
-            wait = await database_sync_to_async(throttling.HELLOS.take)(str(self.worker.pk))
+            wait = await database_sync_to_async(limits.HELLOS.take)(str(self.worker.pk))
             if wait:
                 await self._refuse(f"too many hellos from worker {self.worker.pk}; retry in {wait:.0f} s",
                                    TOO_MANY_REQUESTS, ref="hello")

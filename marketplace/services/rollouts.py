@@ -18,10 +18,10 @@ from dataplane.records import RecordError, RecordLimits, TrajectoryGroup
 from dataplane.replay import LeasedPrompt, LeaseError, return_error
 from dataplane.tasks import TaskSpecError, build_task
 
+from ..core.assembly import AssemblyError, GroupAssembler, JobLimits, group_bytes_bound
 from ..infra import group_seal, reward_errors, stream, telemetry, verdicts
 from ..models import Activation, Job, Worker
 from ..reads import selectors
-from ..realtime.assembly import AssemblyError, GroupAssembler, JobLimits, group_bytes_bound
 from .base import ServiceError, running_activation
 
 log = logging.getLogger(__name__)
@@ -260,7 +260,7 @@ def trajectories_malformed(*, worker: Worker, job_id: object, records: object) -
 
 def trajectories_part_submit(*, worker: Worker, assembler: GroupAssembler, part: m.TrajectoriesPart,
                              frame_bytes: int, running: RunningJob | None = None) -> list[m.Accepted | m.Rejected]:
-    """Join one part of a group too big for one frame (``marketplace/realtime/assembly.py``); after its last part,
+    """Join one part of a group too big for one frame (``marketplace/core/assembly.py``); after its last part,
     submit the whole group exactly as one sent in one frame. No reply while parts are still to come; a refused part
     drops the assembly with the reason (the lease stays open, so the prompt is leased again: nothing is lost)."""
     try:

@@ -133,7 +133,7 @@ async def test_a_frame_over_budget_is_named_with_retry_after_and_applied_once_wh
 def _registry():
     from prometheus_client import CollectorRegistry
 
-    from marketplace.infra.observability import _SiteCollector
+    from marketplace.api.observability import _SiteCollector
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_SiteCollector())

@@ -126,7 +126,7 @@ async def test_malformed_parts_get_a_reason_and_lose_nothing(small_frames, redis
 
 
 async def test_parts_over_what_a_group_of_the_job_can_take_are_refused(settings, redis_client):
-    """4 records of up to 8 tokens take under 7 MB of JSON (marketplace/realtime/assembly.py); 2 MB of metadata each
+    """4 records of up to 8 tokens take under 7 MB of JSON (marketplace/core/assembly.py); 2 MB of metadata each
     (frames well under the 8 MiB limit) pass that at the fourth part."""
     settings.CELERY_TASK_ALWAYS_EAGER = True
     job, worker, key = await setup_job_and_worker(max_new_tokens=LONG)

@@ -6,7 +6,7 @@ import pytest
 
 from dataplane import messages as m
 from dataplane.records import Trajectory, TrajectoryGroup
-from marketplace.realtime.assembly import AssemblyError, GroupAssembler, JobLimits, group_bytes_bound
+from marketplace.core.assembly import AssemblyError, GroupAssembler, JobLimits, group_bytes_bound
 
 LIMITS = JobLimits(group_size=4, max_bytes=10_000, timeout_s=30.0)
 

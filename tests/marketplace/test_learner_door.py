@@ -253,12 +253,12 @@ def test_a_learner_shut_out_stops_retrying_soon(streams, monkeypatch, django_cap
 def test_readiness_checks_the_sites_redis_too_when_the_streams_are_apart(streams, settings, tmp_path) -> None:
     from django.test import Client
 
-    from marketplace.infra import observability
+    from marketplace.infra import probes
 
     settings.REDIS_URL = PrivateRedis(tmp_path / "none").url  # the channel layer's Redis: nothing listens there
-    observability._site_redis.cache_clear()
+    probes.site_redis.cache_clear()
     try:
         checks = Client().get("/readyz").json()["checks"]
     finally:
-        observability._site_redis.cache_clear()
+        probes.site_redis.cache_clear()
     assert checks["redis"] == "ok" and checks["site_redis"].startswith("down")

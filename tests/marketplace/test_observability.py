@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from marketplace.infra import observability
+from marketplace.infra import probes
 from marketplace.models import Job
 
 from . import factories
@@ -22,7 +22,7 @@ def test_readyz_needs_a_recent_celery_beat(redis_url) -> None:
     response = Client().get("/readyz")
     assert response.status_code == 503
     assert response.json()["checks"] == {"database": "ok", "redis": "ok", "celery": "down: no beat task has run yet"}
-    observability.celery_alive()  # what replan_running_jobs does on every beat
+    probes.celery_alive()  # what replan_running_jobs does on every beat
     response = Client().get("/readyz")
     assert response.status_code == 200 and response.json()["checks"]["celery"].startswith("ok (beat ran")
 

@@ -1,5 +1,5 @@
 """An agent paced by the budget its site announces is never refused, however fast it could go: the
-frames' send times, replayed through the site's own bucket (``marketplace.api.throttling.MessageBucket``), all pass."""
+frames' send times, replayed through the site's own bucket (``marketplace.infra.limits.MessageBucket``), all pass."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 import time
 
 from dataplane import messages as m
-from marketplace.api.throttling import MessageBucket
+from marketplace.infra.limits import MessageBucket
 from worker_agent.pacing import Pacer
 from worker_agent.rollout_loop import batch_size
 

@@ -415,7 +415,7 @@ def test_the_rollout_loop_sends_a_group_over_the_sites_limit_in_parts_and_counts
                                                                                                 tiny_model_dir):
     """The limit comes with the welcome; a generated group over it goes as ``trajectories_part`` frames under one
     request id, each under the limit, which join into the group the loop generated (the site's assembler)."""
-    from marketplace.realtime.assembly import GroupAssembler, JobLimits
+    from marketplace.core.assembly import GroupAssembler, JobLimits
 
     store, server = learner_side
     base = store.write_base(tiny_model_dir)

@@ -2,9 +2,9 @@
 
 - ``GET /healthz``: the process answers (liveness: restart it when this fails). No I/O.
 - ``GET /readyz``: the site can serve (readiness: send it traffic): the database answers, Redis answers,
-  and Celery ran its beat recently (``replan_running_jobs`` stamps ``CELERY_ALIVE_KEY`` every 5 s; older than
-  ``ECHO2_CELERY_STALE_S``, 30 s, means beat or every worker is down). 200 or 503, with a JSON body naming
-  each check.
+  and Celery ran its beat recently (``replan_running_jobs`` stamps it every 5 s; older than
+  ``ECHO2_CELERY_STALE_S``, 30 s, means beat or every worker is down): the checks are ``infra/probes.py``'s.
+  200 or 503, with a JSON body naming each check.
 - ``GET /metrics``: Prometheus text format (``prometheus_client``), computed at scrape time from the database
   and Redis: jobs by status, and per running/paused/stalled job its step, reward, largest staleness trained,
   bubble of the last step, pool throughput, active workers, cost and the replay buffer's counters. It
@@ -14,36 +14,21 @@
 
 from __future__ import annotations
 
-import functools
 import hmac
-import logging
-import time
 
 from django.conf import settings
-from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from dataplane.replay import RedisError, connect
+from dataplane.replay import RedisError
 
+from ..infra import probes, refusals, stream
 from ..models import Job
 from ..reads import selectors
-from . import refusals, stream
 
-log = logging.getLogger(__name__)
-
-CELERY_ALIVE_KEY = "echo2:celery:alive"
 LIVE_STATUSES = (Job.Status.RUNNING, Job.Status.PAUSED, Job.Status.STALLED)
-
-
-def celery_alive() -> None:
-    """Stamp the time a Celery worker ran a beat task (``/readyz`` reads it)."""
-    try:
-        stream.client().set(CELERY_ALIVE_KEY, time.time(), ex=3600)
-    except RedisError as err:  # readiness will say Redis is down; the task itself goes on
-        log.warning("could not stamp Celery's beat (%s)", err)
 
 
 @require_GET
@@ -51,49 +36,9 @@ def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok"})
 
 
-def _checks() -> dict[str, str]:
-    out: dict[str, str] = {}
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-        out["database"] = "ok"
-    except Exception as err:  # noqa: BLE001 - any driver error means not ready
-        out["database"] = _down("database", err)
-    try:
-        stamp = stream.client().get(CELERY_ALIVE_KEY)
-        out["redis"] = "ok"
-        stale_s = float(settings.ECHO2["CELERY_STALE_S"])
-        age = time.time() - float(stamp) if stamp else None
-        out["celery"] = (f"ok (beat ran {age:.1f} s ago)" if age is not None and age <= stale_s else
-                         f"down: no beat task ran in the last {stale_s:.0f} s" if age is not None else
-                         "down: no beat task has run yet")
-    except RedisError as err:
-        out["redis"] = _down("Redis", err)
-        out["celery"] = "unknown: Redis is down"
-    if stream.url() != settings.REDIS_URL:  # the streams apart (ECHO2_STREAMS_REDIS_URL): the channel layer's too
-        try:
-            _site_redis(settings.REDIS_URL).ping()
-            out["site_redis"] = "ok"
-        except RedisError as err:
-            out["site_redis"] = _down("the site's Redis (channel layer, broker)", err)
-    return out
-
-
-@functools.lru_cache(maxsize=1)
-def _site_redis(url: str):
-    return connect(url, socket_timeout=5)
-
-
-def _down(what: str, err: Exception) -> str:
-    """What a probe anyone may call says of a failed dependency: "down", never the driver's message (it names
-    hosts, ports and users); the log keeps it for the operator."""
-    log.warning("readiness: %s is down: %s: %s", what, type(err).__name__, err)
-    return "down (the site's log says why)"
-
-
 @require_GET
 def readyz(request: HttpRequest) -> JsonResponse:
-    checks = _checks()
+    checks = probes.checks()
     ready = all(v.startswith("ok") for v in checks.values())
     return JsonResponse({"status": "ready" if ready else "not ready", "checks": checks}, status=200 if ready else 503)
 
