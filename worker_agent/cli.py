@@ -133,8 +133,9 @@ def run(
     import torch
 
     from .cache import BaseCache, default_cache_dir
+    from .connection import AgentRejected
     from .engines import make_engine
-    from .session import AgentRejected, AgentSession
+    from .session import AgentSession
 
     chosen, options = _engine_choice(engine, device=device, seed=seed)
     if threads:

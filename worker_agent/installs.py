@@ -10,6 +10,7 @@ A version published as a delta is applied to the full payload of its base versio
 without it the version's full payload comes over HTTP from the learner's store, and an agent with no chain child
 to forward the delta to does not even fetch the delta (docs/broadcast.md "Deltas on the wire, fulls from the
 cache"). A failed install leaves the old weights and marks the version as one to reach before generating again.
+Where nothing is forwarded, one version of a job is fetched at a time (:meth:`Installer.offer`).
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ class Installer:
         self.joined_at: dict[int, float] = {}  # job id -> when this agent started serving it (time.time())
         # the last install, for the status line: (job, version, seconds, since what: publication or joining the job)
         self.last_install: tuple[int, int, float, str] | None = None
+        self.held: dict[int, m.SnapshotAvailable] = {}  # job id -> the newest version waiting for a fetch to end
+        self.superseded = 0  # versions never fetched: a newer one came while they waited
 
     @property
     def assignment(self) -> m.Assign | None:
@@ -94,9 +97,13 @@ class Installer:
                 task.cancel()
         self.relays.drop_other_jobs(assign.job_id)
         if assign.snapshot:
-            self.wanted[assign.job_id] = max(self.wanted.get(assign.job_id, 0), int(assign.snapshot["version"]))
+            self.want(assign.job_id, int(assign.snapshot["version"]))
         if assign.base and self.engine_for(assign.job_id) is None:
             self.install(m.SnapshotAvailable.model_validate(assign.base))
+
+    def want(self, job_id: int, version: int) -> None:
+        """Generate for ``job_id`` again only once ``version`` (or a newer one) is installed."""
+        self.wanted[job_id] = max(self.wanted.get(job_id, 0), version)
 
     def engine_for(self, job_id: int | None) -> JobEngine | None:
         """The engine of job ``job_id``, if the agent holds one (built from that job's base)."""
@@ -110,6 +117,49 @@ class Installer:
         """The job's base is installed, and at least the version the agent must reach before generating."""
         job = self.engine_for(job_id)
         return job is not None and job.version >= self.wanted.get(job_id, 0)
+
+    def activity(self, job_id: int | None) -> tuple[bool, bool]:
+        """What the installer does for ``job_id`` now: (loading: building the engine from the base, installing: a
+        later version going into a built engine), as the heartbeat's state reports it (:mod:`worker_agent.state`)."""
+        built = self.engine_for(job_id) is not None
+        ours = [version for key_job, version in self.installing if key_job == job_id]
+        return bool(ours) and (not built or 0 in ours), built and any(version > 0 for version in ours)
+
+    def offer(self, snap: m.SnapshotAvailable) -> None:
+        """Install ``snap``, unless another version of its job is still being fetched and this agent forwards this
+        one to no chain child: then it is held until that fetch ends, and a newer version replaces it (superseded,
+        never fetched). Started together, versions share the agent's downlink: on a slow link (10 Mbit/s, a 16 MB
+        snapshot every 3 s) none finished before the next ones started, and the agent installed nothing for
+        minutes (docs/agent.md "Timing on long links"). A version with a child to serve, the base, a repair of a
+        version already relayed, and any version while nothing is fetched go at once."""
+        job, key = snap.job_id, (snap.job_id, snap.version)
+        busy = [task for (j, v), task in self.installing.items() if j == job and v != snap.version]
+        held = self.held.get(job)
+        if snap.version == 0 or snap.children or key in self.relays or not busy:
+            if held is not None and held.version <= snap.version:
+                self.held.pop(job)  # this one is as new or newer: the held one is superseded
+                self.superseded += held.version < snap.version
+            self.install(snap)
+        elif held is not None and held.version > snap.version:
+            self.superseded += 1  # older than the one already waiting: never fetched
+        else:
+            self.superseded += held is not None and held.version < snap.version
+            self.held[job] = snap  # (the same version again, a reroute, replaces its copy)
+            log.debug("job %d: v%d waits until the fetch in flight ends (it has no child to serve)", job, snap.version)
+        if job in self.held:  # whichever fetch of the job ends next lets it go (or holds it again)
+            for (j, v), task in self.installing.items():
+                if j == job and v != self.held[job].version:
+                    task.add_done_callback(lambda _, job=job: self._fetch_ended(job))
+
+    def _fetch_ended(self, job: int) -> None:
+        """A fetch of ``job`` ended (installed or failed): the held version goes now, if the agent still serves
+        the job and the version is newer than what the engine holds."""
+        snap = self.held.get(job)
+        if snap is None or any(j == job and v != snap.version for (j, v) in self.installing):
+            return  # nothing held, or still another fetch in flight (its own callback comes)
+        self.held.pop(job)
+        if self.assignment is not None and self.assignment.job_id == job:
+            self.install(snap)
 
     def install(self, snap: m.SnapshotAvailable) -> None:
         """Install ``snap`` in the background (a reconnect does not restart a download), unless it is relayed
@@ -135,7 +185,7 @@ class Installer:
             raise
         except Exception as err:  # the old weights stay; no generation until a version this new is installed
             log.error("snapshot %s of job %s: install failed: %s", snap.version, snap.job_id, err)
-            self.wanted[snap.job_id] = max(self.wanted.get(snap.job_id, 0), snap.version)
+            self.want(snap.job_id, snap.version)
             self.relays.drop(key)
 
     def _wants(self, snap: m.SnapshotAvailable) -> bool:

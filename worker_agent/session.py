@@ -3,8 +3,8 @@ and the rollout loop of the current assignment, each an object of its own:
 
 - :class:`~worker_agent.connection.SiteConnection`: the websocket, reconnects, request ids, pacing by the site's
   announced budget, requests sent again rather than dropped;
-- :class:`~worker_agent.installs.Installer`: the job's engine and its versions (no batch is generated under a
-  partly installed snapshot, and its records carry the version really used);
+- :class:`~worker_agent.installs.Installer`: the job's engine and its versions, and which version to fetch when
+  (no batch is generated under a partly installed snapshot, and its records carry the version really used);
 - :class:`~worker_agent.relaying.Relays`: the forwarding chains' relay hub and relays, on the session's loop;
 - :class:`~worker_agent.rollout_loop.RolloutLoop`: lease, generate, return, supervised.
 
@@ -30,7 +30,7 @@ from dataplane.hardware import Hardware
 from . import __version__, status
 from .cache import BaseCache
 from .config import AgentConfig
-from .connection import AgentRejected, NotConnected, SiteConnection, reconnect_delays, websocket_url
+from .connection import AgentRejected, NotConnected, SiteConnection
 from .engines.base import Engine
 from .hardware import probe
 from .installs import Installer
@@ -43,7 +43,7 @@ log = logging.getLogger("echo2.agent")
 
 HEARTBEAT_POLL_S = 0.2  # how often the heartbeat loop looks for a state change to report
 
-__all__ = ["AgentRejected", "AgentSession", "ThroughputMeter", "reconnect_delays", "websocket_url"]
+__all__ = ["AgentSession", "ThroughputMeter"]
 
 
 def _log_crash(task: asyncio.Task) -> None:
@@ -74,6 +74,9 @@ class ThroughputMeter:
 
 
 class AgentSession:
+    """One agent's session with the site: its parts (``connection``, ``installs``, ``relaying``, the rollout loop of
+    the assignment and its ``rollout`` status) wired together, the site's messages dispatched to them, heartbeats."""
+
     def __init__(self, config: AgentConfig, *, engine_factory: Callable[[str], Engine], cache: BaseCache,
                  groups_per_lease: int = 2, max_reconnect_delay: float = 30.0, relay_listen: str | None = None,
                  retry_delay: float = 2.0, status_every: float = 10.0, hardware: Hardware | None = None,
@@ -91,9 +94,9 @@ class AgentSession:
         self.connection = SiteConnection(config.server, config.agent_key, max_reconnect_delay=max_reconnect_delay)
         self.relaying = Relays(worker_id=config.worker_id, bandwidth_bps=config.bandwidth_bps, listen=relay_listen,
                                report=self._relay_report)
-        self.installs = Installer(cache=cache, engine_factory=engine_factory, relays=self.relaying, send=self.send,
-                                  assignment=lambda: self.assignment, round_trips=self.connection.round_trips,
-                                  rates=Rates(config.bandwidth_bps))
+        self.installs = Installer(cache=cache, engine_factory=engine_factory, relays=self.relaying,
+                                  send=self.connection.send, assignment=lambda: self.assignment,
+                                  round_trips=self.connection.round_trips, rates=Rates(config.bandwidth_bps))
         self.rollout = RolloutStatus()
         self.meter = ThroughputMeter()
         self.tally = status.Tally()  # what the site accepted, for the status lines' rates
@@ -104,68 +107,6 @@ class AgentSession:
         self.stopped = asyncio.Event()
         self.status_every, self.status_file = status_every, status_file
         self.released: str | None = None  # why the site last released this worker, until the next assignment
-        self.held: dict[int, m.SnapshotAvailable] = {}  # job id -> the newest version waiting for a fetch to end
-        self.superseded = 0  # versions never fetched: a newer one came while they waited
-
-    # ---- what the parts hold, as the status lines and tests read it ---------------------------
-
-    @property
-    def ws(self):
-        return self.connection.ws
-
-    @ws.setter
-    def ws(self, socket) -> None:  # tests hand the session a socket of their own, already welcomed
-        if socket is None:
-            self.connection.detach()
-        else:
-            self.connection.attach(socket)
-            self.connection.welcomed.set()
-
-    @property
-    def job(self):
-        return self.installs.job
-
-    @property
-    def wanted(self) -> dict[int, int]:
-        return self.installs.wanted
-
-    @property
-    def installing(self) -> dict:
-        return self.installs.installing
-
-    @property
-    def relays(self) -> dict:
-        return self.relaying.relays
-
-    @property
-    def hub(self):
-        return self.relaying.hub
-
-    def engine_for(self, job_id: int | None):
-        return self.installs.engine_for(job_id)
-
-    def installed_version(self, job_id: int | None) -> int | None:
-        return self.installs.installed_version(job_id)
-
-    def ready(self, job_id: int) -> bool:
-        return self.installs.ready(job_id)
-
-    @property
-    def rollout_failure(self) -> str | None:
-        return self.rollout.failure
-
-    @property
-    def no_work(self) -> bool:
-        return self.rollout.no_work
-
-    @property
-    def generated(self) -> int:
-        return self.rollout.generated
-
-    @property
-    def refused(self) -> int:
-        """Our frames the site refused for the transport's sake (each sent again)."""
-        return self.connection.refused
 
     # ---- connection ----------------------------------------------------------------------
 
@@ -185,17 +126,15 @@ class AgentSession:
         """One socket's life: hello, heartbeats, and every frame the site sends, until it closes."""
         log.info("connected as worker %s", self.config.worker_id)
         job = self.assignment.job_id if self.assignment else None
-        await self.send(m.Hello(agent_version=__version__, installed_version=self.installed_version(job), job_id=job,
-                                hardware=self.hardware, allow_user_code=self.config.allow_user_code))
+        await self.connection.send(m.Hello(agent_version=__version__, job_id=job,
+                                           installed_version=self.installs.installed_version(job),
+                                           hardware=self.hardware, allow_user_code=self.config.allow_user_code))
         heartbeat = asyncio.create_task(self._heartbeats())
         try:
             async for frame in self.connection.ws:
                 await self._dispatch(frame)
         finally:
             heartbeat.cancel()
-
-    async def send(self, message: m._Msg) -> None:
-        await self.connection.send(message)
 
     async def _relay_report(self, message: m.RelayFailed) -> None:
         """A relay's parent failure, reported only for the job this worker serves: when a job ends or releases us,
@@ -204,16 +143,14 @@ class AgentSession:
             log.debug("not reporting v%d of job %d's failed parent: not serving that job now", message.version,
                       message.job_id)
             return
-        await self.send(message)
+        await self.connection.send(message)
 
     def state(self) -> m.WorkerState:
         """What the agent is doing now (:func:`worker_agent.state.derive_state`), as the site bills it."""
         job = self.assignment.job_id if self.assignment else None
-        built = self.engine_for(job) is not None
-        ours = [version for key_job, version in self.installing if key_job == job]
+        loading, installing = self.installs.activity(job)
         return derive_state(Facts(assigned=job is not None, failure=self.rollout.failure,
-                                  producing=self.rollout.producing, loading=bool(ours) and (not built or 0 in ours),
-                                  installing=built and any(version > 0 for version in ours)))
+                                  producing=self.rollout.producing, loading=loading, installing=installing))
 
     async def _heartbeats(self) -> None:
         """Every ``heartbeat_interval``, and at once (at most once a second) when the state changes."""
@@ -228,14 +165,14 @@ class AgentSession:
         """A heartbeat if due (``state.heartbeat_due``); also called on a lease: "generating" precedes its groups."""
         state, now = self.state(), time.monotonic()
         last_state, last_sent = self.last_beat or (None, None)
-        if self.ws is None or not heartbeat_due(state=state, last_state=last_state, last_sent=last_sent, now=now,
-                                                interval=self.heartbeat_interval):
+        if self.connection.ws is None or not heartbeat_due(state=state, last_state=last_state, last_sent=last_sent,
+                                                           now=now, interval=self.heartbeat_interval):
             return
         self.last_beat = (state, now)  # before the send: a concurrent caller sees it as sent
         job = self.assignment.job_id if self.assignment else None
-        await self.send(m.Heartbeat(throughput=self.meter.rate(), job_id=job, state=state,
-                                    reason=(self.rollout.failure or "") if state == "failed" else "",
-                                    installed_version=self.installed_version(job)))
+        await self.connection.send(m.Heartbeat(throughput=self.meter.rate(), job_id=job, state=state,
+                                               reason=(self.rollout.failure or "") if state == "failed" else "",
+                                               installed_version=self.installs.installed_version(job)))
 
     # ---- dispatch -------------------------------------------------------------------------
 
@@ -257,7 +194,7 @@ class AgentSession:
                     self._stop_rollout()
                     self.assignment, self.released = None, f"released from job {message.job_id}: {message.reason}"
             case m.SnapshotAvailable():
-                self._offer(message)
+                self.installs.offer(message)
             case m.Rejected() if message.ref is None and "agent key" in message.reason:
                 raise AgentRejected(message.reason)
             case m.Lease() | m.NoWork() | m.Accepted() | m.Rejected() | m.Submitted() if message.ref_id is not None:
@@ -271,44 +208,6 @@ class AgentSession:
             case _:
                 log.warning("discarding a %s that answers no request of ours", message.type)
 
-    # ---- one fetch at a time where nothing is forwarded ------------------------------------------
-
-    def _offer(self, snap: m.SnapshotAvailable) -> None:
-        """Hand ``snap`` to the installer, unless another version of its job is still being fetched and this agent
-        forwards this one to no chain child: then it is held until that fetch ends, and a newer version replaces
-        it (superseded, never fetched). Started together, versions share the agent's downlink: on a slow link (10
-        Mbit/s, a 16 MB snapshot every 3 s) none finished before the next ones started, and the agent installed
-        nothing for minutes (docs/agent.md "Timing on long links"). A version with a child to serve, the base, a
-        repair of a version already relayed, and any version while nothing is fetched go at once, as before."""
-        job, key = snap.job_id, (snap.job_id, snap.version)
-        busy = [task for (j, v), task in self.installs.installing.items() if j == job and v != snap.version]
-        held = self.held.get(job)
-        if snap.version == 0 or snap.children or key in self.relaying or not busy:
-            if held is not None and held.version <= snap.version:
-                self.held.pop(job)  # this one is as new or newer: the held one is superseded
-                self.superseded += held.version < snap.version
-            self.installs.install(snap)
-        elif held is not None and held.version > snap.version:
-            self.superseded += 1  # older than the one already waiting: never fetched
-        else:
-            self.superseded += held is not None and held.version < snap.version
-            self.held[job] = snap  # (the same version again, a reroute, replaces its copy)
-            log.debug("job %d: v%d waits until the fetch in flight ends (it has no child to serve)", job, snap.version)
-        if job in self.held:  # whichever fetch of the job ends next lets it go (or holds it again)
-            for (j, v), task in self.installs.installing.items():
-                if j == job and v != self.held[job].version:
-                    task.add_done_callback(lambda _, job=job: self._fetch_ended(job))
-
-    def _fetch_ended(self, job: int) -> None:
-        """A fetch of ``job`` ended (installed or failed): the held version goes now, if the agent still serves
-        the job and the version is newer than what the engine holds."""
-        snap = self.held.get(job)
-        if snap is None or any(j == job and v != snap.version for (j, v) in self.installs.installing):
-            return  # nothing held, or still another fetch in flight (its own callback comes)
-        self.held.pop(job)
-        if self.assignment is not None and self.assignment.job_id == job:
-            self.installs.install(snap)
-
     def _assigned(self, assign: m.Assign) -> None:
         """An assignment: a new job starts a new rollout loop; the same job again (re-sent on a reconnect, with the
         newest snapshot) leaves the running loop alone, its requests go on, and only the versions are updated."""
@@ -318,8 +217,7 @@ class AgentSession:
         if same:
             self.assignment = assign
             if assign.snapshot:
-                job, version = assign.job_id, int(assign.snapshot["version"])
-                self.wanted[job] = max(self.wanted.get(job, 0), version)
+                self.installs.want(assign.job_id, int(assign.snapshot["version"]))
             return
         log.info("assigned to job %s (%s, task %s)", assign.job_id, assign.model, assign.task.get("name"))
         self._stop_rollout()

@@ -189,11 +189,11 @@ class Reporter:
 
     def installs(self, session, job_id: int | None, now: float) -> tuple[Install, ...]:
         """The job's running installs, oldest version first, with their progress where a relay knows it."""
-        keys = [key for key in session.installing if key[0] == job_id]
+        keys = [key for key in session.installs.installing if key[0] == job_id]
         self.began = {key: self.began.get(key, now) for key in keys}
         found = []
         for key in sorted(keys, key=lambda k: k[1]):
-            relay = session.relays.get(key)
+            relay = session.relaying.get(key)
             found.append(Install(version=key[1], seconds=now - self.began[key],
                                  chunks=len(relay.have) if relay else None,
                                  total=len(relay.manifest.chunks) if relay else None))
@@ -203,13 +203,13 @@ class Reporter:
 def view_of(session, reporter: Reporter, now: float) -> View:
     """The facts of an :class:`~worker_agent.session.AgentSession` (read, never changed) at ``now``."""
     job = session.assignment.job_id if session.assignment else None
-    engine = session.engine_for(job)
+    engine = session.installs.engine_for(job)
     last = session.tally.last_at
     done = session.installs.last_install
-    return View(connected=session.ws is not None, state=session.state(), job_id=job,
-                version=engine.version if engine else None, wanted=session.wanted.get(job, 0) if job else 0,
+    return View(connected=session.connection.ws is not None, state=session.state(), job_id=job,
+                version=engine.version if engine else None, wanted=session.installs.wanted.get(job, 0) if job else 0,
                 installs=reporter.installs(session, job, now), released=session.released if job is None else None,
-                failure=session.rollout_failure, no_work=session.no_work,
+                failure=session.rollout.failure, no_work=session.rollout.no_work,
                 recent_work=last is not None and now - last < GENERATING_HOLD_S,
                 last_install=f"v{done[1]} installed {done[2]:.1f} s {done[3]}" if done and done[0] == job else None)
 
@@ -221,7 +221,7 @@ async def report(session, *, every: float, poll: float = POLL_S, status_file: Pa
     written_at = None
     while True:
         now = time.monotonic()
-        session.tally.refused = session.refused
+        session.tally.refused = session.connection.refused
         view = view_of(session, reporter, now)
         text = reporter.line(view, session.tally, now)
         if text is not None:

@@ -178,9 +178,10 @@ async def test_the_agent_sends_a_big_group_in_parts_and_hands_back_one_it_cannot
     comm = await connect(key)
     config = AgentConfig(server="http://127.0.0.1:9", worker_id=worker.pk, name="rig", agent_key=key)
     session = AgentSession(config, engine_factory=None, cache=BaseCache(tmp_path / "cache", max_bytes=10**6))
-    session.ws = CommunicatorSocket(comm)
+    session.connection.attach(CommunicatorSocket(comm))
+    session.connection.welcomed.set()  # at once: the welcome the reader below hands on sets the budget
     reader = asyncio.create_task(pump(comm, session))
-    await session.send(m.Hello(agent_version="test"))
+    await session.connection.send(m.Hello(agent_version="test"))
     PromptFeeder(redis_client, job_id=job.pk, task=build_task({"name": "arithmetic"}), seed=0, backlog=2).top_up()
     await database_sync_to_async(services.job_start)(job=await database_sync_to_async(Job.objects.get)(pk=job.pk))
     reply = await session.connection.request(m.Submit(job_id=job.pk, lease=2), deadline_s=30)
@@ -193,7 +194,7 @@ async def test_the_agent_sends_a_big_group_in_parts_and_hands_back_one_it_cannot
                        groups_per_lease=1, retry_delay=1.0)
 
     assert await loop._return_and_lease([answer(job.pk, big)], lease=0) is None  # over the limit: in parts
-    assert session.generated == 4 and redis_client.xlen(replay.trajectories_key(job.pk)) == 1
+    assert session.rollout.generated == 4 and redis_client.xlen(replay.trajectories_key(job.pk)) == 1
     await loop._return_and_lease([answer(job.pk, huge, tokens=400)], lease=0)  # one record alone is over the limit
     again = await session.connection.request(m.Submit(job_id=job.pk, lease=1), deadline_s=30)
     assert isinstance(again.lease, m.Lease) and again.lease.leases[0].lease_id == huge["lease_id"]  # handed back

@@ -45,7 +45,7 @@ def chained(manifest, server: SnapshotServer, *, worker_id: int, parent: str, pa
 
 def engine_holds(session, expected: dict[str, torch.Tensor]) -> bool:
     """The engine's weights are the learner's bf16 cast, bit for bit (the HF engine keeps them in fp32)."""
-    held = publishable_state(session.job.engine.model)
+    held = publishable_state(session.installs.job.engine.model)
     return all(torch.equal(held[k].to(torch.bfloat16).view(torch.int16), v.view(torch.int16))
                and torch.equal(held[k], v.float()) for k, v in expected.items())
 
@@ -78,7 +78,7 @@ def test_deltas_travel_a_chain_as_they_are_and_install_bit_for_bit(tmp_path, tin
             sessions[worker_id] = session, socket
         for worker_id in (HEAD, TAIL):  # one after the other: from_pretrained in two threads at once trips on itself
             await push(sessions[worker_id][0], assign(1, snapshot(store, server, base), digest=base.sha256))
-            await until(lambda w=worker_id: sessions[w][0].ready(1), f"worker {worker_id}'s base")
+            await until(lambda w=worker_id: sessions[w][0].installs.ready(1), f"worker {worker_id}'s base")
         head_address = sessions[HEAD][0].relaying.listen
         for version, scale in ((1, 1e-2), (2, 1e-3), (3, 1e-3)):
             manifest = publish(version, scale)
@@ -86,7 +86,7 @@ def test_deltas_travel_a_chain_as_they_are_and_install_bit_for_bit(tmp_path, tin
                                                   parent_worker_id=None, children=[TAIL]))
             await push(sessions[TAIL][0], chained(manifest, server, worker_id=TAIL, parent=head_address,
                                                   parent_worker_id=HEAD, children=[]))
-            await until(lambda v=version: all(sessions[w][0].installed_version(1) == v for w in (HEAD, TAIL)),
+            await until(lambda v=version: all(sessions[w][0].installs.installed_version(1) == v for w in (HEAD, TAIL)),
                         f"v{version} on both agents")
             for worker_id in (HEAD, TAIL):
                 assert engine_holds(sessions[worker_id][0], published[-1][1]), (worker_id, version)
@@ -94,21 +94,21 @@ def test_deltas_travel_a_chain_as_they_are_and_install_bit_for_bit(tmp_path, tin
         assert kinds == ["full", "delta", "delta"]
         installs = [(r["version"], r["source"]) for r in sessions[TAIL][1].of("snapshot_installed")]
         assert installs == [(0, "http"), (1, "parent"), (2, "parent"), (3, "parent")]
-        tail_relay = sessions[TAIL][0].relays[(1, 3)]
+        tail_relay = sessions[TAIL][0].relaying.relays[(1, 3)]
         assert tail_relay.manifest.kind == "delta" and tail_relay.stats.from_fallback == 0
 
         late, late_socket = sessions[LATE]  # joins now: holds the base, not v2, so v3's delta is of no use to it
         await push(late, assign(1, snapshot(store, server, base), digest=base.sha256))
-        await until(lambda: late.ready(1), "the late agent's base")
+        await until(lambda: late.installs.ready(1), "the late agent's base")
         await push(late, m.SnapshotAvailable(job_id=1, version=3, manifest=manifest_json(published[-1][0]),
                                              url=server.url_for(3), published_at=time.time(), credential=cred(LATE, 3)))
-        await until(lambda: late.installed_version(1) == 3, "v3 on the late agent")
-        assert engine_holds(late, published[-1][1]) and late.job.held.manifest == published[-1][0].full
+        await until(lambda: late.installs.installed_version(1) == 3, "v3 on the late agent")
+        assert engine_holds(late, published[-1][1]) and late.installs.job.held.manifest == published[-1][0].full
         assert [(r["version"], r["source"]) for r in late_socket.of("snapshot_installed")] == [(0, "http"), (3, "http")]
         for session, _ in sessions.values():
             session._stop_rollout()
-            if session.hub is not None:
-                await session.hub.close()
+            if session.relaying.hub is not None:
+                await session.relaying.hub.close()
 
     try:
         asyncio.run(scenario())
@@ -150,29 +150,30 @@ def test_a_late_agent_takes_the_newest_full_from_the_learners_store_then_follows
         late, socket = make_session(tmp_path / "late", [])
         late.config = dataclasses.replace(late.config, worker_id=LATE)
         await push(late, assign(1, snapshot(store, server, base), digest=base.sha256))
-        await until(lambda: late.ready(1), "the late agent's base")
+        await until(lambda: late.installs.ready(1), "the late agent's base")
         await push(late, offer(3))
-        await until(lambda: late.installed_version(1) == 3, "v3 from the learner's store")
-        assert engine_holds(late, published[3][1]) and late.job.held.manifest == published[3][0].full
+        await until(lambda: late.installs.installed_version(1) == 3, "v3 from the learner's store")
+        assert engine_holds(late, published[3][1]) and late.installs.job.held.manifest == published[3][0].full
 
         assert publish(4).kind == "delta"
         shutil.rmtree(version_dir(store.root, 4) / FULL)  # only the delta can give v4 now
         await push(late, offer(4))
-        await until(lambda: late.installed_version(1) == 4, "v4 from its delta")
-        assert engine_holds(late, published[4][1]) and late.job.held.manifest == published[4][0].full
+        await until(lambda: late.installs.installed_version(1) == 4, "v4 from its delta")
+        assert engine_holds(late, published[4][1]) and late.installs.job.held.manifest == published[4][0].full
 
         publish(5)  # missed
         assert publish(6).kind == "delta" and published[6][0].base_version == 5
         cache = version_dir(store.root, 6) / FULL
         cache.rename(tmp_path / "v6-full")  # the learner's store cannot give v6's full for now
         await push(late, offer(6))
-        await until(lambda: late.wanted.get(1) == 6 and (1, 6) not in late.installing, "v6's install to fail")
-        assert late.installed_version(1) == 4 and not late.ready(1)
-        assert engine_holds(late, published[4][1]) and late.job.held.manifest == published[4][0].full
+        await until(lambda: late.installs.wanted.get(1) == 6 and (1, 6) not in late.installs.installing,
+                    "v6's install to fail")
+        assert late.installs.installed_version(1) == 4 and not late.installs.ready(1)
+        assert engine_holds(late, published[4][1]) and late.installs.job.held.manifest == published[4][0].full
         (tmp_path / "v6-full").rename(cache)
         await push(late, offer(6))  # the site's answer to the agent's request for the newest
-        await until(lambda: late.installed_version(1) == 6, "v6 whole")
-        assert engine_holds(late, published[6][1]) and late.ready(1)
+        await until(lambda: late.installs.installed_version(1) == 6, "v6 whole")
+        assert engine_holds(late, published[6][1]) and late.installs.ready(1)
         assert [(r["version"], r["source"]) for r in socket.of("snapshot_installed")] == [
             (0, "http"), (3, "http"), (4, "http"), (6, "http")]
         late._stop_rollout()

@@ -109,7 +109,7 @@ def test_a_lease_taken_ahead_that_cannot_be_generated_is_handed_back_at_once(tmp
         await push(session, answering(socket, lease("l2", "2+2=")))
         await until(lambda: len(submits(socket)) == 3, "the lease ahead")
         await push(session, answering(socket, lease("l3", "3+3=")))
-        session.wanted[1] = 5  # what the site's re-sent assignment does: v5 before any more generation
+        session.installs.wanted[1] = 5  # what the site's re-sent assignment does: v5 before any more generation
         gate.set()
         await until(lambda: socket.of("lease_return"), "the lease ahead handed back")
         assert [r["lease_id"] for r in socket.of("lease_return")] == ["l3"]

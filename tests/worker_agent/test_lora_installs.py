@@ -76,8 +76,8 @@ def test_agents_install_adapters_on_one_base_and_a_late_one_takes_only_the_newes
             sessions[worker_id] = session, socket
         for worker_id in (HEAD, TAIL):
             await push(sessions[worker_id][0], assign(1, snapshot(store, server, base), digest=base.sha256))
-            await until(lambda w=worker_id: sessions[w][0].ready(1), f"worker {worker_id}'s base")
-        engine = sessions[TAIL][0].job.engine
+            await until(lambda w=worker_id: sessions[w][0].installs.ready(1), f"worker {worker_id}'s base")
+        engine = sessions[TAIL][0].installs.job.engine
         base_storage = {v.data_ptr() for v in engine.model.state_dict().values()}
         head_address = sessions[HEAD][0].relaying.listen
         for version in (1, 2, 3):
@@ -86,7 +86,7 @@ def test_agents_install_adapters_on_one_base_and_a_late_one_takes_only_the_newes
                                                   parent_worker_id=None, children=[TAIL]))
             await push(sessions[TAIL][0], chained(manifest, server, worker_id=TAIL, parent=head_address,
                                                   parent_worker_id=HEAD, children=[]))
-            await until(lambda v=version: all(sessions[w][0].installed_version(1) == v for w in (HEAD, TAIL)),
+            await until(lambda v=version: all(sessions[w][0].installs.installed_version(1) == v for w in (HEAD, TAIL)),
                         f"v{version} on both agents")
         assert all(manifest.format == ADAPTER_FORMAT for manifest, _ in published)
         assert max(manifest.total_bytes for manifest, _ in published) < base.total_bytes / 4
@@ -105,16 +105,16 @@ def test_agents_install_adapters_on_one_base_and_a_late_one_takes_only_the_newes
 
         late, late_socket = sessions[LATE]  # joins at v3: the base, then v3's adapter alone
         await push(late, assign(1, snapshot(store, server, base), digest=base.sha256))
-        await until(lambda: late.ready(1), "the late agent's base")
+        await until(lambda: late.installs.ready(1), "the late agent's base")
         await push(late, m.SnapshotAvailable(job_id=1, version=3, manifest=manifest_json(published[-1][0]),
                                              url=server.url_for(3), published_at=time.time(), credential=cred(LATE, 3)))
-        await until(lambda: late.installed_version(1) == 3, "v3 on the late agent")
+        await until(lambda: late.installs.installed_version(1) == 3, "v3 on the late agent")
         assert [(r["version"], r["source"]) for r in late_socket.of("snapshot_installed")] == [(0, "http"), (3, "http")]
-        assert [g[0].completion_ids for g in late.job.engine.generate(prompts, n=1, params=params)] == answers
+        assert [g[0].completion_ids for g in late.installs.job.engine.generate(prompts, n=1, params=params)] == answers
         for session, _ in sessions.values():
             session._stop_rollout()
-            if session.hub is not None:
-                await session.hub.close()
+            if session.relaying.hub is not None:
+                await session.relaying.hub.close()
 
     try:
         asyncio.run(scenario())

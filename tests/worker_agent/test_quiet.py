@@ -63,7 +63,7 @@ def test_a_busy_agent_says_at_most_one_line_every_2_s_and_its_status_is_readable
         for version in range(1, 6):  # a publication a second or so, each installed while generating goes on
             await push(session, snapshot(store, server, publish(version)))
             await asyncio.sleep(WINDOW_S / 5)
-        await until(lambda: session.engine_for(1).version == 5, "v5 installed")
+        await until(lambda: session.installs.engine_for(1).version == 5, "v5 installed")
         window, seconds = info()[before:], time.monotonic() - started
         assert len(window) <= seconds / status.MIN_GAP_S + 1, [r.getMessage() for r in window]
         assert all(r.module == "status" for r in window), [r.getMessage() for r in window]

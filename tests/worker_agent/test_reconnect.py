@@ -5,8 +5,8 @@ from __future__ import annotations
 import itertools
 import sys
 
+from worker_agent.connection import reconnect_delays
 from worker_agent.engines import warm_imports
-from worker_agent.session import reconnect_delays
 
 
 def test_reconnect_waits_are_a_quarter_to_half_of_the_time_away_up_to_the_cap():

@@ -83,7 +83,8 @@ def make_session(tmp_path: Path, built: list[str]) -> tuple[AgentSession, Record
     session = AgentSession(config, engine_factory=factory, cache=BaseCache(tmp_path / "cache", max_bytes=10**9),
                            retry_delay=0.2)
     socket = RecordingSocket()
-    session.ws = socket
+    session.connection.attach(socket)
+    session.connection.welcomed.set()  # as if the site had welcomed it
     return session, socket
 
 
@@ -182,7 +183,7 @@ def test_a_failed_install_blocks_generation_until_the_site_gives_a_version_that_
         await push(session, assign(1, snapshot(store, server, base), digest=base.sha256))
         await until(lambda: submits(socket), "the first lease request")
         await push(session, snapshot(store, server, v1, url="http://127.0.0.1:9/v1/"))  # pruned, or down: fails
-        await until(lambda: session.wanted.get(1) == 1, "the failed install to be noted")
+        await until(lambda: session.installs.wanted.get(1) == 1, "the failed install to be noted")
         await push(session, answering(socket, m.NoWork(job_id=1, retry_after=0.05)))  # the pending request's answer
         await until(lambda: any(r["which"] == "newest" for r in socket.of("snapshot_request")),
                     "the agent to ask for the newest version")
@@ -196,7 +197,7 @@ def test_a_failed_install_blocks_generation_until_the_site_gives_a_version_that_
         await push(session, answering(socket, lease))
         await until(lambda: returned(socket), "a generated group")
         assert returned(socket)[0]["version"] == 1
-        assert session.job.engine.model.model.norm.weight.detach().equal(model.model.norm.weight.detach())
+        assert session.installs.job.engine.model.model.norm.weight.detach().equal(model.model.norm.weight.detach())
         session._stop_rollout()
 
     asyncio.run(scenario())
@@ -213,18 +214,19 @@ def test_a_new_job_on_the_same_base_gets_a_fresh_engine_from_the_cache(tmp_path,
     async def scenario() -> None:
         session, socket = make_session(tmp_path, built)
         await push(session, assign(1, snapshot(store, server, base1), digest=base1.sha256))
-        await until(lambda: session.ready(1), "job 1's base")
-        first = session.job
+        await until(lambda: session.installs.ready(1), "job 1's base")
+        first = session.installs.job
         with torch.no_grad():  # job 1 trained its engine
             first.engine.model.model.norm.weight.add_(5.0)
         first.version = 3
         unreachable = snapshot(other, server, base2, url="http://127.0.0.1:9/v0/")  # the cache has it
         await push(session, assign(2, unreachable, digest=base2.sha256))
-        await until(lambda: session.ready(2), "job 2's base")
-        assert session.job is not first and session.job.job_id == 2 and session.job.version == 0
-        assert session.installed_version(1) is None
+        await until(lambda: session.installs.ready(2), "job 2's base")
+        job = session.installs.job
+        assert job is not first and job.job_id == 2 and job.version == 0
+        assert session.installs.installed_version(1) is None
         fresh = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-        assert session.job.engine.model.model.norm.weight.detach().equal(fresh.model.norm.weight.detach())
+        assert session.installs.job.engine.model.model.norm.weight.detach().equal(fresh.model.norm.weight.detach())
         assert [(r["job_id"], r["source"]) for r in socket.of("snapshot_installed")] == [(1, "http"), (2, "cache")]
         session._stop_rollout()
 
@@ -297,11 +299,11 @@ def test_a_refused_request_is_sent_again_after_retry_after_under_its_id_and_its_
         await until(lambda: len(submits(socket)) > 2, "the same request again")
         assert time.monotonic() - refused_at >= 0.35
         again = submits(socket)[-1]
-        assert again == refused and session.refused == 1
+        assert again == refused and session.connection.refused == 1
         await push(session, answering(socket, m.NoWork(job_id=1, retry_after=30)))
-        await until(lambda: session.generated == 2, "the group counted")
+        await until(lambda: session.rollout.generated == 2, "the group counted")
         await asyncio.sleep(0.2)
-        assert session.generated == 2 and session.tally.groups == 1
+        assert session.rollout.generated == 2 and session.tally.groups == 1
         session._stop_rollout()
 
     asyncio.run(scenario())
@@ -438,7 +440,7 @@ def test_the_rollout_loop_sends_a_group_over_the_sites_limit_in_parts_and_counts
         request_id = parts[0]["id"]
         assert parts[1]["id"] == request_id
         await push(session, m.Accepted(job_id=1, lease_id="l1", accepted=2, rejected=0, ref_id=request_id))
-        await until(lambda: session.generated == 2, "the accepted group to be counted")
+        await until(lambda: session.rollout.generated == 2, "the accepted group to be counted")
         session._stop_rollout()
 
     asyncio.run(scenario())
@@ -466,9 +468,9 @@ def test_a_batch_goes_back_in_one_frame_with_the_next_lease_and_each_group_is_co
         await push(session, reply)
         await push(session, reply)  # again: its request is answered already
         await push(session, m.Submitted(job_id=1, results=reply.results, ref_id="r999"))  # unknown
-        await until(lambda: session.generated == 4, "two groups counted")
+        await until(lambda: session.rollout.generated == 4, "two groups counted")
         await asyncio.sleep(0.2)
-        assert session.generated == 4 and session.tally.groups == 2
+        assert session.rollout.generated == 4 and session.tally.groups == 2
         session._stop_rollout()
 
     asyncio.run(scenario())

@@ -41,16 +41,16 @@ def test_versions_that_come_while_one_is_fetched_wait_and_only_the_newest_is_ins
         session, socket = make_session(tmp_path, [])
         session.installs.engine_factory = held_factory
         await push(session, assign(1, snapshot(store, server, base), digest=base.sha256))
-        await until(lambda: (1, 0) in session.installing, "the base being installed")
+        await until(lambda: (1, 0) in session.installs.installing, "the base being installed")
         for version in (1, 2, 3):  # published while the base is still being installed
             await push(session, snapshot(store, server, versions[version]))
-        assert set(session.installing) == {(1, 0)} and session.held[1].version == 3
-        assert session.superseded == 2  # v1 and v2: never fetched
+        assert set(session.installs.installing) == {(1, 0)} and session.installs.held[1].version == 3
+        assert session.installs.superseded == 2  # v1 and v2: never fetched
         gate.set()
-        await until(lambda: session.installed_version(1) == 3, "the newest version installed")
+        await until(lambda: session.installs.installed_version(1) == 3, "the newest version installed")
         assert [r["version"] for r in socket.of("snapshot_installed")] == [0, 3]
-        assert session.held == {}
-        assert session.job.engine.model.model.norm.weight.detach().equal(model.model.norm.weight.detach())
+        assert session.installs.held == {}
+        assert session.installs.job.engine.model.model.norm.weight.detach().equal(model.model.norm.weight.detach())
         session._stop_rollout()
 
     asyncio.run(scenario())
@@ -113,7 +113,7 @@ def test_a_fetch_that_never_ends_is_given_up_within_its_derived_bound(
         await push(session, assign(1, snapshot(store, server, base, url=url), digest=base.sha256))
         await until(lambda: "install failed" in caplog.text, "the fetch to be given up", timeout=20)
         assert time.monotonic() - began < 10
-        assert session.installing == {} and session.installed_version(1) is None
+        assert session.installs.installing == {} and session.installs.installed_version(1) is None
         session._stop_rollout()
 
     try:

@@ -172,7 +172,8 @@ class ClosingSocket(RecordingSocket):
 def test_the_hello_declares_the_opt_in_to_the_site(tmp_path, opted_in) -> None:
     session, _ = make_session(tmp_path, [])
     session.config = dataclasses.replace(session.config, allow_user_code=opted_in)
-    socket = session.ws = ClosingSocket()
+    socket = ClosingSocket()
+    session.connection.attach(socket)
     asyncio.run(session._session())
     hello = m.parse_agent_json(socket.frames[0])
     assert isinstance(hello, m.Hello) and hello.allow_user_code is opted_in

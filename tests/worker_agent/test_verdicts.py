@@ -46,9 +46,9 @@ def test_groups_the_site_could_not_take_go_again_with_the_next_request_until_jud
             assert time.monotonic() < deadline, "the group was not sent again"
             await asyncio.sleep(0.05)
         again = next(s for s in submits(socket) if s["id"] != first["id"] and s["groups"])
-        assert again["groups"] == first["groups"] and session.generated == 0
+        assert again["groups"] == first["groups"] and session.rollout.generated == 0
         await push(session, answering(socket, m.NoWork(job_id=1, retry_after=30), request=again))
-        await until(lambda: session.generated == 2, "the group counted")
+        await until(lambda: session.rollout.generated == 2, "the group counted")
         assert not session.rollout_task.done()
         session._stop_rollout()
 
