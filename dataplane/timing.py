@@ -21,7 +21,23 @@ the step's wall time").
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Iterable
+
 PARTS = ("wait", "train", "checkpoint", "publish", "report", "eval")
+
+T_TRAIN_STEPS = 10
+"""Steps the job's ``T_train`` is the median of (docs/glossary.md)."""
+
+
+def t_train(step_train_s: Iterable[float]) -> float | None:
+    """The job's ``T_train``: the median of its last :data:`T_TRAIN_STEPS` steps' train times (the update alone,
+    ``train`` above), None before a step. A median, not a mean: a first step that warms caches up (seconds where
+    the rest take milliseconds) moves it by one rank, never by its size, and it follows a change of speed within
+    half the window. The learner announces it (learner/loop.py) and the site shows and plans with exactly that
+    figure: the job page's T_train card, the target's formula, the plan and ``echo2 job status``."""
+    times = [float(t) for t in step_train_s][-T_TRAIN_STEPS:]
+    return statistics.median(times) if times else None
 
 
 def step_split(wall_s: float, **parts: float) -> dict[str, float]:

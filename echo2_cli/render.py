@@ -124,7 +124,7 @@ def metric_line(m: dict) -> str:
     """One learner step (``GET /api/jobs/{id}/metrics/``) as a log line."""
     return (f"step {m['step']:>6}  reward {fmt(m.get('reward_mean'), 4)} ± {fmt(m.get('reward_std'), 4)}  "
             f"loss {fmt(m.get('loss'), 4)}  lag {fmt(m.get('max_staleness'))}  dropped {fmt(m.get('dropped_stale'))}  "
-            f"T_train {fmt(m.get('t_train'), 3, 's')}  wait {fmt(m.get('wait_s'), 3, 's')}")
+            f"train {fmt(m.get('t_train'), 3, 's')}  wait {fmt(m.get('wait_s'), 3, 's')}")
 
 
 def export_line(written: dict) -> str:

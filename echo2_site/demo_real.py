@@ -120,7 +120,7 @@ def watch(console, api: httpx.Client, stack: demo.Stack, job_id: int, server: st
             seen = row["step"]
             timing = (row.get("extra") or {}).get("timing") or {}
             console.print(f"{time.monotonic() - started:6.0f}s  step {row['step']}: reward {row['reward_mean']:.3f}, "
-                          f"T_train {row['t_train']:.1f} s, wait {row['wait_s']:.1f} s, step wall "
+                          f"train {row['t_train']:.1f} s, wait {row['wait_s']:.1f} s, step wall "
                           f"{timing.get('wall', 0.0):.1f} s")
             for result in (row.get("extra") or {}).get("eval") or []:
                 evals.append(result)

@@ -65,6 +65,7 @@ def job_detail(request, job_id: int):
                                                         "learner_command": learner_command(server=server,
                                                                                            job_id=job.pk),
                                                         "reward_window": figures.REWARD_WINDOW,
+                                                        "t_train_steps": figures.T_TRAIN_STEPS,
                                                         **_samples(request, job)})
 
 

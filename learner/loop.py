@@ -20,6 +20,8 @@ from typing import Any
 from dataplane import samples
 from dataplane.jobs import JobSpec
 from dataplane.replay import DROPPED_STALE, RedisError
+from dataplane.timing import T_TRAIN_STEPS
+from dataplane.timing import t_train as t_train_of
 
 from . import diskroom
 from .audit_probation import probation_state
@@ -117,7 +119,7 @@ class LearnerLoop:
         self.version = 0
         self.uncommitted: list[str] = []  # trained, not yet in a committed checkpoint, so not acknowledged
         self.recent_rewards: collections.deque[float] = collections.deque(maxlen=10)
-        self.t_train_avg: float | None = None
+        self.recent_t_train: collections.deque[float] = collections.deque(maxlen=T_TRAIN_STEPS)
         self.pending_reports: list[dict] = []  # reports the site may not have, saved with the checkpoint
         # background: checkpoints are written on the committer's thread (learner/checkpoint.py), acknowledged after
         self.committer = Committer() if background else None
@@ -144,6 +146,11 @@ class LearnerLoop:
     def rng(self) -> random.Random | None:
         return self.feeder.rng if self.feeder is not None else None
 
+    @property
+    def t_train(self) -> float | None:
+        """The job's T_train as the learner announces it (dataplane/timing.py ``t_train``), None before a step."""
+        return t_train_of(self.recent_t_train)
+
     def resume(self) -> Checkpoint | None:
         """Continue from the committed checkpoint, if any (see the class docstring); None when starting fresh."""
         ckpt = self.checkpoints.load()
@@ -163,7 +170,9 @@ class LearnerLoop:
         self.consumer.dropped_total = counted if counted is not None else int(ckpt.state.get("dropped_total", 0))
         self.consumer.quarantine.restore(ckpt.state.get("quarantined", {}))
         self.recent_rewards.extend(ckpt.state.get("recent_rewards", []))
-        self.t_train_avg = ckpt.state.get("t_train_avg")
+        # a checkpoint from before the median kept only a moving average: it stands for one step until more come
+        self.recent_t_train.extend(ckpt.state.get("recent_t_train")
+                                   or ([ckpt.state["t_train_avg"]] if ckpt.state.get("t_train_avg") else []))
         self.consumer.ack_ids(list(ckpt.trained_entry_ids))  # in the model already: never train them again
         log.info("resumed from %s at version %d", self.checkpoints.path, self.version)
         return ckpt
@@ -201,7 +210,7 @@ class LearnerLoop:
         self.uncommitted.extend(ids)
         self._count_in_stream(len(ids))
         self.recent_rewards.append(result.reward_mean)
-        self.t_train_avg = t_train if self.t_train_avg is None else 0.9 * self.t_train_avg + 0.1 * t_train
+        self.recent_t_train.append(t_train)
         if self.on_trained is not None:
             self.on_trained(self.version, ids)
 
@@ -334,7 +343,7 @@ class LearnerLoop:
             job=dict(self.identity),
             state={"dropped_total": self.consumer.dropped_total, "quarantined": self.consumer.quarantine.report(),
                    "recent_rewards": list(self.recent_rewards),
-                   "t_train_avg": self.t_train_avg, "reports": self.pending_reports,
+                   "recent_t_train": list(self.recent_t_train), "reports": self.pending_reports,
                    # the audits' probation per worker (learner/audit.py), restored by learner/trainer.py
                    "audit_probation": probation_state(self.consumer.audit, (g.worker_id for g in self.consumer.buffer))
                    if self.consumer.audit is not None else {}},

@@ -237,7 +237,7 @@ class _JobRun:
     def announce(self, *, resumed: bool) -> None:
         """Tell the site the learner is up (and where its relay is), queue prompts, log the run's shape."""
         spec, loop, publisher = self.spec, self.loop, self.publisher
-        reply = self.site.announce(self.job_id, t_train=loop.t_train_avg, relay_address=publisher.relay_address,
+        reply = self.site.announce(self.job_id, t_train=loop.t_train, relay_address=publisher.relay_address,
                                    vocab_size=loop.consumer.quarantine.limits.vocab_size)
         # The reply alone carries the job's transfer secret: from now on both doors admit credential holders.
         secret = (reply or {}).get("transfer_secret")
@@ -307,7 +307,7 @@ class _JobRun:
             return
         try:
             if outcome.version == 1 or outcome.version % 10 == 0:
-                self.outbox.announce(self.loop.t_train_avg)  # T_train again, from the outbox's thread
+                self.outbox.announce(self.loop.t_train)  # T_train again, from the outbox's thread
             log_step(self.loop, outcome)
             metrics = step_metrics(self.loop, outcome, self.ctx)
             if self.evals:  # the evaluations since the last report (the base's rides on step 1's)

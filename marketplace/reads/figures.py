@@ -11,6 +11,8 @@ import math
 from django.conf import settings
 from django.utils import timezone
 
+from dataplane.timing import T_TRAIN_STEPS
+
 from ..core import provisioning
 from ..models import Job, JobMetric, Snapshot
 
@@ -32,16 +34,16 @@ def target_line(job: Job, snap: Snapshot | None, pool_throughput: float,
     """How the throughput target ``gamma * mu_min`` (section 3.3) was computed from what was measured (it moves with
     every new T_train and T_bcast), or why there is none: no T_train yet, or a schedule no pool can keep up with
     (the launch preview's reason); and whether it is the latter (the page marks it). Ends with the feasibility
-    report's verdict on the pool now. One T_train: the schedule's (the learner's calibration) is the one the formula
-    uses; where the last step measured another, the line names both, and a verdict that the learner will idle says
-    how long it actually waited then (the page's learner-wait card), so the two never read as contradicting."""
+    report's verdict on the pool now. One T_train: the job's (dataplane/timing.py ``t_train``, as the learner
+    announced it), the figure of the page's T_train card and of the plan; a verdict that the learner will idle says
+    how long it actually waited at the last step (the page's learner-wait card), so the two never read as
+    contradicting."""
     if not job.learner_t_train:
         return ("no target yet: T_train is not known (the learner measures it in its first steps); every available "
                 "worker is used meanwhile"), False
     t_train, t_bcast = job.learner_t_train, (snap.t_bcast if snap else 0.0)
-    step = (f"; step {last.step} took {last.t_train:.3g} s" if last and last.t_train
-            and f"{last.t_train:.3g}" != f"{t_train:.3g}" else "")
-    measured = (f"T_train {t_train:.3g} s (the learner's calibration{step}), T_bcast {t_bcast:.3g} s "
+    measured = (f"T_train {t_train:.3g} s (the median of the learner's last {T_TRAIN_STEPS} steps), "
+                f"T_bcast {t_bcast:.3g} s "
                 + (f"(snapshot v{snap.version})" if snap else "(no broadcast measured yet: 0 assumed)"))
     try:
         report = provisioning.feasibility(staleness=job.staleness, kappa=job.kappa, t_train=t_train, t_bcast=t_bcast,

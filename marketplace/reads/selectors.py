@@ -156,7 +156,10 @@ def job_summary(job: Job, *, active: list[Activation] | None = None) -> dict:
         # the largest lag trained on over the whole run (a step's own is in its metrics)
         "max_staleness": JobMetric.objects.filter(job=job).aggregate(m=Max("max_staleness"))["m"],
         "dropped_stale": last.dropped_stale if last else 0,
-        "t_train": last.t_train if last else None,
+        # the job's T_train (dataplane/timing.py: the median of the learner's last 10 steps, as it announced it):
+        # the figure the plan, the target and its formula use; the last step's own train time is apart
+        "t_train": job.learner_t_train,
+        "step_train_s": last.t_train if last else None,
         "wait_s": last.wait_s if last else None,
         "t_bcast": snap.t_bcast if snap else None,
         "active_workers": len(active),

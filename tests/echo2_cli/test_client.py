@@ -25,7 +25,7 @@ def test_unknown_figures_show_as_a_dash_and_steps_as_one_line() -> None:
     assert (fmt(None), fmt(0.25, 2, " s"), fmt(3)) == ("-", "0.25 s", "3")
     line = metric_line({"step": 7, "reward_mean": 0.5, "reward_std": 0.1, "loss": -0.02, "max_staleness": 2,
                         "dropped_stale": 0, "t_train": 1.5, "wait_s": 0.25})
-    assert line == ("step      7  reward 0.5000 ± 0.1000  loss -0.0200  lag 2  dropped 0  T_train 1.500s  "
+    assert line == ("step      7  reward 0.5000 ± 0.1000  loss -0.0200  lag 2  dropped 0  train 1.500s  "
                     "wait 0.250s")
     rows = dict(summary_rows({"status": "running", "status_reason": "", "step": 3, "max_steps": 10,
                               "published_version": 1, "active_workers": 2, "bubble_ratio": None}, staleness=4))

@@ -119,10 +119,10 @@ def test_the_charts_draw_every_series_with_a_readout_keyboard_zoom_and_clipped_o
     assert "17.000 s (above the scale)" in times.locator("path.clipped title").text_content()
     top = max(float(t) for t in times.locator("text.y-tick").all_text_contents())
     assert top < 1, top
-    # Told apart by more than colour: the wait is dashed, T_train is not; a legend names each.
+    # Told apart by more than colour: the wait is dashed, the train time is not; a legend names each.
     assert times.locator("polyline.t-wait").get_attribute("stroke-dasharray")
     assert not times.locator("polyline.t-train").get_attribute("stroke-dasharray")
-    assert times.locator("g.legend-item text").all_text_contents() == ["T_train", "learner wait"]
+    assert times.locator("g.legend-item text").all_text_contents() == ["train", "learner wait"]
 
     # Hover: the values at the step under the pointer, as reported and smoothed.
     page.locator("#kl-chart").hover()  # its middle: step 10 of 1-20

@@ -80,7 +80,8 @@ def test_the_step_figures_are_the_learners_reports_as_of_the_last_step(running):
     assert float(keyed(page, "reward_recent_mean")[0]) == pytest.approx(math.fsum(window) / 10, abs=5e-4)
     assert float(keyed(page, "reward_mean")[0]) == pytest.approx(REWARDS[-1], abs=5e-4)  # "that step alone"
     assert set(keyed(page, "as_of_step")) == {"12"} and len(keyed(page, "as_of_step")) == 4  # reward, T_train, ...
-    assert float(keyed(page, "t_train")[0]) == pytest.approx(0.052, abs=5e-4)
+    assert float(keyed(page, "t_train")[0]) == pytest.approx(0.05, abs=5e-4)  # the job's, as the learner announced
+    assert float(keyed(page, "step_train_s")[0]) == pytest.approx(0.052, abs=5e-4)  # step 12's own
     assert float(keyed(page, "bubble_ratio")[0]) == pytest.approx(0.01 / (0.01 + 0.052), abs=5e-4)
     assert keyed(page, "max_staleness") == [str(max(step % 3 for step in range(1, 13)))]
     assert keyed(page, "dropped_stale") == ["24"]  # cumulative, as the learner reported it at step 12
@@ -91,7 +92,7 @@ def test_the_step_figures_are_the_learners_reports_as_of_the_last_step(running):
     target = provisioning.mu_target(kappa=job.kappa, batch=8, t_train=0.05, t_bcast=0.0, gamma=job.gamma)
     assert float(keyed(page, "throughput_target")[0]) == pytest.approx(target, abs=0.05)
     line = keyed(page, "throughput_target_line")[0]
-    assert f"= {target:.4g} traj/s from T_train 0.05 s (the learner's calibration; step 12 took 0.052 s), T_bcast " \
+    assert f"= {target:.4g} traj/s from T_train 0.05 s (the median of the learner's last 10 steps), T_bcast " \
            "0 s (no broadcast measured yet: 0 assumed)" in line, line
     assert 'class="target-line"' in page  # not marked as an error
 
@@ -103,6 +104,27 @@ def test_the_step_figures_are_the_learners_reports_as_of_the_last_step(running):
                                              f"{keyed(page, 'reward_mean')[0]})")
     assert rows["target"] == line and "projected cost" in rows
     assert keyed(page, "t_bcast_of") == ["no broadcast measured yet"] and keyed(page, "t_bcast") == ["not measured yet"]
+
+
+def test_one_t_train_on_the_card_in_the_formula_in_the_plan_and_in_echo2_job_status(running):
+    """The card beside the target's formula shows the same T_train as the formula, whatever the last step took."""
+    owner, job = running
+    services.learner_announce(job=Job.objects.get(pk=job.pk), t_train=2.07)  # the median the learner announced
+    services.metrics_record(job=Job.objects.get(pk=job.pk), step=1, values={"reward_mean": 0.1, "t_train": 2.43,
+                                                                          "wait_s": 0.1})
+    page = signed_in(owner).get(f"/jobs/{job.pk}/").content.decode()
+
+    card = keyed(page, "t_train")[0]
+    formula = re.search(r"from T_train (\S+) s", keyed(page, "throughput_target_line")[0])[1]
+    assert float(card) == pytest.approx(2.07, abs=5e-4) and float(formula) == pytest.approx(2.07, abs=5e-3)
+    assert float(keyed(page, "step_train_s")[0]) == pytest.approx(2.43, abs=5e-4)  # the step's own, named apart
+
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {factories.token(owner)}")
+    summary = api.get(f"/api/jobs/{job.pk}/summary/").json()
+    assert summary["t_train"] == 2.07 and summary["step_train_s"] == 2.43
+    assert api.get(f"/api/jobs/{job.pk}/plan/").json()["measurements"]["t_train"] == 2.07
+    assert dict(summary_rows(summary, staleness=3))["T_train / T_bcast"].startswith("2.070 s / ")
 
 
 def test_t_bcast_names_its_snapshot_and_a_target_no_pool_can_meet_says_why(running):

@@ -42,7 +42,7 @@
     const rows = steps();
     const snaps = [...snapshots.values()].filter((s) => s.t_bcast !== null).sort((a, b) => a.version - b.version);
     curves.draw(document.getElementById("time-chart"), {
-      series: [{ cls: "t-train", color: "#1f5fbf", label: "T_train", points: rows.map((m) => [m.step, m.t_train]) },
+      series: [{ cls: "t-train", color: "#1f5fbf", label: "train", points: rows.map((m) => [m.step, m.t_train]) },
         { cls: "t-wait", color: "#5f6368", label: "learner wait", points: rows.map((m) => [m.step, m.wait_s]) }],
       dotLabel: "T_bcast", robust: true,
       dots: snaps.map((s) => ({ step: s.version, value: s.t_bcast, cls: "t-bcast", color: "#a3530a",
