@@ -75,7 +75,7 @@ services.job_finish(job=Job.objects.get(pk=finished.pk), status=Job.Status.COMPL
 waiting = started('waiting for its learner')
 """
 
-NUMERIC = {"reward_recent_mean": 3, "reward_mean": 3, "t_train": 3, "t_bcast": 3, "bubble_ratio": 3,
+NUMERIC = {"reward_recent_mean": 3, "reward_mean": 3, "t_train": 3, "step_train_s": 3, "t_bcast": 3, "bubble_ratio": 3,
            "pool_throughput": 1, "throughput_target": 1, "cost_usd": 4, "projected_cost_usd": 4, "budget_usd": 2}
 TEXT = ("status", "step", "reward_recent_steps", "as_of_step", "max_staleness", "dropped_stale", "published_of",
         "active_workers", "t_bcast_of", "throughput_target_line", "waiting_reason", "export_line", "status_reason",
