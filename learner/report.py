@@ -44,6 +44,8 @@ def step_metrics(loop: LearnerLoop, outcome: StepOutcome, ctx: distributed.DistC
         metrics["extra"]["reward_errors"] = outcome.scores.errors + outcome.scores.non_finite
         if outcome.scores.last_error:
             metrics["extra"]["reward_last_error"] = outcome.scores.last_error
+        # each function's mean, records scored, errors among them and latest failure: the job page's table
+        metrics["extra"]["reward_functions"] = outcome.scores.functions
     if outcome.samples:
         metrics["samples"] = outcome.samples  # a few trained records (dataplane/samples.py)
     return metrics

@@ -48,6 +48,8 @@ class Scored:
     errors: int = 0
     non_finite: int = 0
     last_error: str = ""
+    failed: dict[str, int] = field(default_factory=dict)  # records each function failed on
+    last_errors: dict[str, str] = field(default_factory=dict)  # each function's latest failure, one line
 
 
 @dataclass
@@ -60,6 +62,9 @@ class BatchScores:
     non_finite: int = 0
     last_error: str = ""
     pause_reason: str = ""
+    # each function: {"mean", "records" (scored in this batch), "errors" (of those), "last_error" (its latest failure
+    # since the learner started, one line; "" if none)}: the job page's per-function figures
+    functions: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 _task: TaskAdapter | None = None  # in each pool process
@@ -84,7 +89,8 @@ def _score(prompts: list[str], completions: list[str], completion_ids: list[list
     delta = after.minus(before) if before is not None and after is not None else after
     if delta is None:
         return Scored(rewards, each)
-    return Scored(rewards, each, errors=delta.errors, non_finite=delta.non_finite, last_error=delta.last_error)
+    return Scored(rewards, each, errors=delta.errors, non_finite=delta.non_finite, last_error=delta.last_error,
+                  failed=dict(delta.failed), last_errors=dict(delta.last_errors))
 
 
 def _preflight(rows: int, chat: Any, state: TrainerState) -> str:
@@ -119,6 +125,7 @@ class OwnerScoring:
         self.lock = threading.Lock()  # submit runs on the reader's thread and the training thread
         self.pending: collections.OrderedDict[str, concurrent.futures.Future] = collections.OrderedDict()
         self.recent: collections.deque[int] = collections.deque(maxlen=window)  # 1 per record a function failed on
+        self.last_errors: dict[str, str] = {}  # each function's latest failure since this learner started
 
     def _new_pool(self) -> concurrent.futures.ProcessPoolExecutor:
         return concurrent.futures.ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"),
@@ -181,13 +188,16 @@ class OwnerScoring:
                 broken.shutdown(wait=False, cancel_futures=True)
                 reason = f"a learner scoring process died while scoring ({err})"
         size = len(group.packed)
-        return Scored([0.0] * size, {}, errors=size, last_error=f"{', '.join(self.functions)}: {reason}"[:200])
+        last = f"{', '.join(self.functions)}: {reason}"[:200]
+        return Scored([0.0] * size, {}, errors=size, last_error=last, failed=dict.fromkeys(self.functions, size),
+                      last_errors=dict.fromkeys(self.functions, last))
 
     def apply(self, groups: list, version: int, timeout_s: float = 600.0) -> BatchScores:
         """Wait for ``groups``' scores and add them to their records' rewards (the workers' part stays in
         ``packed.worker_rewards``)."""
         self.submit(groups, version)
         out, sums, counts = BatchScores(), collections.Counter(), collections.Counter()
+        failed: collections.Counter[str] = collections.Counter()
         for group in groups:
             if group.packed is None:
                 continue
@@ -202,9 +212,14 @@ class OwnerScoring:
             out.errors += scored.errors
             out.non_finite += scored.non_finite
             out.last_error = scored.last_error or out.last_error
-            failed = scored.errors + scored.non_finite
-            self.recent.extend([1] * min(failed, len(packed)) + [0] * max(0, len(packed) - failed))
+            failed.update(scored.failed)
+            self.last_errors.update(scored.last_errors)
+            bad = scored.errors + scored.non_finite
+            self.recent.extend([1] * min(bad, len(packed)) + [0] * max(0, len(packed) - bad))
         out.means = {name: sums[name] / counts[name] for name in sums if counts[name]}
+        out.functions = {name: {"mean": out.means.get(name), "records": counts[name], "errors": failed[name],
+                                "last_error": self.last_errors.get(name, "").split("\n")[0][:200]}
+                         for name in self.functions}
         rate = sum(self.recent) / len(self.recent) if self.recent else 0.0
         if len(self.recent) == self.window and rate > self.max_error_rate:
             last = out.last_error or "a non-finite score"

@@ -26,7 +26,7 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..records import MAX_REWARD
@@ -48,14 +48,20 @@ class RewardStats:
     non_finite: int = 0
     last_error: str = ""
     last_traceback: str = ""  # the latest failure's traceback (at most MAX_TRACEBACK characters), for the owner
+    failed: dict[str, int] = field(default_factory=dict)  # records each function failed on (errors and non-finite)
+    last_errors: dict[str, str] = field(default_factory=dict)  # each function's latest failure, one short line
 
     def minus(self, earlier: RewardStats) -> RewardStats:
         """What happened since ``earlier`` (a snapshot of the same reward): the agent reports these deltas."""
+        failed = {name: n - earlier.failed.get(name, 0) for name, n in self.failed.items()
+                  if n > earlier.failed.get(name, 0)}
         return RewardStats(calls=self.calls - earlier.calls, errors=self.errors - earlier.errors,
                            non_finite=self.non_finite - earlier.non_finite,
                            last_error=self.last_error if self.errors + self.non_finite
                            > earlier.errors + earlier.non_finite else "",
-                           last_traceback=self.last_traceback if self.errors > earlier.errors else "")
+                           last_traceback=self.last_traceback if self.errors > earlier.errors else "",
+                           failed=failed, last_errors={name: self.last_errors[name] for name in failed
+                                                       if name in self.last_errors})
 
 
 @dataclass(frozen=True)
@@ -164,7 +170,7 @@ class Reward:
                                shared)[0]
         except Exception as err:  # noqa: BLE001 - counted and reported, never raised into the worker
             self._count(errors=1, last_error=error_text(err, scorer.spec.function),
-                        last_traceback=traceback.format_exc()[-MAX_TRACEBACK:])
+                        last_traceback=traceback.format_exc()[-MAX_TRACEBACK:], function=scorer.spec.function)
             return None if scorer.spec.fallback == 0.0 else scorer.spec.fallback
 
     def _finite(self, scorer: _Scorer, value: Any) -> float:
@@ -174,16 +180,22 @@ class Reward:
             number = float(value)
             if math.isfinite(number) and abs(number) <= MAX_REWARD:
                 return number
-        self._count(non_finite=1, last_error=f"{scorer.spec.function}: returned {value!r:.60}, not a finite number")
+        self._count(non_finite=1, last_error=f"{scorer.spec.function}: returned {value!r:.60}, not a finite number",
+                    function=scorer.spec.function)
         return scorer.spec.fallback
 
     def _count(self, *, calls: int = 0, errors: int = 0, non_finite: int = 0, last_error: str = "",
-               last_traceback: str = "") -> None:
+               last_traceback: str = "", function: str = "") -> None:
         with self._lock:
             s = self._stats
+            failed, last_errors = s.failed, s.last_errors
+            if function:  # a failure: counted for its function too (the job page shows each function's rate)
+                failed = {**failed, function: failed.get(function, 0) + errors + non_finite}
+                last_errors = {**last_errors, function: last_error}
             self._stats = replace(s, calls=s.calls + calls, errors=s.errors + errors,
                                   non_finite=s.non_finite + non_finite, last_error=last_error or s.last_error,
-                                  last_traceback=last_traceback or s.last_traceback)
+                                  last_traceback=last_traceback or s.last_traceback, failed=failed,
+                                  last_errors=last_errors)
 
 
 def owner_traceback(err: BaseException) -> str:

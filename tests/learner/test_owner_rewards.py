@@ -173,3 +173,28 @@ def test_a_function_that_kills_its_process_costs_its_group_not_the_learner() -> 
     assert scores.errors == 2 and "a learner scoring process died" in scores.last_error, scores
     assert groups[0].packed.rewards == [0.0, 0.0] and groups[1].packed.rewards == [1.0, 1.0]
     assert later.errors == 0 and later.means == {"tests.owner_rewards:dies": 1.0}
+
+
+def test_each_function_reports_its_mean_its_errors_and_its_last_error() -> None:
+    from types import SimpleNamespace
+
+    from dataplane.packed import pack_records
+    from dataplane.records import Trajectory
+
+    spec, _ = job(["tests.owner_rewards:flaky", "tests.owner_rewards:plain"])
+    scoring = OwnerScoring.for_job(spec.task, chat=spec.prompt_format, max_steps=STEPS, processes=1)
+    records = [Trajectory(job_id=1, lease_id="l0", group_id="g0", prompt="3+4=", prompt_ids=[1], completion=a,
+                          completion_ids=[2], logprobs=[-1.0], reward=0.0, version=0) for a in ["7", "x", "5", "y"]]
+    try:
+        first = scoring.apply([SimpleNamespace(entry_id="0-0", packed=pack_records(records))], 0)
+        records = [r.model_copy(update={"group_id": "g1", "completion": "1"}) for r in records]
+        second = scoring.apply([SimpleNamespace(entry_id="1-0", packed=pack_records(records))], 1)
+    finally:
+        scoring.close()
+    flaky, plain = first.functions["tests.owner_rewards:flaky"], first.functions["tests.owner_rewards:plain"]
+    assert (flaky["records"], flaky["errors"], flaky["mean"]) == (4, 2, pytest.approx(3.0))
+    assert flaky["last_error"].startswith("tests.owner_rewards:flaky: ValueError: invalid literal for int()")
+    assert plain == {"mean": 0.5, "records": 4, "errors": 0, "last_error": ""}
+    # a batch without failures: no errors, and the function's latest failure still said
+    assert second.functions["tests.owner_rewards:flaky"]["errors"] == 0
+    assert second.functions["tests.owner_rewards:flaky"]["last_error"] == flaky["last_error"]
