@@ -21,6 +21,7 @@ from ..core import provisioning
 from ..infra import refusals, reward_errors, telemetry
 from ..models import Activation, Job, JobMetric, JobSample, Snapshot, SnapshotInstall, Worker, WorkerSession
 from . import figures, ledger, matching
+from .reward_functions import job_reward_functions
 
 UPTIME_WINDOW = timedelta(days=7)
 """The window the pages and the API measure uptime and utilization over."""
@@ -181,6 +182,8 @@ def job_summary(job: Job, *, active: list[Activation] | None = None) -> dict:
         # what the owner's reward functions did wrong on the workers (docs/rewards.md)
         "reward_errors": (errors := reward_errors.summary(job.pk)),
         "reward_errors_line": reward_errors.line(errors),
+        # each of the owner's functions the learner scores: mean, error rate, last error (reads/reward_functions.py)
+        "reward_functions": job_reward_functions(job),
         "user_code_refusals_line": refusals_line(job),  # workers whose providers do not run the job's user code
         # the learner's disk, full: "snapshot store full: N MB needed, ..." (learner/diskroom.py), until a write fits
         "learner_storage_line": ((last.extra or {}).get("storage") or "ok") if last else "ok",
