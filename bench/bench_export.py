@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dataplane import export  # noqa: E402
 from dataplane.broadcast.store import version_dir  # noqa: E402
 from learner.export import export_version  # noqa: E402
-from learner.publisher import SnapshotStore  # noqa: E402
+from learner.snapshots import SnapshotStore  # noqa: E402
 from learner.tiny import build_tiny_model  # noqa: E402
 
 LIMIT = 2.0

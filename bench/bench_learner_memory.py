@@ -112,7 +112,7 @@ def held_bytes(trainer) -> int:
 def worker(args: argparse.Namespace) -> None:
     """One configuration, on every rank; rank 0 writes the results (all ranks' figures) to ``args.out``."""
     from learner import distributed, fsdp
-    from learner.publisher import SnapshotStore
+    from learner.snapshots import SnapshotStore
     from learner.step import PolicyTrainer
 
     ctx = distributed.init("cpu", timeout_s=900)

@@ -1,7 +1,7 @@
 """The learner's publication policy: the :class:`Publisher` decides when and what to publish, and announces it.
 
-What is published (each a version in the :class:`~learner.snapshots.SnapshotStore`, served by the doors of
-:mod:`learner.publisher`, announced to the site through the :class:`~learner.outbox.Outbox`):
+What is published (each a version in the :class:`~learner.snapshots.SnapshotStore`, served by the HTTP server and
+relay of :mod:`learner.serving`, announced to the site through the :class:`~learner.outbox.Outbox`):
 
 - **the base**, version 0: the job's checkpoint directory, once per job, before any training (workers need no
   copy of their own, dataplane/basemodel.py); a restarted learner checks it is still the same files;
@@ -41,7 +41,7 @@ from . import diskroom
 from .client import SiteClient, SiteError
 from .loop import LearnerLoop
 from .outbox import Outbox, Publication
-from .publisher import LearnerRelay, SnapshotServer, manifest_json
+from .serving import LearnerRelay, SnapshotServer, manifest_json
 from .settings import LearnerSettings
 from .snapshots import SnapshotStore
 

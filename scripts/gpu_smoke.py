@@ -194,7 +194,7 @@ def exported(checks: Checks, root: Path, model_dir: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     from learner.export import export_version
-    from learner.publisher import SnapshotStore
+    from learner.snapshots import SnapshotStore
     from worker_agent.engines import make_engine
     from worker_agent.engines.base import SamplingParams
 

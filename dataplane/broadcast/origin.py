@@ -17,7 +17,7 @@ acknowledgements, ``error`` (a command not understood). Log lines (refused crede
 which is the learner's.
 
 :class:`OriginHub` is the hub itself, on whatever event loop runs it: this process's, or a thread of the learner's
-(``relay_mode = "thread"``, :class:`learner.publisher.LearnerRelay`).
+(``relay_mode = "thread"``, :class:`learner.serving.LearnerRelay`).
 """
 
 from __future__ import annotations

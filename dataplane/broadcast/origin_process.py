@@ -134,7 +134,7 @@ class _Child:
 
 class OriginProcess:
     """The relay hub in a child process (see the module); the interface of the in-thread hub of
-    :class:`learner.publisher.LearnerRelay`."""
+    :class:`learner.serving.LearnerRelay`."""
 
     def __init__(self, root: Path, job_id: int, *, uplink_bps: float | None, host: str = "127.0.0.1", port: int = 0,
                  secret: str | None = None, start_timeout: float = 30.0, ack_timeout: float = 60.0) -> None:

@@ -5,7 +5,7 @@
 out: ``--job-secret`` (or ``ECHO2_JOB_SECRET``) for a relay that verifies its children's credentials itself
 (the learner's origin), ``--credential`` for the token this relay shows its parent, and the sha256 of each
 assigned child's token with ``--child ID=SHA256`` (or the ``children`` command's ``sha256``). The agent
-(``worker_agent.session``) and the learner (``learner.publisher``) run relays in their own event loops; this
+(``worker_agent.relaying``) and the learner (``learner.serving``) run relays in their own event loops; this
 wrapper only exposes one to a harness.
 """
 

@@ -31,7 +31,7 @@ def trained_snapshots(model_dir, root, job_id: int):
     ``SnapshotStore``, in 4 KiB chunks, fp32) as version 2 beside its base, version 0; returns (model, store)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from learner.publisher import SnapshotStore
+    from learner.snapshots import SnapshotStore
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

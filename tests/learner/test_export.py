@@ -17,7 +17,7 @@ from dataplane.snapshot import assemble
 from learner.checkpoint import Checkpoint, CheckpointStore
 from learner.cli import app
 from learner.export import export_checkpoint, export_version
-from learner.publisher import SnapshotStore
+from learner.snapshots import SnapshotStore
 
 from ..worker_agent.test_engine_vllm import needs_vllm_gpu
 from .helpers import trained_snapshots

@@ -16,7 +16,7 @@ from learner.batch import collate, token_logprobs
 from learner.checkpoint import CheckpointStore
 from learner.export import export_version
 from learner.policy import build_policy, load_model
-from learner.publisher import SnapshotStore
+from learner.snapshots import SnapshotStore
 from worker_agent.engines.base import SamplingParams
 from worker_agent.engines.hf import HFEngine
 from worker_agent.weights import HeldWeights

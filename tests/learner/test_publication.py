@@ -14,7 +14,7 @@ from dataplane.jobs import JobSpec
 from learner.checkpoint import Committer
 from learner.client import SiteClient
 from learner.publication import Publisher, PublishError, republish_on_resume
-from learner.publisher import SnapshotServer
+from learner.serving import SnapshotServer
 from learner.snapshots import SnapshotStore
 
 from .test_outbox import FakeSite

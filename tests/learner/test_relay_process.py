@@ -22,8 +22,9 @@ from dataplane.broadcast.driver import RelayProcessError
 from dataplane.broadcast.relay import SnapshotRelay
 from dataplane.credentials import issue, new_secret
 from dataplane.snapshot import parse_manifest
-from learner.publisher import LearnerRelay, SnapshotStore, manifest_json
+from learner.serving import LearnerRelay, manifest_json
 from learner.settings import LearnerSettings
+from learner.snapshots import SnapshotStore
 
 JOB = 5
 SECRET = new_secret()
@@ -138,7 +139,7 @@ def test_the_child_exits_when_its_stdin_closes(store):
 def test_the_child_outlives_no_learner_killed_with_sigkill(store, tmp_path):
     """A learner killed at once (no stop(), no exit handlers): its relay sees stdin's end and exits."""
     script = ("import sys, time\n"
-              "from learner.publisher import LearnerRelay, SnapshotStore\n"
+              "from learner.serving import LearnerRelay\nfrom learner.snapshots import SnapshotStore\n"
               f"relay = LearnerRelay(SnapshotStore({str(store.root)!r}, job_id={JOB}), uplink_bps=None)\n"
               "print(relay.pid, flush=True)\n"
               "time.sleep(600)\n")

@@ -1,4 +1,4 @@
-"""``GET /api/jobs/<id>/export/`` against a real learner snapshot server (learner/publisher.py) holding a trained
+"""``GET /api/jobs/<id>/export/`` against a real learner snapshot server (learner/serving.py) holding a trained
 tiny model: the owner gets a Hugging Face directory in a tar that ``from_pretrained`` loads with the snapshot's
 tensors; anyone else gets a 404 (staff a 403); an unknown or pruned version a 404 with the reason; a learner
 that is gone a 503 naming the offline command. Also over ASGI (daphne's path), where the archive is streamed."""
@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from dataplane import export
 from dataplane.broadcast.store import read_manifest, version_dir
-from learner.publisher import SnapshotServer
+from learner.serving import SnapshotServer
 from marketplace.models import Snapshot
 
 from ..learner.helpers import trained_snapshots
@@ -140,8 +140,7 @@ def test_the_dashboard_link_works_with_the_owners_session(published) -> None:
 
 
 def test_a_version_published_as_a_delta_exports_its_full_payload(tiny_model_dir, tmp_path) -> None:
-    from learner.publisher import SnapshotStore
-    from learner.snapshots import publishable_state
+    from learner.snapshots import SnapshotStore, publishable_state
 
     owner = factories.user("owner")
     job = factories.job(owner, model_dir=str(tiny_model_dir))

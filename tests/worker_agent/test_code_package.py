@@ -16,7 +16,8 @@ from dataplane.rewards import UserCodeRefused
 from dataplane.snapshot import SnapshotError
 from dataplane.tasks import build_task
 from learner.datasets import lay_out
-from learner.publisher import SnapshotServer, SnapshotStore
+from learner.serving import SnapshotServer
+from learner.snapshots import SnapshotStore
 from worker_agent.cache import BaseCache
 from worker_agent.taskdata import fetch_task_data
 

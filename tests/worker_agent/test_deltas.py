@@ -19,8 +19,8 @@ from dataplane import messages as m
 from dataplane.broadcast.store import CHUNKS, version_dir
 from dataplane.snapshot import FULL
 from echo2_site.demo import free_port
-from learner.publisher import RELAY_MODES, LearnerRelay, SnapshotServer, SnapshotStore, manifest_json
-from learner.snapshots import publishable_state
+from learner.serving import RELAY_MODES, LearnerRelay, SnapshotServer, manifest_json
+from learner.snapshots import SnapshotStore, publishable_state
 
 from .test_session import SECRET, assign, make_session, push, snapshot, until
 

@@ -16,7 +16,8 @@ from dataplane import messages as m
 from dataplane.lora import ADAPTER_FORMAT, LoraSpec
 from echo2_site.demo import free_port
 from learner import lora
-from learner.publisher import LearnerRelay, SnapshotServer, SnapshotStore, manifest_json
+from learner.serving import LearnerRelay, SnapshotServer, manifest_json
+from learner.snapshots import SnapshotStore
 from worker_agent.engines.base import SamplingParams
 
 from .test_deltas import HEAD, LATE, TAIL, chained, cred

@@ -17,7 +17,8 @@ from transformers import AutoModelForCausalLM
 
 from dataplane import messages as m
 from dataplane.credentials import issue, new_secret
-from learner.publisher import SnapshotServer, SnapshotStore, manifest_json
+from learner.serving import SnapshotServer, manifest_json
+from learner.snapshots import SnapshotStore
 from worker_agent import status
 from worker_agent.cache import BaseCache
 from worker_agent.config import AgentConfig

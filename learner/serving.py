@@ -1,5 +1,6 @@
-"""The doors of snapshot publication: serve the versions the store wrote (:mod:`learner.snapshots`) over HTTP and
-the relay. What is published, and when, is the :class:`~learner.publication.Publisher`'s to decide.
+"""Snapshot serving: the learner's HTTP server and relay, through which the versions the store wrote
+(:mod:`learner.snapshots`) reach the workers. What is published, and when, is the
+:class:`~learner.publication.Publisher`'s to decide (:mod:`learner.publication`).
 
 Each version lives in its own directory (manifest.json + chunks/<i>, and a delta's full payload under full/,
 :mod:`dataplane.broadcast.store`) and is never modified, so a slow agent can keep downloading an old version
@@ -37,7 +38,7 @@ from dataplane.snapshot import FULL, Manifest
 
 from .snapshots import SnapshotStore
 
-__all__ = ["RELAY_MODES", "LearnerRelay", "RelayMode", "SnapshotServer", "SnapshotStore", "manifest_json"]
+__all__ = ["RELAY_MODES", "LearnerRelay", "RelayMode", "SnapshotServer", "manifest_json"]
 
 log = logging.getLogger(__name__)
 

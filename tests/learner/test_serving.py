@@ -21,7 +21,8 @@ from dataplane.broadcast.relay import SnapshotRelay
 from dataplane.broadcast.store import list_versions, version_dir
 from dataplane.credentials import issue, new_secret
 from dataplane.snapshot import SnapshotError, fetch_payload, full_url, parse_manifest
-from learner.publisher import RELAY_MODES, LearnerRelay, SnapshotServer, SnapshotStore, manifest_json
+from learner.serving import RELAY_MODES, LearnerRelay, SnapshotServer, manifest_json
+from learner.snapshots import SnapshotStore
 
 JOB = 5
 SECRET = new_secret()
@@ -78,7 +79,7 @@ def served(tmp_path):
 
 
 def test_the_snapshot_server_refuses_without_a_credential_and_never_lists(served, caplog):
-    caplog.set_level(logging.WARNING, logger="learner.publisher")
+    caplog.set_level(logging.WARNING, logger="learner.serving")
     server, _ = served
     server.set_secret(SECRET)
     base = f"http://127.0.0.1:{server.port}"
@@ -91,7 +92,7 @@ def test_the_snapshot_server_refuses_without_a_credential_and_never_lists(served
         reply = httpx.get(base + path, headers={"Authorization": f"Bearer {cred(1)}"})
         assert reply.status_code == 404 and reply.text == "not found\n", path
     assert server.refused[401] == 7
-    refusals = [r.getMessage() for r in caplog.records if r.name == "learner.publisher"]
+    refusals = [r.getMessage() for r in caplog.records if r.name == "learner.serving"]
     assert len(refusals) == 7 and all("from 127.0.0.1:" in line for line in refusals)
 
 
