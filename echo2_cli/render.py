@@ -58,6 +58,7 @@ def summary_rows(summary: dict, *, staleness: int | None = None) -> list[tuple[s
         *([("learner storage", s["learner_storage_line"])] if s.get("learner_storage_line", "ok") != "ok" else []),
         ("step", f"{s['step']} / {s['max_steps']}"),
         reward,
+        *((f"  {f['function']}", function_line(f)) for f in s.get("reward_functions") or []),  # the job page's table
         ("max staleness" + (f" (S={staleness})" if staleness else ""), fmt(s.get("max_staleness"))),
         ("dropped stale", fmt(s.get("dropped_stale"))),
         ("bubble (learner wait)", fmt(s.get("bubble_ratio"))),
@@ -70,6 +71,15 @@ def summary_rows(summary: dict, *, staleness: int | None = None) -> list[tuple[s
         ("spent (ledger, final)" if final else "cost so far", fmt(s.get("cost_usd"), 4, " USD")),
         *([] if final else [("projected cost", fmt(s.get("projected_cost_usd"), 4, " USD"))]),
     ]
+
+
+def function_line(row: dict) -> str:
+    """One reward function the learner scores (the summary's ``reward_functions``): its mean, the records it failed
+    on, and its last error's first line."""
+    errors = ("no record yet" if row.get("error_rate") is None else
+              f"errors {100 * row['error_rate']:.1f}% ({row.get('errors')} of {row.get('records')})")
+    last = f"; last: {row['last_error']}" if row.get("last_error") else ""
+    return f"mean {fmt(row.get('mean'))}, {errors}{last}"
 
 
 def eval_line(summary_eval: dict) -> str:

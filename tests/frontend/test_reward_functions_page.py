@@ -1,7 +1,7 @@
 """The job page shows each reward function the learner scores beside the reward chart: its mean over the reward
 card's steps, the records it failed on of those it scored, and its last error's first line, from the step reports
-(``extra.reward_functions``, learner/report.py); the API summary carries the same rows; a job whose workers score
-the whole reward shows no table."""
+(``extra.reward_functions``, learner/report.py); the API summary and ``echo2 job status`` carry the same rows; a
+job whose workers score the whole reward shows no table."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import re
 import pytest
 from rest_framework.test import APIClient
 
+from echo2_cli.render import summary_rows
 from marketplace import services
 from marketplace.models import Job
 from marketplace.reads.reward_functions import ERROR_WINDOW, function_rows
@@ -58,6 +59,9 @@ def test_each_function_has_its_mean_its_error_rate_and_its_last_error_beside_the
     api.credentials(HTTP_AUTHORIZATION=f"Token {factories.token(owner)}")
     rows = {r["function"]: r for r in api.get(f"/api/jobs/{job.pk}/summary/").json()["reward_functions"]}
     assert rows[CORRECT]["errors"] == 4 and rows[CORRECT]["records"] == 192 and rows[BRIEF]["error_rate"] == 0.0
+    status = dict(summary_rows(api.get(f"/api/jobs/{job.pk}/summary/").json()))  # echo2 job status says the same
+    assert status[f"  {CORRECT}"] == (f"mean {correct['mean']}, errors 2.1% (4 of 192); last: mypkg.rewards:correct: "
+                                      "KeyError: 'answer'")
 
     plain = services.job_start(job=factories.job(owner))  # the workers score the whole reward: no table
     services.metrics_record(job=Job.objects.get(pk=plain.pk), step=1, values={"reward_mean": 0.3})
