@@ -43,13 +43,15 @@ class Episode:
         self.turns += 1
         self.messages.append({"role": "assistant", "content": turn.text})
 
-    def add_reply(self, ids: list[int], text: str, content: str) -> None:
-        """Append the environment's reply: in the context, never trained on (loss mask 0, log-prob 0)."""
+    def add_reply(self, ids: list[int], text: str, content: str, *,
+                  messages: list[dict[str, str]] | None = None) -> None:
+        """Append the environment's reply: in the context, never trained on (loss mask 0, log-prob 0). It is one user
+        message of ``content``, or the ``messages`` given (a tool's result and a user's, roles kept)."""
         self.completion_ids += ids
         self.logprobs += [0.0] * len(ids)
         self.loss_mask += [0] * len(ids)
         self.text += text
-        self.messages.append({"role": "user", "content": content})
+        self.messages += [dict(m) for m in messages] if messages else [{"role": "user", "content": content}]
 
     def record(self, *, job_id: int, lease_id: str, group_id: str, version: int) -> Trajectory:
         """A trajectory record tau = (x, y, r, v, Omega) with the turn-aware loss mask."""
@@ -59,7 +61,18 @@ class Episode:
                           metadata={"turns": self.turns, **self.info})
 
 
-React = Callable[[int, Episode, Turn], "tuple[str, str] | None"]
+@dataclass(frozen=True)
+class Reply:
+    """The environment's answer to a turn when its tokens and its text differ (a chat turn's special tokens are in
+    the tokens, not in their decoded text) or it is more than one user message: ``raw`` is encoded, ``text`` goes
+    into the transcript, ``messages`` into the conversation."""
+
+    raw: str
+    text: str
+    messages: list[dict[str, str]]
+
+
+React = Callable[[int, Episode, Turn], "tuple[str, str] | Reply | None"]
 
 
 def play_lockstep(episodes: list[Episode], *, max_turns: int, generate: Callable[[list[list[int]]], list[Turn]],
@@ -68,7 +81,8 @@ def play_lockstep(episodes: list[Episode], *, max_turns: int, generate: Callable
 
     Each sampled turn is appended (loss mask 1); then ``react(i, episode, turn)`` is the environment's answer to
     episode ``i``: ``(text, content)``, the text appended to the transcript (encoded, loss mask 0, log-prob 0) and
-    the user message's content, or None, which ends the episode. An episode already ``done`` is not played."""
+    the user message's content, or a :class:`Reply`, or None, which ends the episode. An episode already ``done`` is
+    not played."""
     for _ in range(max_turns):
         live = [i for i, ep in enumerate(episodes) if not ep.done]
         if not live:
@@ -79,7 +93,9 @@ def play_lockstep(episodes: list[Episode], *, max_turns: int, generate: Callable
             ep.add_turn(turn)
             reply = react(i, ep, turn)
             ep.done = reply is None
-            if reply is not None:
+            if isinstance(reply, Reply):
+                ep.add_reply(encode(reply.raw), reply.text, "", messages=reply.messages)
+            elif reply is not None:
                 text, content = reply
                 ep.add_reply(encode(text), text, content)
     return episodes

@@ -16,12 +16,16 @@ message's text and a newline, as before). A worker knows only that text, so the 
 index prompt -> task, rebuilt alike from the same spec.
 
 **Multi-turn** (``max_turns`` > 1): the environment answers each assistant turn through
-``env_response(messages, task) -> str | None`` (a method of the loaded environment or of its taskset: the
-role of ``MultiTurnEnv.env_response`` in earlier verifiers; ``None`` ends the episode), plays continue until it
-ends or ``max_turns`` assistant turns are taken, and the completion is the assistant turns and the replies
-(``"\\n<reply>\\n"``) with the turn-aware loss mask of dataplane/tasks/sandbox.py (1 on assistant tokens, 0 on
-the replies'). :meth:`VerifiersTask.reward` replays the transcript: each turn ends where the reply the
-environment gives to it follows.
+``env_response(messages, task)`` (a method of the loaded environment or of its taskset: the role of
+``MultiTurnEnv.env_response`` in earlier verifiers): a text (a user message), a message ``{"role": "user" |
+"tool", "content": ...}`` (a tool's may carry ``tool_call_id`` and ``name``) or a list of them; ``None`` ends the
+episode. Plays continue until it ends or ``max_turns`` assistant turns are taken; the conversation keeps each
+reply's role (the rubric scores a trace with verifiers' ``ToolMessage``), and the completion is the assistant turns
+and the replies with the turn-aware loss mask of dataplane/tasks/sandbox.py (1 on assistant tokens, 0 on the
+replies'). ``turn_format`` says how a reply is written in the tokens: ``plain`` (each message's text between
+newlines, ``"\\n<reply>\\n"``) or ``chatml`` (each message a ChatML turn of its role, ``<|im_start|>tool``, for a
+chat job on a ChatML model). :meth:`VerifiersTask.reward` replays the transcript: each turn ends where the reply
+the environment gives to it follows.
 
 **User code.** The environment is the job owner's code: it is imported by :meth:`VerifiersTask.prepare` with
 ``allow_user_code`` (the agent passes the provider's ``echo2-agent run --allow-user-code``, the learner true), or on
@@ -47,13 +51,16 @@ from ..rewards import UserCodeRefused
 from ..rewards.reward import import_owner_module
 from ..usercode import CodeError, activate, parse_code
 from .base import Prompt, TaskAdapter, TaskSpecError, register_task
-from .episodes import Episode, Turn, play_lockstep
+from .episodes import Episode, Reply, Turn, play_lockstep
 
 INSTALL = "pip install 'echo2[verifiers]'"
 #: Set to 1 in a process that runs a job's environment code without :meth:`VerifiersTask.prepare` (tests, benches).
 ALLOW_USER_CODE = "ECHO2_ALLOW_USER_CODE"
 REPLY_TOKENS = 1024  # the most tokens of one environment reply in a completion
 _REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+TURN_FORMATS = ("plain", "chatml")
+REPLY_ROLES = ("user", "tool")  # who may answer an assistant turn
+_SPECIAL = re.compile(r"<\|im_(?:start|end)\|>")
 
 
 __all__ = ["ALLOW_USER_CODE", "UserCodeRefused", "VerifiersTask"]
@@ -88,7 +95,8 @@ class VerifiersTask(TaskAdapter):
     name = "verifiers"
 
     def __init__(self, *, env: str = "", args: dict[str, Any] | None = None, size: int = 1000, max_turns: int = 1,
-                 reward_range: list[float] | tuple[float, float] = (0.0, 1.0), code: Any = None) -> None:
+                 reward_range: list[float] | tuple[float, float] = (0.0, 1.0), code: Any = None,
+                 turn_format: str = "plain") -> None:
         if not isinstance(env, str) or not _REF.match(env):
             raise TaskSpecError("env: name the environment's loader as 'pkg.module:load_environment'")
         try:
@@ -105,6 +113,9 @@ class VerifiersTask(TaskAdapter):
                 or not all(isinstance(v, int | float) and math.isfinite(v) for v in reward_range)
                 or not reward_range[0] < reward_range[1]):
             raise TaskSpecError("reward_range: must be [low, high] with low < high (the rubric's weighted sum)")
+        if turn_format not in TURN_FORMATS:
+            raise TaskSpecError(f"turn_format: must be one of {', '.join(TURN_FORMATS)}")
+        self.turn_format = turn_format
         self.env, self.args, self.size, self.max_turns = env, dict(args), size, max_turns
         self.reward_range = (float(reward_range[0]), float(reward_range[1]))
         self.multi_turn = max_turns > 1
@@ -113,8 +124,9 @@ class VerifiersTask(TaskAdapter):
 
     def spec(self) -> dict[str, Any]:
         code = {"code": self.code} if self.code else {}
+        turns = {"turn_format": self.turn_format} if self.turn_format != "plain" else {}
         return {"name": self.name, "env": self.env, "args": dict(self.args), "size": self.size,
-                "max_turns": self.max_turns, "reward_range": list(self.reward_range), **code}
+                "max_turns": self.max_turns, "reward_range": list(self.reward_range), **turns, **code}
 
     def max_completion_tokens(self, max_new_tokens: int) -> int:
         return max_new_tokens if not self.multi_turn else self.max_turns * (max_new_tokens + REPLY_TOKENS)
@@ -202,13 +214,26 @@ class VerifiersTask(TaskAdapter):
             for end in (i for i, ch in enumerate(completion) if ch == "\n" and i >= pos):
                 turn = [*messages, {"role": "assistant", "content": completion[pos:end]}]
                 reply = _respond(respond, turn, task)
-                if reply is not None and completion.startswith(f"\n{reply}\n", end):
-                    messages = [*turn, {"role": "user", "content": reply}]
-                    pos = end + len(reply) + 2
+                text = self.render_reply(reply)[1] if reply is not None else None
+                if text is not None and completion.startswith(text, end):
+                    messages = [*turn, *reply]
+                    pos = end + len(text)
                     break
             else:
                 break
         return [*messages, {"role": "assistant", "content": completion[pos:]}]
+
+    def render_reply(self, messages: list[dict[str, str]]) -> tuple[str, str]:
+        """The environment's reply as it is tokenized and as its tokens decode (special tokens skipped, as the
+        learner's audit decodes them). ``plain``: each message's text between newlines, whatever its role;
+        ``chatml``: the assistant turn closed, each message a ChatML turn of its own role (``user``, ``tool``), then
+        the next assistant turn opened: the model reads a tool's result as its chat template writes one."""
+        if self.turn_format == "plain":
+            text = "".join(f"\n{m['content']}\n" for m in messages)
+            return text, text
+        raw = "<|im_end|>\n" + "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages) \
+            + "<|im_start|>assistant\n"
+        return raw, _SPECIAL.sub("", raw)
 
     # -- multi-turn episodes --------------------------------------------------------------------------------------
 
@@ -218,13 +243,22 @@ class VerifiersTask(TaskAdapter):
         rubric's score of the whole conversation."""
         respond = self._load()[2]
         ids = prompt_ids if prompt_ids is not None else [encode(p) for p in prompts]
+        end = encode("<|im_end|>") if self.turn_format == "chatml" else []
+        if self.turn_format == "chatml" and len(end) != 1:
+            raise TaskSpecError("turn_format: chatml needs a tokenizer with ChatML's <|im_start|> and <|im_end|> "
+                                "tokens (SmolLM2, Qwen); use turn_format = \"plain\" with this model")
         tasks = [self.task_of(p) for p in prompts]
         episodes = [Episode(prompt=p, prompt_ids=list(i), messages=first_messages(t) if t is not None else [],
                             done=t is None) for p, i, t in zip(prompts, ids, tasks, strict=True)]
 
-        def react(i: int, ep: Episode, turn: Turn) -> tuple[str, str] | None:
+        def react(i: int, ep: Episode, turn: Turn) -> Reply | None:
             reply = _respond(respond, ep.messages, tasks[i]) if ep.turns < self.max_turns else None
-            return None if reply is None else (f"\n{reply}\n", reply)
+            if reply is None:
+                return None
+            raw, text = self.render_reply(reply)
+            if end and ep.completion_ids[-1:] == end:
+                raw = raw.removeprefix("<|im_end|>")  # the turn ended at its end-of-turn token
+            return Reply(raw=raw, text=text, messages=reply)
 
         play_lockstep(episodes, max_turns=self.max_turns, generate=generate, encode=encode, react=react)
         for ep, task in zip(episodes, tasks, strict=True):
@@ -247,15 +281,28 @@ def first_messages(task: Any) -> list[dict[str, str]]:
     return messages
 
 
-def _respond(respond: Callable | None, messages: list[dict[str, str]], task: Any) -> str | None:
-    """The environment's reply to the conversation so far; None ends it (also when env_response fails)."""
+def _respond(respond: Callable | None, messages: list[dict[str, str]], task: Any) -> list[dict[str, str]] | None:
+    """The environment's reply to the conversation so far, as messages: ``env_response`` returns a text (one user
+    message), a message ``{"role": "user" | "tool", "content": text}`` (a tool's may carry ``tool_call_id`` and
+    ``name``) or a list of them. None ends the episode: so does a reply of another shape, or env_response failing."""
     if respond is None:
         return None
     try:
         reply = respond([dict(m) for m in messages], task)
     except Exception:  # noqa: BLE001 - user code: a failing environment ends the episode
         return None
-    return reply if isinstance(reply, str) else None
+    if isinstance(reply, str):
+        return [{"role": "user", "content": reply}]
+    replies = [reply] if isinstance(reply, dict) else reply
+    if not isinstance(replies, list) or not replies:
+        return None
+    out = []
+    for m in replies:
+        if not (isinstance(m, dict) and m.get("role") in REPLY_ROLES and isinstance(m.get("content"), str)):
+            return None
+        out.append({k: v for k, v in m.items() if k in ("role", "content", "tool_call_id", "name")
+                    and isinstance(v, str)})
+    return out
 
 
 def _call_loader(ref: str, args: dict[str, Any]) -> Any:
@@ -275,10 +322,19 @@ async def _score(task: Any, messages: list[dict[str, str]]) -> float:
     from verifiers.v1.graph import MessageNode
     from verifiers.v1.trace import AgentInfo, TraceTask
 
-    kinds = {"system": vf.SystemMessage, "user": vf.UserMessage, "assistant": vf.AssistantMessage}
-    nodes = [MessageNode(message=kinds[m["role"]](content=m["content"]), parent=i - 1 if i else None,
-                         sampled=m["role"] == "assistant") for i, m in enumerate(messages)]
+    nodes = [MessageNode(message=_vf_message(vf, m), parent=i - 1 if i else None, sampled=m["role"] == "assistant")
+             for i, m in enumerate(messages)]
     trace = vf.Trace(task=TraceTask(type=type(task).__name__, data=task.data),
                      agent=AgentInfo(config=vf.AgentConfig()), nodes=nodes, is_completed=True, ok=True)
     await task.score(trace)
     return trace.reward
+
+
+def _vf_message(vf: Any, message: dict[str, str]) -> Any:
+    """A conversation's message as verifiers' own type: a tool's result keeps its call id (``call_0`` if the
+    environment gave none) and its tool's name."""
+    if message["role"] == "tool":
+        return vf.ToolMessage(content=message["content"], tool_call_id=message.get("tool_call_id") or "call_0",
+                              name=message.get("name"))
+    kinds = {"system": vf.SystemMessage, "user": vf.UserMessage, "assistant": vf.AssistantMessage}
+    return kinds[message["role"]](content=message["content"])
