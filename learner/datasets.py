@@ -94,13 +94,17 @@ def provide(task: TaskAdapter, *, root: Path, job_id: int, dataset: Path | None,
         if path is None:
             path = Path(root) / FILES / digest
             if not path.is_dir() or content.digest(path) != digest:
+                if site is None and digest == task.code:
+                    raise SiteError(f"code: the job's code package {digest[:12]}... comes from the site")
                 if site is None:
                     raise SiteError(f"dataset: give --dataset PATH of the job's data set {digest[:12]}...")
                 try:
                     payload = download(site, digest)
                 except SiteError as err:
-                    raise SiteError(f"{err}; a data set the owner did not upload is read from --dataset PATH"
-                                    f"{f' ({dataset} has another digest)' if dataset else ''}") from None
+                    hint = ("; echo2 job submit uploads a job file's task.code_modules" if digest == task.code else
+                            "; a data set the owner did not upload is read from --dataset PATH"
+                            f"{f' ({dataset} has another digest)' if dataset else ''}")
+                    raise SiteError(f"{err}{hint}") from None
                 shutil.rmtree(path, ignore_errors=True)
                 basemodel.unpack(payload, path)
         content.register(digest, path)
