@@ -1,7 +1,7 @@
 """How many agents one site process holds: connect, heartbeats handled on time, disconnects recorded (issue 25).
 
 Run: ``.venv/bin/python bench/bench_agent_socket.py [--agents 100 300 1000] [--interval 2] [--seconds 30]
-[--storm 1000] [--database postgres|sqlite] [--root PATH]``
+[--storm 1000] [--agents] [--database postgres|sqlite] [--root PATH]``
 
 Starts its own stack on loopback: a private redis-server on a free port, a fresh PostgreSQL database (dropped at the
 end; SQLite when PostgreSQL is not reachable or ``--database sqlite``), one daphne, a Celery worker and beat, all
@@ -355,7 +355,8 @@ def _row(row: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--agents", type=int, nargs="+", default=[100, 300, 1000])
+    parser.add_argument("--agents", type=int, nargs="*", default=[100, 300, 1000],
+                        help="Agents connecting in a gentle ramp, a row each (none: the storm rows only).")
     parser.add_argument("--interval", type=float, default=2.0, help="Seconds between an agent's heartbeats.")
     parser.add_argument("--seconds", type=float, default=30.0, help="Heartbeat phase per row.")
     parser.add_argument("--storm", type=int, nargs="*", default=[1000],

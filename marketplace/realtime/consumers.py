@@ -20,6 +20,7 @@ import re
 import time
 
 from asgiref.sync import sync_to_async
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
@@ -147,6 +148,16 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_add(services.worker_group(self.worker.pk), self.channel_name)
         self.follower = fanout.JobFollower(self.channel_layer, self.channel_name, self.worker.pk)
 
+    async def dispatch(self, message) -> None:
+        """Channels' dispatch without its ``aclose_old_connections()`` before every message: that call is a trip
+        through the one database thread, so every heartbeat waited there behind every hello's and connect's queries
+        (a reconnect storm held heartbeats for seconds). This consumer reaches the database only through
+        ``database_sync_to_async``, which closes stale connections around each call itself."""
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
+
     async def disconnect(self, code) -> None:
         self.assembler.drop()
         if self.worker is not None:
@@ -183,7 +194,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
     async def _handle(self, message) -> None:
         """Call the message's service and send its replies, each naming the request's id."""
         if isinstance(message, m.Hello):
-            wait = await database_sync_to_async(limits.HELLOS.take)(str(self.worker.pk))
+            wait = await sync_to_async(limits.HELLOS.take, thread_sensitive=False)(str(self.worker.pk))
             if wait:
                 await self._refuse(f"too many hellos from worker {self.worker.pk}; retry in {wait:.0f} s",
                                    TOO_MANY_REQUESTS, ref="hello")

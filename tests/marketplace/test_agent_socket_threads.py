@@ -6,11 +6,14 @@ submit's answer carries were such a query: now read on the database thread when 
 
 from __future__ import annotations
 
+import asyncio
+import json
 import threading
 
 from channels.db import database_sync_to_async
 from django.db.backends.signals import connection_created
 
+from marketplace.infra import telemetry
 from marketplace.services import rollouts
 
 from .test_agent_socket import connect, settings_eager, setup_job_and_worker, started_with  # noqa: F401
@@ -38,3 +41,29 @@ async def test_a_submit_queries_the_database_only_on_the_database_thread(setting
         connection_created.disconnect(opened)
         await comm.disconnect()
     assert connected <= {database_thread}, "a query from a thread that never hands its connection back"
+
+
+async def test_a_heartbeat_is_handled_while_the_database_thread_is_busy(redis_client):
+    """In a reconnect storm the one database thread is a queue of connects and hellos: a heartbeat never waits in
+    it (Channels' dispatch passed every message through it first). Here the thread is held until the heartbeat is
+    recorded; before, it was recorded only once the thread was let go."""
+    _, worker, key = await setup_job_and_worker()
+    comm = await connect(key)
+    await comm.send_json_to({"type": "hello", "agent_version": "test"})
+    assert (await comm.receive_json_from(timeout=10))["type"] == "welcome"
+    release = threading.Event()
+    held = asyncio.ensure_future(database_sync_to_async(release.wait)())
+    try:
+        await comm.send_json_to({"type": "heartbeat", "throughput": 7.0, "state": "idle"})
+        samples: list = []
+        for _ in range(200):  # a safety limit, not a timing: the sample comes at once or never while held
+            samples = redis_client.lrange(telemetry.heartbeats_key(worker.pk), 0, -1)
+            if samples:
+                break
+            await asyncio.sleep(0.05)
+        assert not held.done()
+        assert [json.loads(s)[1] for s in samples] == [7.0]
+    finally:
+        release.set()
+        await held
+    await comm.disconnect()
