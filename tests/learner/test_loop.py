@@ -291,3 +291,28 @@ def test_loss_config_rejects_bad_fields(field: str, value) -> None:
     with pytest.raises(JobSpecError) as err:
         parse_job_spec({"name": "j", "model_dir": "/m", "task": {"name": "arithmetic"}, "loss": {field: value}})
     assert err.value.field == f"loss.{field}"
+
+
+def test_t_train_is_the_median_of_the_steps_and_a_resumed_learner_keeps_it(
+        redis_url, redis_client, tiny_model_dir, tmp_path) -> None:
+    """What the learner announces as T_train (dataplane/timing.py): the median of its steps' train times, kept in the
+    checkpoint; a checkpoint written before the median (a moving average only) stands for one step."""
+    for g in range(4):
+        append_group(redis_client, g)
+    loop = make_loop(redis_url, tiny_model_dir, tmp_path)
+    assert loop.t_train is None
+    times = [loop.step(timeout_s=5).t_train for _ in range(2)]  # v2 is checkpointed (kappa = 2)
+    assert loop.t_train == pytest.approx((times[0] + times[1]) / 2)  # the median of two
+
+    resumed = make_loop(redis_url, tiny_model_dir, tmp_path)
+    resumed.resume()
+    assert resumed.t_train == pytest.approx(loop.t_train)
+
+    store = CheckpointStore(tmp_path)
+    old = store.load()
+    old.state.pop("recent_t_train")
+    old.state["t_train_avg"] = 0.25
+    store.save(old)
+    from_old = make_loop(redis_url, tiny_model_dir, tmp_path)
+    from_old.resume()
+    assert from_old.t_train == 0.25
