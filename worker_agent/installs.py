@@ -60,8 +60,10 @@ class Installer:
 
     def __init__(self, *, cache: BaseCache, engine_factory: Callable[[str], Engine], relays: Relays,
                  send: Callable[[m._Msg], Awaitable[None]], assignment: Callable[[], m.Assign | None],
-                 round_trips: RoundTrips | None = None, rates: Rates | None = None) -> None:
+                 round_trips: RoundTrips | None = None, rates: Rates | None = None,
+                 user_code: Callable[[], bool] = lambda: False) -> None:
         self.cache = cache
+        self.user_code = user_code  # the provider's opt-in to job owners' code: only then is a code package fetched
         self.round_trips, self.rates = round_trips or RoundTrips(), rates or Rates()  # time the HTTP fetches
         self.engine_factory = engine_factory
         self.relays = relays
@@ -209,7 +211,7 @@ class Installer:
         path, source = await self._base_directory(snap, manifest)
         if self.assignment is not None and self.assignment.job_id == snap.job_id:  # the job's data sets, if any
             await asyncio.to_thread(fetch_task_data, self.cache, self.assignment.task, snapshot_url=snap.url,
-                                    credential=snap.credential)
+                                    credential=snap.credential, allow_user_code=self.user_code())
         log.info("job %d: building the engine from base snapshot %s... (%s)", snap.job_id, manifest.sha256[:12], path)
         engine = await asyncio.to_thread(self.engine_factory, str(path))
         async with self.install_lock:

@@ -96,7 +96,8 @@ class AgentSession:
                                report=self._relay_report)
         self.installs = Installer(cache=cache, engine_factory=engine_factory, relays=self.relaying,
                                   send=self.connection.send, assignment=lambda: self.assignment,
-                                  round_trips=self.connection.round_trips, rates=Rates(config.bandwidth_bps))
+                                  round_trips=self.connection.round_trips, rates=Rates(config.bandwidth_bps),
+                                  user_code=lambda: self.config.allow_user_code)
         self.rollout = RolloutStatus()
         self.meter = ThroughputMeter()
         self.tally = status.Tally()  # what the site accepted, for the status lines' rates

@@ -24,12 +24,17 @@ log = logging.getLogger("echo2.agent")
 
 
 def fetch_task_data(cache: BaseCache, task_spec: dict[str, Any], *, snapshot_url: str, credential: str | None,
-                    max_bytes: int = content.MAX_BYTES) -> dict[str, Path]:
+                    max_bytes: int = content.MAX_BYTES, allow_user_code: bool = False) -> dict[str, Path]:
     """Every data set the task of ``task_spec`` reads, cached (fetched from the learner serving the job's snapshots
-    at ``snapshot_url`` when missing) and registered; digest -> its directory. Raises SnapshotError (a refusal, a
-    tampered chunk) or CacheError naming the data set."""
+    at ``snapshot_url`` when missing) and registered; digest -> its directory. The job's code package
+    (``task.code``, dataplane/usercode.py) is one of them only with ``allow_user_code``: a worker whose provider did
+    not opt in never holds the owner's code. Raises SnapshotError (a refusal, a tampered chunk) or CacheError
+    naming the data set."""
     held: dict[str, Path] = {}
-    for digest in build_task(task_spec).content_digests():
+    task = build_task(task_spec)
+    for digest in task.content_digests():
+        if digest == task.code and not allow_user_code:
+            continue
         path = cache.get(digest)
         if path is None:
             url = content.data_url(snapshot_url, digest)

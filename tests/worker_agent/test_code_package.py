@@ -1,6 +1,7 @@
 """A job's own code reaches the workers by content: the learner serves the code package like a data set, an agent
 with no copy of the owner's modules (none installed, no PYTHONPATH) fetches it by digest, every chunk checked,
-and imports from it only where its provider opted in; a tampered package is refused."""
+and imports from it, only where its provider opted in (elsewhere it is neither fetched nor imported); a tampered
+package is refused."""
 
 from __future__ import annotations
 
@@ -94,14 +95,16 @@ def test_an_opted_in_worker_imports_the_owners_functions_from_the_package(served
         __import__("ownpkg_w")
     cache = BaseCache(tmp_path / "agent-cache", max_bytes=10**8)
 
-    held = fetch_task_data(cache, task, snapshot_url=server.url_for(0), credential=credential())
+    held = fetch_task_data(cache, task, snapshot_url=server.url_for(0), credential=credential())  # not opted in
 
-    assert set(held) == {task["data"]["digest"], task["code"]}
+    assert set(held) == {task["data"]["digest"]} and cache.get(task["code"]) is None  # the owner's code never came
     refusing = build_task(task)
-    with pytest.raises(UserCodeRefused):  # no opt-in: refused, and nothing imported from the package
+    with pytest.raises(UserCodeRefused):  # no opt-in: refused, and nothing imported
         refusing.prepare(allow_user_code=False)
     assert "ownpkg_w" not in sys.modules and not any(usercode.ARCHIVE in p for p in sys.path)
 
+    held = fetch_task_data(cache, task, snapshot_url=server.url_for(0), credential=credential(), allow_user_code=True)
+    assert set(held) == {task["data"]["digest"], task["code"]}
     scorer = build_task(task)
     scorer.prepare(allow_user_code=True)
     assert scorer.reward("7*2=", "14") == 1.0 and scorer.reward("7*2=", "13") == 0.0
@@ -114,7 +117,7 @@ def test_a_verifiers_environment_comes_from_the_package(served, tmp_path) -> Non
     spec = {"name": "verifiers", "env": "ownpkg_w_env:load_environment", "code": task["code"], "size": 5}
     cache = BaseCache(tmp_path / "agent-cache", max_bytes=10**8)
 
-    fetch_task_data(cache, spec, snapshot_url=server.url_for(0), credential=credential())
+    fetch_task_data(cache, spec, snapshot_url=server.url_for(0), credential=credential(), allow_user_code=True)
     env = build_task(spec)
     env.prepare(allow_user_code=True)
 
@@ -129,5 +132,5 @@ def test_a_tampered_package_is_refused_and_nothing_is_cached(served, tmp_path) -
     cache = BaseCache(tmp_path / "agent-cache", max_bytes=10**8)
 
     with pytest.raises(SnapshotError, match="chunk 1 .*sha256"):
-        fetch_task_data(cache, task, snapshot_url=server.url_for(0), credential=credential())
+        fetch_task_data(cache, task, snapshot_url=server.url_for(0), credential=credential(), allow_user_code=True)
     assert cache.get(task["code"]) is None
