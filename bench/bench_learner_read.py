@@ -103,7 +103,7 @@ def learner_read(consumer: StalenessGatedConsumer, groups: int, args) -> tuple[i
     started = time.perf_counter()
     while done < groups:
         asked = time.perf_counter()
-        wait = consumer.next_batch(groups=min(args.groups_per_step, groups - done), learner_version=0, timeout_s=30)
+        wait = consumer.next_batch(groups=min(args.groups_per_step, groups - done), version=0, timeout_s=30)
         reader_s += time.perf_counter() - asked
         if wait is None:
             raise RuntimeError("the learner's reader found no data: the stream was not filled")

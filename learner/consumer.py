@@ -72,12 +72,14 @@ class StalenessGatedConsumer:
         self._reader = concurrent.futures.ThreadPoolExecutor(1, "echo2-prefetch") if self.prefetch else None
         self._ahead: concurrent.futures.Future | None = None
 
-    def admissible(self, group: StoredGroup, learner_version: int) -> bool:
-        return group.version >= learner_version - self.staleness
+    def admissible(self, group: StoredGroup, version: int) -> bool:
+        """``group`` may train the learner at ``version`` (v_t): it lags at most S (``staleness``) behind."""
+        return group.version >= version - self.staleness
 
-    def next_batch(self, *, groups: int, learner_version: int, timeout_s: float,
+    def next_batch(self, *, groups: int, version: int, timeout_s: float,
                    on_poll: Callable[[], object] | None = None) -> BatchWait | None:
-        """Wait up to ``timeout_s`` for ``groups`` admissible groups; None if they did not come. ``on_poll``
+        """Wait up to ``timeout_s`` for ``groups`` groups admissible at the learner's ``version``; None if they did
+        not come (stale ones are dropped and counted meanwhile). ``on_poll``
         runs after each read (at least once a second, and at least once per call): the learner tops up prompts
         there, since training or dropping a stale group frees room in the backlog. The first read does not wait,
         so ``on_poll`` runs before any wait."""
@@ -89,7 +91,7 @@ class StalenessGatedConsumer:
             ahead, self._ahead = self._ahead, None
             self._take(*ahead.result())
             self._after_reconnect()
-        self._dropped_waiting += self._drop_stale(learner_version)
+        self._dropped_waiting += self._drop_stale(version)
         polled = False
         while len(self.buffer) < groups:
             left = timeout_s - (time.monotonic() - start)
@@ -98,7 +100,7 @@ class StalenessGatedConsumer:
             self._take(self.replay.read(self.consumer, count=groups - len(self.buffer),
                                         block_ms=int(min(left, 1.0) * 1000) if polled else 1))
             self._after_reconnect()
-            self._dropped_waiting += self._drop_stale(learner_version)
+            self._dropped_waiting += self._drop_stale(version)
             if on_poll is not None:
                 on_poll()
             polled = True
@@ -187,9 +189,9 @@ class StalenessGatedConsumer:
         self.replay.count("audit_dropped_records", sum(g.size for g in gone))
         return [g for g in kept if g.worker_id not in failed]
 
-    def _drop_stale(self, learner_version: int) -> int:
-        stale = [g for g in self.buffer if not self.admissible(g, learner_version)]
-        self.buffer = [g for g in self.buffer if self.admissible(g, learner_version)]
+    def _drop_stale(self, version: int) -> int:
+        stale = [g for g in self.buffer if not self.admissible(g, version)]
+        self.buffer = [g for g in self.buffer if self.admissible(g, version)]
         return self._drop(stale)
 
     def _drop(self, groups: list[StoredGroup]) -> int:

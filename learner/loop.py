@@ -56,17 +56,18 @@ class StepOutcome:
     lengths: dict[str, float] = field(default_factory=dict)  # completion tokens: mean, max, clipped share
 
 
-def check_resume(job_id: int, *, learner_step: int, published_version: int, checkpoint_version: int | None,
+def check_resume(job_id: int, *, reported_version: int, published_version: int, checkpoint_version: int | None,
                  path: Path) -> None:
     """Refuse to train when the site and the checkpoint disagree in a way no restart can repair.
 
     A job that trained steps needs its checkpoint (or it would restart from the base model under version
     numbers agents already hold); a published snapshot newer than the checkpoint is a policy the
     learner no longer has. A checkpoint ahead of the site is fine: the learner crashed before reporting.
+    ``reported_version`` is the newest version the learner reported trained (the site's ``learner_step``).
     """
-    if checkpoint_version is None and learner_step > 0:
-        raise ResumeError(f"job {job_id} already trained {learner_step} steps but there is no checkpoint at {path}; "
-                          "start the learner with the --checkpoint-dir (or --snapshot-dir) of the first run")
+    if checkpoint_version is None and reported_version > 0:
+        raise ResumeError(f"job {job_id} already trained {reported_version} steps but there is no checkpoint at "
+                          f"{path}; start the learner with the --checkpoint-dir (or --snapshot-dir) of the first run")
     if checkpoint_version is not None and published_version > checkpoint_version:
         raise ResumeError(f"job {job_id} published v{published_version} but the checkpoint at {path} holds "
                           f"v{checkpoint_version}; the newer policy is lost, so the run cannot continue consistently")
@@ -190,7 +191,7 @@ class LearnerLoop:
         them on restart (``pending_reports``): the steps the checkpoint holds are never missing from the site."""
         top_up = (lambda: self.feeder.request_top_up(trained=self.trained_in_stream)) \
             if self.feeder is not None else None
-        wait = self.consumer.next_batch(groups=self.spec.groups_per_step, learner_version=self.version,
+        wait = self.consumer.next_batch(groups=self.spec.groups_per_step, version=self.version,
                                         timeout_s=timeout_s, on_poll=top_up)
         if wait is None:
             return None

@@ -67,13 +67,14 @@ class Outbox:
         with self.lock:
             return list(self.reports)
 
-    def resend(self, kept: dict, learner_step: int) -> None:
+    def resend(self, kept: dict, reported_version: int) -> None:
         """Queue the reports a checkpoint kept (its ``state``) that the site never got: the learner died before
         sending them, and several steps' may have been waiting for this thread. A checkpoint from before that
-        kept only its own step's report, under ``report``."""
+        kept only its own step's report, under ``report``. ``reported_version``: the newest step the site has (its
+        ``learner_step``)."""
         reports = kept.get("reports")
         for owed in reports if reports is not None else [kept.get("report")]:
-            if owed and int(owed.get("step", 0)) > learner_step:
+            if owed and int(owed.get("step", 0)) > reported_version:
                 self.report(owed)
 
     def start(self) -> Outbox:

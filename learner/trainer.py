@@ -373,7 +373,8 @@ def _resume(loop: LearnerLoop, raw: dict, job_id: int) -> Checkpoint | None:
     """Continue from the checkpoint, if any, when the site agrees with it (``check_resume``)."""
     try:
         ckpt = loop.resume()
-        check_resume(job_id, learner_step=raw.get("learner_step", 0), published_version=raw.get("published_version", 0),
+        check_resume(job_id, reported_version=raw.get("learner_step", 0),
+                     published_version=raw.get("published_version", 0),
                      checkpoint_version=ckpt.version if ckpt else None, path=loop.checkpoints.path)
     except ResumeError as err:
         raise SiteError(str(err)) from None

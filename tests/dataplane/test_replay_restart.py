@@ -53,7 +53,7 @@ def test_a_reader_loses_nothing_and_reads_nothing_twice_across_a_restart(private
     producer = threading.Thread(target=produce)
     producer.start()
     while len(seen) < total:
-        batch = reader.next_batch(groups=1, learner_version=0, timeout_s=20.0)
+        batch = reader.next_batch(groups=1, version=0, timeout_s=20.0)
         assert batch is not None, f"no data after {len(seen)} groups"
         seen.extend(g.group.group_id for g in batch.groups)
         reader.ack(batch.groups)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import functools
 
+import pytest
 import redis
 import torch
 
@@ -13,7 +14,7 @@ from dataplane import audit_hold, replay
 from dataplane.records import Trajectory, TrajectoryGroup
 from dataplane.replay import StoredGroup
 from dataplane.tasks import build_task
-from learner.audit import Auditor, AuditSettings, logprob_gap, reward_problem, sampled
+from learner.audit import Auditor, AuditSettings, logprob_gap, logprob_problem, reward_problem, sampled
 from learner.consumer import StalenessGatedConsumer
 from marketplace.core.audit_checks import check_failure
 from worker_agent.engines import make_engine
@@ -67,6 +68,37 @@ def test_logprob_gap_is_the_mean_over_learning_tokens() -> None:
     assert logprob_gap(claimed, recomputed, torch.tensor([[1.0, 1.0, 0.0]])) == 0.5  # the masked 9 does not count
 
 
+def _confident(size: int = 200) -> torch.Tensor:
+    """True log-probs of a confident policy: tokens between -1e-4 and -0.1 (log-uniform), one in 100 an unlikely
+    one of its tail (-2)."""
+    generator = torch.Generator().manual_seed(0)
+    out = -(10 ** (-4 + 3 * torch.rand(1, size, generator=generator)))
+    out[0, ::100] = -2.0
+    return out
+
+
+@pytest.mark.parametrize(("claim", "fails"), [
+    (lambda r: r, False),  # the policy's own
+    (lambda r: r + 0.3 * (-torch.expm1(r)), False),  # an engine's noise: logit errors of 0.3 nats
+    (lambda r: torch.full_like(r, -0.01), True),  # a constant claim, no policy run
+    (lambda r: torch.zeros_like(r), True),  # "certain" for every token: off on the tail
+    (lambda r: torch.round(r * 10) / 10, True),  # rounded to 0.1 nat
+])
+def test_the_per_token_allowance_holds_under_a_confident_policy(claim, fails) -> None:
+    """Under a confident policy a constant claim of -0.01 is within the old mean-gap tolerance (0.05 per token);
+    the per-token allowance ``floor + nats (1 - p)`` fails it, and admits an engine's numerical noise."""
+    recomputed, mask = _confident(), torch.ones(1, 200)
+    claimed = claim(recomputed)
+    settings = AuditSettings()
+    problem, share = logprob_problem(claimed, recomputed, mask, settings=settings)
+    assert bool(problem) == fails, (problem, share)
+    if fails and claim(torch.tensor([-1e-4])).item() == -0.01:
+        assert logprob_gap(claimed, recomputed, mask) < settings.logprob_tolerance  # the old rule let it pass
+        assert share > 0.9 and problem.startswith("logprobs: ")
+    nothing_learnt = torch.zeros(1, 200)  # no learning token: nothing to hold against the worker
+    assert logprob_problem(torch.full_like(recomputed, -9.0), recomputed, nothing_learnt, settings=settings)[0] == ""
+
+
 def test_an_honest_group_passes_and_forgeries_fail(tiny_model_dir) -> None:
     audit = auditor(tiny_model_dir)
     group = honest_group(tiny_model_dir)
@@ -74,7 +106,7 @@ def test_an_honest_group_passes_and_forgeries_fail(tiny_model_dir) -> None:
 
     # A worker that saves its compute by claiming log-probs (the ratio then carries its invention into the loss).
     made_up = forged(group, logprobs=lambda r: [-0.01] * len(r.logprobs))
-    assert audit.check(StoredGroup("2-0", made_up, worker_id=3)).startswith("logprobs: mean |claimed - recomputed|")
+    assert audit.check(StoredGroup("2-0", made_up, worker_id=3)).startswith("logprobs: ")
     # A worker that reports the opposite of every reward (right answers wrong, wrong ones right).
     flipped = forged(group, reward=lambda r: 1.0 - r.reward)
     assert audit.check(StoredGroup("3-0", flipped, worker_id=3)).startswith("records.0.reward: claimed")
@@ -95,12 +127,12 @@ def test_a_failed_audit_drops_the_workers_held_groups_and_reports_it(tiny_model_
     audit.hold = functools.partial(audit_hold.hold, client, JOB)  # as echo2-learner sets it up (learner/trainer.py)
     # Worker 8's first group is read while nothing is sampled, so it is held unaudited; then everything is.
     client.xadd(replay.trajectories_key(JOB), stream_fields([r.model_dump() for r in honest.records], worker_id=8))
-    assert consumer.next_batch(groups=2, learner_version=0, timeout_s=0.3) is None and len(consumer.buffer) == 1
+    assert consumer.next_batch(groups=2, version=0, timeout_s=0.3) is None and len(consumer.buffer) == 1
     audit.settings = AuditSettings(fraction=1.0)
     client.xadd(replay.trajectories_key(JOB), stream_fields([r.model_dump() for r in honest.records], worker_id=5))
     client.xadd(replay.trajectories_key(JOB), stream_fields([r.model_dump() for r in liar.records], worker_id=8))
 
-    assert consumer.next_batch(groups=3, learner_version=0, timeout_s=0.5) is None  # reads both, then waits
+    assert consumer.next_batch(groups=3, version=0, timeout_s=0.5) is None  # reads both, then waits
     assert [g.worker_id for g in consumer.buffer] == [5]  # worker 8's forged group and its held group are gone
     assert client.xlen(replay.trajectories_key(JOB)) == 1  # acknowledged and deleted: never read again
     assert replay.ReplayBuffer(client, JOB).counters()["audit_dropped_records"] == 8

@@ -46,7 +46,7 @@ def test_groups_are_returned_whole_in_order(learner_client, redis_client) -> Non
     consumer = StalenessGatedConsumer(learner_client, JOB, staleness=2)
     ids = [append_group(redis_client, "g1", [0, 0, 0]), append_group(redis_client, "g2", [0, 0, 0, 0])]
 
-    wait = consumer.next_batch(groups=2, learner_version=0, timeout_s=2.0)
+    wait = consumer.next_batch(groups=2, version=0, timeout_s=2.0)
 
     assert wait is not None
     assert [g.entry_id for g in wait.groups] == ids
@@ -61,8 +61,8 @@ def test_only_the_requested_number_of_groups_is_returned(learner_client, redis_c
     consumer = StalenessGatedConsumer(learner_client, JOB, staleness=2)
     ids = [append_group(redis_client, f"g{i}", [0, 0]) for i in range(3)]
 
-    first = consumer.next_batch(groups=2, learner_version=0, timeout_s=2.0)
-    second = consumer.next_batch(groups=1, learner_version=0, timeout_s=2.0)
+    first = consumer.next_batch(groups=2, version=0, timeout_s=2.0)
+    second = consumer.next_batch(groups=1, version=0, timeout_s=2.0)
 
     assert [g.entry_id for g in first.groups] == ids[:2]
     assert [g.entry_id for g in second.groups] == ids[2:]
@@ -76,7 +76,7 @@ def test_stale_groups_are_dropped_counted_and_acknowledged(learner_client, redis
     edge = append_group(redis_client, "edge", [3, 3])
     fresh = append_group(redis_client, "fresh", [5, 5])
 
-    wait = consumer.next_batch(groups=2, learner_version=5, timeout_s=2.0)
+    wait = consumer.next_batch(groups=2, version=5, timeout_s=2.0)
 
     assert [g.entry_id for g in wait.groups] == [edge, fresh]
     assert wait.dropped == 5  # 3 + 2 records
@@ -89,11 +89,11 @@ def test_stale_groups_are_dropped_counted_and_acknowledged(learner_client, redis
 def test_buffered_group_that_turns_stale_is_dropped(learner_client, redis_client) -> None:
     consumer = StalenessGatedConsumer(learner_client, JOB, staleness=2)
     append_group(redis_client, "early", [0, 0])
-    assert consumer.next_batch(groups=2, learner_version=0, timeout_s=0.2) is None  # "early" is buffered
+    assert consumer.next_batch(groups=2, version=0, timeout_s=0.2) is None  # "early" is buffered
 
     later = append_group(redis_client, "later", [3, 3])
     append_group(redis_client, "latest", [3, 3])
-    wait = consumer.next_batch(groups=2, learner_version=3, timeout_s=2.0)  # now v >= 1 is needed
+    wait = consumer.next_batch(groups=2, version=3, timeout_s=2.0)  # now v >= 1 is needed
 
     assert wait.dropped == 2
     assert consumer.dropped_total == 2
@@ -106,7 +106,7 @@ def test_acknowledged_groups_are_deleted(learner_client, redis_client) -> None:
     append_group(redis_client, "g1", [0, 0])
     append_group(redis_client, "g2", [0, 0])
 
-    wait = consumer.next_batch(groups=2, learner_version=0, timeout_s=2.0)
+    wait = consumer.next_batch(groups=2, version=0, timeout_s=2.0)
     consumer.ack(wait.groups)
 
     assert pending(redis_client) == 0
@@ -117,26 +117,26 @@ def test_restart_finds_unacknowledged_groups_but_not_acknowledged_ones(learner_c
     before = StalenessGatedConsumer(learner_client, JOB, staleness=2, consumer="learner-0")
     trained = append_group(redis_client, "trained", [0, 0])
     lost = append_group(redis_client, "lost", [0, 0, 0])
-    wait = before.next_batch(groups=2, learner_version=0, timeout_s=2.0)
+    wait = before.next_batch(groups=2, version=0, timeout_s=2.0)
     before.ack([g for g in wait.groups if g.entry_id == trained])
     del before  # the learner crashed before its next step
 
     after = StalenessGatedConsumer(learner_client, JOB, staleness=2, consumer="learner-0")
-    again = after.next_batch(groups=1, learner_version=1, timeout_s=2.0)
+    again = after.next_batch(groups=1, version=1, timeout_s=2.0)
 
     assert [g.entry_id for g in again.groups] == [lost]
     assert len(again.groups[0].records) == 3
-    assert after.next_batch(groups=1, learner_version=1, timeout_s=0.3) is None
+    assert after.next_batch(groups=1, version=1, timeout_s=0.3) is None
 
 
 def test_restart_reads_pending_groups_before_new_ones(learner_client, redis_client) -> None:
     before = StalenessGatedConsumer(learner_client, JOB, staleness=2)
     lost = append_group(redis_client, "lost", [0, 0])
-    before.next_batch(groups=1, learner_version=0, timeout_s=2.0)
+    before.next_batch(groups=1, version=0, timeout_s=2.0)
     new = append_group(redis_client, "new", [0, 0])
 
     after = StalenessGatedConsumer(learner_client, JOB, staleness=2)
-    wait = after.next_batch(groups=2, learner_version=0, timeout_s=2.0)
+    wait = after.next_batch(groups=2, version=0, timeout_s=2.0)
 
     assert [g.entry_id for g in wait.groups] == [lost, new]
 
@@ -145,11 +145,11 @@ def test_another_consumer_name_does_not_take_pending_groups(learner_client, redi
     StalenessGatedConsumer(learner_client, JOB, staleness=2, consumer="learner-0")
     append_group(redis_client, "g1", [0, 0])
     StalenessGatedConsumer(learner_client, JOB, staleness=2, consumer="learner-0").next_batch(
-        groups=1, learner_version=0, timeout_s=2.0)
+        groups=1, version=0, timeout_s=2.0)
 
     other = StalenessGatedConsumer(learner_client, JOB, staleness=2, consumer="learner-1")
 
-    assert other.next_batch(groups=1, learner_version=0, timeout_s=0.3) is None
+    assert other.next_batch(groups=1, version=0, timeout_s=0.3) is None
 
 
 def test_next_batch_times_out_with_too_little_data(learner_client, redis_client) -> None:
@@ -157,36 +157,36 @@ def test_next_batch_times_out_with_too_little_data(learner_client, redis_client)
     first = append_group(redis_client, "g1", [0, 0])
 
     started = time.monotonic()
-    assert consumer.next_batch(groups=2, learner_version=0, timeout_s=0.5) is None
+    assert consumer.next_batch(groups=2, version=0, timeout_s=0.5) is None
     elapsed = time.monotonic() - started
 
     assert 0.45 <= elapsed < 2.0
     # the group read while waiting is kept, not lost: it comes with the next one
     second = append_group(redis_client, "g2", [0, 0])
-    wait = consumer.next_batch(groups=2, learner_version=0, timeout_s=2.0)
+    wait = consumer.next_batch(groups=2, version=0, timeout_s=2.0)
     assert [g.entry_id for g in wait.groups] == [first, second]
 
 
 def test_next_batch_on_an_empty_stream_times_out(learner_client) -> None:
     consumer = StalenessGatedConsumer(learner_client, JOB, staleness=2)
 
-    assert consumer.next_batch(groups=1, learner_version=0, timeout_s=0.2) is None
+    assert consumer.next_batch(groups=1, version=0, timeout_s=0.2) is None
 
 
 def test_drops_during_a_wait_that_timed_out_are_reported_with_the_next_batch(learner_client, redis_client) -> None:
     consumer = StalenessGatedConsumer(learner_client, JOB, staleness=2)
     append_group(redis_client, "old", [0, 0, 0])  # v_t = 5, S = 2: stale
 
-    assert consumer.next_batch(groups=1, learner_version=5, timeout_s=0.3) is None
+    assert consumer.next_batch(groups=1, version=5, timeout_s=0.3) is None
     assert consumer.dropped_total == 3
     fresh = append_group(redis_client, "fresh", [5, 5])
-    wait = consumer.next_batch(groups=1, learner_version=5, timeout_s=2.0)
+    wait = consumer.next_batch(groups=1, version=5, timeout_s=2.0)
 
     assert [g.entry_id for g in wait.groups] == [fresh]
     assert wait.dropped == 3  # counted in the step that ended the wait, not lost with the timed-out one
-    assert consumer.next_batch(groups=1, learner_version=5, timeout_s=0.2) is None
+    assert consumer.next_batch(groups=1, version=5, timeout_s=0.2) is None
     append_group(redis_client, "next", [5, 5])
-    assert consumer.next_batch(groups=1, learner_version=5, timeout_s=2.0).dropped == 0
+    assert consumer.next_batch(groups=1, version=5, timeout_s=2.0).dropped == 0
 
 
 def test_the_wait_calls_back_so_prompts_are_topped_up_while_stale_groups_are_dropped(learner_client,
@@ -195,5 +195,5 @@ def test_the_wait_calls_back_so_prompts_are_topped_up_while_stale_groups_are_dro
     polls = []
     append_group(redis_client, "old", [0, 0])  # stale at v_t = 5: dropped, which frees backlog mid-wait
 
-    assert consumer.next_batch(groups=1, learner_version=5, timeout_s=1.5, on_poll=lambda: polls.append(1)) is None
+    assert consumer.next_batch(groups=1, version=5, timeout_s=1.5, on_poll=lambda: polls.append(1)) is None
     assert len(polls) >= 1  # the learner's top-up runs within the wait, not only before the next one

@@ -90,17 +90,17 @@ def test_a_checkpoint_keeps_the_reports_the_site_may_not_have_for_a_learner_kill
                                                                  {"step": 2, "entries": second.entry_ids}]
 
 
-@pytest.mark.parametrize(("state", "learner_step", "sent"), [
+@pytest.mark.parametrize(("state", "reported_version", "sent"), [
     ({"reports": [{"step": 3}, {"step": 4}, {"step": 5}]}, 3, [4, 5]),  # the site got step 3 before the kill
     ({"reports": [{"step": 3}, {"step": 4}]}, 4, []),  # it got them all
     ({"reports": []}, 0, []),
     ({"report": {"step": 4}}, 3, [4]),  # a checkpoint written before "reports": its own step's report
     ({"report": None}, 3, []),
 ])
-def test_a_restarted_learner_sends_what_its_checkpoint_kept_and_the_site_lacks(state, learner_step, sent) -> None:
+def test_a_restarted_learner_sends_what_its_checkpoint_kept_and_the_site_lacks(state, reported_version, sent) -> None:
     outbox = SimpleNamespace(sent=[])
     outbox.report = lambda metrics: outbox.sent.append(metrics["step"])
-    Outbox.resend(outbox, state, learner_step)
+    Outbox.resend(outbox, state, reported_version)
     assert outbox.sent == sent
 
 
@@ -212,13 +212,13 @@ def test_checkpoint_of_another_job_is_refused(redis_url, redis_client, tiny_mode
 
 def test_resume_rules() -> None:
     path = Path("/ckpt/checkpoint.pt")
-    check_resume(1, learner_step=0, published_version=0, checkpoint_version=None, path=path)  # fresh
-    check_resume(1, learner_step=5, published_version=4, checkpoint_version=4, path=path)  # crashed after v4
-    check_resume(1, learner_step=3, published_version=2, checkpoint_version=4, path=path)  # before reporting
+    check_resume(1, reported_version=0, published_version=0, checkpoint_version=None, path=path)  # fresh
+    check_resume(1, reported_version=5, published_version=4, checkpoint_version=4, path=path)  # crashed after v4
+    check_resume(1, reported_version=3, published_version=2, checkpoint_version=4, path=path)  # before reporting
     with pytest.raises(ResumeError, match="already trained 5 steps but there is no checkpoint"):
-        check_resume(1, learner_step=5, published_version=4, checkpoint_version=None, path=path)
+        check_resume(1, reported_version=5, published_version=4, checkpoint_version=None, path=path)
     with pytest.raises(ResumeError, match="published v6 but the checkpoint .* holds v4"):
-        check_resume(1, learner_step=6, published_version=6, checkpoint_version=4, path=path)
+        check_resume(1, reported_version=6, published_version=6, checkpoint_version=4, path=path)
 
 
 def test_checkpoint_store_is_atomic_and_round_trips(tmp_path) -> None:
