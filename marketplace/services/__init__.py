@@ -22,7 +22,8 @@ transaction it joins it), and its pushes and enqueued tasks leave only once that
 Siblings import one way only: ``base`` imports none of them; ``broadcast`` and ``rollouts`` import ``base``;
 ``billing`` imports none; ``repair`` imports ``broadcast`` (its messages); ``workers`` imports ``broadcast``
 (assignments) and ``billing``; ``presence`` imports ``workers``, ``broadcast``, ``repair`` and ``billing``; ``jobs``,
-``audits`` (suspensions) and ``learner`` (stalled jobs) import ``workers``; ``learner`` imports ``audits`` and
+``audits`` (suspensions) and ``learner`` (stalled jobs) import ``workers``; ``audits`` imports ``billing``
+(credits for failed work); ``learner`` imports ``audits`` and
 ``budgets``, which imports ``jobs``; ``controls`` imports ``workers`` and ``billing``.
 None imports ``marketplace.tasks``: tasks call services,
 services enqueue tasks by name (``base.enqueue_task``).

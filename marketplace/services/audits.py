@@ -23,10 +23,13 @@ from django.conf import settings
 from django.db.models import Sum
 from django.utils import timezone
 
+from ..core import credits
+from ..core.audit_checks import CONSISTENT, VERIFIED
 from ..infra import stream
 from ..models import Activation, Job, Provider, Worker, WorkerAudit
 from ..reads.selectors import AUDIT_RELEASED
-from .audit_verify import JobChecker, standing_text, worker_counted_failures
+from .audit_verify import SEALED_LEASE, JobChecker, standing_text, worker_counted_failures
+from .billing import failed_work_credit
 from .workers import worker_release
 
 log = logging.getLogger(__name__)
@@ -73,6 +76,7 @@ def audits_record(*, job: Job, step: int, results: list[dict[str, Any]]) -> None
         Worker.objects.filter(pk=worker_id).update(audits_passed=passes, audits_failed=counted)
         if failed:
             _release_from_job(job, worker_id, step=step, failed=failed)
+            _credit_failed_work(job, worker_id, checked.evidence)
             log.info("job %s step %s: worker %s audits checked by the site: %s", job.pk, step, worker_id,
                      standing_text(figures, limit=int(settings.ECHO2["AUDIT_SUSPEND_AFTER"])))
             _suspend_if_due(worker_id, failures=counted, reason=_last_counted(checked, result.get("reason", "")),
@@ -88,6 +92,19 @@ def _release_from_job(job: Job, worker_id: int, *, step: int, failed: int) -> No
                                                      "not planned for this job again")
         log.info("job %s step %s: worker %s released from the job after %d failed audit(s)", job.pk, step,
                  worker_id, failed)
+
+
+def _credit_failed_work(job: Job, worker_id: int, evidence: list[dict[str, Any]]) -> None:
+    """The owner pays nothing for the failed groups the site checked against what it stored (verified or
+    consistent: a real, sealed group of this worker): the billed time they were generated in is credited back
+    (``billing.failed_work_credit``). A failure the site refused or could not check (record gone, no seal, no
+    evidence) gives nothing back: the owner's word alone moves no money from a provider."""
+    timeout = float(settings.ECHO2["LEASE_TIMEOUT_S"])
+    windows = [w for e in evidence if not e.get("passed") and e.get("site") in (VERIFIED, CONSISTENT)
+               and e.get(SEALED_LEASE) and (w := credits.failure_window(entry_id=e["entry_id"],
+                                                                     lease_id=e[SEALED_LEASE],
+                                                                     lease_timeout_s=timeout)) is not None]
+    failed_work_credit(job_id=job.pk, worker_id=worker_id, windows=windows, now=timezone.now())
 
 
 def _mergeable(results: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:

@@ -14,18 +14,19 @@ and a release) neither lose time nor bill an interval twice. A billed interval i
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 
-from ..core import billing
+from ..core import billing, credits
 from ..infra import telemetry
 from ..models import Activation, LedgerEntry
 
 log = logging.getLogger(__name__)
 
+CREDIT = "credit"  # a ledger entry's state for billed time given back (failed work is free)
 ATTEMPTS = 8  # compare-and-set retries: each failure means another report just landed, so this is plenty
 _ROW = ("state", "state_reason", "reported_at", "price_per_hour", "job_id", "worker_id", "worker__name",
         "worker__provider_id", "job__name", "job__owner_id")
@@ -91,3 +92,46 @@ def _ledger_write(row: dict, *, activation_id: int, since: datetime, at: datetim
         provider_id=row["worker__provider_id"], owner_id=row["job__owner_id"], worker_name=row["worker__name"],
         job_name=row["job__name"], state=row["state"], started_at=since, at=at, seconds=seconds,
         rate=row["price_per_hour"], amount=amount)
+
+
+def failed_work_credit(*, job_id: int, worker_id: int, windows: list[tuple[float, float]],
+                       now: datetime) -> list[LedgerEntry]:
+    """Give the owner back the billed generating time of ``worker_id`` in ``job_id`` inside ``windows`` (the spans
+    its failed groups were generated in: ``marketplace.core.credits``), each second once over every call: one
+    ``credit`` entry per billed interval and stretch of window, ``seconds`` and ``amount`` negative, and each
+    activation's running sums lowered in the same transaction, so the ledger and the pages still agree to the
+    cent (docs/ledger.md "Credits for failed work"). The credit is dated ``now`` (it lands after every entry a
+    statement already read) and starts where the time it gives back started."""
+    if not windows:
+        return []
+    made: list[LedgerEntry] = []
+    first, last = min(w[0] for w in windows), max(w[1] for w in windows)
+    for activation_id in Activation.objects.filter(job_id=job_id, worker_id=worker_id).values_list("pk", flat=True):
+        with transaction.atomic():
+            row = Activation.objects.select_for_update().filter(pk=activation_id).values(*_ROW).first()
+            entries = LedgerEntry.objects.filter(activation_id=activation_id)
+            billed = [credits.Billed(start=e.started_at.timestamp(), end=e.at.timestamp(), rate=e.rate)
+                      for e in entries.filter(state="generating", at__gt=_utc(first), started_at__lt=_utc(last))]
+            given = [(e.started_at.timestamp(), e.started_at.timestamp() + float(-e.seconds))
+                     for e in entries.filter(state=CREDIT)]
+            due = [c for c in credits.credits(windows=windows, billed=billed, credited=given)
+                   if c.end - c.start >= credits.MIN_CREDIT_S]
+            if not due:
+                continue
+            for credit in due:
+                made.append(LedgerEntry.objects.create(
+                    activation_id=activation_id, job_id=row["job_id"], worker_id=row["worker_id"],
+                    provider_id=row["worker__provider_id"], owner_id=row["job__owner_id"],
+                    worker_name=row["worker__name"], job_name=row["job__name"], state=CREDIT,
+                    started_at=_utc(credit.start), at=now, seconds=credit.seconds, rate=credit.rate,
+                    amount=credit.amount))
+            Activation.objects.filter(pk=activation_id).update(
+                billed_seconds=F("billed_seconds") + float(sum(c.seconds for c in due)),
+                billed_usd=F("billed_usd") + sum(c.amount for c in due))
+        log.info("job %s: worker %s's failed work credited to the owner: %d interval(s), %s s, %s USD", job_id,
+                 worker_id, len(due), sum(c.seconds for c in due), sum(c.amount for c in due))
+    return made
+
+
+def _utc(at: float) -> datetime:
+    return datetime.fromtimestamp(at, tz=UTC)
