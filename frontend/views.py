@@ -57,7 +57,7 @@ def job_detail(request, job_id: int):
     history = {
         "metrics": [selectors.metric_point(m) for m in job.metrics.order_by("step")],
         "snapshots": [selectors.snapshot_point(s) for s in job.snapshots.order_by("version")],
-        "staleness": job.staleness,
+        "staleness": job.settings.staleness,
     }
     server = request.build_absolute_uri("/").rstrip("/")
     return render(request, "frontend/job_detail.html", {"job": job, "summary": live["summary"], "live": live,

@@ -76,7 +76,7 @@ def test_a_job_created_before_it_existed_reads_its_default(api) -> None:
     job.spec.pop("warmup_steps")  # as a row saved before the field was added
     job.save(update_fields=["spec"])
 
-    assert Job.objects.get(pk=job_id).warmup_steps == 0
+    assert Job.objects.get(pk=job_id).settings.warmup_steps == 0
     assert api.get(f"/api/jobs/{job_id}/spec/").json()["warmup_steps"] == 0
 
 

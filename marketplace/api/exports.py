@@ -121,7 +121,7 @@ def job_export(*, job: Job, user, version: int | None, dtype: str) -> Export:
     try:
         base = _source(job, snapshots[0], version)
         snapshot = _source(job, snapshots[version], version)
-        members = plan(*base, *snapshot, dtype=dtype, prompt_format=as_prompt_format(job.prompt_format))
+        members = plan(*base, *snapshot, dtype=dtype, prompt_format=as_prompt_format(job.settings.prompt_format))
     except SnapshotError as err:
         raise _learner_error(job, version, err) from None
     except ExportError as err:

@@ -188,10 +188,20 @@ class JobSerializer(serializers.ModelSerializer):
                             "learner_step", "published_version", "learner_relay", "base_digest", "vocab_size"]
 
     def get_fields(self) -> dict[str, serializers.Field]:
-        """The job settings' fields are JobSpec's (``spec_fields``), in the place ``Meta.fields`` gives them."""
+        """The job settings' fields are JobSpec's (``spec_fields``), in the place ``Meta.fields`` gives them, each
+        read from the job's typed settings (``job.settings.kappa``)."""
         fields = super().get_fields()
-        fields.update(spec_fields.serializer_fields(JobSpec))
+        for name, field in spec_fields.serializer_fields(JobSpec).items():
+            field.source = f"settings.{name}"
+            fields[name] = field
         return fields
+
+    def build_field(self, field_name, info, model_class, nested_depth):
+        """A job setting is no column of ``Job``: a placeholder here, which :meth:`get_fields` replaces by JobSpec's
+        own field."""
+        if field_name in JobSpec.model_fields:
+            return serializers.ReadOnlyField, {}
+        return super().build_field(field_name, info, model_class, nested_depth)
 
     def to_internal_value(self, data):
         """The body is a JobSpec (plus this serializer's own settings, such as a plan's estimates): unknown keys are
@@ -271,6 +281,7 @@ class AuditEvidenceSerializer(serializers.Serializer):
     claimed_reward, recomputed_reward = _figure(), _figure()
     claimed_logprob, recomputed_logprob = _figure(), _figure()
     logprob_gap = _figure(min_value=0)
+    logprob_outside = _figure(min_value=0, max_value=1)
     text_at = serializers.IntegerField(min_value=0, max_value=1_000_000, required=False)
     claimed_text = serializers.CharField(max_length=64, required=False, allow_blank=True, trim_whitespace=False)
     decoded_text = serializers.CharField(max_length=64, required=False, allow_blank=True, trim_whitespace=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from decimal import Decimal
 from typing import get_args
 
@@ -153,8 +154,8 @@ class Job(models.Model):
 
     The settings are ``dataplane.jobs.JobSpec``'s, stored whole in ``spec`` (validated, every default filled in);
     the few the site filters by (``SPEC_COLUMNS``) are columns as well, copied from it when the job is created
-    (:meth:`from_spec`). Every other setting reads as an attribute (``job.kappa``, ``job.loss``) from ``spec``
-    (:func:`_spec_setting`): a new JobSpec field needs no column and no migration.
+    (:meth:`from_spec`). They are read one way, typed: ``job.settings.kappa``, ``job.settings.loss.type``
+    (:attr:`settings`), so a new JobSpec field needs no column and no migration.
     """
 
     # The statuses are dataplane's JobStatus (the learner reads them too); labels as before ("Draft", ...).
@@ -219,27 +220,17 @@ class Job(models.Model):
         values = spec.model_dump(mode="json")
         return cls(spec=values, **{name: values[name] for name in cls.SPEC_COLUMNS}, **fields)
 
-    def as_spec(self) -> JobSpec:
-        """The job's settings as a JobSpec, with the defaults of settings added since the job was created."""
-        return JobSpec.model_validate(self.spec | {name: getattr(self, name) for name in self.SPEC_COLUMNS})
-
-
-def _spec_setting(name: str) -> property:
-    """``job.<name>``: the setting as the job stored it; one added to JobSpec later reads as the job's resolved
-    JobSpec has it (its default, or what its validator derives from the others)."""
-
-    def read(job: Job):
-        if name in job.spec:
-            return job.spec[name]
-        return job.as_spec().model_dump(mode="json")[name]
-
-    read.__name__ = name
-    return property(read, doc=JobSpec.model_fields[name].description)
-
-
-for _name in JobSpec.model_fields:
-    if _name not in Job.SPEC_COLUMNS:
-        setattr(Job, _name, _spec_setting(_name))
+    @property
+    def settings(self) -> JobSpec:
+        """The job's settings as a JobSpec (typed: ``settings.loss`` is a ``LossConfig``), with the defaults of
+        settings added since the job was created. Validated once per value of ``spec`` and the columns: a job
+        whose ``spec`` is replaced or changed in place reads the new settings."""
+        stored = (self.spec, *(getattr(self, name) for name in self.SPEC_COLUMNS))
+        cached = self.__dict__.get("_settings")
+        if cached is None or cached[0] != stored:
+            resolved = JobSpec.model_validate(self.spec | dict(zip(self.SPEC_COLUMNS, stored[1:], strict=True)))
+            cached = self.__dict__["_settings"] = (copy.deepcopy(stored), resolved)
+        return cached[1]
 
 
 class Activation(models.Model):

@@ -42,12 +42,13 @@ def target_line(job: Job, snap: Snapshot | None, pool_throughput: float,
         return ("no target yet: T_train is not known (the learner measures it in its first steps); every available "
                 "worker is used meanwhile"), False
     t_train, t_bcast = job.learner_t_train, (snap.t_bcast if snap else 0.0)
+    spec = job.settings
     measured = (f"T_train {t_train:.3g} s (the median of the learner's last {T_TRAIN_STEPS} steps), "
                 f"T_bcast {t_bcast:.3g} s "
                 + (f"(snapshot v{snap.version})" if snap else "(no broadcast measured yet: 0 assumed)"))
     try:
-        report = provisioning.feasibility(staleness=job.staleness, kappa=job.kappa, t_train=t_train, t_bcast=t_bcast,
-                                          batch=job.batch_trajectories, gamma=job.gamma, mu_pool=pool_throughput)
+        report = provisioning.feasibility(staleness=spec.staleness, kappa=spec.kappa, t_train=t_train, t_bcast=t_bcast,
+                                          batch=spec.batch_trajectories, gamma=spec.gamma, mu_pool=pool_throughput)
     except provisioning.ProvisioningInputError as err:
         return f"no target: {err} ({measured})", True
     if report.target is None:
@@ -57,8 +58,8 @@ def target_line(job: Job, snap: Snapshot | None, pool_throughput: float,
     if "will idle" in now and last is not None and last.t_train + last.wait_s > 0:
         now += (f" (by the model; measured at step {last.step}: it waited {last.wait_s:.3g} s, "
                 f"{last.wait_s / (last.t_train + last.wait_s):.0%} of the step)")
-    return (f"γ·μ_min = {job.gamma:g} × κR/(κ·T_train − T_bcast) = {job.gamma:g} × {job.kappa}·"
-            f"{job.batch_trajectories}/({job.kappa} × {t_train:.3g} − {t_bcast:.3g}) = {report.target:.4g} traj/s "
+    return (f"γ·μ_min = {spec.gamma:g} × κR/(κ·T_train − T_bcast) = {spec.gamma:g} × {spec.kappa}·"
+            f"{spec.batch_trajectories}/({spec.kappa} × {t_train:.3g} − {t_bcast:.3g}) = {report.target:.4g} traj/s "
             f"from {measured}; it moves as they are measured again. {now}"), False
 
 
@@ -92,7 +93,7 @@ def export_line(job: Job) -> str:
                 f"snapshot is {newest}: {offline_export(job)}.")
     if not published:
         return ("Nothing to download yet: the learner publishes the base (version 0) when it starts, then a "
-                f"snapshot every κ = {job.kappa} steps.")
+                f"snapshot every κ = {job.settings.kappa} steps.")
     if not learner_heard_recently(job):
         since = (f" since {job.learner_seen_at:%Y-%m-%d %H:%M:%S} UTC" if job.learner_seen_at else "")
         return (f"Its learner has not been heard from{since}, and the site relays the weights from it (it keeps "

@@ -74,15 +74,13 @@ def row(entry: LedgerEntry) -> dict:
 
 
 def totals(qs: QuerySet[LedgerEntry]) -> dict:
-    """The sum of ``qs``, exact and to the cent, and per rate (a price change shows as two rows); ``credited_usd``:
-    what credits for failed work gave back (their entries are in the sum, negative: docs/ledger.md)."""
+    """The sum of ``qs``, exact and to the cent, and per rate (a price change shows as two rows)."""
     whole = qs.aggregate(n=Count("id"), seconds=Sum("seconds"), amount=Sum("amount"))
     amount = whole["amount"] or Decimal(0)
-    credited = -(qs.filter(state="credit").aggregate(amount=Sum("amount"))["amount"] or Decimal(0))
     by_rate = (qs.order_by().values("rate").annotate(seconds=Sum("seconds"), amount=Sum("amount"))
                .order_by("rate"))
     return {"entries": whole["n"], "seconds": str(whole["seconds"] or Decimal(0)), "amount_usd": str(amount),
-            "total_usd": str(billing.cents(amount)), "credited_usd": str(credited),
+            "total_usd": str(billing.cents(amount)),
             "by_rate": [{"rate_per_hour": str(r["rate"]), "seconds": str(r["seconds"]), "amount_usd": str(r["amount"])}
                         for r in by_rate],
             "by_job": _balances(qs, "job_id", "job_name"), "by_worker": _balances(qs, "worker_id", "worker_name"),
@@ -155,19 +153,20 @@ def job_budget(job: Job) -> dict:
     prices = [float(p) for p in job.activations.filter(ended_at=None).values_list("price_per_hour", flat=True)]
     per_step = budget.cost_per_step(prices_per_hour=prices, step_s=_step_seconds(job)) or (
         spent / job.learner_step if job.learner_step else 0.0)
-    left = 0 if job.is_terminal else job.max_steps - job.learner_step
-    return {"spent_usd": spent, "cost_per_step_usd": per_step, "budget_usd": job.budget_usd,
-            "forecast_usd": budget.forecast(spent=spent, per_step=per_step, steps_left=left, budget=job.budget_usd)}
+    spec = job.settings
+    left = 0 if job.is_terminal else spec.max_steps - job.learner_step
+    return {"spent_usd": spent, "cost_per_step_usd": per_step, "budget_usd": spec.budget_usd,
+            "forecast_usd": budget.forecast(spent=spent, per_step=per_step, steps_left=left, budget=spec.budget_usd)}
 
 
 
 def budget_problem(job: Job) -> str:
     """Why ``job`` may not run on ("": it may): its spend, or its spend plus the next step, passes its budget."""
-    if job.budget_usd is None:
+    if job.settings.budget_usd is None:
         return ""
     figures = job_budget(job)
     return budget.over_budget(spent=figures["spent_usd"], per_step=figures["cost_per_step_usd"],
-                              budget=job.budget_usd)
+                              budget=job.settings.budget_usd)
 
 
 def projected_cost_usd(job: Job, spent: float) -> float | None:
@@ -181,5 +180,5 @@ def projected_cost_usd(job: Job, spent: float) -> float | None:
         return figures["forecast_usd"]
     if not job.learner_step:
         return None
-    linear = spent * job.max_steps / job.learner_step
-    return min(linear, job.budget_usd) if job.budget_usd is not None else linear
+    linear, cap = spent * job.settings.max_steps / job.learner_step, job.settings.budget_usd
+    return min(linear, cap) if cap is not None else linear

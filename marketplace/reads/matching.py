@@ -112,7 +112,7 @@ def job_waiting_reason(job: Job) -> str:
     workers = online_workers()
     if not workers:
         return "waiting for workers: none online"
-    needs = needs_of(job.as_spec())[0]
+    needs = needs_of(job.settings)[0]
     reliabilities = worker_reliability(workers)
     offers = [offer_of(w, reliabilities[w.pk]) for w in workers]
     matched = core.match(offers, needs)

@@ -17,6 +17,7 @@ from django.conf import settings
 
 from dataplane import staleness_evidence
 from dataplane.jobs import JobSpec
+from dataplane.lora import LoraSpec
 
 from ..core import activation
 from ..core import controller as ctl
@@ -136,7 +137,7 @@ def _heartbeat_window(beats: list[tuple[float, float | None]]) -> ctl.HeartbeatW
 def job_pool(job: Job, *, now: float | None = None) -> Pool:
     """The pool of a saved job: its active workers and everyone available (``candidate_pool``)."""
     return candidate_pool(model_dir=job.model_dir, task_name=job.task.get("name", ""), job=job, now=now,
-                          spec=job.as_spec())
+                          spec=job.settings)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +167,7 @@ def job_plan(job: Job) -> dict:
     t_bcast = Estimate(0.0, "none", "no broadcast measured yet: 0 assumed")
     if snap := selectors.last_broadcast(job):
         t_bcast = Estimate(snap.t_bcast, "snapshot", f"measured on snapshot v{snap.version}")
-    return capacity_plan(job, t_train=t_train, t_bcast=t_bcast, pool=job_pool(job))
+    return capacity_plan(job.settings, t_train=t_train, t_bcast=t_bcast, pool=job_pool(job))
 
 
 def _earlier_job(spec: JobSpec, user) -> Job | None:
@@ -176,18 +177,17 @@ def _earlier_job(spec: JobSpec, user) -> Job | None:
     docs/lora.md)."""
     candidates = (selectors.jobs_visible_to(user).filter(model_dir=spec.model_dir, task__name=spec.task.get("name"),
                                                          learner_t_train__gt=0).order_by("-pk"))[:EARLIER_JOBS_READ]
-    return next((job for job in candidates if _ships_alike(job.spec.get("lora") or {}, spec)), None)  # none: rank 0
+    return next((job for job in candidates if _ships_alike(job.settings.lora, spec)), None)  # none: rank 0
 
 
 EARLIER_JOBS_READ = 20  # of the same model and task, newest first: one with the same adapter is among them or none
 
 
-def _ships_alike(lora: dict, spec: JobSpec) -> bool:
+def _ships_alike(lora: LoraSpec, spec: JobSpec) -> bool:
     """Whether a job with adapter settings ``lora`` publishes versions of the size ``spec``'s would: the same rank
     on the same layers (both 0: the whole model)."""
-    rank = int(lora.get("rank") or 0)
-    return rank == spec.lora.rank and (rank == 0 or sorted(lora.get("target_modules") or [])
-                                       == sorted(spec.lora.target_modules))
+    return lora.rank == spec.lora.rank and (lora.rank == 0 or sorted(lora.target_modules)
+                                            == sorted(spec.lora.target_modules))
 
 
 def spec_plan(spec: JobSpec, *, user, t_train: float | None = None, t_bcast: float | None = None) -> dict:
@@ -204,10 +204,11 @@ def spec_plan(spec: JobSpec, *, user, t_train: float | None = None, t_bcast: flo
         train = Estimate(t_train, "given", "given by you")
     elif earlier is not None:
         # An update's cost grows about linearly with the trajectories it trains on.
-        scale = spec.batch_trajectories / earlier.batch_trajectories
+        scale = spec.batch_trajectories / earlier.settings.batch_trajectories
         scaled = f", scaled to R = {spec.batch_trajectories}" if scale != 1 else ""
-        train = Estimate(earlier.learner_t_train * scale, "earlier job", f"measured by job #{earlier.pk} "
-                         f"\"{earlier.name}\" (same model and task, R = {earlier.batch_trajectories}{scaled})", earlier)
+        why = (f"measured by job #{earlier.pk} \"{earlier.name}\" (same model and task, "
+               f"R = {earlier.settings.batch_trajectories}{scaled})")
+        train = Estimate(earlier.learner_t_train * scale, "earlier job", why, earlier)
     else:
         train = Estimate(None, "none", "no T_train entered, and no earlier job with this model and task measured one")
     if t_bcast is not None:
@@ -222,7 +223,7 @@ def spec_plan(spec: JobSpec, *, user, t_train: float | None = None, t_bcast: flo
     return capacity_plan(spec, t_train=train, t_bcast=bcast, pool=pool)
 
 
-def capacity_plan(config: Job | JobSpec, *, t_train: Estimate, t_bcast: Estimate, pool: Pool) -> dict:
+def capacity_plan(config: JobSpec, *, t_train: Estimate, t_bcast: Estimate, pool: Pool) -> dict:
     """The feasibility report of ``config``'s (S, kappa, R, gamma) for these estimates, the cheapest worker set
     of ``pool`` meeting the target (exact solver) and the set the paper's greedy by unit cost would take.
 
@@ -263,10 +264,9 @@ def capacity_plan(config: Job | JobSpec, *, t_train: Estimate, t_bcast: Estimate
     return out
 
 
-def _correction(config: Job | JobSpec) -> str:
-    """The job's ``loss.off_policy`` (a stored job's ``loss`` is the dict it was saved as)."""
-    loss = config.loss
-    return loss.get("off_policy", "behaviour") if isinstance(loss, dict) else loss.off_policy
+def _correction(config: JobSpec) -> str:
+    """The job's off-policy correction (``loss.off_policy``)."""
+    return config.loss.off_policy
 
 
 def available_workers() -> dict:

@@ -45,7 +45,7 @@ def job_spec(job: Job) -> dict:
     """The job's resolved settings (every default filled in, as the learner trains with them) as a JobSpec
     mapping: what ``echo2 job submit`` takes back. A setting added to JobSpec after the job was created has its
     default."""
-    return job.as_spec().model_dump(mode="json")
+    return job.settings.model_dump(mode="json")
 
 
 def jobs_visible_to(user) -> QuerySet[Job]:
@@ -92,8 +92,9 @@ def throughput_target(job: Job, t_bcast: float) -> float | None:
     if not job.learner_t_train:
         return None
     try:
-        return provisioning.mu_target(kappa=job.kappa, batch=job.batch_trajectories, t_train=job.learner_t_train,
-                                      t_bcast=t_bcast, gamma=job.gamma)
+        spec = job.settings
+        return provisioning.mu_target(kappa=spec.kappa, batch=spec.batch_trajectories, t_train=job.learner_t_train,
+                                      t_bcast=t_bcast, gamma=spec.gamma)
     except provisioning.InfeasibleError:
         return None
 
@@ -151,7 +152,7 @@ def job_summary(job: Job, *, active: list[Activation] | None = None) -> dict:
         "status": job.status,
         "status_reason": job.status_reason,
         "step": job.learner_step,
-        "max_steps": job.max_steps,
+        "max_steps": job.settings.max_steps,
         "published_version": job.published_version,
         "reward_mean": last.reward_mean if last else None,
         # the largest lag trained on over the whole run (a step's own is in its metrics)
@@ -178,7 +179,7 @@ def job_summary(job: Job, *, active: list[Activation] | None = None) -> dict:
         "waiting_reason": matching.job_waiting_reason(job),
         "projected_cost_usd": None if (projected := ledger.projected_cost_usd(job, cost)) is None else round(
             projected, 6),
-        "budget_usd": job.budget_usd,
+        "budget_usd": job.settings.budget_usd,
         # what the owner's reward functions did wrong on the workers (docs/rewards.md)
         "reward_errors": (errors := reward_errors.summary(job.pk)),
         "reward_errors_line": reward_errors.line(errors),
@@ -261,7 +262,7 @@ def job_broadcast(job: Job, workers: list[Worker]) -> dict:
     chains = [[node(w) for w in chain] for chain in plan.chains] if plan else []
     placed = {n["id"] for chain in chains for n in chain}
     http = [node(w.pk) for w in workers if w.pk not in placed]
-    return {"version": version, "strategy": job.broadcast_strategy, "learner_relay": bool(job.learner_relay),
+    return {"version": version, "strategy": job.settings.broadcast_strategy, "learner_relay": bool(job.learner_relay),
             "chains": chains, "http": http}
 
 

@@ -51,7 +51,7 @@ class JobChecker:
 
     def scorer(self) -> tuple[Any, str]:
         if self._scorer is None:
-            self._scorer = checks.site_scorer((self.job.spec or {}).get("task"))
+            self._scorer = checks.site_scorer(self.job.settings.task)
         return self._scorer
 
     def check(self, *, worker_id: int, step: int, failed: int, evidence: list[dict[str, Any]]) -> Checked:

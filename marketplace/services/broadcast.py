@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 def relaying(job: Job) -> bool:
     """Snapshots travel down relay chains: a relayed strategy (``chain``) and a learner relay to seed them."""
-    return strategies.get(job.broadcast_strategy).relayed and bool(job.learner_relay)
+    return strategies.get(job.settings.broadcast_strategy).relayed and bool(job.learner_relay)
 
 
 def assign_message(job: Job, *, worker_id: int) -> m.Assign:
@@ -53,9 +53,9 @@ def assign_message(job: Job, *, worker_id: int) -> m.Assign:
         return snapshot_message(s, job=job, worker_id=worker_id, expires=expires).model_dump(mode="json")
 
     return m.Assign(
-        job_id=job.pk, model=job.model_dir, task=job.task, group_size=job.group_size,
-        max_new_tokens=job.max_new_tokens, temperature=job.temperature, top_p=job.top_p,
-        prompt_format=job.prompt_format,
+        job_id=job.pk, model=job.model_dir, task=job.task, group_size=job.settings.group_size,
+        max_new_tokens=job.settings.max_new_tokens, temperature=job.settings.temperature, top_p=job.settings.top_p,
+        prompt_format=job.settings.prompt_format,
         base_digest=job.base_digest or None, base=message(base) if base else None,
         snapshot=message(snap) if snap and snap.version > 0 else None,
     )
@@ -80,7 +80,7 @@ def snapshot_message(snap: Snapshot, *, job: Job, worker_id: int, expires: int,
 
 def _announced(snap: Snapshot, *, job: Job, expires: int) -> fanout.Announced:
     return fanout.Announced(job_id=snap.job_id, version=snap.version, url=snap.url, manifest=snap.manifest,
-                            published_at=snap.published_at.timestamp(), strategy=job.broadcast_strategy,
+                            published_at=snap.published_at.timestamp(), strategy=job.settings.broadcast_strategy,
                             learner_relay=job.learner_relay or "", secret=job.transfer_secret, expires=expires)
 
 
@@ -212,11 +212,11 @@ def broadcast_plan(*, job: Job, workers: Sequence[Worker | PlannedWorker], now: 
     assignment") over the workers' relay statistics (``selectors.chain_stats``: each one's ``Bw_hat``, measured,
     else registered); a worker can serve a child when it registered a ``relay_address``. A relayed strategy
     whose learner announced no relay: everyone is rollout-only (HTTP)."""
-    strategy = strategies.get(job.broadcast_strategy)
+    strategy = strategies.get(job.settings.broadcast_strategy)
     if strategy.relayed and not job.learner_relay:
         return chains.star_plan([w.pk for w in workers])
     return strategy.plan(selectors.chain_stats(workers, now=now), can_relay={w.pk for w in workers if w.relay_address},
-                         b0_bps=job.learner_uplink_bps, now=now)
+                         b0_bps=job.settings.learner_uplink_bps, now=now)
 
 
 @retry_conflicts
@@ -253,7 +253,7 @@ def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: fl
         snap.installs_via_parent += 1
         fields.append("installs_via_parent")
     active = activation.job.activations.filter(ended_at=None).count()
-    if snap.t_bcast is None and snap.installs >= math.ceil(active / activation.job.gamma):
+    if snap.t_bcast is None and snap.installs >= math.ceil(active / activation.job.settings.gamma):
         snap.t_bcast = (timezone.now() - snap.published_at).total_seconds()
         fields.append("t_bcast")
     snap.save(update_fields=fields)

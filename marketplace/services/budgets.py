@@ -27,7 +27,7 @@ def job_budget_check(*, job: Job) -> str:
     Called after each learner step (``learner.metrics_record``), at each scheduler beat before the job's re-plan
     (``tasks.replan_running_jobs``: a learner that does not step, stalled or not started, must not let its workers'
     bill run past the budget) and when the owner changes the budget."""
-    if job.status != Job.Status.RUNNING or job.budget_usd is None:
+    if job.status != Job.Status.RUNNING or job.settings.budget_usd is None:
         return ""
     reason = ledger.budget_problem(job)
     if reason:
@@ -44,7 +44,7 @@ def job_budget_set(*, job: Job, budget_usd: float | None) -> Job:
     if job.is_terminal:
         raise ServiceError(f"budget_usd: job is {job.status}; its budget no longer matters")
     try:
-        spec = parse_job_spec(job.as_spec().model_dump(mode="json") | {"budget_usd": budget_usd})
+        spec = parse_job_spec(job.settings.model_dump(mode="json") | {"budget_usd": budget_usd})
     except JobSpecError as err:
         raise ServiceError(str(err)) from None
     job.spec = job.spec | {"budget_usd": spec.budget_usd}

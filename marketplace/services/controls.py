@@ -48,7 +48,7 @@ def worker_price_set(*, worker: Worker, price_per_hour: Decimal) -> Worker:
                            reported="failed" if activation.state == "failed" else "idle")
         Activation.objects.filter(pk=activation.pk).update(price_per_hour=price_per_hour)
         push_job_update(activation.job_id)
-        cap = (activation.job.spec.get("requirements") or {}).get("max_price_per_hour")
+        cap = activation.job.settings.requirements.max_price_per_hour
         if cap is not None and price_per_hour > Decimal(str(cap)):  # the owner pays no more than that: released now
             activation.refresh_from_db()
             worker_release(activation=activation, reason=f"price {price_per_hour} USD/h over the job's "

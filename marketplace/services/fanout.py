@@ -187,7 +187,7 @@ def publication_load(job_id: int, version: int) -> Publication | None:
     record = json.loads(raw)
     job = snap.job
     shared = Announced(job_id=job_id, version=version, url=snap.url, manifest=snap.manifest,
-                       published_at=snap.published_at.timestamp(), strategy=job.broadcast_strategy,
+                       published_at=snap.published_at.timestamp(), strategy=job.settings.broadcast_strategy,
                        learner_relay=job.learner_relay or "", secret=job.transfer_secret,
                        expires=int(record["expires"]))
     return Publication.build(shared, nonce=record["nonce"], plan=plan,

@@ -140,7 +140,7 @@ def job_activate_idle_workers(*, job: Job) -> list[Activation]:
             for worker in Worker.objects.filter(status=Worker.Status.IDLE, suspended_at__isnull=True, paused_at=None,
                                                  removed_at=None)
             .exclude(pk__in=busy).exclude(pk__in=selectors.excluded_workers(job))]
-    qualify = set(matching.match_workers(matching.needs_of(job.as_spec())[0], idle).qualify)
+    qualify = set(matching.match_workers(matching.needs_of(job.settings)[0], idle).qualify)
     return [worker_activate(worker=worker, job=job) for worker in idle if worker.pk in qualify]
 
 

@@ -228,7 +228,7 @@ def _release_reason(activation: Activation, *, seen: telemetry.Observed, now: fl
                                 limit_s=limit):
         return f"rollout loop failing for {limit:.0f} s: {activation.state_reason}"
     bound = billing.silence_bound_s(min_s=float(echo["SILENT_RELEASE_S"]), groups=float(echo["SILENT_RELEASE_GROUPS"]),
-                                    group_size=activation.job.group_size, throughput=throughput)
+                                    group_size=activation.job.settings.group_size, throughput=throughput)
     return billing.silent_reason(started=activation.started_at.timestamp(), installed=seen.installed,
                                  accepted=seen.accepted, starved=seen.starved, now=now, bound_s=bound,
                                  loading_bound_s=float(echo["LOADING_RELEASE_S"]))

@@ -50,8 +50,8 @@ def running_job(*, worker: Worker, job_id: int) -> RunningJob:
     """The worker's running job ``job_id`` as the checks need it; :class:`ServiceError` when the worker is not
     active in it or the job is not running (``running_activation``)."""
     job = running_activation(worker, job_id).job
-    return RunningJob(job_id=job.pk, worker_id=worker.pk, group_size=job.group_size,
-                      published_version=job.published_version, max_new_tokens=job.max_new_tokens,
+    return RunningJob(job_id=job.pk, worker_id=worker.pk, group_size=job.settings.group_size,
+                      published_version=job.published_version, max_new_tokens=job.settings.max_new_tokens,
                       limits=record_limits(job), max_lease_groups=lease_cap(job))
 
 
@@ -60,7 +60,7 @@ def lease_cap(job: Job) -> int:
     batches to save messages (``worker_agent/rollout_loop.py``), but every group of a batch is generated under one
     version and waits in the stream behind the others: a lease of several steps' groups would age past the
     staleness budget ``S`` before the learner reached its last group, and starve the other workers of prompts."""
-    return max(1, job.batch_trajectories // max(1, job.group_size))
+    return max(1, job.settings.batch_trajectories // max(1, job.settings.group_size))
 
 
 def _checked(worker: Worker, job_id: int, running: RunningJob | None) -> RunningJob:
@@ -235,13 +235,13 @@ def record_limits(job: Job) -> RecordLimits:
     A task this site cannot build any more (its data file gone) keeps only the generic, float32-safe bounds."""
     spec = json.dumps(job.task, sort_keys=True)
     try:
-        limits = _task_limits(spec, job.max_new_tokens)
+        limits = _task_limits(spec, job.settings.max_new_tokens)
     except TaskSpecError as err:
         log.warning("job %s: cannot build its task to check records (%s); checking the generic bounds", job.pk, err)
         limits = RecordLimits()
     return dataclasses.replace(limits, vocab_size=job.vocab_size,
                                max_metadata_bytes=settings.ECHO2["MAX_RECORD_METADATA_BYTES"],
-                               prompt_extra_tokens=as_prompt_format(job.prompt_format).token_allowance())
+                               prompt_extra_tokens=as_prompt_format(job.settings.prompt_format).token_allowance())
 
 
 @functools.lru_cache(maxsize=256)

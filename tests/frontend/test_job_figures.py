@@ -89,7 +89,8 @@ def test_the_step_figures_are_the_learners_reports_as_of_the_last_step(running):
     assert shown(page, 'id="projected"')
 
     # The target: gamma * mu_min from the learner's T_train and no broadcast yet, with its derivation.
-    target = provisioning.mu_target(kappa=job.kappa, batch=8, t_train=0.05, t_bcast=0.0, gamma=job.gamma)
+    target = provisioning.mu_target(kappa=job.settings.kappa, batch=8, t_train=0.05, t_bcast=0.0,
+                                    gamma=job.settings.gamma)
     assert float(keyed(page, "throughput_target")[0]) == pytest.approx(target, abs=0.05)
     line = keyed(page, "throughput_target_line")[0]
     assert f"= {target:.4g} traj/s from T_train 0.05 s (the median of the learner's last 10 steps), T_bcast " \
@@ -141,8 +142,8 @@ def test_t_bcast_names_its_snapshot_and_a_target_no_pool_can_meet_says_why(runni
     assert keyed(page, "t_bcast_of") == ["snapshot v1"]
     assert float(keyed(page, "t_bcast")[0]) == pytest.approx(snap.t_bcast, abs=5e-4)
     assert keyed(page, "throughput_target") == ["–"]
-    reason = provisioning.feasibility(staleness=3, kappa=job.kappa, t_train=0.001, t_bcast=snap.t_bcast, batch=8,
-                                      gamma=job.gamma, mu_pool=0.0).reason  # the launch preview's words
+    reason = provisioning.feasibility(staleness=3, kappa=job.settings.kappa, t_train=0.001, t_bcast=snap.t_bcast,
+                                      batch=8, gamma=job.settings.gamma, mu_pool=0.0).reason  # the preview's words
     assert reason.startswith("no pool can keep up")
     line = keyed(page, "throughput_target_line")[0]
     assert line.startswith("no target: " + reason) and "(snapshot v1)" in line

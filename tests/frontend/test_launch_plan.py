@@ -125,8 +125,9 @@ def test_the_broadcast_and_loss_settings_reach_the_job():
         "loss_aggregation": "seq-mean-token-sum", "loss_norm_length": "16", "loss_off_policy": "tis",
         "loss_is_cap": "3", "loss_advantage_eps": "", "loss_dual_clip": "3", "loss_advantage_std": "population"})
     job = Job.objects.get()
-    assert reply.status_code == 302 and job.broadcast_strategy == "star-limited"
-    assert job.loss == {"type": "gspo", "advantage": "mean", "advantage_eps": 1e-6, "advantage_std": "population",
+    assert reply.status_code == 302 and job.settings.broadcast_strategy == "star-limited"
+    assert job.settings.loss.model_dump() == {
+                        "type": "gspo", "advantage": "mean", "advantage_eps": 1e-6, "advantage_std": "population",
                         "clip_eps_low": 0.2,
                         "clip_eps_high": 0.28, "kl_beta": 0.05, "aggregation": "seq-mean-token-sum",
                         "norm_length": 16, "off_policy": "tis", "is_cap": 3.0, "max_grad_norm": 1.0,

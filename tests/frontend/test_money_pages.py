@@ -53,9 +53,9 @@ def test_an_owner_sets_a_budget_archives_and_deletes_on_the_job_pages(redis_url)
     page = signed_in(owner)
     assert "budget-button" in page.get(f"/jobs/{job.pk}/").content.decode()
     page.post(f"/jobs/{job.pk}/manage/budget/", {"budget_usd": "12.5"})
-    assert Job.objects.get(pk=job.pk).budget_usd == 12.5
+    assert Job.objects.get(pk=job.pk).settings.budget_usd == 12.5
     refused = page.post(f"/jobs/{job.pk}/manage/budget/", {"budget_usd": "-3"}, follow=True).content.decode()
-    assert "budget_usd" in refused and Job.objects.get(pk=job.pk).budget_usd == 12.5
+    assert "budget_usd" in refused and Job.objects.get(pk=job.pk).settings.budget_usd == 12.5
 
     Job.objects.filter(pk=job.pk).update(status=Job.Status.CANCELLED, started_at=timezone.now())
     page.post(f"/jobs/{job.pk}/manage/archive/")

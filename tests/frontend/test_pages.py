@@ -91,9 +91,9 @@ def test_launch_form_creates_a_job_with_every_setting():
     reply = signed_in(owner).post("/jobs/new/", LAUNCH)
     job = Job.objects.get()
     assert reply.status_code == 302 and reply["Location"] == f"/jobs/{job.pk}/"
-    assert (job.status, job.kappa, job.task, job.learner_uplink_bps) == (
+    assert (job.status, job.settings.kappa, job.task, job.settings.learner_uplink_bps) == (
         "draft", 2, {"name": "arithmetic", "max_operand": 4, "ops": "+", "modulus": 10}, 12_500_000)
-    assert job.prompt_format == {"chat": False, "system_prompt": None}  # the default: plain prompts
+    assert job.settings.prompt_format.model_dump() == {"chat": False, "system_prompt": None}  # the default: plain
 
 
 @pytest.mark.django_db
@@ -102,7 +102,8 @@ def test_launch_form_sets_the_prompt_format():
     assert 'name="prompt_format_system_prompt"' in signed_in(owner).get("/jobs/new/").content.decode()
     signed_in(owner).post("/jobs/new/", {**LAUNCH, "prompt_format_chat": "on",
                                          "prompt_format_system_prompt": "Answer with the number only."})
-    assert Job.objects.get().prompt_format == {"chat": True, "system_prompt": "Answer with the number only."}
+    assert Job.objects.get().settings.prompt_format.model_dump() == {"chat": True,
+                                                                     "system_prompt": "Answer with the number only."}
 
 
 @pytest.mark.django_db

@@ -205,8 +205,8 @@ def test_a_user_code_task_is_not_rescored_and_its_failures_do_not_count(redis_ur
               "prompt_ids": [1, 5, 6], "completion": "7", "completion_ids": [12, 2], "logprobs": [-1.5, -0.2],
               "reward": 1.0, "version": 0}
     group = TrajectoryGroup.model_validate({"job_id": job.pk, "lease_id": leased.lease_id, "version": 0,
-                                            "group_id": leased.group_id, "records": [record] * job.group_size})
-    assert services.trajectories_submit(worker=worker, group=group).accepted == job.group_size
+                                            "group_id": leased.group_id, "records": [record] * job.settings.group_size})
+    assert services.trajectories_submit(worker=worker, group=group).accepted == job.settings.group_size
     [stored] = entries(job, worker)
     failure = {"entry_id": stored.entry_id, "group_id": leased.group_id, "version": 0, "check": "reward",
                "passed": False, "record": 0, "claimed_reward": 1.0, "recomputed_reward": 0.0}

@@ -58,8 +58,9 @@ def deliver(job: Job, worker: Worker, groups: int, *, lie: bool = False) -> None
                       "prompt": leased.prompt, "prompt_ids": [1, 5, 6], "completion": "7", "completion_ids": [12, 2],
                       "logprobs": [-1.5, -0.2], "reward": 1.0 - reward if lie else reward, "version": 0}
             group = TrajectoryGroup.model_validate({"job_id": job.pk, "lease_id": leased.lease_id, "version": 0,
-                                                    "group_id": leased.group_id, "records": [record] * job.group_size})
-            assert services.trajectories_submit(worker=worker, group=group).accepted == job.group_size
+                                                    "group_id": leased.group_id,
+                                                    "records": [record] * job.settings.group_size})
+            assert services.trajectories_submit(worker=worker, group=group).accepted == job.settings.group_size
             done += 1
 
 

@@ -60,7 +60,8 @@ def test_a_job_stops_at_its_budget_within_one_steps_cost_and_runs_again_when_rai
     spent, per_step = ledger.job_spent_usd(job), 3.6 * STEP_S / 3600
     assert job.status == Job.Status.PAUSED and job.status_reason.startswith("over budget"), job.status_reason
     assert step == 5, "0.05 spent: the sixth step would pass 0.055"
-    assert spent <= job.budget_usd and job.budget_usd - spent < per_step, (spent, job.budget_usd)
+    budget = job.settings.budget_usd
+    assert spent <= budget and budget - spent < per_step, (spent, budget)
     assert not job.activations.filter(ended_at=None).exists(), "its workers released: billing stopped"
     assert selectors.job_summary(job)["budget_usd"] == 0.055
 
@@ -77,7 +78,7 @@ def test_a_paused_job_the_owner_paused_stays_paused_when_its_budget_changes(runn
     owner, job, _, _ = running
     services.job_pause(job=job, by="owner")
     job = services.job_budget_set(job=Job.objects.get(pk=job.pk), budget_usd=2.0)
-    assert job.status == Job.Status.PAUSED and job.budget_usd == 2.0
+    assert job.status == Job.Status.PAUSED and job.settings.budget_usd == 2.0
 
 
 def test_the_projection_of_a_running_job_is_its_forecast_and_of_a_finished_one_its_spend(running):

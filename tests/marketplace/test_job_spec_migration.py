@@ -34,7 +34,9 @@ def test_a_job_saved_before_keeps_every_setting_and_the_way_back_restores_them()
         from marketplace.models import Job
 
         job = Job.objects.get(pk=job_id)
-        assert (job.staleness, job.kappa, job.gamma, job.loss["kl_beta"], job.task) == (5, 4, 1.3, 0.05, spec.task)
+        settings = job.settings
+        assert (settings.staleness, settings.kappa, settings.gamma, settings.loss.kl_beta, job.task) == (
+            5, 4, 1.3, 0.05, spec.task)
         assert job_spec(job) == spec.model_dump(mode="json")
 
         back = _migrate(BEFORE).get_model("marketplace", "Job").objects.get(pk=job_id)

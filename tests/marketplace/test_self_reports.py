@@ -198,7 +198,7 @@ def test_the_honest_worker_beside_it_is_billed_and_kept(eager):
     stream.replay(job.pk).ensure_groups()
     stream.replay(job.pk).add_prompts(["1+1="])
     assert services.prompts_lease(worker=honest, job_id=job.pk, groups=1).leases  # a lease outstanding
-    telemetry.record_accepted(honest.pk, job_id=job.pk, at=time.time() - 2, records=job.group_size)
+    telemetry.record_accepted(honest.pk, job_id=job.pk, at=time.time() - 2, records=job.settings.group_size)
     row = beat(honest, job, "idle")  # it says idle; the site saw it work
     assert row.ended_at is None and row.state == "generating"
     row = beat(honest, job, "idle")
