@@ -43,6 +43,48 @@ def chained(manifest, server: SnapshotServer, *, worker_id: int, parent: str, pa
                                                         for c in children})
 
 
+def offered(manifest, server: SnapshotServer, *, worker_id: int) -> m.SnapshotAvailable:
+    """What the site sends a worker with no place in a chain (it fetches over HTTP)."""
+    return m.SnapshotAvailable(job_id=1, version=manifest.version, manifest=manifest_json(manifest),
+                               url=server.url_for(manifest.version), published_at=time.time(),
+                               credential=cred(worker_id, manifest.version))
+
+
+def chain_of_agents(tmp_path) -> dict:
+    """HEAD, TAIL and LATE: three agent sessions (session, socket), each with a relay hub of its own to listen on."""
+    sessions = {}
+    for worker_id in (HEAD, TAIL, LATE):
+        session, socket = make_session(tmp_path / f"agent{worker_id}", [])
+        session.config = dataclasses.replace(session.config, worker_id=worker_id)
+        session.relaying.worker_id, session.relaying.listen = worker_id, f"127.0.0.1:{free_port()}"
+        sessions[worker_id] = session, socket
+    return sessions
+
+
+async def join(session, store: SnapshotStore, server: SnapshotServer, base, *, worker: str) -> None:
+    """Assign ``session`` to job 1 and wait until its engine is built from the base."""
+    await push(session, assign(1, snapshot(store, server, base), digest=base.sha256))
+    await until(lambda: session.installs.ready(1), f"{worker}'s base")
+
+
+async def down_the_chain(sessions: dict, manifest, server: SnapshotServer, relay_address: str) -> None:
+    """Send ``manifest``'s version down learner -> HEAD -> TAIL, and wait until both installed it."""
+    version = manifest.version
+    await push(sessions[HEAD][0], chained(manifest, server, worker_id=HEAD, parent=relay_address,
+                                          parent_worker_id=None, children=[TAIL]))
+    await push(sessions[TAIL][0], chained(manifest, server, worker_id=TAIL, parent=sessions[HEAD][0].relaying.listen,
+                                          parent_worker_id=HEAD, children=[]))
+    await until(lambda: all(sessions[w][0].installs.installed_version(1) == version for w in (HEAD, TAIL)),
+                f"v{version} on both agents")
+
+
+async def stop_all(sessions: dict) -> None:
+    for session, _ in sessions.values():
+        session._stop_rollout()
+        if session.relaying.hub is not None:
+            await session.relaying.hub.close()
+
+
 def engine_holds(session, expected: dict[str, torch.Tensor]) -> bool:
     """The engine's weights are the learner's bf16 cast, bit for bit (the HF engine keeps them in fp32)."""
     held = publishable_state(session.installs.job.engine.model)
@@ -70,24 +112,12 @@ def test_deltas_travel_a_chain_as_they_are_and_install_bit_for_bit(tmp_path, tin
         return manifest
 
     async def scenario() -> None:
-        sessions = {}
-        for worker_id in (HEAD, TAIL, LATE):
-            session, socket = make_session(tmp_path / f"agent{worker_id}", [])
-            session.config = dataclasses.replace(session.config, worker_id=worker_id)
-            session.relaying.worker_id, session.relaying.listen = worker_id, f"127.0.0.1:{free_port()}"
-            sessions[worker_id] = session, socket
+        sessions = chain_of_agents(tmp_path)
         for worker_id in (HEAD, TAIL):  # one after the other: from_pretrained in two threads at once trips on itself
-            await push(sessions[worker_id][0], assign(1, snapshot(store, server, base), digest=base.sha256))
-            await until(lambda w=worker_id: sessions[w][0].installs.ready(1), f"worker {worker_id}'s base")
-        head_address = sessions[HEAD][0].relaying.listen
+            await join(sessions[worker_id][0], store, server, base, worker=f"worker {worker_id}")
         for version, scale in ((1, 1e-2), (2, 1e-3), (3, 1e-3)):
             manifest = publish(version, scale)
-            await push(sessions[HEAD][0], chained(manifest, server, worker_id=HEAD, parent=relay.address,
-                                                  parent_worker_id=None, children=[TAIL]))
-            await push(sessions[TAIL][0], chained(manifest, server, worker_id=TAIL, parent=head_address,
-                                                  parent_worker_id=HEAD, children=[]))
-            await until(lambda v=version: all(sessions[w][0].installs.installed_version(1) == v for w in (HEAD, TAIL)),
-                        f"v{version} on both agents")
+            await down_the_chain(sessions, manifest, server, relay.address)
             for worker_id in (HEAD, TAIL):
                 assert engine_holds(sessions[worker_id][0], published[-1][1]), (worker_id, version)
         kinds = [manifest.kind for manifest, _ in published]
@@ -98,17 +128,12 @@ def test_deltas_travel_a_chain_as_they_are_and_install_bit_for_bit(tmp_path, tin
         assert tail_relay.manifest.kind == "delta" and tail_relay.stats.from_fallback == 0
 
         late, late_socket = sessions[LATE]  # joins now: holds the base, not v2, so v3's delta is of no use to it
-        await push(late, assign(1, snapshot(store, server, base), digest=base.sha256))
-        await until(lambda: late.installs.ready(1), "the late agent's base")
-        await push(late, m.SnapshotAvailable(job_id=1, version=3, manifest=manifest_json(published[-1][0]),
-                                             url=server.url_for(3), published_at=time.time(), credential=cred(LATE, 3)))
+        await join(late, store, server, base, worker="the late agent")
+        await push(late, offered(published[-1][0], server, worker_id=LATE))
         await until(lambda: late.installs.installed_version(1) == 3, "v3 on the late agent")
         assert engine_holds(late, published[-1][1]) and late.installs.job.held.manifest == published[-1][0].full
         assert [(r["version"], r["source"]) for r in late_socket.of("snapshot_installed")] == [(0, "http"), (3, "http")]
-        for session, _ in sessions.values():
-            session._stop_rollout()
-            if session.relaying.hub is not None:
-                await session.relaying.hub.close()
+        await stop_all(sessions)
 
     try:
         asyncio.run(scenario())
@@ -140,17 +165,14 @@ def test_a_late_agent_takes_the_newest_full_from_the_learners_store_then_follows
         return published[version][0]
 
     def offer(version: int) -> m.SnapshotAvailable:
-        return m.SnapshotAvailable(job_id=1, version=version, manifest=manifest_json(published[version][0]),
-                                   url=server.url_for(version), published_at=time.time(),
-                                   credential=cred(LATE, version))
+        return offered(published[version][0], server, worker_id=LATE)
 
     async def scenario() -> None:
         assert [publish(v).kind for v in (1, 2, 3)] == ["full", "delta", "delta"]
         shutil.rmtree(version_dir(store.root, 3) / CHUNKS)  # v3's delta: of no use to an agent holding the base
         late, socket = make_session(tmp_path / "late", [])
         late.config = dataclasses.replace(late.config, worker_id=LATE)
-        await push(late, assign(1, snapshot(store, server, base), digest=base.sha256))
-        await until(lambda: late.installs.ready(1), "the late agent's base")
+        await join(late, store, server, base, worker="the late agent")
         await push(late, offer(3))
         await until(lambda: late.installs.installed_version(1) == 3, "v3 from the learner's store")
         assert engine_holds(late, published[3][1]) and late.installs.job.held.manifest == published[3][0].full

@@ -6,22 +6,18 @@ joins late takes the base, then only the newest adapter."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import time
 
 import torch
 from transformers import AutoModelForCausalLM
 
-from dataplane import messages as m
 from dataplane.lora import ADAPTER_FORMAT, LoraSpec
-from echo2_site.demo import free_port
 from learner import lora
-from learner.serving import LearnerRelay, SnapshotServer, manifest_json
+from learner.serving import LearnerRelay, SnapshotServer
 from learner.snapshots import SnapshotStore
 from worker_agent.engines.base import SamplingParams
 
-from .test_deltas import HEAD, LATE, TAIL, chained, cred
-from .test_session import SECRET, assign, make_session, push, snapshot, until
+from .test_deltas import HEAD, LATE, TAIL, chain_of_agents, down_the_chain, join, offered, stop_all
+from .test_session import SECRET, push, until
 
 SPEC = LoraSpec(rank=4, target_modules=["q_proj", "v_proj", "down_proj"])
 
@@ -69,26 +65,13 @@ def test_agents_install_adapters_on_one_base_and_a_late_one_takes_only_the_newes
         return model
 
     async def scenario() -> None:
-        sessions = {}
-        for worker_id in (HEAD, TAIL, LATE):
-            session, socket = make_session(tmp_path / f"agent{worker_id}", [])
-            session.config = dataclasses.replace(session.config, worker_id=worker_id)
-            session.relaying.worker_id, session.relaying.listen = worker_id, f"127.0.0.1:{free_port()}"
-            sessions[worker_id] = session, socket
+        sessions = chain_of_agents(tmp_path)
         for worker_id in (HEAD, TAIL):
-            await push(sessions[worker_id][0], assign(1, snapshot(store, server, base), digest=base.sha256))
-            await until(lambda w=worker_id: sessions[w][0].installs.ready(1), f"worker {worker_id}'s base")
+            await join(sessions[worker_id][0], store, server, base, worker=f"worker {worker_id}")
         engine = sessions[TAIL][0].installs.job.engine
         base_storage = {v.data_ptr() for v in engine.model.state_dict().values()}
-        head_address = sessions[HEAD][0].relaying.listen
         for version in (1, 2, 3):
-            manifest = publish(version)
-            await push(sessions[HEAD][0], chained(manifest, server, worker_id=HEAD, parent=relay.address,
-                                                  parent_worker_id=None, children=[TAIL]))
-            await push(sessions[TAIL][0], chained(manifest, server, worker_id=TAIL, parent=head_address,
-                                                  parent_worker_id=HEAD, children=[]))
-            await until(lambda v=version: all(sessions[w][0].installs.installed_version(1) == v for w in (HEAD, TAIL)),
-                        f"v{version} on both agents")
+            await down_the_chain(sessions, publish(version), server, relay.address)
         assert all(manifest.format == ADAPTER_FORMAT for manifest, _ in published)
         assert max(manifest.total_bytes for manifest, _ in published) < base.total_bytes / 4
         assert [(r["version"], r["source"]) for r in sessions[TAIL][1].of("snapshot_installed")] == [
@@ -105,17 +88,12 @@ def test_agents_install_adapters_on_one_base_and_a_late_one_takes_only_the_newes
         assert any(greedy(older, tokenizer, p) != a for p, a in zip(prompts, answers, strict=True))
 
         late, late_socket = sessions[LATE]  # joins at v3: the base, then v3's adapter alone
-        await push(late, assign(1, snapshot(store, server, base), digest=base.sha256))
-        await until(lambda: late.installs.ready(1), "the late agent's base")
-        await push(late, m.SnapshotAvailable(job_id=1, version=3, manifest=manifest_json(published[-1][0]),
-                                             url=server.url_for(3), published_at=time.time(), credential=cred(LATE, 3)))
+        await join(late, store, server, base, worker="the late agent")
+        await push(late, offered(published[-1][0], server, worker_id=LATE))
         await until(lambda: late.installs.installed_version(1) == 3, "v3 on the late agent")
         assert [(r["version"], r["source"]) for r in late_socket.of("snapshot_installed")] == [(0, "http"), (3, "http")]
         assert [g[0].completion_ids for g in late.installs.job.engine.generate(prompts, n=1, params=params)] == answers
-        for session, _ in sessions.values():
-            session._stop_rollout()
-            if session.relaying.hub is not None:
-                await session.relaying.hub.close()
+        await stop_all(sessions)
 
     try:
         asyncio.run(scenario())
