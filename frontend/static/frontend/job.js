@@ -126,7 +126,19 @@
       `<td class="cost">${w.cost_usd.toFixed(4)}</td><td class="refused">${w.refused ?? 0}</td></tr>`).join("");
   }
 
+  // Each reward function the learner scores (selectors.job_summary "reward_functions"), as the template renders it.
+  function drawRewardFunctions(rows) {
+    const figure = document.getElementById("reward-functions"), body = document.querySelector("#reward-functions tbody");
+    if (!figure || !body || !Array.isArray(rows)) return;
+    figure.hidden = !rows.length;  // a job whose workers score its whole reward has none
+    body.innerHTML = rows.map((f) => `<tr data-function="${esc(f.function)}"><td><code>${esc(f.function)}</code></td>` +
+      `<td class="mean">${f.mean === null ? "–" : f.mean.toFixed(3)}</td><td class="errors">${f.error_percent === null ? "–" :
+        `${f.error_percent.toFixed(1)}% (${f.errors} of ${f.records})`}</td>` +
+      `<td class="last-error">${esc(f.last_error || "none")}</td></tr>`).join("");
+  }
+
   function applySummary(summary) {
+    drawRewardFunctions(summary.reward_functions);
     for (const [key, value] of Object.entries(summary)) {
       if (value === undefined) continue;
       for (const el of document.querySelectorAll(`[data-key="${key}"]`)) {
