@@ -53,3 +53,20 @@ def start_site(stack: Stack, *, celery: bool = True, host: str = "127.0.0.1") ->
 
 def api(server: str, token: str) -> httpx.Client:
     return httpx.Client(base_url=server + "/api/", headers={"Authorization": f"Token {token}"}, timeout=30)
+
+
+def owner_site(stack: Stack, tmp_path: Path) -> tuple[str, httpx.Client, Path]:
+    """A live site (no Celery) with one job owner, ``own``: the site's URL, the owner's API client, and the file
+    holding the owner's token (private, as ``--token-file`` wants it)."""
+    token = create_users(stack, "own")["own"]
+    token_file = tmp_path / "token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    server = start_site(stack, celery=False)
+    return server, api(server, token), token_file
+
+
+def start_learner(stack: Stack, server: str, job_id: int, token_file: Path, redis_url: str, *options: str):
+    """``echo2-learner`` for ``job_id``, auditing nothing (tests feed made-up groups), with ``options`` after."""
+    return stack.start("learner", str(BIN / "echo2-learner"), "--server", server, "--job", str(job_id),
+                       "--token-file", str(token_file), "--redis", redis_url, "--audit-fraction", "0", *options)

@@ -11,7 +11,7 @@ import redis
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from ..echo2_cli.test_cli import echo2
-from ..live import BIN, api, create_users, start_site
+from ..live import owner_site, start_learner
 from .test_run_job_resume import push_groups
 
 pytestmark = pytest.mark.slow
@@ -21,12 +21,7 @@ R, N = 4, 2
 
 def test_the_learner_evaluates_before_between_and_after_and_reports_it(stack, tmp_path, tiny_model_dir,
                                                                          redis_url) -> None:
-    token = create_users(stack, "own")["own"]
-    token_file = tmp_path / "token"
-    token_file.write_text(token + "\n")
-    token_file.chmod(0o600)
-    server = start_site(stack, celery=False)
-    owner = api(server, token)
+    server, owner, token_file = owner_site(stack, tmp_path)
     job = owner.post("jobs/", json={
         "name": "eval", "model_dir": str(tiny_model_dir), "task": {"name": "arithmetic", "max_operand": 4},
         "staleness": 50, "kappa": 2, "batch_trajectories": R, "group_size": N, "max_steps": 3, "max_new_tokens": 2,
@@ -34,9 +29,8 @@ def test_the_learner_evaluates_before_between_and_after_and_reports_it(stack, tm
     }).raise_for_status().json()
     assert job["eval"]["every"] == 2 and job["eval"]["split"] is None  # the API shows the setting, defaults filled
     owner.post(f"jobs/{job['id']}/start/").raise_for_status()
-    learner = stack.start("learner", str(BIN / "echo2-learner"), "--server", server, "--job", str(job["id"]),
-                          "--token-file", str(token_file), "--redis", redis_url, "--snapshot-dir",
-                          str(tmp_path / "snapshots"), "--data-timeout", "120", "--audit-fraction", "0")
+    learner = start_learner(stack, server, job["id"], token_file, redis_url, "--snapshot-dir",
+                            str(tmp_path / "snapshots"), "--data-timeout", "120")
     push_groups(redis.Redis.from_url(redis_url), job["id"], 0, 3 * R // N)
     learner.wait(timeout=180)
     log = (stack.logs / "learner.log").read_text()

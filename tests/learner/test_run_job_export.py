@@ -17,7 +17,7 @@ from dataplane.broadcast.store import read_manifest
 from echo2_site.demo import wait_for
 
 from ..echo2_cli.test_cli import echo2, one_line_error
-from ..live import BIN, api, create_users, start_site
+from ..live import BIN, owner_site, start_learner
 from .test_run_job_resume import push_groups
 
 pytestmark = pytest.mark.slow
@@ -27,12 +27,7 @@ R, N = 4, 2
 
 def test_export_while_training_final_publication_and_tensorboard(stack, tmp_path, tiny_model_dir,
                                                                  redis_url) -> None:
-    token = create_users(stack, "own")["own"]
-    token_file = tmp_path / "token"
-    token_file.write_text(token + "\n")
-    token_file.chmod(0o600)
-    server = start_site(stack, celery=False)
-    owner = api(server, token)
+    server, owner, token_file = owner_site(stack, tmp_path)
     job = owner.post("jobs/", json={
         "name": "export", "model_dir": str(tiny_model_dir), "task": {"name": "arithmetic", "max_operand": 4},
         "staleness": 50, "kappa": 2, "batch_trajectories": R, "group_size": N, "max_steps": 3, "max_new_tokens": 2,
@@ -40,9 +35,8 @@ def test_export_while_training_final_publication_and_tensorboard(stack, tmp_path
     job_url, snapshots = f"jobs/{job['id']}/", tmp_path / "snapshots"
     owner.post(job_url + "start/").raise_for_status()
     client = redis.Redis.from_url(redis_url)
-    learner = stack.start("learner", str(BIN / "echo2-learner"), "--server", server, "--job", str(job["id"]),
-                          "--token-file", str(token_file), "--redis", redis_url, "--snapshot-dir", str(snapshots),
-                          "--data-timeout", "120", "--audit-fraction", "0")
+    learner = start_learner(stack, server, job["id"], token_file, redis_url, "--snapshot-dir", str(snapshots),
+                            "--data-timeout", "120")
     cli = {"ECHO2_SERVER": server, "ECHO2_TOKEN_FILE": str(token_file)}
 
     push_groups(client, job["id"], 0, 2 * R // N)

@@ -15,7 +15,7 @@ from dataplane.dataset import content
 
 from ..echo2_cli.test_cli import echo2
 from ..groups import stream_fields
-from ..live import BIN, api, create_users, start_site
+from ..live import owner_site, start_learner
 
 pytestmark = pytest.mark.slow
 
@@ -26,12 +26,7 @@ SUMS = ROOT / "examples" / "data" / "sums.parquet"
 def started(stack, tmp_path, model_dir, redis_url, reward: str, *, before=None) -> tuple[dict, str, object]:
     """A running dataset job on the sums rewarded by ``reward`` (the learner serves the data set), ``before(job)``
     called, then its learner (the owner's module importable there only), waited for; (job, server, owner client)."""
-    token = create_users(stack, "own")["own"]
-    token_file = tmp_path / "token"
-    token_file.write_text(token + "\n")
-    token_file.chmod(0o600)
-    server = start_site(stack, celery=False)
-    owner = api(server, token)
+    server, owner, token_file = owner_site(stack, tmp_path)
     job = owner.post("jobs/", json={
         "name": "owner-reward", "model_dir": str(model_dir), "batch_trajectories": 4, "group_size": 2,
         "max_steps": 3, "max_new_tokens": 2, "staleness": 50,
@@ -43,10 +38,8 @@ def started(stack, tmp_path, model_dir, redis_url, reward: str, *, before=None) 
     if before is not None:
         before(job)
     stack.env["PYTHONPATH"] = str(ROOT)  # the owner's module, on the owner's machine only
-    learner = stack.start("learner", str(BIN / "echo2-learner"), "--server", server, "--job", str(job["id"]),
-                          "--token-file", str(token_file), "--redis", redis_url, "--snapshot-dir",
-                          str(tmp_path / "snapshots"), "--data-timeout", "60", "--audit-fraction", "0",
-                          "--dataset", str(SUMS))
+    learner = start_learner(stack, server, job["id"], token_file, redis_url, "--snapshot-dir",
+                            str(tmp_path / "snapshots"), "--data-timeout", "60", "--dataset", str(SUMS))
     learner.wait(timeout=240)
     return job, server, owner
 
