@@ -107,17 +107,25 @@ def pack(modules: list[str], roots: list[Path]) -> bytes:
                 raise CodeError(f"{arcname} comes from both {files[arcname]} and {path}")
     if len(files) > MAX_FILES:
         raise CodeError(f"{len(files)} files, a code package holds at most {MAX_FILES}")
+    # every directory has its entry: zipimport finds a namespace package (a directory without __init__.py, as an
+    # owner's checkout often has: examples/envs/) only by it
+    folders = {f"{parent}/" for name in files for parent in list(PurePosixPath(name).parents)[:-1]}
     out = io.BytesIO()
     total = 0
     with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_STORED) as archive:
-        for arcname in sorted(files):
+        for arcname in sorted([*files, *folders]):
+            info = zipfile.ZipInfo(arcname, date_time=_DATE)
+            info.create_system = 3
+            if arcname in folders:
+                info.external_attr = (0o40755 << 16) | 0x10
+                archive.writestr(info, b"")
+                continue
             data = files[arcname].read_bytes()
             total += len(data)
             if total > MAX_BYTES:
                 raise CodeError(f"more than {MAX_BYTES} bytes of files (at {arcname}): ship source, install the rest "
                                 "on the workers")
-            info = zipfile.ZipInfo(arcname, date_time=_DATE)
-            info.create_system, info.external_attr = 3, 0o644 << 16
+            info.external_attr = 0o644 << 16
             archive.writestr(info, data)
     return out.getvalue()
 
@@ -158,19 +166,21 @@ def upload_path(raw: dict[str, Any]) -> Path | None:
 
 def check_package(payload: bytes) -> list[str]:
     """The top-level names (packages and modules) of a package, if ``payload`` is one :func:`pack` could have
-    written: relative plain paths, no duplicates, within the bounds; else CodeError."""
+    written: relative plain paths (a directory's entry empty), no duplicates, within the bounds; else CodeError."""
     tops: list[str] = []
     seen: set[str] = set()
     total = 0
     try:
         with zipfile.ZipFile(io.BytesIO(payload)) as archive:
             infos = archive.infolist()
-            if not infos or len(infos) > MAX_FILES:
-                raise CodeError(f"code package: {len(infos)} files, 1 to {MAX_FILES}")
+            count = sum(not info.is_dir() for info in infos)
+            if not count or count > MAX_FILES or len(infos) > 2 * MAX_FILES:
+                raise CodeError(f"code package: {count} files, 1 to {MAX_FILES}")
             for info in infos:
                 path = PurePosixPath(info.filename)
-                if (info.is_dir() or path.is_absolute() or "\\" in info.filename or info.filename in seen
-                        or any(p in ("", ".", "..") or p.startswith(".") for p in path.parts)):
+                if ((info.is_dir() and info.file_size) or path.is_absolute() or "\\" in info.filename
+                        or info.filename in seen or any(p in (".", "..") or p.startswith(".") for p in path.parts)
+                        or "//" in info.filename):
                     raise CodeError(f"code package: refusing member {info.filename!r}")
                 seen.add(info.filename)
                 total += info.file_size

@@ -33,7 +33,8 @@ def write_owner_code(root, *, answer: str = "1.0", top: str = "ownpkg_a") -> Non
 
 
 def names(payload: bytes) -> list[str]:
-    return zipfile.ZipFile(io.BytesIO(payload)).namelist()
+    """The package's files (its directories' entries left out)."""
+    return [n for n in zipfile.ZipFile(io.BytesIO(payload)).namelist() if not n.endswith("/")]
 
 
 @pytest.fixture
@@ -148,3 +149,20 @@ def test_an_activated_package_is_what_imports(tmp_path, monkeypatch, clean_impor
     assert rules.score(["x", "y"]) == [2.5, 2.5] and rules.__file__.startswith(str(package))
     usercode.deactivate()
     assert str(package) not in sys.path
+
+
+def test_a_module_in_a_folder_without_init_imports_from_the_package(tmp_path, clean_imports) -> None:
+    (tmp_path / "ownpkg_ns" / "envs").mkdir(parents=True)  # a namespace package, as examples/envs/ is
+    (tmp_path / "ownpkg_ns" / "envs" / "calc.py").write_text("ANSWER = 42\n")
+    payload = usercode.pack(["ownpkg_ns.envs.calc"], [tmp_path])
+    assert zipfile.ZipFile(io.BytesIO(payload)).namelist() == ["ownpkg_ns/", "ownpkg_ns/envs/",
+                                                               "ownpkg_ns/envs/calc.py"]
+    package = tmp_path / "held" / usercode.ARCHIVE
+    package.parent.mkdir()
+    package.write_bytes(payload)
+    content.register(content.digest(package.parent), package.parent)
+
+    usercode.activate(content.digest(package.parent))
+    from ownpkg_ns.envs import calc
+
+    assert calc.ANSWER == 42 and calc.__file__.startswith(str(package))
