@@ -34,7 +34,7 @@ from ..dataset.load import INSTALL_HINT, load_rows
 from ..dataset.spec import DataSpec, parse_data
 from ..records import MAX_REWARD
 from ..rewards import CannotServe, Reward, RewardError, RewardSpec, RewardStats, build_reward, parse_reward_spec
-from ..usercode import CodeError, activate, parse_code
+from ..usercode import CodeError, activate, deactivate, parse_code
 from .base import Prompt, TaskAdapter, TaskSpecError, register_task
 
 MAX_PROMPT_CHARS = 100_000
@@ -132,9 +132,12 @@ class DatasetTask(TaskAdapter):
         except ImportError:
             raise DatasetsMissing(f"data: reading data sets needs Hugging Face datasets: {INSTALL_HINT}") from None
         workers = self.reward_spec.part(learner=False)
-        if allow_user_code and self.code and self.reward_spec.worker_user_functions:
-            try:  # the owner's functions scored here import from the job's code package, where this machine holds it
-                activate(self.code)
+        if allow_user_code and self.reward_spec.worker_user_functions:
+            try:  # the owner's functions scored here import from the job's code package, where this machine holds
+                if self.code:  # it; never from an earlier job's
+                    activate(self.code)
+                else:
+                    deactivate()
             except CodeError as err:
                 raise TaskSpecError(str(err)) from None
         self._reward = build_reward(workers, allow_user_code=allow_user_code) if workers is not None else None

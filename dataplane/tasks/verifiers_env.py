@@ -49,7 +49,7 @@ from typing import Any
 from ..chat import decode_chat, encode_chat, flatten_chat
 from ..rewards import UserCodeRefused
 from ..rewards.reward import import_owner_module
-from ..usercode import CodeError, activate, parse_code
+from ..usercode import CodeError, activate, deactivate, parse_code
 from .base import Prompt, TaskAdapter, TaskSpecError, register_task
 from .episodes import Episode, Reply, Turn, play_lockstep
 
@@ -151,11 +151,13 @@ class VerifiersTask(TaskAdapter):
                 import verifiers.v1  # noqa: F401 - the format the environment is written in
             except ImportError:
                 raise TaskSpecError(f"env: the verifiers task needs verifiers ({INSTALL})") from None
-            if self.code:  # the environment imports from the job's code package, where this machine holds it
-                try:
+            try:  # the environment imports from the job's code package, where this machine holds it; never from an
+                if self.code:  # earlier job's
                     activate(self.code)
-                except CodeError as err:
-                    raise TaskSpecError(str(err)) from None
+                else:
+                    deactivate()
+            except CodeError as err:
+                raise TaskSpecError(str(err)) from None
             environment = _call_loader(self.env, self.args)
             taskset = getattr(environment, "taskset", environment)
             index: dict[str, Any] = {}

@@ -166,3 +166,21 @@ def test_a_module_in_a_folder_without_init_imports_from_the_package(tmp_path, cl
     from ownpkg_ns.envs import calc
 
     assert calc.ANSWER == 42 and calc.__file__.startswith(str(package))
+
+
+def test_a_later_job_without_a_package_does_not_import_an_earlier_jobs(tmp_path, monkeypatch, clean_imports) -> None:
+    pytest.importorskip("verifiers.v1")
+    monkeypatch.setenv("ECHO2_ALLOW_USER_CODE", "1")
+    (tmp_path / "ownpkg_env_a.py").write_text("def load_environment():\n    raise RuntimeError('from the package')\n")
+    package = tmp_path / "held" / usercode.ARCHIVE
+    package.parent.mkdir()
+    package.write_bytes(usercode.pack(["ownpkg_env_a"], [tmp_path]))
+    code = content.digest(package.parent)
+    content.register(code, package.parent)
+    spec = {"name": "verifiers", "env": "ownpkg_env_a:load_environment"}
+    with pytest.raises(TaskSpecError, match="from the package"):  # the first job imports from its package
+        build_task({**spec, "code": code}).prepare(allow_user_code=True)
+    sys.modules.pop("ownpkg_env_a", None)
+
+    with pytest.raises(TaskSpecError, match="No module named 'ownpkg_env_a'"):  # the next ships none: not found
+        build_task(spec).prepare(allow_user_code=True)
