@@ -17,6 +17,8 @@ from transformers import AutoModelForCausalLM
 
 from dataplane import messages as m
 from dataplane.credentials import issue, new_secret
+from dataplane.dataset import content
+from learner.datasets import lay_out
 from learner.serving import SnapshotServer, manifest_json
 from learner.snapshots import SnapshotStore
 from worker_agent import status
@@ -60,6 +62,21 @@ def learner_side(tmp_path, tiny_model_dir):
     server.set_secret(SECRET)
     yield store, server
     server.stop()
+
+
+def sums_data_set(directory: Path, *, answer_column: str = "a") -> Path:
+    """A job owner's data set: ``train.jsonl``, the nine sums of 0..2 ("q": "1+2=", ``answer_column``: "3")."""
+    directory.mkdir()
+    (directory / "train.jsonl").write_text("".join(f'{{"q": "{a}+{b}=", "{answer_column}": "{a + b}"}}\n'
+                                                   for a in range(3) for b in range(3)))
+    return directory
+
+
+def served(store: SnapshotStore, path: Path) -> str:
+    """``path`` (a data set or code package) laid out in the learner's store, as the learner serves it: its digest."""
+    digest = content.digest(path)
+    lay_out(store.root, digest, content.pack(path), job_id=1, chunk_bytes=256)
+    return digest
 
 
 def snapshot(store: SnapshotStore, server: SnapshotServer, manifest, *, url: str | None = None) -> m.SnapshotAvailable:

@@ -11,10 +11,19 @@ import sys
 
 from dataplane import messages as m
 from dataplane import usercode
-from dataplane.dataset import content
-from learner.datasets import lay_out
 
-from .test_session import answering, learner_side, make_session, push, returned, snapshot, submits, until  # noqa: F401
+from .test_session import (  # noqa: F401 (learner_side: a fixture)
+    answering,
+    learner_side,
+    make_session,
+    push,
+    returned,
+    served,
+    snapshot,
+    submits,
+    sums_data_set,
+    until,
+)
 
 OWNER = '''
 def right(prompts, completions, a, **kwargs):
@@ -26,21 +35,16 @@ def test_an_opted_in_agent_scores_with_the_owners_function_from_the_package(
         tmp_path, learner_side, tiny_model_dir) -> None:  # noqa: F811 - the fixture imported above
     store, server = learner_side
     base = store.write_base(tiny_model_dir)
-    data = tmp_path / "owner-data"
-    data.mkdir()
-    (data / "train.jsonl").write_text("".join(f'{{"q": "{a}+{b}=", "a": "{a + b}"}}\n' for a in range(3)
-                                              for b in range(3)))
+    data = sums_data_set(tmp_path / "owner-data")
     checkout = tmp_path / "owner-checkout"
     checkout.mkdir()
     (checkout / "ownpkg_s.py").write_text(OWNER)
     package = tmp_path / "package" / usercode.ARCHIVE
     package.parent.mkdir()
     package.write_bytes(usercode.pack(["ownpkg_s"], [checkout]))
-    code = content.digest(package)
-    for digest, path in ((content.digest(data), data), (code, package)):
-        lay_out(store.root, digest, content.pack(path), job_id=1, chunk_bytes=256)
+    code, digest = served(store, package), served(store, data)
     task = {"name": "dataset", "code": code, "reward": [{"function": "ownpkg_s:right", "scored_on": "worker"}],
-            "data": {"digest": content.digest(data), "format": "jsonl", "prompt_column": "q", "answer_column": "a"}}
+            "data": {"digest": digest, "format": "jsonl", "prompt_column": "q", "answer_column": "a"}}
 
     async def scenario() -> list[dict]:
         session, socket = make_session(tmp_path, [])

@@ -8,10 +8,19 @@ from __future__ import annotations
 import asyncio
 
 from dataplane import messages as m
-from dataplane.dataset import content
-from learner.datasets import lay_out
 
-from .test_session import answering, learner_side, make_session, push, returned, snapshot, submits, until  # noqa: F401
+from .test_session import (  # noqa: F401 (learner_side: a fixture)
+    answering,
+    learner_side,
+    make_session,
+    push,
+    returned,
+    served,
+    snapshot,
+    submits,
+    sums_data_set,
+    until,
+)
 
 
 def dataset_assign(base: m.SnapshotAvailable, digest: str) -> m.Assign:
@@ -25,12 +34,8 @@ def test_an_agent_fetches_the_jobs_data_set_with_its_base_and_a_later_session_us
         tmp_path, learner_side, tiny_model_dir) -> None:  # noqa: F811 - the fixture imported above
     store, server = learner_side
     base = store.write_base(tiny_model_dir)
-    files = tmp_path / "owner-data"
-    files.mkdir()
-    (files / "train.jsonl").write_text("".join(f'{{"q": "{a}+{b}=", "a": "{a + b}"}}\n' for a in range(3)
-                                               for b in range(3)))
-    digest = content.digest(files)
-    lay_out(store.root, digest, content.pack(files), job_id=1, chunk_bytes=256)
+    files = sums_data_set(tmp_path / "owner-data")
+    digest = served(store, files)
 
     async def scenario() -> None:
         session, socket = make_session(tmp_path, [])

@@ -8,22 +8,26 @@ from __future__ import annotations
 import asyncio
 
 from dataplane import messages as m
-from dataplane.dataset import content
-from learner.datasets import lay_out
 
-from .test_session import answering, learner_side, make_session, push, returned, snapshot, submits, until  # noqa: F401
+from .test_session import (  # noqa: F401 (learner_side: a fixture)
+    answering,
+    learner_side,
+    make_session,
+    push,
+    returned,
+    served,
+    snapshot,
+    submits,
+    sums_data_set,
+    until,
+)
 
 
 def test_an_agent_without_the_opt_in_serves_a_job_whose_owner_function_the_learner_scores(
         tmp_path, learner_side, tiny_model_dir) -> None:  # noqa: F811 - the fixture imported above
     store, server = learner_side
     base = store.write_base(tiny_model_dir)
-    files = tmp_path / "owner-data"
-    files.mkdir()
-    (files / "train.jsonl").write_text("".join(f'{{"q": "{a}+{b}=", "answer": "{a + b}"}}\n' for a in range(3)
-                                               for b in range(3)))
-    digest = content.digest(files)
-    lay_out(store.root, digest, content.pack(files), job_id=1, chunk_bytes=256)
+    digest = served(store, sums_data_set(tmp_path / "owner-data", answer_column="answer"))
     task = {"name": "dataset", "data": {"digest": digest, "format": "jsonl", "prompt_column": "q"},
             "reward": ["exact_match", {"function": "only_on_the_owners_machine.rewards:judge", "weight": 2.0}]}
 
