@@ -44,6 +44,9 @@ def build_task(spec: dict[str, Any] | None) -> TaskAdapter:
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
         raise TaskSpecError("task: expected an object with a 'name', e.g. {\"name\": \"arithmetic\"}")
     options = {k: v for k, v in spec.items() if k != "name"}
+    if "code_modules" in options:  # a job file's key, resolved where the file is read (dataplane/usercode.py)
+        raise TaskSpecError("task: code_modules: the modules are packed where the job file is read (echo2 job submit "
+                            "uploads the package); a job names the package by its digest, task.code")
     tasks = available_tasks()
     cls = tasks.get(spec["name"])
     if cls is None:

@@ -184,3 +184,8 @@ def test_a_later_job_without_a_package_does_not_import_an_earlier_jobs(tmp_path,
 
     with pytest.raises(TaskSpecError, match="No module named 'ownpkg_env_a'"):  # the next ships none: not found
         build_task(spec).prepare(allow_user_code=True)
+
+
+def test_a_spec_with_modules_instead_of_a_package_says_where_they_are_packed() -> None:
+    with pytest.raises(TaskSpecError, match="^task: code_modules: the modules are packed where the job file is read"):
+        build_task({"name": "verifiers", "env": "mypkg:load", "code_modules": ["mypkg"]})  # the web form, the API
