@@ -181,7 +181,8 @@ def job_control(request, job_id: int, verb: str):
         "start": lambda: services.job_start(job=job),
         "pause": lambda: services.job_pause(job=job, by=user),
         "resume": lambda: services.job_resume(job=job),
-        "cancel": lambda: services.job_finish(job=job, status=Job.Status.CANCELLED, reason=f"cancelled by {user}"),
+        "cancel": lambda: services.job_finish(job=job, status=Job.Status.CANCELLED, reason=f"cancelled by {user}",
+                                              code=Job.Reason.BY_PERSON),
     }
     try:
         actions[verb]()  # each service runs in its own transaction

@@ -181,11 +181,12 @@ class JobSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Job
-        fields = ["id", "owner", *JobSpec.model_fields, "status", "status_reason",
+        fields = ["id", "owner", *JobSpec.model_fields, "status", "status_reason", "reason_code",
                   "created_at", "started_at", "finished_at", "archived_at", "learner_step", "published_version",
                   "learner_relay", "base_digest", "vocab_size"]
-        read_only_fields = ["status", "status_reason", "created_at", "started_at", "finished_at", "archived_at",
-                            "learner_step", "published_version", "learner_relay", "base_digest", "vocab_size"]
+        read_only_fields = ["status", "status_reason", "reason_code", "created_at", "started_at", "finished_at",
+                            "archived_at", "learner_step", "published_version", "learner_relay", "base_digest",
+                            "vocab_size"]
 
     def get_fields(self) -> dict[str, serializers.Field]:
         """The job settings' fields are JobSpec's (``spec_fields``), in the place ``Meta.fields`` gives them, each

@@ -196,7 +196,7 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
         job = _service_call(services.job_finish, job=self.get_object(), status=Job.Status.CANCELLED,
-                            reason=f"cancelled by {request.user.get_username()}")
+                            reason=f"cancelled by {request.user.get_username()}", code=Job.Reason.BY_PERSON)
         return Response(s.JobSerializer(job).data)
 
     @extend_schema(request=None, responses=s.JobSerializer)
@@ -204,9 +204,10 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
     def pause(self, request, pk=None):
         """Release the job's workers (generation and billing stop); queued trajectories are still trained."""
         reason = request.data.get("reason") if isinstance(request.data, dict) else None  # the learner says why
+        learner = isinstance(reason, str) and bool(reason)
         job = _service_call(services.job_pause, job=self.get_object(), by=request.user.get_username(),
-                            reason=f"paused by the learner: {reason}"[:500] if isinstance(reason, str) and reason
-                            else "")
+                            reason=f"paused by the learner: {reason}"[:500] if learner else "",
+                            code=Job.Reason.LEARNER if learner else Job.Reason.BY_PERSON)
         return Response(s.JobSerializer(job).data)
 
     @extend_schema(request=None, responses=s.JobSerializer)
@@ -223,7 +224,8 @@ class JobViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Create
         """The learner reports the job's end (completed or failed)."""
         form = s.JobFinishSerializer(data=request.data)
         form.is_valid(raise_exception=True)
-        job = _service_call(services.job_finish, job=self.get_object(), **form.validated_data)
+        job = _service_call(services.job_finish, job=self.get_object(), **form.validated_data,
+                            code=Job.Reason.LEARNER)
         return Response(s.JobSerializer(job).data)
 
     @extend_schema(methods=["get"], responses=s.MetricSerializer(many=True), parameters=[OpenApiParameter(

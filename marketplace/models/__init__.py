@@ -170,8 +170,19 @@ class Job(models.Model):
     spec = models.JSONField(default=dict, help_text="The job's settings (dataplane.jobs.JobSpec) as validated when it "
                             "was created, every default filled in: what its job file and its learner read.")
 
+    class Reason(models.TextChoices):
+        """Why a job is in its status, for the site to act on (``status_reason`` says it in words, for people)."""
+
+        NONE = "", "none given"
+        OVER_BUDGET = "over_budget", "paused: its next step would pass its budget (raising it runs the job again)"
+        BY_PERSON = "by_person", "paused or cancelled by a person"
+        LEARNER_SILENT = "learner_silent", "stalled: its learner went silent"
+        LEARNER = "learner", "paused, completed or failed as its learner reported"
+
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.DRAFT)
     status_reason = models.CharField(max_length=500, blank=True)
+    reason_code = models.CharField(max_length=16, choices=Reason.choices, blank=True, default=Reason.NONE,
+                                   help_text="Why the job is in its status, as a code (status_reason in words).")
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -240,12 +251,22 @@ class Activation(models.Model):
 
     State = models.TextChoices("State", [(state, state) for state in get_args(WorkerState)])
 
+    class End(models.TextChoices):
+        """Why an activation ended, for the site to act on (``end_reason`` says it in words, for people)."""
+
+        OTHER = "", "other (the reason says)"
+        SILENT = "silent", "returned nothing past the silence bound: counts against its reliability"
+        REFUSED = "refused", "the worker refused the job (user code it does not run): never planned for it again"
+        LOST = "lost", "its connection was lost: it rejoins the job if it says hello again soon"
+
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="activations")
     worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="activations")
     price_per_hour = models.DecimalField(max_digits=10, decimal_places=4)
     started_at = models.DateTimeField(default=timezone.now)
     ended_at = models.DateTimeField(null=True, blank=True)
     end_reason = models.CharField(max_length=200, blank=True)
+    end_code = models.CharField(max_length=8, choices=End.choices, blank=True, default=End.OTHER,
+                                help_text="Why it ended, as a code (end_reason in words).")
     billed_seconds = models.FloatField(default=0.0, help_text="Seconds billed: generating time the site saw "
                                        "(leases, accepted groups), up to its last report (or the end).")
     billed_usd = models.DecimalField(max_digits=20, decimal_places=AMOUNT_PLACES, default=Decimal(0), help_text=(

@@ -24,7 +24,6 @@ from ..models import Activation, Job, Worker, WorkerSession
 
 WINDOW = timedelta(days=7)
 """The long-run record's window, the same as the provider page's uptime."""
-SILENT = "silent:"  # the prefix of a release for returning nothing (core/billing.py silent_reason)
 
 
 def worker_reliability(workers: Iterable[Worker], *, now: datetime | None = None) -> dict[int, Reliability]:
@@ -41,9 +40,9 @@ def worker_reliability(workers: Iterable[Worker], *, now: datetime | None = None
         ended[worker_id] += ended_at is not None
     kept: Counter[int] = Counter()
     silent: Counter[int] = Counter()
-    for worker_id, reason in (Activation.objects.filter(worker__in=workers, ended_at__gt=start)
-                              .values_list("worker_id", "end_reason")):
-        (silent if reason.startswith(SILENT) else kept)[worker_id] += 1
+    for worker_id, code in (Activation.objects.filter(worker__in=workers, ended_at__gt=start)
+                            .values_list("worker_id", "end_code")):
+        (silent if code == Activation.End.SILENT else kept)[worker_id] += 1
     out = {}
     for w in workers:
         span = (now - max(start, w.created_at)).total_seconds()

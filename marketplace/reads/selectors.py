@@ -111,7 +111,7 @@ def _behind(published: int, installed: int | None) -> int:
 def refused_workers(job: Job) -> QuerySet:
     """The workers that refused ``job``'s task (it runs user code their providers did not allow: docs/trust.md, "User
     code on workers"), as a ``worker_id`` values query: the scheduler plans them no more for this job."""
-    return job.activations.filter(end_reason__startswith=REFUSED).values("worker_id")
+    return job.activations.filter(end_code=Activation.End.REFUSED).values("worker_id")
 
 
 AUDIT_RELEASED = "failed its owner's audit: "
@@ -122,14 +122,14 @@ def excluded_workers(job: Job) -> QuerySet:
     """The workers never planned for ``job`` again, as a ``pk`` values query: those that refused its task (above),
     and those whose groups failed its learner's audits. The owner's word suffices for his own job; it costs the
     worker nothing elsewhere (docs/trust.md "Failed work")."""
-    return (Worker.objects.filter(Q(activations__job=job, activations__end_reason__startswith=REFUSED)
+    return (Worker.objects.filter(Q(activations__job=job, activations__end_code=Activation.End.REFUSED)
                                   | Q(audits__job=job, audits__failed__gt=0)).values("pk"))
 
 
 def refusals_line(job: Job) -> str:
     """The job page's line for the workers that refused its user code: ``0``, or ``2 (last: rig-7: reward: runs user
     code (...) ...)``: how its owner learns why workers come and go (their providers did not opt in)."""
-    last = (job.activations.filter(end_reason__startswith=REFUSED).select_related("worker").order_by("-ended_at")
+    last = (job.activations.filter(end_code=Activation.End.REFUSED).select_related("worker").order_by("-ended_at")
             .first())
     if last is None:
         return "0"
@@ -151,6 +151,7 @@ def job_summary(job: Job, *, active: list[Activation] | None = None) -> dict:
         "id": job.pk,
         "status": job.status,
         "status_reason": job.status_reason,
+        "reason_code": job.reason_code,
         "step": job.learner_step,
         "max_steps": job.settings.max_steps,
         "published_version": job.published_version,

@@ -17,10 +17,6 @@ from .jobs import job_pause, job_resume
 
 log = logging.getLogger(__name__)
 
-OVER_BUDGET = "over budget"
-"""How the reason of a job paused at its budget begins: raising the budget runs such a job again."""
-
-
 @transaction.atomic
 def job_budget_check(*, job: Job) -> str:
     """Pause a running job that its next step would take past its budget; returns the reason ("" when it runs on).
@@ -32,7 +28,7 @@ def job_budget_check(*, job: Job) -> str:
     reason = ledger.budget_problem(job)
     if reason:
         log.info("job %s: %s", job.pk, reason)
-        job_pause(job=job, reason=reason)
+        job_pause(job=job, reason=reason, code=Job.Reason.OVER_BUDGET)
     return reason
 
 
@@ -51,7 +47,7 @@ def job_budget_set(*, job: Job, budget_usd: float | None) -> Job:
     job.save(update_fields=["spec"])
     if job.status == Job.Status.RUNNING and job_budget_check(job=job):  # lowered below its spend: paused now
         return Job.objects.get(pk=job.pk)
-    if job.status == Job.Status.PAUSED and job.status_reason.startswith(OVER_BUDGET):
+    if job.status == Job.Status.PAUSED and job.reason_code == Job.Reason.OVER_BUDGET:
         problem = ledger.budget_problem(job)
         if not problem:
             return job_resume(job=job)

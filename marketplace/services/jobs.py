@@ -57,8 +57,9 @@ def job_start(*, job: Job) -> Job:
 
 
 @transaction.atomic
-def job_finish(*, job: Job, status: str, reason: str = "") -> Job:
-    """End a job (completed, failed or cancelled) and release its workers.
+def job_finish(*, job: Job, status: str, reason: str = "", code: str = Job.Reason.NONE) -> Job:
+    """End a job (completed, failed or cancelled) and release its workers; ``reason`` says why in words, ``code``
+    (``Job.Reason``) as a code.
 
     A failed job is not final: it keeps its streams (groups returned and not yet trained, entries trained
     since the last checkpoint) so that :func:`job_resume` can continue it from the learner's checkpoint, and
@@ -68,15 +69,14 @@ def job_finish(*, job: Job, status: str, reason: str = "") -> Job:
         raise ServiceError(f"status: must be one of {', '.join(sorted(Job.TERMINAL))}")
     if job.is_terminal and not (job.status == Job.Status.FAILED and status == Job.Status.CANCELLED):
         raise ServiceError(f"status: job already {job.status}")
-    job.status = status
-    job.status_reason = reason[:500]
+    job.status, job.status_reason, job.reason_code = status, reason[:500], code
     job.finished_at = timezone.now()
     # Its learner is let out (a resumed job's learner gets a new door). Read under the row's lock: a door opened
     # since ``job`` was read is closed too, and a heartbeat cannot set the user again once this commits.
     if Job.objects.select_for_update().filter(pk=job.pk).values_list("learner_redis_password_sha256", flat=True)[0]:
         transaction.on_commit(lambda: learner_door.door_close(job.pk))
     job.learner_redis_password_sha256 = ""
-    job.save(update_fields=["status", "status_reason", "finished_at", "learner_redis_password_sha256"])
+    job.save(update_fields=["status", "status_reason", "reason_code", "finished_at", "learner_redis_password_sha256"])
     for activation in job.activations.filter(ended_at=None).order_by("worker_id"):  # rows locked in id order
         worker_release(activation=activation, reason=f"job {status}")
     if status != Job.Status.FAILED:
@@ -86,8 +86,9 @@ def job_finish(*, job: Job, status: str, reason: str = "") -> Job:
 
 
 @transaction.atomic
-def job_pause(*, job: Job, by: str = "", reason: str = "") -> Job:
-    """Stop generation (and billing) for a running job without losing anything.
+def job_pause(*, job: Job, by: str = "", reason: str = "", code: str = Job.Reason.NONE) -> Job:
+    """Stop generation (and billing) for a running job without losing anything. Why: ``reason`` in words (default:
+    paused by ``by``), ``code`` as a code (``Job.Reason``; default: by a person when ``by`` names one).
 
     Its workers are released; the prompt and trajectory streams stay. Trajectories already queued are
     still trained (the learner keeps reporting while paused), leases in flight expire and their prompts
@@ -97,7 +98,8 @@ def job_pause(*, job: Job, by: str = "", reason: str = "") -> Job:
         raise ServiceError(f"status: job is {job.status}; only a running job can be paused")
     job.status = Job.Status.PAUSED
     job.status_reason = (reason or (f"paused by {by}" if by else "paused"))[:500]
-    job.save(update_fields=["status", "status_reason"])
+    job.reason_code = code or (Job.Reason.BY_PERSON if by else Job.Reason.NONE)
+    job.save(update_fields=["status", "status_reason", "reason_code"])
     for activation in job.activations.filter(ended_at=None):
         worker_release(activation=activation, reason="job paused")
     push_job_update(job)
@@ -115,10 +117,9 @@ def job_resume(*, job: Job) -> Job:
         raise ServiceError(f"status: job is {job.status}; only a paused or failed job can be resumed")
     if problem := ledger.budget_problem(job):
         raise ServiceError(f"budget_usd: {problem}")
-    job.status = Job.Status.RUNNING
-    job.status_reason = ""
+    job.status, job.status_reason, job.reason_code = Job.Status.RUNNING, "", Job.Reason.NONE
     job.finished_at = None
-    job.save(update_fields=["status", "status_reason", "finished_at"])
+    job.save(update_fields=["status", "status_reason", "reason_code", "finished_at"])
     stream.replay(job.pk).ensure_groups()
     enqueue_task("replan_job", job.pk)
     push_job_update(job)

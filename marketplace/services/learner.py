@@ -112,8 +112,8 @@ def _unstall(job: Job, fields: list[str]) -> None:
     """A stalled job whose learner is heard from again runs again; the scheduler activates a pool at once."""
     if job.status != Job.Status.STALLED:
         return
-    job.status, job.status_reason = Job.Status.RUNNING, ""
-    fields += ["status", "status_reason"]
+    job.status, job.status_reason, job.reason_code = Job.Status.RUNNING, "", Job.Reason.NONE
+    fields += ["status", "status_reason", "reason_code"]
     log.info("job %s: its learner is back; running again", job.pk)
     enqueue_task("replan_job", job.pk)
     push_job_update(job)
@@ -143,7 +143,8 @@ def jobs_stall_silent_learners() -> int:
         since = job.learner_seen_at or job.started_at
         job.status = Job.Status.STALLED
         job.status_reason = f"the learner has been silent since {since:%Y-%m-%d %H:%M:%S} UTC"
-        job.save(update_fields=["status", "status_reason"])
+        job.reason_code = Job.Reason.LEARNER_SILENT
+        job.save(update_fields=["status", "status_reason", "reason_code"])
         for activation in job.activations.filter(ended_at=None):
             worker_release(activation=activation, reason="the job's learner is silent")
         log.warning("job %s: stalled: %s", job.pk, job.status_reason)

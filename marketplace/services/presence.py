@@ -88,7 +88,6 @@ def worker_connected(*, worker: Worker, installed_version: int | None, at: datet
 
 
 PROVISION_WINDOW_S = 1.0
-SILENCE_REASONS = ("worker stopped sending heartbeats", "worker disconnected")
 
 
 def _rejoin(worker: Worker, *, at: datetime) -> Activation | None:
@@ -98,7 +97,7 @@ def _rejoin(worker: Worker, *, at: datetime) -> Activation | None:
     window = timezone.timedelta(seconds=float(settings.ECHO2["WORKER_REJOIN_S"]))
     last = (Activation.objects.select_related("job").filter(worker=worker, ended_at__gte=at - window)
             .order_by("-ended_at").first())
-    if last is None or last.end_reason not in SILENCE_REASONS or last.job.status != Job.Status.RUNNING:
+    if last is None or last.end_code != Activation.End.LOST or last.job.status != Job.Status.RUNNING:
         return None
     try:
         activation = worker_activate(worker=worker, job=last.job)
@@ -210,28 +209,33 @@ def _observe(activation: Activation, *, at: datetime, reported: str, reason: str
     if updated.state != activation.state:
         push_job_update(activation.job_id)  # the job page shows each worker's state
     updated.job = activation.job  # read with it (``selectors.active_activation``): no query per heartbeat
-    why = _release_reason(updated, seen=seen, now=at.timestamp(), throughput=throughput)
+    why, code = _release_reason(updated, seen=seen, now=at.timestamp(), throughput=throughput)
     if why:
         log.warning("job %s: worker %s released: %s", activation.job_id, activation.worker_id, why)
-        worker_release(activation=updated, reason=why[:200])
+        worker_release(activation=updated, reason=why[:200], code=code)
         enqueue_task("replan_job", activation.job_id)
 
 
-def _release_reason(activation: Activation, *, seen: telemetry.Observed, now: float, throughput: float | None) -> str:
-    """Why the activation must end now ("" if it need not): its rollout loop failing too long (its own word), or
-    nothing returned past the silence bound (what the site saw)."""
+def _release_reason(activation: Activation, *, seen: telemetry.Observed, now: float,
+                    throughput: float | None) -> tuple[str, str]:
+    """Why the activation must end now, in words ("" if it need not) and as an ``Activation.End`` code: the worker
+    refused the job, its rollout loop failing too long (its own word), or nothing returned past the silence bound
+    (what the site saw)."""
     if activation.state == "failed" and activation.state_reason.startswith(REFUSED):
-        return activation.state_reason  # it will not serve this job (user code it does not run): waiting helps nobody
+        # it will not serve this job (user code it does not run): waiting helps nobody. The agent says so by its
+        # reason's protocol prefix (dataplane.rewards REFUSED); the site keeps it as a code from here on.
+        return activation.state_reason, Activation.End.REFUSED
     echo = settings.ECHO2
     limit = float(echo["ROLLOUT_FAILED_RELEASE_S"])
     if billing.failing_too_long(state=activation.state, since=activation.state_since.timestamp(), now=now,
                                 limit_s=limit):
-        return f"rollout loop failing for {limit:.0f} s: {activation.state_reason}"
+        return f"rollout loop failing for {limit:.0f} s: {activation.state_reason}", Activation.End.OTHER
     bound = billing.silence_bound_s(min_s=float(echo["SILENT_RELEASE_S"]), groups=float(echo["SILENT_RELEASE_GROUPS"]),
                                     group_size=activation.job.settings.group_size, throughput=throughput)
-    return billing.silent_reason(started=activation.started_at.timestamp(), installed=seen.installed,
-                                 accepted=seen.accepted, starved=seen.starved, now=now, bound_s=bound,
-                                 loading_bound_s=float(echo["LOADING_RELEASE_S"]))
+    silent = billing.silent_reason(started=activation.started_at.timestamp(), installed=seen.installed,
+                                   accepted=seen.accepted, starved=seen.starved, now=now, bound_s=bound,
+                                   loading_bound_s=float(echo["LOADING_RELEASE_S"]))
+    return silent, Activation.End.SILENT if silent else Activation.End.OTHER
 
 
 def activations_release_silent(*, now: datetime | None = None) -> int:
@@ -255,8 +259,8 @@ def activations_release_silent(*, now: datetime | None = None) -> int:
                                               installed=observed.installed, held_since=observed.held_since,
                                               held_until=observed.held_until, now=now.timestamp(),
                                               connected=connected)
-            why = _release_reason(activation, seen=observed, now=now.timestamp(),
-                                  throughput=activation.worker.throughput)
+            why, _ = _release_reason(activation, seen=observed, now=now.timestamp(),
+                                     throughput=activation.worker.throughput)
             age = (now - activation.reported_at).total_seconds()
             due = state in billing.BILLABLE_STATES and age >= liveness.sync_s()
             if state == activation.state and not why and not due:
@@ -391,12 +395,13 @@ def expire_silent_workers() -> int:
                 _bill_until(activation, at=worker.last_heartbeat, now=now)
                 # nothing is billed after its last heartbeat, whatever it leased before
                 activation_report(activation_id=activation.pk, at=worker.last_heartbeat, state="idle")
-                worker_release(activation=activation, reason="worker stopped sending heartbeats")
+                worker_release(activation=activation, reason="worker stopped sending heartbeats",
+                               code=Activation.End.LOST)
             transaction.on_commit(lambda wid=worker.pk: liveness.mark_offline([wid]))
         count += 1
     # Offline workers whose activation is still open (socket closed long ago) are released too.
     for activation in Activation.objects.filter(ended_at=None, worker__status=Worker.Status.OFFLINE,
                                                 worker__last_heartbeat__lt=cutoff):
-        worker_release(activation=activation, reason="worker disconnected")
+        worker_release(activation=activation, reason="worker disconnected", code=Activation.End.LOST)
     activations_release_silent(now=now)
     return count

@@ -86,15 +86,16 @@ def worker_activate(*, worker: Worker, job: Job) -> Activation:
 
 
 @transaction.atomic
-def worker_release(*, activation: Activation, reason: str) -> None:
+def worker_release(*, activation: Activation, reason: str, code: str = Activation.End.OTHER) -> None:
     """Stop billing the activation (its time since the last report billed by what the site observed:
-    ``activation_observe``) and tell the agent to stop generating for its job."""
+    ``activation_observe``) and tell the agent to stop generating for its job. Why: ``reason`` in words, ``code``
+    as a code (``Activation.End``) the site acts on."""
     activation.ended_at = timezone.now()
-    activation.end_reason = reason
+    activation.end_reason, activation.end_code = reason, code
     billed = activation_observe(activation=activation, at=activation.ended_at,
                                 reported="failed" if activation.state == "failed" else "idle")
     activation.billed_seconds = billed.billed_seconds if billed else activation.billed_seconds
-    activation.save(update_fields=["ended_at", "end_reason"])
+    activation.save(update_fields=["ended_at", "end_reason", "end_code"])
     Worker.objects.filter(pk=activation.worker_id, status=Worker.Status.ACTIVE).update(status=Worker.Status.IDLE)
     push_to_worker(activation.worker_id, m.Release(job_id=activation.job_id, reason=reason))
     push_job_update(activation.job_id)

@@ -59,6 +59,7 @@ def test_a_job_stops_at_its_budget_within_one_steps_cost_and_runs_again_when_rai
         job = _step(job, activation, base, step)
     spent, per_step = ledger.job_spent_usd(job), 3.6 * STEP_S / 3600
     assert job.status == Job.Status.PAUSED and job.status_reason.startswith("over budget"), job.status_reason
+    assert job.reason_code == Job.Reason.OVER_BUDGET
     assert step == 5, "0.05 spent: the sixth step would pass 0.055"
     budget = job.settings.budget_usd
     assert spent <= budget and budget - spent < per_step, (spent, budget)
@@ -76,9 +77,10 @@ def test_a_job_stops_at_its_budget_within_one_steps_cost_and_runs_again_when_rai
 
 def test_a_paused_job_the_owner_paused_stays_paused_when_its_budget_changes(running):
     owner, job, _, _ = running
-    services.job_pause(job=job, by="owner")
+    services.job_pause(job=job, by="owner", reason="over budget, says the owner")  # words decide nothing
     job = services.job_budget_set(job=Job.objects.get(pk=job.pk), budget_usd=2.0)
     assert job.status == Job.Status.PAUSED and job.settings.budget_usd == 2.0
+    assert job.reason_code == Job.Reason.BY_PERSON
 
 
 def test_the_projection_of_a_running_job_is_its_forecast_and_of_a_finished_one_its_spend(running):

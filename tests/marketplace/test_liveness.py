@@ -285,6 +285,7 @@ def test_a_worker_back_after_an_outage_rejoins_its_job_at_once(eager):
     liveness.stream.client().zadd(liveness.SEEN_KEY, {str(worker.pk): time.time() - 60})
     assert services.expire_silent_workers() == 1  # the site (or the link) was down a minute
     assert not Activation.objects.filter(worker=worker, ended_at=None).exists()
+    assert Activation.objects.get(pk=activation.pk).end_code == Activation.End.LOST  # what lets it rejoin
 
     services.worker_connected(worker=Worker.objects.get(pk=worker.pk), installed_version=None)
     back = Activation.objects.get(worker=worker, ended_at=None)

@@ -148,7 +148,8 @@ def test_reliability_shows_its_parts_and_a_silent_release_lowers_it():
     job = factories.job(factories.user())
     now = timezone.now()
     Activation.objects.create(job=job, worker=worker, price_per_hour=1, started_at=now - timedelta(minutes=5),
-                              ended_at=now, end_reason="silent: no group accepted for 180 s")
+                              ended_at=now, end_reason="silent: no group accepted for 180 s",
+                              end_code=Activation.End.SILENT)
     Worker.objects.filter(pk=worker.pk).update(audits_failed=1)
     worker.refresh_from_db()
     r = matching.worker_reliability([worker])[worker.pk]

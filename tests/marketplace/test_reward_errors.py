@@ -90,6 +90,8 @@ async def test_a_worker_refusing_the_jobs_user_code_is_released_at_once_and_not_
 
     in_pool, open_activations = await database_sync_to_async(planned)()
     assert worker.pk not in in_pool and open_activations == 0
+    ended = await database_sync_to_async(Activation.objects.get)(job=job, worker=worker)
+    assert ended.end_code == Activation.End.REFUSED  # kept as a code: the scheduler reads no reason's words
     line = (await summary(job.pk))["user_code_refusals_line"]
     assert line == f"1 (last: {worker.name}: {why.removeprefix('refuses the job: ')})"
     await comm.disconnect()
