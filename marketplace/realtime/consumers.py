@@ -37,7 +37,7 @@ from ..infra.jsonlimits import JSONLimitError, check_json
 from ..models import Worker
 from ..reads import selectors
 from ..services import fanout
-from . import lag
+from . import jobcache, lag
 from .jobcache import FreshFor
 
 log = logging.getLogger(__name__)
@@ -332,13 +332,14 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         job_id = message.job_id if isinstance(message, m.LeaseRequest | m.Submit) else message.group.job_id
         running = self.running.get(job_id)
         if running is None:
-            read_at = time.monotonic()
-            try:
-                running = await database_sync_to_async(services.running_job)(worker=self.worker, job_id=job_id)
-            except services.ServiceError:
-                if isinstance(message, m.TrajectoriesPart):
-                    self.assembler.drop()  # the group can no longer arrive whole
-                raise
+            read_at, running = await self._read_running(job_id)
+            if running is None:  # not active in it, or it does not run: read for this worker, which says why
+                try:
+                    running = await database_sync_to_async(services.running_job)(worker=self.worker, job_id=job_id)
+                except services.ServiceError:
+                    if isinstance(message, m.TrajectoriesPart):
+                        self.assembler.drop()  # the group can no longer arrive whole
+                    raise
             self.running.put(job_id, running, read_at=read_at)
         earned = None
         if isinstance(message, m.Submit):  # its answer says what the worker earned: a query, on the database thread
@@ -348,6 +349,20 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                 earned = await database_sync_to_async(services.worker_earned_usd)(self.worker.pk, now=now)
         return await sync_to_async(self._dispatch_rollout, thread_sensitive=False)(message, running, earned,
                                                                                      verdict_key)
+
+    async def _read_running(self, job_id: int) -> tuple[float, services.RunningJob | None]:
+        """(when the read began, the worker's running job ``job_id`` or None), from the process's shared read
+        (``jobcache.JOBS``) when one began since this socket last forgot, else read now and shared."""
+        max_age = self.running.max_age_s
+        shared = jobcache.JOBS.get(job_id, not_before=self.running.cleared_at, max_age_s=max_age)
+        if shared is None:
+            read_at = time.monotonic()
+            view = await database_sync_to_async(services.job_at_work)(job_id=job_id)
+            if max_age > 0:
+                jobcache.JOBS.put(job_id, view, read_at=read_at)
+            shared = (read_at, view)
+        read_at, view = shared
+        return read_at, view.for_worker(self.worker.pk) if view is not None else None
 
     async def _heartbeat(self, message: m.Heartbeat) -> list[m._Msg]:
         """Recorded in Redis off the database thread (``services.worker_heartbeat_record``), so heartbeats never

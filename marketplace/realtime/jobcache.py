@@ -12,6 +12,12 @@ time under load; the socket keeps it here instead and reads it again only when i
 Whatever slips through those two, the replay buffer's return script still refuses a group whose lease is no longer
 this worker's (a released worker's leases are handed back at once), so a stale entry can never put a released
 worker's group in the stream for a lease it lost.
+
+What a socket reads again comes from :data:`JOBS` when it can: one read of a running job per process (its fields and
+the workers active in it, ``services.rollouts.job_at_work``), shared by every socket of the process, instead of a
+query per socket every ``max_age_s`` (a hundred generating agents made fifty a second). A socket takes a shared read
+only if it began after the socket last forgot (a push, or the socket's start: :attr:`FreshFor.cleared_at`) and is
+younger than ``max_age_s``: exactly what the socket would have read itself.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ class FreshFor(Generic[T]):
     def __init__(self, max_age_s: float, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.max_age_s, self.clock = max_age_s, clock
         self._held: dict[int, tuple[float, T]] = {}
+        self.cleared_at = clock()  # a read that began before this is not this holder's to take (SharedReads)
 
     def get(self, job_id: int) -> T | None:
         """The value read for ``job_id`` less than ``max_age_s`` ago, else None (and it is forgotten)."""
@@ -47,3 +54,30 @@ class FreshFor(Generic[T]):
 
     def clear(self) -> None:
         self._held.clear()
+        self.cleared_at = self.clock()
+
+
+class SharedReads(Generic[T]):
+    """Reads by job id shared by every socket of the process, each with the time it began; the newest read is
+    kept. A socket takes one only if it began at or after ``not_before`` (:attr:`FreshFor.cleared_at`) and is
+    younger than ``max_age_s``."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._held: dict[int, tuple[float, T]] = {}
+
+    def get(self, job_id: int, *, not_before: float, max_age_s: float) -> tuple[float, T] | None:
+        """(when the read began, the value), or None when there is none this socket may take."""
+        held = self._held.get(job_id)
+        if held is None or held[0] < not_before or self.clock() - held[0] >= max_age_s:
+            return None
+        return held
+
+    def put(self, job_id: int, value: T, *, read_at: float) -> None:
+        held = self._held.get(job_id)
+        if held is None or held[0] <= read_at:
+            self._held[job_id] = (read_at, value)
+
+
+JOBS: SharedReads = SharedReads()
+"""The running jobs this process read for its agent sockets (``services.rollouts.JobAtWork``)."""

@@ -60,6 +60,7 @@ from .repair import relay_failed
 from .rollouts import (
     RunningJob,
     groups_submit,
+    job_at_work,
     lease_return,
     prompts_lease,
     running_job,
@@ -79,7 +80,7 @@ __all__ = [
     "job_start",
     "jobs_stall_silent_learners", "learner_announce", "learner_streams_open", "metrics_record", "prompts_lease",
     "relay_failed",
-    "RunningJob", "running_job", "submitted_again",
+    "RunningJob", "running_job", "submitted_again", "job_at_work",
     "snapshot_installed", "snapshot_publish", "snapshot_request", "trajectories_malformed", "trajectories_part_submit",
     "trajectories_submit",
     "worker_activate", "worker_calibrate", "worker_connected", "worker_disconnected", "worker_group",

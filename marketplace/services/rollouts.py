@@ -49,8 +49,33 @@ class RunningJob:
 def running_job(*, worker: Worker, job_id: int) -> RunningJob:
     """The worker's running job ``job_id`` as the checks need it; :class:`ServiceError` when the worker is not
     active in it or the job is not running (``running_activation``)."""
-    job = running_activation(worker, job_id).job
-    return RunningJob(job_id=job.pk, worker_id=worker.pk, group_size=job.settings.group_size,
+    return _running(running_activation(worker, job_id).job, worker_id=worker.pk)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobAtWork:
+    """A running job as every agent socket of a process may share it (``marketplace.realtime.jobcache.JOBS``): what
+    checking leases and groups needs, and the workers active in it."""
+
+    running: RunningJob  # its worker_id is 0: see :meth:`for_worker`
+    active: frozenset[int]
+
+    def for_worker(self, worker_id: int) -> RunningJob | None:
+        """The worker's :class:`RunningJob`; None when it is not active in the job (:func:`running_job` says why)."""
+        return dataclasses.replace(self.running, worker_id=worker_id) if worker_id in self.active else None
+
+
+def job_at_work(*, job_id: int) -> JobAtWork | None:
+    """Job ``job_id`` and the workers active in it, when it is running (two queries, whatever the fleet), else None."""
+    job = Job.objects.filter(pk=job_id, status=Job.Status.RUNNING).first()
+    if job is None:
+        return None
+    active = frozenset(Activation.objects.filter(job_id=job_id, ended_at=None).values_list("worker_id", flat=True))
+    return JobAtWork(running=_running(job, worker_id=0), active=active)
+
+
+def _running(job: Job, *, worker_id: int) -> RunningJob:
+    return RunningJob(job_id=job.pk, worker_id=worker_id, group_size=job.settings.group_size,
                       published_version=job.published_version, max_new_tokens=job.settings.max_new_tokens,
                       limits=record_limits(job), max_lease_groups=lease_cap(job))
 

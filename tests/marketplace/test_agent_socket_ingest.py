@@ -128,3 +128,27 @@ async def test_a_group_parsed_from_its_text_still_keeps_the_nesting_limit(long_l
     await comm.send_json_to(group(job.pk, only, [record(job.pk, only, metadata=shallow) for _ in range(4)]))
     assert (await comm.receive_json_from())["accepted"] == 4
     await comm.disconnect()
+
+
+async def test_the_sockets_of_one_job_share_one_read_of_it(long_lived_state, redis_client, monkeypatch):
+    """Two workers' sockets, each asking for work: the job (and who is active in it) is read once for both."""
+    job, _, key = await setup_job_and_worker(batch_trajectories=16)
+    provider = await database_sync_to_async(factories.user)()
+    _, other_key = await database_sync_to_async(factories.worker)(provider)
+    comms = [await connect(key), await connect(other_key)]
+    for comm in comms:
+        await comm.send_json_to({"type": "hello", "agent_version": "test"})
+        assert (await comm.receive_json_from(timeout=10))["type"] == "welcome"
+    await database_sync_to_async(services.job_start)(job=await fresh(job.pk))
+    for comm in comms:
+        assert (await comm.receive_json_from(timeout=5))["type"] == "assign"
+    reads = []
+    real = services.job_at_work
+    monkeypatch.setattr(services, "job_at_work", lambda **kw: reads.append(kw) or real(**kw))
+    PromptFeeder(redis_client, job_id=job.pk, task=build_task({"name": "arithmetic"}), seed=0, backlog=4).top_up()
+    for i, comm in enumerate(comms):
+        await comm.send_json_to({"type": "lease_request", "job_id": job.pk, "groups": 1, "id": f"l{i}"})
+        assert (await comm.receive_json_from(timeout=5))["type"] == "lease"
+    assert reads == [{"job_id": job.pk}]
+    for comm in comms:
+        await comm.disconnect()

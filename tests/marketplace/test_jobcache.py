@@ -33,3 +33,27 @@ def test_a_max_age_of_zero_holds_nothing():
     held = FreshFor(0.0, clock=Clock())
     held.put(1, "running", read_at=0.0)
     assert held.get(1) is None
+
+
+def test_a_shared_read_is_taken_only_if_it_began_since_the_socket_last_forgot_and_is_young():
+    from marketplace.realtime.jobcache import SharedReads
+
+    clock = Clock()
+    shared = SharedReads(clock=clock)
+    shared.put(1, "read at 1", read_at=1.0)
+    shared.put(1, "read at 0.5", read_at=0.5)  # an older read finishing late: the newer one stays
+    clock.now = 2.0
+    assert shared.get(1, not_before=1.0, max_age_s=2.0) == (1.0, "read at 1")
+    assert shared.get(1, not_before=1.5, max_age_s=2.0) is None  # a push came after that read began
+    assert shared.get(2, not_before=0.0, max_age_s=2.0) is None
+    clock.now = 3.0
+    assert shared.get(1, not_before=0.0, max_age_s=2.0) is None  # as old as the max age
+
+
+def test_forgetting_marks_when():
+    clock = Clock()
+    held = FreshFor(2.0, clock=clock)
+    assert held.cleared_at == 0.0  # a new socket takes no read older than itself
+    clock.now = 5.0
+    held.clear()
+    assert held.cleared_at == 5.0
