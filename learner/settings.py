@@ -56,9 +56,19 @@ class LearnerSettings(BaseSettings):
     audit_fraction: float = option(0.05, ge=0, le=1, help="Share of the groups read whose log-probs and rewards "
                                    "are recomputed and checked (docs/trust.md \"Audits\"); 0: no audits.",
                                    flag="--audit-fraction")
-    audit_logprob_tolerance: float = option(0.05, gt=0, help="Largest mean |claimed - recomputed| log-prob per "
-                                            "token an audit passes (CPU fp32 engines agree to ~1e-6; vLLM in bf16 "
-                                            "within a few 1e-2).", flag="--audit-logprob-tolerance")
+    audit_logprob_tolerance: float = option(0.1, gt=0, help="Largest mean |claimed - recomputed| log-prob per "
+                                            "token an audit passes (CPU fp32 engines agree to ~1e-6; bf16 engines "
+                                            "within a few 1e-2, up to 0.08 under a confident policy).",
+                                            flag="--audit-logprob-tolerance")
+    audit_logprob_nats: float = option(0.8, gt=0, help="Per token, a claimed log-prob may be off by at most "
+                                       "--audit-logprob-floor + this x (1 - p), p the recomputed probability: nats of "
+                                       "logit error an engine may add (docs/trust.md \"Audits\").",
+                                       flag="--audit-logprob-nats")
+    audit_logprob_floor: float = option(1e-3, ge=0, help="The per-token allowance of a token the policy is sure of.",
+                                        flag="--audit-logprob-floor")
+    audit_logprob_share: float = option(0.1, ge=0, le=1, help="A group fails when more than this share of its "
+                                        "learning tokens is past the per-token allowance.",
+                                        flag="--audit-logprob-share")
     audit_probation: int = option(16, ge=0, le=1_000_000, help="A worker's first groups in the job, and its "
                                   "groups after a failed audit, all audited; then its share falls as probation/k to "
                                   "--audit-fraction (docs/trust.md \"Audits\").", flag="--audit-probation")

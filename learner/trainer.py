@@ -409,7 +409,10 @@ def _auditor(spec: JobSpec, settings: LearnerSettings, trainer: PolicyTrainer, s
                    decode=lambda ids: tokenizer.batch_decode(ids, skip_special_tokens=True),
                    encode=lambda prompt: prompt_ids(tokenizer, prompt, spec.prompt_format),
                    settings=AuditSettings(fraction=settings.audit_fraction, probation_groups=settings.audit_probation,
-                                          logprob_tolerance=settings.audit_logprob_tolerance))
+                                          logprob_tolerance=settings.audit_logprob_tolerance,
+                                          logprob_nats=settings.audit_logprob_nats,
+                                          logprob_floor=settings.audit_logprob_floor,
+                                          logprob_share=settings.audit_logprob_share))
 
 
 def _evaluation(spec: JobSpec, trainer: PolicyTrainer) -> Evaluation | None:

@@ -38,6 +38,8 @@ VERIFIED, CONSISTENT, UNVERIFIED, REFUSED = "verified", "consistent", "unverifie
 REWARD_TOLERANCE = 1e-6  # the learner's (learner/audit.py AuditSettings.reward_tolerance)
 LOGPROB_FLOOR = 0.05  # the smallest mean |claimed - recomputed| per token the site takes as a failure: the learner's
 # default tolerance, above what vLLM in bf16 drifts from fp32 (a few 1e-2); a learner set tighter fails honest workers
+LOGPROB_SHARE = 0.1  # the learner's default share of tokens past its per-token allowance (learner/audit.py
+# AuditSettings.logprob_share): a failure past it stands on the per-token rule, whatever its mean gap
 EXCERPT, LEAD = 48, 12  # the learner's text excerpt: 48 characters from 12 before the first difference
 USER_CODE_TASKS = frozenset({"verifiers"})  # built-in tasks that run the job's own code (an environment it names)
 
@@ -161,10 +163,13 @@ def _logprobs(evidence, stored: StoredGroup) -> SiteCheck:
     if recomputed > 1e-6 or gap + 1e-4 < abs(claimed - recomputed):
         return SiteCheck(REFUSED, f"impossible figures: recomputed {recomputed:.6g} per token with a mean gap of "
                                   f"{gap:.4g} against the claimed {claimed:.6g}")
-    if gap < LOGPROB_FLOOR:
-        return SiteCheck(UNVERIFIED, f"log-prob gap {gap:.4g} under the site's floor {LOGPROB_FLOOR:g}")
+    outside = evidence.get("logprob_outside") or 0.0
+    if gap < LOGPROB_FLOOR and outside <= LOGPROB_SHARE:
+        return SiteCheck(UNVERIFIED, f"log-prob gap {gap:.4g} under the site's floor {LOGPROB_FLOOR:g}, and "
+                                     f"{outside:.0%} of tokens past the per-token allowance")
     return SiteCheck(CONSISTENT, f"the claimed log-probs are the worker's; the learner's recomputation (gap "
-                                 f"{gap:.4g} per token) cannot be repeated at the site")
+                                 f"{gap:.4g} per token, {outside:.0%} of tokens past the allowance) cannot be "
+                                 "repeated at the site")
 
 
 def _text(evidence, stored: StoredGroup, record: int) -> SiteCheck:

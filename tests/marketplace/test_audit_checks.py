@@ -42,6 +42,11 @@ def test_the_claimed_log_prob_is_the_mean_over_learning_tokens() -> None:
     (head(check="logprobs", claimed_logprob=-1.5, recomputed_logprob=-4.0, logprob_gap=1.0), "refused", "impossible"),
     (head(check="logprobs", claimed_logprob=-1.5, recomputed_logprob=0.5, logprob_gap=2.0), "refused", "impossible"),
     (head(check="logprobs", claimed_logprob=-1.5, recomputed_logprob=-1.52, logprob_gap=0.02), "unverified", "floor"),
+    # a confident policy: a small mean gap, but most tokens past the learner's per-token allowance
+    (head(check="logprobs", claimed_logprob=-1.5, recomputed_logprob=-1.52, logprob_gap=0.02, logprob_outside=0.9),
+     "consistent", "90% of tokens"),
+    (head(check="logprobs", claimed_logprob=-1.5, recomputed_logprob=-1.52, logprob_gap=0.02, logprob_outside=0.05),
+     "unverified", "floor"),
     (head(check="logprobs"), "unverified", "without its claimed"),
     (head(check="text", text_at=4, claimed_text="answer is 7", decoded_text="answer is 9"), "refused", "not record"),
     (head(check="text", text_at=12, claimed_text="the answer is 7", decoded_text="the answer is 9"), "consistent",
