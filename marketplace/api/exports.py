@@ -1,6 +1,6 @@
 """``GET /api/jobs/<id>/export/``: a published snapshot as a Hugging Face model directory in a tar archive.
 
-The site keeps no weights: the learner does, and serves them to credential holders (learner/publisher.py).
+The site keeps no weights: the learner does, and serves them to credential holders (learner/serving.py).
 The site holds each job's transfer secret, so it issues itself a credential (worker id 0: no worker) for
 versions 0..v, fetches the base (version 0: config and tokenizer, reading only the chunks that hold them)
 and version ``v`` from the snapshot URLs the learner announced (checked when they were published:

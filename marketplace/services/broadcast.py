@@ -199,7 +199,7 @@ def _check_base(job: Job, manifest: dict) -> None:
 def snapshot_request(*, worker: Worker, job_id: int, which: str) -> list[m._Msg]:
     """An agent asks for its job's base or newest snapshot (it joined late, restarted, or failed to install
     what it was told): that snapshot, fetched over HTTP; nothing while none is published. The learner keeps
-    both on disk (learner/publisher.py)."""
+    both on disk (learner/serving.py)."""
     job = running_activation(worker, job_id).job
     snap = selectors.base_snapshot(job) if which == "base" else selectors.latest_snapshot(job)
     if snap is None:
