@@ -267,6 +267,9 @@ class Activation(models.Model):
     end_reason = models.CharField(max_length=200, blank=True)
     end_code = models.CharField(max_length=8, choices=End.choices, blank=True, default=End.OTHER,
                                 help_text="Why it ended, as a code (end_reason in words).")
+    groups_accepted = models.PositiveIntegerField(default=0, help_text=(
+        "Groups the site accepted from the worker in this activation, as the site counted them (never Redis): the "
+        "cap on the audits its learner may report of it (marketplace/infra/delivered.py)."))
     billed_seconds = models.FloatField(default=0.0, help_text="Seconds billed: generating time the site saw "
                                        "(leases, accepted groups), up to its last report (or the end).")
     billed_usd = models.DecimalField(max_digits=20, decimal_places=AMOUNT_PLACES, default=Decimal(0), help_text=(
