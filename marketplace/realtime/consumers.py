@@ -32,7 +32,7 @@ from dataplane.replay import TRANSIENT
 
 from .. import services
 from ..core.assembly import GroupAssembler
-from ..infra import limits, refusals, verdicts
+from ..infra import delivered, limits, refusals, verdicts
 from ..infra.jsonlimits import JSONLimitError, check_json
 from ..models import Worker
 from ..reads import selectors
@@ -347,19 +347,23 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             earned = services.worker_earned_usd_held(self.worker.pk, now=now)
             if earned is None:
                 earned = await database_sync_to_async(services.worker_earned_usd)(self.worker.pk, now=now)
-        return await sync_to_async(self._dispatch_rollout, thread_sensitive=False)(message, running, earned,
-                                                                                     verdict_key)
+        replies = await sync_to_async(self._dispatch_rollout, thread_sensitive=False)(message, running, earned,
+                                                                                        verdict_key)
+        if delivered.due():  # the groups this process accepted, into the database (one update every few seconds)
+            await database_sync_to_async(services.groups_accepted_flush)()
+        return replies
 
     async def _read_running(self, job_id: int) -> tuple[float, services.RunningJob | None]:
         """(when the read began, the worker's running job ``job_id`` or None), from the process's shared read
         (``jobcache.JOBS``) when one began since this socket last forgot, else read now and shared."""
         max_age = self.running.max_age_s
+        if max_age <= 0:  # read always: nothing to share, and the worker's own read is one query
+            return time.monotonic(), None
         shared = jobcache.JOBS.get(job_id, not_before=self.running.cleared_at, max_age_s=max_age)
         if shared is None:
             read_at = time.monotonic()
             view = await database_sync_to_async(services.job_at_work)(job_id=job_id)
-            if max_age > 0:
-                jobcache.JOBS.put(job_id, view, read_at=read_at)
+            jobcache.JOBS.put(job_id, view, read_at=read_at)
             shared = (read_at, view)
         read_at, view = shared
         return read_at, view.for_worker(self.worker.pk) if view is not None else None

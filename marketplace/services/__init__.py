@@ -31,6 +31,7 @@ The public names are re-exported here, so callers write ``services.job_start(...
 """
 
 from .accounts import api_token_issue
+from .audits import groups_accepted_flush
 from .base import ServiceError, job_group, worker_group
 from .broadcast import broadcast_plan, snapshot_installed, snapshot_publish, snapshot_request
 from .budgets import job_budget_check, job_budget_set
@@ -76,8 +77,8 @@ from .workers import worker_activate, worker_calibrate, worker_register, worker_
 __all__ = [
     "ServiceError", "api_token_issue",
     "broadcast_plan", "expire_silent_workers", "job_activate_idle_workers", "job_create",
-    "groups_submit", "job_finish", "job_group", "job_pause", "lease_return", "job_replan_apply", "job_resume",
-    "job_start",
+    "groups_accepted_flush", "groups_submit", "job_finish", "job_group", "job_pause", "lease_return",
+    "job_replan_apply", "job_resume", "job_start",
     "jobs_stall_silent_learners", "learner_announce", "learner_streams_open", "metrics_record", "prompts_lease",
     "relay_failed",
     "RunningJob", "running_job", "submitted_again", "job_at_work",

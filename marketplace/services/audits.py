@@ -8,7 +8,8 @@ Each outcome keeps what the learner checked (``evidence``, at most ``MAX_EVIDENC
 Audits are the learner's word, taken as evidence only within what the site saw: the API takes them only with the
 job's learner credential (``marketplace.api.auth.learner_problem``), and here only of workers the site accepted groups
 from for this job, never more groups in all (passed and failed, over every step of the job) than it accepted from
-that worker (``ReplayBuffer.delivered``). An owner cannot fail or launder another's worker through his own job.
+that worker (``Activation.groups_accepted``, the site's own count: ``infra/delivered.py``; never the stream's Redis
+counter). An owner cannot fail or launder another's worker through his own job.
 
 Nor does a failure count on the learner's word: the site checks each against the group it stored and, for a reward,
 re-scores it with the job's task (``services/audit_verify.py``, docs/trust.md "Audits the site checks"); a worker
@@ -20,12 +21,13 @@ import logging
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Sum
+from django.db import transaction
+from django.db.models import F, Sum
 from django.utils import timezone
 
 from ..core import credits
 from ..core.audit_checks import CONSISTENT, VERIFIED
-from ..infra import stream
+from ..infra import delivered as delivered_counts
 from ..models import Activation, Job, Provider, Worker, WorkerAudit
 from ..reads.selectors import AUDIT_RELEASED
 from .audit_verify import SEALED_LEASE, JobChecker, standing_text, worker_counted_failures
@@ -44,7 +46,7 @@ def audits_record(*, job: Job, step: int, results: list[dict[str, Any]]) -> None
     and a worker's groups audited in this job (this step's with every other step's) are capped at the groups the
     site accepted from it, failures kept first. Both are logged."""
     results = _mergeable(results)
-    delivered = stream.replay(job.pk).delivered(results) if results else {}
+    delivered = _delivered(job, list(results)) if results else {}
     known = set(Worker.objects.filter(pk__in=list(results)).values_list("pk", flat=True))
     checker = JobChecker(job)
     for worker_id, result in results.items():
@@ -81,6 +83,34 @@ def audits_record(*, job: Job, step: int, results: list[dict[str, Any]]) -> None
                      standing_text(figures, limit=int(settings.ECHO2["AUDIT_SUSPEND_AFTER"])))
             _suspend_if_due(worker_id, failures=counted, reason=_last_counted(checked, result.get("reason", "")),
                             figures=figures)
+
+
+def groups_accepted_flush() -> None:
+    """Write the groups this process accepted since its last flush (``infra.delivered``) into
+    ``Activation.groups_accepted``: each (job, worker)'s newest activation, in one transaction; a failed write keeps
+    them for the next flush."""
+    counts = delivered_counts.take()
+    if not counts:
+        return
+    try:
+        with transaction.atomic():
+            for (job_id, worker_id), groups in sorted(counts.items()):
+                newest = (Activation.objects.filter(job_id=job_id, worker_id=worker_id)
+                          .order_by("-started_at", "-pk").values_list("pk", flat=True).first())
+                if newest is not None:
+                    Activation.objects.filter(pk=newest).update(groups_accepted=F("groups_accepted") + groups)
+    except Exception:
+        delivered_counts.give_back(counts)
+        raise
+
+
+def _delivered(job: Job, worker_ids: list[int]) -> dict[int, int]:
+    """The groups the site accepted from each of ``worker_ids`` in ``job``, by its own count in the database (this
+    process's latest first written there), never the stream's Redis counter a learner could write."""
+    groups_accepted_flush()
+    rows = (Activation.objects.filter(job=job, worker_id__in=worker_ids).values("worker_id")
+            .annotate(groups=Sum("groups_accepted")))
+    return {row["worker_id"]: row["groups"] or 0 for row in rows}
 
 
 def _release_from_job(job: Job, worker_id: int, *, step: int, failed: int) -> None:

@@ -19,7 +19,7 @@ from dataplane.replay import LeasedPrompt, LeaseError, return_error
 from dataplane.tasks import TaskSpecError, build_task
 
 from ..core.assembly import AssemblyError, GroupAssembler, JobLimits, group_bytes_bound
-from ..infra import group_seal, reward_errors, stream, telemetry, verdicts
+from ..infra import delivered, group_seal, reward_errors, stream, telemetry, verdicts
 from ..models import Activation, Job, Worker
 from ..reads import selectors
 from .base import ServiceError, running_activation
@@ -151,9 +151,12 @@ def _submit(*, worker: Worker, job: RunningJob, groups: list[TrajectoryGroup], l
     if outcome.held:
         context = json.loads(outcome.context)
     else:  # counted once: a resend finds its group stored
-        for (group, _), stored in zip(sent, outcome.returns, strict=True):
-            if group.reward_errors is not None and not isinstance(stored, LeaseError) and not stored.resent:
+        fresh = [(group, stored) for (group, _), stored in zip(sent, outcome.returns, strict=True)
+                 if not isinstance(stored, LeaseError) and not stored.resent]
+        for group, _ in fresh:
+            if group.reward_errors is not None:
                 reward_errors.record(job.job_id, group.reward_errors)
+        delivered.add(job_id=job.job_id, worker_id=worker.pk, groups=len(fresh))
     return _Done(results=_results(groups, context, outcome.returns), leased=outcome.leased, context=context,
                  held=outcome.held)
 
