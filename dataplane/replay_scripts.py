@@ -46,7 +46,8 @@ end
 # ``remember_s``, and add the caller's timed event (``ev``: key, member, at, keep after, ttl; nil for none). Returns
 # the stream id, 'resent <id>' (the same group sent again by the same worker: its reply was lost), or an error code
 # (RETURN_ERRORS). A lease id that is not a stream id is refused before any command, which would fail on it.
-# The event is bookkeeping: a key of the wrong type fails it alone (pcall), never the group.
+# The event is bookkeeping: a key of the wrong type fails it alone (pcall), never the group. Its member is suffixed
+# with the milliseconds the lease was held (XPENDING's idle before the XACK), so bills can follow each lease.
 _RETURN_ONE = """
 local function stream_id(s)
   local ms, seq = string.match(s, '^(%d+)%-(%d+)$')
@@ -91,7 +92,8 @@ local function return_one(prompts, trajectories, counters, delivered, marker, pg
   redis.call('HINCRBY', delivered, worker, 1)
   redis.call('SET', marker, worker .. ' ' .. group_id .. ' ' .. id, 'EX', remember_s)
   if ev then
-    redis.pcall('ZADD', ev[1], ev[3], ev[2])
+    -- the member gets ':<ms the lease was held>' (since its delivery or last renewal): the span billed for it
+    redis.pcall('ZADD', ev[1], ev[3], ev[2] .. ':' .. pending[1][3])
     redis.pcall('ZREMRANGEBYSCORE', ev[1], '-inf', ev[4])
     redis.pcall('EXPIRE', ev[1], ev[5])
   end

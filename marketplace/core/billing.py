@@ -70,6 +70,28 @@ def observed_state(*, reported: str, started: float, installed: float | None, he
     return "idle", min(held_until, now)
 
 
+HOLD_GAP_S = 0.05  # leases closer than this are one span: a group returned and the next lease in one round trip
+
+
+def held_spans(*, holds: list[tuple[float, float]] | tuple, held_since: float | None, since: float,
+               until: float) -> list[tuple[float, float]]:
+    """The spans of ``(since, until]`` in which the worker held at least one lease: the union of ``holds`` (each
+    ended lease's start and end) and, while it holds one now, ``held_since`` to ``until``; spans closer than
+    :data:`HOLD_GAP_S` merged. Bills follow these, not the state seen at the two reports around them: a worker that
+    returned a group, waited for work (none came: the learner was behind) and leased again between two heartbeats
+    held no lease meanwhile, and is not billed for the wait."""
+    spans = [(max(a, since), min(b, until)) for a, b in holds]
+    if held_since is not None:
+        spans.append((max(held_since, since), until))
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(s for s in spans if s[1] > s[0]):
+        if out and start <= out[-1][1] + HOLD_GAP_S:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
 def silence_bound_s(*, min_s: float, groups: float, group_size: int, throughput: float | None) -> float:
     """How long an installed worker may hold an activation without a group accepted: ``groups`` expected group times
     (``group_size / mu_i``, with the site's measured ``mu_i``), never under ``min_s`` (all there is until measured)."""

@@ -72,8 +72,8 @@ def recent_accepted(worker_ids: list[int], *, job_id: int, now: float) -> dict[i
         pipe.zrangebyscore(accepted_key(wid, job_id), now - window_s(), "+inf")
     out = {}
     for wid, members in zip(worker_ids, pipe.execute(), strict=True):
-        events = [member.split(":") for member in members]
-        out[wid] = [(float(at), int(n)) for at, n, _ in events]
+        events = [member.split(":") for member in members]  # at:records:nonce[:ms the lease was held]
+        out[wid] = [(float(e[0]), int(e[1])) for e in events]
     return out
 
 
@@ -130,6 +130,9 @@ class Observed:
     starved: float | None = None  # it asked for work and there was none
     held_since: float | None = None  # when the leases it holds now (unexpired) began to be held; None: none held
     held_until: float | None = None  # when the last lease it held stopped being held (accepted, or timed out)
+    # (start, end) of each lease recently held and ended: an accepted group's (its delivery or last renewal to its
+    # acceptance, within the throughput window), and an expired lease's (delivery to timeout): what bills follow
+    holds: tuple[tuple[float, float], ...] = ()
 
     @property
     def active(self) -> float | None:
@@ -144,7 +147,7 @@ def observed(worker_ids: list[int], *, job_id: int) -> dict[int, Observed]:
     pipe = stream.client().pipeline(transaction=False)
     for wid in worker_ids:
         pipe.hmget(observed_key(wid, job_id), ["leased", "installed", "starved"])
-        pipe.zrevrange(accepted_key(wid, job_id), 0, 0, withscores=True)
+        pipe.zrangebyscore(accepted_key(wid, job_id), "-inf", "+inf", withscores=True)  # trimmed to two windows
         pipe.xpending_range(prompts_key(job_id), PROMPT_GROUP, min="-", max="+", count=HELD_SCAN,
                             consumername=consumer_name(wid))
     rows = pipe.execute(raise_on_error=False)
@@ -155,11 +158,12 @@ def observed(worker_ids: list[int], *, job_id: int) -> dict[int, Observed]:
         for row in (leased, last):
             if isinstance(row, Exception):
                 raise row
-        accepted = float(last[0][1]) if last else None
+        accepted = float(last[-1][1]) if last else None
         idles = [] if isinstance(pending, Exception) else [p["time_since_delivered"] / 1000 for p in pending]
         held_since, held_until = lease_hold(idles, accepted=accepted, now=now, timeout_s=timeout)
         out[wid] = Observed(leased=_time(leased), accepted=accepted, installed=_time(installed),
-                            starved=_time(starved), held_since=held_since, held_until=held_until)
+                            starved=_time(starved), held_since=held_since, held_until=held_until,
+                            holds=(*accepted_holds(last), *expired_holds(idles, now=now, timeout_s=timeout)))
     return out
 
 
@@ -176,6 +180,22 @@ def lease_hold(idles: list[float], *, accepted: float | None, now: float,
     expired = [now - idle + timeout_s for idle in idles if idle >= timeout_s]
     ends = [t for t in (accepted, max(expired, default=None)) if t is not None]
     return held_since, max(ends) if ends else None
+
+
+def accepted_holds(events: list[tuple[str, float]]) -> list[tuple[float, float]]:
+    """(start, end) of the lease of each accepted group in ``events`` (members with scores): the member's last field,
+    when it has four, is the milliseconds the lease was held before its group was accepted at the score."""
+    out = []
+    for member, at in events:
+        parts = member.split(":")
+        if len(parts) == 4:
+            out.append((float(at) - int(parts[3]) / 1000, float(at)))
+    return out
+
+
+def expired_holds(idles: list[float], *, now: float, timeout_s: float) -> list[tuple[float, float]]:
+    """(start, end) of each lease still pending past its timeout: held from its delivery until the timeout."""
+    return [(now - idle, now - idle + timeout_s) for idle in idles if idle >= timeout_s]
 
 
 def _time(raw: str | None) -> float | None:

@@ -53,12 +53,14 @@ def test_the_event_is_added_with_an_accepted_group_and_never_with_a_refused_one(
     event = TimedEvent(key="test:events", member="100.0:2:ab", at=100.0, keep_after=50.0, ttl_s=60)
     redis_client.zadd("test:events", {"old": 10.0})
     buffer.return_group(worker_id=1, group=group_of(records(mine)), event=event)
-    assert redis_client.zrange("test:events", 0, -1, withscores=True) == [("100.0:2:ab", 100.0)]  # "old" trimmed
+    (member, at), = redis_client.zrange("test:events", 0, -1, withscores=True)  # "old" trimmed
+    assert at == 100.0 and member.startswith("100.0:2:ab:")  # and the ms its lease was held
+    assert 0 <= int(member.rsplit(":", 1)[1]) < 60_000
     assert 0 < redis_client.ttl("test:events") <= 60
     late = TimedEvent(key="test:events", member="200.0:2:cd", at=200.0, keep_after=150.0, ttl_s=60)
     with pytest.raises(LeaseError, match="another worker"):
         buffer.return_group(worker_id=2, group=group_of(records(other)), event=late)
-    assert redis_client.zrange("test:events", 0, -1) == ["100.0:2:ab"]
+    assert [m.rsplit(":", 1)[0] for m in redis_client.zrange("test:events", 0, -1)] == ["100.0:2:ab"]
     assert buffer.counters()["accepted_records"] == 2
 
 

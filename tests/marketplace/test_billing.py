@@ -132,6 +132,17 @@ def rewind(job_id: int, seconds: float, **fields) -> None:
         reported_at=back, **{name: back for name, on in fields.items() if on})
 
 
+def age_leases(job_id: int, seconds: float) -> None:
+    """Pretend every lease pending in the job's prompt stream was taken ``seconds`` earlier (its idle time, which is
+    what bills follow): with :func:`rewind`, a report interval the leases really spanned."""
+    from dataplane.replay import PROMPT_GROUP, prompts_key
+
+    client = liveness.stream.client()
+    for p in client.xpending_range(prompts_key(job_id), PROMPT_GROUP, min="-", max="+", count=1000):
+        client.xclaim(prompts_key(job_id), PROMPT_GROUP, p["consumer"], 0, [p["message_id"]],
+                      idle=int(p["time_since_delivered"] + seconds * 1000), justid=True)
+
+
 @database_sync_to_async
 def billed(job_id: int) -> Activation:
     """The job's first activation (a released worker may be activated again by the re-plan)."""
@@ -171,6 +182,7 @@ async def test_heartbeats_bill_nothing_and_what_the_site_saw_bills(settings_eage
     assert (await comm.receive_json_from(timeout=5))["type"] == "lease"  # the site saw it take work
     await heartbeat(comm, job.pk, "idle")
     await rewind(job.pk, 10)
+    age_leases(job.pk, 10)
     await heartbeat(comm, job.pk, "idle")  # the 10 s before it were generating (a lease outstanding): billed
     row = await billed(job.pk)
     assert row.billed_seconds == pytest.approx(10.0, abs=0.5) and row.state == "generating"

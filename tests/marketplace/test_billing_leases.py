@@ -95,3 +95,33 @@ async def test_a_lease_left_unanswered_is_billed_until_its_timeout_then_nothing(
     assert row.state == "idle"
     assert row.billed_seconds == pytest.approx(1.5, abs=TOLERANCE_S)
     await comm.disconnect()
+
+
+async def test_a_wait_for_work_between_two_leases_is_not_billed(redis_client):
+    """Between two reports the worker returns its group, finds no work (the learner is behind), waits and leases
+    again: billed the two leases' seconds, not the wait between them (the bill used to take the state seen at the
+    report before for the whole interval)."""
+    job, comm, lease, leased_at = await working(redis_client)
+    await asyncio.sleep(1.0)
+    await beat()  # generating, from the lease
+    await asyncio.sleep(0.5)
+    returned_at = time.time()
+    await comm.send_to(text_data=submit(job.pk, "l2", [answer(job.pk, lease, tokens=4)], lease=1))
+    assert (await comm.receive_json_from(timeout=5))["lease"]["type"] == "no_work"
+    await asyncio.sleep(2.0)  # no lease held: the wait
+    feeder = PromptFeeder(redis_client, job_id=job.pk, task=build_task({"name": "arithmetic"}), seed=1, backlog=1)
+    feeder.top_up(trained=1)  # the learner trained the first group: one more prompt
+    await comm.send_to(text_data=submit(job.pk, "l3", lease=1))
+    second_at = time.time()
+    second = (await comm.receive_json_from(timeout=5))["lease"]["leases"][0]
+    await asyncio.sleep(1.0)
+    ended_at = time.time()
+    await comm.send_to(text_data=submit(job.pk, "l4", [answer(job.pk, second, tokens=4)], lease=1))
+    assert (await comm.receive_json_from(timeout=5))["results"][0]["accepted"] == 4
+    await asyncio.sleep(0.5)
+    await beat()  # one report for the whole interval: lease, wait, lease
+    row = await billed(job.pk)
+    assert row.state == "idle"
+    held = (returned_at - leased_at) + (ended_at - second_at)
+    assert row.billed_seconds == pytest.approx(held, abs=TOLERANCE_S)
+    await comm.disconnect()

@@ -20,6 +20,7 @@ from marketplace.models import Activation, Job, Worker, WorkerSession
 
 from . import factories
 from .test_agent_socket import connect, setup_job_and_worker, started_with
+from .test_billing import age_leases
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("redis_url")]
 
@@ -90,6 +91,7 @@ def test_a_heartbeat_goes_to_the_database_when_its_state_changes_or_its_report_i
 
 
 def test_billing_is_exact_when_reports_are_sparser_than_heartbeats(eager):
+    eager.ECHO2 = {**eager.ECHO2, "LEASE_TIMEOUT_S": 60.0}  # one lease outstanding over the whole 37 s
     worker = connected()
     activation = activated(worker)
     # The site saw it install 59 s ago and lease a second ago: it is generating (what its heartbeats say is not read).
@@ -109,6 +111,7 @@ def test_billing_is_exact_when_reports_are_sparser_than_heartbeats(eager):
     now = time.time()
     Activation.objects.filter(pk=activation.pk).update(reported_at=timezone.now() - timedelta(seconds=37),
                                                        billed_seconds=0.0)
+    age_leases(activation.job_id, 37.0)  # the lease (unexpired: eager's timeout) spans the 37 s
     liveness.stream.client().zadd(liveness.SEEN_KEY, {str(worker.pk): now - 37})
     services.worker_heartbeat_record(worker_id=worker.pk, throughput=1.0, state="generating",
                                      job_id=activation.job_id, at=now - 25)
@@ -123,6 +126,7 @@ def test_billing_is_exact_when_reports_are_sparser_than_heartbeats(eager):
     # Then it goes silent: expiry bills up to its last heartbeat (15 s after the last report), not the silence.
     Activation.objects.filter(pk=activation.pk).update(reported_at=timezone.now() - timedelta(seconds=50),
                                                        billed_seconds=0.0)
+    age_leases(activation.job_id, 13.0)  # held since 50 s ago
     liveness.stream.client().zadd(liveness.SEEN_KEY, {str(worker.pk): now - 35})
     Worker.objects.filter(pk=worker.pk).update(last_heartbeat=timezone.now() - timedelta(seconds=35))
     assert services.expire_silent_workers() == 1

@@ -20,6 +20,7 @@ from marketplace.reads import scheduling
 from marketplace.services import fanout
 
 from . import factories
+from .test_billing import age_leases
 from .test_broadcast import make_workers, publish, pushes, running_job  # noqa: F401 (pushes: a fixture)
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("redis_url")]
@@ -201,6 +202,7 @@ def test_the_honest_worker_beside_it_is_billed_and_kept(eager):
     telemetry.record_accepted(honest.pk, job_id=job.pk, at=time.time() - 2, records=job.settings.group_size)
     row = beat(honest, job, "idle")  # it says idle; the site saw it work
     assert row.ended_at is None and row.state == "generating"
+    age_leases(job.pk, 10.0)  # the lease spans the 10 s since the last report
     row = beat(honest, job, "idle")
     assert row.billed_seconds == pytest.approx(10.0, abs=0.5)
 
