@@ -229,13 +229,25 @@ def criteria(row: dict, staleness: int) -> list[str]:
                    else "no bound on the pool's recovery: the restarted component was never seen running")]
     checks = [(row["completed"], f"job {row['status']}"
                + (f" ({row['status_reason']})" if row.get("status_reason") else "")),
-              (row["lost"] == 0, f"{row['lost']} records lost"),
+              (row["lost"] in (0, None), f"{row['lost']} records lost"),  # None: unknown, the job had not ended
               (row["trained_twice"] == 0, f"{row['trained_twice']} records trained twice"),
               (row["max_staleness"] is not None and row["max_staleness"] <= staleness,
                f"max staleness {row['max_staleness']} > S={staleness}"), *checks]
+    bills = row.get("bills")
+    if bills is not None:
+        checks += [(bills["billed_closed"] <= BILL_TOLERANCE_S,
+                    f"{bills['billed_closed']:.1f} worker-seconds billed with the socket closed"),
+                   (bills["billed_stalled"] <= bills["held_stalled"] + BILL_TOLERANCE_S,
+                    f"{bills['billed_stalled']:.1f} worker-seconds billed while the job could not progress, "
+                    f"{bills['held_stalled']:.1f} of them held a lease"),
+                   (abs(bills["billed"] - bills["held"]) <= BILL_TOLERANCE_S,
+                    f"billed {bills['billed']:.1f} worker-seconds, leases held {bills['held']:.1f}")]
     if row.get("injected_at") is None and row["fault"] != "none":
         checks.append((False, "the fault was never injected"))
     return [why for ok, why in checks if not ok]
+
+
+BILL_TOLERANCE_S = 1.0  # worker-seconds: bills equal to the second (issue 44)
 
 
 def _secs(value: float | None) -> str:
@@ -255,7 +267,8 @@ def table(rows: list[dict], title: str):
 
     out = Table(title=title)
     for name in ("fault", "completed", "recovery s\nstep / pool", "accepted", "trained", "dropped\nstale", "lost",
-                 "trained\ntwice", "max\nlag", "bubble\n+pp", "billed\ndiscarded w-s"):
+                 "trained\ntwice", "max\nlag", "bubble\n+pp", "billed\ndiscarded w-s", "billed / held\nw-s",
+                 "over / under\nw-s", "closed / stalled\nbilled w-s"):
         out.add_column(name, justify="left" if name in ("fault", "completed") else "right")
     base = next((r["bubble"] for r in rows if r["fault"] == "none"), None)
     for r in rows:
@@ -264,8 +277,13 @@ def table(rows: list[dict], title: str):
             f"{_fmt(r['step_s'], none='never')} / {_fmt(r['pool_s'], none='never')}"
         bubble = "n/a" if base is None or r["bubble"] is None else f"{100 * (r['bubble'] - base):+.1f}"
         billed = "n/a" if r["billed_discarded_ws"] is None else f"{r['billed_discarded_ws']:.0f}"
+        b = r.get("bills")
+        bills = ("-", "-", "-") if b is None else (
+            f"{b['billed']:.1f} / {b['held']:.1f}", f"{b['over']:.1f} / {b['under']:.1f}",
+            f"{b['billed_closed']:.1f} / {b['billed_stalled']:.1f}")
         out.add_row(r["fault"], done, recovery, str(r["accepted"]), str(r["trained"]), str(r["dropped_stale"]),
-                    str(r["lost"]), str(r["trained_twice"]), _fmt(r["max_staleness"], "d"), bubble, billed)
+                    _fmt(r["lost"], "d", "n/a"), str(r["trained_twice"]), _fmt(r["max_staleness"], "d"), bubble,
+                    billed, *bills)
     return out
 
 

@@ -3,6 +3,7 @@ comes, and the row that audits it."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -11,10 +12,11 @@ import time
 from collections.abc import Callable
 
 import fault_audit as fa
+import fault_bills as fb
 import httpx
 from fault_stack import BIN, PRICE, Setup, redis_argv, redis_up, site_env, site_up
 from faults import Fault
-from faults.base import BEAT_S, WORKER_TIMEOUT_S
+from faults.base import BEAT_S, LEASE_TIMEOUT_S, WORKER_TIMEOUT_S
 
 from echo2_site.demo import DAPHNE_WEBSOCKET_LIMITS, Stack, free_port, wait_for
 
@@ -45,6 +47,8 @@ class Run:
         self.procs: dict[str, object] = {}
         self.frozen: set[str] = set()
         self.t0 = time.monotonic()
+        self.wall0 = time.time()  # the site's records are in Unix time: wall0 + now() is the bench's clock in them
+        self.leases: fb.LeaseWatch | None = None
         self.samples: list[fa.Sample] = []
         self.live: dict = {}
         self.tail = fa.LogTail(self.stack.logs / "learner.log")
@@ -137,6 +141,12 @@ class Run:
         the job ends. The fault's actions run on timers, so a site that answers slowly does not delay them."""
         reader = threading.Thread(target=self.read_logs, name="log-reader", daemon=True)
         reader.start()
+        import redis
+
+        from dataplane.replay import PROMPT_GROUP, prompts_key
+
+        self.leases = fb.LeaseWatch(redis.Redis(port=self.redis_port, socket_timeout=2, socket_connect_timeout=1),
+                                    prompts_key(self.job_id), PROMPT_GROUP).start()
         start = self.now()
         deadline, published, learner_gone, step = start + self.args.run_timeout, None, None, -1
         with self.owner() as api:
@@ -237,6 +247,8 @@ class Run:
 
     def stop(self) -> None:
         self.ended.set()
+        if self.leases is not None:
+            self.leases.stop()
         if self.player is not None:
             self.player.join(120)
         for name in list(self.frozen):
@@ -272,7 +284,8 @@ class Run:
         billed = (self.samples[-1].cost_usd if self.samples else 0.0) * 3600 / PRICE
         if not billed or not row["accepted"]:
             return None, "nothing billed or accepted"
-        wasted = max(row["dropped_stale"] + max(row["lost"], 0) + row["trained_twice"], 0) * billed / row["accepted"]
+        lost = max(row["lost"] or 0, 0)
+        wasted = max(row["dropped_stale"] + lost + row["trained_twice"], 0) * billed / row["accepted"]
         idle, start = 0.0, self.injected_at
         if start is not None and self.fault.target in ("relay", "worker"):
             idle = fa.billed_while(self.samples, self.victim[1], start, self.back_at or self.now())
@@ -280,6 +293,27 @@ class Run:
             before = [s for s in self.samples if s.t <= start]
             idle = ((self.back_at or start) - start) * (len(before[-1].active) if before else 0)
         return wasted + idle, f"{wasted:.0f} discarded records + {idle:.0f} billed while unable to deliver"
+
+    def bills(self, row: dict) -> dict | None:
+        """Billed generating worker-seconds (the ledger) against lease-held ones (the prompt stream's pending
+        entries, clipped to the open sockets), fault_bills.reconcile; the stalled span is from the fault to the next
+        step where the job could not progress meanwhile (learner, Redis or site away)."""
+        if self.leases is None:
+            return None
+        self.leases.stop()
+        until, t = time.time(), self.injected_at
+        stalled = []
+        if t is not None and self.fault.target in ("learner", "redis", "daphne"):
+            end = t + row["step_s"] if row["step_s"] is not None else self.now()
+            stalled = [(self.wall0 + t, self.wall0 + end)]
+        billed, sessions = fb.site_records(self.dir / "site.sqlite3", self.job_id, until)
+        held = {int(name.removeprefix("worker-")): spans
+                for name, spans in self.leases.held(LEASE_TIMEOUT_S).items() if name.startswith("worker-")}
+        out = fb.reconcile(billed=billed, held=held, sessions=sessions, stalled=stalled, until=until)
+        (self.dir / "bills.json").write_text(json.dumps({"billed": billed, "held": held, "sessions": sessions,
+                                                         "stalled": stalled, "wall0": self.wall0}))
+        out["samples"], out["failed_samples"] = len(self.leases.samples), self.leases.failed
+        return out
 
     def report(self, started: float) -> dict:
         """The row: the job's end, recovery, and the audit of every record."""
@@ -298,7 +332,12 @@ class Run:
             if t is not None else None
         row["pool_s"], row["pool_level"] = fa.throughput_back(self.samples, t) if t is not None else (None, None)
         row["allowed_s"], row["allowed_pool_s"] = self.allowed_s(), self.allowed_pool_s()
+        if summary["status"] not in FINAL:  # records in flight when the bench gave up are not lost: unknown
+            row["notes"].append(f"the job had not ended: {row['lost'] // GROUP} groups accepted but not yet trained "
+                                "nor dropped (in flight, not counted lost)")
+            row["lost"] = None
         row["billed_discarded_ws"], row["billed_note"] = self.billed_discarded(row)
+        row["bills"] = self.bills(row)
         row["events"] = [f"{at:.1f}s {label}" for at, label in self.events]
         row["notes"] += self.notes
         if self.left:
