@@ -77,6 +77,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--window", type=float, default=30.0, help="Seconds of generation measured.")
     parser.add_argument("--drain", action=argparse.BooleanOptionalAction, default=True,
                         help="Acknowledge groups as they come (measure the site, not the learner).")
+    parser.add_argument("--hog", action="store_true", help="Hold one core busy for the whole run (a spin loop the "
+                        "bench starts and stops by its id): the fleet on a machine with a core taken.")
+    parser.add_argument("--real-agents", type=int, default=0, help="Real `echo2-agent run` processes (the tiny "
+                        "model on CPU) beside the emulated fleet in every row.")
+    parser.add_argument("--job-steps", type=int, default=0, help="Rows run one job of this many steps to its end "
+                        "with the real learner (no drain) and audit it (bench/fleet/jobrow.py: lost, trained twice, "
+                        "resends, told accepted = stored) instead of measuring a window; 0: the window rows.")
+    parser.add_argument("--job-timeout", type=float, default=240.0, help="With --job-steps: give up on a job after "
+                        "this long without a step (each step gives half of it more, at most 4 x it in all).")
+    parser.add_argument("--fault-rows", nargs="*", default=[], choices=("site-restart", "redis-restart"),
+                        help="With --job-steps: one more job row per fault at the largest fleet and site-process "
+                        "count, the fault once the learner passed a quarter of the steps (Redis then keeps an AOF).")
     parser.add_argument("--workdir", type=Path, help="State and logs (wiped; default: a fresh var/bench-fleet/run-* "
                         "of its own, so two runs never share one).")
     parser.add_argument("--json", type=Path, help="Also write the rows as JSON here.")
@@ -104,11 +116,18 @@ def main(argv: list[str] | None = None) -> int:
     from bench.fleet.site import Site
     from bench.fleet.tables import table
 
+    if args.fault_rows and not args.job_steps:
+        console.print("[red]--fault-rows needs --job-steps (a job that runs to its end)")
+        return 2
+    if args.job_steps:
+        return job_rows(args, workdir, console)
     site = Site(workdir, database=args.database)
     rows = []
     try:
         console.print(f"starting the stack ({args.database}, {max(args.agents)} workers registered) in {workdir}")
-        site.start_base(workers=max(args.agents))
+        site.start_base(workers=max(args.agents), real=args.real_agents)
+        if args.hog:
+            site.start_hog()
         for processes in args.site_processes:
             for n in args.agents:
                 console.print(f"row: {n} agents, {processes} site process(es) ...")
@@ -137,6 +156,47 @@ def main(argv: list[str] | None = None) -> int:
         from bench.fleet.tables import markdown
 
         args.markdown.write_text(f"`{command}`\n\n" + markdown(rows) + f"\n{first_limit(rows)}\n")
+    return 0
+
+
+def job_rows(args: argparse.Namespace, workdir: Path, console) -> int:
+    """--job-steps: each row one job to its end under the fleet (bench/fleet/jobrow.py), then the fault rows."""
+    from bench.fleet.jobrow import JobRow, markdown, passes
+    from bench.fleet.site import Site
+
+    site, rows = Site(workdir, database=args.database, aof=True), []
+    plan = [(n, p, "") for p in args.site_processes for n in args.agents]
+    plan += [(max(args.agents), max(args.site_processes), fault) for fault in args.fault_rows]
+    try:
+        console.print(f"starting the stack ({args.database}, {max(args.agents)} + {args.real_agents} workers) in "
+                      f"{workdir}")
+        site.start_base(workers=max(args.agents), real=args.real_agents)
+        if args.hog:
+            site.start_hog()
+        for n, processes, fault in plan:
+            tag = f"{n}x{processes}" + (f"-{fault}" if fault else "")
+            console.print(f"job row: {n} agents (+{args.real_agents} real), {processes} site process(es), fault: "
+                          f"{fault or 'none'} ...")
+            row = JobRow(site, args, n=n, processes=processes, tag=tag, fault=fault)
+            rows.append(row)
+            row.run()
+            console.print(markdown([row]))
+    except BaseException as err:  # noqa: BLE001 - Ctrl-C or a broken stack: stop everything, show the rows so far
+        console.print("interrupted" if isinstance(err, KeyboardInterrupt) else f"[red]bench failed: {err!r}")
+        return 130 if isinstance(err, KeyboardInterrupt) else 1
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)
+        site.stop()
+        if rows:
+            console.print(markdown(rows))
+        console.print(f"every process stopped; logs in {site.stack.logs}")
+    command = "bench/bench_fleet.py " + " ".join(sys.argv[1:])
+    if args.json:
+        args.json.write_text(json.dumps([r.figures for r in rows], indent=1, default=str))
+    if args.markdown:
+        args.markdown.write_text(f"`{command}`\n\n" + markdown(rows))
+    console.print(f"{sum(not passes(r.figures) for r in rows)}/{len(rows)} job rows pass")
     return 0
 
 

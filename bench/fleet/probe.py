@@ -19,6 +19,7 @@ _ID = re.compile(r'"id"\s*:\s*"([^"]{1,64})"')
 _REF_ID = re.compile(r'"ref_id"\s*:\s*"([^"]{1,64})"')
 _LEASE_ID = re.compile(r'"lease_id"\s*:\s*"([^"]{1,128})"')
 _VERSION = re.compile(r'"version"\s*:\s*(\d+)')
+RESENDABLE = ("submit", "lease_request", "trajectories")
 HEAD = 400  # characters read at each end of a frame for its type and id
 
 
@@ -36,6 +37,7 @@ class Probe:
         self.workers_by_key = workers_by_key
         self.lock = threading.Lock()
         self.sent: Counter[str] = Counter()
+        self.resent: Counter[str] = Counter()  # requests sent again under an id still unanswered, by type
         self.received: Counter[str] = Counter()
         self.pending: dict[tuple[int, str], tuple[str, float]] = {}  # (worker, id) -> request type, sent at
         self.replies: list[tuple[str, float, float, str]] = []  # request type, sent at, latency, reply type
@@ -70,6 +72,8 @@ class Probe:
                     self.installed[int(version[1])].add(worker)
             if ident is not None and (worker, ident) not in self.pending:  # a later part of a group: the same id
                 self.pending[(worker, ident)] = (kind or "?", now)
+            elif ident is not None and kind in RESENDABLE and self.pending[(worker, ident)][0] == kind:
+                self.resent[kind] += 1  # sent again before its reply came (or a large submit's next part)
 
     def on_receive(self, worker: int, text: str) -> None:
         now = time.time()
@@ -115,7 +119,8 @@ class Probe:
 
         with self.lock:
             return {
-                "sent": dict(self.sent), "received": dict(self.received), "replies": self.replies,
+                "sent": dict(self.sent), "received": dict(self.received), "resent": sum(self.resent.values()),
+                "replies": self.replies,
                 "rejections": self.rejections, "heartbeats": {str(w): ts for w, ts in self.heartbeats.items()},
                 "welcomed": {str(w): t for w, t in self.welcomed.items()},
                 "pushes": {k: {str(w): ts for w, ts in v.items()} for k, v in self.pushes.items()},

@@ -90,8 +90,8 @@ class Postgres:
 class Site:
     """The stack of one bench run. ``start_base`` once; then daphne processes, agents and learners per row."""
 
-    def __init__(self, workdir: Path, *, database: str) -> None:
-        self.workdir = workdir
+    def __init__(self, workdir: Path, *, database: str, aof: bool = False) -> None:
+        self.workdir, self.aof = workdir, aof
         self.redis_port = free_port()
         self.redis_url = f"redis://127.0.0.1:{self.redis_port}/0"
         self.pg = Postgres() if database == "postgres" else None
@@ -109,16 +109,25 @@ class Site:
         self.model_dir = workdir / "tiny-arithmetic"
         self.tokens: dict[str, str] = {}
         self.workers: list[dict] = []
+        self.real: list[dict] = []  # workers for real ``echo2-agent run`` processes (the tiny model)
+        self.hog: subprocess.Popen | None = None
 
     # ---- once per run ---------------------------------------------------------------------
 
-    def start_base(self, *, workers: int) -> None:
-        """Redis, the database (migrated, an owner and a provider with ``workers`` registered), the tiny model,
-        Celery worker and beat."""
+    def redis_argv(self) -> tuple[str, ...]:
+        """The private redis-server; with ``aof`` an append-only file (every second, never rewritten) that a
+        restart reloads and the audit replays (bench/fault_audit.py)."""
         redis_dir = self.workdir / "redis"
         redis_dir.mkdir(parents=True, exist_ok=True)
-        self.stack.start("redis", shutil.which("redis-server") or "redis-server", "--port", str(self.redis_port),
-                         "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(redis_dir))
+        persist = ("--appendonly", "yes", "--appendfsync", "everysec", "--auto-aof-rewrite-percentage", "0") \
+            if self.aof else ("--appendonly", "no")
+        return (shutil.which("redis-server") or "redis-server", "--port", str(self.redis_port), "--bind",
+                "127.0.0.1", "--save", "", *persist, "--dir", str(redis_dir))
+
+    def start_base(self, *, workers: int, real: int = 0) -> None:
+        """Redis, the database (migrated, an owner and a provider with ``workers`` registered, and ``real`` more for
+        real agents), the tiny model, Celery worker and beat."""
+        self.redis_proc = self.stack.start("redis", *self.redis_argv())
         if self.pg:
             self.pg.create()
         self.stack.run(str(BIN / "echo2-learner"), "init-model", str(self.model_dir), "--task", "arithmetic")
@@ -132,10 +141,14 @@ class Site:
             "    w, key = worker_register(user=prov, name=f'fleet-{i:05d}', gpu='stand-in', bandwidth_bps=12_500_000,"
             " price_per_hour=Decimal('0.30') + Decimal(i % 50) / 1000)\n"
             "    out['workers'].append({'worker_id': w.pk, 'name': w.name, 'agent_key': key})\n"
+            f"for i in range({real}):\n"
+            "    w, key = worker_register(user=prov, name=f'real-{i}', gpu='cpu', bandwidth_bps=12_500_000,"
+            " price_per_hour=Decimal('0.30'))\n"
+            "    out.setdefault('real', []).append({'worker_id': w.pk, 'name': w.name, 'agent_key': key})\n"
             "print(json.dumps(out))\n")
         out = json.loads(self.stack.run(str(BIN / "python"), "manage.py", "shell", "-c", script)
                          .strip().splitlines()[-1])
-        self.tokens, self.workers = out["tokens"], out["workers"]
+        self.tokens, self.workers, self.real = out["tokens"], out["workers"], out.get("real", [])
         token_file = self.workdir / "owner.token"
         token_file.touch(mode=0o600)
         token_file.write_text(self.tokens["owner"] + "\n")
@@ -144,7 +157,31 @@ class Site:
         self.stack.start("celery-beat", str(BIN / "celery"), "-A", "echo2_site", "beat", "-l", "warning",
                          "-s", str(self.workdir / "celerybeat-schedule"))
 
+    def start_hog(self) -> None:
+        """A process that holds one core busy (a Python spin loop) until :meth:`stop_hog`, stopped by its id."""
+        self.hog = self.stack.start("cpu-hog", str(BIN / "python"), "-c", "while True: pass")
+
+    def stop_hog(self) -> None:
+        if self.hog is not None:
+            stop_process(self.stack, self.hog)
+            self.hog = None
+
+    def restart_redis(self) -> float:
+        """SIGKILL the private Redis and start it again 1 s later on the same port and AOF; seconds it was
+        away (kill to PING)."""
+        import redis
+
+        started = time.monotonic()
+        os.killpg(self.redis_proc.pid, signal.SIGKILL)
+        self.redis_proc.wait(10)
+        self.stack.procs = [(n, p) for n, p in self.stack.procs if p is not self.redis_proc]
+        time.sleep(1.0)
+        self.redis_proc = self.stack.start("redis", *self.redis_argv())
+        wait_for(lambda: redis.Redis(port=self.redis_port, socket_timeout=1).ping(), "Redis to restart", 60)
+        return time.monotonic() - started
+
     def stop(self) -> None:
+        self.stop_hog()
         try:
             self.stack.stop()
         finally:
@@ -153,11 +190,12 @@ class Site:
 
     # ---- per row ----------------------------------------------------------------------------
 
-    def start_daphnes(self, count: int, tag: str) -> list[tuple[str, subprocess.Popen]]:
-        """``count`` daphne processes on free ports, all answering; returns (URL, process) of each."""
+    def start_daphnes(self, count: int, tag: str, ports: list[int] | None = None) -> list[tuple[str, subprocess.Popen]]:
+        """``count`` daphne processes on free ports (or on ``ports``: a restart), all answering; returns (URL,
+        process) of each."""
         out = []
         for i in range(count):
-            port = free_port()
+            port = ports[i] if ports else free_port()
             proc = self.stack.start(f"daphne-{tag}-{i}", str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(port),
                                     *DAPHNE_WEBSOCKET_LIMITS, "echo2_site.asgi:application")
             out.append((f"http://127.0.0.1:{port}", proc))
