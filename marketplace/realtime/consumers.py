@@ -379,6 +379,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             self.running.clear()  # it may change the activation: read it again
             await database_sync_to_async(services.worker_heartbeat_apply)(worker=self.worker, beat=beat,
                                                                           reason=message.reason, **fields)
+        if delivered.due():  # groups accepted before the rollouts stopped still reach the database
+            await database_sync_to_async(services.groups_accepted_flush)()
         return []
 
     def _dispatch_rollout(self, message, running, earned: float | None = None,
