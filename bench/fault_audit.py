@@ -240,14 +240,15 @@ def criteria(row: dict, staleness: int) -> list[str]:
                    (bills["billed_stalled"] <= bills["held_stalled"] + BILL_TOLERANCE_S,
                     f"{bills['billed_stalled']:.1f} worker-seconds billed while the job could not progress, "
                     f"{bills['held_stalled']:.1f} of them held a lease"),
-                   (abs(bills["billed"] - bills["held"]) <= BILL_TOLERANCE_S,
-                    f"billed {bills['billed']:.1f} worker-seconds, leases held {bills['held']:.1f}")]
+                   (all(abs(d) <= BILL_TOLERANCE_S for d in bills["per_worker"].values()),
+                    f"billed {bills['billed']:.1f} worker-seconds, leases held {bills['held']:.1f} (billed - held "
+                    f"per worker: {', '.join(f'{d:+.1f}' for d in bills['per_worker'].values())})")]
     if row.get("injected_at") is None and row["fault"] != "none":
         checks.append((False, "the fault was never injected"))
     return [why for ok, why in checks if not ok]
 
 
-BILL_TOLERANCE_S = 1.0  # worker-seconds: bills equal to the second (issue 44)
+BILL_TOLERANCE_S = 1.0  # seconds per worker: its bill equal to its lease-held time to the second (issue 44)
 
 
 def _secs(value: float | None) -> str:
