@@ -67,10 +67,11 @@ class AuditSettings:
     fraction: float = 0.05  # the base: of a worker's groups past probation (0: no audits at all)
     logprob_tolerance: float = 0.1  # mean |claimed - recomputed| per learning token (bf16 engines: up to 0.08)
     # Per token (:func:`logprob_problem`): |claimed - recomputed| at most ``floor + nats * (1 - p)``, p the
-    # recomputed probability; a group fails when more than ``share`` of its learning tokens are outside. Under 1,
-    # ``nats`` fails a claim of certainty (0) on the tokens the policy is nearly sure of; bench/bench_logprob_audit.py
-    # measured honest bf16 groups at most 0.66 (docs/trust.md "Log-prob audits under engine numerics").
-    logprob_nats: float = 0.8
+    # recomputed probability; a group fails when more than ``share`` of its learning tokens are outside.
+    # bench/bench_logprob_audit.py measured honest bf16 groups needing at most 0.86 (docs/trust.md "Log-prob audits
+    # under engine numerics"); under 1 it would also fail a claim of certainty (0) on tokens the policy is nearly
+    # sure of, which is within an engine's own error there.
+    logprob_nats: float = 1.0
     logprob_floor: float = 1e-3
     logprob_share: float = 0.1
     reward_tolerance: float = 1e-6

@@ -60,7 +60,7 @@ class LearnerSettings(BaseSettings):
                                             "token an audit passes (CPU fp32 engines agree to ~1e-6; bf16 engines "
                                             "within a few 1e-2, up to 0.08 under a confident policy).",
                                             flag="--audit-logprob-tolerance")
-    audit_logprob_nats: float = option(0.8, gt=0, help="Per token, a claimed log-prob may be off by at most "
+    audit_logprob_nats: float = option(1.0, gt=0, help="Per token, a claimed log-prob may be off by at most "
                                        "--audit-logprob-floor + this x (1 - p), p the recomputed probability: nats of "
                                        "logit error an engine may add (docs/trust.md \"Audits\").",
                                        flag="--audit-logprob-nats")
