@@ -355,17 +355,14 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
 
     async def _read_running(self, job_id: int) -> tuple[float, services.RunningJob | None]:
         """(when the read began, the worker's running job ``job_id`` or None), from the process's shared read
-        (``jobcache.JOBS``) when one began since this socket last forgot, else read now and shared."""
+        (``jobcache.JOBS``: held, or in flight) when one began since this socket last forgot, else read now and
+        shared."""
         max_age = self.running.max_age_s
         if max_age <= 0:  # read always: nothing to share, and the worker's own read is one query
             return time.monotonic(), None
-        shared = jobcache.JOBS.get(job_id, not_before=self.running.cleared_at, max_age_s=max_age)
-        if shared is None:
-            read_at = time.monotonic()
-            view = await database_sync_to_async(services.job_at_work)(job_id=job_id)
-            jobcache.JOBS.put(job_id, view, read_at=read_at)
-            shared = (read_at, view)
-        read_at, view = shared
+        read_at, view = await jobcache.JOBS.read(
+            job_id, lambda: database_sync_to_async(services.job_at_work)(job_id=job_id),
+            not_before=self.running.cleared_at, max_age_s=max_age)
         return read_at, view.for_worker(self.worker.pk) if view is not None else None
 
     async def _heartbeat(self, message: m.Heartbeat) -> list[m._Msg]:

@@ -22,8 +22,9 @@ younger than ``max_age_s``: exactly what the socket would have read itself.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -65,6 +66,7 @@ class SharedReads(Generic[T]):
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._held: dict[int, tuple[float, T]] = {}
+        self._flying: dict[int, tuple[float, asyncio.Future]] = {}
 
     def get(self, job_id: int, *, not_before: float, max_age_s: float) -> tuple[float, T] | None:
         """(when the read began, the value), or None when there is none this socket may take."""
@@ -77,6 +79,32 @@ class SharedReads(Generic[T]):
         held = self._held.get(job_id)
         if held is None or held[0] <= read_at:
             self._held[job_id] = (read_at, value)
+
+    async def read(self, job_id: int, read: Callable[[], Awaitable[T]], *, not_before: float,
+                   max_age_s: float) -> tuple[float, T]:
+        """(when the read began, the value): a held one this socket may take, else the read in flight if it began
+        at or after ``not_before``, else ``read()`` now, shared. The sockets whose holds ran out together (they took
+        one read, so they do) wait for one read, not one each."""
+        held = self.get(job_id, not_before=not_before, max_age_s=max_age_s)
+        if held is not None:
+            return held
+        flying = self._flying.get(job_id)
+        if flying is not None and flying[0] >= not_before:
+            return flying[0], await asyncio.shield(flying[1])
+        read_at, future = self.clock(), asyncio.get_running_loop().create_future()
+        self._flying[job_id] = (read_at, future)
+        try:
+            value = await read()
+        except BaseException as err:
+            future.set_exception(err)
+            future.exception()  # retrieved: a failed read with no one else waiting is not an unhandled error
+            raise
+        finally:
+            if self._flying.get(job_id, (0.0, None))[1] is future:
+                del self._flying[job_id]
+        future.set_result(value)
+        self.put(job_id, value, read_at=read_at)
+        return read_at, value
 
 
 JOBS: SharedReads = SharedReads()

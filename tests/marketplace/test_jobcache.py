@@ -57,3 +57,31 @@ def test_forgetting_marks_when():
     clock.now = 5.0
     held.clear()
     assert held.cleared_at == 5.0
+
+
+async def test_sockets_whose_holds_ran_out_together_wait_for_one_read():
+    import asyncio
+
+    from marketplace.realtime.jobcache import SharedReads
+
+    clock = Clock()
+    shared = SharedReads(clock=clock)
+    reads, gate = [], asyncio.Event()
+
+    async def read():
+        reads.append(clock.now)
+        which = f"read {len(reads)}"
+        await gate.wait()
+        return which
+
+    first = asyncio.ensure_future(shared.read(1, read, not_before=0.0, max_age_s=2.0))
+    await asyncio.sleep(0)
+    joined = asyncio.ensure_future(shared.read(1, read, not_before=0.0, max_age_s=2.0))
+    clock.now = 0.5
+    pushed_since = asyncio.ensure_future(shared.read(1, read, not_before=0.5, max_age_s=2.0))  # began after it
+    await asyncio.sleep(0)
+    gate.set()
+    assert await first == (0.0, "read 1") and await joined == (0.0, "read 1")
+    assert await pushed_since == (0.5, "read 2")
+    assert reads == [0.0, 0.5]
+    assert await shared.read(1, read, not_before=0.0, max_age_s=2.0) == (0.5, "read 2")  # held now

@@ -1,0 +1,311 @@
+"""What one agent message costs the site on the steady path: CPU, SQL statements and Redis round trips per message.
+
+Run: ``.venv/bin/python bench/bench_message_cost.py [--messages 200] [--groups 2] [--group-size 8] [--tokens 16]``
+(about a minute; from another checkout: ``cd CHECKOUT && /path/to/.venv/bin/python bench/bench_message_cost.py``).
+
+In one process, over the real agent consumer (Channels' communicator: the site's own code from the frame's text to
+the reply's, no network), a fresh PostgreSQL database (``ECHO2_BENCH_PG_URL``'s server; dropped at the end) and a
+private ``redis-server``: one worker says hello, is activated in a running job and then, one block per row, sends
+``--messages`` messages of one kind in a row, each answered before the next is sent:
+
+- *heartbeat*: a generating agent's heartbeat that stays in Redis;
+- *heartbeat, report due*: one the database hears of (a worker in a job does every ``HEARTBEAT_DB_SYNC_S``, 10 s: one
+  in five of its heartbeats at the 2 s interval), made due by clearing its mark;
+- *submit*: ``--groups`` answered groups of ``--group-size`` records of ``--tokens`` tokens and a lease of as many;
+- *lease request, job read again*: ``--sockets`` more workers' sockets each ask for a lease once their held job
+  expired, as it does every ``AGENT_STATE_MAX_AGE_S`` (2 s): what reading it again costs per socket.
+
+A heartbeat has no reply: each block ends with one lease request, whose reply says the socket has handled everything
+before it (frames of one socket are handled in order); its cost is in the block. Per message: CPU (``process_time``:
+every thread of the process, the frames' building left out), SQL statements (a wrapper on every connection) and
+round trips on the streams' Redis client. CPU time, unlike wall time, barely moves with the machine's load; the load
+average is printed beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script
+    sys.path.insert(0, str(ROOT))
+
+from echo2_site.demo import free_port, wait_for  # noqa: E402
+
+PG_ADMIN_URL = os.environ.get("ECHO2_BENCH_PG_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+
+
+class Counters:
+    """SQL statements on every database connection and round trips on the streams' Redis client, from now on."""
+
+    def __init__(self) -> None:
+        self.sql = self.redis = 0
+
+    def install(self) -> None:
+        from django.db.backends.signals import connection_created
+
+        from marketplace.infra import stream
+
+        def counted(execute, sql, params, many, context):
+            self.sql += 1
+            return execute(sql, params, many, context)
+
+        def wrap(sender, connection, **kwargs) -> None:
+            if counted not in connection.execute_wrappers:  # a wrapper outlives its connection: once per wrapper
+                connection.execute_wrappers.append(counted)
+
+        connection_created.connect(wrap, weak=False)
+        pool = stream.client().connection_pool
+        counters = self
+
+        class Counting(pool.connection_class):
+            def send_packed_command(self, command, check_health=True):
+                counters.redis += 1
+                return super().send_packed_command(command, check_health)
+
+        pool.connection_class = Counting
+        pool.disconnect()
+
+
+def setup_site(workdir: Path, redis_port: int, db_url: str) -> None:
+    os.environ.update(DATABASE_URL=db_url, REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
+                      ECHO2_CACHE_URL=f"redis://127.0.0.1:{redis_port}/1", ECHO2_DATA_DIR=str(workdir),
+                      DJANGO_SETTINGS_MODULE="echo2_site.settings", DEBUG="false", SECRET_KEY="bench-not-secret",
+                      SECURE_SSL_REDIRECT="false", LOG_LEVEL="WARNING", ECHO2_DB_POOL_MAX="0",
+                      ECHO2_AGENT_MESSAGES_PER_S="100000", ECHO2_AGENT_MESSAGE_BURST="100000",  # not what is measured
+                      CELERY_TASK_ALWAYS_EAGER="true")  # the job's start provisions at once, as in the tests
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+async def run(args, counters: Counters) -> list[dict]:
+    from channels.db import database_sync_to_async
+    from channels.testing import WebsocketCommunicator
+    from django.contrib.auth.models import User
+
+    from dataplane import messages as m
+    from dataplane.jobs import parse_job_spec
+    from dataplane.records import Trajectory, TrajectoryGroup
+    from dataplane.tasks import build_task
+    from learner.prompts import PromptFeeder
+    from marketplace import services
+    from marketplace.infra import liveness, stream
+    from marketplace.models import Job
+    from marketplace.realtime.consumers import AgentConsumer
+
+    model_dir = Path(tempfile.mkdtemp(prefix="echo2-bench-model-"))
+    (model_dir / "config.json").write_text("{}")
+
+    def make():
+        owner = User.objects.create_user("owner", password="pw-12345678")
+        provider = User.objects.create_user("provider", password="pw-12345678")
+        worker, key = services.worker_register(user=provider, name="rig", gpu="bench", price_per_hour="0.30",
+                                               bandwidth_bps=12_500_000)
+        spec = parse_job_spec({"name": "bench", "model_dir": str(model_dir), "task": {"name": "arithmetic"},
+                               "batch_trajectories": 8 * args.groups * args.group_size,
+                               "group_size": args.group_size, "max_new_tokens": args.tokens})
+        return services.job_create(owner=owner, spec=spec), worker, key
+
+    job, worker, key = await database_sync_to_async(make)()
+    comm = WebsocketCommunicator(AgentConsumer.as_asgi(), "/ws/agent/",
+                                 headers=[(b"authorization", f"Bearer {key}".encode())])
+    assert (await comm.connect())[0]
+    await comm.send_json_to({"type": "hello", "agent_version": "bench"})
+    assert (await comm.receive_json_from(timeout=30))["type"] == "welcome"
+    await database_sync_to_async(lambda: services.job_start(job=Job.objects.get(pk=job.pk)))()
+    while (await comm.receive_json_from(timeout=30))["type"] != "assign":
+        pass
+    feeder = PromptFeeder(stream.client(), job_id=job.pk, task=build_task({"name": "arithmetic"}), seed=0,
+                          backlog=4 * args.groups * (args.messages + 10))
+    feeder.top_up()
+    sequence = iter(range(10**9))
+
+    async def ask(frame: str) -> dict:
+        await comm.send_to(text_data=frame)
+        while True:
+            reply = await comm.receive_json_from(timeout=60)
+            if reply["type"] not in ("snapshot", "welcome"):
+                return reply
+
+    def lease_frame() -> str:
+        return m.LeaseRequest(id=f"r{next(sequence)}", job_id=job.pk, groups=args.groups).model_dump_json()
+
+    def submit_frame(leases: list[dict]) -> str:
+        groups = [TrajectoryGroup.of([Trajectory(
+            job_id=job.pk, lease_id=x["lease_id"], group_id=x["group_id"], prompt=x["prompt"], prompt_ids=[1, 2, 3],
+            completion="7" * args.tokens, completion_ids=[12] * args.tokens, logprobs=[-0.5] * args.tokens,
+            reward=float(i % 2), version=0) for i in range(args.group_size)]) for x in leases]
+        return m.Submit(id=f"r{next(sequence)}", job_id=job.pk, groups=groups, lease=args.groups).model_dump_json()
+
+    leases = (await ask(lease_frame()))["leases"]
+    for _ in range(5):  # warm: scripts loaded, connections open, the job read
+        leases = (await ask(submit_frame(leases)))["lease"]["leases"]
+
+    async def block(name: str, n: int, one, finish=None) -> dict:
+        cpu0, sql0, redis0, harness = time.process_time(), counters.sql, counters.redis, 0.0
+        for _ in range(n):
+            harness += await one()
+        if finish is not None:
+            await finish()
+        cpu = time.process_time() - cpu0 - harness
+        return {"message": name, "n": n, "cpu_ms": 1000 * cpu / n, "sql": (counters.sql - sql0) / n,
+                "redis": (counters.redis - redis0) / n}
+
+    async def heartbeats(due: bool) -> dict:
+        beat = json.dumps({"type": "heartbeat", "throughput": 1.0, "state": "generating", "job_id": job.pk})
+
+        async def one() -> float:
+            await comm.send_to(text_data=beat)
+            return 0.0
+
+        real = liveness.heartbeat
+        if due:  # every one reported, as one in HEARTBEAT_DB_SYNC_S / HEARTBEAT_INTERVAL_S is
+            liveness.heartbeat = lambda *a, **kw: dataclasses.replace(beat := real(*a, **kw),
+                                                                       reason=beat.reason or "report due")
+
+        try:  # every heartbeat is handled once the lease request after them is answered
+            return await block("heartbeat, report due" if due else "heartbeat", args.messages, one,
+                               finish=lambda: ask(lease_frame()))
+        finally:
+            liveness.heartbeat = real
+
+    async def submits() -> dict:
+        async def one() -> float:
+            nonlocal leases
+            started = time.process_time()
+            frame = submit_frame(leases)
+            built = time.process_time() - started
+            leases = (await ask(frame))["lease"]["leases"]
+            return built
+
+        return await block("submit", args.messages, one)
+
+    await heartbeats(False)  # the state the heartbeats report is now recorded: the next stay in Redis
+    rows = [await heartbeats(False), await heartbeats(True), await submits()]
+    rows += await expired(args, counters, job, key)
+    await comm.disconnect()
+    shutil.rmtree(model_dir, ignore_errors=True)
+    return rows
+
+
+async def expired(args, counters: Counters, job, key: str) -> list[dict]:
+    """``--sockets`` more workers' sockets in the job, each holding it; once their hold expired, each asks for a
+    lease: the job's reads per socket are what a fleet pays every ``AGENT_STATE_MAX_AGE_S``."""
+    from channels.db import database_sync_to_async
+    from channels.testing import WebsocketCommunicator
+    from django.conf import settings
+    from django.contrib.auth.models import User
+
+    from marketplace import services
+    from marketplace.models import Job
+    from marketplace.realtime.consumers import AgentConsumer
+
+    def register() -> list[str]:
+        provider = User.objects.create_user("provider2", password="pw-12345678")
+        return [services.worker_register(user=provider, name=f"rig{i}", gpu="bench", price_per_hour="0.30",
+                                         bandwidth_bps=12_500_000)[1] for i in range(args.sockets)]
+
+    keys = await database_sync_to_async(register)()
+    comms = []
+    for agent_key in keys:
+        comm = WebsocketCommunicator(AgentConsumer.as_asgi(), "/ws/agent/",
+                                     headers=[(b"authorization", f"Bearer {agent_key}".encode())])
+        assert (await comm.connect())[0]
+        await comm.send_json_to({"type": "hello", "agent_version": "bench"})
+        assert (await comm.receive_json_from(timeout=30))["type"] == "welcome"
+        comms.append(comm)
+    await database_sync_to_async(services.job_activate_idle_workers)(job=await database_sync_to_async(
+        Job.objects.get)(pk=job.pk))
+    lease = json.dumps({"type": "lease_request", "job_id": job.pk, "groups": 1})
+
+    async def round_of_leases() -> int:
+        answered = 0
+        for comm in comms:
+            await comm.send_to(text_data=lease)
+        for comm in comms:
+            while True:
+                reply = await comm.receive_json_from(timeout=60)
+                if reply["type"] in ("lease", "no_work", "rejected"):
+                    answered += reply["type"] != "rejected"
+                    break
+        return answered
+
+    for _ in range(3):  # the assignments pushed and taken, their snapshots sent, every socket holding the job
+        await round_of_leases()
+        await asyncio.sleep(settings.ECHO2["AGENT_STATE_MAX_AGE_S"] + 0.05)  # and then every socket's hold expired
+    rows = []
+    for held in (False, True):  # each socket's hold ran out; then, at once again, still held
+        cpu0, sql0, redis0 = time.process_time(), counters.sql, counters.redis
+        answered = await round_of_leases()
+        cpu, n = time.process_time() - cpu0, len(comms)
+        rows.append({"message": f"lease request, {'job held' if held else 'job read again'} ({n} sockets, {answered} "
+                                "served)", "n": n, "cpu_ms": 1000 * cpu / n, "sql": (counters.sql - sql0) / n,
+                     "redis": (counters.redis - redis0) / n})
+    for comm in comms:
+        await comm.disconnect()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=200, help="Messages per row.")
+    parser.add_argument("--groups", type=int, default=2, help="Groups per submit (and leased by it).")
+    parser.add_argument("--group-size", type=int, default=8, help="Records per group (n).")
+    parser.add_argument("--tokens", type=int, default=16, help="Completion tokens per record.")
+    parser.add_argument("--sockets", type=int, default=20, help="Sockets of the last row.")
+    parser.add_argument("--json", type=Path, help="Also write the rows here.")
+    args = parser.parse_args(argv)
+    import psycopg
+
+    workdir = Path(tempfile.mkdtemp(prefix="echo2-bench-msgcost-"))
+    redis_port, name = free_port(), f"echo2_bench_msgcost_{os.getpid()}"
+    redis_proc = subprocess.Popen([shutil.which("redis-server") or "redis-server", "--port", str(redis_port), "--bind",
+                                   "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(workdir)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        import redis
+
+        wait_for(lambda: redis.Redis(port=redis_port).ping(), "redis", 30)
+        setup_site(workdir, redis_port, PG_ADMIN_URL.rpartition("/")[0] + "/" + name)
+        counters = Counters()
+        counters.install()
+        rows = asyncio.run(run(args, counters))
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        redis_proc.terminate()
+        redis_proc.wait(10)
+        shutil.rmtree(workdir, ignore_errors=True)
+    load = os.getloadavg()[0]
+    print(f"site from {ROOT}; {args.groups} groups of {args.group_size} x {args.tokens} tokens per submit; "
+          f"load average {load:.1f}")
+    print("| message | n | CPU ms / message | SQL statements / message | Redis round trips / message |")
+    print("| --- | --- | --- | --- | --- |")
+    for row in rows:
+        print(f"| {row['message']} | {row['n']} | {row['cpu_ms']:.2f} | {row['sql']:.2f} | {row['redis']:.2f} |")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
