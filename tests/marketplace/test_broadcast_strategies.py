@@ -47,8 +47,10 @@ def test_the_site_plans_a_publication_with_a_registered_strategy(ladder, monkeyp
     workers = make_workers(3) + make_workers(1, relay=False)
     job = running_job(workers, b0=10**6)  # chain would make 1000 chains of one here
     # A job names a strategy the job spec knew when dataplane.broadcast was imported, which this toy, registered
-    # later, is not: every job reads it as its strategy instead.
-    monkeypatch.setattr(Job, "broadcast_strategy", property(lambda job: "toy-ladder", lambda job, value: None))
+    # later, is not: every job reads it as its strategy instead (a copy of its settings, unvalidated).
+    settings = Job.settings.fget
+    monkeypatch.setattr(Job, "settings", property(
+        lambda job: settings(job).model_copy(update={"broadcast_strategy": "toy-ladder"})))
     relays = sorted((w.pk for w in workers[:3]), reverse=True)
     assert services.broadcast_plan(job=job, workers=list(Worker.objects.filter(pk__in=[w.pk for w in workers])),
                                    now=time.time()) == ChainPlan(chains=(tuple(relays),), rollout_only=(workers[3].pk,))
