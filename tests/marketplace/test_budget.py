@@ -107,6 +107,7 @@ def test_a_budget_lowered_below_the_spend_pauses_the_running_job_at_once_and_say
     assert reply.status_code == 200, reply.content
     body = reply.json()
     assert body["status"] == "paused" and body["status_reason"].startswith("over budget: spent $0.03 of $0.02"), body
+    assert body["reason_code"] == "over_budget", body  # what a client decides by, not the words
     assert not job.activations.filter(ended_at=None).exists(), "its workers released now, not after the next step"
 
 
