@@ -89,6 +89,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--fault-rows", nargs="*", default=[], choices=("site-restart", "redis-restart"),
                         help="With --job-steps: one more job row per fault at the largest fleet and site-process "
                         "count, the fault once the learner passed a quarter of the steps (Redis then keeps an AOF).")
+    parser.add_argument("--fault-rows-only", action="store_true", help="With --fault-rows: only the fault rows.")
     parser.add_argument("--workdir", type=Path, help="State and logs (wiped; default: a fresh var/bench-fleet/run-* "
                         "of its own, so two runs never share one).")
     parser.add_argument("--json", type=Path, help="Also write the rows as JSON here.")
@@ -165,7 +166,7 @@ def job_rows(args: argparse.Namespace, workdir: Path, console) -> int:
     from bench.fleet.site import Site
 
     site, rows = Site(workdir, database=args.database, aof=True), []
-    plan = [(n, p, "") for p in args.site_processes for n in args.agents]
+    plan = [] if args.fault_rows_only else [(n, p, "") for p in args.site_processes for n in args.agents]
     plan += [(max(args.agents), max(args.site_processes), fault) for fault in args.fault_rows]
     try:
         console.print(f"starting the stack ({args.database}, {max(args.agents)} + {args.real_agents} workers) in "

@@ -31,11 +31,13 @@ FINAL = ("completed", "failed", "cancelled")
 FAULTS = ("site-restart", "redis-restart")
 
 
-def stored_groups(commands, key: str) -> list[tuple[str, int]]:
-    """(lease id, worker id) of every group appended to the trajectory stream ``key`` (AOF commands, oldest first)."""
-    out, name = [], key.encode()
+def stored_groups(commands, key: str | None = None) -> list[tuple[str, int]]:
+    """(lease id, worker id) of every group appended to the trajectory stream ``key`` (None: every job's), from AOF
+    commands, oldest first."""
+    out = []
     for args in commands:
-        if args[0].upper() != b"XADD" or len(args) < 2 or args[1] != name:
+        if args[0].upper() != b"XADD" or len(args) < 2 or not (
+                args[1] == key.encode() if key else args[1].endswith(b":trajectories")):
             continue
         fields = dict(zip(args[3::2], args[4::2], strict=False))  # XADD key id field value ...
         lease, worker = fields.get(b"lease_id"), fields.get(b"worker_id")
@@ -44,14 +46,18 @@ def stored_groups(commands, key: str) -> list[tuple[str, int]]:
     return out
 
 
-def verdict_audit(told: set[str], stored: list[tuple[str, int]], emulated: set[int]) -> dict:
-    """Told accepted against stored: groups told accepted and not stored (a wrong verdict), stored from an emulated
-    agent that was never told (a verdict it did not get), and lease ids stored twice."""
+def verdict_audit(told: set[str], stored: list[tuple[str, int]], emulated: set[int],
+                  everywhere: list[tuple[str, int]] | None = None) -> dict:
+    """Told accepted against stored: groups told accepted and stored in no job's stream (``everywhere``: every
+    job's groups; an agent may have worked for an earlier job still running), groups of this job's stream
+    (``stored``) from an emulated agent that was never told (a verdict it did not get), and lease ids stored
+    twice."""
     counts = Counter(lease for lease, _ in stored)
+    anywhere = {lease for lease, _ in (everywhere if everywhere is not None else stored)}
     mine = {lease for lease, worker in stored if worker in emulated}
     return {"told_accepted": len(told), "stored": len(counts), "stored_emulated": len(mine),
-            "told_not_stored": len(told - set(counts)), "stored_not_told": len(mine - told),
-            "stored_twice": sum(n - 1 for n in counts.values() if n > 1)}
+            "told_elsewhere": len((told - set(counts)) & anywhere), "told_not_stored": len(told - anywhere),
+            "stored_not_told": len(mine - told), "stored_twice": sum(n - 1 for n in counts.values() if n > 1)}
 
 
 class JobRow(Row):
@@ -79,6 +85,9 @@ class JobRow(Row):
         self.started.append(self.learner)
         self._follow(api)
         self._audit(api)
+        if self.figures.get("status") not in FINAL:  # what the owner would do: a job left running takes the
+            api.post(f"jobs/{self.job_id}/cancel/", timeout=60)  # next row's agents (one job per worker at a time)
+            self.figures["cancelled_by_bench"] = True
 
     def _connect_fleet(self) -> list[str]:
         """daphne processes, the emulated fleet and the real agents, all connected; returns the site's URLs."""
@@ -168,6 +177,7 @@ class JobRow(Row):
             audit["lost"] = None
         self.figures["audit"] = audit
         self._stored = stored_groups(fa.aof_commands(aof), trajectories_key(self.job_id)) if aof.exists() else None
+        self._stored_all = stored_groups(fa.aof_commands(aof)) if aof.exists() else None
 
     def _stop(self) -> None:
         for proc in self.real_procs:
@@ -195,7 +205,7 @@ class JobRow(Row):
                                        in report.refusals(fleet["rejections"], 0, time.time()).most_common(3)}
         if getattr(self, "_stored", None) is not None:
             emulated = {w["worker_id"] for w in self.site.workers[:self.n]}
-            self.figures["verdicts"] = verdict_audit(set(fleet["accepted"]), self._stored, emulated)
+            self.figures["verdicts"] = verdict_audit(set(fleet["accepted"]), self._stored, emulated, self._stored_all)
         self.figures["events"] = self.events
 
 
@@ -214,16 +224,16 @@ def passes(fig: dict) -> list[str]:
 def markdown(rows: list[JobRow]) -> str:
     """The job rows as a Markdown table (docs/fleet.md), one line per row."""
     head = ("agents (+real) x site processes", "fault", "job", "steps (s)", "lost", "trained twice", "max lag",
-            "resent: agents / answered from kept verdict", "told accepted / stored (emulated) / not stored / "
-            "stored twice", "refused", "verdict")
+            "resent: agents / answered from kept verdict", "told accepted / stored (emulated) / in another job / "
+            "not stored / stored twice", "refused", "verdict")
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
         f, a, v = r.figures, r.figures.get("audit") or {}, r.figures.get("verdicts") or {}
         cells = (f"{f['agents']} (+{f['real_agents']}) x {f['site_processes']}", f["fault"], str(f.get("status")),
                  f"{f.get('steps')} ({f.get('job_s', 0):.0f})", str(a.get("lost")), str(a.get("trained_twice")),
                  str(a.get("max_staleness")), f"{f.get('resent_agents')} / {f.get('resent_site')}",
-                 f"{v.get('told_accepted')} / {v.get('stored_emulated')} / {v.get('told_not_stored')} / "
-                 f"{v.get('stored_twice')}", str(f.get("refused")), "PASS" if not passes(f) else
-                 "FAIL: " + "; ".join(passes(f)))
+                 f"{v.get('told_accepted')} / {v.get('stored_emulated')} / {v.get('told_elsewhere')} / "
+                 f"{v.get('told_not_stored')} / {v.get('stored_twice')}", str(f.get("refused")),
+                 "PASS" if not passes(f) else "FAIL: " + "; ".join(passes(f)))
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     return "\n".join(lines) + "\n"
