@@ -33,8 +33,8 @@ JOB = {
     "name": "demo-real: SmolLM2-135M-Instruct on word problems",
     "task": {"name": "word_problems", "split": "train"},
     "prompt_format": {"chat": True, "system_prompt": SYSTEM_PROMPT},
-    "staleness": 3, "kappa": 2, "batch_trajectories": 32, "group_size": 8, "learning_rate": 2e-5,
-    "max_steps": 24, "max_new_tokens": 48, "temperature": 1.0,
+    "staleness": 3, "kappa": 2, "batch_trajectories": 32, "group_size": 8, "learning_rate": 1e-5,
+    "max_steps": 24, "max_new_tokens": 48, "temperature": 0.7,
     "eval": {"before": True, "after": True, "split": "test", "problems": 100, "k": 0},
 }
 QUICK = {"batch_trajectories": 8, "group_size": 4, "max_steps": 2, "max_new_tokens": 24,

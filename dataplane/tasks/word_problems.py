@@ -114,15 +114,20 @@ def generate(seed: int, size: int) -> list[tuple[str, int]]:
     """``size`` distinct problems with their answers, in the seeded order the split cuts. Distinct means another
     template or other numbers: two problems that differ only in names or objects are the same problem, so only
     the first drawn is kept (a held-out problem is never a training one renamed)."""
+    return [(problem, answer) for _, problem, answer in generate_named(seed, size)]
+
+
+def generate_named(seed: int, size: int) -> list[tuple[str, str, int]]:
+    """:func:`generate`'s problems with the name of the template each was drawn from (``add``, ``times``, ...)."""
     rng = random.Random(f"word_problems/{seed}")
-    seen: dict[tuple[str, tuple[str, ...]], tuple[str, int]] = {}
+    seen: dict[tuple[str, tuple[str, ...]], tuple[str, str, int]] = {}
     for _ in range(size * MAX_TRIES_PER_PROBLEM):
         if len(seen) == size:
             break
         a, b = rng.sample(NAMES, 2)
         draw = rng.choice(TEMPLATES)
         problem, answer = draw(rng, a, b, rng.choice(THINGS))
-        seen.setdefault((draw.__name__, tuple(_NUMBER.findall(problem))), (problem, answer))
+        seen.setdefault((draw.__name__, tuple(_NUMBER.findall(problem))), (draw.__name__.lstrip("_"), problem, answer))
     if len(seen) < size:
         raise TaskSpecError(f"size: only {len(seen)} distinct problems could be generated; ask for fewer")
     return list(seen.values())
