@@ -37,7 +37,7 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dataplane.records import Trajectory  # noqa: E402
-from learner.audit import AuditSettings, logprob_gap, logprob_problem  # noqa: E402
+from learner.audit import AuditSettings, logprob_allowance, logprob_gap, logprob_problem  # noqa: E402
 from learner.batch import collate, token_logprobs  # noqa: E402
 from worker_agent.engines.base import SamplingParams  # noqa: E402
 from worker_agent.engines.hf import HFEngine  # noqa: E402
@@ -117,10 +117,11 @@ def evaluate(saved: list[dict], settings: AuditSettings) -> Table:
     """The table: per policy, engine and claim, how many groups each rule fails."""
     old = AuditSettings(**{**settings.__dict__, **OLD_RULE})
     out = Table(title=f"Log-prob audits under engine numerics (old rule: mean gap <= {old.logprob_tolerance}; new: "
-                      f"per token <= {settings.logprob_floor} + {settings.logprob_nats} (1 - p), a group fails past "
+                      f"per token <= {settings.logprob_floor} + (1 - p) ({settings.logprob_nats} + "
+                      f"{settings.logprob_tail_nats} (1 - p)), a group fails past "
                       f"{settings.logprob_share:.0%} of its tokens or a mean gap over {settings.logprob_tolerance})")
     for col in ("policy", "engine", "claim", "groups", "tokens", "mean logp", "|err| p99 / max",
-                "nats a group needs, max", "mean gap, median / max", "old rule fails", "new rule fails"):
+                "allowance used, max", "mean gap, median / max", "old rule fails", "new rule fails"):
         out.add_column(col, justify="right")
     for row in saved:
         for kind in CLAIMS:
@@ -133,9 +134,10 @@ def evaluate(saved: list[dict], settings: AuditSettings) -> Table:
                 fails_old += bool(logprob_problem(claimed, r, mask, settings=old)[0])
                 fails_new += bool(logprob_problem(claimed, r, mask, settings=settings)[0])
                 errs.extend((claimed - r).abs()[where].tolist())
-                # the nats this group's share-th worst token needs: (|err| - floor) / (1 - p)
-                slack = (-torch.expm1(r.clamp(max=0))).clamp(min=1e-12)
-                z = (((claimed - r).abs() - settings.logprob_floor).clamp(min=0) / slack)[where]
+                # how much of its allowance the group's share-th worst token uses (over 1: the group fails)
+                allowed = logprob_allowance(r, nats=settings.logprob_nats, floor=settings.logprob_floor,
+                                            tail_nats=settings.logprob_tail_nats)
+                z = ((claimed - r).abs() / allowed)[where]
                 need.append(float(torch.quantile(z, 1 - settings.logprob_share)) if len(z) else 0.0)
                 tokens += int(mask.sum())
                 mean_lp.append(float((r * mask).sum() / mask.sum().clamp(min=1)))

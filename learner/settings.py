@@ -60,10 +60,13 @@ class LearnerSettings(BaseSettings):
                                             "token an audit passes (CPU fp32 engines agree to ~1e-6; bf16 engines "
                                             "within a few 1e-2, up to 0.08 under a confident policy).",
                                             flag="--audit-logprob-tolerance")
-    audit_logprob_nats: float = option(1.0, gt=0, help="Per token, a claimed log-prob may be off by at most "
-                                       "--audit-logprob-floor + this x (1 - p), p the recomputed probability: nats of "
-                                       "logit error an engine may add (docs/trust.md \"Audits\").",
-                                       flag="--audit-logprob-nats")
+    audit_logprob_nats: float = option(0.7, gt=0, help="Per token, a claimed log-prob may be off by at most "
+                                       "--audit-logprob-floor + (1 - p) (this + --audit-logprob-tail-nats (1 - p)), "
+                                       "p the recomputed probability: the spread of logit errors an engine may add "
+                                       "(docs/trust.md \"Audits\").", flag="--audit-logprob-nats")
+    audit_logprob_tail_nats: float = option(1.0, ge=0, help="What unlikely tokens are allowed beyond "
+                                            "--audit-logprob-nats (the likely tokens' large logits and their "
+                                            "rounding weigh on them).", flag="--audit-logprob-tail-nats")
     audit_logprob_floor: float = option(1e-3, ge=0, help="The per-token allowance of a token the policy is sure of.",
                                         flag="--audit-logprob-floor")
     audit_logprob_share: float = option(0.1, ge=0, le=1, help="A group fails when more than this share of its "

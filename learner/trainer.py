@@ -411,6 +411,7 @@ def _auditor(spec: JobSpec, settings: LearnerSettings, trainer: PolicyTrainer, s
                    settings=AuditSettings(fraction=settings.audit_fraction, probation_groups=settings.audit_probation,
                                           logprob_tolerance=settings.audit_logprob_tolerance,
                                           logprob_nats=settings.audit_logprob_nats,
+                                          logprob_tail_nats=settings.audit_logprob_tail_nats,
                                           logprob_floor=settings.audit_logprob_floor,
                                           logprob_share=settings.audit_logprob_share))
 

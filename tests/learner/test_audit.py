@@ -82,6 +82,8 @@ def _confident(size: int = 200) -> torch.Tensor:
     (lambda r: r + 0.3 * (-torch.expm1(r)), False),  # an engine's noise: logit errors of 0.3 nats
     (lambda r: torch.round(r * 100) / 100, False),  # rounded to 0.01 nat: within an engine's own error
     (lambda r: torch.full_like(r, -0.01), True),  # a constant claim, no policy run
+    (lambda r: torch.zeros_like(r), True),  # "certain" for every token
+    (lambda r: torch.round(r * 10) / 10, True),  # rounded to 0.1 nat: 0 where the policy is fairly sure
     (lambda r: 3 * r, True),  # a less confident policy's (an older snapshot, another model)
 ])
 def test_the_per_token_allowance_holds_under_a_confident_policy(claim, fails) -> None:
