@@ -18,7 +18,6 @@ from __future__ import annotations
 import bisect
 import sqlite3
 import threading
-import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -113,8 +112,13 @@ class LeaseWatch:
                 self.failed += 1
 
     def sample(self) -> None:
-        pending = self.redis.xpending_range(self.key, self.group, min="-", max="+", count=100_000)
-        now = time.time()
+        # Redis' own clock, read in the same transaction as the idle times: the bench's clock read after the reply
+        # came would date every delivery late by the reply's delay (tens of ms on a loaded machine, every lease)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.time()
+        pipe.xpending_range(self.key, self.group, min="-", max="+", count=100_000)
+        (seconds, micros), pending = pipe.execute()
+        now = seconds + micros / 1e6
         for p in pending:
             consumer = p["consumer"].decode() if isinstance(p["consumer"], bytes) else p["consumer"]
             entry = p["message_id"].decode() if isinstance(p["message_id"], bytes) else p["message_id"]

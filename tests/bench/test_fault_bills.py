@@ -24,21 +24,31 @@ def test_interval_algebra():
 
 
 class FakeRedis:
-    """XPENDING answers scripted per sample: lists of (entry, consumer, idle ms, deliveries)."""
+    """A transaction of TIME and XPENDING, answered from a script per sample: (server time, [(entry, consumer,
+    idle ms, deliveries)])."""
 
     def __init__(self, answers):
         self.answers = iter(answers)
 
+    def pipeline(self, transaction):
+        return self
+
+    def time(self):
+        pass
+
     def xpending_range(self, key, group, *, min, max, count):  # noqa: A002 - redis-py's names
-        return [{"message_id": e.encode(), "consumer": c.encode(), "time_since_delivered": idle,
-                 "times_delivered": n} for e, c, idle, n in next(self.answers)]
+        pass
+
+    def execute(self):
+        now, pending = next(self.answers)
+        return [(int(now), round(now % 1 * 1e6)), [
+            {"message_id": e.encode(), "consumer": c.encode(), "time_since_delivered": idle, "times_delivered": n}
+            for e, c, idle, n in pending]]
 
 
-def test_lease_watch_holds_a_lease_from_delivery_to_its_disappearance(monkeypatch):
-    clock = iter([100.0, 101.0, 102.0, 103.0])
-    monkeypatch.setattr(fb.time, "time", lambda: next(clock))
-    watch = fb.LeaseWatch(FakeRedis([[("1-0", "worker-7", 500, 1)], [("1-0", "worker-7", 1500, 1)],
-                                     [("1-0", "worker-9", 200, 2)], []]), "k", "g")
+def test_lease_watch_holds_a_lease_from_delivery_to_its_disappearance():
+    watch = fb.LeaseWatch(FakeRedis([(100.0, [("1-0", "worker-7", 500, 1)]), (101.0, [("1-0", "worker-7", 1500, 1)]),
+                                     (102.0, [("1-0", "worker-9", 200, 2)]), (103.0, [])]), "k", "g")
     for _ in range(4):
         watch.sample()
     held = watch.held(timeout_s=10)
