@@ -72,6 +72,9 @@ if now > seen then redis.call('SET', KEYS[1], ARGV[1]) end
 """
 
 
+NOT_ONLINE = "not online"  # a Beat's reason when the site does not hold the worker online
+
+
 @dataclasses.dataclass(frozen=True)
 class Beat:
     """What one heartbeat recorded, and whether the database must hear of it now (``reason``, else "")."""
@@ -101,7 +104,7 @@ def heartbeat(worker_id: int, *, at: float, throughput: float | None, state: str
     previous, _, _, _, (online, old_state, old_job), _, _, due, _ = pipe.execute()
     job = "" if job_id is None else str(job_id)
     if online != "1":
-        reason = "not online"
+        reason = NOT_ONLINE
     elif (old_state, old_job) != (state, job):
         reason = "state changed"
     elif state == "failed":

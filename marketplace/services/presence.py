@@ -143,7 +143,7 @@ def worker_heartbeat_apply(*, worker: Worker, beat: liveness.Beat, throughput: f
     next heartbeat goes to the database again."""
     try:
         worker_heartbeat(worker=worker, throughput=throughput, state=state, reason=reason, job_id=job_id,
-                         previous_at=beat.previous_at, recorded=True)
+                         previous_at=beat.previous_at, recorded=True, held_online=beat.reason != liveness.NOT_ONLINE)
     except Exception:
         liveness.forget_state(worker.pk)
         raise
@@ -151,15 +151,18 @@ def worker_heartbeat_apply(*, worker: Worker, beat: liveness.Beat, throughput: f
 
 @transaction.atomic
 def worker_heartbeat(*, worker: Worker, throughput: float | None, state: str = "idle", reason: str = "",
-                     job_id: int | None = None, previous_at: float | None = None, recorded: bool = False) -> None:
+                     job_id: int | None = None, previous_at: float | None = None, recorded: bool = False,
+                     held_online: bool = False) -> None:
     """Refresh the worker's liveness in the database; a heartbeat from a worker marked offline brings it back. Its
     activation is billed by what the site observed it do (``_observe``), never by the ``state`` or ``throughput``
     it claims: those are kept as "reported" (``telemetry.record_heartbeat``), and only a ``failed`` state for its
     job counts (it lowers its own bill). ``recorded``: Redis already has it (``worker_heartbeat_record``, which also
     gives ``previous_at``, the worker's heartbeat before this one: when the last report is older than the billing
-    gap limit, the bill is first brought up to it, as a report at every heartbeat would have done).
+    gap limit, the bill is first brought up to it, as a report at every heartbeat would have done). ``held_online``:
+    Redis holds the worker online (``liveness``), which it stops doing once the database marks it offline, so the
+    database is not asked (a worker marked offline between the two is brought back by its next heartbeat).
 
-    Whether it was offline is asked of the database, not of ``worker``: the consumer's copy is as old as the
+    Otherwise whether it was offline is asked of the database, not of ``worker``: the consumer's copy is as old as the
     socket, and expiry may have marked the worker offline since (the agent stalled, then resumed). The
     version the agent says it has installed is not taken from heartbeats: only the hello and the install
     report set it, so a heartbeat sent just after a release cannot erase the record of what was installed.
@@ -174,7 +177,7 @@ def worker_heartbeat(*, worker: Worker, throughput: float | None, state: str = "
                                             since=activation.started_at.timestamp(), now=now.timestamp())
         if measured is not None:
             fields["throughput"] = measured
-    if Worker.objects.filter(pk=worker.pk, status=Worker.Status.OFFLINE).exists():
+    if not held_online and Worker.objects.filter(pk=worker.pk, status=Worker.Status.OFFLINE).exists():
         fields["status"] = Worker.Status.ACTIVE if activation is not None else Worker.Status.IDLE
         _session_open(worker.pk, at=now)
     Worker.objects.filter(pk=worker.pk).update(**fields)
