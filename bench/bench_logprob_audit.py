@@ -17,8 +17,10 @@ never installs the snapshot).
 
 The table gives, per policy and claim, the mean log-prob per token, the old rule's mean |claimed - recomputed| gap
 against its 0.05 tolerance, and the rule ``learner.audit.logprob_problem`` applies today (per token: at most
-``floor + nats * (1 - p)``, p the recomputed probability; a group fails past a share of its learning tokens): the
-share of groups that fail. Honest rows are the false-positive rate; forged rows the detection rate.
+``floor + (1 - p) (nats + tail_nats (1 - p))``, p the recomputed probability; a group fails past a share of its
+learning tokens): the groups that fail, and how much of its allowance a group's 90th-percentile token uses at most.
+Honest rows are the false-positive rate; forged rows the detection rate. ``--save`` keeps the sampled tokens and
+``--load`` evaluates them again (under other settings too) without sampling.
 """
 
 from __future__ import annotations
