@@ -82,7 +82,8 @@ def activation_report(*, activation_id: int, at: datetime, state: str | None = N
                       reason: str = "") -> Activation | None:
     """Bill ``activation_id``'s time up to ``at`` in the state it was in, then (unless ``state`` is None: only
     bring the bill up to ``at``) record that it is in ``state`` from ``at``. Returns the updated activation,
-    None when it has ended. A report older than the last one changes nothing but the state."""
+    None when it has ended. A report older than the last one changes nothing but the state, except that one saying
+    the worker stopped working (a state not billed) gives back what was billed after it (``failed_work_credit``)."""
     for _ in range(ATTEMPTS):
         row = Activation.objects.filter(pk=activation_id, ended_at=None).values(*_ROW).first()
         if row is None:
@@ -102,6 +103,11 @@ def activation_report(*, activation_id: int, at: datetime, state: str | None = N
                 continue
             if exact > 0:
                 _ledger_write(row, activation_id=activation_id, since=last, at=at, seconds=exact, amount=amount)
+        if at < last and state is not None and state not in billing.BILLABLE_STATES:
+            # the site learned late that the worker stopped at ``at`` (its last heartbeat, found silent): what was
+            # billed after it, a frozen agent's lease until its timeout, is given back
+            failed_work_credit(job_id=row["job_id"], worker_id=row["worker_id"],
+                               windows=[(at.timestamp(), last.timestamp())], now=datetime.now(tz=UTC))
         return Activation.objects.get(pk=activation_id)
     log.warning("activation %s: state report at %s lost to %d concurrent reports", activation_id, at, ATTEMPTS)
     return None

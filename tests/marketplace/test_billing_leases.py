@@ -125,3 +125,24 @@ async def test_a_wait_for_work_between_two_leases_is_not_billed(redis_client):
     held = (returned_at - leased_at) + (ended_at - second_at)
     assert row.billed_seconds == pytest.approx(held, abs=TOLERANCE_S)
     await comm.disconnect()
+
+
+async def test_a_frozen_agent_is_billed_nothing_after_its_last_heartbeat(settings, redis_client):
+    """The agent froze holding a lease, its socket open: beats bill the lease while the site still thinks it alive;
+    once expiry finds it silent past the worker timeout, what was billed after its last heartbeat is given back
+    (a frozen agent used to keep the bill of its lease until the lease timeout)."""
+    settings.ECHO2 = {**settings.ECHO2, "WORKER_TIMEOUT_S": 2.0, "LEASE_TIMEOUT_S": 30.0}
+    job, comm, _, leased_at = await working(redis_client)
+    await asyncio.sleep(0.5)
+    await comm.send_json_to({"type": "heartbeat", "job_id": job.pk, "state": "generating"})
+    await asyncio.sleep(0.5)  # its last heartbeat: handled by now
+    last_beat = time.time() - 0.5
+    for _ in range(3):  # frozen: no heartbeat, the lease outstanding; the beats bill it meanwhile
+        await asyncio.sleep(1.0)
+        await beat()
+    assert (await billed(job.pk)).billed_seconds > last_beat - leased_at + 1.0
+    await database_sync_to_async(services.expire_silent_workers)()
+    row = await billed(job.pk)
+    assert row.ended_at is not None
+    assert row.billed_seconds == pytest.approx(last_beat - leased_at, abs=TOLERANCE_S)
+    await comm.disconnect()
