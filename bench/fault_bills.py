@@ -6,7 +6,8 @@ seconds it held a lease, both read from the site's own records.
   ``period`` seconds; a lease is held from its delivery until its entry leaves the consumer (group accepted, handed
   back, claimed by another) or its lease timeout runs out, whichever is first. Its end is known to half a period.
 - Sockets: the site's ``WorkerSession`` rows (opened at the welcome, closed when the site saw the socket go).
-- Bills: the site's ``LedgerEntry`` rows of the job in state ``generating`` (each an interval ``[started_at, at]``).
+- Bills: the site's ``LedgerEntry`` rows of the job in state ``generating`` (each an interval ``[started_at, at]``),
+  less its ``credit`` rows (billed time given back: ``[started_at, started_at - seconds]``).
 
 The rule the bill should follow (``marketplace.core.billing.observed_state``): generating = a lease outstanding and
 the socket open. So "held" is the lease intervals clipped to the worker's open sessions, and the row shows billed,
@@ -158,13 +159,19 @@ def site_records(db: Path, job_id: int, until: float) -> tuple[dict[int, list[In
         for worker, start, end in con.execute("SELECT worker_id, started_at, at FROM marketplace_ledgerentry "
                                               "WHERE job_id = ? AND state = 'generating'", (job_id,)):
             billed.setdefault(worker, []).append((_unix(start), _unix(end)))
+        given: dict[int, list[Interval]] = {}  # credits: billed time given back, from its start (seconds < 0)
+        for worker, start, seconds in con.execute("SELECT worker_id, started_at, seconds FROM "
+                                                  "marketplace_ledgerentry WHERE job_id = ? AND state = 'credit'",
+                                                  (job_id,)):
+            given.setdefault(worker, []).append((_unix(start), _unix(start) - float(seconds)))
         sessions: dict[int, list[Interval]] = {}
         for worker, start, end in con.execute("SELECT worker_id, started_at, ended_at FROM "
                                               "marketplace_workersession"):
             sessions.setdefault(worker, []).append((_unix(start), _unix(end) or until))
     finally:
         con.close()
-    return {w: union(v) for w, v in billed.items()}, {w: union(v) for w, v in sessions.items()}
+    billed = {w: minus(union(v), union(given.get(w, []))) for w, v in billed.items()}
+    return billed, {w: union(v) for w, v in sessions.items()}
 
 
 def reconcile(*, billed: dict[int, list[Interval]], held: dict[int, list[Interval]],

@@ -90,3 +90,24 @@ def test_lost_is_judged_only_once_the_job_ended_and_bills_must_match():
     assert any("socket closed" in r for r in reasons) and any("leases held 47.5" in r for r in reasons)
     # each worker's bill within a second of its leases passes, whatever the sum of the measuring's jitter
     assert fa.criteria(_row(bills=dict(bills, billed_closed=0.5, per_worker={1: 0.8, 2: 0.9})), 3) == []
+
+
+def test_site_records_bill_generating_less_credits_and_sessions(tmp_path):
+    import sqlite3
+
+    db = tmp_path / "site.sqlite3"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE marketplace_ledgerentry (worker_id, job_id, state, started_at, at, seconds)")
+    con.execute("CREATE TABLE marketplace_workersession (worker_id, started_at, ended_at)")
+    rows = [(7, 1, "generating", "2026-01-01 00:00:00", "2026-01-01 00:00:10", 10),
+            (7, 1, "installing", "2026-01-01 00:00:10", "2026-01-01 00:00:12", 2),
+            (7, 2, "generating", "2026-01-01 00:00:00", "2026-01-01 00:00:30", 30),  # another job
+            (7, 1, "credit", "2026-01-01 00:00:06", "2026-01-01 00:01:00", -4)]  # 6-10 s given back
+    con.executemany("INSERT INTO marketplace_ledgerentry VALUES (?, ?, ?, ?, ?, ?)", rows)
+    con.execute("INSERT INTO marketplace_workersession VALUES (7, '2026-01-01 00:00:00', NULL)")
+    con.commit()
+    con.close()
+    t0 = fb._unix("2026-01-01 00:00:00")
+    billed, sessions = fb.site_records(db, 1, until=t0 + 60)
+    assert billed == {7: [(t0, t0 + 6)]}
+    assert sessions == {7: [(t0, t0 + 60)]}
