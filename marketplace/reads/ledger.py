@@ -74,13 +74,15 @@ def row(entry: LedgerEntry) -> dict:
 
 
 def totals(qs: QuerySet[LedgerEntry]) -> dict:
-    """The sum of ``qs``, exact and to the cent, and per rate (a price change shows as two rows)."""
+    """The sum of ``qs``, exact and to the cent, and per rate (a price change shows as two rows); ``credited_usd``:
+    what credits for failed work gave back (their entries are in the sum, negative: docs/ledger.md)."""
     whole = qs.aggregate(n=Count("id"), seconds=Sum("seconds"), amount=Sum("amount"))
     amount = whole["amount"] or Decimal(0)
+    credited = -(qs.filter(state="credit").aggregate(amount=Sum("amount"))["amount"] or Decimal(0))
     by_rate = (qs.order_by().values("rate").annotate(seconds=Sum("seconds"), amount=Sum("amount"))
                .order_by("rate"))
     return {"entries": whole["n"], "seconds": str(whole["seconds"] or Decimal(0)), "amount_usd": str(amount),
-            "total_usd": str(billing.cents(amount)),
+            "total_usd": str(billing.cents(amount)), "credited_usd": str(credited),
             "by_rate": [{"rate_per_hour": str(r["rate"]), "seconds": str(r["seconds"]), "amount_usd": str(r["amount"])}
                         for r in by_rate],
             "by_job": _balances(qs, "job_id", "job_name"), "by_worker": _balances(qs, "worker_id", "worker_name"),
