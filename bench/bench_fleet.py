@@ -84,6 +84,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--job-steps", type=int, default=0, help="Rows run one job of this many steps to its end "
                         "with the real learner (no drain) and audit it (bench/fleet/jobrow.py: lost, trained twice, "
                         "resends, told accepted = stored) instead of measuring a window; 0: the window rows.")
+    parser.add_argument("--job-batch", type=int, default=128, help="With --job-steps: trajectories per step (R); "
+                        "a smaller R makes steps of a loaded site come sooner.")
     parser.add_argument("--job-timeout", type=float, default=240.0, help="With --job-steps: give up on a job after "
                         "this long without a step (each step gives half of it more, at most 4 x it in all).")
     parser.add_argument("--fault-rows", nargs="*", default=[], choices=("site-restart", "redis-restart"),

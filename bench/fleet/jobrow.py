@@ -77,7 +77,8 @@ class JobRow(Row):
         self.resent0 = sum(verdicts.resent_counts().values())
         servers = self._connect_fleet()
         api = self.site.api(servers[-1])
-        fields = dict(JOB_FIELDS(self.args, self.site), name=f"fleet job {self.tag}", max_steps=self.args.job_steps)
+        fields = dict(JOB_FIELDS(self.args, self.site), name=f"fleet job {self.tag}", max_steps=self.args.job_steps,
+                      batch_trajectories=self.args.job_batch)
         self.job_id = api.post("jobs/", json=fields).raise_for_status().json()["id"]
         self.t_start = time.time()
         api.post(f"jobs/{self.job_id}/start/").raise_for_status()
@@ -213,6 +214,7 @@ def passes(fig: dict) -> list[str]:
     """Why a job row fails (empty: it passes): the job completed, 0 lost, 0 trained twice, every verdict right."""
     audit, v = fig.get("audit") or {}, fig.get("verdicts") or {}
     checks = [(fig.get("status") == "completed", f"job {fig.get('status')}"),
+              (fig.get("fault", "none") == "none" or "injected_after_s" in fig, "the fault was never injected"),
               (audit.get("lost") == 0, f"{audit.get('lost')} records lost"),
               (audit.get("trained_twice") == 0, f"{audit.get('trained_twice')} records trained twice"),
               (bool(v) and v["told_not_stored"] == 0 and v["stored_twice"] == 0,
@@ -229,7 +231,8 @@ def markdown(rows: list[JobRow]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
         f, a, v = r.figures, r.figures.get("audit") or {}, r.figures.get("verdicts") or {}
-        cells = (f"{f['agents']} (+{f['real_agents']}) x {f['site_processes']}", f["fault"], str(f.get("status")),
+        fault = f["fault"] + (" (never injected)" if f["fault"] != "none" and "injected_after_s" not in f else "")
+        cells = (f"{f['agents']} (+{f['real_agents']}) x {f['site_processes']}", fault, str(f.get("status")),
                  f"{f.get('steps')} ({f.get('job_s', 0):.0f})", str(a.get("lost")), str(a.get("trained_twice")),
                  str(a.get("max_staleness")), f"{f.get('resent_agents')} / {f.get('resent_site')}",
                  f"{v.get('told_accepted')} / {v.get('stored_emulated')} / {v.get('told_elsewhere')} / "
