@@ -191,14 +191,14 @@ def job_rows(args: argparse.Namespace, workdir: Path, console) -> int:
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, signal.SIG_IGN)
         site.stop()
-        if rows:
+        command = "bench/bench_fleet.py " + " ".join(sys.argv[1:])
+        if rows:  # what was measured, also when a row or the run stopped part way
             console.print(markdown(rows))
+            if args.json:
+                args.json.write_text(json.dumps([r.figures for r in rows], indent=1, default=str))
+            if args.markdown:
+                args.markdown.write_text(f"`{command}`\n\n" + markdown(rows))
         console.print(f"every process stopped; logs in {site.stack.logs}")
-    command = "bench/bench_fleet.py " + " ".join(sys.argv[1:])
-    if args.json:
-        args.json.write_text(json.dumps([r.figures for r in rows], indent=1, default=str))
-    if args.markdown:
-        args.markdown.write_text(f"`{command}`\n\n" + markdown(rows))
     console.print(f"{sum(not passes(r.figures) for r in rows)}/{len(rows)} job rows pass")
     return 0
 
