@@ -16,7 +16,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 def exception_handler(exc, context):
     response = drf_exception_handler(exc, context)
     if response is None:
-        return _pool_exhausted(exc)
+        return _pool_exhausted(exc) or _conflicted(exc)
     data = response.data
     if isinstance(data, dict) and "detail" in data:
         return response
@@ -39,6 +39,17 @@ def _pool_exhausted(exc) -> Response | None:
         return None
     return Response({"detail": "the site's database connections are all busy; retry in a moment"},
                     status=503, headers={"Retry-After": "1"})
+
+
+def _conflicted(exc) -> Response | None:
+    """PostgreSQL chose this request's transaction as the victim of a deadlock (or a serialization failure) with
+    another that locks the same rows, say a cancel against a worker's heartbeat. Nothing of it was written, so the
+    same request succeeds when sent again: a 503 with ``Retry-After`` that says so, not a 500."""
+    if not isinstance(exc, OperationalError) or type(exc.__cause__).__name__ not in ("DeadlockDetected",
+                                                                                     "SerializationFailure"):
+        return None
+    return Response({"detail": "this request met another changing the same records and nothing of it was written; "
+                               "send it again"}, status=503, headers={"Retry-After": "1"})
 
 
 def flat_errors(errors, prefix: str = "") -> dict[str, list[str]]:

@@ -26,7 +26,7 @@ from ..core import billing
 from ..infra import liveness, telemetry
 from ..models import Activation, Job, Worker, WorkerSession
 from ..reads import selectors
-from .base import ServiceError, enqueue_task, push_job_update
+from .base import ServiceError, enqueue_task, push_job_update, retry_conflicts
 from .billing import activation_observe, activation_report, gap_limit_s
 from .broadcast import assign_message
 from .repair import repair_without
@@ -149,6 +149,7 @@ def worker_heartbeat_apply(*, worker: Worker, beat: liveness.Beat, throughput: f
         raise
 
 
+@retry_conflicts
 @transaction.atomic
 def worker_heartbeat(*, worker: Worker, throughput: float | None, state: str = "idle", reason: str = "",
                      job_id: int | None = None, previous_at: float | None = None, recorded: bool = False,

@@ -41,3 +41,22 @@ def test_other_database_errors_are_not_hidden_as_busy(monkeypatch):
     monkeypatch.setattr(selectors, "jobs_visible_to", broken)
     with pytest.raises(OperationalError):
         api.get("/api/jobs/")
+
+
+@pytest.mark.parametrize("cause", ["DeadlockDetected", "SerializationFailure"])
+def test_a_request_chosen_as_a_deadlocks_victim_is_a_503_to_send_again(monkeypatch, cause):
+    from psycopg import errors
+
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {factories.token(factories.user())}")
+
+    def victim(user):
+        try:
+            raise getattr(errors, cause)("deadlock detected")
+        except errors.Error as err:  # as Django's wrapper raises it
+            raise OperationalError(str(err)) from err
+
+    monkeypatch.setattr(selectors, "jobs_visible_to", victim)
+    reply = api.get("/api/jobs/")
+    assert reply.status_code == 503 and reply["Retry-After"] == "1"
+    assert reply.json()["detail"].endswith("nothing of it was written; send it again")
