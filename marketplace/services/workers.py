@@ -92,8 +92,9 @@ def worker_release(*, activation: Activation, reason: str, code: str = Activatio
     as a code (``Activation.End``) the site acts on."""
     activation.ended_at = timezone.now()
     activation.end_reason, activation.end_code = reason, code
-    billed = activation_observe(activation=activation, at=activation.ended_at,
-                                reported="failed" if activation.state == "failed" else "idle")
+    offline = Worker.objects.filter(pk=activation.worker_id, status=Worker.Status.OFFLINE).exists()
+    billed = activation_observe(activation=activation, at=activation.ended_at,  # an offline worker's lease: free
+                                reported="failed" if activation.state == "failed" else "idle", connected=not offline)
     activation.billed_seconds = billed.billed_seconds if billed else activation.billed_seconds
     activation.save(update_fields=["ended_at", "end_reason", "end_code"])
     Worker.objects.filter(pk=activation.worker_id, status=Worker.Status.ACTIVE).update(status=Worker.Status.IDLE)

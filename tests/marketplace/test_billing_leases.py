@@ -141,6 +141,7 @@ async def test_a_frozen_agent_is_billed_nothing_after_its_last_heartbeat(setting
         await asyncio.sleep(1.0)
         await beat()
     assert (await billed(job.pk)).billed_seconds > last_beat - leased_at + 1.0
+    await asyncio.sleep(1.5)  # the release after the expiry must not bill its lease again up to the release
     await database_sync_to_async(services.expire_silent_workers)()
     row = await billed(job.pk)
     assert row.ended_at is not None
