@@ -87,6 +87,9 @@ class Heartbeat(_Msg):
     state: WorkerState = Field(default="idle", description="What the agent is doing for ``job_id`` since its last "
                                "report; an agent that reports none is idle (billed nothing).")
     reason: str = Field(default="", max_length=200, description="Why the state is ``failed`` (the crash, short).")
+    refused: bool = Field(default=False, description="With ``failed``: the agent will not serve ``job_id`` (its task "
+                          "needs user code or a package this machine does not allow); the site releases it at once "
+                          "and plans it no more for that job. ``reason`` says why, in words.")
 
 
 class LeaseRequest(_Msg):

@@ -80,11 +80,12 @@ class RolloutStatus:
     producing: bool = False  # generating (leases held), not waiting for work or a version
     failure: str | None = None  # the last crash, until the restarted loop works again
     failures: int = 0  # crashes, each restarted
+    refused: bool = False  # it will not serve this job (``_refuse``): every heartbeat says so
     no_work: bool = False  # the site's last answer to a lease request was "no work"
     generated: int = 0  # trajectories the site accepted
 
     def reset(self) -> None:
-        self.producing, self.failure, self.no_work = False, None, False
+        self.producing, self.failure, self.no_work, self.refused = False, None, False, False
 
 
 def batch_size(*, least: int, groups_per_s: float | None, messages_per_s: float | None) -> int:
@@ -277,12 +278,12 @@ class RolloutLoop:
 
     async def _refuse(self, why: str) -> None:
         """This worker will not serve the job (its task runs user code the provider did not allow, or needs a package
-        not installed here): say so in the state the site sees (``failed``, the reason starting with :data:`REFUSED`;
-        the site releases it at once and plans it no more for this job) and stop, without restarting: retrying cannot
+        not installed here): say so in the state the site sees (``failed`` and ``refused``, the reason in words; the
+        site releases it at once and plans it no more for this job) and stop, without restarting: retrying cannot
         change the answer."""
         st = self.status
         text = f"{REFUSED}{why}"
-        st.producing = False
+        st.producing, st.refused = False, True
         st.failure = text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
         log.error("job %s: %s", self.assign.job_id, st.failure)
         await self.report_state()

@@ -173,6 +173,7 @@ class AgentSession:
         job = self.assignment.job_id if self.assignment else None
         await self.connection.send(m.Heartbeat(throughput=self.meter.rate(), job_id=job, state=state,
                                                reason=(self.rollout.failure or "") if state == "failed" else "",
+                                               refused=state == "failed" and self.rollout.refused,
                                                installed_version=self.installs.installed_version(job)))
 
     # ---- dispatch -------------------------------------------------------------------------

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dataplane.messages import WorkerState
-from dataplane.rewards import REFUSED
 
 log = logging.getLogger("echo2.agent")
 
@@ -71,6 +70,7 @@ class View:
     installs: tuple[Install, ...] = ()  # the job's, running
     released: str | None = None  # why the site last released it (while not assigned)
     failure: str | None = None  # the rollout loop's last crash
+    refused: bool = False  # it will not serve the job (the rollout loop said why in ``failure``)
     no_work: bool = False  # the site's last answer to a lease request was "no work"
     recent_work: bool = False  # a group was accepted within GENERATING_HOLD_S
     last_install: str | None = None  # the job's newest install, said with the generating line ("v3 in 0.8 s ...")
@@ -91,7 +91,7 @@ def describe(view: View) -> Status | None:
     if job is None:
         why = view.released or "waiting for the scheduler to pick this machine"
         return Status(("idle", "not activated"), f"idle: not activated ({why})")
-    if view.state == "failed" and (view.failure or "").startswith(REFUSED):
+    if view.state == "failed" and view.refused:
         return Status(("failed", job), f"job {job}: this worker {view.failure} (waiting for the site to release it)")
     if view.state == "failed":
         return Status(("failed", job), f"job {job}: the rollout loop failed ({view.failure}); restarting it")
@@ -209,7 +209,7 @@ def view_of(session, reporter: Reporter, now: float) -> View:
     return View(connected=session.connection.ws is not None, state=session.state(), job_id=job,
                 version=engine.version if engine else None, wanted=session.installs.wanted.get(job, 0) if job else 0,
                 installs=reporter.installs(session, job, now), released=session.released if job is None else None,
-                failure=session.rollout.failure, no_work=session.rollout.no_work,
+                failure=session.rollout.failure, refused=session.rollout.refused, no_work=session.rollout.no_work,
                 recent_work=last is not None and now - last < GENERATING_HOLD_S,
                 last_install=f"v{done[1]} installed {done[2]:.1f} s {done[3]}" if done and done[0] == job else None)
 

@@ -32,8 +32,8 @@ MAX_OPTIONS_BYTES = 4096
 USER_FUNCTION = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
-#: How a worker's ``failed`` state reason starts when it refuses a job rather than crashed serving it (its task runs
-#: user code its provider did not allow): the site releases it at once and plans it no more for that job.
+#: How a worker's ``failed`` state reason reads when it refuses a job rather than crashed serving it (its task runs
+#: user code its provider did not allow), for people: the heartbeat's ``refused`` flag is what the site acts on.
 REFUSED = "refuses the job: "
 
 
@@ -43,8 +43,8 @@ class RewardError(ValueError):
 
 class CannotServe(RewardError):
     """What the spec names cannot run on this machine, and will not until its provider changes something: a worker
-    refuses the job (its reason starting with :data:`REFUSED`) rather than crash and retry. A task's own such error
-    (a verifiers environment refused) may subclass it to be refused alike."""
+    refuses the job (a heartbeat with ``refused``, its reason in words) rather than crash and retry. A task's own
+    such error (a verifiers environment refused) may subclass it to be refused alike."""
 
 
 class UserCodeRefused(CannotServe):

@@ -375,7 +375,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if beat.to_database:
             self.running.clear()  # it may change the activation: read it again
             await database_sync_to_async(services.worker_heartbeat_apply)(worker=self.worker, beat=beat,
-                                                                          reason=message.reason, **fields)
+                                                                          reason=message.reason,
+                                                                          refused=message.refused, **fields)
         if delivered.due():  # groups accepted before the rollouts stopped still reach the database
             await database_sync_to_async(services.groups_accepted_flush)()
         return []

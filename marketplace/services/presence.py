@@ -20,7 +20,6 @@ from django.utils import timezone
 from dataplane import messages as m
 from dataplane.hardware import Hardware
 from dataplane.replay import RedisError
-from dataplane.rewards import REFUSED
 
 from ..core import billing
 from ..infra import liveness, telemetry
@@ -138,11 +137,12 @@ def worker_heartbeat_record(*, worker_id: int, throughput: float | None, state: 
 
 
 def worker_heartbeat_apply(*, worker: Worker, beat: liveness.Beat, throughput: float | None, state: str = "idle",
-                           reason: str = "", job_id: int | None = None) -> None:
+                           reason: str = "", refused: bool = False, job_id: int | None = None) -> None:
     """``worker_heartbeat`` for a heartbeat ``worker_heartbeat_record`` already put in Redis. When it fails, the
     next heartbeat goes to the database again."""
     try:
-        worker_heartbeat(worker=worker, throughput=throughput, state=state, reason=reason, job_id=job_id,
+        worker_heartbeat(worker=worker, throughput=throughput, state=state, reason=reason, refused=refused,
+                         job_id=job_id,
                          previous_at=beat.previous_at, recorded=True, held_online=beat.reason != liveness.NOT_ONLINE)
     except Exception:
         liveness.forget_state(worker.pk)
@@ -152,8 +152,8 @@ def worker_heartbeat_apply(*, worker: Worker, beat: liveness.Beat, throughput: f
 @retry_conflicts
 @transaction.atomic
 def worker_heartbeat(*, worker: Worker, throughput: float | None, state: str = "idle", reason: str = "",
-                     job_id: int | None = None, previous_at: float | None = None, recorded: bool = False,
-                     held_online: bool = False) -> None:
+                     refused: bool = False, job_id: int | None = None, previous_at: float | None = None,
+                     recorded: bool = False, held_online: bool = False) -> None:
     """Refresh the worker's liveness in the database; a heartbeat from a worker marked offline brings it back. Its
     activation is billed by what the site observed it do (``_observe``), never by the ``state`` or ``throughput``
     it claims: those are kept as "reported" (``telemetry.record_heartbeat``), and only a ``failed`` state for its
@@ -187,7 +187,7 @@ def worker_heartbeat(*, worker: Worker, throughput: float | None, state: str = "
         if previous_at is not None:
             _bill_until(activation, at=datetime.fromtimestamp(previous_at, tz=UTC), now=now)
         reported = billing.effective_state(reported=state, reported_job_id=job_id, job_id=activation.job_id)
-        _observe(activation, at=now, reported=reported, reason=reason,
+        _observe(activation, at=now, reported=reported, reason=reason, refused=refused,
                  throughput=fields.get("throughput", worker.throughput))
 
 
@@ -200,7 +200,7 @@ def _bill_until(activation: Activation, *, at: datetime, now: datetime) -> None:
 
 
 def _observe(activation: Activation, *, at: datetime, reported: str, reason: str, throughput: float | None,
-             seen: telemetry.Observed | None = None, connected: bool = True) -> None:
+             seen: telemetry.Observed | None = None, connected: bool = True, refused: bool = False) -> None:
     """Bill the activation up to ``at`` by what the site observed and record that state (pushed to the job page
     when it changed); then release the worker, and re-plan its job, when it returned nothing past the silence
     bound (``billing.silent_reason``) or its own rollout loop has been failing for ``ROLLOUT_FAILED_RELEASE_S``."""
@@ -213,7 +213,7 @@ def _observe(activation: Activation, *, at: datetime, reported: str, reason: str
     if updated.state != activation.state:
         push_job_update(activation.job_id)  # the job page shows each worker's state
     updated.job = activation.job  # read with it (``selectors.active_activation``): no query per heartbeat
-    why, code = _release_reason(updated, seen=seen, now=at.timestamp(), throughput=throughput)
+    why, code = _release_reason(updated, seen=seen, now=at.timestamp(), throughput=throughput, refused=refused)
     if why:
         log.warning("job %s: worker %s released: %s", activation.job_id, activation.worker_id, why)
         worker_release(activation=updated, reason=why[:200], code=code)
@@ -221,13 +221,13 @@ def _observe(activation: Activation, *, at: datetime, reported: str, reason: str
 
 
 def _release_reason(activation: Activation, *, seen: telemetry.Observed, now: float,
-                    throughput: float | None) -> tuple[str, str]:
+                    throughput: float | None, refused: bool = False) -> tuple[str, str]:
     """Why the activation must end now, in words ("" if it need not) and as an ``Activation.End`` code: the worker
     refused the job, its rollout loop failing too long (its own word), or nothing returned past the silence bound
     (what the site saw)."""
-    if activation.state == "failed" and activation.state_reason.startswith(REFUSED):
-        # it will not serve this job (user code it does not run): waiting helps nobody. The agent says so by its
-        # reason's protocol prefix (dataplane.rewards REFUSED); the site keeps it as a code from here on.
+    if activation.state == "failed" and refused:
+        # it will not serve this job (user code it does not run): waiting helps nobody. The agent says so in its
+        # heartbeat (``refused``); the site keeps it as a code from here on.
         return activation.state_reason, Activation.End.REFUSED
     echo = settings.ECHO2
     limit = float(echo["ROLLOUT_FAILED_RELEASE_S"])

@@ -77,7 +77,11 @@ async def test_a_worker_refusing_the_jobs_user_code_is_released_at_once_and_not_
     await started_with(comm, job)
     why = ("refuses the job: reward: runs user code (rewards:judge) and this worker does not run user code (its "
            "provider did not start it with `echo2-agent run --allow-user-code`)")
+    # The words alone decide nothing: a crash whose text happens to read so is a crash (restarted, not released).
     await comm.send_json_to({"type": "heartbeat", "job_id": job.pk, "state": "failed", "reason": why})
+    assert await comm.receive_nothing(timeout=1)
+    await comm.send_json_to({"type": "heartbeat", "job_id": job.pk, "state": "failed", "reason": why,
+                             "refused": True})
     release = await comm.receive_json_from(timeout=5)
     assert release["type"] == "release" and release["reason"] == why  # at once: no ROLLOUT_FAILED_RELEASE_S wait
 

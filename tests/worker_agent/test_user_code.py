@@ -97,7 +97,7 @@ def test_a_worker_without_the_opt_in_refuses_the_job_with_its_reason_and_stays_u
         await push(session, job(rewarded_task, store, server, base))
         await until(lambda: any(h["state"] == "failed" for h in socket.of("heartbeat")), "a heartbeat saying why")
         await asyncio.sleep(0.5)  # no restart follows
-        reason = next(h["reason"] for h in socket.of("heartbeat") if h["state"] == "failed")
+        reason = next(h["reason"] for h in socket.of("heartbeat") if h["state"] == "failed" and h["refused"])
         line = status.describe(status.view_of(session, status.Reporter(), time.monotonic())).text
         beats.cancel()
         done = session.rollout_task.done()
