@@ -139,7 +139,8 @@ class AgentSession:
 
     async def _relay_report(self, message: m.RelayFailed) -> None:
         """A relay's parent failure, reported only for the job this worker serves: when a job ends or releases us,
-        the chain above closes too, and the site would refuse a report about a job the worker has left."""
+        the chain above closes too, and a report about it repairs nothing (the site takes one that crossed the
+        release in silence)."""
         if self.assignment is None or self.assignment.job_id != message.job_id:
             log.debug("not reporting v%d of job %d's failed parent: not serving that job now", message.version,
                       message.job_id)

@@ -33,8 +33,19 @@ def relay_failed(*, worker: Worker, job_id: int, version: int, culprit_worker_id
     too, or the parent is silent). On one child's word alone the child moves and nobody else: to another parent
     that holds or is receiving the version (``chains.reroute``: the learner's spare slot when the accused is a seed,
     another chain's relay tail), taking the rest of its chain along, else out of the chains to the learner's HTTP
-    fallback (``chains.detach``); the accused keeps its place and its score."""
-    activation = running_activation(worker, job_id)
+    fallback (``chains.detach``); the accused keeps its place and its score.
+
+    A report that crossed the worker's release or the job's end is moot, not wrong: the chain it is about closed with
+    the job (the learner stops its relay when the job ends, so every child sees its parent go), and nothing is
+    repaired. Only a worker that never served the job is refused."""
+    try:
+        activation = running_activation(worker, job_id)
+    except ServiceError:
+        if not worker.activations.filter(job_id=job_id).exists():
+            raise
+        log.info("job %s v%s: worker %s's relay report came after its part in the job ended; nothing to repair",
+                 job_id, version, worker.pk)
+        return
     job = activation.job
     plan = telemetry.load_chain_plan(job_id, version)
     log.warning("job %s v%s: worker %s reports relay parent %s failed: %s", job_id, version, worker.pk,

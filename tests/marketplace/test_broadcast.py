@@ -123,6 +123,20 @@ def test_relay_failed_repairs_the_chain_and_counts_the_culprit(pushes):
     assert culprit.relay_failures == 1 and culprit.relay_last_failure_at is not None
 
 
+def test_a_relay_report_that_crossed_the_jobs_end_is_moot_and_one_from_a_stranger_refused(pushes):
+    workers = make_workers(3)
+    job = running_job(workers, b0=1000)
+    publish(job, 1)
+    seed, middle, tail = telemetry.load_chain_plan(job.pk, 1).chains[0]
+    services.job_finish(job=job, status="completed")  # the learner stops its relay: every child sees its parent go
+    services.relay_failed(worker=Worker.objects.get(pk=tail), job_id=job.pk, version=1, culprit_worker_id=middle,
+                          reason="parent closed")  # no error: the agent is told nothing is wrong
+    assert Worker.objects.get(pk=middle).relay_failures == 0  # and nothing is repaired or counted
+    stranger = make_workers(1)[0]
+    with pytest.raises(services.ServiceError, match="not active in job"):
+        services.relay_failed(worker=stranger, job_id=job.pk, version=1, culprit_worker_id=middle, reason="x")
+
+
 def test_install_via_parent_is_counted_and_credits_the_parent(pushes):
     workers = make_workers(2)
     job = running_job(workers, b0=1000)
