@@ -14,14 +14,13 @@ from dataplane.jobs import parse_job_spec
 from dataplane.tasks import build_task
 from dataplane.tasks.verifiers_env import ALLOW_USER_CODE
 from tests.job_training import first_and_last, one_thread, train
+from tests.tiny_chat import tiny_chatml_model
 
 ROOT = Path(__file__).resolve().parents[1]
 OURS = ["arithmetic.toml", "reasoning-gym.toml", "verifiers.toml"]  # dataset-parquet.toml: test_job_dataset_example
 STEPS, WINDOW = 120, 10  # about 10 s a job on one core
 # Written for an instruct model's chat template (ChatML): run below on a tiny stand-in with ChatML's tokens.
 NEEDS_CHAT_MODEL = ["poker.toml"]
-CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
-          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 
 @pytest.fixture
@@ -57,28 +56,19 @@ def test_the_poker_job_file_plays_and_trains_on_a_chatml_model(tmp_path) -> None
     each decision point is a ChatML user turn, and the learner's update runs on them."""
     pytest.importorskip("pokerkit")
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     from dataplane.jobs import LossConfig
     from dataplane.packed import pack_records
     from learner.batch import concat
     from learner.step import PolicyTrainer
-    from learner.tiny import build_tokenizer
     from worker_agent.engines.base import SamplingParams
     from worker_agent.engines.hf import HFEngine
     from worker_agent.rollout import GroupLease, rollout_groups
 
     spec = parse_job_spec(load_job_file(ROOT / "examples" / "jobs" / "poker.toml"))
     task = build_task(spec.task)
-    tokenizer = build_tokenizer(task.alphabet + spec.prompt_format.system_prompt)
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    tokenizer.chat_template = CHATML
-    tokenizer.save_pretrained(tmp_path)
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                 num_attention_heads=4, num_key_value_heads=4, pad_token_id=tokenizer.pad_token_id,
-                                 bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                                 )).save_pretrained(tmp_path)
+    tokenizer = tiny_chatml_model(tmp_path, task.alphabet + spec.prompt_format.system_prompt)
     engine = HFEngine(str(tmp_path), device="cpu", seed=0, prompt_format=spec.prompt_format)
     model = LlamaForCausalLM.from_pretrained(tmp_path)
     trainer = PolicyTrainer(model, torch.optim.AdamW(model.parameters(), lr=spec.learning_rate),

@@ -13,10 +13,9 @@ import pytest
 from dataplane.tasks import build_task
 from dataplane.tasks.episodes import Turn
 from dataplane.tasks.verifiers_env import ALLOW_USER_CODE
+from tests.tiny_chat import tiny_chatml_model
 
 vf = pytest.importorskip("verifiers.v1")
-CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}"
-          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 
 class CalcData(vf.TaskData):
@@ -109,27 +108,18 @@ def test_a_chatml_job_writes_the_reply_as_a_tool_turn_in_the_tokens() -> None:
 def test_a_tiny_chat_model_plays_tool_episodes_and_trains_a_step_on_them(tmp_path) -> None:
     pytest.importorskip("transformers")
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     from dataplane.chat import PromptFormat
     from dataplane.jobs import LossConfig
     from dataplane.packed import pack_records
     from learner.batch import concat
     from learner.step import PolicyTrainer
-    from learner.tiny import build_tokenizer
     from worker_agent.engines.base import SamplingParams
     from worker_agent.engines.hf import HFEngine
     from worker_agent.rollout import GroupLease, rollout_groups
 
-    tokenizer = build_tokenizer(ALPHABET)
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    tokenizer.chat_template = CHATML
-    tokenizer.save_pretrained(tmp_path)
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                 num_attention_heads=4, num_key_value_heads=4, pad_token_id=tokenizer.pad_token_id,
-                                 bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                                 )).save_pretrained(tmp_path)
+    tokenizer = tiny_chatml_model(tmp_path, ALPHABET)
     task = build_task({**SPEC, "turn_format": "chatml"})
     chat = PromptFormat(chat=True)
     engine = HFEngine(str(tmp_path), device="cpu", seed=0, prompt_format=chat)
