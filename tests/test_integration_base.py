@@ -53,14 +53,21 @@ def register(stack, server: str, token: str, tmp_path, name: str, *extra: str) -
     stack.start(f"agent-{name}", str(BIN / "echo2-agent"), "run", "--config", str(cfg), "--threads", "1", *extra)
 
 
-def test_a_job_after_another_on_the_same_workers_starts_from_its_own_base(stack, tmp_path, tiny_model_dir):
+def site_with_two_agents(stack, tmp_path) -> tuple[str, dict, object]:
+    """A site, an owner and a provider, and the provider's agents "a" and "b" (each with its own cache) idle on it:
+    the site's address, the users' tokens and the owner's API client."""
     tokens = create_users(stack, "own", "prov")
     server = start_site(stack)
     for name in ("a", "b"):
         register(stack, server, tokens["prov"], tmp_path, name, "--cache-dir", str(tmp_path / f"cache-{name}"))
-    owner, provider = api(server, tokens["own"]), api(server, tokens["prov"])
+    provider = api(server, tokens["prov"])
     wait_for(lambda: sum(w["status"] == "idle" for w in provider.get("workers/").json()["results"]) == 2,
              "two idle workers", 60)
+    return server, tokens, api(server, tokens["own"])
+
+
+def test_a_job_after_another_on_the_same_workers_starts_from_its_own_base(stack, tmp_path, tiny_model_dir):
+    server, tokens, owner = site_with_two_agents(stack, tmp_path)
     base = base_reward(tiny_model_dir)
 
     first = run_job(stack, server, owner, tokens["own"], tmp_path, "first", tiny_model_dir, max_steps=40,

@@ -12,8 +12,7 @@ import pytest
 from dataplane.lora import ADAPTER_FORMAT
 from echo2_site.demo import wait_for
 
-from .live import api, create_users, start_site
-from .test_integration_base import register, run_job
+from .test_integration_base import run_job, site_with_two_agents
 
 pytestmark = pytest.mark.slow
 
@@ -21,14 +20,7 @@ LORA = {"rank": 4, "alpha": 8}
 
 
 def test_a_lora_job_ships_adapters_that_the_agents_install_on_their_base(stack, tmp_path, tiny_model_dir):
-    tokens = create_users(stack, "own", "prov")
-    server = start_site(stack)
-    for name in ("a", "b"):
-        register(stack, server, tokens["prov"], tmp_path, name, "--cache-dir", str(tmp_path / f"cache-{name}"))
-    owner, provider = api(server, tokens["own"]), api(server, tokens["prov"])
-    wait_for(lambda: sum(w["status"] == "idle" for w in provider.get("workers/").json()["results"]) == 2,
-             "two idle workers", 60)
-
+    server, tokens, owner = site_with_two_agents(stack, tmp_path)
     job = run_job(stack, server, owner, tokens["own"], tmp_path, "lora", tiny_model_dir, max_steps=12,
                   lora=LORA, learning_rate=0.05)
     wait_for(lambda: owner.get(f"jobs/{job['id']}/").json()["status"] != "running", "the LoRA job to end", 400)
