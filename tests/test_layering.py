@@ -87,22 +87,30 @@ def modules(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> Iterator
             yield name, path
 
 
-def imports_of(name: str, path: Path) -> set[str]:
-    """Every module ``name`` imports, anywhere in its source (functions and ``if`` blocks too), absolute."""
+def import_statements(name: str, path: Path) -> Iterator[tuple[str, list[str]]]:
+    """Each import of module ``name``, anywhere in its source (functions and ``if`` blocks too), as (the module
+    named, absolute; the names taken from it, empty for a plain ``import``)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
+            yield from ((alias.name, []) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 anchor = package.split(".")
                 anchor = anchor[: len(anchor) - (node.level - 1)]
                 base = ".".join([*anchor, base] if base else anchor)
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names)  # `from pkg import module`
+            yield base, [alias.name for alias in node.names]
+
+
+def imports_of(name: str, path: Path) -> set[str]:
+    """Every module ``name`` imports, absolute; ``from pkg import x`` counts ``pkg`` and ``pkg.x`` (x may be a
+    module)."""
+    found: set[str] = set()
+    for base, names in import_statements(name, path):
+        found.add(base)
+        found.update(f"{base}.{n}" for n in names)
     return found
 
 
@@ -118,20 +126,10 @@ def edges_of(name: str, path: Path, ours: set[str]) -> set[str]:
     def spelled(target: str) -> str:
         return f"bench.{target}" if name.startswith("bench.") and f"bench.{target}" in ours else target
 
-    tree = ast.parse(path.read_text(), filename=str(path))
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(spelled(alias.name) for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - (node.level - 1)]
-                base = ".".join([*anchor, base] if base else anchor)
-            base = spelled(base)
-            found.update(f"{base}.{alias.name}" if f"{base}.{alias.name}" in ours else base for alias in node.names)
+    for base, names in import_statements(name, path):
+        base = spelled(base)
+        found.update({f"{base}.{n}" if f"{base}.{n}" in ours else base for n in names} or {base})
     return found
 
 
