@@ -29,6 +29,7 @@ import logging
 import random
 import secrets
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
@@ -92,6 +93,9 @@ class SiteConnection:
         self.max_message_bytes = submit.DEFAULT_MAX_MESSAGE_BYTES  # the site's frame limit, once its welcome says
         self.welcomed = asyncio.Event()  # a socket is open and the site's welcome (its budget) arrived
         self.waiting: dict[str, asyncio.Future] = {}  # request id -> its reply, once the site answers
+        # Requests whose sender stopped waiting because its work stopped (a release cancels the rollout loop): their
+        # replies may still come, and are expected, not news.
+        self.abandoned: deque[str] = deque(maxlen=256)
         self.request_lock = asyncio.Lock()  # held while one request's frames go out (parts never interleave)
         self.refused = 0  # our frames the site refused for the transport's sake (each sent again)
         self.resent = 0  # requests sent again (refused, connection lost, no reply)
@@ -250,6 +254,9 @@ class SiteConnection:
                 return reply
             except TimeoutError:
                 raise TimeoutError(f"no reply within {timeout:.0f} s") from None
+        except asyncio.CancelledError:
+            self.abandoned.append(message.id)
+            raise
         finally:
             self.waiting.pop(message.id, None)
 
@@ -261,6 +268,9 @@ class SiteConnection:
         """A reply from the site: to the request it names, if that one still waits."""
         future = self.waiting.get(reply.ref_id)
         if future is None or future.done():
-            log.warning("discarding a late %s for request %s (no longer waited for)", reply.type, reply.ref_id)
+            if reply.ref_id in self.abandoned:  # its work stopped (a release): the site's word on it changes nothing
+                log.debug("late %s for request %s, given up when its work stopped", reply.type, reply.ref_id)
+            else:
+                log.warning("discarding a late %s for request %s (no longer waited for)", reply.type, reply.ref_id)
             return
         future.set_result(reply)

@@ -115,3 +115,36 @@ def test_the_relays_waits_follow_the_round_trips_with_the_fixed_values_as_floors
     awful = RoundTrips()
     awful.add(40.0)
     assert (relay_timeouts(awful).stall, relay_timeouts(awful).connect) == (30.0, 60.0)  # ceilings: still bounded
+
+
+def test_a_late_reply_to_a_request_given_up_by_a_release_is_expected_not_warned(caplog):
+    import asyncio
+    import json
+    import logging
+
+    from dataplane import messages as m
+    from worker_agent.connection import SiteConnection
+
+    async def scenario() -> list[str]:
+        connection, sent = SiteConnection("http://127.0.0.1:9", "k"), []
+
+        class Socket:
+            async def send(self, text: str) -> None:
+                sent.append(json.loads(text)["id"])
+
+        connection.ws = Socket()
+        connection.welcomed.set()
+        asked = asyncio.create_task(connection.request(m.LeaseRequest(job_id=1), deadline_s=30))
+        while not sent:
+            await asyncio.sleep(0.01)
+        asked.cancel()  # the release stops the rollout loop that waited
+        with pytest.raises(asyncio.CancelledError):
+            await asked
+        with caplog.at_level(logging.DEBUG, logger="echo2.agent"):
+            connection.answer(m.Rejected(reason="job 1 is completed", ref="lease_request", ref_id=sent[0]))
+            connection.answer(m.Rejected(reason="?", ref="lease_request", ref_id="never-sent-1"))
+        return sent
+
+    (request_id,) = asyncio.run(scenario())
+    said = [(r.levelname, request_id in r.getMessage()) for r in caplog.records]
+    assert said == [("DEBUG", True), ("WARNING", False)], caplog.text  # a reply to nothing asked is still news
