@@ -33,12 +33,13 @@ JOB = {
     "name": "demo-real: SmolLM2-135M-Instruct on word problems",
     "task": {"name": "word_problems", "split": "train"},
     "prompt_format": {"chat": True, "system_prompt": SYSTEM_PROMPT},
-    "staleness": 3, "kappa": 2, "batch_trajectories": 32, "group_size": 8, "learning_rate": 1e-5,
-    "max_steps": 24, "max_new_tokens": 48, "temperature": 0.7,
-    "eval": {"before": True, "after": True, "split": "test", "problems": 100, "k": 0},
+    "staleness": 3, "kappa": 2, "batch_trajectories": 32, "group_size": 8, "learning_rate": 2e-5,
+    "max_steps": 32, "max_new_tokens": 48, "temperature": 0.7,
+    "eval": {"before": True, "after": True, "every": 8, "split": "test", "problems": 200, "k": 0},
 }
 QUICK = {"batch_trajectories": 8, "group_size": 4, "max_steps": 2, "max_new_tokens": 24,
-         "eval": {**JOB["eval"], "problems": 8, "max_new_tokens": 24}}
+         "eval": {**JOB["eval"], "every": 0, "problems": 8, "max_new_tokens": 24}}
+LORA_LEARNING_RATE = 2e-4
 # The agents spend minutes on a batch here: leases, silence and the learner's heartbeats get room for that.
 SLOW_CPU = {"ECHO2_LEASE_TIMEOUT_S": "1800", "ECHO2_WORKER_TIMEOUT_S": "120", "ECHO2_SILENT_RELEASE_S": "3600",
             "ECHO2_LEARNER_TIMEOUT_S": "1800", "ECHO2_ROLLOUT_FAILED_RELEASE_S": "1800"}
@@ -56,10 +57,18 @@ def model_builder(model_dir: Path):
     return build
 
 
-def job_spec(model_dir: Path, *, quick: bool, steps: int | None) -> dict:
+def job_spec(model_dir: Path, *, quick: bool, steps: int | None = None, lora_rank: int = 0,
+             learning_rate: float | None = None) -> dict:
     spec = {**JOB, **(QUICK if quick else {}), "model_dir": str(model_dir)}
     if steps is not None:
         spec["max_steps"] = steps
+    if lora_rank:
+        # An adapter moves far fewer weights: it takes about ten times the full model's rate (docs/lora.md).
+        spec["lora"] = {"rank": lora_rank}
+        spec["learning_rate"] = LORA_LEARNING_RATE
+        spec["name"] = f"{JOB['name']} (LoRA rank {lora_rank})"
+    if learning_rate is not None:
+        spec["learning_rate"] = learning_rate
     return spec
 
 
@@ -70,7 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-dir", type=Path, default=MODEL_DIR, help="The model directory (made from the GGUF "
                         "when it holds no config.json).")
     parser.add_argument("--quick", action="store_true", help="2 small steps, 8 held-out problems: that it runs.")
-    parser.add_argument("--steps", type=int, default=None, help="Learner steps (default: the job's, 24).")
+    parser.add_argument("--steps", type=int, default=None, help="Learner steps (default: the job's, 32).")
+    parser.add_argument("--lora", type=int, default=0, metavar="RANK", help="Train a LoRA adapter of this rank "
+                        f"instead of the whole model, at lr {LORA_LEARNING_RATE:g} (docs/lora.md).")
+    parser.add_argument("--lr", type=float, default=None, help="Learning rate (default: the job's, "
+                        f"{JOB['learning_rate']:g}, or {LORA_LEARNING_RATE:g} with --lora).")
     parser.add_argument("--port", type=int, default=0, help="Site port (default: a free one).")
     parser.add_argument("--keep-running", action=argparse.BooleanOptionalAction, default=None,
                         help="Leave the site up after the job ends, until Ctrl-C (default: when run in a terminal).")
@@ -88,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         api = httpx.Client(base_url=server + "/api/", headers={"Authorization": f"Token {tokens['demo']}"},
                            timeout=30)
         job = launch(console, stack, api, server, tokens["demo"], job_spec(model_dir, quick=args.quick,
-                                                                            steps=args.steps), workdir)
+                                                                            steps=args.steps, lora_rank=args.lora,
+                                                                            learning_rate=args.lr), workdir)
         code = watch(console, api, stack, job["id"], server)
         demo._hand_over(console, stack, server, job["id"], workdir, args.keep_running, make_target="demo-real")
         return code

@@ -26,10 +26,11 @@ from typing import Any
 
 from .base import Prompt, TaskAdapter, TaskSpecError, register_task
 
-#: The system prompt the demo's job gives this task (``prompt_format.system_prompt``). SmolLM2-135M-Instruct answers
-#: 2 of 16 held-out problems with it in 32 greedy tokens, with a line or two of working and the #### line; asked to
-#: "reason briefly" it answered 2 of 32 in 96 tokens, most cut off while it explained how it would solve them.
-SYSTEM_PROMPT = "Answer with the final number only, on one line after ####, for example: #### 42"
+#: The system prompt the demo's job gives this task (``prompt_format.system_prompt``). With it SmolLM2-135M-Instruct
+#: answers 16 of the 200 held-out problems greedily in 48 tokens and 8.6 % of its answers sampled at temperature 0.7
+#: (``scripts/probe_word_problems.py``). A prompt that showed an example (``#### 42``) had half the sampled rate: a
+#: third of the answers copied the example. Asked to "reason briefly" the model spent its tokens explaining.
+SYSTEM_PROMPT = "Solve the problem. End your answer with the final number on its own line, written after ####."
 SPLITS = ("train", "test")
 MAX_TRIES_PER_PROBLEM = 50
 
