@@ -16,28 +16,22 @@ learner exits with it: foreseeable, nothing to retry), a 503 for a running job w
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from rest_framework import status
 from rest_framework.exceptions import APIException, NotFound, PermissionDenied, ValidationError
 
-from dataplane import credentials
 from dataplane.chat import as_prompt_format
 from dataplane.export import ExportError, Member, plan, tar_size, tar_stream
-from dataplane.snapshot import Manifest, SnapshotError, fetch_chunk, full_url, parse_manifest
+from dataplane.snapshot import Manifest, SnapshotError
 from dataplane.weights import DTYPES
 
-from ..core.addresses import AddressError, PeerPolicy, check_dial_url
+from ..infra.learner_fetch import version_source
 from ..models import Job, Snapshot
 
 log = logging.getLogger(__name__)
-SITE_CREDENTIAL_HOLDER = 0
-"""The worker id in the credentials the site issues itself (no worker has id 0)."""
-FETCH_TIMEOUT_S = 30.0
 UNREACHABLE = "the learner's snapshot server could not be reached"
 """What the owner is told of any failure to fetch but a 404: a closed port, a service that is not HTTP, a timeout, a
 TLS error, a refusal, bytes that do not verify, an address the rules refuse all read the same (the log has which),
@@ -134,28 +128,8 @@ def job_export(*, job: Job, user, version: int | None, dtype: str) -> Export:
 
 def _source(job: Job, snap: Snapshot, highest: int) -> tuple[Manifest, Callable[[int], bytes]]:
     """The manifest and chunk reader of ``snap``'s full payload (a delta version's is served under full/)."""
-    manifest, url = parse_manifest(snap.manifest), _dialable(snap.url)
-    if manifest.kind == "delta":
-        manifest, url = manifest.full, full_url(snap.url)
-    secret, ttl = job.transfer_secret, settings.ECHO2["TRANSFER_CREDENTIAL_TTL_S"]
-
-    def fetch(index: int) -> bytes:  # a fresh credential per chunk: a slow download outlives any one
-        token = credentials.issue(secret, job_id=job.pk, worker_id=SITE_CREDENTIAL_HOLDER, lowest=0,
-                                  highest=highest, expires=int(time.time() + ttl))
-        return fetch_chunk(url, manifest, index, timeout=FETCH_TIMEOUT_S, retries=1, credential=token)
-
-    return manifest, fetch
-
-
-def _dialable(url: str) -> str:
-    """``url`` if the site may dial it now, by the rules every peer address passes (marketplace/core/addresses.py), its
-    host name's addresses included; else a :class:`SnapshotError` (told to the owner as :data:`UNREACHABLE`)."""
-    policy = PeerPolicy(allow_loopback=settings.ECHO2["ALLOW_LOOPBACK_PEERS"],
-                        allow_private=settings.ECHO2["ALLOW_PRIVATE_PEERS"])
-    try:
-        return check_dial_url(url, policy)
-    except AddressError as err:
-        raise SnapshotError(f"snapshot URL {url!r} refused: {err}") from None
+    return version_source(job_id=job.pk, secret=job.transfer_secret, url=snap.url, manifest=snap.manifest,
+                          highest=highest)
 
 
 def _learner_error(job: Job, version: int, err: SnapshotError) -> APIException:

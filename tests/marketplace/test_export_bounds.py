@@ -15,6 +15,7 @@ from rest_framework.test import APIClient
 
 from dataplane.snapshot import build_manifest
 from marketplace.api import exports
+from marketplace.infra import learner_fetch
 from marketplace.models import Snapshot
 
 from ..lying_servers import LyingHTTPServer, RawServer, closed_port
@@ -48,7 +49,7 @@ def unreachable(job) -> str:
 
 def test_whatever_answers_the_owner_reads_one_message_and_the_log_says_which(dial_loopback, monkeypatch,
                                                                              caplog) -> None:
-    monkeypatch.setattr(exports, "FETCH_TIMEOUT_S", 0.5)  # the silent service's wait
+    monkeypatch.setattr(learner_fetch, "FETCH_TIMEOUT_S", 0.5)  # the silent service's wait
     caplog.set_level(logging.WARNING, logger="marketplace.api.exports")
     with RawServer(b"SSH-2.0-OpenSSH_9.6\r\n") as ssh, RawServer() as silent, LyingHTTPServer(100) as plain:
         cases = {"closed port": f"http://127.0.0.1:{closed_port()}/v2/",
