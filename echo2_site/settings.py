@@ -392,6 +392,11 @@ ECHO2 = {
     # distinct job owners report such failures of the worker; 0 (the default): never, since colluding owner
     # accounts could suspend an honest provider (docs/trust.md "Audits the site checks", "Failed work").
     "AUDIT_CORROBORATING_OWNERS": env_int("ECHO2_AUDIT_CORROBORATING_OWNERS", 0),
+    # The site checks a reported text failure with the job's tokenizer, read from its version 0 on the learner and
+    # cached here per base digest (marketplace/infra/job_tokenizer.py); the read (the whole base, hashed against its
+    # digest) gives up after this many seconds and the failure stays "consistent", saying why.
+    "AUDIT_TOKENIZER_DIR": Path(os.environ.get("ECHO2_AUDIT_TOKENIZER_DIR", DATA_DIR / "tokenizers")),
+    "AUDIT_TOKENIZER_READ_S": env_float("ECHO2_AUDIT_TOKENIZER_READ_S", 300.0),
     # GET /metrics (Prometheus) with "Authorization: Bearer <this>"; unset, only a staff session may scrape.
     "METRICS_TOKEN": os.environ.get("ECHO2_METRICS_TOKEN", ""),
     # /readyz says Celery is down when no beat task ran for this long (beat runs replan_running_jobs every 5 s).

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
+from django.conf import settings
 
 from . import services
 from .infra import probes
@@ -79,3 +80,15 @@ def record_worker_closes() -> int:
 def stall_silent_learners() -> int:
     """Jobs whose learner went silent stop billing their workers (status ``stalled``)."""
     return services.jobs_stall_silent_learners()
+
+
+# The tokenizer's read has its own deadline and the decoding its own timeout (infra/job_tokenizer.py): the task's
+# limits leave them room, above the default 60 s.
+_DECODE_LIMIT_S = float(settings.ECHO2["AUDIT_TOKENIZER_READ_S"]) + 120
+
+
+@shared_task(soft_time_limit=_DECODE_LIMIT_S, time_limit=_DECODE_LIMIT_S + 30)
+def audit_texts_decode(job_id: int) -> int:
+    """Text failures a learner reported: decoded by the site with the job's tokenizer (verified, refused, or
+    consistent saying why)."""
+    return services.audit_texts_decode(job_id=job_id)

@@ -50,6 +50,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "marketplace.models": {"dataplane", "django"},
     # what the site leans on: Redis, limits, probes; no reads, no API, no websocket
     "marketplace.infra": {"marketplace.core", "dataplane", "dataplane.replay", "django", "redis"},
+    # the site's decoding of text audits with the job's tokenizer, in a process of its own (infra/job_tokenizer.py)
+    "marketplace.infra.tokenizer_child": {"marketplace.core", "dataplane", "torch"},
     # reads: they write nothing, so they import no service
     "marketplace.reads": {"marketplace.core", "marketplace.models", "marketplace.infra", "dataplane", "django"},
     # writes by sub-domain; every push to clients after commit (channels), tasks queued by name (celery)

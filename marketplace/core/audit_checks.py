@@ -8,12 +8,15 @@ it: ``dataplane.audit_hold``) and the job's task. Each reported failure gets one
   job's Redis itself, in the stream or in a hold, or one altered after the site sealed it), or the evidence does not
   describe the stored group (another worker's entry, another group or version,
   a record it does not have, claimed figures that are not the worker's, the same entry reported twice), or the
-  site recomputed the reward and the worker's is right. A forged report: logged, never counted.
+  site recomputed the reward (or decoded the text) and the worker's is right. A forged report: logged, never counted.
 - ``verified``: a reward failure the site re-scored itself with the job's task: the worker's claimed reward is
-  not the task's. Counted toward suspension in full: no learner can make a right reward look wrong.
-- ``consistent``: a log-prob or text failure whose evidence matches the stored group, which the site cannot
-  recompute (it holds no model, no tokenizer). Counted only when learners of several owners say so
-  (:func:`counted_failures`).
+  not the task's; or a text failure whose sealed ids the site decoded with the job's tokenizer (version 0's, as
+  the workers decode: :func:`decoded_verdict`) to another text than the worker's. Counted toward suspension in
+  full: no learner can make a right reward or text look wrong.
+- ``consistent``: a log-prob failure whose evidence matches the stored group, which the site cannot recompute (it
+  holds no model); a text failure whose claimed text is the worker's, until the site decoded it (off the request
+  path: services/audit_texts.py), and after, where the tokenizer could not be had or the record is multi-turn.
+  Counted only when learners of several owners say so (:func:`counted_failures`).
 - ``unverified``: the site cannot check it: the entry is gone (acknowledged and no held copy left) or carries no
   seal (stored before the site sealed groups), the failure
   came without evidence, the task runs code the site does not run (a user reward function, a verifiers
@@ -26,7 +29,7 @@ Plain functions over the stored group and the evidence dict: no Django, no Redis
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,13 +181,106 @@ def _text(evidence, stored: StoredGroup, record: int) -> SiteCheck:
         return SiteCheck(UNVERIFIED, "text failure without its texts")
     if claimed == decoded:
         return SiteCheck(REFUSED, "the claimed and decoded texts are the same")
-    packed = stored.packed
-    start = max(0, at - LEAD)
-    completion = packed.completions[record].replace("\x00", "\ufffd")
-    prompt_ids = " ".join(map(str, packed.tokens[:packed.prompt_lens[0]]))  # the prompt check's claimed "text"
-    if claimed not in (completion[start:start + EXCERPT], prompt_ids[start:start + EXCERPT]):
+    if not text_parts(evidence, stored, record):
         return SiteCheck(REFUSED, f"the claimed text is not record {record}'s at character {at}")
-    return SiteCheck(CONSISTENT, "the claimed text is the worker's; decoding its ids needs the job's tokenizer")
+    return SiteCheck(CONSISTENT, TEXT_PENDING)
+
+
+TEXT_PENDING = "the claimed text is the worker's; the site decodes its ids with the job's tokenizer next"
+COMPLETION, PROMPT = "completion", "prompt"
+Decode = Callable[[list[list[int]]], list[str]]  # token id sequences -> texts, as the engines decode them
+Encode = Callable[[str], list[int]]  # prompt text -> the job's prompt ids (dataplane.chat.prompt_ids)
+
+
+def text_parts(evidence: Mapping[str, Any], stored: StoredGroup, record: int) -> list[str]:
+    """Which texts of the stored group a text failure's claimed excerpt is: the record's completion (its text against
+    its ids), the group's prompt ids written as text (the prompt check: learner/prompt_audit.py); none, one, or
+    (a completion written as the prompt's ids) both."""
+    claimed, at = evidence.get("claimed_text"), evidence.get("text_at") or 0
+    packed, start = stored.packed, max(0, at - LEAD)
+    prompt_ids = " ".join(map(str, packed.tokens[:packed.prompt_lens[0]]))  # the prompt check's claimed "text"
+    texts = {COMPLETION: packed.completions[record].replace("\x00", "\ufffd"), PROMPT: prompt_ids}
+    return [part for part, text in texts.items() if claimed == text[start:start + EXCERPT]]
+
+
+def one_turn_task(task_spec: Any) -> bool:
+    """Whether the job's task is a built-in one-turn task: its records' text is the engine's decoding of all its
+    completion ids at once. A multi-turn task's text joins the environment's replies, which are text to begin with;
+    a user-code task may be either."""
+    name = task_spec.get("name") if isinstance(task_spec, dict) else None
+    return name in BUILTIN and name not in USER_CODE_TASKS and not BUILTIN[name].multi_turn
+
+
+def text_item(stored: StoredGroup, record: int, parts: list[str], *, one_turn: bool) -> dict[str, Any]:
+    """What :func:`decoded_verdict` needs of the sealed group, as plain JSON (it runs beside the tokenizer, in a
+    process of its own: infra/job_tokenizer.py)."""
+    packed, tok, comp = stored.packed, 0, 0
+    for p, c in zip(packed.prompt_lens[:record], packed.completion_lens[:record], strict=True):
+        tok, comp = tok + p + c, comp + c
+    p, c = packed.prompt_lens[record], packed.completion_lens[record]
+    return {"parts": parts, "record": record, "one_turn": one_turn, "completion": packed.completions[record],
+            "completion_ids": list(packed.tokens[tok + p:tok + p + c]), "mask": list(packed.mask[comp:comp + c]),
+            "prompt": packed.prompts[0], "prompt_ids": list(packed.tokens[:packed.prompt_lens[0]])}
+
+
+def mask_runs(ids: Sequence[int], mask: Sequence[int]) -> list[list[int]]:
+    """``ids`` cut where the loss mask changes, each run decoded on its own: the learner's text check
+    (learner/audit.py ``_mask_runs``), for a multi-turn record's turns and the environment's replies."""
+    runs: list[list[int]] = []
+    for i, token in enumerate(ids):
+        if i == 0 or mask[i] != mask[i - 1]:
+            runs.append([])
+        runs[-1].append(int(token))
+    return runs or [[]]
+
+
+def decoded_verdict(item: Mapping[str, Any], *, decode: Decode, encode: Encode) -> SiteCheck:
+    """The site's verdict on a text failure whose claimed text is the worker's (``item``: :func:`text_item`), with
+    the job's tokenizer (``decode``, ``encode``: version 0's, as the workers use it): of each text the claimed
+    excerpt is, the first verdict that is not ``refused``, else ``refused``.
+
+    - The prompt check: the group's prompt ids are not those of its prompt (``encode``): ``verified``; they are:
+      ``refused`` (the learner's own check passes them).
+    - A completion: decoded as the learner does (each run of equal loss-mask values on its own, joined), equal to
+      the worker's text: ``refused``. Otherwise ``verified`` where an honest engine's text is exactly its ids
+      decoded: a record that is all generated tokens (mask all 1), or any record of a one-turn task (decoded
+      whole, as its engine did). A multi-turn record stays ``consistent``: its environment replies are text the
+      environment wrote, which a tokenizer need not decode back to exactly, so an honest one could differ."""
+    verdicts = [(_prompt_verdict if part == PROMPT else _completion_verdict)(item, decode=decode, encode=encode)
+                 for part in item["parts"]]
+    return next((v for v in verdicts if v.status != REFUSED), verdicts[0] if verdicts else
+                SiteCheck(REFUSED, "the claimed text is none of the record's"))
+
+
+def _prompt_verdict(item: Mapping[str, Any], *, decode: Decode, encode: Encode) -> SiteCheck:
+    wanted = list(encode(item["prompt"]))
+    if wanted == item["prompt_ids"]:
+        return SiteCheck(REFUSED, "checked by the site with the job's tokenizer: the group's prompt ids are its "
+                                  "prompt's under the job's prompt format; the report is false")
+    return SiteCheck(VERIFIED, f"checked by the site with the job's tokenizer: the group's prompt ids "
+                               f"({len(item['prompt_ids'])}) are not its prompt's ({len(wanted)} ids)")
+
+
+def _completion_verdict(item: Mapping[str, Any], *, decode: Decode, encode: Encode) -> SiteCheck:
+    record = item["record"]
+    ids, mask, claimed = item["completion_ids"], item["mask"], item["completion"]
+    runs = mask_runs(ids, mask)
+    single = len(runs) == 1
+    texts = decode(runs if single or not item["one_turn"] else [*runs, list(ids)])
+    if "".join(texts[:len(runs)]) == claimed:
+        return SiteCheck(REFUSED, f"decoded by the site with the job's tokenizer: record {record}'s text is its ids "
+                                  "decoded; the report is false")
+    whole = texts[0] if single else (texts[-1] if item["one_turn"] else None)
+    if whole is not None and whole != claimed and (single and all(m == 1 for m in mask) or item["one_turn"]):
+        at = next((j for j, (a, b) in enumerate(zip(claimed, whole, strict=False)) if a != b),
+                  min(len(claimed), len(whole)))
+        return SiteCheck(VERIFIED, f"decoded by the site with the job's tokenizer: record {record}'s text is not its "
+                                   f"ids decoded (they differ at character {at}: {claimed[at:at + 24]!r} against "
+                                   f"{whole[at:at + 24]!r})")
+    why = ("its ids decoded whole are its text (only the learner's per-run rule differs)" if whole == claimed else
+           "a multi-turn record's environment replies need not decode back to their text exactly")
+    return SiteCheck(CONSISTENT, f"decoded by the site with the job's tokenizer: record {record}'s text is not its "
+                                 f"ids decoded run by run, but {why}: not counted")
 
 
 def counted_failures(verified: int, consistent_owners: Iterable[int], *, owners_needed: int) -> int:

@@ -15,6 +15,8 @@ transaction it joins it), and its pushes and enqueued tasks leave only once that
 - ``repair``: relay failures reported by children, and the chain plan repaired around them (and workers gone).
 - ``learner``: the learner's announcement, heartbeat and step metrics; jobs whose learner went silent.
 - ``audits``: the learner's audits of workers' records, reported with its steps; repeat failures suspended.
+  ``audit_verify`` checks each failure against the group the site stored; ``audit_texts`` decodes text failures
+  with the job's tokenizer, in a Celery task after the report.
 - ``accounts``: people's API tokens (stored hashed, shown once).
 - ``budgets``: a job's budget checked after each learner step (paused at the cap) and raised by its owner.
 - ``controls``: a worker's price (from now on), pause, resume, removal; a job archived or deleted (docs/ledger.md).
@@ -23,7 +25,7 @@ Siblings import one way only: ``base`` imports none of them; ``broadcast`` and `
 ``billing`` imports none; ``repair`` imports ``broadcast`` (its messages); ``workers`` imports ``broadcast``
 (assignments) and ``billing``; ``presence`` imports ``workers``, ``broadcast``, ``repair`` and ``billing``; ``jobs``,
 ``audits`` (suspensions) and ``learner`` (stalled jobs) import ``workers``; ``audits`` imports ``billing``
-(credits for failed work); ``learner`` imports ``audits`` and
+(credits for failed work); ``audit_texts`` imports ``audits``; ``learner`` imports ``audits`` and
 ``budgets``, which imports ``jobs``; ``controls`` imports ``workers`` and ``billing``.
 None imports ``marketplace.tasks``: tasks call services,
 services enqueue tasks by name (``base.enqueue_task``).
@@ -31,6 +33,7 @@ The public names are re-exported here, so callers write ``services.job_start(...
 """
 
 from .accounts import api_token_issue
+from .audit_texts import audit_texts_decode
 from .audits import groups_accepted_flush
 from .base import ServiceError, job_group, worker_group
 from .broadcast import broadcast_plan, snapshot_installed, snapshot_publish, snapshot_request
@@ -75,7 +78,7 @@ from .rollouts import (
 from .workers import worker_activate, worker_calibrate, worker_register, worker_release
 
 __all__ = [
-    "ServiceError", "api_token_issue",
+    "ServiceError", "api_token_issue", "audit_texts_decode",
     "broadcast_plan", "expire_silent_workers", "job_activate_idle_workers", "job_create",
     "groups_accepted_flush", "groups_submit", "job_finish", "job_group", "job_pause", "lease_return",
     "job_replan_apply", "job_resume", "job_start",

@@ -1,11 +1,12 @@
 """The site checks the failures a learner reports before any counts (docs/trust.md "Audits the site checks"): each
 failure's evidence against the group the site stored (``dataplane.audit_hold``: the held copy, or the stream
 entry), believed only under the site's seal (``dataplane.seal``, ``marketplace/infra/group_seal.py``) and, for a
-reward, the job's task run by the site itself (``marketplace/core/audit_checks.py``).
+reward, the job's task run by the site itself (``marketplace/core/audit_checks.py``); a text failure whose claimed
+text is the worker's is decoded with the job's tokenizer after the report (``services/audit_texts.py``).
 
 What counts toward a worker's suspension (:func:`worker_counted_failures`): every failure the site verified, and
-the consistent log-prob and text failures only once learners of ``ECHO2["AUDIT_CORROBORATING_OWNERS"]`` (default 2)
-distinct owners reported such, one per owner."""
+the consistent log-prob and text failures only once learners of ``ECHO2["AUDIT_CORROBORATING_OWNERS"]`` (default 0:
+never) distinct owners reported such, one per owner."""
 
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ from ..models import Job, Worker, WorkerAudit
 log = logging.getLogger(__name__)
 CORROBORATING_OWNERS = 0  # the default of ECHO2["AUDIT_CORROBORATING_OWNERS"]: unverified claims never count
 SEALED_LEASE = "sealed_lease"  # an evidence item's key: the lease of the sealed group it was checked against
+# An evidence item's key: where the site's own decoding of a text failure stands (services/audit_texts.py): pending
+# (the verdict is consistent until then), done (the verdict is the decode's), failed (no tokenizer: why, in the reason)
+DECODE, PENDING, DECODED, NOT_DECODED = "site_decode", "pending", "done", "failed"
+SITE_KEYS = (SEALED_LEASE, DECODE)  # what only the site writes into an evidence item
 
 
 @dataclass
@@ -37,6 +42,11 @@ class Checked:
     evidence: list[dict[str, Any]]  # the learner's evidence, each failure with ``site`` and ``site_reason``
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys((checks.VERIFIED, checks.CONSISTENT,
                                                                            UNVERIFIED, REFUSED), 0))
+
+    @property
+    def pending(self) -> int:
+        """Text failures the site decodes next (services/audit_texts.py)."""
+        return sum(e.get(DECODE) == PENDING for e in self.evidence)
 
     def fields(self) -> dict[str, int]:
         return {f"failed_{status}": n for status, n in self.counts.items()}
@@ -80,7 +90,7 @@ class JobChecker:
                 verdict = SiteCheck(REFUSED, f"entry {entry} was reported failed already")
             elif entry in before:
                 verdict = SiteCheck(before[entry]["site"], before[entry].get("site_reason", ""))
-                sealed = {SEALED_LEASE: before[entry][SEALED_LEASE]} if before[entry].get(SEALED_LEASE) else {}
+                sealed = {k: before[entry][k] for k in SITE_KEYS if before[entry].get(k)}
             else:
                 verdict, sealed = self._check_stored(item, stored.get(entry), worker_id=worker_id, keys=keys)
                 lease = (SEALED_LEASE, sealed.get(SEALED_LEASE))  # apart from entry ids: both are stream ids
@@ -91,7 +101,7 @@ class JobChecker:
                 seen.add(lease)
             seen.add(entry)
             out.counts[verdict.status] += 1
-            mine = {k: v for k, v in item.items() if k != SEALED_LEASE}  # the site's word alone names a lease
+            mine = {k: v for k, v in item.items() if k not in SITE_KEYS}  # the site's word alone names a lease
             out.evidence.append({**mine, **sealed, **verdict.as_dict()})
             if verdict.status == REFUSED:
                 log.warning("job %s step %s: FORGED audit report refused: worker %s entry %s: %s", self.job.pk,
@@ -103,7 +113,8 @@ class JobChecker:
                       keys: list[bytes]) -> tuple[SiteCheck, dict[str, str]]:
         """The verdict on one failure against the entry's stored ``fields`` (None: gone), believed only under the
         site's seal; with it, for a sealed entry, ``{SEALED_LEASE: its lease}`` (the lease is under the seal, the
-        entry id is not: the same group copied under another entry id is the same failure)."""
+        entry id is not: the same group copied under another entry id is the same failure), and for a text failure
+        whose claimed text is the worker's ``{DECODE: PENDING}``: the site decodes it next, off this request."""
         if fields is None:
             return checks.check_failure(item, None, worker_id=worker_id, scorer=None, scorer_problem=""), {}
         entry = item["entry_id"]
@@ -113,7 +124,8 @@ class JobChecker:
         scorer, problem = self.scorer() if item.get("check") == "reward" else (None, "")
         verdict = checks.check_failure(item, stored_entry(entry, fields), worker_id=worker_id, scorer=scorer,
                                        scorer_problem=problem)
-        return verdict, {SEALED_LEASE: text(stored_field(fields, "lease_id"))}
+        decode = {DECODE: PENDING} if item.get("check") == "text" and verdict.status == checks.CONSISTENT else {}
+        return verdict, {SEALED_LEASE: text(stored_field(fields, "lease_id")), **decode}
 
 
 def _row_evidence(job: Job, worker_id: int, step: int) -> list[dict]:

@@ -30,7 +30,8 @@ from ..core.audit_checks import CONSISTENT, VERIFIED
 from ..infra import delivered as delivered_counts
 from ..models import Activation, Job, Provider, Worker, WorkerAudit
 from ..reads.selectors import AUDIT_RELEASED
-from .audit_verify import SEALED_LEASE, JobChecker, standing_text, worker_counted_failures
+from .audit_verify import DECODE, PENDING, SEALED_LEASE, JobChecker, standing_text, worker_counted_failures
+from .base import enqueue_task
 from .billing import failed_work_credit
 from .workers import worker_release
 
@@ -48,7 +49,7 @@ def audits_record(*, job: Job, step: int, results: list[dict[str, Any]]) -> None
     results = _mergeable(results)
     delivered = _delivered(job, list(results)) if results else {}
     known = set(Worker.objects.filter(pk__in=list(results)).values_list("pk", flat=True))
-    checker = JobChecker(job)
+    checker, pending = JobChecker(job), 0
     for worker_id, result in results.items():
         if worker_id not in known:  # a worker deleted since (or a learner's mistake): nothing to hold to account
             log.warning("job %s step %s: audit of unknown worker %s ignored", job.pk, step, worker_id)
@@ -73,16 +74,29 @@ def audits_record(*, job: Job, step: int, results: list[dict[str, Any]]) -> None
         WorkerAudit.objects.update_or_create(job=job, worker_id=worker_id, step=step, defaults={
             "passed": passed, "failed": failed, "dropped_records": result["dropped_records"],
             "reason": result.get("reason", ""), "evidence": checked.evidence, **checked.fields()})
-        passes = WorkerAudit.objects.filter(worker_id=worker_id).aggregate(p=Sum("passed"))["p"] or 0
-        counted, figures = worker_counted_failures(worker_id)
-        Worker.objects.filter(pk=worker_id).update(audits_passed=passes, audits_failed=counted)
         if failed:
             _release_from_job(job, worker_id, step=step, failed=failed)
-            _credit_failed_work(job, worker_id, checked.evidence)
-            log.info("job %s step %s: worker %s audits checked by the site: %s", job.pk, step, worker_id,
-                     standing_text(figures, limit=int(settings.ECHO2["AUDIT_SUSPEND_AFTER"])))
-            _suspend_if_due(worker_id, failures=counted, reason=_last_counted(checked, result.get("reason", "")),
-                            figures=figures)
+        worker_audits_settle(job=job, worker_id=worker_id, evidence=checked.evidence, failed=failed > 0,
+                             reason=result.get("reason", ""), what=f"step {step}")
+        pending += checked.pending
+    if pending:  # the site decodes these text failures itself, off this request (and any earlier still pending)
+        enqueue_task("audit_texts_decode", job.pk)
+
+
+def worker_audits_settle(*, job: Job, worker_id: int, evidence: list[dict[str, Any]], failed: bool, reason: str,
+                         what: str) -> None:
+    """A worker's audits in ``job`` were checked (``evidence``: those just checked, at a report or once the site
+    decoded their texts; ``failed``: failures among them): its totals again and, after failures, the owner credited
+    the failed work the site confirmed and the worker suspended if it is past the limit."""
+    passes = WorkerAudit.objects.filter(worker_id=worker_id).aggregate(p=Sum("passed"))["p"] or 0
+    counted, figures = worker_counted_failures(worker_id)
+    Worker.objects.filter(pk=worker_id).update(audits_passed=passes, audits_failed=counted)
+    if not failed:
+        return
+    _credit_failed_work(job, worker_id, evidence)
+    log.info("job %s %s: worker %s audits checked by the site: %s", job.pk, what, worker_id,
+             standing_text(figures, limit=int(settings.ECHO2["AUDIT_SUSPEND_AFTER"])))
+    _suspend_if_due(worker_id, failures=counted, reason=_last_counted(evidence, reason), figures=figures)
 
 
 def groups_accepted_flush() -> None:
@@ -128,12 +142,13 @@ def _credit_failed_work(job: Job, worker_id: int, evidence: list[dict[str, Any]]
     """The owner pays nothing for the failed groups the site checked against what it stored (verified or
     consistent: a real, sealed group of this worker): the billed time they were generated in is credited back
     (``billing.failed_work_credit``). A failure the site refused or could not check (record gone, no seal, no
-    evidence) gives nothing back: the owner's word alone moves no money from a provider."""
+    evidence) gives nothing back: the owner's word alone moves no money from a provider; nor does a text failure
+    the site is still to decode (it may yet be refused)."""
     timeout = float(settings.ECHO2["LEASE_TIMEOUT_S"])
-    windows = [w for e in evidence if not e.get("passed") and e.get("site") in (VERIFIED, CONSISTENT)
-               and e.get(SEALED_LEASE) and (w := credits.failure_window(entry_id=e["entry_id"],
-                                                                     lease_id=e[SEALED_LEASE],
-                                                                     lease_timeout_s=timeout)) is not None]
+    confirmed = [e for e in evidence if not e.get("passed") and e.get("site") in (VERIFIED, CONSISTENT)
+                 and e.get(DECODE) != PENDING and e.get(SEALED_LEASE)]
+    windows = [w for e in confirmed if (w := credits.failure_window(entry_id=e["entry_id"], lease_id=e[SEALED_LEASE],
+                                                                    lease_timeout_s=timeout)) is not None]
     failed_work_credit(job_id=job.pk, worker_id=worker_id, windows=windows, now=timezone.now())
 
 
@@ -150,9 +165,9 @@ def _mergeable(results: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
     return merged
 
 
-def _last_counted(checked, reason: str) -> str:
+def _last_counted(evidence: list[dict[str, Any]], reason: str) -> str:
     """The learner's reason with the site's word on the last failure that may count."""
-    counting = [e for e in checked.evidence if e.get("site") in ("verified", "consistent")]
+    counting = [e for e in evidence if e.get("site") in ("verified", "consistent")]
     return f"{reason} [{counting[-1]['site']}: {counting[-1]['site_reason']}]" if counting else reason
 
 

@@ -8,7 +8,17 @@ import pytest
 from dataplane.records import Trajectory, TrajectoryGroup
 from dataplane.stored import StoredGroup
 from dataplane.tasks import build_task
-from marketplace.core.audit_checks import check_failure, claimed_logprob, counted_failures
+from marketplace.core.audit_checks import (
+    COMPLETION,
+    PROMPT,
+    check_failure,
+    claimed_logprob,
+    counted_failures,
+    decoded_verdict,
+    mask_runs,
+    one_turn_task,
+    text_item,
+)
 
 TASK = build_task({"name": "arithmetic"})
 
@@ -81,3 +91,64 @@ def test_log_prob_failures_count_once_per_owner_from_the_second_owner_on() -> No
     assert counted_failures(1, [7, 7, 8], owners_needed=2) == 3  # two owners: one each
     assert counted_failures(0, [7], owners_needed=1) == 1
     assert counted_failures(1, [7, 8, 9], owners_needed=0) == 1  # the default: only what the site verified
+
+
+def _decoding(vocab: dict[int, str]):
+    """A character tokenizer's decode (id 0 a special token, skipped) and encode, as the site's child runs them."""
+    def decode(runs: list[list[int]]) -> list[str]:
+        return ["".join(vocab[i] for i in run if i) for run in runs]
+
+    def encode(prompt: str) -> list[int]:
+        return [0, *({c: i for i, c in vocab.items()}[c] for c in prompt)]
+
+    return decode, encode
+
+
+VOCAB = {0: "", 1: "3", 2: "+", 3: "4", 4: "=", 5: "7", 6: "5", 7: " ", 8: "!"}
+
+
+def text_group(*, completion: str, ids: list[int], mask: list[int] | None = None,
+               prompt_ids: list[int] | None = None) -> StoredGroup:
+    record = Trajectory(job_id=1, lease_id="l", group_id="g-1", prompt="3+4=", prompt_ids=prompt_ids or [0, 1, 2, 3, 4],
+                        completion=completion, completion_ids=ids, logprobs=[-1.0] * len(ids), loss_mask=mask,
+                        reward=0.0, version=2)
+    return StoredGroup("5-0", TrajectoryGroup.of([record, record]), worker_id=4)
+
+
+@pytest.mark.parametrize(("completion", "ids", "mask", "one_turn", "status", "why"), [
+    ("7", [6, 0], None, True, "verified", "differ at character 0: '7' against '5'"),  # the text of another sample
+    ("5", [6, 0], None, True, "refused", "the report is false"),  # its ids decoded: an owner's lie
+    ("7", [6, 0], None, False, "verified", "not its ids decoded"),  # all generated tokens: any task
+    # a multi-turn record: an environment reply (mask 0) is text the environment wrote
+    ("5 !", [6, 7, 8], [1, 0, 0], False, "refused", "the report is false"),
+    ("5 7", [6, 7, 8], [1, 0, 0], False, "consistent", "environment replies need not decode back"),
+    # a one-turn task's record is its ids decoded whole, whatever mask it claims
+    ("5 7", [6, 7, 8], [1, 0, 0], True, "verified", "differ at character 2"),
+])
+def test_a_text_failure_decoded_by_the_site(completion, ids, mask, one_turn, status, why) -> None:
+    group = text_group(completion=completion, ids=ids, mask=mask)
+    item = text_item(group, 1, [COMPLETION], one_turn=one_turn)
+    verdict = decoded_verdict(item, **dict(zip(("decode", "encode"), _decoding(VOCAB), strict=True)))
+    assert verdict.status == status and why in verdict.why, verdict.why
+
+
+def test_a_prompt_failure_decoded_by_the_site() -> None:
+    decode, encode = _decoding(VOCAB)
+    forged = text_item(text_group(completion="7", ids=[5], prompt_ids=[0, 1, 2, 1, 4]), 0, [PROMPT], one_turn=True)
+    assert decoded_verdict(forged, decode=decode, encode=encode).status == "verified"
+    honest = text_item(text_group(completion="7", ids=[5]), 0, [PROMPT], one_turn=True)
+    assert decoded_verdict(honest, decode=decode, encode=encode).status == "refused"
+
+
+@pytest.mark.parametrize("mask", [[1, 1, 1, 1], [1, 0, 0, 1], [0, 1, 1, 0], [1], []])
+def test_runs_are_cut_where_the_learner_cuts_them(mask) -> None:
+    from learner.audit import _mask_runs
+
+    ids = list(range(10, 10 + len(mask)))
+    assert mask_runs(ids, mask) == _mask_runs(ids, mask)
+
+
+def test_which_tasks_are_one_turn() -> None:
+    assert one_turn_task({"name": "arithmetic"}) and one_turn_task({"name": "countdown"})
+    assert not one_turn_task({"name": "sandbox", "env": "nim"})
+    assert not one_turn_task({"name": "verifiers", "env": "pkg.env:load"}) and not one_turn_task(None)
