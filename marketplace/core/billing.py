@@ -92,6 +92,35 @@ def held_spans(*, holds: list[tuple[float, float]] | tuple, held_since: float | 
     return out
 
 
+def observed_reports(*, state: str, reported_at: float, started: float, reported: str, installed: float | None,
+                     held_since: float | None, held_until: float | None, holds: list[tuple[float, float]] | tuple,
+                     now: float, connected: bool = True) -> list[tuple[float, str]]:
+    """The state reports, ``(at, state)`` in order, that bring an activation billed up to ``reported_at`` in
+    ``state`` up to ``now`` by what the site observed (:func:`observed_state`; the arguments are its own, and
+    ``holds`` those of :func:`held_spans`). While the socket is open and the observed state is generating or idle,
+    the bill follows each lease: generating from a span's start, idle from its end, so the time between two leases
+    of one interval is not billed (the state at ``reported_at`` is first set to what the leases say: a state billed
+    nothing, loading or failed, reads as idle). Otherwise the observed state from when it began. The last report is
+    at ``now``. Each report bills the interval before it in the state before it (:func:`fold_reports`)."""
+    seen, since = observed_state(reported=reported, started=started, installed=installed, held_since=held_since,
+                                 held_until=held_until, now=now, connected=connected)
+    reports: list[tuple[float, str]] = []
+    if seen in ("generating", "idle") and connected:
+        spans = held_spans(holds=holds, held_since=held_since, since=reported_at, until=now)
+        holding = bool(spans) and spans[0][0] <= reported_at
+        if (state == "generating") != holding:
+            reports.append((reported_at, "generating" if holding else "idle"))
+        for start, end in spans:
+            if start > reported_at:
+                reports.append((start, "generating"))
+            if end < now:
+                reports.append((end, "idle"))
+    elif since < now:
+        reports.append((since, seen))
+    reports.append((now, seen))
+    return reports
+
+
 def silence_bound_s(*, min_s: float, groups: float, group_size: int, throughput: float | None) -> float:
     """How long an installed worker may hold an activation without a group accepted: ``groups`` expected group times
     (``group_size / mu_i``, with the site's measured ``mu_i``), never under ``min_s`` (all there is until measured)."""

@@ -40,42 +40,24 @@ def gap_limit_s() -> float:
 
 def activation_observe(*, activation: Activation, at: datetime, reported: str = "idle", reason: str = "",
                        seen: telemetry.Observed | None = None, connected: bool = True) -> Activation | None:
-    """Bill ``activation`` up to ``at`` by what the site observed (``billing.observed_state``; ``seen``: read now
+    """Bill ``activation`` up to ``at`` by what the site observed (``billing.observed_reports``; ``seen``: read now
     when not given) and record that state. ``reported``: the state the agent claims for this job, which counts only
     when it is ``failed``; ``connected``: whether its agent's socket is open. Returns the updated activation, None
     when it has ended."""
     if seen is None:
         seen = telemetry.observed([activation.worker_id], job_id=activation.job_id)[activation.worker_id]
-    state, since = billing.observed_state(reported=reported, started=activation.started_at.timestamp(),
-                                          installed=seen.installed, held_since=seen.held_since,
-                                          held_until=seen.held_until, now=at.timestamp(), connected=connected)
-    reason = reason if state == "failed" else ""
-    if state in ("generating", "idle") and connected:  # the bill since the last report follows each lease held
-        _bill_leases(activation.pk, seen=seen, at=at)
-    elif since < at.timestamp():  # the state began at ``since``: the bill changes there
-        activation_report(activation_id=activation.pk, at=datetime.fromtimestamp(since, tz=at.tzinfo), state=state,
-                          reason=reason)
-    return activation_report(activation_id=activation.pk, at=at, state=state, reason=reason)
-
-
-def _bill_leases(activation_id: int, *, seen: telemetry.Observed, at: datetime) -> None:
-    """Bring the bill of ``activation_id`` up to ``at`` lease by lease (``billing.held_spans``): generating from each
-    span's start, idle from its end, so that the time between two leases inside one report interval is not billed."""
-    row = Activation.objects.filter(pk=activation_id, ended_at=None).values("reported_at", "state").first()
+    row = Activation.objects.filter(pk=activation.pk, ended_at=None).values("reported_at", "state").first()
     if row is None:
-        return
-    last, until = row["reported_at"].timestamp(), at.timestamp()
-    spans = billing.held_spans(holds=seen.holds, held_since=seen.held_since, since=last, until=until)
-    holding = bool(spans) and spans[0][0] <= last
-    if (row["state"] == "generating") != holding:  # the state recorded at the last report, as the leases say
-        # (loading or failed, billed nothing, read as idle: a lease that began since starts the bill at its start)
-        activation_report(activation_id=activation_id, at=row["reported_at"],
-                          state="generating" if holding else "idle")
-    for start, end in spans:
-        if start > last:
-            activation_report(activation_id=activation_id, at=_utc(start), state="generating")
-        if end < until:
-            activation_report(activation_id=activation_id, at=_utc(end), state="idle")
+        return None
+    reports = billing.observed_reports(
+        state=row["state"], reported_at=row["reported_at"].timestamp(), started=activation.started_at.timestamp(),
+        reported=reported, installed=seen.installed, held_since=seen.held_since, held_until=seen.held_until,
+        holds=seen.holds, now=at.timestamp(), connected=connected)
+    updated = None
+    for when, state in reports:  # one compare-and-set each: a report that lands between them is not billed twice
+        updated = activation_report(activation_id=activation.pk, at=at if when == at.timestamp() else _utc(when),
+                                    state=state, reason=reason if state == "failed" else "")
+    return updated
 
 
 def activation_report(*, activation_id: int, at: datetime, state: str | None = None,
