@@ -17,6 +17,7 @@ Plain functions over plain values; the database side is ``services.billing``.
 
 from __future__ import annotations
 
+import dataclasses
 from decimal import ROUND_HALF_UP, Decimal
 
 from dataplane.messages import BILLED_STATES as BILLABLE_STATES
@@ -119,6 +120,58 @@ def observed_reports(*, state: str, reported_at: float, started: float, reported
         reports.append((since, seen))
     reports.append((now, seen))
     return reports
+
+
+@dataclasses.dataclass(frozen=True)
+class Interval:
+    """One billed interval, as a ledger entry holds it: ``seconds`` (to the microsecond) in ``state`` from
+    ``start`` to ``end`` (Unix times), worth ``amount`` USD."""
+
+    state: str
+    start: float
+    end: float
+    seconds: Decimal
+    amount: Decimal
+
+
+@dataclasses.dataclass(frozen=True)
+class Folded:
+    """An activation after a sequence of state reports (:func:`fold_reports`)."""
+
+    state: str
+    state_since: float | None  # when the last change of state took effect; None: the state did not change
+    reported_at: float
+    added_seconds: tuple[float, ...]  # each report's billed seconds, in order (summed in that order, as the
+    # database sums them one report at a time)
+    intervals: tuple[Interval, ...]
+
+    @property
+    def amount(self) -> Decimal:
+        return sum((i.amount for i in self.intervals), Decimal(0))
+
+
+def fold_reports(*, state: str, reported_at: float, rate: Decimal, reports: list[tuple[float, str]],
+                 gap_limit_s: float) -> Folded:
+    """What the reports ``(at, state)`` do, one after the other, to an activation billed up to ``reported_at`` in
+    ``state`` at ``rate`` USD/h: each bills the interval since the previous one in the state before it
+    (:func:`billable_seconds`, :func:`interval_amount`), then records its own state from its time; a report older
+    than the previous one bills nothing and moves no clock back. The same arithmetic as the service's report at a
+    time (``services.billing.activation_report``), so that a batch of activations billed at once is billed to the
+    microsecond as it would have been report by report."""
+    since: float | None = None
+    added: list[float] = []
+    intervals: list[Interval] = []
+    for at, new in reports:
+        seconds = billable_seconds(state=state, since=reported_at, until=at, gap_limit_s=gap_limit_s)
+        exact, amount = interval_amount(seconds=seconds, rate=rate)
+        added.append(seconds)
+        if exact > 0:
+            intervals.append(Interval(state=state, start=reported_at, end=at, seconds=exact, amount=amount))
+        if new != state:
+            since = max(at, reported_at)
+        state, reported_at = new, max(at, reported_at)
+    return Folded(state=state, state_since=since, reported_at=reported_at, added_seconds=tuple(added),
+                  intervals=tuple(intervals))
 
 
 def silence_bound_s(*, min_s: float, groups: float, group_size: int, throughput: float | None) -> float:

@@ -7,7 +7,9 @@ changed, the state is ``failed`` (the release limit is checked against the datab
 worker as online (it said no hello on this site since it was marked offline, or Redis lost the key), or, for a
 worker in a job, the periodic report is due (``sync_s``: billing bills the span between two reports by what the
 site observed, and drops a span longer than the worker timeout, so a worker in a job is reported at least every
-third of it, whatever state it claims).
+third of it, whatever state it claims). That report is the billing fold's (``services.activations_release_silent``,
+every expiry beat: many workers in a few statements per job); a worker's heartbeat makes it itself only when no fold
+has billed the worker for two report periods (:func:`mark_billed`): the fold stopped, or skipped it.
 
 ``Worker.last_heartbeat`` lags by at most the fold period (``services.worker_heartbeats_fold``, Celery beat);
 whatever judges silence folds first (``expire_silent_workers``), so a worker is never expired because the fold lagged.
@@ -51,6 +53,27 @@ def _sync_key(worker_id: int) -> str:
     return f"echo2:worker:{worker_id}:synced"
 
 
+def _billed_key(worker_id: int) -> str:
+    return f"echo2:worker:{worker_id}:billed"  # set by the billing fold while it brings the worker's bill up to date
+
+
+def billed_mark_s() -> float:
+    """How long a billing fold's mark (:func:`mark_billed`) spares the worker's heartbeats their periodic report:
+    two report periods, so one fold late costs nothing, and a fold that stopped hands the reports back to the
+    heartbeats before a span reaches billing's gap limit (``sync_s`` is at most a third of it)."""
+    return 2 * sync_s()
+
+
+def mark_billed(worker_ids: list[int]) -> None:
+    """The billing fold (``services.activations_release_silent``) brought these workers' bills up to date: their
+    heartbeats need not report to the database for :func:`billed_mark_s`."""
+    if worker_ids:
+        pipe = stream.client().pipeline(transaction=False)
+        for wid in worker_ids:
+            pipe.set(_billed_key(wid), "1", ex=max(1, round(billed_mark_s())))
+        pipe.execute()
+
+
 def sync_s() -> float:
     """Longest time between two database reports of a worker in a billed state: ``ECHO2_HEARTBEAT_DB_SYNC_S``, at
     most a third of the worker timeout (billing drops a span between reports longer than the timeout)."""
@@ -69,6 +92,15 @@ local seen = tonumber(redis.call('GET', KEYS[1]) or '0')
 local now = tonumber(ARGV[1])
 if now - seen > tonumber(ARGV[2]) or not redis.call('GET', KEYS[2]) then redis.call('SET', KEYS[2], ARGV[1]) end
 if now > seen then redis.call('SET', KEYS[1], ARGV[1]) end
+"""
+
+
+# KEYS: the worker's sync key, its billing fold mark. ARGV: the report period. 1 when the periodic report is due: no
+# fold billed the worker lately and no heartbeat reported within the period (this one reports; the key says so).
+_REPORT_DUE = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+if redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then return 1 end
+return 0
 """
 
 
@@ -99,7 +131,7 @@ def heartbeat(worker_id: int, *, at: float, throughput: float | None, state: str
     pipe.hmget(key, ["online", "state", "job"])
     pipe.hset(key, mapping={"state": state, "job": "" if job_id is None else str(job_id)})
     pipe.expire(key, STATE_TTL_S)
-    pipe.set(_sync_key(worker_id), "1", nx=True, ex=max(1, round(sync_s())))
+    pipe.eval(_REPORT_DUE, 2, _sync_key(worker_id), _billed_key(worker_id), max(1, round(sync_s())))
     pipe.eval(_SITE_SEEN, 2, SITE_SEEN_KEY, SITE_UP_SINCE_KEY, repr(at), repr(site_gap_s()))
     previous, _, _, _, (online, old_state, old_job), _, _, due, _ = pipe.execute()
     job = "" if job_id is None else str(job_id)

@@ -133,6 +133,8 @@ class Observed:
     # (start, end) of each lease recently held and ended: an accepted group's (its delivery or last renewal to its
     # acceptance, within the throughput window), and an expired lease's (delivery to timeout): what bills follow
     holds: tuple[tuple[float, float], ...] = ()
+    # (time, records) of each group accepted within the keys' two windows: what ``measured_throughput`` reads
+    accepted_events: tuple[tuple[float, int], ...] = ()
 
     @property
     def active(self) -> float | None:
@@ -163,7 +165,8 @@ def observed(worker_ids: list[int], *, job_id: int) -> dict[int, Observed]:
         held_since, held_until = lease_hold(idles, accepted=accepted, now=now, timeout_s=timeout)
         out[wid] = Observed(leased=_time(leased), accepted=accepted, installed=_time(installed),
                             starved=_time(starved), held_since=held_since, held_until=held_until,
-                            holds=(*accepted_holds(last), *expired_holds(idles, now=now, timeout_s=timeout)))
+                            holds=(*accepted_holds(last), *expired_holds(idles, now=now, timeout_s=timeout)),
+                            accepted_events=tuple((float(at), int(member.split(":")[1])) for member, at in last))
     return out
 
 

@@ -9,20 +9,25 @@ read (compare-and-set on ``reported_at``), so two reports at once (an old socket
 and a release) neither lose time nor bill an interval twice. A billed interval is also a ledger entry
 (``LedgerEntry``, docs/ledger.md), written in the same transaction as the sums it adds to, at the activation's
 ``price_per_hour`` then (a price change bills up to its date first: ``marketplace.services.controls``).
+
+``activations_bill`` is the billing fold's: the same reports for many activations of one job, applied in memory to
+their rows locked at once and written in a few statements, whatever their number (docs/ledger.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from datetime import UTC, datetime
+from decimal import Decimal
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 
 from ..core import billing, credits
 from ..infra import telemetry
-from ..models import Activation, LedgerEntry
+from ..models import Activation, Job, LedgerEntry, Worker
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +98,118 @@ def activation_report(*, activation_id: int, at: datetime, state: str | None = N
         return Activation.objects.get(pk=activation_id)
     log.warning("activation %s: state report at %s lost to %d concurrent reports", activation_id, at, ATTEMPTS)
     return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    """What the billing fold bills one open activation by (``activations_bill``)."""
+
+    activation_id: int
+    worker_id: int
+    seen: telemetry.Observed
+    reported: str = "idle"  # the state its agent claims that counts: ``failed``, else idle
+    reason: str = ""  # why it failed, when it did
+    connected: bool = True  # its agent's socket is open
+    throughput: float | None = None  # its ``mu_i`` as the site measured it now, for its worker's row (None: unchanged)
+
+
+@dataclasses.dataclass(frozen=True)
+class Bill:
+    """An activation as the billing fold left it."""
+
+    state: str
+    state_since: datetime
+    state_reason: str
+    reported_at: datetime
+    billed_seconds: float
+    billed_usd: Decimal
+
+
+def activations_bill(*, job_id: int, observations: list[Observation], at: datetime) -> dict[int, Bill]:
+    """Bill the open activations of ``job_id`` named in ``observations`` up to ``at``, each by what the site
+    observed it do (``billing.observed_reports``, the reports ``activation_observe`` makes one at a time, applied
+    with ``billing.fold_reports``: the same seconds and amounts to the last digit), in one transaction of a fixed
+    number of statements whatever their number: the job's row share-locked, the workers' rows and then the
+    activations' locked in id order, one read of the activations, one ``UPDATE`` of them all, one ``INSERT`` of
+    their ledger entries and one ``UPDATE`` of the workers' measured throughput. Returns each billed activation's
+    new figures by id.
+
+    Locks: the job's row first, ``FOR KEY SHARE`` (what its ledger entries' key needs): it waits for a finish, a
+    pause or a learner's report that holds the row, holding nothing itself, and they wait for it; past that row it
+    never waits. A worker's or an activation's row that another transaction holds now (a release, a price change, a
+    heartbeat's own report) is left out: that one bills it, or the next fold does. The compare-and-set of
+    ``activation_report`` is the row lock here: every report bills from the last one's time to its own, so a report
+    that lands before or after the fold, or a fold run twice, bills no interval twice and loses none."""
+    wanted = {o.activation_id: o for o in observations}
+    if not wanted:
+        return {}
+    gap = gap_limit_s()
+    bills: dict[int, Bill] = {}
+    with transaction.atomic():
+        if not _share_job(job_id):
+            return {}
+        workers = set(Worker.objects.select_for_update(no_key=True, skip_locked=True)
+                      .filter(pk__in=sorted({o.worker_id for o in observations})).order_by("pk")
+                      .values_list("pk", flat=True))
+        rows = list(Activation.objects.select_for_update(no_key=True, skip_locked=True, of=("self",))
+                    .filter(pk__in=[pk for pk, o in wanted.items() if o.worker_id in workers], job_id=job_id,
+                            ended_at=None)
+                    .order_by("pk").values("pk", "started_at", "state_since", "billed_seconds", "billed_usd", *_ROW))
+        changed, entries, measured = [], [], []
+        for row in rows:
+            seen = wanted[row["pk"]]
+            if row["reported_at"] >= at:  # a report at or after this fold's time billed it already
+                continue
+            bills[row["pk"]], billed = _bill_row(row, seen=seen, at=at, gap_limit_s=gap)
+            changed.append(Activation(pk=row["pk"], **dataclasses.asdict(bills[row["pk"]])))
+            entries += billed
+            if seen.throughput is not None:
+                measured.append(Worker(pk=row["worker_id"], throughput=seen.throughput))
+        Activation.objects.bulk_update(changed, [f.name for f in dataclasses.fields(Bill)])
+        LedgerEntry.objects.bulk_create(entries)
+        Worker.objects.bulk_update(measured, ["throughput"])
+    return bills
+
+
+def _bill_row(row: dict, *, seen: Observation, at: datetime, gap_limit_s: float) -> tuple[Bill, list[LedgerEntry]]:
+    """One activation's bill up to ``at`` (``row``: as ``activations_bill`` read it, locked) and its ledger entries,
+    unsaved."""
+    now, last = at.timestamp(), row["reported_at"].timestamp()
+    reports = billing.observed_reports(
+        state=row["state"], reported_at=last, started=row["started_at"].timestamp(), reported=seen.reported,
+        installed=seen.seen.installed, held_since=seen.seen.held_since, held_until=seen.seen.held_until,
+        holds=seen.seen.holds, now=now, connected=seen.connected)
+    # at the database's resolution (the microsecond), as each report one at a time is stored and read back
+    reports = [(_utc(when).timestamp(), state) for when, state in reports]
+    folded = billing.fold_reports(state=row["state"], reported_at=last, rate=row["price_per_hour"], reports=reports,
+                                  gap_limit_s=gap_limit_s)
+    seconds = row["billed_seconds"]
+    for added in folded.added_seconds:  # in the order the database adds them, report by report
+        seconds += added
+
+    def when(t: float) -> datetime:  # the fold's own time as given, every other as a UTC time
+        return at if t == now else _utc(t)
+
+    bill = Bill(state=folded.state, reported_at=when(folded.reported_at),
+                state_since=row["state_since"] if folded.state_since is None else when(folded.state_since),
+                state_reason=seen.reason if folded.state == "failed" else "", billed_seconds=seconds,
+                billed_usd=row["billed_usd"] + folded.amount)
+    return bill, [LedgerEntry(
+        activation_id=row["pk"], job_id=row["job_id"], worker_id=row["worker_id"],
+        provider_id=row["worker__provider_id"], owner_id=row["job__owner_id"], worker_name=row["worker__name"],
+        job_name=row["job__name"], state=i.state, started_at=_utc(i.start), at=when(i.end), seconds=i.seconds,
+        rate=row["price_per_hour"], amount=i.amount) for i in folded.intervals]
+
+
+def _share_job(job_id: int) -> bool:
+    """Lock job ``job_id``'s row ``FOR KEY SHARE`` (the lock its ledger entries' foreign key takes anyway), waiting
+    for a transaction that holds it ``FOR UPDATE``; False when it is gone. Where the database has no row locks
+    (SQLite, local development), only whether it exists."""
+    if not connection.features.has_select_for_update:
+        return Job.objects.filter(pk=job_id).exists()
+    with connection.cursor() as cursor:
+        cursor.execute(f'SELECT 1 FROM "{Job._meta.db_table}" WHERE "id" = %s FOR KEY SHARE', [job_id])
+        return cursor.fetchone() is not None
 
 
 def _ledger_write(row: dict, *, activation_id: int, since: datetime, at: datetime, seconds, amount) -> None:

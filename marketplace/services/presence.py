@@ -6,6 +6,7 @@ is queued in Redis and recorded by ``worker_closes_record`` (a coalesced task, a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import defaultdict
@@ -26,7 +27,7 @@ from ..infra import liveness, telemetry
 from ..models import Activation, Job, Worker, WorkerSession
 from ..reads import selectors
 from .base import ServiceError, enqueue_task, push_job_update, retry_conflicts
-from .billing import activation_observe, activation_report, gap_limit_s
+from .billing import Observation, activation_observe, activation_report, activations_bill, gap_limit_s
 from .broadcast import assign_message
 from .repair import repair_without
 from .workers import _return_leases, worker_activate, worker_release
@@ -243,18 +244,25 @@ def _release_reason(activation: Activation, *, seen: telemetry.Observed, now: fl
 
 
 def activations_release_silent(*, now: datetime | None = None) -> int:
-    """Look at every open activation of a running job by what the site saw (one Redis round trip per job) and, for
-    the ones whose observed state changed, whose billed state was not reported for ``liveness.sync_s``, or that
-    returned nothing past the bound, bill them and release those (``_observe``, one transaction each), whatever
-    their heartbeats say or whether they reach the database. Expiry runs it. Returns how many it released."""
+    """The billing fold: look at every open activation of a running job by what the site saw (one Redis round trip
+    per job) and bill, up to ``now``, the ones in a billed state, whose observed state changed, whose measured
+    ``mu_i`` moved or that returned nothing past the bound, all of a job's together in a few statements whatever
+    their number (``billing.activations_bill``); then release the silent ones (``worker_release``, one transaction
+    each). The workers it looked at are marked billed in Redis (``liveness.mark_billed``), so their heartbeats leave
+    the periodic report to it. Expiry runs it, so the bills and states of a job's workers are at most one expiry
+    period old, whatever their heartbeats say or whether they reach the database. Returns how many it released."""
     now = now or timezone.now()
     by_job: dict[int, list[Activation]] = defaultdict(list)
+    jobs: dict[int, Job] = {}
     for activation in (Activation.objects.filter(ended_at=None, job__status=Job.Status.RUNNING)
                        .select_related("worker", "job")):
+        activation.job = jobs.setdefault(activation.job_id, activation.job)  # its settings validated once a job
         by_job[activation.job_id].append(activation)
     released = 0
     for job_id, activations in by_job.items():
         seen = telemetry.observed([a.worker_id for a in activations], job_id=job_id)
+        looked: list[int] = []
+        due: list[Observation] = []
         for activation in activations:
             observed = seen[activation.worker_id]
             reported = activation.state if activation.state == "failed" else "idle"
@@ -263,16 +271,37 @@ def activations_release_silent(*, now: datetime | None = None) -> int:
                                               installed=observed.installed, held_since=observed.held_since,
                                               held_until=observed.held_until, now=now.timestamp(),
                                               connected=connected)
+            measured = telemetry.measured_throughput(list(observed.accepted_events),
+                                                     since=activation.started_at.timestamp(), now=now.timestamp())
             why, _ = _release_reason(activation, seen=observed, now=now.timestamp(),
-                                     throughput=activation.worker.throughput)
-            age = (now - activation.reported_at).total_seconds()
-            due = state in billing.BILLABLE_STATES and age >= liveness.sync_s()
-            if state == activation.state and not why and not due:
-                continue  # nothing to change, and the bill is recent
-            with transaction.atomic():
-                _observe(activation, at=now, reported=reported, reason=activation.state_reason,
-                         throughput=activation.worker.throughput, seen=observed, connected=connected)
-            released += bool(why)
+                                     throughput=measured or activation.worker.throughput)
+            moved = measured is not None and measured != activation.worker.throughput
+            if state == activation.state and state not in billing.BILLABLE_STATES and not why and not moved:
+                looked.append(activation.worker_id)  # nothing to bill or record
+                continue
+            due.append(Observation(activation_id=activation.pk, worker_id=activation.worker_id, seen=observed,
+                                   reported=reported, reason=activation.state_reason, connected=connected,
+                                   throughput=measured))
+        bills = activations_bill(job_id=job_id, observations=due, at=now)
+        liveness.mark_billed(looked + [a.worker_id for a in activations if a.pk in bills])
+        measured_now = {o.activation_id: o.throughput for o in due}
+        changed = False
+        for activation in activations:
+            if activation.pk not in bills:
+                continue
+            bill = bills[activation.pk]
+            changed = changed or bill.state != activation.state
+            for name, value in dataclasses.asdict(bill).items():
+                setattr(activation, name, value)
+            why, code = _release_reason(activation, seen=seen[activation.worker_id], now=now.timestamp(),
+                                        throughput=measured_now[activation.pk] or activation.worker.throughput)
+            if why:
+                log.warning("job %s: worker %s released: %s", job_id, activation.worker_id, why)
+                worker_release(activation=activation, reason=why[:200], code=code)
+                enqueue_task("replan_job", job_id)
+                released += 1
+        if changed:
+            push_job_update(job_id)  # the job page shows each worker's state
     return released
 
 
