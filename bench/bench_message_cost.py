@@ -9,11 +9,14 @@ private ``redis-server``: one worker says hello, is activated in a running job a
 ``--messages`` messages of one kind in a row, each answered before the next is sent:
 
 - *heartbeat*: a generating agent's heartbeat that stays in Redis;
-- *heartbeat, report due*: one the database hears of (a worker in a job does every ``HEARTBEAT_DB_SYNC_S``, 10 s: one
-  in five of its heartbeats at the 2 s interval), made due by clearing its mark;
+- *heartbeat, report due*: one whose periodic report is due (a worker in a job's is every ``HEARTBEAT_DB_SYNC_S``,
+  10 s: one in five of its heartbeats at the 2 s interval), each finding its report period run out, after a billing
+  fold (``activations_release_silent``, every expiry beat) billed the worker, as one does every 10 s;
 - *submit*: ``--groups`` answered groups of ``--group-size`` records of ``--tokens`` tokens and a lease of as many;
 - *lease request, job read again*: ``--sockets`` more workers' sockets each ask for a lease once their held job
-  expired, as it does every ``AGENT_STATE_MAX_AGE_S`` (2 s): what reading it again costs per socket.
+  expired, as it does every ``AGENT_STATE_MAX_AGE_S`` (2 s): what reading it again costs per socket;
+- *billing fold*: the fold over the job's ``1 + --sockets`` workers, all generating (installed, a lease held) and
+  last billed 10 s before, as the fold finds them every 10 s: per worker (``--folds`` folds).
 
 A heartbeat has no reply: each block ends with one lease request, whose reply says the socket has handled everything
 before it (frames of one socket are handled in order); its cost is in the block. Per message: CPU (``process_time``:
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
+import itertools
 import json
 import os
 import shutil
@@ -106,6 +109,7 @@ async def run(args, counters: Counters) -> list[dict]:
     from marketplace.infra import liveness, stream
     from marketplace.models import Job
     from marketplace.realtime.consumers import AgentConsumer
+    from marketplace.services import presence
 
     model_dir = Path(tempfile.mkdtemp(prefix="echo2-bench-model-"))
     (model_dir / "config.json").write_text("{}")
@@ -172,16 +176,17 @@ async def run(args, counters: Counters) -> list[dict]:
             await comm.send_to(text_data=beat)
             return 0.0
 
-        real = liveness.heartbeat
-        if due:  # every one reported, as one in HEARTBEAT_DB_SYNC_S / HEARTBEAT_INTERVAL_S is
-            liveness.heartbeat = lambda *a, **kw: dataclasses.replace(beat := real(*a, **kw),
-                                                                       reason=beat.reason or "report due")
+        real = liveness._sync_key
+        if due:  # each finds its report period run out (a key never set), as one in five does
+            fresh = itertools.count()
+            liveness._sync_key = lambda worker_id: f"echo2:bench:synced:{worker_id}:{next(fresh)}"
+            await database_sync_to_async(presence.activations_release_silent)()  # what every expiry beat runs
 
         try:  # every heartbeat is handled once the lease request after them is answered
             return await block("heartbeat, report due" if due else "heartbeat", args.messages, one,
                                finish=lambda: ask(lease_frame()))
         finally:
-            liveness.heartbeat = real
+            liveness._sync_key = real
 
     async def submits() -> dict:
         async def one() -> float:
@@ -196,15 +201,18 @@ async def run(args, counters: Counters) -> list[dict]:
 
     await heartbeats(False)  # the state the heartbeats report is now recorded: the next stay in Redis
     rows = [await heartbeats(False), await heartbeats(True), await submits()]
-    rows += await expired(args, counters, job, key)
-    await comm.disconnect()
+    sockets = await expired(args, counters, job, key, rows)
+    rows.append(await folds(args, counters, job))  # while the sockets of every worker are open
+    for other in (comm, *sockets):
+        await other.disconnect()
     shutil.rmtree(model_dir, ignore_errors=True)
     return rows
 
 
-async def expired(args, counters: Counters, job, key: str) -> list[dict]:
+async def expired(args, counters: Counters, job, key: str, rows: list[dict]) -> list:
     """``--sockets`` more workers' sockets in the job, each holding it; once their hold expired, each asks for a
-    lease: the job's reads per socket are what a fleet pays every ``AGENT_STATE_MAX_AGE_S``."""
+    lease: the job's reads per socket are what a fleet pays every ``AGENT_STATE_MAX_AGE_S``. Adds the rows to
+    ``rows``; returns the sockets, open."""
     from channels.db import database_sync_to_async
     from channels.testing import WebsocketCommunicator
     from django.conf import settings
@@ -247,7 +255,6 @@ async def expired(args, counters: Counters, job, key: str) -> list[dict]:
     for _ in range(3):  # the assignments pushed and taken, their snapshots sent, every socket holding the job
         await round_of_leases()
         await asyncio.sleep(settings.ECHO2["AGENT_STATE_MAX_AGE_S"] + 0.05)  # and then every socket's hold expired
-    rows = []
     for held in (False, True):  # each socket's hold ran out; then, at once again, still held
         cpu0, sql0, redis0 = time.process_time(), counters.sql, counters.redis
         answered = await round_of_leases()
@@ -255,9 +262,58 @@ async def expired(args, counters: Counters, job, key: str) -> list[dict]:
         rows.append({"message": f"lease request, {'job held' if held else 'job read again'} ({n} sockets, {answered} "
                                 "served)", "n": n, "cpu_ms": 1000 * cpu / n, "sql": (counters.sql - sql0) / n,
                      "redis": (counters.redis - redis0) / n})
-    for comm in comms:
-        await comm.disconnect()
-    return rows
+    return comms
+
+
+async def folds(args, counters: Counters, job) -> dict:
+    """The billing fold over every worker of the job, each generating (an install of the job's base recorded, one
+    lease held) and last billed 10 s before it, as the fold finds them every 10 s: per worker, over ``--folds``
+    folds."""
+    from datetime import timedelta
+
+    from channels.db import database_sync_to_async
+    from django.conf import settings
+    from django.db.models import F
+
+    from dataplane.replay import PROMPT_GROUP, consumer_name, prompts_key
+    from marketplace.infra import stream, telemetry
+    from marketplace.models import Activation
+    from marketplace.services import presence
+
+    open_ = Activation.objects.filter(job_id=job.pk, ended_at=None)
+
+    def generating() -> None:
+        workers = list(open_.values_list("worker_id", flat=True))
+        replay = stream.replay(job.pk)
+        replay.add_prompts([f"{i}+1=" for i in range(len(workers))])
+        for worker_id in workers:
+            telemetry.record_observed(worker_id, job_id=job.pk, what="installed", at=time.time())
+            replay.lease(worker_id=worker_id, count=1, timeout_s=float(settings.ECHO2["LEASE_TIMEOUT_S"]))
+
+    def ten_seconds_on() -> int:
+        """Every bill 10 s older, and every lease taken a second before it: 10 s of generating to bill."""
+        count = open_.update(reported_at=F("reported_at") - timedelta(seconds=10))
+        billed = {consumer_name(w): at.timestamp() for w, at in open_.values_list("worker_id", "reported_at")}
+        client, now = stream.client(), time.time()
+        for p in client.xpending_range(prompts_key(job.pk), PROMPT_GROUP, min="-", max="+", count=10_000):
+            if p["consumer"] not in billed:  # the replay buffer's own (returned leases)
+                continue
+            client.xclaim(prompts_key(job.pk), PROMPT_GROUP, p["consumer"], 0, [p["message_id"]],
+                          idle=int((now - billed[p["consumer"]] + 1) * 1000), justid=True)
+        return count
+
+    await database_sync_to_async(generating)()
+    await database_sync_to_async(presence.activations_release_silent)()  # each found generating: its state recorded
+    cpu = sql = redis = workers = 0
+    for _ in range(args.folds):
+        workers += await database_sync_to_async(ten_seconds_on)()  # not counted
+        cpu0, sql0, redis0 = time.process_time(), counters.sql, counters.redis
+        await database_sync_to_async(presence.activations_release_silent)()
+        cpu, sql, redis = (cpu + time.process_time() - cpu0, sql + counters.sql - sql0,
+                           redis + counters.redis - redis0)
+    states = await database_sync_to_async(lambda: sorted(set(open_.values_list("state", flat=True))))()
+    return {"message": f"billing fold, per worker ({workers // args.folds} in one job, {'/'.join(states)})",
+            "n": workers, "cpu_ms": 1000 * cpu / workers, "sql": sql / workers, "redis": redis / workers}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups", type=int, default=2, help="Groups per submit (and leased by it).")
     parser.add_argument("--group-size", type=int, default=8, help="Records per group (n).")
     parser.add_argument("--tokens", type=int, default=16, help="Completion tokens per record.")
-    parser.add_argument("--sockets", type=int, default=20, help="Sockets of the last row.")
+    parser.add_argument("--sockets", type=int, default=20, help="Sockets of the lease rows (and workers folded).")
+    parser.add_argument("--folds", type=int, default=5, help="Billing folds of the last row.")
     parser.add_argument("--json", type=Path, help="Also write the rows here.")
     args = parser.parse_args(argv)
     import psycopg
