@@ -7,9 +7,10 @@ changed, the state is ``failed`` (the release limit is checked against the datab
 worker as online (it said no hello on this site since it was marked offline, or Redis lost the key), or, for a
 worker in a job, the periodic report is due (``sync_s``: billing bills the span between two reports by what the
 site observed, and drops a span longer than the worker timeout, so a worker in a job is reported at least every
-third of it, whatever state it claims). That report is the billing fold's (``services.activations_release_silent``,
-every expiry beat: many workers in a few statements per job); a worker's heartbeat makes it itself only when no fold
-has billed the worker for two report periods (:func:`mark_billed`): the fold stopped, or skipped it.
+third of it, whatever state it claims). That report is the billing fold's
+(``services.presence.activations_release_silent``, every expiry beat: many workers in a few statements per job); a
+worker's heartbeat makes it itself only when no fold has billed the worker for two report periods
+(:func:`mark_billed`): the fold stopped, or skipped it.
 
 ``Worker.last_heartbeat`` lags by at most the fold period (``services.worker_heartbeats_fold``, Celery beat);
 whatever judges silence folds first (``expire_silent_workers``), so a worker is never expired because the fold lagged.
@@ -65,8 +66,8 @@ def billed_mark_s() -> float:
 
 
 def mark_billed(worker_ids: list[int]) -> None:
-    """The billing fold (``services.activations_release_silent``) brought these workers' bills up to date: their
-    heartbeats need not report to the database for :func:`billed_mark_s`."""
+    """The billing fold (``services.presence.activations_release_silent``) brought these workers' bills up to date:
+    their heartbeats need not report to the database for :func:`billed_mark_s`."""
     if worker_ids:
         pipe = stream.client().pipeline(transaction=False)
         for wid in worker_ids:
