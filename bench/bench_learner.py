@@ -117,8 +117,9 @@ def main() -> None:
             settings = LossConfig(**overrides).resolved(clip_eps=0.2, max_new_tokens=args.completion)
             policy = load()
             reference = load().eval().requires_grad_(False) if settings.kl_beta > 0 else None
+            # every row, as the plain loop trains them (a group of equal rewards would otherwise be skipped)
             trainer = PolicyTrainer(policy, torch.optim.AdamW(policy.parameters(), lr=1e-4), settings, pad_id=0,
-                                    reference=reference, micro_batch=micro_batch)
+                                    reference=reference, micro_batch=micro_batch, skip_idle_rows=False)
             fns[name] = lambda t=trainer: t.step(records)
         medians = timed(fns, args.repeats)
         plain = medians.pop("plain")

@@ -148,8 +148,9 @@ def _step_child(directory: str, kind: str, args: dict) -> dict:
         step = lambda: plain_step(model, optimizer, batch, advantages)  # noqa: E731
     else:
         loss = LossConfig().resolved(clip_eps=0.2, max_new_tokens=args["completion"])
+        # every row, as the plain loop trains them (a group of equal rewards would otherwise be skipped)
         trainer = PolicyTrainer(model, torch.optim.AdamW(model.parameters(), lr=1e-6), loss,
-                                pad_id=model.config.pad_token_id)
+                                pad_id=model.config.pad_token_id, skip_idle_rows=False)
         step = lambda: trainer.step(records)  # noqa: E731
     step()
     times, cpu = [], []

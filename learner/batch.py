@@ -36,6 +36,11 @@ class Batch:
     def to(self, device: str | torch.device) -> Batch:
         return Batch(**{name: getattr(self, name).to(device) for name in self.__dataclass_fields__})
 
+    def select(self, index: torch.Tensor) -> Batch:
+        """The rows at ``index`` (in its order), trimmed to their longest sequence."""
+        picked = Batch(**{name: getattr(self, name)[index] for name in self.__dataclass_fields__})
+        return picked.rows(0, len(picked))
+
     def rows(self, start: int, stop: int) -> Batch:
         """Rows ``start:stop``, trimmed to their longest sequence (a causal model ignores the padding)."""
         width = max(int(self.attention[start:stop].sum(dim=1).max()), 2) if stop > start else 2

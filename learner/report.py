@@ -22,6 +22,8 @@ def step_metrics(loop: LearnerLoop, outcome: StepOutcome, ctx: distributed.DistC
         "t_train": outcome.t_train, "wait_s": outcome.wait_s,
         "extra": {
             **result.metrics(), "tokens": result.tokens, "tokens_per_s": result.tokens / max(outcome.t_train, 1e-9),
+            # rows passed forward and backward; the others' advantage was 0 (learner/step.py skip_idle_rows)
+            "trained_rows": result.trained_rows, "sequences": result.sequences,
             "staleness_histogram": {str(lag): histogram[lag] for lag in sorted(histogram)},
             "dropped_this_step": outcome.dropped, "bubble": outcome.wait_s / max(outcome.wait_s + outcome.t_train,
                                                                                    1e-9),
@@ -54,9 +56,10 @@ def step_metrics(loop: LearnerLoop, outcome: StepOutcome, ctx: distributed.DistC
 def log_step(loop: LearnerLoop, outcome: StepOutcome) -> None:
     """The step's line in the learner's log."""
     result, m = outcome.result, outcome.result.metrics()
-    log.info("step %d reward=%.3f loss=%.4f kl=%.4f clip=%.3f |g|=%.3f max_lag=%d dropped=%d t_train=%.3fs "
-             "wait=%.3fs%s", outcome.version, result.reward_mean, result.loss, m["kl"], m["clip_fraction"],
-             result.grad_norm, max(outcome.lags), loop.consumer.dropped_total, outcome.t_train, outcome.wait_s,
+    log.info("step %d reward=%.3f loss=%.4f kl=%.4f clip=%.3f |g|=%.3f max_lag=%d dropped=%d rows=%d/%d "
+             "t_train=%.3fs wait=%.3fs%s", outcome.version, result.reward_mean, result.loss, m["kl"],
+             m["clip_fraction"], result.grad_norm, max(outcome.lags), loop.consumer.dropped_total,
+             result.trained_rows, result.sequences, outcome.t_train, outcome.wait_s,
              " (checkpoint)" if outcome.checkpointed else "")
     scores = outcome.scores
     if scores is not None and scores.errors + scores.non_finite:  # loud: an owner's function failing is no detail

@@ -41,6 +41,7 @@ class StepResult:
     sequences: int
     stats: LossStats = field(default_factory=LossStats)
     grad_norm: float = 0.0  # global L2 norm of the update's gradient, before clipping
+    trained_rows: int = 0  # rows passed forward and backward (the others had advantage 0: PolicyTrainer)
 
     @property
     def clip_fraction(self) -> float:
@@ -70,11 +71,19 @@ class PolicyTrainer:
     model, says it was sharded with bf16 mixed precision (which does the casting, on CPU too);
     ``max_grad_norm`` rescales a gradient whose global L2 norm exceeds it (None: no clipping). Clipping
     happens after the gradients are averaged, so every rank sees the same norm and takes the same step.
+
+    ``skip_idle_rows``: without a KL term, a row whose advantage is exactly 0 (its group's rewards all equal, the
+    common case while a policy is rarely right) adds exactly 0 to the loss and its gradient, whatever the variant:
+    every surrogate is the ratio times the advantage. Its forward and backward are skipped; the denominator
+    still counts it, so the update is the one the whole batch gives (up to summation order), and the optimizer
+    steps as it would (on zero gradients when no row is left). The loss statistics (clip fraction, mean ratio,
+    behaviour KL) are then over the rows that carry a gradient.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: LossConfig, *,
                  pad_id: int, reference: torch.nn.Module | None = None, micro_batch: int | None = None,
-                 bf16: bool = False, ctx: DistContext | None = None, max_grad_norm: float | None = None) -> None:
+                 bf16: bool = False, ctx: DistContext | None = None, max_grad_norm: float | None = None,
+                 skip_idle_rows: bool = True) -> None:
         self.ctx = ctx or DistContext()
         self.sharded = fsdp.is_sharded(model)
         if bf16 and not self.sharded and not self.ctx.device.startswith("cuda"):
@@ -88,6 +97,7 @@ class PolicyTrainer:
         if max_grad_norm is not None and not max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0 or None, got {max_grad_norm!r}")
         self.max_grad_norm = max_grad_norm
+        self.skip_idle_rows = skip_idle_rows
         self.last_grad_norm = 0.0
         self.model: torch.nn.Module = model
         self.workspace = Workspace()  # the batch's buffers, reused from step to step (learner/batch.py)
@@ -108,14 +118,19 @@ class PolicyTrainer:
         advantages = group_advantages(batch.rewards, batch.group_index, eps=s.advantage_eps,
                                       scale=s.advantage == "std", std=s.advantage_std)
         _, denominator = aggregation_weights(batch.token_mask, mode=s.aggregation, norm_length=s.norm_length)
+        whole = batch
+        if self.skip_idle_rows and s.kl_beta == 0:
+            keep = _rows_with_gradient(advantages, minimum=self.ctx.world)
+            if len(keep) < len(batch):
+                batch, advantages = batch.select(keep), advantages[keep]
         slices = distributed.split_rows(len(batch), self.ctx.world)
         parts = math.ceil((slices[0][1] - slices[0][0]) / (self.micro_batch or len(batch)))  # the first is longest
         shards = [("step", _Shard(batch.rows(lo, hi), advantages[lo:hi], denominator, parts)) for lo, hi in slices]
         _, mine = distributed.exchange(self.ctx, shards)
         stats = sum(distributed.gather(self.ctx, self._train(mine)), LossStats())
-        return StepResult(loss=stats.pg + stats.kl_term, reward_mean=float(batch.rewards.mean()),
-                          reward_std=float(batch.rewards.std(unbiased=False)), tokens=int(batch.token_mask.sum()),
-                          sequences=len(batch), stats=stats, grad_norm=self.last_grad_norm)
+        return StepResult(loss=stats.pg + stats.kl_term, reward_mean=float(whole.rewards.mean()),
+                          reward_std=float(whole.rewards.std(unbiased=False)), tokens=int(whole.token_mask.sum()),
+                          sequences=len(whole), stats=stats, grad_norm=self.last_grad_norm, trained_rows=len(batch))
 
     def load_state(self, model_state: dict | None, optimizer_state: dict | None, *,
                    sharded: Path | None = None) -> None:
@@ -230,3 +245,13 @@ class PolicyTrainer:
         self.last_grad_norm = fsdp.as_float(norm)  # a DTensor over sharded gradients
         self.optimizer.step()
         return stats
+
+
+def _rows_with_gradient(advantages: torch.Tensor, *, minimum: int) -> torch.Tensor:
+    """The indices of the rows whose advantage is not 0, topped up with rows of advantage 0 (which add nothing) to
+    at least ``minimum``: every rank must take part in a step (and the optimizer step on a zero gradient)."""
+    keep = torch.nonzero(advantages != 0).flatten()
+    if len(keep) >= minimum:
+        return keep
+    idle = torch.nonzero(advantages == 0).flatten()[: minimum - len(keep)]
+    return torch.sort(torch.cat([keep, idle])).values

@@ -223,3 +223,68 @@ def test_bf16_micro_batched_step_on_gpu_matches_fp32(policy, tiny_model_dir) -> 
     assert results[True][0].loss == pytest.approx(results[False][0].loss, abs=5e-2)
     for fp32, bf16 in zip(results[False][1], after, strict=True):
         assert bf16 == pytest.approx(fp32, abs=0.1)
+
+
+def forwarded_rows(model) -> list[int]:
+    """Rows each forward of ``model`` takes, recorded by a hook."""
+    rows: list[int] = []
+    model.register_forward_pre_hook(lambda _module, args, kwargs: rows.append(int(kwargs["input_ids"].shape[0])),
+                                    with_kwargs=True)
+    return rows
+
+
+def update(model_dir, records_of, *, skip: bool, **fields):
+    """Parameters after one AdamW step of ``PolicyTrainer`` (skipping idle rows or not), the rows forwarded, and the
+    step's result."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
+    reference = AutoModelForCausalLM.from_pretrained(model_dir) if fields.get("kl_beta") else None
+    records = records_of(model, tokenizer)
+    rows = forwarded_rows(model)
+    trainer = PolicyTrainer(model, torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1),
+                            loss_config(**fields), pad_id=tokenizer.pad_token_id, reference=reference,
+                            micro_batch=3, max_grad_norm=1.0, skip_idle_rows=skip)
+    result = trainer.step(records)
+    return {name: p.detach().clone() for name, p in model.named_parameters()}, rows, result
+
+
+def mixed_and_uniform(model, tokenizer) -> list[Trajectory]:
+    """Two groups with a winner and a loser, two whose answers all scored the same (advantage 0)."""
+    return on_policy(model, [*make_group(tokenizer, "a", "3+4=", {"7": 1.0, "5": 0.0, "77": 0.0}),
+                             *make_group(tokenizer, "b", "2+2=", {"1": 0.0, "9": 0.0, "12": 0.0}),
+                             *make_group(tokenizer, "c", "5+1=", {"6": 1.0, "66": 1.0, "60": 1.0}),
+                             *make_group(tokenizer, "d", "1+1=", {"3": 0.0, "2": 1.0, "22": 0.0})],
+                     tokenizer.pad_token_id)
+
+
+@pytest.mark.parametrize("fields", [{}, {"type": "gspo"}, {"aggregation": "seq-mean-token-sum-norm"},
+                                    {"off_policy": "tis"}])
+def test_rows_with_advantage_zero_are_skipped_and_the_update_is_unchanged(tiny_model_dir, fields) -> None:
+    whole, whole_rows, whole_result = update(tiny_model_dir, mixed_and_uniform, skip=False, **fields)
+    skipped, skipped_rows, result = update(tiny_model_dir, mixed_and_uniform, skip=True, **fields)
+    assert sum(whole_rows) == 12 and sum(skipped_rows) == 6  # groups b and c carry no gradient
+    assert (whole_result.trained_rows, result.trained_rows, result.sequences) == (12, 6, 12)
+    assert (result.reward_mean, result.tokens) == (whole_result.reward_mean, whole_result.tokens)
+    assert result.loss == pytest.approx(whole_result.loss, abs=1e-6)
+    assert result.grad_norm == pytest.approx(whole_result.grad_norm, rel=1e-5)
+    for name, value in whole.items():
+        torch.testing.assert_close(skipped[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_batch_with_no_gradient_still_takes_the_optimizer_step(tiny_model_dir) -> None:
+    def uniform(model, tokenizer):
+        return on_policy(model, [*make_group(tokenizer, "b", "2+2=", {"1": 0.0, "9": 0.0}),
+                                 *make_group(tokenizer, "c", "5+1=", {"6": 1.0, "66": 1.0})], tokenizer.pad_token_id)
+
+    whole, _, _ = update(tiny_model_dir, uniform, skip=False)
+    skipped, rows, result = update(tiny_model_dir, uniform, skip=True)
+    assert sum(rows) == 1 and result.trained_rows == 1  # one row of weight 0: the step itself still happens
+    for name, value in whole.items():  # AdamW's weight decay moved every weight the same way
+        torch.testing.assert_close(skipped[name], value, rtol=0, atol=1e-7, msg=name)
+
+
+def test_with_a_kl_term_every_row_is_trained(tiny_model_dir) -> None:
+    _, rows, result = update(tiny_model_dir, mixed_and_uniform, skip=True, kl_beta=0.1)
+    assert sum(rows) == 12 and result.trained_rows == 12
