@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ from .quarantine import Quarantine, all_fit
 if TYPE_CHECKING:
     from .audit import Auditor, Verdict
 
+# A read ahead's blocking reads: how long the training thread may wait for it once it asks for the next batch.
+READ_AHEAD_BLOCK_MS = 200
 ACKED_MEMORY = 100_000  # acknowledged entry ids remembered (a few MB)
 
 
@@ -50,9 +53,10 @@ class StalenessGatedConsumer:
     retry_for_s: float = 0.0  # ride out a Redis outage this long per operation (ReplayBuffer)
     limits: RecordLimits | None = None  # what the model takes (None: only the float32-safe bounds)
     audit: Auditor | None = None  # checks every text against its ids, audits a sample (None: none)
-    # Read (and parse) the next batch's entries on a thread of its own while the current batch trains, so a learner
-    # with data waiting does not wait for Redis. Only what is already there is read ahead (no blocking read), and it
-    # is gated and audited when the next batch is formed, like any read; read and not trained, it stays pending.
+    # Read (and parse, and audit) the next batch's entries on a thread of its own while the current batch trains, so
+    # a learner whose data came while it trained waits neither for Redis nor for the audits: the thread reads what
+    # arrives until it holds the next batch or the next batch is asked for. Gated when the next batch is formed, like
+    # any read; read and not trained, it stays pending.
     prefetch: bool = False
     # Called with the groups of every read (on the reader's thread for a read ahead): the learner starts scoring
     # the owner's reward functions there (learner/scoring.py), so they score while the current batch trains.
@@ -71,6 +75,7 @@ class StalenessGatedConsumer:
         self.quarantine = Quarantine(self.limits or RecordLimits())
         self._reader = concurrent.futures.ThreadPoolExecutor(1, "echo2-prefetch") if self.prefetch else None
         self._ahead: concurrent.futures.Future | None = None
+        self._stop_ahead = threading.Event()  # the next batch is asked for: the read ahead returns what it has
 
     def admissible(self, group: StoredGroup, version: int) -> bool:
         """``group`` may train the learner at ``version`` (v_t): it lags at most S (``staleness``) behind."""
@@ -84,11 +89,16 @@ class StalenessGatedConsumer:
         there, since training or dropping a stale group frees room in the backlog. The first read does not wait,
         so ``on_poll`` runs before any wait."""
         start = time.monotonic()
+        if on_poll is not None:
+            # Room the last step freed is refilled before anything here can take long (the read ahead's audits,
+            # a read): workers generate the batch after next while this one is formed and trains.
+            on_poll()
         if not self._resumed:
             self._take(self.replay.read_pending(self.consumer))  # read before a crash, never acknowledged
             self._resumed = True
         if self._ahead is not None:
             ahead, self._ahead = self._ahead, None
+            self._stop_ahead.set()
             self._take(*ahead.result())
             self._after_reconnect()
         self._dropped_waiting += self._drop_stale(version)
@@ -108,18 +118,26 @@ class StalenessGatedConsumer:
             on_poll()
         batch, self.buffer = self.buffer[:groups], self.buffer[groups:]
         if self._reader is not None and len(self.buffer) < groups:
+            self._stop_ahead.clear()
             self._ahead = self._reader.submit(self._read_ahead, groups - len(self.buffer))
         dropped, self._dropped_waiting = self._dropped_waiting, 0
         quarantined, self.quarantine.since_batch = self.quarantine.since_batch, 0
         return BatchWait(groups=batch, dropped=dropped, wait_s=time.monotonic() - start, quarantined=quarantined)
 
     def _read_ahead(self, count: int) -> tuple[list[StoredGroup], dict[str, Verdict | None] | None]:
-        """On the reader's thread: the entries already waiting (no blocking read), and the audits of the sampled
-        ones when every group read fits the model (an audit scores it: it must not hold a token id past the
-        vocabulary); the training thread gates, quarantines and buffers them when it forms the next batch."""
-        groups = self.replay.read(self.consumer, count=count, block_ms=1)
-        if self.on_read is not None:
-            self.on_read(groups)
+        """On the reader's thread: up to ``count`` groups, read as they arrive until the training thread asks for
+        the next batch (short blocking reads, so it is never kept waiting long), and the audits of the sampled ones
+        when every group read fits the model (an audit scores it: it must not hold a token id past the vocabulary);
+        the training thread gates, quarantines and buffers them when it forms the next batch."""
+        groups: list[StoredGroup] = []
+        while True:
+            read = self.replay.read(self.consumer, count=count - len(groups),
+                                    block_ms=1 if self._stop_ahead.is_set() else READ_AHEAD_BLOCK_MS)
+            if self.on_read is not None and read:
+                self.on_read(read)
+            groups.extend(read)
+            if len(groups) >= count or self._stop_ahead.is_set() or self.replay.reconnects != self._reconnects:
+                break
         if self.audit is None or any(g.packed is None for g in groups) or \
                 not all_fit([g.packed for g in groups], self.quarantine.limits):
             return groups, None
@@ -128,6 +146,7 @@ class StalenessGatedConsumer:
     def close(self) -> None:
         """Let a read ahead finish (what it read stays pending: a restart reads it again) and stop its thread."""
         if self._reader is not None:
+            self._stop_ahead.set()
             self._reader.shutdown(wait=True)
 
     def _after_reconnect(self) -> None:

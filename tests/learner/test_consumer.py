@@ -197,3 +197,35 @@ def test_the_wait_calls_back_so_prompts_are_topped_up_while_stale_groups_are_dro
 
     assert consumer.next_batch(groups=1, version=5, timeout_s=1.5, on_poll=lambda: polls.append(1)) is None
     assert len(polls) >= 1  # the learner's top-up runs within the wait, not only before the next one
+
+
+def test_prompts_are_topped_up_before_the_batch_is_read(learner_client, redis_client) -> None:
+    """A read can take long (its audits): the room the last step freed is refilled first, so workers generate the
+    batch after next meanwhile."""
+    events: list[str] = []
+    consumer = StalenessGatedConsumer(learner_client, JOB, staleness=2, on_read=lambda g: events.append("read"))
+    append_group(redis_client, "g", [3, 3])
+    batch = consumer.next_batch(groups=1, version=3, timeout_s=2.0, on_poll=lambda: events.append("poll"))
+    assert batch is not None and [g.records[0].group_id for g in batch.groups] == ["g"]
+    assert events[:2] == ["poll", "read"]
+
+
+def test_the_read_ahead_takes_groups_that_arrive_while_the_batch_trains(learner_client, redis_client) -> None:
+    import threading
+
+    readers: list[str] = []
+    consumer = StalenessGatedConsumer(learner_client, JOB, staleness=2, prefetch=True,
+                                      on_read=lambda g: readers.extend(threading.current_thread().name for _ in g))
+    try:
+        append_group(redis_client, "first", [3, 3])
+        assert consumer.next_batch(groups=1, version=3, timeout_s=2.0) is not None  # a read ahead starts, empty
+        time.sleep(0.5)  # "first" trains; only then does the next group come
+        append_group(redis_client, "second", [3, 3])
+        deadline = time.monotonic() + 5.0
+        while len(readers) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert readers[1].startswith("echo2-prefetch")  # read (and audited) on the reader's thread, not the wait
+        batch = consumer.next_batch(groups=1, version=4, timeout_s=2.0)
+        assert batch is not None and [g.records[0].group_id for g in batch.groups] == ["second"]
+    finally:
+        consumer.close()
