@@ -12,12 +12,13 @@ checkpoints, acknowledgements) reads, audits and trains on them. The Django site
 in the loop: the bench plays the site's rules on each step report (docs/trust.md "Failed work"): a worker with a
 failed audit is released from the job at once (it stops producing, its leases go back, it is never planned for the
 job again); only failures the site verifies itself count toward suspension across owners (a reward re-scored with
-the built-in task: the ``reward`` forgery), ``--suspend-after`` of them; a log-prob or text failure is that owner's
-word and suspends no one. Billing: the owner pays each producer's generating time while it is active, at
-``--price`` $/h (the site bills leases outstanding, docs/ledger.md), less the credits for failed work (docs/ledger.md
-"Credits for failed work": the generating time of each failed group the report gives evidence of and the site can
-check: a reward it re-scores, a text or log-prob claim about the stored group); the table gives what the forged
-groups cost net of those credits. The run is unbounded: forgers forge until they are released (``--max-steps``
+the built-in task: the ``reward`` forgery; a text decoded with the job's tokenizer: the ``text`` forgery),
+``--suspend-after`` of them; a log-prob failure is that owner's word and suspends no one. Billing: the owner pays
+each producer's generating time while it is active, at ``--price`` $/h (the site bills leases outstanding,
+docs/ledger.md), less the credits for failed work (docs/ledger.md "Credits for failed work": the generating time of
+each failed group the report gives evidence of and the site can check: a reward it re-scores, a text or log-prob
+claim about the stored group); the table gives what the forged groups cost net of those credits.
+The run is unbounded: forgers forge until they are released (``--max-steps``
 learner steps bound it), so the policy trains to confidence on the honest work (``--confident``: the honest groups'
 mean log-prob per token above minus that), where a constant claim of -0.01 per token is close to the truth on most
 tokens (``--logprob-rule old``: the mean gap per token alone, as before, to compare).
@@ -256,7 +257,9 @@ class PoisoningRun:
             if not producer.released:  # the site: released from the job, its leases back, never planned again
                 producer.released = True
                 self.replay.return_leases(worker_id=producer.worker_id)
-            if producer.forgery == "reward":  # re-scored by the site with the built-in task: verified
+            # verified by the site: a reward re-scored with the built-in task, a text decoded with the job's
+            # tokenizer (a one-turn task: marketplace/services/audit_texts.py)
+            if producer.forgery in ("reward", "text"):
                 producer.verified += outcome["failed"]
             for item in outcome["evidence"]:  # the failures the site checks are credited to the owner
                 if not item["passed"] and creditable(item):
