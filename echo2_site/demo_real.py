@@ -58,10 +58,12 @@ def model_builder(model_dir: Path):
 
 
 def job_spec(model_dir: Path, *, quick: bool, steps: int | None = None, lora_rank: int = 0,
-             learning_rate: float | None = None) -> dict:
+             learning_rate: float | None = None, eval_every: int | None = None) -> dict:
     spec = {**JOB, **(QUICK if quick else {}), "model_dir": str(model_dir)}
     if steps is not None:
         spec["max_steps"] = steps
+    if eval_every is not None:
+        spec["eval"] = {**spec["eval"], "every": eval_every}
     if lora_rank:
         # An adapter moves far fewer weights: it takes about ten times the full model's rate (docs/lora.md).
         spec["lora"] = {"rank": lora_rank}
@@ -84,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"instead of the whole model, at lr {LORA_LEARNING_RATE:g} (docs/lora.md).")
     parser.add_argument("--lr", type=float, default=None, help="Learning rate (default: the job's, "
                         f"{JOB['learning_rate']:g}, or {LORA_LEARNING_RATE:g} with --lora).")
+    parser.add_argument("--eval-every", type=int, default=None, metavar="N", help="Evaluate every N steps as "
+                        f"well as before and after (default: the job's, {JOB['eval']['every']}; 0: only those two).")
     parser.add_argument("--port", type=int, default=0, help="Site port (default: a free one).")
     parser.add_argument("--keep-running", action=argparse.BooleanOptionalAction, default=None,
                         help="Leave the site up after the job ends, until Ctrl-C (default: when run in a terminal).")
@@ -100,9 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         demo._start_agents(console, stack, server, tokens, workdir)
         api = httpx.Client(base_url=server + "/api/", headers={"Authorization": f"Token {tokens['demo']}"},
                            timeout=30)
-        job = launch(console, stack, api, server, tokens["demo"], job_spec(model_dir, quick=args.quick,
-                                                                            steps=args.steps, lora_rank=args.lora,
-                                                                            learning_rate=args.lr), workdir)
+        spec = job_spec(model_dir, quick=args.quick, steps=args.steps, lora_rank=args.lora, learning_rate=args.lr,
+                        eval_every=args.eval_every)
+        job = launch(console, stack, api, server, tokens["demo"], spec, workdir)
         code = watch(console, api, stack, job["id"], server)
         demo._hand_over(console, stack, server, job["id"], workdir, args.keep_running, make_target="demo-real")
         return code

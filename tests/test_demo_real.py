@@ -28,6 +28,7 @@ def test_a_lora_demo_trains_an_adapter_at_its_own_rate(tmp_path) -> None:
     assert (full.lora.rank, lora.lora.rank) == (0, 16)
     assert lora.learning_rate > full.learning_rate and "LoRA rank 16" in lora.name
     assert parse_job_spec(job_spec(tmp_path, quick=False, lora_rank=16, learning_rate=5e-5)).learning_rate == 5e-5
+    assert parse_job_spec(job_spec(tmp_path, quick=False, eval_every=16)).eval.every == 16
 
 
 def result(version: int, correct: list[float]) -> dict:
