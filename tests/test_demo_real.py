@@ -18,17 +18,18 @@ def test_the_demo_jobs_train_on_the_training_split_and_evaluate_the_held_out_one
     assert spec.task["name"] == "word_problems" and spec.task["split"] == "train"
     assert spec.eval.before and spec.eval.after and spec.eval.split == "test"
     assert spec.prompt_format.chat and "####" in spec.prompt_format.system_prompt
-    assert (spec.max_steps, spec.eval.problems) == ((2, 8) if quick else (32, 200))
+    assert (spec.max_steps, spec.eval.problems) == ((2, 8) if quick else (48, 200))
     assert parse_job_spec(job_spec(tmp_path, quick=quick, steps=7)).max_steps == 7
 
 
-def test_a_lora_demo_trains_an_adapter_at_its_own_rate(tmp_path) -> None:
-    full = parse_job_spec(job_spec(tmp_path, quick=False))
-    lora = parse_job_spec(job_spec(tmp_path, quick=False, lora_rank=16))
-    assert (full.lora.rank, lora.lora.rank) == (0, 16)
-    assert lora.learning_rate > full.learning_rate and "LoRA rank 16" in lora.name
-    assert parse_job_spec(job_spec(tmp_path, quick=False, lora_rank=16, learning_rate=5e-5)).learning_rate == 5e-5
-    assert parse_job_spec(job_spec(tmp_path, quick=False, eval_every=16)).eval.every == 16
+def test_the_demo_trains_an_adapter_and_the_whole_model_at_a_tenth_of_its_rate(tmp_path) -> None:
+    lora = parse_job_spec(job_spec(tmp_path, quick=False))
+    full = parse_job_spec(job_spec(tmp_path, quick=False, lora_rank=0))
+    assert (lora.lora.rank, full.lora.rank) == (16, 0) and "whole model" in full.name
+    assert lora.learning_rate == pytest.approx(10 * full.learning_rate)
+    assert parse_job_spec(job_spec(tmp_path, quick=False, lora_rank=32)).lora.rank == 32
+    assert parse_job_spec(job_spec(tmp_path, quick=False, learning_rate=5e-5)).learning_rate == 5e-5
+    assert parse_job_spec(job_spec(tmp_path, quick=False, eval_every=8)).eval.every == 8
 
 
 def result(version: int, correct: list[float]) -> dict:
