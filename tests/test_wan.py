@@ -171,8 +171,11 @@ def ours(pid: int) -> tuple[list[str], list[str]]:
 
 
 def start_topology() -> subprocess.Popen:
+    # SIGINT as a terminal delivers it: a test run started in the background by a shell inherits it ignored, and so
+    # would the topology, which would then never see the Ctrl-C this file sends.
     proc = subprocess.Popen((sys.executable, "-m", "bench.wan", "up", "--profile", "harsh", "--agents", "2"),
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     for line in proc.stdout:
         if line.strip() == "ready":
             return proc
