@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import operator
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import orjson
@@ -249,3 +249,12 @@ def _append(out: PackedRecords, reward: float, prompt: str, completion: str, pro
 
 
 _ONE = array("q", [1])
+
+
+def mask_runs(ids: Sequence[int], mask: Sequence[int]) -> list[list[int]]:
+    """``ids`` cut where the loss mask changes: a multi-turn record's turns and environment replies, each decoded
+    on its own as the episode was built (dataplane/tasks/sandbox.py run_episodes). The learner's text check
+    (learner/audit.py) and the site's (marketplace/core/audit_checks.py) cut the same way, so both use this."""
+    cuts = [i for i in range(1, len(mask)) if mask[i] != mask[i - 1]]
+    bounds = [0, *cuts, len(ids)]
+    return [[int(token) for token in ids[a:b]] for a, b in zip(bounds, bounds[1:], strict=False)]

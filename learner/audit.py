@@ -41,10 +41,9 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
-from dataplane.packed import PackedRecords, pack_records
+from dataplane.packed import PackedRecords, mask_runs, pack_records
 from dataplane.records import TrajectoryGroup
 from dataplane.replay import StoredGroup
 from dataplane.tasks import TaskAdapter
@@ -173,15 +172,6 @@ def reward_problem(group: TrajectoryGroup | PackedRecords, task: TaskAdapter, *,
     return reward_check(packed, task, tolerance=tolerance)[0]
 
 
-def _mask_runs(ids, mask) -> list[list[int]]:
-    """``ids`` cut where the loss mask changes: a multi-turn record's turns and environment replies, each decoded
-    on its own as the episode was built (dataplane/tasks/sandbox.py run_episodes)."""
-    m = np.asarray(mask)
-    if len(m) < 2 or m.min() == m.max():
-        return [list(ids)]
-    return [part.tolist() for part in np.split(np.asarray(ids), np.flatnonzero(m[1:] != m[:-1]) + 1)]
-
-
 def text_mismatches(groups: list[StoredGroup], decode: Decode) -> dict[str, Verdict]:
     """The groups of which a record's completion text is not its completion ids decoded (one ``decode`` call for
     every record of ``groups``), by entry id, each with the first such record and the texts where they differ."""
@@ -189,7 +179,7 @@ def text_mismatches(groups: list[StoredGroup], decode: Decode) -> dict[str, Verd
     for stored in groups:
         packed, tok, comp = stored.packed, 0, 0
         for p, c in zip(packed.prompt_lens, packed.completion_lens, strict=True):
-            runs = _mask_runs(packed.tokens[tok + p:tok + p + c], packed.mask[comp:comp + c])
+            runs = mask_runs(packed.tokens[tok + p:tok + p + c], packed.mask[comp:comp + c])
             pieces.extend(runs)
             where.append(len(runs))
             tok, comp = tok + p + c, comp + c

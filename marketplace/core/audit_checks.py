@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dataplane.packed import mask_runs
 from dataplane.seal import SEAL_FIELD, seal_valid
 from dataplane.stored import StoredGroup, field
 from dataplane.tasks import BUILTIN, TaskAdapter, build_task
@@ -221,17 +222,6 @@ def text_item(stored: StoredGroup, record: int, parts: list[str], *, one_turn: b
     return {"parts": parts, "record": record, "one_turn": one_turn, "completion": packed.completions[record],
             "completion_ids": list(packed.tokens[tok + p:tok + p + c]), "mask": list(packed.mask[comp:comp + c]),
             "prompt": packed.prompts[0], "prompt_ids": list(packed.tokens[:packed.prompt_lens[0]])}
-
-
-def mask_runs(ids: Sequence[int], mask: Sequence[int]) -> list[list[int]]:
-    """``ids`` cut where the loss mask changes, each run decoded on its own: the learner's text check
-    (learner/audit.py ``_mask_runs``), for a multi-turn record's turns and the environment's replies."""
-    runs: list[list[int]] = []
-    for i, token in enumerate(ids):
-        if i == 0 or mask[i] != mask[i - 1]:
-            runs.append([])
-        runs[-1].append(int(token))
-    return runs or [[]]
 
 
 def decoded_verdict(item: Mapping[str, Any], *, decode: Decode, encode: Encode) -> SiteCheck:

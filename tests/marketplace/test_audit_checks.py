@@ -140,12 +140,10 @@ def test_a_prompt_failure_decoded_by_the_site() -> None:
     assert decoded_verdict(honest, decode=decode, encode=encode).status == "refused"
 
 
-@pytest.mark.parametrize("mask", [[1, 1, 1, 1], [1, 0, 0, 1], [0, 1, 1, 0], [1], []])
-def test_runs_are_cut_where_the_learner_cuts_them(mask) -> None:
-    from learner.audit import _mask_runs
-
-    ids = list(range(10, 10 + len(mask)))
-    assert mask_runs(ids, mask) == _mask_runs(ids, mask)
+@pytest.mark.parametrize(("mask", "runs"), [([1, 1, 1, 1], [[10, 11, 12, 13]]), ([1, 0, 0, 1], [[10], [11, 12], [13]]),
+                                           ([0, 1, 1, 0], [[10], [11, 12], [13]]), ([1], [[10]]), ([], [[]])])
+def test_runs_are_cut_where_the_loss_mask_changes(mask, runs) -> None:
+    assert mask_runs(list(range(10, 10 + len(mask))), mask) == runs
 
 
 def test_which_tasks_are_one_turn() -> None:
