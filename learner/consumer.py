@@ -84,14 +84,11 @@ class StalenessGatedConsumer:
     def next_batch(self, *, groups: int, version: int, timeout_s: float,
                    on_poll: Callable[[], object] | None = None) -> BatchWait | None:
         """Wait up to ``timeout_s`` for ``groups`` groups admissible at the learner's ``version``; None if they did
-        not come (stale ones are dropped and counted meanwhile). ``on_poll``
-        runs after each read (at least once a second, and at least once per call): the learner tops up prompts
-        there, since training or dropping a stale group frees room in the backlog. The first read does not wait,
-        so ``on_poll`` runs before any wait."""
+        not come (stale ones are dropped and counted meanwhile). ``on_poll`` runs first, before anything here can
+        take long, and again after each read (at least once a second; once at the end when no read was needed):
+        the learner tops up prompts there, since training or dropping a stale group frees room in the backlog."""
         start = time.monotonic()
-        if on_poll is not None:
-            # Room the last step freed is refilled before anything here can take long (the read ahead's audits,
-            # a read): workers generate the batch after next while this one is formed and trains.
+        if on_poll is not None:  # workers generate the batch after next while this one is read, audited, trained
             on_poll()
         if not self._resumed:
             self._take(self.replay.read_pending(self.consumer))  # read before a crash, never acknowledged
