@@ -92,8 +92,11 @@ local function return_one(prompts, trajectories, counters, delivered, marker, pg
   redis.call('HINCRBY', delivered, worker, 1)
   redis.call('SET', marker, worker .. ' ' .. group_id .. ' ' .. id, 'EX', remember_s)
   if ev then
-    -- the member gets ':<ms the lease was held>' (since its delivery or last renewal): the span billed for it
-    redis.pcall('ZADD', ev[1], ev[3], ev[2] .. ':' .. pending[1][3])
+    -- the member gets ':<ms the lease was held>' (since its delivery or last renewal): the span billed for it.
+    -- Scored at Redis' clock, the one the idle time was read on: the caller's clock, read before the call,
+    -- would date every span early by the round trip (a bill that ends before its lease did)
+    local t = redis.call('TIME')
+    redis.pcall('ZADD', ev[1], string.format('%d.%06d', t[1], t[2]), ev[2] .. ':' .. pending[1][3])
     redis.pcall('ZREMRANGEBYSCORE', ev[1], '-inf', ev[4])
     redis.pcall('EXPIRE', ev[1], ev[5])
   end

@@ -147,13 +147,17 @@ def observed(worker_ids: list[int], *, job_id: int) -> dict[int, Observed]:
     """:class:`Observed` of each worker in ``job_id``, in one round trip: with the leases pending under its consumer
     in the job's prompt stream (``dataplane.replay``), which say whether it holds one now and since when."""
     pipe = stream.client().pipeline(transaction=False)
+    # Redis' clock, read in the same round trip as the idle times and the accepted groups' times (both on it): ours,
+    # read after the reply, would date every lease late by the round trip
+    pipe.time()
     for wid in worker_ids:
         pipe.hmget(observed_key(wid, job_id), ["leased", "installed", "starved"])
         pipe.zrangebyscore(accepted_key(wid, job_id), "-inf", "+inf", withscores=True)  # trimmed to two windows
         pipe.xpending_range(prompts_key(job_id), PROMPT_GROUP, min="-", max="+", count=HELD_SCAN,
                             consumername=consumer_name(wid))
-    rows = pipe.execute(raise_on_error=False)
-    now, timeout = time.time(), float(settings.ECHO2["LEASE_TIMEOUT_S"])
+    clock, *rows = pipe.execute(raise_on_error=False)
+    now = time.time() if isinstance(clock, Exception) else clock[0] + clock[1] / 1e6
+    timeout = float(settings.ECHO2["LEASE_TIMEOUT_S"])
     out = {}
     for i, wid in enumerate(worker_ids):
         (leased, installed, starved), last, pending = rows[3 * i: 3 * i + 3]

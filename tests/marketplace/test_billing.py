@@ -47,6 +47,19 @@ def test_a_heartbeat_about_another_job_is_idle_for_this_one():
     assert billing.effective_state(reported="generating", reported_job_id=None, job_id=3) == "idle"
 
 
+def test_a_short_wait_between_two_leases_is_not_billed_and_a_lease_taken_with_the_return_is():
+    # a group returned at 101.0 and the next lease asked for in another round trip 20 ms later: the 20 ms held
+    # nothing (a 50 ms merge used to bill it, about 1.4 s per worker over a 250-step job); the lease taken by the
+    # same script as the return, dated a millisecond apart by Redis' rounding, is one span
+    reports = billing.observed_reports(state="generating", reported_at=100.0, started=0.0, reported="generating",
+                                       installed=1.0, held_since=101.02, held_until=101.0,
+                                       holds=[(99.0, 101.0)], now=102.0)
+    folded = billing.fold_reports(state="generating", reported_at=100.0, rate=Decimal(36), reports=reports,
+                                  gap_limit_s=30.0)
+    assert sum(folded.added_seconds) == pytest.approx(1.98)
+    assert billing.held_spans(holds=[(99.0, 101.0)], held_since=101.001, since=100.0, until=102.0) == [(100.0, 102.0)]
+
+
 def test_failing_too_long_counts_from_when_the_loop_first_failed():
     assert not billing.failing_too_long(state="failed", since=100.0, now=219.0, limit_s=120.0)
     assert billing.failing_too_long(state="failed", since=100.0, now=220.0, limit_s=120.0)
