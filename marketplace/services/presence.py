@@ -42,7 +42,15 @@ def _session_open(worker_id: int, *, at: datetime) -> WorkerSession:
     if stale is not None:
         last = stale.worker.last_heartbeat or stale.started_at
         seen = liveness.last_seen([worker_id]).get(worker_id)  # newer than the database's when not folded yet
-        _session_close(worker_id, at=max(last, _when(seen)) if seen is not None else last)
+        closed = max(last, _when(seen)) if seen is not None else last
+        _session_close(worker_id, at=closed)
+        # The billing fold took the socket for open meanwhile (its leases were still pending: a site process killed
+        # never said the socket went), so it billed the time in between: given back, and billed again only from
+        # this hello, by what the site sees then.
+        for activation_id in Activation.objects.filter(worker_id=worker_id, ended_at=None).values_list("pk",
+                                                                                                        flat=True):
+            activation_report(activation_id=activation_id, at=min(closed, at), state="idle")
+            activation_report(activation_id=activation_id, at=at, state="idle")
     return WorkerSession.objects.create(worker_id=worker_id, started_at=at)
 
 

@@ -147,3 +147,33 @@ async def test_a_frozen_agent_is_billed_nothing_after_its_last_heartbeat(setting
     assert row.ended_at is not None
     assert row.billed_seconds == pytest.approx(last_beat - leased_at, abs=TOLERANCE_S)
     await comm.disconnect()
+
+
+async def test_a_site_process_that_died_never_bills_the_time_until_its_agent_says_hello_again(redis_client):
+    """The site process holding the socket was killed: the close never reached the site, so the beats kept billing
+    the worker's pending lease as if the socket were open. The agent's hello on a new socket ends the old session at
+    its last heartbeat, and what was billed after it is given back (1.7 worker-seconds in the fault suite's
+    site-restart row before)."""
+    job, worker, key = await setup_job_and_worker()
+    comm = await connect(key)
+    await started_with(comm, job)
+    started = (await billed(job.pk)).started_at.timestamp()
+    telemetry.record_observed(worker.pk, job_id=job.pk, what="installed", at=max(time.time(), started + 0.001))
+    PromptFeeder(redis_client, job_id=job.pk, task=build_task({"name": "arithmetic"}), seed=0, backlog=1).top_up()
+    await comm.send_to(text_data=submit(job.pk, "l1", lease=1))
+    leased_at = time.time()
+    assert (await comm.receive_json_from(timeout=5))["lease"]["leases"]
+    await asyncio.sleep(0.5)
+    await comm.send_json_to({"type": "heartbeat", "job_id": job.pk, "state": "generating"})
+    await asyncio.sleep(0.5)  # its last heartbeat on the old socket: handled by now
+    last_beat = time.time() - 0.5
+    for _ in range(3):  # the site process is gone: nobody records the close; the beats bill the pending lease
+        await asyncio.sleep(0.7)
+        await beat()
+    assert (await billed(job.pk)).billed_seconds > last_beat - leased_at + 1.0
+    again = await connect(key)  # the agent reconnects to another process
+    await again.send_json_to({"type": "hello", "agent_version": "test"})
+    assert (await again.receive_json_from(timeout=10))["type"] == "welcome"
+    row = await billed(job.pk)
+    assert row.billed_seconds == pytest.approx(last_beat - leased_at, abs=TOLERANCE_S)
+    await again.disconnect()
