@@ -2,9 +2,9 @@
 seconds it held a lease, both read from the site's own records.
 
 - Leases: the job's prompt stream in the run's private Redis (``dataplane.replay``: a lease is an entry pending
-  under the worker's consumer, delivered at ``now - idle``). :class:`LeaseWatch` reads every pending entry every
-  ``period`` seconds; a lease is held from its delivery until its entry leaves the consumer (group accepted, handed
-  back, claimed by another) or its lease timeout runs out, whichever is first. Its end is known to half a period.
+  under the worker's consumer), replayed from Redis' append-only file by :func:`aof_leases`: a lease is held from
+  its delivery until its entry leaves the consumer (group accepted, handed back, claimed by another) or its lease
+  timeout runs out, whichever is first, each to Redis' millisecond.
 - Sockets: the site's ``WorkerSession`` rows (opened at the welcome, closed when the site saw the socket go).
 - Bills: the site's ``LedgerEntry`` rows of the job in state ``generating`` (each an interval ``[started_at, at]``),
   less its ``credit`` rows (billed time given back: ``[started_at, started_at - seconds]``).
@@ -16,10 +16,9 @@ held, billed but not held (over) and held but not billed (under), worker-seconds
 
 from __future__ import annotations
 
-import bisect
+import re
 import sqlite3
-import threading
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -72,74 +71,70 @@ def total(intervals: list[Interval]) -> float:
     return sum(end - start for start, end in intervals)
 
 
-@dataclass
-class Lease:
-    worker: str  # the consumer name (``worker-<id>``)
-    start: float  # delivery, Unix time
-    last_seen: float
+STREAM_ID = re.compile(rb"^\d+-\d+$")
 
 
-@dataclass
-class LeaseWatch:
-    """Every ``period`` seconds, every entry pending in ``key``'s consumer group ``group`` (``redis``: a client of the
-    run's private Redis), kept as :class:`Lease`. Runs on a thread of its own until :meth:`stop`; a sample that
-    fails (Redis down) is skipped: a lease seen before and after the gap was held through it."""
+def aof_leases(commands: Iterable[list[bytes]], *, key: str, group: str, timeout_s: float) -> dict[str, list[Interval]]:
+    """Per consumer, the union of its leases of stream ``key``'s group ``group``, replayed from Redis' append-only
+    file (``fault_audit.aof_commands``), exact to Redis' millisecond: Redis logs every delivery (``XREADGROUP``,
+    ``XAUTOCLAIM``, ``XCLAIM``) as an ``XCLAIM`` naming the consumer and its time, and the return script's ``XACK``
+    follows the ``XADD`` of the group, whose entry id is that moment. A lease is held from its delivery until it is
+    acknowledged, delivered to another consumer (handed back, or taken once expired), or its timeout runs out since
+    its delivery or last renewal (an ``XCLAIM`` to the same consumer). Sampling the pending entries instead, every
+    0.1 s, missed leases shorter than the period and dated each end to half of it: not evenly, since a lease taken
+    at the instant another ended hides an end dated late and shows one dated early."""
+    name, grp = key.encode(), group.encode()
+    clock = 0.0  # Redis' time as the file last said it
+    owner: dict[bytes, tuple[str, float, float]] = {}  # entry -> (consumer, delivered, last renewed)
+    spans: dict[str, list[Interval]] = {}
 
-    redis: object
-    key: str
-    group: str
-    period: float = 0.1
-    leases: dict[tuple[str, str, int], Lease] = field(default_factory=dict)
-    samples: list[float] = field(default_factory=list)
-    failed: int = 0
+    def end(entry: bytes, at: float) -> None:
+        held = owner.pop(entry, None)
+        if held is not None:
+            consumer, start, renewed = held
+            spans.setdefault(consumer, []).append((start, min(at, renewed + timeout_s)))
 
-    def __post_init__(self) -> None:
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="lease-watch", daemon=True)
-
-    def start(self) -> LeaseWatch:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.period):
-            try:
-                self.sample()
-            except Exception:  # noqa: BLE001 - Redis restarting, the stream not there yet: the next sample counts
-                self.failed += 1
-
-    def sample(self) -> None:
-        # Redis' own clock, read in the same transaction as the idle times: the bench's clock read after the reply
-        # came would date every delivery late by the reply's delay (tens of ms on a loaded machine, every lease)
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.time()
-        pipe.xpending_range(self.key, self.group, min="-", max="+", count=100_000)
-        (seconds, micros), pending = pipe.execute()
-        now = seconds + micros / 1e6
-        for p in pending:
-            consumer = p["consumer"].decode() if isinstance(p["consumer"], bytes) else p["consumer"]
-            entry = p["message_id"].decode() if isinstance(p["message_id"], bytes) else p["message_id"]
-            key = (entry, consumer, int(p["times_delivered"]))
-            lease = self.leases.get(key)
-            if lease is None:
-                self.leases[key] = Lease(consumer, now - p["time_since_delivered"] / 1000, now)
-            else:
-                lease.last_seen = now
-        self.samples.append(now)
-
-    def held(self, timeout_s: float) -> dict[str, list[Interval]]:
-        """Per consumer, the union of its leases: each from its delivery to the middle of its last sample and the
-        next (it was gone then), at most ``timeout_s`` (then it is no longer held: it may go to anyone)."""
-        per: dict[str, list[Interval]] = {}
-        for lease in self.leases.values():
-            i = bisect.bisect_right(self.samples, lease.last_seen)
-            end = (lease.last_seen + self.samples[i]) / 2 if i < len(self.samples) else lease.last_seen
-            per.setdefault(lease.worker, []).append((lease.start, min(end, lease.start + timeout_s)))
-        return {w: union(v) for w, v in per.items()}
+    for args in commands:
+        cmd = args[0].upper()
+        if cmd == b"XADD":  # any stream's: its id is Redis' clock then
+            entry = next((a for a in args[2:] if STREAM_ID.match(a)), None)
+            if entry is not None:
+                clock = max(clock, int(entry.split(b"-")[0]) / 1000)
+            continue
+        if len(args) < 2 or args[1] != name:
+            continue
+        if cmd in (b"DEL", b"UNLINK"):
+            for entry in list(owner):
+                end(entry, clock)
+        elif cmd == b"XACK" and len(args) > 3 and args[2] == grp:
+            for entry in args[3:]:
+                end(entry, clock)
+        elif cmd == b"XCLAIM" and len(args) > 5 and args[2] == grp:
+            consumer, ids, options = args[3].decode(), [], {}
+            i = 5
+            while i < len(args) and STREAM_ID.match(args[i]):
+                ids.append(args[i])
+                i += 1
+            while i < len(args):
+                option = args[i].upper()
+                if option in (b"IDLE", b"TIME", b"RETRYCOUNT", b"LASTID") and i + 1 < len(args):
+                    options[option], i = args[i + 1], i + 2
+                else:
+                    i += 1
+            # a hand-back claims as if idle for a day: its TIME is a day back, so the moment is the clock's
+            at = int(options[b"TIME"]) / 1000 if b"TIME" in options else clock
+            at = clock = max(at, clock)
+            for entry in ids:
+                held = owner.get(entry)
+                if held is not None and held[0] == consumer:
+                    owner[entry] = (consumer, held[1], at)  # renewed: its timeout starts again
+                    continue
+                end(entry, at)
+                if consumer.startswith("worker-"):
+                    owner[entry] = (consumer, at, at)
+    for entry in list(owner):  # still pending at the end of the file
+        end(entry, clock)
+    return {consumer: union(v) for consumer, v in spans.items()}
 
 
 def _unix(text: str | None) -> float | None:

@@ -48,7 +48,6 @@ class Run:
         self.frozen: set[str] = set()
         self.t0 = time.monotonic()
         self.wall0 = time.time()  # the site's records are in Unix time: wall0 + now() is the bench's clock in them
-        self.leases: fb.LeaseWatch | None = None
         self.samples: list[fa.Sample] = []
         self.live: dict = {}
         self.tail = fa.LogTail(self.stack.logs / "learner.log")
@@ -141,12 +140,6 @@ class Run:
         the job ends. The fault's actions run on timers, so a site that answers slowly does not delay them."""
         reader = threading.Thread(target=self.read_logs, name="log-reader", daemon=True)
         reader.start()
-        import redis
-
-        from dataplane.replay import PROMPT_GROUP, prompts_key
-
-        self.leases = fb.LeaseWatch(redis.Redis(port=self.redis_port, socket_timeout=2, socket_connect_timeout=1),
-                                    prompts_key(self.job_id), PROMPT_GROUP).start()
         start = self.now()
         deadline, published, learner_gone, step = start + self.args.run_timeout, None, None, -1
         with self.owner() as api:
@@ -247,8 +240,6 @@ class Run:
 
     def stop(self) -> None:
         self.ended.set()
-        if self.leases is not None:
-            self.leases.stop()
         if self.player is not None:
             self.player.join(120)
         for name in list(self.frozen):
@@ -295,24 +286,27 @@ class Run:
         return wasted + idle, f"{wasted:.0f} discarded records + {idle:.0f} billed while unable to deliver"
 
     def bills(self, row: dict) -> dict | None:
-        """Billed generating worker-seconds (the ledger) against lease-held ones (the prompt stream's pending
-        entries, clipped to the open sockets), fault_bills.reconcile; the stalled span is from the fault to the next
-        step where the job could not progress meanwhile (learner, Redis or site away)."""
-        if self.leases is None:
+        """Billed generating worker-seconds (the ledger) against lease-held ones (the prompt stream's deliveries and
+        acknowledgements in Redis' append-only file, clipped to the open sockets), fault_bills.reconcile; the stalled
+        span is from the fault to the next step where the job could not progress meanwhile (learner, Redis or site
+        away)."""
+        from dataplane.replay import PROMPT_GROUP, prompts_key
+
+        aof = self.dir / "redis" / "appendonlydir"
+        if not aof.exists():
             return None
-        self.leases.stop()
         until, t = time.time(), self.injected_at
         stalled = []
         if t is not None and self.fault.target in ("learner", "redis", "daphne"):
             end = t + row["step_s"] if row["step_s"] is not None else self.now()
             stalled = [(self.wall0 + t, self.wall0 + end)]
         billed, sessions = fb.site_records(self.dir / "site.sqlite3", self.job_id, until)
-        held = {int(name.removeprefix("worker-")): spans
-                for name, spans in self.leases.held(LEASE_TIMEOUT_S).items() if name.startswith("worker-")}
+        leases = fb.aof_leases(fa.aof_commands(aof), key=prompts_key(self.job_id), group=PROMPT_GROUP,
+                               timeout_s=LEASE_TIMEOUT_S)
+        held = {int(name.removeprefix("worker-")): spans for name, spans in leases.items()}
         out = fb.reconcile(billed=billed, held=held, sessions=sessions, stalled=stalled, until=until)
         (self.dir / "bills.json").write_text(json.dumps({"billed": billed, "held": held, "sessions": sessions,
                                                          "stalled": stalled, "wall0": self.wall0}))
-        out["samples"], out["failed_samples"] = len(self.leases.samples), self.leases.failed
         return out
 
     def report(self, started: float) -> dict:

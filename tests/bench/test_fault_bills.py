@@ -23,42 +23,35 @@ def test_interval_algebra():
     assert fb.total(a) == 5
 
 
-class FakeRedis:
-    """A transaction of TIME and XPENDING, answered from a script per sample: (server time, [(entry, consumer,
-    idle ms, deliveries)])."""
-
-    def __init__(self, answers):
-        self.answers = iter(answers)
-
-    def pipeline(self, transaction):
-        return self
-
-    def time(self):
-        pass
-
-    def xpending_range(self, key, group, *, min, max, count):  # noqa: A002 - redis-py's names
-        pass
-
-    def execute(self):
-        now, pending = next(self.answers)
-        return [(int(now), round(now % 1 * 1e6)), [
-            {"message_id": e.encode(), "consumer": c.encode(), "time_since_delivered": idle, "times_delivered": n}
-            for e, c, idle, n in pending]]
+def xclaim(consumer: str, entry: str, at_ms: int, *extra: bytes) -> list[bytes]:
+    """A delivery as Redis writes it to its append-only file."""
+    return [b"XCLAIM", b"k", b"g", consumer.encode(), b"0", entry.encode(), b"TIME", str(at_ms).encode(),
+            b"RETRYCOUNT", b"1", b"FORCE", b"JUSTID", b"LASTID", entry.encode(), *extra]
 
 
-def test_lease_watch_holds_a_lease_from_delivery_to_its_disappearance():
-    watch = fb.LeaseWatch(FakeRedis([(100.0, [("1-0", "worker-7", 500, 1)]), (101.0, [("1-0", "worker-7", 1500, 1)]),
-                                     (102.0, [("1-0", "worker-9", 200, 2)]), (103.0, [])]), "k", "g")
-    for _ in range(4):
-        watch.sample()
-    held = watch.held(timeout_s=10)
-    # worker 7: delivered at 99.5, seen last at 101, gone at 102: held to the middle, 101.5
-    assert held["worker-7"] == [(99.5, 101.5)]
-    # handed to worker 9 (a second delivery) at 101.8, gone at 103
-    assert held["worker-9"] == [(pytest.approx(101.8), 102.5)]
-    # a lease past its timeout is not held any more, whatever the stream still says
-    assert fb.LeaseWatch(FakeRedis([]), "k", "g").held(timeout_s=1) == {}
-    assert watch.held(timeout_s=1)["worker-7"] == [(99.5, 100.5)]
+def test_leases_from_the_append_only_file_are_exact_to_the_millisecond():
+    log = [
+        xclaim("worker-7", "1-0", 100_000),
+        [b"XADD", b"traj", b"100250-0", b"lease_id", b"1-0"],  # its group appended: the clock
+        [b"XACK", b"k", b"g", b"1-0"],  # and acknowledged in the same script
+        xclaim("worker-7", "2-0", 100_250),  # the next lease at the same instant: one span
+        xclaim("worker-7", "2-0", 100_280),  # renewed: held on
+        xclaim("worker-9", "3-0", 100_300),  # a lease of 10 ms, between any two samples 0.1 s apart
+        [b"XADD", b"traj", b"100310-0", b"lease_id", b"3-0"],
+        [b"XACK", b"k", b"g", b"3-0"],
+        xclaim("worker-9", "2-0", 101_000),  # worker 7's lease taken by worker 9: it ends there for 7
+        [b"XADD", b"traj", b"101200-0"],
+        xclaim("returned", "2-0", 101_200 - 86_400_000),  # handed back: dated a day back, happened now
+        xclaim("worker-5", "4-0", 101_300),  # never answered: held until its timeout
+        [b"XADD", b"traj", b"200000-0"],
+    ]
+    held = fb.aof_leases(log, key="k", group="g", timeout_s=30)
+    assert held["worker-7"] == [(100.0, 101.0)]
+    assert held["worker-9"] == [(pytest.approx(100.3), pytest.approx(100.31)), (101.0, 101.2)]
+    assert held["worker-5"] == [(101.3, 131.3)]
+    assert "returned" not in held
+    # another stream or group is not this one's
+    assert fb.aof_leases([xclaim("worker-1", "1-0", 5)], key="other", group="g", timeout_s=30) == {}
 
 
 def test_reconcile_counts_over_under_closed_and_stalled():
