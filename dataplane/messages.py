@@ -30,6 +30,7 @@ from .broadcast import BroadcastStrategy
 from .chat import PromptFormat
 from .hardware import Hardware
 from .records import MAX_GROUP, TrajectoryGroup, error_reason
+from .snapshot import MAX_MANIFEST_BYTES
 from .strict import StrictModel
 
 
@@ -288,8 +289,13 @@ class SnapshotAvailable(_Msg):
     type: Literal["snapshot"] = "snapshot"
     job_id: int
     version: int
-    url: str = Field(description="Base URL serving manifest.json and chunks/<i>.")
-    manifest: dict[str, Any]
+    url: str = Field(description="Base URL serving manifest.json and chunks/<i> (the learner's snapshot server).")
+    manifest_sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="The manifest by reference: the sha256 of "
+                                 "its canonical JSON (dataplane.snapshot.manifest_reference). The agent fetches "
+                                 "``{url}manifest.json`` once per version with its credential and uses it only if it "
+                                 "hashes to this: the manifest the site checked.")
+    manifest_bytes: int = Field(ge=2, le=MAX_MANIFEST_BYTES, description="The size of that canonical JSON: what the "
+                                "fetch reads at most (with a little slack for the server's own spacing).")
     published_at: float
     parent: str | None = Field(default=None, max_length=200, description='"host:port" of the relay to pull '
                                "from; None: fetch over HTTP from ``url``.")

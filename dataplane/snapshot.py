@@ -6,21 +6,26 @@ hash to the learner's digest. A snapshot is ``full`` (the weights, in ``dtype``)
 earlier version (:mod:`dataplane.delta`): then ``base_version``/``base_sha256`` name the full payload it applies
 to and ``full`` is the manifest of the full payload it rebuilds, served under ``{url}full/`` to a receiver that
 lacks the base (docs/broadcast.md "Formats"). A manifest without ``kind`` (older learners) is a full one.
-The manifest reaches agents from the site (which checked its shape with :func:`parse_manifest`), never from a
-peer. Chunks come over HTTP with the worker's transfer credential
-(``Authorization: Bearer``, :mod:`dataplane.credentials`).
+The site checks a manifest's shape (:func:`parse_manifest`) before announcing its version, and tells agents only
+its reference (:func:`manifest_reference`: the sha256 and size of its canonical JSON); each agent fetches the
+manifest once from the learner's server, ``{url}manifest.json``, and uses it only when it hashes to that reference
+(:func:`fetch_manifest`), so it holds exactly what the site checked, never what a peer or a server says instead.
+Manifest and chunks come over HTTP with the worker's transfer credential (``Authorization: Bearer``,
+:mod:`dataplane.credentials`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import http.client
+import json
 import math
+import random
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
@@ -30,6 +35,9 @@ MAX_CHUNK_BYTES = 64 << 20
 declared size, so this bounds what one read of a peer or a server can cost."""
 MAX_CHUNKS = 1 << 17
 """The most chunks a manifest may list: a relay's ``hello`` naming every index still fits its 1 MiB header."""
+MAX_MANIFEST_BYTES = 64 << 20
+"""The largest manifest a ``snapshot`` message may refer to: :data:`MAX_CHUNKS` chunks, and a delta's ``full``
+manifest as many again, at ~110 bytes each."""
 MAX_SNAPSHOT_BYTES = MAX_CHUNKS * MAX_CHUNK_BYTES
 """What the manifest's shape allows at most (8 TiB); the site bounds it further (``ECHO2_MAX_SNAPSHOT_BYTES``)."""
 FULL = "full"  # where a delta version's full payload lives: {url}full/manifest.json, {url}full/chunks/<i>
@@ -224,6 +232,35 @@ def parse_manifest(raw: Any, *, max_total_bytes: int = MAX_SNAPSHOT_BYTES) -> Ma
     return manifest
 
 
+class ManifestReference(NamedTuple):
+    """What a ``snapshot`` message says of its manifest instead of carrying it: the sha256 and the size of the
+    manifest's canonical JSON (:func:`canonical_manifest`)."""
+
+    sha256: str
+    size: int
+
+
+def canonical_manifest(manifest: Manifest | Mapping[str, Any]) -> bytes:
+    """The bytes a manifest's reference hashes: its JSON, every field the model has (``model_dump(mode="json")``,
+    as the site stores it), keys sorted, no spaces, ASCII. The learner serves its own serialization of the same
+    manifest (field order, an older learner's missing defaults), so both ends hash this form of what they hold,
+    never the bytes as they travelled."""
+    data = manifest.model_dump(mode="json") if isinstance(manifest, Manifest) else manifest
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+
+
+def manifest_reference(manifest: Manifest | Mapping[str, Any]) -> ManifestReference:
+    """The reference a ``snapshot`` message carries for ``manifest`` (a :class:`Manifest`, or its JSON as the site
+    stored it after :func:`parse_manifest`)."""
+    data = canonical_manifest(manifest)
+    return ManifestReference(hashlib.sha256(data).hexdigest(), len(data))
+
+
+MANIFEST_SLACK_BYTES = 64 << 10
+"""What a served manifest may exceed its reference's size by (its own serialization: escapes, spacing): the read is
+bounded by the size announced, never by the server."""
+
+
 class _NoRedirects(urllib.request.HTTPRedirectHandler):
     """A snapshot server never redirects: following one would let it point the fetcher anywhere (its own machine,
     a metadata service) past the address rules the URL was checked by."""
@@ -312,3 +349,48 @@ def fetch_payload(base_url: str, manifest: Manifest, *, timeout: float = 30.0, r
                   credential: str | None = None) -> bytes:
     """:func:`fetch_chunks`, joined into one payload."""
     return b"".join(fetch_chunks(base_url, manifest, timeout=timeout, retries=retries, credential=credential))
+
+
+def fetch_manifest(base_url: str, reference: ManifestReference, *, timeout: float = 30.0, retries: int = 3,
+                   backoff_s: float = 0.5, credential: str | None = None, deadline: float | None = None,
+                   max_total_bytes: int = MAX_SNAPSHOT_BYTES) -> Manifest:
+    """GET ``{base_url}manifest.json`` (with ``Authorization: Bearer <credential>``) and return it once it is a
+    manifest whose canonical JSON hashes to ``reference``: the one the site checked and announced. A failed
+    connection, a 5xx or a body cut short is tried again ``retries`` times after ``backoff_s``, doubling, each wait
+    drawn between half and all of it (a fleet told of a version at once does not retry at once); a refusal (4xx: no
+    or a bad credential, a version pruned) and a manifest of other bytes are not: SnapshotError, naming the URL and
+    why. ``timeout`` bounds each try (a server trickling bytes is given up then, and tried again), ``deadline``
+    (``time.monotonic()``) the whole, retries included."""
+    url = f"{base_url.rstrip('/')}/manifest.json"
+    headers = {"Authorization": f"Bearer {credential}"} if credential else {}
+    what = f"manifest {reference.sha256[:12]}... from {url}"
+    for attempt in range(retries + 1):
+        try:
+            request = urllib.request.Request(url, headers=headers)  # noqa: S310 - the site hands out the URL
+            ends = time.monotonic() + timeout if deadline is None else min(deadline, time.monotonic() + timeout)
+            with _OPENER.open(request, timeout=timeout) as response:
+                body = read_bounded(response, reference.size + MANIFEST_SLACK_BYTES, deadline=ends)
+            break
+        except urllib.error.HTTPError as err:
+            if 300 <= err.code < 500 or attempt == retries:
+                reason = err.read(500).decode(errors="replace").strip() if err.fp else ""
+                raise SnapshotError(f"{what}: {err.code} {reason or err.reason}", status=err.code) from None
+            failure: Exception = err
+        except (OSError, http.client.HTTPException, SnapshotError) as err:
+            if attempt == retries:
+                raise SnapshotError(f"{what}: {err or type(err).__name__}") from None
+            failure = err
+        pause = backoff_s * 2**attempt * random.uniform(0.5, 1.0)
+        if deadline is not None and time.monotonic() + pause > deadline:
+            raise SnapshotError(f"{what}: {failure or type(failure).__name__} (no time left to try again)")
+        time.sleep(pause)
+    try:
+        raw = json.loads(body)
+    except ValueError as err:
+        raise SnapshotError(f"{what}: not JSON ({err})") from None
+    manifest = parse_manifest(raw, max_total_bytes=max_total_bytes)
+    got = manifest_reference(manifest)
+    if got != reference:
+        raise SnapshotError(f"{what}: refused: it hashes to {got.sha256[:12]}... ({got.size} bytes), not to the "
+                            f"{reference.sha256[:12]}... ({reference.size} bytes) the site announced")
+    return manifest

@@ -4,7 +4,9 @@ The engine belongs to one job (:class:`JobEngine`): it is built for that job fro
 version 0 (:mod:`dataplane.basemodel`), checked against the job's base digest and kept in the agent's
 :class:`~worker_agent.cache.BaseCache`, through the same ``from_pretrained`` path as any checkpoint directory;
 then each later version's weights are loaded into it. Every version, the base included, arrives the same way:
-from the chain parent (the session's relay, forwarding to our child) or over HTTP, every chunk verified.
+its manifest fetched once from the learner and checked against the reference the site sent
+(:class:`~worker_agent.manifests.Manifests`), then its chunks from the chain parent (the session's relay,
+forwarding to our child) or over HTTP, every chunk verified against that manifest.
 A version published as a delta is applied to the full payload of its base version, which the engine's
 :class:`~worker_agent.weights.HeldWeights` keep (waiting for that version's install when it is still under way);
 without it the version's full payload comes over HTTP from the learner's store, and an agent with no chain child
@@ -27,13 +29,14 @@ import websockets
 
 from dataplane import basemodel
 from dataplane import messages as m
-from dataplane.snapshot import Manifest, SnapshotError, fetch_chunks, full_url, parse_manifest, split
+from dataplane.snapshot import Manifest, SnapshotError, fetch_chunks, full_url, split
 
 from .cache import BaseCache
 from .engines.base import Engine
+from .manifests import Manifests
 from .relaying import Relays
 from .taskdata import fetch_task_data
-from .timing import TRANSFER_FACTOR, Rates, RoundTrips, fetch_timeouts, relay_timeouts
+from .timing import TRANSFER_FACTOR, Rates, RoundTrips, fetch_timeouts, relay_timeouts, transfer_timeout
 from .weights import HeldWeights, rebuild
 
 log = logging.getLogger("echo2.agent")
@@ -65,6 +68,7 @@ class Installer:
         self.cache = cache
         self.user_code = user_code  # the provider's opt-in to job owners' code: only then is a code package fetched
         self.round_trips, self.rates = round_trips or RoundTrips(), rates or Rates()  # time the HTTP fetches
+        self.manifests = Manifests()  # each version's manifest, fetched once
         self.engine_factory = engine_factory
         self.relays = relays
         self.send = send
@@ -199,34 +203,39 @@ class Installer:
         return job is None or snap.version > job.version  # before the base is in: fetched, installed after it
 
     async def _install_base(self, snap: m.SnapshotAvailable) -> None:
-        """Build the job's engine from its base snapshot: from the cache when it holds the digest, else downloaded
-        (relay or HTTP, every chunk verified) and unpacked into the cache."""
-        manifest = parse_manifest(snap.manifest)
+        """Build the job's engine from its base snapshot: from the cache when it holds the job's base digest (no
+        manifest needed, unless a chain child is to be served from it), else downloaded (relay or HTTP, every chunk
+        verified) and unpacked into the cache."""
         expected = self.assignment.base_digest if self.assignment else None
-        if manifest.format != basemodel.FORMAT:
-            raise SnapshotError(f"version 0 is a {manifest.format!r} payload, not a base checkpoint archive")
-        if expected and manifest.sha256 != expected:
-            raise SnapshotError(f"base snapshot sha256 {manifest.sha256[:12]}... is not the job's base digest "
-                                f"{expected[:12]}...")
-        path, source = await self._base_directory(snap, manifest)
+        path = await asyncio.to_thread(self.cache.get, expected) if expected and not snap.parent else None
+        digest, source = expected, "cache"
+        if path is None:
+            manifest = await self._manifest(snap)
+            if manifest.format != basemodel.FORMAT:
+                raise SnapshotError(f"version 0 is a {manifest.format!r} payload, not a base checkpoint archive")
+            if expected and manifest.sha256 != expected:
+                raise SnapshotError(f"base snapshot sha256 {manifest.sha256[:12]}... is not the job's base digest "
+                                    f"{expected[:12]}...")
+            path, source = await self._base_directory(snap, manifest)
+            digest = manifest.sha256
         if self.assignment is not None and self.assignment.job_id == snap.job_id:  # the job's data sets, if any
             await asyncio.to_thread(fetch_task_data, self.cache, self.assignment.task, snapshot_url=snap.url,
                                     credential=snap.credential, allow_user_code=self.user_code())
-        log.info("job %d: building the engine from base snapshot %s... (%s)", snap.job_id, manifest.sha256[:12], path)
+        log.info("job %d: building the engine from base snapshot %s... (%s)", snap.job_id, digest[:12], path)
         engine = await asyncio.to_thread(self.engine_factory, str(path))
         async with self.install_lock:
             if not self._wants(snap):  # reassigned meanwhile
                 return
             engine.prompt_format = self.assignment.prompt_format  # the job's, for every prompt it encodes
-            self.job = JobEngine(job_id=snap.job_id, base_digest=manifest.sha256, engine=engine)
-        await self._report_installed(snap, manifest, source)
+            self.job = JobEngine(job_id=snap.job_id, base_digest=digest, engine=engine)
+        await self._report_installed(snap, source)
 
     async def _base_directory(self, snap: m.SnapshotAvailable, manifest: Manifest) -> tuple[Path, str]:
         """The checkpoint directory of the base digest, and where it came from. A relayed base is received
         through the relay even when cached, so the chain child is served (from the cache's copy)."""
         digest = manifest.sha256
         if not snap.parent:
-            path = await asyncio.to_thread(self.cache.get, digest)
+            path = await asyncio.to_thread(self.cache.get, digest)  # (the assignment named no digest to look for)
             if path is not None:
                 return path, "cache"
             chunks, source = await self._download(snap, manifest)
@@ -241,13 +250,13 @@ class Installer:
                         chunks: dict[int, bytes] | None = None) -> tuple[list[bytes], str]:
         """The verified chunks: from the chain parent (forwarding to our child) or over HTTP; and their source."""
         if snap.parent:
-            _, ordered, source = await self.relays.receive(snap, chunks=chunks,
+            _, ordered, source = await self.relays.receive(snap, manifest, chunks=chunks,
                                                            timeouts=relay_timeouts(self.round_trips))
             return ordered, source
         return await self._fetch(snap.url, manifest, snap.credential), "http"
 
     async def _install_weights(self, snap: m.SnapshotAvailable) -> None:
-        manifest = parse_manifest(snap.manifest)
+        manifest = await self._manifest(snap)
         if manifest.kind == "delta" and not snap.parent and not self._base_within_reach(snap.job_id, manifest):
             chunks, source = None, "http"  # no child to forward the delta to, no base to apply it to: skip it
         else:
@@ -266,7 +275,7 @@ class Installer:
                 await asyncio.to_thread(job.engine.load_weights, tensors)
             job.version, job.held = manifest.version, held
         self.relays.retire(snap.job_id, keep_from=snap.version - 1)
-        await self._report_installed(snap, manifest, source)
+        await self._report_installed(snap, source)
 
     def _base_within_reach(self, job_id: int, delta: Manifest) -> bool:
         """The engine holds the full payload of ``delta``'s base version, or that version's install is under way."""
@@ -296,6 +305,12 @@ class Installer:
                       snap.job_id, snap.version, manifest.base_version, job.version)
         full = await self._fetch(full_url(snap.url), manifest.full, snap.credential)
         return HeldWeights(manifest.full, full), "http"
+
+    async def _manifest(self, snap: m.SnapshotAvailable) -> Manifest:
+        """The manifest ``snap`` names by reference (:class:`~worker_agent.manifests.Manifests`), each try of its
+        fetch within a transfer's wait for its size at the measured round trip and rate."""
+        timeout = transfer_timeout(snap.manifest_bytes, rtt=self.round_trips.path_rtt, rate_bps=self.rates.rate)
+        return await self.manifests.get(snap, timeout=timeout)
 
     async def _fetch(self, url: str, manifest: Manifest, credential: str | None) -> list[bytes]:
         """Every chunk over HTTP, within waits derived from the measured round trip and rate (worker_agent/timing.py):
@@ -328,7 +343,7 @@ class Installer:
             await asyncio.sleep(0.2)
         return self.engine_for(job_id)
 
-    async def _report_installed(self, snap: m.SnapshotAvailable, manifest: Manifest, source: str) -> None:
+    async def _report_installed(self, snap: m.SnapshotAvailable, source: str) -> None:
         now = time.time()
         seconds = max(0.0, now - snap.published_at)  # to the site: publication to install (T_bcast)
         relay = self.relays.get((snap.job_id, snap.version))
@@ -338,12 +353,12 @@ class Installer:
         joined = self.joined_at.get(snap.job_id, 0.0)
         since = "after joining the job" if joined > snap.published_at else "after publication"
         took = max(0.0, now - max(joined, snap.published_at))
-        self.last_install = (snap.job_id, manifest.version, took, since)
+        self.last_install = (snap.job_id, snap.version, took, since)
         # the base once per job at INFO; every later version is in the status line (DEBUG here)
-        log.log(logging.INFO if manifest.version == 0 else logging.DEBUG, "installed snapshot v%d of job %d (%.2fs %s, "
-                "via %s)", manifest.version, snap.job_id, took, since, source)
+        log.log(logging.INFO if snap.version == 0 else logging.DEBUG, "installed snapshot v%d of job %d (%.2fs %s, "
+                "via %s)", snap.version, snap.job_id, took, since, source)
         with contextlib.suppress(ConnectionError, websockets.WebSocketException):  # reported again on reconnect
-            await self.send(m.SnapshotInstalled(job_id=snap.job_id, version=manifest.version, seconds=seconds,
+            await self.send(m.SnapshotInstalled(job_id=snap.job_id, version=snap.version, seconds=seconds,
                                                 source=source, from_parent=stats.from_parent if stats else 0,
                                                 from_fallback=stats.from_fallback if stats else 0))
 

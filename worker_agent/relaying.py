@@ -19,7 +19,7 @@ from dataplane import messages as m
 from dataplane.broadcast.hub import RelayHub
 from dataplane.broadcast.ratelimit import bucket
 from dataplane.broadcast.relay import RelayTimeouts, SnapshotRelay
-from dataplane.snapshot import Manifest, parse_manifest
+from dataplane.snapshot import Manifest
 
 log = logging.getLogger("echo2.agent")
 
@@ -61,13 +61,13 @@ class Relays:
             await self.hub.close()
             self.hub = None
 
-    async def receive(self, snap: m.SnapshotAvailable, chunks: dict[int, bytes] | None = None, *,
-                      timeouts: RelayTimeouts | None = None) -> tuple[Manifest, list[bytes], str]:
-        """Pull the version from the chain parent (forwarding to our child as chunks arrive); the relay fetches
-        what its parent cannot give from the learner's HTTP server. ``chunks`` already held (a cached base) make
-        this relay an origin; ``timeouts``: its waits (worker_agent.timing.relay_timeouts: from the measured round
-        trips). Returns (manifest, the verified chunks in order, source)."""
-        manifest = parse_manifest(snap.manifest)
+    async def receive(self, snap: m.SnapshotAvailable, manifest: Manifest, chunks: dict[int, bytes] | None = None,
+                      *, timeouts: RelayTimeouts | None = None) -> tuple[Manifest, list[bytes], str]:
+        """Pull the version ``manifest`` describes (fetched by the reference in ``snap``, verified) from the chain
+        parent (forwarding to our child as chunks arrive); the relay fetches what its parent cannot give from the
+        learner's HTTP server. ``chunks`` already held (a cached base) make this relay an origin; ``timeouts``: its
+        waits (worker_agent.timing.relay_timeouts: from the measured round trips). Returns (manifest, the verified
+        chunks in order, source)."""
         await self.start_hub()
         bw = self.bandwidth_bps
         relay = SnapshotRelay(manifest, worker_id=self.worker_id, fallback_url=snap.url, chunks=chunks,

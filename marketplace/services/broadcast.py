@@ -79,9 +79,8 @@ def snapshot_message(snap: Snapshot, *, job: Job, worker_id: int, expires: int,
 
 
 def _announced(snap: Snapshot, *, job: Job, expires: int) -> fanout.Announced:
-    return fanout.Announced(job_id=snap.job_id, version=snap.version, url=snap.url, manifest=snap.manifest,
-                            published_at=snap.published_at.timestamp(), strategy=job.settings.broadcast_strategy,
-                            learner_relay=job.learner_relay or "", secret=job.transfer_secret, expires=expires)
+    return fanout.announced(snap, strategy=job.settings.broadcast_strategy, learner_relay=job.learner_relay or "",
+                            secret=job.transfer_secret, expires=expires)
 
 
 def _checked_manifest(job: Job, version: int, manifest: Any) -> dict:

@@ -11,11 +11,15 @@ left on ``release`` and close). Each socket then builds its own worker's ``snaps
 (:meth:`Publication.text_for`): its route from the plan, its credential (an HMAC of the job's secret, no database
 write) and, for a relay parent, the sha256 of its child's. The snapshot row, the job's secret, the plan and the
 addresses are read once per site process and announcement (:class:`PublicationCache`), so what a worker costs
-is two HMACs and a JSON splice, spread over the site's processes, after the learner has its reply.
+is two HMACs and a small message, spread over the site's processes, after the learner has its reply.
 
-The event never carries the manifest: channels_redis 4 queues a group message once per site process, with the
-names of its member channels (~50 bytes each), so the event costs N x 50 bytes however big the snapshot's
-manifest; the messages of the old way (one ``group_send`` per worker) cost N x the manifest.
+Neither the event nor the message carries the manifest. The event: channels_redis 4 queues a group message once
+per site process, with the names of its member channels (~50 bytes each), so it costs N x 50 bytes however big
+the manifest. The message: it names the manifest by reference (``manifest_sha256``, ``manifest_bytes``:
+``dataplane.snapshot.manifest_reference``, computed once per announcement) and each agent fetches the manifest
+once per version from the learner's server (``{url}manifest.json``, the credential it already has for the
+chunks), so a worker's message is a few hundred bytes whatever the snapshot's chunk count, where the whole
+manifest (26.7 KB at 256 chunks) went down every socket before.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from dataplane import credentials
 from dataplane import messages as m
 from dataplane.broadcast import chains, strategies
 from dataplane.replay import TRANSIENT
+from dataplane.snapshot import ManifestReference, manifest_reference
 
 from ..infra import stream, telemetry
 from ..models import Snapshot
@@ -69,7 +74,7 @@ class Announced:
     job_id: int
     version: int
     url: str
-    manifest: dict[str, Any]
+    manifest: ManifestReference  # the manifest by reference: agents fetch it from ``{url}manifest.json``
     published_at: float
     strategy: str
     learner_relay: str
@@ -88,11 +93,11 @@ class Announced:
 
 
 def notice(shared: Announced, *, worker_id: int, route: tuple[int | None, int | None] | None = None,
-           addresses: dict[int, str] | None = None, manifest: dict[str, Any] | None = None) -> m.SnapshotAvailable:
+           addresses: dict[int, str] | None = None) -> m.SnapshotAvailable:
     """The snapshot for worker ``worker_id``, with its transfer credential. ``route`` is its (parent, child) in
     the chain plan (parent None: the learner's relay); without a route it fetches over HTTP from the url. A
-    relay parent also gets the sha256 of its child's credential, the only child it will then serve.
-    ``manifest`` replaces the shared one (the fan-out passes ``{}`` and splices the manifest's JSON in once)."""
+    relay parent also gets the sha256 of its child's credential, the only child it will then serve. The manifest
+    goes by reference, the same for every worker (the agent fetches it once from ``{url}manifest.json``)."""
     relay: dict[str, Any] = {"strategy": shared.strategy}
     if route is not None and shared.relaying:
         parent, child = route
@@ -102,11 +107,16 @@ def notice(shared: Announced, *, worker_id: int, route: tuple[int | None, int | 
             prints = {c: credentials.fingerprint(shared.credential(c)) for c in children}
             relay.update(parent=address, parent_worker_id=parent, children=children, child_credential_sha256=prints)
     return m.SnapshotAvailable(job_id=shared.job_id, version=shared.version, url=shared.url,
-                               manifest=shared.manifest if manifest is None else manifest,
+                               manifest_sha256=shared.manifest.sha256, manifest_bytes=shared.manifest.size,
                                published_at=shared.published_at, credential=shared.credential(worker_id), **relay)
 
 
-_EMPTY_MANIFEST = '"manifest":{}'
+def announced(snap: Snapshot, *, strategy: str, learner_relay: str, secret: str, expires: int) -> Announced:
+    """What every worker's message of ``snap`` shares. The reference hashes the manifest as the site stored it,
+    after checking it (``broadcast._checked_manifest``: ``parse_manifest``, then its JSON)."""
+    return Announced(job_id=snap.job_id, version=snap.version, url=snap.url, manifest=manifest_reference(snap.manifest),
+                     published_at=snap.published_at.timestamp(), strategy=strategy, learner_relay=learner_relay,
+                     secret=secret, expires=expires)
 
 
 @dataclass(frozen=True)
@@ -118,27 +128,21 @@ class Publication:
     routes: dict[int, tuple[int | None, int | None]]  # chain members' (parent, child)
     members: frozenset[int]  # every worker in the plan: chains and rollout-only
     addresses: dict[int, str]  # relay address of every parent in the plan
-    manifest_json: str
 
     @classmethod
     def build(cls, shared: Announced, *, nonce: str, plan: chains.ChainPlan,
               addresses: dict[int, str]) -> Publication:
         members = frozenset(w for chain in plan.chains for w in chain) | frozenset(plan.rollout_only)
-        return cls(shared=shared, nonce=nonce, routes=chains.routes(plan), members=members, addresses=addresses,
-                   manifest_json=json.dumps(shared.manifest, separators=(",", ":")))
+        return cls(shared=shared, nonce=nonce, routes=chains.routes(plan), members=members, addresses=addresses)
 
     def text_for(self, worker_id: int) -> str | None:
         """Worker ``worker_id``'s ``snapshot`` message as JSON text, or None when it is not in the plan (it was
         offline when the plan was made: it gets the newest snapshot with the ``assign`` its next hello brings).
-        The message is validated as any other (pydantic) with an empty manifest, whose JSON, the same for every
-        worker, is then spliced in: what made per-worker messages 25x dearer (``bench/bench_publication.py``)."""
+        Validated as any other message (pydantic); its manifest is the announcement's reference."""
         if worker_id not in self.members:
             return None
-        message = notice(self.shared, worker_id=worker_id, route=self.routes.get(worker_id),
-                         addresses=self.addresses, manifest={})
-        text = message.model_dump_json()
-        # The first '"manifest":{}' is the field: a string value holding it would show its quotes escaped.
-        return text.replace(_EMPTY_MANIFEST, '"manifest":' + self.manifest_json, 1)
+        return notice(self.shared, worker_id=worker_id, route=self.routes.get(worker_id),
+                      addresses=self.addresses).model_dump_json()
 
 
 def publication_announce(*, job_id: int, version: int, plan: chains.ChainPlan, addresses: dict[int, str],
@@ -186,10 +190,8 @@ def publication_load(job_id: int, version: int) -> Publication | None:
         return None
     record = json.loads(raw)
     job = snap.job
-    shared = Announced(job_id=job_id, version=version, url=snap.url, manifest=snap.manifest,
-                       published_at=snap.published_at.timestamp(), strategy=job.settings.broadcast_strategy,
-                       learner_relay=job.learner_relay or "", secret=job.transfer_secret,
-                       expires=int(record["expires"]))
+    shared = announced(snap, strategy=job.settings.broadcast_strategy, learner_relay=job.learner_relay or "",
+                       secret=job.transfer_secret, expires=int(record["expires"]))
     return Publication.build(shared, nonce=record["nonce"], plan=plan,
                              addresses={int(w): a for w, a in record["addresses"].items()})
 

@@ -13,6 +13,7 @@ from django.utils import timezone
 from dataplane import credentials
 from dataplane import messages as m
 from dataplane.chat import PromptFormat
+from dataplane.snapshot import manifest_reference
 from marketplace import services
 from marketplace.infra import telemetry
 from marketplace.models import Snapshot, SnapshotInstall, Worker
@@ -315,12 +316,13 @@ def test_a_published_manifest_must_have_its_shape_and_describe_that_version(push
     assert not job.snapshots.exists()
     good = factories.manifest(job, 1, total_bytes=5000)
     publish(job, 1, total_bytes=5000)
-    # What the agents verify against is the learner's digest, as published.
-    assert pushes[job.activations.get().worker_id][-1].manifest["sha256"] == good["sha256"]
+    # What the agents verify against is the manifest as the learner published it (by reference: they fetch it).
+    sent = pushes[job.activations.get().worker_id][-1]
+    assert (sent.manifest_sha256, sent.manifest_bytes) == manifest_reference(good)
 
 
 def test_a_delta_is_published_with_its_base_and_full_manifest_and_a_half_described_one_is_refused(pushes):
-    from dataplane.snapshot import build_manifest
+    from dataplane.snapshot import build_manifest, parse_manifest
 
     job = running_job(make_workers(1), b0=1000)
     publish(job, 1, total_bytes=5000)
@@ -332,8 +334,8 @@ def test_a_delta_is_published_with_its_base_and_full_manifest_and_a_half_describ
         services.snapshot_publish(job=job, version=2, url="http://l/v2/", manifest=delta | {"full": None})
     services.snapshot_publish(job=job, version=2, url="http://l/v2/", manifest=delta)
     sent = pushes[job.activations.get().worker_id][-1]
-    assert sent.manifest["kind"] == "delta" and sent.manifest["base_version"] == 1
-    assert sent.manifest["full"]["sha256"] == full["sha256"] and sent.manifest["total_bytes"] == 40
+    # The delta's manifest, its full one inside, is what the reference names: an agent fetches and checks both.
+    assert (sent.manifest_sha256, sent.manifest_bytes) == manifest_reference(parse_manifest(delta))
 
 
 def base_manifest(job, *, total_bytes: int = 16) -> dict:

@@ -18,7 +18,7 @@ from dataplane import credentials
 from dataplane import messages as m
 from dataplane.broadcast.hub import RelayHub
 from dataplane.broadcast.relay import SnapshotRelay
-from dataplane.snapshot import build_manifest, split
+from dataplane.snapshot import Manifest, build_manifest, manifest_reference, split
 from echo2_site.demo import free_port
 from marketplace import services
 from marketplace.infra import telemetry
@@ -93,16 +93,20 @@ def on_loop(loop, coro, timeout: float = 30.0):
     return asyncio.run_coroutine_threadsafe(coro, loop).result(timeout)
 
 
-def dispatch(loop, relays: Relays, snap: m.SnapshotAvailable) -> asyncio.Future | None:
+def dispatch(loop, relays: Relays, snap: m.SnapshotAvailable, manifest: Manifest) -> asyncio.Future | None:
     """What the agent's installer does with a ``snapshot`` message (``worker_agent.installs.Installer.install``): a
-    version it already relays is rerouted (new parent and/or child), a new one received through the relay."""
+    version it already relays is rerouted (new parent and/or child), a new one received through the relay, as
+    ``manifest`` describes it (the installer fetches it by the message's reference: here the learner's HTTP server
+    is a closed port, so the test hands it over)."""
+    assert (snap.manifest_sha256, snap.manifest_bytes) == manifest_reference(manifest)  # what a fetch would check
+
     async def go():
         key = (snap.job_id, snap.version)
         if key in relays:
             if snap.parent:
                 relays.reroute(relays.get(key), snap)
             return None
-        return asyncio.ensure_future(relays.receive(snap))
+        return asyncio.ensure_future(relays.receive(snap, manifest))
     return on_loop(loop, go())
 
 
@@ -150,7 +154,7 @@ def test_a_relay_killed_mid_version_its_child_finishes_from_another_relay_withou
         while '"listening"' not in (tmp_path / "w3.log").read_text():
             assert time.monotonic() < deadline and killed.poll() is None, (tmp_path / "w3.log").read_text()
             time.sleep(0.05)
-        receiving = {wid: dispatch(loop, agents[wid], pushes[wid][-1]) for wid in (w1, w2, w4, w5)}
+        receiving = {wid: dispatch(loop, agents[wid], pushes[wid][-1], manifest) for wid in (w1, w2, w4, w5)}
         relay5 = on_loop(loop, wait_for_relay(agents[w5], job.pk))
 
         deadline = time.monotonic() + 30
@@ -170,7 +174,7 @@ def test_a_relay_killed_mid_version_its_child_finishes_from_another_relay_withou
         assert telemetry.load_chain_plan(job.pk, 1).chains == ((w1, w3), (w2, w4, w5))
         assert {wid for wid in sent if len(pushes[wid]) > sent[wid]} == {w4, w5}  # only they are told
         for wid in (w4, w5):
-            dispatch(loop, agents[wid], pushes[wid][-1])
+            dispatch(loop, agents[wid], pushes[wid][-1], manifest)
 
         ordered, source = on_loop(loop, finished(receiving[w5]), timeout=60)[1:]
         assert b"".join(ordered) == payload and source == "parent"

@@ -15,6 +15,7 @@ from channels.layers import get_channel_layer
 
 from dataplane import credentials
 from dataplane import messages as m
+from dataplane.snapshot import build_manifest, manifest_reference
 from marketplace import services
 from marketplace.infra import telemetry
 from marketplace.models import Activation, Job, Worker
@@ -105,7 +106,7 @@ async def test_a_published_snapshot_reaches_every_assigned_socket_with_its_own_c
         assert msg.children == ([child] if child else [])
         # A relay parent learns only its child's fingerprint, never a credential.
         assert msg.child_credential_sha256 == ({child: credentials.fingerprint(got[child].credential)} if child else {})
-        assert msg.manifest == factories.manifest(job, 1)
+        assert (msg.manifest_sha256, msg.manifest_bytes) == manifest_reference(factories.manifest(job, 1))
     for comm in comms:
         await comm.disconnect()
 
@@ -211,21 +212,34 @@ async def test_many_sockets_of_one_process_share_one_read():
     assert calls == [(1, 2)]
 
 
-def test_the_spliced_message_is_the_message():
-    from dataplane.snapshot import build_manifest
+MESSAGE_BOUND = 1024  # bytes: a worker's whole message, route and credentials included
 
-    manifest = build_manifest(bytes(5000), job_id=3, version=4, chunk_bytes=1000).model_dump(mode="json")
-    shared = fanout.Announced(job_id=3, version=4, url='http://l/"manifest":{}/', manifest=manifest,
-                              published_at=12.5, strategy="chain", learner_relay=LEARNER_RELAY,
-                              secret=credentials.new_secret(), expires=2_000_000_000)
+
+def test_a_workers_message_names_the_manifest_by_reference_and_its_size_does_not_grow_with_the_chunks():
     from dataplane.broadcast.chains import ChainPlan
 
     plan = ChainPlan(chains=((7, 8, 9),), rollout_only=(10,))
-    publication = fanout.Publication.build(shared, nonce="x", plan=plan, addresses={7: "a:1", 8: "b:2"})
-    for worker_id, route in ((7, (None, 8)), (8, (7, 9)), (9, (8, None)), (10, None)):
-        expected = fanout.notice(shared, worker_id=worker_id, route=route, addresses={7: "a:1", 8: "b:2"})
-        assert json.loads(publication.text_for(worker_id)) == expected.model_dump(mode="json")
-    assert publication.text_for(11) is None  # not in the plan: nothing
+    routes = ((7, (None, 8)), (8, (7, 9)), (9, (8, None)), (10, None))
+    sizes = {}
+    for chunks in (1, 256, 4096):
+        manifest = build_manifest(bytes(chunks * 1024), job_id=3, version=4, chunk_bytes=1024)
+        shared = fanout.Announced(job_id=3, version=4, url="http://l/v4/", manifest=manifest_reference(manifest),
+                                  published_at=12.5, strategy="chain", learner_relay=LEARNER_RELAY,
+                                  secret=credentials.new_secret(), expires=2_000_000_000)
+        publication = fanout.Publication.build(shared, nonce="x", plan=plan, addresses={7: "a:1", 8: "b:2"})
+        for worker_id, route in routes:
+            text = publication.text_for(worker_id)
+            expected = fanout.notice(shared, worker_id=worker_id, route=route, addresses={7: "a:1", 8: "b:2"})
+            assert json.loads(text) == expected.model_dump(mode="json")
+            sent = m.SnapshotAvailable.model_validate_json(text)
+            assert (sent.manifest_sha256, sent.manifest_bytes) == manifest_reference(manifest)
+            sizes[chunks, worker_id] = len(text.encode()), len(str(sent.manifest_bytes))
+        assert publication.text_for(11) is None  # not in the plan: nothing
+    # 256 chunks put 26.7 KB of manifest in every message before; now a message is as long whatever the chunks, but
+    # for the digits of the manifest's size.
+    assert max(size for size, _ in sizes.values()) < MESSAGE_BOUND, sizes
+    for worker_id, _ in routes:
+        assert len({size - digits for (_, w), (size, digits) in sizes.items() if w == worker_id}) == 1, sizes
 
 
 async def test_a_socket_joins_its_group_again_before_channels_redis_forgets_it(monkeypatch, redis_client):

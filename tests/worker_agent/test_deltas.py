@@ -17,9 +17,9 @@ from transformers import AutoModelForCausalLM
 from dataplane import credentials
 from dataplane import messages as m
 from dataplane.broadcast.store import CHUNKS, version_dir
-from dataplane.snapshot import FULL
+from dataplane.snapshot import FULL, manifest_reference
 from echo2_site.demo import free_port
-from learner.serving import RELAY_MODES, LearnerRelay, SnapshotServer, manifest_json
+from learner.serving import RELAY_MODES, LearnerRelay, SnapshotServer
 from learner.snapshots import SnapshotStore, publishable_state
 
 from .test_session import SECRET, assign, make_session, push, snapshot, until
@@ -35,7 +35,8 @@ def cred(worker_id: int, version: int) -> str:
 def chained(manifest, server: SnapshotServer, *, worker_id: int, parent: str, parent_worker_id: int | None,
             children: list[int]) -> m.SnapshotAvailable:
     """What the site sends a worker of the chain plan learner -> HEAD -> TAIL."""
-    return m.SnapshotAvailable(job_id=1, version=manifest.version, manifest=manifest_json(manifest),
+    sha256, size = manifest_reference(manifest)
+    return m.SnapshotAvailable(job_id=1, version=manifest.version, manifest_sha256=sha256, manifest_bytes=size,
                                url=server.url_for(manifest.version), published_at=time.time(), parent=parent,
                                parent_worker_id=parent_worker_id, children=children,
                                credential=cred(worker_id, manifest.version),
@@ -45,7 +46,8 @@ def chained(manifest, server: SnapshotServer, *, worker_id: int, parent: str, pa
 
 def offered(manifest, server: SnapshotServer, *, worker_id: int) -> m.SnapshotAvailable:
     """What the site sends a worker with no place in a chain (it fetches over HTTP)."""
-    return m.SnapshotAvailable(job_id=1, version=manifest.version, manifest=manifest_json(manifest),
+    sha256, size = manifest_reference(manifest)
+    return m.SnapshotAvailable(job_id=1, version=manifest.version, manifest_sha256=sha256, manifest_bytes=size,
                                url=server.url_for(manifest.version), published_at=time.time(),
                                credential=cred(worker_id, manifest.version))
 

@@ -18,8 +18,9 @@ from transformers import AutoModelForCausalLM
 from dataplane import messages as m
 from dataplane.credentials import issue, new_secret
 from dataplane.dataset import content
+from dataplane.snapshot import manifest_reference
 from learner.datasets import lay_out
-from learner.serving import SnapshotServer, manifest_json
+from learner.serving import SnapshotServer
 from learner.snapshots import SnapshotStore
 from worker_agent import status
 from worker_agent.cache import BaseCache
@@ -82,9 +83,10 @@ def served(store: SnapshotStore, path: Path) -> str:
 def snapshot(store: SnapshotStore, server: SnapshotServer, manifest, *, url: str | None = None) -> m.SnapshotAvailable:
     credential = issue(SECRET, job_id=manifest.job_id, worker_id=7, lowest=manifest.version,
                        highest=manifest.version, expires=int(time.time()) + 600)  # as the site issues it
-    return m.SnapshotAvailable(job_id=manifest.job_id, version=manifest.version, manifest=manifest_json(manifest),
-                               url=url or server.url_for(manifest.version), published_at=time.time(),
-                               credential=credential)
+    sha256, size = manifest_reference(manifest)  # the manifest by reference, as the site sends it
+    return m.SnapshotAvailable(job_id=manifest.job_id, version=manifest.version, manifest_sha256=sha256,
+                               manifest_bytes=size, url=url or server.url_for(manifest.version),
+                               published_at=time.time(), credential=credential)
 
 
 def assign(job_id: int, base: m.SnapshotAvailable | None, *, digest: str | None = None) -> m.Assign:

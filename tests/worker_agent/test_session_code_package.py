@@ -51,7 +51,7 @@ def test_an_opted_in_agent_scores_with_the_owners_function_from_the_package(
         session.config = dataclasses.replace(session.config, allow_user_code=True)
         snap = snapshot(store, server, base)
         await push(session, m.Assign(job_id=1, model="/learner/only/path", task=task, group_size=2, max_new_tokens=2,
-                                     temperature=1.0, base_digest=snap.manifest["sha256"],
+                                     temperature=1.0, base_digest=base.sha256,
                                      base=snap.model_dump(mode="json")))
         await until(lambda: submits(socket), "the first lease request, once base, data and code are in")
         lease = m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="l1", group_id="g1", prompt="1+2=")])

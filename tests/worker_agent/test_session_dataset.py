@@ -23,11 +23,11 @@ from .test_session import (  # noqa: F401 (learner_side: a fixture)
 )
 
 
-def dataset_assign(base: m.SnapshotAvailable, digest: str) -> m.Assign:
+def dataset_assign(base: m.SnapshotAvailable, digest: str, *, base_digest: str) -> m.Assign:
     task = {"name": "dataset", "reward": "exact_match",
             "data": {"digest": digest, "format": "jsonl", "prompt_column": "q", "answer_column": "a"}}
     return m.Assign(job_id=1, model="/learner/only/path", task=task, group_size=2, max_new_tokens=2,
-                    temperature=1.0, base_digest=base.manifest["sha256"], base=base.model_dump(mode="json"))
+                    temperature=1.0, base_digest=base_digest, base=base.model_dump(mode="json"))
 
 
 def test_an_agent_fetches_the_jobs_data_set_with_its_base_and_a_later_session_uses_its_cache(
@@ -39,7 +39,7 @@ def test_an_agent_fetches_the_jobs_data_set_with_its_base_and_a_later_session_us
 
     async def scenario() -> None:
         session, socket = make_session(tmp_path, [])
-        await push(session, dataset_assign(snapshot(store, server, base), digest))
+        await push(session, dataset_assign(snapshot(store, server, base), digest, base_digest=base.sha256))
         await until(lambda: submits(socket), "the first lease request, once base and data set are in")
         assert (tmp_path / "cache" / digest / "train.jsonl").read_text() == (files / "train.jsonl").read_text()
         lease = m.Lease(job_id=1, timeout=30, leases=[m.LeasedPrompt(lease_id="l1", group_id="g1", prompt="1+2=")])
@@ -51,7 +51,7 @@ def test_an_agent_fetches_the_jobs_data_set_with_its_base_and_a_later_session_us
 
         server.stop()  # the learner is gone: the next session must find base and data set in its cache
         later, later_socket = make_session(tmp_path, [])
-        await push(later, dataset_assign(snapshot(store, server, base), digest))
+        await push(later, dataset_assign(snapshot(store, server, base), digest, base_digest=base.sha256))
         await until(lambda: submits(later_socket), "a lease request from the cache alone")
         assert [r["source"] for r in later_socket.of("snapshot_installed")] == ["cache"]
         later._stop_rollout()

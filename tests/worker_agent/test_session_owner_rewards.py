@@ -36,7 +36,7 @@ def test_an_agent_without_the_opt_in_serves_a_job_whose_owner_function_the_learn
         assert not session.config.allow_user_code
         available = snapshot(store, server, base)
         await push(session, m.Assign(job_id=1, model="/learner/only/path", task=task, group_size=2, max_new_tokens=2,
-                                     temperature=1.0, base_digest=available.manifest["sha256"],
+                                     temperature=1.0, base_digest=base.sha256,
                                      base=available.model_dump(mode="json")))
         await until(lambda: submits(socket), "a lease request: the job is served, not refused")
         assert not [s for s in socket.of("state") if s.get("state") == "failed"], socket.of("state")

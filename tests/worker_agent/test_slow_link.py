@@ -57,10 +57,12 @@ def test_versions_that_come_while_one_is_fetched_wait_and_only_the_newest_is_ins
 
 
 class TricklingServer:
-    """An HTTP server that answers every GET with a 200, then one byte every 0.2 s: a read never waits long, but
-    the fetch would never end (what a per-read timeout alone allowed)."""
+    """An HTTP server that answers every GET of a chunk with a 200, then one byte every 0.2 s: a read never waits
+    long, but the fetch would never end (what a per-read timeout alone allowed). ``manifest`` is served whole at
+    ``/v0/manifest.json``, so the agent gets as far as the chunks."""
 
-    def __init__(self) -> None:
+    def __init__(self, manifest: bytes) -> None:
+        self.manifest = manifest
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._serve, daemon=True)
@@ -81,7 +83,9 @@ class TricklingServer:
 
     def _trickle(self, conn: socket.socket) -> None:
         with conn:
-            conn.recv(65536)
+            if conn.recv(65536).startswith(b"GET /v0/manifest.json "):
+                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(self.manifest), self.manifest))
+                return
             conn.sendall(b"HTTP/1.0 200 OK\r\n\r\n")  # no length: the body goes on until the connection ends
             while not self.stopped.wait(0.2):
                 try:
@@ -103,7 +107,7 @@ def test_a_fetch_that_never_ends_is_given_up_within_its_derived_bound(
     monkeypatch.setattr(timing, "TRANSFER_FLOOR_S", 1.0)
     store, server = learner_side
     base = store.write_base(tiny_model_dir)
-    trickling = TricklingServer()
+    trickling = TricklingServer(base.model_dump_json().encode())
     url = trickling.url
 
     async def scenario() -> None:
