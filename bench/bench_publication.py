@@ -3,12 +3,15 @@ learner's publish request and the fan-out to N agent sockets on the real site.
 
 Run: ``.venv/bin/python bench/bench_publication.py [--sizes 1000 10000 100000] [--no-relay 0.1]
 [--fanout-sizes 1000 10000 100000] [--members-max 10000] [--chunks 256] [--repeat 3]
-[--database sqlite|postgres] [--no-fanout]``
+[--database sqlite|postgres] [--no-fanout] [--manifest-fetches 1000 10000] [--fetch-clients 64]``
 
 The second table (``bench/publication_fanout.py`` says what is real there): the learner's ``POST /snapshots/``
 time, the time until every agent socket has its own message, the site's CPU per worker and the Redis bytes of the
 fan-out, beside the figures measured before (one channel-layer send per worker in the request). Targets
-at 10 k workers: request under 1 s, every socket notified within 5 s.
+at 10 k workers: request under 1 s, every socket notified within 5 s. The third: the bytes of one worker's message,
+the manifest by reference (now) against inline (before), per worker and per publication. The last
+(``bench/publication_manifests.py``): the learner's snapshot server answering the workers' one fetch each of the
+version's ``manifest.json`` (``--manifest-fetches``, ``--fetch-clients`` at once).
 
 What a publication computes before it can tell N active workers where to pull from (``marketplace.services.
 broadcast.snapshot_publish``): the score and rank of the relays and their assembly into ``N_ch`` chains
@@ -117,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the site's database: a fresh SQLite file, or a fresh database on PostgreSQL at "
                              "127.0.0.1:5432 (dropped at the end)")
     parser.add_argument("--no-fanout", action="store_true", help="print only the planning table (no site)")
+    parser.add_argument("--manifest-fetches", type=int, nargs="*", default=[1_000, 10_000],
+                        help="manifest.json fetches from the learner's snapshot server to time (none: skip)")
+    parser.add_argument("--fetch-clients", type=int, default=64, help="manifest fetches in flight at once")
     args = parser.parse_args(argv)
     table = Table(title=f"Publication planning and routing ({args.no_relay:.0%} of workers without a relay)")
     for col in ("workers", "chains", "plan+route s", "target s", "plain O(N^2) s", "speed-up",
@@ -146,9 +152,15 @@ def main(argv: list[str] | None = None) -> int:
         rows, fanout_ok = fanout.run(args.fanout_sizes, no_relay=args.no_relay, members_max=args.members_max,
                                      chunks=args.chunks, repeat=args.repeat, database=args.database)
         console.print(fanout.table(rows, chunks=args.chunks))
+        console.print(fanout.message_table(rows, chunks=args.chunks))
         print("PASS" if fanout_ok else f"FAIL: at {fanout.TARGET_N:,} workers the request took "
               f"{fanout.REQUEST_TARGET_S} s or more, or some socket waited {fanout.NOTIFIED_TARGET_S} s or more")
         ok &= fanout_ok
+    if args.manifest_fetches:
+        from bench import publication_manifests as manifests
+
+        console.print(manifests.table(manifests.run(args.manifest_fetches, clients=args.fetch_clients,
+                                                    chunks=args.chunks), chunks=args.chunks))
     return 0 if ok else 1
 
 

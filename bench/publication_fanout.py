@@ -14,8 +14,13 @@ frame it would write) and the agents. Workers past ``--members-max`` are in the 
 Per row: the learner's request time (client to reply), the time until every member has its message, the site's
 CPU (this process: request and fan-out) per worker, the Redis bytes of the fan-out (the event as channels_redis
 queues it, with its member list, and the announcement record; beside them the chain plan, stored as before) and
-what the old way queued (one message per worker: the bytes the sockets were sent, scaled to N), and the
-figures measured before (one channel-layer send per worker inside the request).
+what the old way queued (one message per worker, each with the manifest inline, scaled to N), and the figures
+measured before (one channel-layer send per worker inside the request).
+
+And the bytes of one worker's message: as sent now, the manifest by reference (the mean frame the sockets were
+handed), and the same messages with the manifest inline, as the site sent them before (each sampled frame with
+its reference replaced by the manifest's JSON); the socket bytes of one publication both ways (N x the message);
+and what the learner's HTTP server sends instead, once per worker and version (N x its ``manifest.json``).
 """
 
 from __future__ import annotations
@@ -140,14 +145,14 @@ class Sockets:
 
     def __init__(self, expected: int) -> None:
         self.expected, self.count, self.bytes, self.last = expected, 0, 0, 0.0
-        self.samples: dict[int, str] = {}
+        self.samples: dict[int, str] = {}  # a few workers' frames (route, credential and reference included)
         self.done = asyncio.Event()
 
     def sink_for(self, worker_id: int):
         async def send(message: dict) -> None:
             self.count += 1
-            self.bytes += len(message["text"])
-            if len(self.samples) < 3:
+            self.bytes += len(message["text"].encode())
+            if len(self.samples) < 16:
                 self.samples[worker_id] = message["text"]
             if self.count >= self.expected:
                 self.last = time.perf_counter()
@@ -185,6 +190,16 @@ async def join_members(layer, job_id: int, member_ids: list[int], sockets: Socke
     return tasks
 
 
+def inline_bytes(text: str, manifest: dict) -> int:
+    """The bytes of the frame ``text`` with its manifest inline instead of by reference: what the site sent before
+    (the message's JSON with ``"manifest": {...}``, compact, in place of ``manifest_sha256`` and
+    ``manifest_bytes``)."""
+    message = json.loads(text)
+    inline = {("manifest" if key == "manifest_sha256" else key): (manifest if key == "manifest_sha256" else value)
+              for key, value in message.items() if key != "manifest_bytes"}
+    return len(json.dumps(inline, separators=(",", ":")).encode())
+
+
 def redis_bytes(layer, client, job_id: int, version: int, event: dict) -> tuple[int, int]:
     """(fan-out bytes: the event as queued with its member list + the announcement record, the chain plan's)."""
     from marketplace.services import fanout
@@ -202,6 +217,7 @@ async def one_size(n: int, *, no_relay: float, members_max: int, manifest: dict,
     from django.test import Client
 
     from dataplane import credentials
+    from dataplane.snapshot import parse_manifest
     from marketplace.services import fanout
 
     job, token, ids = await sync_to_async(make_fleet, thread_sensitive=True)(n, no_relay=no_relay)
@@ -230,17 +246,22 @@ async def one_size(n: int, *, no_relay: float, members_max: int, manifest: dict,
     nonce = fanout.latest_announced(job.pk)[1]
     event = {"type": fanout.EVENT, "job_id": job.pk, "version": 1, "nonce": nonce}
     fanout_bytes, plan_bytes = redis_bytes(layer, rclient, job.pk, 1, event)
+    stored = parse_manifest({**manifest, "job_id": job.pk}).model_dump(mode="json")  # as the site keeps it
     for worker_id, text in sockets.samples.items():  # each its own credential
         sent = json.loads(text)
         credentials.verify(job.transfer_secret, sent["credential"], job_id=job.pk, version=1, now=time.time(),
                            worker_id=worker_id)
+    message = sockets.bytes / sockets.count
+    grew = statistics.mean(inline_bytes(t, stored) - len(t.encode()) for t in sockets.samples.values())
+    served = len(parse_manifest(stored).model_dump_json().encode())  # the learner's manifest.json (store.py)
     await layer.flush()
     rclient.close()
     return {"n": n, "members": len(members), "request_s": request_s, "notified_s": sockets.last - t0,
             # the request's CPU spread over every worker, the rest (the fan-out) over the sockets that took it
             "cpu_us": 1e6 * (request_cpu / n + (cpu - request_cpu) / len(members)),
-            "fanout_bytes": fanout_bytes, "plan_bytes": plan_bytes,
-            "old_bytes": sockets.bytes * n // max(1, len(members)), "reads": fanout.PUBLICATIONS.loads - loads}
+            "fanout_bytes": fanout_bytes, "plan_bytes": plan_bytes, "old_bytes": (message + grew) * n,
+            "message_bytes": message, "inline_bytes": message + grew, "manifest_bytes": served,
+            "reads": fanout.PUBLICATIONS.loads - loads}
 
 
 def run(sizes: list[int], *, no_relay: float, members_max: int, chunks: int, repeat: int = 3,
@@ -294,6 +315,25 @@ def table(rows: list[dict], *, chunks: int):
                     f"{r['notified_s']:.2f} / {r['notified_max']:.2f}",
                     BEFORE.get(r["n"], "-"), f"{r['cpu_us']:.0f}", _size(r["fanout_bytes"]),
                     _size(r["plan_bytes"]), _size(r["old_bytes"]), f"{r['reads']:g}")
+    return out
+
+
+def message_table(rows: list[dict], *, chunks: int):
+    """One worker's ``snapshot`` message, the manifest inline (before) and by reference (now), and what a
+    publication sends down the sockets either way; beside them what the learner's server sends instead."""
+    from rich.table import Table
+
+    out = Table(title=f"A publication's message per worker (manifest of {chunks} chunks): inline, as before, against "
+                      "by reference; what the learner's HTTP server sends instead (each worker fetches manifest.json "
+                      "once per version)")
+    for col in ("workers", "message inline B", "message by reference B", "ratio", "sockets inline",
+                "sockets by reference", "learner: manifest.json B", "learner: N x manifest"):
+        out.add_column(col, justify="right")
+    for r in rows:
+        out.add_row(f"{r['n']:,}", f"{r['inline_bytes']:,.0f}", f"{r['message_bytes']:,.0f}",
+                    f"{r['inline_bytes'] / r['message_bytes']:.0f}x", _size(r["inline_bytes"] * r["n"]),
+                    _size(r["message_bytes"] * r["n"]), f"{r['manifest_bytes']:,}",
+                    _size(r["manifest_bytes"] * r["n"]))
     return out
 
 
