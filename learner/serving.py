@@ -118,6 +118,9 @@ class _SnapshotHandler(BaseHTTPRequestHandler):
 
 class _SnapshotHTTPServer(ThreadingHTTPServer):
     gate: SnapshotServer
+    # Every worker told of a version fetches its manifest.json at once: socketserver's backlog of 5 dropped their
+    # connections and each dropped one waited out TCP's 1 s SYN retransmission (bench/bench_publication.py).
+    request_queue_size = 1024
 
 
 class SnapshotServer:
