@@ -47,10 +47,10 @@ def _session_open(worker_id: int, *, at: datetime) -> WorkerSession:
         # The billing fold took the socket for open meanwhile (its leases were still pending: a site process killed
         # never said the socket went), so it billed the time in between: given back, and billed again only from
         # this hello, by what the site sees then.
-        for activation_id in Activation.objects.filter(worker_id=worker_id, ended_at=None).values_list("pk",
-                                                                                                        flat=True):
-            activation_report(activation_id=activation_id, at=min(closed, at), state="idle")
-            activation_report(activation_id=activation_id, at=at, state="idle")
+        for activation in Activation.objects.filter(worker_id=worker_id, ended_at=None):
+            _bill_until(activation, at=min(closed, at))
+            activation_report(activation_id=activation.pk, at=min(closed, at), state="idle")
+            activation_report(activation_id=activation.pk, at=at, state="idle")
     return WorkerSession.objects.create(worker_id=worker_id, started_at=at)
 
 
@@ -193,18 +193,21 @@ def worker_heartbeat(*, worker: Worker, throughput: float | None, state: str = "
     Worker.objects.filter(pk=worker.pk).update(**fields)
     transaction.on_commit(lambda: liveness.mark_online(worker.pk, at=now.timestamp(), state=state, job_id=job_id))
     if activation is not None:
-        if previous_at is not None:
-            _bill_until(activation, at=datetime.fromtimestamp(previous_at, tz=UTC), now=now)
+        if previous_at is not None and (now - activation.reported_at).total_seconds() > gap_limit_s():
+            # the report at ``now`` would bill nothing past the gap limit: heartbeats that stayed in Redis would
+            # each have brought the bill up to date
+            _bill_until(activation, at=datetime.fromtimestamp(previous_at, tz=UTC))
         reported = billing.effective_state(reported=state, reported_job_id=job_id, job_id=activation.job_id)
         _observe(activation, at=now, reported=reported, reason=reason, refused=refused,
                  throughput=fields.get("throughput", worker.throughput))
 
 
-def _bill_until(activation: Activation, *, at: datetime, now: datetime) -> None:
-    """Bring the activation's bill up to ``at`` (the worker's last heartbeat, by what was observed then) when the
-    span from its last report to ``now`` is longer than billing's gap limit: heartbeats that stayed in Redis
-    (``liveness``) would each have brought it up to date."""
-    if (now - activation.reported_at).total_seconds() > gap_limit_s() and at > activation.reported_at:
+def _bill_until(activation: Activation, *, at: datetime) -> None:
+    """Bring the activation's bill up to ``at`` (the worker's last heartbeat) by what was observed, lease by lease,
+    when it was last billed before then: a report at ``at`` alone would bill the whole span in the state of the
+    last fold (a lease that ended after it billed to ``at``, one that began after it not at all), and nothing past
+    billing's gap limit."""
+    if at > activation.reported_at:
         activation_observe(activation=activation, at=at, reported=activation.state)
 
 
@@ -374,7 +377,7 @@ def _closes_apply(closes: list[tuple[int, datetime | None, datetime]]) -> None:
     for activation in active:
         at, wid = gone[activation.worker_id], activation.worker_id
         if wid in seen:
-            _bill_until(activation, at=_when(seen[wid]), now=at)
+            _bill_until(activation, at=_when(seen[wid]))
         activation_observe(activation=activation, at=at)
         activation_report(activation_id=activation.pk, at=at, state="idle")  # a closed socket delivers nothing
         transaction.on_commit(lambda job_id=activation.job_id, wid=wid: _return_leases(job_id, wid, why="disconnected"))
@@ -433,7 +436,7 @@ def expire_silent_workers() -> int:
             _session_close(worker.pk, at=worker.last_heartbeat)  # it went silent then, not now
             repair_without(worker)  # before the release ends the activation that names its job
             for activation in Activation.objects.filter(worker=worker, ended_at=None):
-                _bill_until(activation, at=worker.last_heartbeat, now=now)
+                _bill_until(activation, at=worker.last_heartbeat)
                 # nothing is billed after its last heartbeat, whatever it leased before
                 activation_report(activation_id=activation.pk, at=worker.last_heartbeat, state="idle")
                 worker_release(activation=activation, reason="worker stopped sending heartbeats",

@@ -177,3 +177,34 @@ async def test_a_site_process_that_died_never_bills_the_time_until_its_agent_say
     row = await billed(job.pk)
     assert row.billed_seconds == pytest.approx(last_beat - leased_at, abs=TOLERANCE_S)
     await again.disconnect()
+
+
+async def test_after_a_lost_socket_the_time_up_to_its_last_heartbeat_is_billed_lease_by_lease(redis_client):
+    """The worker returned its group after the last fold and held no lease; then its site process died. The
+    hello on a new socket bills up to the last heartbeat by the leases the site saw, not in the state of that fold
+    (which billed the time after the group as generating, up to the heartbeat)."""
+    job, worker, key = await setup_job_and_worker()
+    comm = await connect(key)
+    await started_with(comm, job)
+    started = (await billed(job.pk)).started_at.timestamp()
+    telemetry.record_observed(worker.pk, job_id=job.pk, what="installed", at=max(time.time(), started + 0.001))
+    PromptFeeder(redis_client, job_id=job.pk, task=build_task({"name": "arithmetic"}), seed=0, backlog=1).top_up()
+    await comm.send_to(text_data=submit(job.pk, "l1", lease=1))
+    leased_at = time.time()
+    lease = (await comm.receive_json_from(timeout=5))["lease"]["leases"][0]
+    await comm.send_json_to({"type": "heartbeat", "job_id": job.pk, "state": "generating"})  # reported: new state
+    await asyncio.sleep(0.5)
+    await beat()  # the last fold: generating, from the lease; the heartbeats leave the reports to it from here
+    await asyncio.sleep(0.5)
+    returned_at = time.time()
+    await comm.send_to(text_data=submit(job.pk, "l2", [answer(job.pk, lease, tokens=4)]))
+    assert (await comm.receive_json_from(timeout=5))["results"][0]["accepted"] == 4
+    await asyncio.sleep(2.0)  # holding no lease (not asking for one yet)
+    await comm.send_json_to({"type": "heartbeat", "job_id": job.pk, "state": "generating"})  # stays in Redis
+    await asyncio.sleep(0.5)  # its last heartbeat on the old socket; then the process holding it is gone
+    again = await connect(key)
+    await again.send_json_to({"type": "hello", "agent_version": "test"})
+    assert (await again.receive_json_from(timeout=10))["type"] == "welcome"
+    row = await billed(job.pk)
+    assert row.billed_seconds == pytest.approx(returned_at - leased_at, abs=TOLERANCE_S)
+    await again.disconnect()
