@@ -35,9 +35,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from ..snapshot import Manifest, SnapshotError, assemble, fetch_chunk, ordered_chunks, verify_chunk
+from ..snapshot import Manifest, SnapshotError, assemble, ordered_chunks, verify_chunk
 from . import framing
 from .assembly import ChunkBook
+from .fallback import FallsBack
 from .framing import DEFAULT_PART_BYTES, Frame, PeerRefused, PeerStalled, TransferError
 from .ratelimit import TokenBucket
 from .relaystate import KEEPALIVE_S, RelayStats, RelayTimeouts, Waiters, hand_over_gil_often
@@ -49,7 +50,7 @@ Event = dict[str, Any]
 log = logging.getLogger("echo2.relay")
 
 
-class SnapshotRelay(ServesChildren):
+class SnapshotRelay(ServesChildren, FallsBack):
     def __init__(self, manifest: Manifest, *, worker_id: int, chunks: dict[int, bytes] | None = None,
                  max_children: int = 1, uplink: TokenBucket | None = None, downlink: TokenBucket | None = None,
                  fallback_url: str | None = None, timeouts: RelayTimeouts | None = None,
@@ -206,29 +207,6 @@ class SnapshotRelay(ServesChildren):
                                     f"({len(self._chunks)}/{len(self.manifest.chunks)} chunks, parent {where})")
         return self.ordered()
 
-    async def _fallback_until_rerouted(self) -> None:
-        """The fallback for every chunk still missing, until done or until the site routes us to a (new) parent: a
-        chain repair that comes after the fallback started takes the rest from the relay it names, chunks already
-        stored are kept, and the requests in flight are dropped (their threads finish into nothing). A chunk the
-        fallback cannot give still raises :class:`TransferError`."""
-        fetch = asyncio.create_task(
-            self._fetch_fallback([c.index for c in self.manifest.chunks if c.index not in self._chunks]))
-        switch = asyncio.create_task(self._parent_changed.wait())
-        try:
-            done, _ = await asyncio.wait({fetch, switch}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            switch.cancel()
-            if not fetch.done():
-                fetch.cancel()
-        if fetch in done:
-            fetch.result()
-            return
-        with contextlib.suppress(asyncio.CancelledError, TransferError):
-            await fetch
-        self.stats.fallbacks_interrupted += 1
-        self._emit("fallback_interrupted", parent=f"{self._parent[0]}:{self._parent[1]}" if self._parent else None,
-                   held=len(self._chunks))
-
     async def _wait_parent_change(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._parent_changed.wait(), seconds)
@@ -317,38 +295,3 @@ class SnapshotRelay(ServesChildren):
         if reason:
             await framing.refuse_and_close(writer, reason, peer=peer, timeout=self.timeouts.connect)
             raise TransferError(f"{peer}: refused: {reason}")
-
-    async def _fetch_fallback(self, indices: list[int]) -> None:
-        """Fetch ``indices`` from the learner's HTTP server, up to ``timeouts.fallback_in_flight`` requests at once
-        (one request per chunk; a long link needs several in flight to fill its bandwidth-delay product). A chunk's
-        bytes are taken from the downlink bucket before its request goes out, so the requests in flight together
-        stay within the bucket's rate. The first chunk that cannot be fetched raises :class:`TransferError` (the
-        others still running are cancelled; chunks already stored are kept)."""
-        base = self.fallback_url.rstrip("/") + "/"
-        todo = [i for i in dict.fromkeys(indices) if i not in self._chunks]
-        if not todo:
-            return
-        slots = asyncio.Semaphore(max(1, self.timeouts.fallback_in_flight))
-
-        async def one(index: int) -> None:
-            async with slots:
-                if index in self._chunks:  # a parent (or a bad-chunk retry) got it meanwhile
-                    return
-                if self.downlink is not None:
-                    await self.downlink.acquire(self.manifest.chunks[index].size)
-                try:
-                    data = await asyncio.to_thread(fetch_chunk, base, self.manifest, index,
-                                                   timeout=self.timeouts.stall, credential=self.fallback_credential)
-                except SnapshotError as err:
-                    raise TransferError(f"fallback: {err}") from None
-                if index not in self._chunks:
-                    self.stats.from_fallback += 1
-                    self._store(index, data, source="fallback")
-
-        tasks = [asyncio.create_task(one(i)) for i in todo]
-        try:
-            await asyncio.gather(*tasks)
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
