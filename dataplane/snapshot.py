@@ -7,9 +7,10 @@ earlier version (:mod:`dataplane.delta`): then ``base_version``/``base_sha256`` 
 to and ``full`` is the manifest of the full payload it rebuilds, served under ``{url}full/`` to a receiver that
 lacks the base (docs/broadcast.md "Formats"). A manifest without ``kind`` (older learners) is a full one.
 The site checks a manifest's shape (:func:`parse_manifest`) before announcing its version, and tells agents only
-its reference (:func:`manifest_reference`: the sha256 and size of its canonical JSON); each agent fetches the
-manifest once from the learner's server, ``{url}manifest.json``, and uses it only when it hashes to that reference
-(:func:`fetch_manifest`), so it holds exactly what the site checked, never what a peer or a server says instead.
+its reference (:func:`manifest_reference`: the sha256 and size of its canonical JSON); each agent takes the
+manifest once, from its chain parent's relay ``accept`` or from the learner's server, ``{url}manifest.json``
+(:func:`fetch_manifest`), and uses it only when it hashes to that reference (:func:`verified_manifest`), so it holds
+exactly what the site checked, never what a peer or a server says instead.
 Manifest and chunks come over HTTP with the worker's transfer credential (``Authorization: Bearer``,
 :mod:`dataplane.credentials`).
 """
@@ -384,13 +385,28 @@ def fetch_manifest(base_url: str, reference: ManifestReference, *, timeout: floa
         if deadline is not None and time.monotonic() + pause > deadline:
             raise SnapshotError(f"{what}: {failure or type(failure).__name__} (no time left to try again)")
         time.sleep(pause)
+    return verified_manifest(body, reference, what=what, max_total_bytes=max_total_bytes)
+
+
+def verified_manifest(body: bytes, reference: ManifestReference, *, what: str,
+                      max_total_bytes: int = MAX_SNAPSHOT_BYTES) -> Manifest:
+    """The manifest whose JSON is ``body``, once it hashes to ``reference`` (the one the site checked and announced),
+    wherever it came from: the learner's server (:func:`fetch_manifest`) or a chain parent's ``accept``
+    (:mod:`dataplane.broadcast.relay`). SnapshotError naming ``what`` and why otherwise."""
     try:
         raw = json.loads(body)
     except ValueError as err:
         raise SnapshotError(f"{what}: not JSON ({err})") from None
     manifest = parse_manifest(raw, max_total_bytes=max_total_bytes)
+    if is_canonical(body, reference):  # the very bytes the site hashed: no need to serialize them again
+        return manifest
     got = manifest_reference(manifest)
     if got != reference:
         raise SnapshotError(f"{what}: refused: it hashes to {got.sha256[:12]}... ({got.size} bytes), not to the "
                             f"{reference.sha256[:12]}... ({reference.size} bytes) the site announced")
     return manifest
+
+
+def is_canonical(body: bytes, reference: ManifestReference) -> bool:
+    """``body`` is the canonical JSON that ``reference`` names, byte for byte (what a relay parent sends)."""
+    return len(body) == reference.size and hashlib.sha256(body).hexdigest() == reference.sha256

@@ -75,6 +75,7 @@ class _SnapshotHandler(BaseHTTPRequestHandler):
         except OSError:
             self._reply(404, f"{self.path}: no such version or chunk (pruned?)\n".encode())
             return
+        self.server.gate.count(path)
         self._reply(200, body, content_type="application/octet-stream")
 
     def _target(self, url_path: str, token: str) -> Path | None:
@@ -126,12 +127,17 @@ class _SnapshotHTTPServer(ThreadingHTTPServer):
 class SnapshotServer:
     """Serves the store's versions to credential holders: GET /v<version>/manifest.json and /v<version>/chunks/<i>
     (a delta's full payload under /v<version>/full/).
-    ``refused`` counts refusals by status (401, 403)."""
+    ``refused`` counts refusals by status (401, 403); ``served`` the files sent, ``manifest`` (a version's, its full
+    payload's or a data set's) or ``chunk``. A worker with a relay parent (the learner's hub for a chain's head)
+    takes the manifest from it, so the manifests sent here are those of workers with no relay parent and of relays
+    whose parent failed or lied."""
 
     def __init__(self, store: SnapshotStore, *, host: str = "127.0.0.1", port: int = 0,
                  advertise_host: str | None = None, secret: str | None = None) -> None:
         self.store, self.secret = store, secret
         self.refused: Counter[int] = Counter()
+        self.served: Counter[str] = Counter()
+        self._counting = threading.Lock()  # the handler's threads count at once
         self.httpd = _SnapshotHTTPServer((host, port), _SnapshotHandler)
         self.httpd.gate = self
         self.httpd.daemon_threads = True
@@ -141,6 +147,10 @@ class SnapshotServer:
     def set_secret(self, secret: str | None) -> None:
         """The job's transfer secret (from the site's reply to the announcement): credentials verify from now on."""
         self.secret = secret
+
+    def count(self, path: Path) -> None:
+        with self._counting:
+            self.served["manifest" if path.name == MANIFEST else "chunk"] += 1
 
     @property
     def port(self) -> int:

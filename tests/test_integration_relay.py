@@ -2,7 +2,7 @@
 
 One chain (B0 = Bw): learner -> seed -> middle -> tail. The test checks that snapshots reached agents through a
 relay parent (the site counts installs by source), that after the first update every version travelled as a delta,
-and that the tail's log shows chunks from its parent worker.
+and that the tail's log shows chunks (and the manifest) from its parent worker.
 """
 
 from __future__ import annotations
@@ -76,6 +76,8 @@ def test_snapshots_travel_down_a_relay_chain(stack, tmp_path, tiny_model_dir):
     # per version, middle and tail pull from a worker (the score may reorder the chain between versions)
     assert len(relayed_from_worker) >= 2, logs
     assert any("via parent" in logs[n] for n in relayed_from_worker), logs
+    # the manifest comes down the chain too, in the parent's accept, rather than from the learner's HTTP server
+    assert all("manifest from parent" in logs[n] for n in relayed_from_worker), logs
 
 
 def test_a_relay_killed_mid_job_drops_out_of_the_chain_and_the_job_completes(stack, tmp_path, tiny_model_dir):

@@ -4,9 +4,10 @@ The engine belongs to one job (:class:`JobEngine`): it is built for that job fro
 version 0 (:mod:`dataplane.basemodel`), checked against the job's base digest and kept in the agent's
 :class:`~worker_agent.cache.BaseCache`, through the same ``from_pretrained`` path as any checkpoint directory;
 then each later version's weights are loaded into it. Every version, the base included, arrives the same way:
-its manifest fetched once from the learner and checked against the reference the site sent
-(:class:`~worker_agent.manifests.Manifests`), then its chunks from the chain parent (the session's relay,
-forwarding to our child) or over HTTP, every chunk verified against that manifest.
+from the chain parent (the session's relay, forwarding to our child: the manifest in the parent's ``accept``, then
+the chunks) or over HTTP (the manifest fetched once from the learner, then the chunks), the manifest used only when
+it hashes to the reference the site sent (:class:`~worker_agent.manifests.Manifests`), every chunk verified
+against it.
 A version published as a delta is applied to the full payload of its base version, which the engine's
 :class:`~worker_agent.weights.HeldWeights` keep (waiting for that version's install when it is still under way);
 without it the version's full payload comes over HTTP from the learner's store, and an agent with no chain child
@@ -42,6 +43,15 @@ from .weights import HeldWeights, rebuild
 log = logging.getLogger("echo2.agent")
 
 ENGINE_WAIT_S = 600.0  # a version downloaded while the job's base is still being installed waits this long for it
+
+
+def check_base(manifest: Manifest, expected: str | None) -> None:
+    """Refuse a version-0 manifest that is no base archive, or not of the job's base digest."""
+    if manifest.format != basemodel.FORMAT:
+        raise SnapshotError(f"version 0 is a {manifest.format!r} payload, not a base checkpoint archive")
+    if expected and manifest.sha256 != expected:
+        raise SnapshotError(f"base snapshot sha256 {manifest.sha256[:12]}... is not the job's base digest "
+                            f"{expected[:12]}...")
 
 
 @dataclass
@@ -209,13 +219,11 @@ class Installer:
         expected = self.assignment.base_digest if self.assignment else None
         path = await asyncio.to_thread(self.cache.get, expected) if expected and not snap.parent else None
         digest, source = expected, "cache"
-        if path is None:
+        if path is None and snap.parent:
+            path, digest, source = await self._relayed_base(snap, expected)
+        elif path is None:
             manifest = await self._manifest(snap)
-            if manifest.format != basemodel.FORMAT:
-                raise SnapshotError(f"version 0 is a {manifest.format!r} payload, not a base checkpoint archive")
-            if expected and manifest.sha256 != expected:
-                raise SnapshotError(f"base snapshot sha256 {manifest.sha256[:12]}... is not the job's base digest "
-                                    f"{expected[:12]}...")
+            check_base(manifest, expected)
             path, source = await self._base_directory(snap, manifest)
             digest = manifest.sha256
         if self.assignment is not None and self.assignment.job_id == snap.job_id:  # the job's data sets, if any
@@ -231,36 +239,52 @@ class Installer:
         await self._report_installed(snap, source)
 
     async def _base_directory(self, snap: m.SnapshotAvailable, manifest: Manifest) -> tuple[Path, str]:
-        """The checkpoint directory of the base digest, and where it came from. A relayed base is received
-        through the relay even when cached, so the chain child is served (from the cache's copy)."""
+        """The checkpoint directory of the base digest over HTTP (no chain parent), and where it came from."""
         digest = manifest.sha256
-        if not snap.parent:
-            path = await asyncio.to_thread(self.cache.get, digest)  # (the assignment named no digest to look for)
-            if path is not None:
-                return path, "cache"
-            chunks, source = await self._download(snap, manifest)
-        else:
-            cached = await asyncio.to_thread(self.cache.payload, digest)
-            held = dict(enumerate(split(cached, manifest.chunk_bytes))) if cached else None
-            chunks, source = await self._download(snap, manifest, chunks=held)
-            source = "cache" if cached else source
-        return await asyncio.to_thread(self.cache.put, digest, b"".join(chunks)), source
+        path = await asyncio.to_thread(self.cache.get, digest)  # (the assignment named no digest to look for)
+        if path is not None:
+            return path, "cache"
+        chunks = await self._fetch(snap.url, manifest, snap.credential)
+        return await asyncio.to_thread(self.cache.put, digest, b"".join(chunks)), "http"
 
-    async def _download(self, snap: m.SnapshotAvailable, manifest: Manifest,
-                        chunks: dict[int, bytes] | None = None) -> tuple[list[bytes], str]:
-        """The verified chunks: from the chain parent (forwarding to our child) or over HTTP; and their source."""
-        if snap.parent:
-            _, ordered, source = await self.relays.receive(snap, manifest, chunks=chunks,
-                                                           timeouts=relay_timeouts(self.round_trips))
-            return ordered, source
-        return await self._fetch(snap.url, manifest, snap.credential), "http"
+    async def _relayed_base(self, snap: m.SnapshotAvailable, expected: str | None) -> tuple[Path, str, str]:
+        """The base through the relay (its directory, digest and source), even when cached, so the chain child is
+        served: from the cache's copy, cut as the manifest says once it came (from the parent or the fallback)."""
+        cached = await asyncio.to_thread(self.cache.payload, expected) if expected else None
+
+        def held(manifest: Manifest) -> dict[int, bytes] | None:
+            check_base(manifest, expected)  # refused before a chunk of another payload is taken or served
+            return dict(enumerate(split(cached, manifest.chunk_bytes))) if cached else None
+
+        manifest, chunks, source = await self._relayed(snap, held=held)
+        path = await asyncio.to_thread(self.cache.put, manifest.sha256, b"".join(chunks))
+        return path, manifest.sha256, "cache" if cached else source
+
+    async def _relayed(self, snap: m.SnapshotAvailable, *,
+                       held: Callable[[Manifest], dict[int, bytes] | None] | None = None,
+                       ) -> tuple[Manifest, list[bytes], str]:
+        """``snap``'s manifest and verified chunks from the chain parent (forwarding to our child), and their source.
+        The manifest comes with the parent's ``accept`` unless held already; from the learner only when the parent
+        fails or lies (:meth:`_manifest`)."""
+        known = self.manifests.held(snap)
+        manifest, chunks, source = await self.relays.receive(snap, known, held=held,
+                                                             manifest_fallback=lambda: self._manifest(snap),
+                                                             timeouts=relay_timeouts(self.round_trips))
+        if known is None:
+            relay = self.relays.get((snap.job_id, snap.version))
+            if relay is not None and relay.manifest_from == "parent":
+                self.manifests.relayed_by_parent(snap, manifest)
+        return manifest, chunks, source
 
     async def _install_weights(self, snap: m.SnapshotAvailable) -> None:
-        manifest = await self._manifest(snap)
-        if manifest.kind == "delta" and not snap.parent and not self._base_within_reach(snap.job_id, manifest):
-            chunks, source = None, "http"  # no child to forward the delta to, no base to apply it to: skip it
+        if snap.parent:
+            manifest, chunks, source = await self._relayed(snap)
         else:
-            chunks, source = await self._download(snap, manifest)
+            manifest = await self._manifest(snap)
+            if manifest.kind == "delta" and not self._base_within_reach(snap.job_id, manifest):
+                chunks, source = None, "http"  # no child to forward the delta to, no base to apply it to: skip it
+            else:
+                chunks, source = await self._fetch(snap.url, manifest, snap.credential), "http"
         job = await self._engine_when_built(snap.job_id)
         if job is None or snap.version <= job.version:
             return
@@ -307,8 +331,9 @@ class Installer:
         return HeldWeights(manifest.full, full), "http"
 
     async def _manifest(self, snap: m.SnapshotAvailable) -> Manifest:
-        """The manifest ``snap`` names by reference (:class:`~worker_agent.manifests.Manifests`), each try of its
-        fetch within a transfer's wait for its size at the measured round trip and rate."""
+        """The manifest ``snap`` names by reference, held or fetched from the learner
+        (:class:`~worker_agent.manifests.Manifests`), each try of its fetch within a transfer's wait for its size at
+        the measured round trip and rate."""
         timeout = transfer_timeout(snap.manifest_bytes, rtt=self.round_trips.path_rtt, rate_bps=self.rates.rate)
         return await self.manifests.get(snap, timeout=timeout)
 

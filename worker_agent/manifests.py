@@ -1,11 +1,12 @@
-"""The manifests of the versions the agent installs, fetched once each (docs/broadcast.md "Publication at fleet size").
+"""The manifests of the versions the agent installs, had once each (docs/broadcast.md "The manifest by reference").
 
-A ``snapshot`` message names its manifest by reference (``manifest_sha256``, ``manifest_bytes``): the agent fetches
-``{url}manifest.json`` from the learner's server with the worker's credential (the one its chunks take) and keeps it
-only if it hashes to the reference (:func:`dataplane.snapshot.fetch_manifest`), so it holds the manifest the site
-checked, never another. A manifest is content-addressed by that reference: a repair, a re-sent assignment or the
-answer to a ``snapshot_request`` for a version already fetched costs no second fetch, and sockets in flight for the
-same version share one.
+A ``snapshot`` message names its manifest by reference (``manifest_sha256``, ``manifest_bytes``). An agent with a
+chain parent takes it from the parent's relay ``accept`` (:mod:`worker_agent.relaying`); one without, or whose
+parent failed or lied, fetches ``{url}manifest.json`` from the learner's server with the worker's credential (the
+one its chunks take). Either way it keeps it only if it hashes to the reference
+(:func:`dataplane.snapshot.verified_manifest`), so it holds the manifest the site checked, never another. A manifest
+is content-addressed by that reference: a repair, a re-sent assignment or the answer to a ``snapshot_request`` for a
+version already held costs no second fetch, and installs in flight for the same version share one.
 """
 
 from __future__ import annotations
@@ -26,14 +27,28 @@ def reference(snap: m.SnapshotAvailable) -> ManifestReference:
 
 
 class Manifests:
-    """The newest ``size`` manifests fetched, by reference. ``fetched`` counts the fetches that ended with a
-    verified manifest (the tests read it)."""
+    """The newest ``size`` manifests, by reference: fetched here, or given by a chain parent (the relay checked it
+    against the same reference, :class:`~dataplane.broadcast.relay.SnapshotRelay`). ``fetched`` counts the fetches
+    that ended with a verified manifest, ``relayed`` those that came from a parent instead (the tests read both)."""
 
     def __init__(self, *, size: int = 8) -> None:
         self.size = size
         self.fetched = 0
+        self.relayed = 0
         self._held: OrderedDict[ManifestReference, Manifest] = OrderedDict()
         self._fetching: dict[ManifestReference, asyncio.Task] = {}
+
+    def held(self, snap: m.SnapshotAvailable) -> Manifest | None:
+        """``snap``'s manifest if it is held (no fetch)."""
+        return self._held.get(reference(snap))
+
+    def relayed_by_parent(self, snap: m.SnapshotAvailable, manifest: Manifest) -> None:
+        """Hold ``manifest``, which ``snap``'s chain parent gave and the relay verified against ``snap``'s
+        reference: a repair or a re-sent assignment for the version costs no fetch either."""
+        ref = reference(snap)
+        if ref not in self._held:
+            self.relayed += 1
+            self._keep(ref, manifest)
 
     async def get(self, snap: m.SnapshotAvailable, *, timeout: float) -> Manifest:
         """``snap``'s manifest: held, or fetched from ``{snap.url}manifest.json``, each try within ``timeout`` (the
@@ -62,7 +77,10 @@ class Manifests:
             raise SnapshotError(f"manifest from {snap.url}: of job {manifest.job_id} version {manifest.version}, "
                                 f"not job {snap.job_id} version {snap.version}")
         self.fetched += 1
+        self._keep(ref, manifest)
+        return manifest
+
+    def _keep(self, ref: ManifestReference, manifest: Manifest) -> None:
         self._held[ref] = manifest
         while len(self._held) > self.size:
             self._held.popitem(last=False)
-        return manifest

@@ -2,8 +2,10 @@
 it receives and serves, its place in the chain (parent, child) as the site routes it, and relay failures reported.
 
 A version comes from the chain parent (each chunk forwarded to our child as soon as we have it); what the parent
-cannot give comes over HTTP from the learner (the fallback). Our relay serves a child only with the credential the
-site gave that child (its sha256 comes with the route), whatever id a peer claims (docs/trust.md).
+cannot give comes over HTTP from the learner (the fallback). So does its manifest: the parent's ``accept`` carries
+it, checked against the reference the site sent; a parent that fails or sends another is reported and the
+manifest is fetched from the learner instead. Our relay serves a child only with the credential the site gave
+that child (its sha256 comes with the route), whatever id a peer claims (docs/trust.md).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import websockets
 
@@ -19,7 +21,7 @@ from dataplane import messages as m
 from dataplane.broadcast.hub import RelayHub
 from dataplane.broadcast.ratelimit import bucket
 from dataplane.broadcast.relay import RelayTimeouts, SnapshotRelay
-from dataplane.snapshot import Manifest
+from dataplane.snapshot import Manifest, ManifestReference
 
 log = logging.getLogger("echo2.agent")
 
@@ -61,16 +63,22 @@ class Relays:
             await self.hub.close()
             self.hub = None
 
-    async def receive(self, snap: m.SnapshotAvailable, manifest: Manifest, chunks: dict[int, bytes] | None = None,
-                      *, timeouts: RelayTimeouts | None = None) -> tuple[Manifest, list[bytes], str]:
-        """Pull the version ``manifest`` describes (fetched by the reference in ``snap``, verified) from the chain
-        parent (forwarding to our child as chunks arrive); the relay fetches what its parent cannot give from the
-        learner's HTTP server. ``chunks`` already held (a cached base) make this relay an origin; ``timeouts``: its
-        waits (worker_agent.timing.relay_timeouts: from the measured round trips). Returns (manifest, the verified
-        chunks in order, source)."""
+    async def receive(self, snap: m.SnapshotAvailable, manifest: Manifest | None, *,
+                      manifest_fallback: Callable[[], Awaitable[Manifest]] | None = None,
+                      held: Callable[[Manifest], Mapping[int, bytes] | None] | None = None,
+                      timeouts: RelayTimeouts | None = None) -> tuple[Manifest, list[bytes], str]:
+        """Pull ``snap``'s version from the chain parent (forwarding to our child as chunks arrive); the relay fetches
+        what its parent cannot give from the learner's HTTP server. ``manifest``: the version's, if the agent holds it
+        already; else it comes in the parent's ``accept``, verified against ``snap``'s reference, or, when the parent
+        fails or lies, from ``manifest_fallback`` (the agent's own fetch from the learner). ``held``: the chunks the
+        agent holds once the manifest is known (a cached base: this relay is then an origin for our child; it may
+        refuse the manifest); ``timeouts``: the relay's waits (worker_agent.timing.relay_timeouts: from the measured
+        round trips). Returns (manifest, the verified chunks in order, source)."""
         await self.start_hub()
         bw = self.bandwidth_bps
-        relay = SnapshotRelay(manifest, worker_id=self.worker_id, fallback_url=snap.url, chunks=chunks,
+        relay = SnapshotRelay(manifest, worker_id=self.worker_id, fallback_url=snap.url, held=held,
+                              reference=ManifestReference(snap.manifest_sha256, snap.manifest_bytes),
+                              job_id=snap.job_id, version=snap.version, manifest_fallback=manifest_fallback,
                               uplink=bucket(bw), downlink=bucket(bw), on_event=self._event,
                               credential=snap.credential,  # shown to the parent, the hub and the HTTP fallback
                               timeouts=timeouts)
@@ -82,9 +90,9 @@ class Relays:
         ordered = await relay.receive_chunks()
         stats = relay.stats
         source = "parent" if stats.from_parent and stats.from_parent >= stats.from_fallback else "fallback"
-        log.debug("snapshot v%d of job %d: %d chunks from parent, %d from fallback", snap.version, snap.job_id,
-                 stats.from_parent, stats.from_fallback)
-        return manifest, ordered, source
+        log.debug("snapshot v%d of job %d: %d chunks from parent, %d from fallback, manifest from %s", snap.version,
+                  snap.job_id, stats.from_parent, stats.from_fallback, relay.manifest_from)
+        return relay.manifest, ordered, source
 
     def reroute(self, relay: SnapshotRelay | None, snap: m.SnapshotAvailable) -> None:
         """Our place in the chain for ``snap``'s version, as the site routes it now (a publication or a repair)."""
@@ -128,7 +136,9 @@ class Relays:
             self.drop(key)
 
     def drop(self, key: tuple[int, int]) -> None:
-        self.relays.pop(key, None)
+        relay = self.relays.pop(key, None)
+        if relay is not None:  # a child still waiting for its manifest is told now, not after its give_up
+            relay.abandon(f"worker {self.worker_id} no longer relays job {key[0]} version {key[1]}")
         self.parents.pop(key, None)
         if self.hub is not None:
             self.hub.unregister(*key)

@@ -4,8 +4,12 @@ A frame is ``MAGIC | u32 header length | u64 payload length | header JSON | payl
 
 - ``hello``  (child -> parent): ``job_id, version, worker_id, have`` (chunk indices it already holds, so a
   transfer resumes after a parent switch or a reconnect) and ``credential``, the child's transfer credential
-  (:mod:`dataplane.credentials`); a hello without one is refused by the relay, with the reason.
-- ``accept`` (parent -> child): ``job_id, version, chunks``.
+  (:mod:`dataplane.credentials`); a hello without one is refused by the relay, with the reason. ``manifest``
+  (true): the child has no manifest yet and asks for it in the ``accept``.
+- ``accept`` (parent -> child): ``job_id, version, chunks``; its payload, only when the hello asked for it, is the
+  version's manifest as canonical JSON (:func:`dataplane.snapshot.canonical_manifest`), which the child uses only if
+  it hashes to the reference the site announced. A parent still waiting for its own manifest sends ``idle``
+  frames before its ``accept``.
 - ``chunk``  (parent -> child): ``job_id, version, index, size, sha256`` and ``offset`` (0 when absent); the payload
   is bytes ``offset .. offset + size`` of chunk ``index``: a whole chunk, or one part of it, so a relay forwards a
   chunk in parts as they arrive (cut-through) rather than after all of it (:mod:`dataplane.broadcast.assembly`).
@@ -52,7 +56,9 @@ _REQUIRED: dict[str, dict[str, type | tuple[type, ...]]] = {
     "bye": {},
     "idle": {},  # the parent is alive and waiting for its own parent: a frozen one sends nothing at all
 }
-_OPTIONAL: dict[str, dict[str, type]] = {"hello": {"credential": str, "partial": list}, "chunk": {"offset": int}}
+_OPTIONAL: dict[str, dict[str, type]] = {"hello": {"credential": str, "partial": list, "manifest": bool},
+                                         "chunk": {"offset": int}}
+_CARRIES_PAYLOAD = ("chunk", "accept")  # an accept's payload: the manifest, when the hello asked for it
 DEFAULT_PART_BYTES = 64 << 10
 """A relay sends a chunk in frames of at most this many payload bytes and forwards each as soon as it holds it, so a
 hop adds a part's time, not a chunk's (docs/broadcast.md "Pipelining on long links"). 64 KiB, the read piece
@@ -116,7 +122,8 @@ def validate_header(header: Any, payload_len: int) -> None:
         if not isinstance(value, kind) or isinstance(value, bool):
             raise FrameError(f"{header['type']} frame: field {key!r} missing or not {kind.__name__}")
     for key, kind in _OPTIONAL.get(header["type"], {}).items():
-        if header.get(key) is not None and (not isinstance(header[key], kind) or isinstance(header[key], bool)):
+        value = header.get(key)
+        if value is not None and (not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool)):
             raise FrameError(f"{header['type']} frame: field {key!r} is not {kind.__name__}")
     if header["type"] == "chunk":
         if header["size"] != payload_len or header["index"] < 0:
@@ -125,7 +132,7 @@ def validate_header(header: Any, payload_len: int) -> None:
             raise FrameError(f"chunk frame: offset {header['offset']} is negative")
         if not _SHA256.match(header["sha256"]):
             raise FrameError("chunk frame: sha256 is not 64 hex digits")
-    elif payload_len:
+    elif payload_len and header["type"] not in _CARRIES_PAYLOAD:
         raise FrameError(f"{header['type']} frame carries no payload, got {payload_len} bytes")
     for key in ("have", "indices"):
         if key in header and not all(isinstance(i, int) and i >= 0 for i in header[key]):
@@ -236,12 +243,15 @@ async def refuse_and_close(writer: asyncio.StreamWriter, reason: str, *, peer: s
 
 
 def hello(*, job_id: int, version: int, worker_id: int, have: list[int], credential: str | None = None,
-          partial: dict[int, int] | None = None) -> dict[str, Any]:
+          partial: dict[int, int] | None = None, manifest: bool = False) -> dict[str, Any]:
     """``have``: the chunks the child holds verified; ``partial``: the leading bytes it holds of others (from an
-    earlier parent), which a parent that understands it does not send again."""
+    earlier parent), which a parent that understands it does not send again; ``manifest``: send the manifest with
+    the ``accept``."""
     header = {"type": "hello", "job_id": job_id, "version": version, "worker_id": worker_id, "have": sorted(have)}
     if partial:
         header["partial"] = [[index, held] for index, held in sorted(partial.items())]
+    if manifest:
+        header["manifest"] = True
     return header | ({"credential": credential} if credential else {})
 
 

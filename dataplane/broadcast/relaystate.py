@@ -67,6 +67,10 @@ class RelayStats:
     child_failures: int = 0
     refused: int = 0
     """Hellos refused: no, a wrong, an expired or another's credential, an unassigned child, or busy."""
+    manifests_sent: int = 0
+    """``accept`` frames that carried the manifest (children that asked for it)."""
+    manifests_refused: int = 0
+    """Manifests from a parent refused: they did not hash to the reference the site announced."""
 
 
 class Waiters:

@@ -2,7 +2,9 @@
 chunks it lacks, each part the moment this relay holds it (cut-through; docs/broadcast.md "Pipelining on long
 links"). Admission (docs/trust.md): a child's ``hello`` must carry a credential the relay can check, with the job's
 secret (the learner) or against the sha256 the site issued for that child (an agent relay); a refused hello
-never touches a session in progress. The child side (receiving, verifying, repair) stays in :mod:`.relay`.
+never touches a session in progress. A child admitted before this relay has its manifest is sent ``idle`` frames
+until it has, and gets the manifest in its ``accept`` if its hello asked (docs/broadcast.md "The manifest by
+reference"). The child side (receiving, verifying, repair) stays in :mod:`.relay`.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ class ServesChildren:
     """What a relay does for its children; mixed into :class:`~dataplane.broadcast.relay.SnapshotRelay`, which
     holds the state named below."""
 
-    manifest: Manifest
+    manifest: Manifest | None
     worker_id: int
     job_id: int
     version: int
@@ -54,8 +56,12 @@ class ServesChildren:
     _sessions: dict[int, Session]
     _waiters: Waiters
     _assigned: dict[int, set[str]] | None
+    _abandoned: str | None
 
     def _emit(self, event: str, **fields: Any) -> None:
+        raise NotImplementedError
+
+    def manifest_json(self) -> bytes:
         raise NotImplementedError
 
     async def serve_child(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hello: Frame) -> None:
@@ -79,11 +85,16 @@ class ServesChildren:
             old.writer.close()
         session = self._sessions[child] = Session(child, writer)
         wants: deque[int] = deque()
-        listener = asyncio.create_task(self._listen(reader, session, wants, peer))
+        listener: asyncio.Task | None = None
         try:
+            if self.manifest is None:
+                await self._wait_for_manifest(writer, session, peer)
+            listener = asyncio.create_task(self._listen(reader, session, wants, peer))
+            sent = self.manifest_json() if hello.header.get("manifest") else b""
             await framing.write_frame(writer, framing.accept(job_id=self.job_id, version=self.version,
-                                                             chunks=len(self.manifest.chunks)),
-                                       peer=peer, timeout=self.timeouts.stall)
+                                                             chunks=len(self.manifest.chunks)), sent,
+                                       peer=peer, timeout=self.timeouts.stall, uplink=self.uplink if sent else None)
+            self.stats.manifests_sent += bool(sent)
             self.stats.children_served += 1
             await self._stream(writer, session, listener, wants, set(hello.header["have"]),
                                self._resume_points(hello.header.get("partial")), peer)
@@ -91,10 +102,29 @@ class ServesChildren:
             self.stats.child_failures += 1
             self._emit("child_failed", child=child, reason=str(err))
         finally:
-            listener.cancel()
+            if listener is not None:
+                listener.cancel()
             if self._sessions.get(child) is session:
                 del self._sessions[child]
             writer.close()
+
+    async def _wait_for_manifest(self, writer: asyncio.StreamWriter, session: Session, peer: str) -> None:
+        """Hold an admitted child until this relay has its manifest (from its own parent, or its fallback), telling it
+        every ``KEEPALIVE_S`` that we are alive (a frozen relay sends nothing: its child's stall timeout tells);
+        refuse it when the relay gave the version up or after ``give_up`` seconds."""
+        deadline = time.monotonic() + self.timeouts.give_up
+        while self.manifest is None:
+            reason = self._abandoned or (f"worker {self.worker_id} has had no manifest of job {self.job_id} version "
+                                         f"{self.version} for {self.timeouts.give_up:g} s"
+                                         if time.monotonic() > deadline else None)
+            if reason:
+                await framing.refuse_and_close(writer, reason, peer=peer, timeout=self.timeouts.connect)
+                raise TransferError(f"child {peer}: refused: {reason}")
+            session.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(session.wake.wait(), KEEPALIVE_S)
+                continue
+            await framing.write_frame(writer, framing.idle(), peer=peer, timeout=self.timeouts.stall)
 
     def _admission(self, child: int, credential: str | None) -> str | None:
         if self._assigned is not None and child not in self._assigned:
