@@ -9,9 +9,11 @@ The second table (``bench/publication_fanout.py`` says what is real there): the 
 time, the time until every agent socket has its own message, the site's CPU per worker and the Redis bytes of the
 fan-out, beside the figures measured before (one channel-layer send per worker in the request). Targets
 at 10 k workers: request under 1 s, every socket notified within 5 s. The third: the bytes of one worker's message,
-the manifest by reference (now) against inline (before), per worker and per publication. The last
-(``bench/publication_manifests.py``): the learner's snapshot server answering the workers' one fetch each of the
-version's ``manifest.json`` (``--manifest-fetches``, ``--fetch-clients`` at once).
+the manifest by reference (now) against inline (before), per worker and per publication, and what the learner
+sends instead: the manifest to each chain's head and each worker out of the chains, as the plan has them (the
+others take it from their chain parent). The last (``bench/publication_manifests.py``): the learner's snapshot
+server answering ``--manifest-fetches`` fetches of the version's ``manifest.json``, ``--fetch-clients`` at once
+(the HTTP workers' and failed relays' fetches; every worker's, before the manifest went down the chains).
 
 What a publication computes before it can tell N active workers where to pull from (``marketplace.services.
 broadcast.snapshot_publish``): the score and rank of the relays and their assembly into ``N_ch`` chains

@@ -20,7 +20,10 @@ measured before (one channel-layer send per worker inside the request).
 And the bytes of one worker's message: as sent now, the manifest by reference (the mean frame the sockets were
 handed), and the same messages with the manifest inline, as the site sent them before (each sampled frame with
 its reference replaced by the manifest's JSON); the socket bytes of one publication both ways (N x the message);
-and what the learner's HTTP server sends instead, once per worker and version (N x its ``manifest.json``).
+and what the learner sends instead, once per version: to each chain's head in its relay hub's ``accept`` and to
+each worker left out of the chains over HTTP, (seeds + HTTP workers) x the manifest, as the plan has them; every
+other worker takes it from its chain parent. Beside it, N x ``manifest.json``: what the learner's server sent when
+every worker fetched it (2026-12-06, before the manifest went down the chains).
 """
 
 from __future__ import annotations
@@ -218,6 +221,7 @@ async def one_size(n: int, *, no_relay: float, members_max: int, manifest: dict,
 
     from dataplane import credentials
     from dataplane.snapshot import parse_manifest
+    from marketplace.infra import telemetry
     from marketplace.services import fanout
 
     job, token, ids = await sync_to_async(make_fleet, thread_sensitive=True)(n, no_relay=no_relay)
@@ -254,6 +258,8 @@ async def one_size(n: int, *, no_relay: float, members_max: int, manifest: dict,
     message = sockets.bytes / sockets.count
     grew = statistics.mean(inline_bytes(t, stored) - len(t.encode()) for t in sockets.samples.values())
     served = len(parse_manifest(stored).model_dump_json().encode())  # the learner's manifest.json (store.py)
+    plan = telemetry.load_chain_plan(job.pk, 1)  # who asks the learner for the manifest: heads and HTTP workers
+    seeds, http = len(plan.chains), n - sum(len(chain) for chain in plan.chains)
     await layer.flush()
     rclient.close()
     return {"n": n, "members": len(members), "request_s": request_s, "notified_s": sockets.last - t0,
@@ -261,6 +267,7 @@ async def one_size(n: int, *, no_relay: float, members_max: int, manifest: dict,
             "cpu_us": 1e6 * (request_cpu / n + (cpu - request_cpu) / len(members)),
             "fanout_bytes": fanout_bytes, "plan_bytes": plan_bytes, "old_bytes": (message + grew) * n,
             "message_bytes": message, "inline_bytes": message + grew, "manifest_bytes": served,
+            "seeds": seeds, "http_workers": http,
             "reads": fanout.PUBLICATIONS.loads - loads}
 
 
@@ -324,15 +331,19 @@ def message_table(rows: list[dict], *, chunks: int):
     from rich.table import Table
 
     out = Table(title=f"A publication's message per worker (manifest of {chunks} chunks): inline, as before, against "
-                      "by reference; what the learner's HTTP server sends instead (each worker fetches manifest.json "
-                      "once per version)")
+                      "by reference; what the learner sends instead: the manifest to each chain head (its relay "
+                      "hub's accept) and each worker out of the chains (HTTP); the others take it from their chain "
+                      "parent. Before that, every worker fetched it from the learner: N x manifest")
     for col in ("workers", "message inline B", "message by reference B", "ratio", "sockets inline",
-                "sockets by reference", "learner: manifest.json B", "learner: N x manifest"):
+                "sockets by reference", "learner: manifest B", "heads + HTTP workers", "learner sends",
+                "before: N x manifest"):
         out.add_column(col, justify="right")
     for r in rows:
+        asks = r["seeds"] + r["http_workers"]
         out.add_row(f"{r['n']:,}", f"{r['inline_bytes']:,.0f}", f"{r['message_bytes']:,.0f}",
                     f"{r['inline_bytes'] / r['message_bytes']:.0f}x", _size(r["inline_bytes"] * r["n"]),
                     _size(r["message_bytes"] * r["n"]), f"{r['manifest_bytes']:,}",
+                    f"{r['seeds']:,.0f} + {r['http_workers']:,.0f}", _size(r["manifest_bytes"] * asks),
                     _size(r["manifest_bytes"] * r["n"]))
     return out
 

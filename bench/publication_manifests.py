@@ -1,6 +1,8 @@
-"""What a publication costs the learner now that each worker fetches the manifest itself: ``bench_publication.py``'s
-last table. The snapshot message names the manifest by reference, and every worker GETs ``v<n>/manifest.json``
-from the learner's snapshot server once per version, as many at once as the site told at once.
+"""What a publication costs the learner's HTTP server in manifest fetches: ``bench_publication.py``'s last table. The
+snapshot message names the manifest by reference; a worker with a chain parent takes it from the parent's relay
+``accept`` (a chain's head from the learner's relay hub), and only the workers left out of the chains, or whose
+parent failed or lied, GET ``v<n>/manifest.json`` from the learner's snapshot server, once per version, as many at
+once as the site told at once. (Until the manifest went down the chains every worker did: the 10,000 row.)
 
 What is real: the learner's :class:`~learner.serving.SnapshotServer` (a ``ThreadingHTTPServer`` checking each
 request's transfer credential) in a process of its own over a store laid out by ``write_version``, serving a
