@@ -14,6 +14,12 @@ showdown; nothing of poker's rules is written here. This module deals, renders a
   action the environment replies: the next decision point, or the hand's end and its result. ``turn_format``
   ``"chatml"`` writes each reply as a ChatML user turn (``<|im_end|>`` ... ``<|im_start|>assistant``), the
   template of SmolLM2 and Qwen, so a chat job's model sees every decision point as a user message in its template.
+- **The answer's opener** (``answer_prefix``, on by default with ``turn_format = "chatml"``): the environment writes
+  ``<answer>`` at the start of every assistant turn (after the first message, and after each decision point), so the
+  policy's tokens begin with the action word. The opener is the environment's text (loss mask 0); the answer is the
+  turn's text up to ``</answer>`` or the end of its line, and it must be one of the options, else it folds and is
+  counted as without the opener. A small instruct model rarely writes the opener itself (SmolLM2-135M: 1 legal
+  answer in 18 decisions) but, given it, copies one of the listed answers about one time in five (docs/tasks.md).
 - **The return and the group** (F.5): the return is the agent's chip result in big blinds; a group is the ``n``
   plays of one prompt, i.e. the same cards from the same seat. The record's metadata carries the deal, the seat,
   the decisions and the illegal answers; its loss mask is 1 on the assistant's tokens only.
@@ -42,6 +48,8 @@ from .sandbox import SYSTEM, Game, parse_action
 LIMITS = ("no-limit", "fixed-limit")
 OPPONENTS = ("heuristic", "random", "self")
 TURN_FORMATS = ("plain", "chatml")
+#: What the environment writes at the start of each assistant turn with ``answer_prefix``.
+PREFIX = "<answer>"
 #: PokerKit's heads-up seats: seat 0 posts the big blind, seat 1 is the button and posts the small blind.
 SEAT_NAMES = ("big blind", "button")
 STREETS = ("preflop", "flop", "turn", "river")
@@ -160,13 +168,14 @@ class Hand:
         return out
 
     def tagged_options(self) -> list[str]:
-        """The options as an answer is written (a small model copies one), with their amounts:
-        ``<answer>call</answer> (1 more)``, ``<answer>raise N</answer> (N from 4 to 40, your total this round)``."""
-        out = []
+        """The options as an answer is written, each one an answer to copy (a small model copies one; given
+        ``raise N`` it copies the letter): ``<answer>call</answer> (1 more)``, ``<answer>raise 4</answer> (or raise
+        N, N up to 40: your total this round)``, the smallest raise written out."""
+        out, span = [], self.raise_range()
         for option in self.options():
-            word, _, span = option.partition(" N (")
-            if span:
-                out.append(f"<answer>{word} N</answer> (N from {span.replace(' <= N <= ', ' to ')}")
+            word = option.split()[0]
+            if " N (" in option and span is not None:
+                out.append(f"<answer>{word} {span[0]}</answer> (or {word} N, N up to {span[1]}: your total this round)")
             elif option.startswith("call"):
                 out.append(f"<answer>call</answer> ({option.split()[1]} more)")
             else:
@@ -297,25 +306,30 @@ class PokerGame(Game):
     alphabet = "".join(sorted(set(string.ascii_letters + string.digits + " .,:;'()/<>=|+-_\n")))
 
     def __init__(self, *, limit: str = "no-limit", blinds: list[int] | tuple[int, int] = (1, 2), stack: int = 200,
-                 opponent: str = "heuristic", turn_format: str = "plain") -> None:
+                 opponent: str = "heuristic", turn_format: str = "plain", answer_prefix: bool | None = None) -> None:
         if limit not in LIMITS:
             raise TaskSpecError(f"limit: must be one of {', '.join(LIMITS)}")
         if opponent not in OPPONENTS:
             raise TaskSpecError(f"opponent: must be one of {', '.join(OPPONENTS)}")
         if turn_format not in TURN_FORMATS:
             raise TaskSpecError(f"turn_format: must be one of {', '.join(TURN_FORMATS)}")
+        if answer_prefix is not None and not isinstance(answer_prefix, bool):
+            raise TaskSpecError("answer_prefix: must be true or false")
         if not isinstance(blinds, list | tuple) or len(blinds) != 2:
             raise TaskSpecError("blinds: must be [small, big], e.g. [1, 2]")
         big = _int("blinds", blinds[1], 1, 10_000)
         small = _int("blinds", blinds[0], 1, big)
         self.stack = _int("stack", stack, 2 * big, 1000 * big)
         self.limit, self.blinds, self.opponent, self.turn_format = limit, (small, big), opponent, turn_format
+        # A chat model given the opener copies an option; left to write it, it writes prose (docs/tasks.md, poker).
+        self.answer_prefix = turn_format == "chatml" if answer_prefix is None else answer_prefix
+        self.prefix = PREFIX if self.answer_prefix else ""
         self.return_range = (-self.stack / big, self.stack / big)
         pokerkit()  # refused here, with the extra to install, where PokerKit is missing
 
     def options(self) -> dict[str, Any]:
         return {"limit": self.limit, "blinds": list(self.blinds), "stack": self.stack, "opponent": self.opponent,
-                "turn_format": self.turn_format}
+                "turn_format": self.turn_format, "answer_prefix": self.answer_prefix}
 
     def header(self, seed: int, seat: int) -> str:
         return (f"Hand {seed}: heads-up {self.limit} hold'em, blinds {self.blinds[0]}/{self.blinds[1]}, stacks "
@@ -355,16 +369,28 @@ class PokerGame(Game):
         hand = self.deal(int(match[1]), SEAT_NAMES.index(match[6]))
         return hand if self.first_message(hand) == first_message else None
 
-    def reply(self, message: str) -> tuple[str, str]:
-        """An environment message as it is tokenized and as its tokens decode (special tokens skipped)."""
+    def reply(self, message: str, *, answers: bool) -> tuple[str, str]:
+        """An environment message as it is tokenized and as its tokens decode (special tokens skipped); when the
+        reader ``answers`` it (a decision point, not the hand's end), the answer's opener follows it."""
         opening, closing = _TURN_HEADS[self.turn_format]
-        raw = opening + message + closing
+        raw = opening + message + closing + (self.prefix if answers else "")
         return raw, _SPECIAL.sub("", raw)
+
+    def answer(self, text: str, start: int = 0) -> tuple[str | None, int]:
+        """The answer of the turn at ``text[start:]`` and where it ends. With the opener written by the environment:
+        the text up to ``</answer>`` or the end of the line (the environment's next message starts a line);
+        without: the turn's first ``<answer>...</answer>``. None when there is none."""
+        if not self.prefix:
+            match = parse_action(text, start)
+            return (match[1], match.end()) if match else (None, start)
+        ends = [i for i in (text.find("</answer>", start), text.find("\n", start)) if i >= 0]
+        end = min(ends, default=len(text))
+        return text[start:end], end + len("</answer>") * text.startswith("</answer>", end)
 
     def max_completion_tokens(self, max_turns: int, max_new_tokens: int) -> int:
         """Every turn and the message after it, a first message in self-play, at one token per byte at worst
         (a message lists every action of the hand: 40 bytes each)."""
-        message = REPLY_TOKENS + 40 * (2 * max_turns + 2)
+        message = REPLY_TOKENS + 40 * (2 * max_turns + 2) + len(self.prefix)
         return max_turns * (max_new_tokens + message) + message
 
     def play(self, task: Any, prompts: list[str], *, generate: Callable[[list[list[int]]], list[Turn]],
@@ -385,6 +411,8 @@ class PokerGame(Game):
             if hand is not None:
                 table.agent_waits = hand.actor != hand.agent
                 self._settle(task, table, encode, end)
+                if self.prefix and not table.agent_waits and not hand.over:  # the agent opens: its turn's opener
+                    _prefill(table.episode, encode(self.prefix), self.prefix)
             tables.append(table)
         for _ in range(2 * task.max_turns + 2):
             live = [t for t in tables if not t.episode.done]
@@ -394,14 +422,14 @@ class PokerGame(Game):
             contexts = [t.episode.prompt_ids + t.episode.completion_ids if mine else t.opponent_ids
                         for t, mine in zip(live, agents, strict=True)]
             for t, mine, turn in zip(live, agents, generate(contexts), strict=True):
-                action = parse_action(turn.text)
                 if mine:
                     t.episode.add_turn(turn)
+                    t.episode.messages[-1]["content"] = self.prefix + turn.text  # the whole answer, as read
                     t.agent_waits = True
                 else:
                     t.opponent_ids += turn.ids
                     t.opponent_waits = True
-                t.hand.act(action[1] if action else None)
+                t.hand.act(self.answer(turn.text)[0])
                 self._settle(task, t, encode, end)
         return [self._finish(t) for t in tables]
 
@@ -412,7 +440,7 @@ class PokerGame(Game):
         self.advance(hand, task.max_turns)
         if hand.over or hand.actor == hand.agent:
             if t.agent_waits:
-                raw, text = self.reply(hand.message(hand.agent))
+                raw, text = self.reply(hand.message(hand.agent), answers=not hand.over)
                 if end and len(end) == 1 and ep.completion_ids[-1:] == end:
                     raw = raw.removeprefix("<|im_end|>")  # the turn ended at its end-of-turn token
                 ep.add_reply(encode(raw), text, hand.message(hand.agent))
@@ -423,10 +451,10 @@ class PokerGame(Game):
             if not t.opponent_ids:
                 prompt = task.render_prompt(task.first_messages(self.header(hand.seed, seat) + hand.message(seat)))
                 chat = self.turn_format == "chatml"
-                t.opponent_ids = encode(f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
-                                        if chat else prompt)
+                t.opponent_ids = encode((f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+                                         if chat else prompt) + self.prefix)
             else:
-                t.opponent_ids += encode(self.reply(hand.message(seat))[0])
+                t.opponent_ids += encode(self.reply(hand.message(seat), answers=True)[0])
             t.opponent_waits = False
 
     def _finish(self, t: _Table) -> Episode:
@@ -438,14 +466,18 @@ class PokerGame(Game):
         return ep
 
     def replay(self, task: Any, prompt: str, completion: str) -> float:
-        """The agent's return, replayed from the transcript: each turn's first answer, the self-play opponent's
-        answers as its messages list them; every message must read as the environment writes it, else the
-        lowest return (a transcript the environment did not write)."""
+        """The agent's return, replayed from the transcript: each turn's answer (:meth:`answer`), the self-play
+        opponent's answers as its messages list them; every message (and the opener of a first turn) must read as
+        the environment writes it, else the lowest return (a transcript the environment did not write)."""
         hand = task.start(prompt)
         if hand is None:
             return 0.0
         head = _SPECIAL.sub("", _TURN_HEADS[self.turn_format][0]) + "Actions: "  # where each message starts
         pos, waits = 0, hand.actor != hand.agent
+        if not waits and not hand.over:
+            if not completion.startswith(self.prefix):
+                return self.return_range[0]
+            pos = len(self.prefix)
         for _ in range(4 * task.max_turns + 4):
             self.advance(hand, task.max_turns)
             if not hand.over and hand.actor != hand.agent:
@@ -455,18 +487,18 @@ class PokerGame(Game):
                 hand.act(answer)
                 continue
             if waits:
-                text = self.reply(hand.message(hand.agent))[1]
+                text = self.reply(hand.message(hand.agent), answers=not hand.over)[1]
                 at = completion.find(text, pos)
                 if at < 0:
                     break
                 pos, waits = at + len(text), False
             if hand.over:
                 return hand.result(hand.agent)
-            nxt, action = completion.find(head, pos), parse_action(completion, pos)
-            if action is not None and 0 <= nxt < action.start():
-                action = None  # no answer in this turn: the one found is in the environment's next message
-            hand.act(action[1] if action else None)
-            pos, waits = action.end() if action else pos, True
+            nxt, (answer, end) = completion.find(head, pos), self.answer(completion, pos)
+            if answer is not None and 0 <= nxt < end:
+                answer, end = None, pos  # no answer in this turn: the one found is in the environment's next message
+            hand.act(answer)
+            pos, waits = end, True
         return self.return_range[0]
 
     @staticmethod
@@ -481,3 +513,12 @@ class PokerGame(Game):
             return None
         verb, *rest = acts[known].split()
         return " ".join([_VERBS[verb], *rest[-1:]])
+
+
+def _prefill(episode: Episode, ids: list[int], text: str) -> None:
+    """The environment's text at the start of the agent's first turn (its answer's opener): in the context, never
+    learned (loss mask 0, log-prob 0), no message of its own: it is the start of the assistant's."""
+    episode.completion_ids += ids
+    episode.logprobs += [0.0] * len(ids)
+    episode.loss_mask += [0] * len(ids)
+    episode.text += text

@@ -1,6 +1,6 @@
 """Heads-up hold'em on PokerKit for the sandbox task (dataplane/tasks/poker.py), driven by scripted players (no
 model): hands replay from their prompt, masks cover the assistant's tokens, illegal answers fold, self-play is
-zero-sum."""
+zero-sum; with the answer's opener written by the environment (``answer_prefix``) as without."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def player(style: str = "mixed"):
 
     def answer(message: str) -> str:
         options = re.findall(r"<answer>([^<]*)</answer>", re.search(r"Your options: (.*)\n", message)[1])
-        span = re.search(r"<answer>(bet|raise) N</answer> \(N from (\d+) to", message)
+        span = re.search(r"<answer>(bet|raise) (\d+)</answer> \(or", message)
         cards = re.findall(r"Your cards: (\S\S) (\S\S)", message)[-1]
         if style == "illegal":
             return "<answer>raise 99999</answer>"
@@ -48,6 +48,8 @@ def player(style: str = "mixed"):
         turns = []
         for ids in contexts:
             text = answer(decode(ids).rsplit("Actions: ", 1)[-1] if "Actions: " in decode(ids) else decode(ids))
+            if decode(ids).endswith("<answer>"):  # the environment opened the answer: the turn goes on from there
+                text = text.removeprefix("<answer>")
             turns.append(Turn(ids=encode(text), logprobs=[-0.5] * len(text), text=text))
         return turns
 
@@ -58,12 +60,13 @@ def hands(task, count: int, seed: int = 0) -> list[str]:
     return [p.text for p in task.sample_prompts(random.Random(seed), count)]
 
 
+@pytest.mark.parametrize("prefix", [False, True])
 @pytest.mark.parametrize("opponent", ["heuristic", "random", "self"])
-def test_a_hand_replays_from_its_prompt_on_any_worker_and_in_the_audit(opponent) -> None:
-    prompts = hands(poker(opponent=opponent), 30)
-    worker_a = poker(opponent=opponent).play(prompts, generate=player(), encode=encode)
-    worker_b = poker(opponent=opponent).play(prompts, generate=player(), encode=encode)
-    audit = poker(opponent=opponent)  # the learner's copy: the prompt and the transcript text only
+def test_a_hand_replays_from_its_prompt_on_any_worker_and_in_the_audit(opponent, prefix) -> None:
+    prompts = hands(poker(opponent=opponent, answer_prefix=prefix), 30)
+    worker_a = poker(opponent=opponent, answer_prefix=prefix).play(prompts, generate=player(), encode=encode)
+    worker_b = poker(opponent=opponent, answer_prefix=prefix).play(prompts, generate=player(), encode=encode)
+    audit = poker(opponent=opponent, answer_prefix=prefix)  # the learner's copy: the prompt and the transcript only
     assert [e.text for e in worker_a] == [e.text for e in worker_b]
     assert [e.reward for e in worker_a] == [e.reward for e in worker_b]
     assert [audit.reward(e.prompt, e.text) for e in worker_a] == [e.reward for e in worker_a]
@@ -77,6 +80,10 @@ def test_a_hand_replays_from_its_prompt_on_any_worker_and_in_the_audit(opponent)
     assert audit.reward(long.prompt, long.text.replace(claimed, "(+99 big blinds)")) == low
     cut = long.text[:long.text.rfind("Actions: ")]
     assert audit.reward(long.prompt, cut) == low
+    assert not any(e.info["illegal"] for e in worker_a)  # the scripted player answers legally, opener or not
+    if prefix:  # a first turn without the environment's opener is not a transcript it wrote
+        first = next(e for e in worker_a if e.text.startswith("<answer>") and e.info["decisions"] >= 2)
+        assert audit.reward(first.prompt, first.text.removeprefix("<answer>")) == low
 
 
 def test_the_deal_comes_from_the_seed_in_the_prompt() -> None:
@@ -91,7 +98,7 @@ def test_the_deal_comes_from_the_seed_in_the_prompt() -> None:
 
 
 def test_masks_cover_exactly_the_assistant_tokens() -> None:
-    task = poker(opponent="random")
+    task = poker(opponent="random", answer_prefix=False)
     prompts = hands(task, 12, seed=3)
     sampled: list[list[int]] = []
 
@@ -116,10 +123,73 @@ def test_masks_cover_exactly_the_assistant_tokens() -> None:
     assert episodes[0].messages[-1]["content"].startswith("Actions: ")  # the hand's end closes every transcript
 
 
+def test_the_answers_opener_is_the_environments_text_and_the_policys_tokens_follow_it() -> None:
+    """With ``answer_prefix`` every assistant turn starts after ``<answer>``, written by the environment: at the
+    start of the completion when the agent acts first, at the end of every decision point's message otherwise.
+    Those tokens have loss mask 0; the tokens after them are exactly what the policy sampled (mask 1)."""
+    task = poker(opponent="random", answer_prefix=True)
+    prompts = hands(task, 12, seed=3)
+    sampled: list[list[int]] = []
+
+    def generate(contexts):
+        assert all(decode(c).endswith("<answer>") for c in contexts)  # every turn opens after the opener
+        turns = player()(contexts)
+        sampled.extend(t.ids for t in turns)
+        return turns
+
+    episodes = task.play(prompts, generate=generate, encode=encode)
+    assert sum(len(t) for t in sampled) == sum(sum(e.loss_mask) for e in episodes)
+    for ep in episodes:
+        record = ep.record(job_id=1, lease_id="l", group_id="g", version=0)
+        assert len(record.loss_mask) == len(record.completion_ids) == len(record.logprobs)
+        runs, before = [], []  # each run of the policy's tokens, and the environment's text just before it
+        for k, (i, m) in enumerate(zip(record.completion_ids, record.loss_mask, strict=True)):
+            if m and (k == 0 or not record.loss_mask[k - 1]):
+                runs.append([])
+                before.append(decode(record.completion_ids[:k]))
+            if m:
+                runs[-1].append(i)
+        turns = [m["content"] for m in ep.messages if m["role"] == "assistant"]
+        assert [decode(r) for r in runs] == [t.removeprefix("<answer>") for t in turns]
+        assert all(t.startswith("<answer>") for t in turns)  # the conversation's answers are whole
+        assert all(b.endswith("<answer>") for b in before)
+        assert all(lp == 0.0 for lp, m in zip(record.logprobs, record.loss_mask, strict=True) if not m)
+        assert record.completion.startswith("<answer>") == ("The opponent acts first" not in ep.prompt)
+        assert not record.completion.endswith("<answer>")  # the hand's end is answered by nobody
+        assert task.reward(ep.prompt, record.completion) == ep.reward
+
+
+def test_a_chatml_job_opens_the_answer_by_default() -> None:
+    chat = poker(turn_format="chatml")
+    assert chat.spec()["answer_prefix"] is True and poker().spec()["answer_prefix"] is False
+    assert poker(turn_format="chatml", answer_prefix=False).spec()["answer_prefix"] is False
+    raw, text = chat.game.reply("Actions: none yet.", answers=True)
+    assert raw.endswith("<|im_start|>assistant\n<answer>") and text.endswith("\nassistant\n<answer>")
+    assert not chat.game.reply("Hand over.", answers=False)[0].endswith("<answer>")
+
+
+@pytest.mark.parametrize(("turn", "legal"), [
+    ("call</answer>", True), ("call", True), (" call \nmore words", True), ("<answer>call</answer>", False),
+    ("call it</answer>", False), ("I call.", False), ("\ncall</answer>", False), ("raise N</answer>", False)])
+def test_with_the_opener_the_answer_is_the_text_up_to_the_closer_or_the_lines_end(turn, legal) -> None:
+    task = poker(opponent="heuristic", answer_prefix=True)
+    button = next(p for p in hands(task, 20) if "You are the button" in p)  # first to act, facing the big blind
+
+    def generate(contexts):
+        return [Turn(ids=encode(turn), logprobs=[-1.0] * len(turn), text=turn) for _ in contexts]
+
+    episode, = task.play([button], generate=generate, encode=encode)
+    assert ("Actions: preflop: you call 1" in episode.text) == legal  # the first answer, read or folded
+    if not legal:
+        assert "Actions: preflop: you fold." in episode.text and episode.info == {**episode.info, "illegal": 1,
+                                                                                 "decisions": 1}
+    assert task.reward(button, episode.text) == episode.reward
+
+
 @pytest.mark.parametrize("answer", ["<answer>raise 99999</answer>", "<answer>shove</answer>", "I call.",
                                     "<answer>bet 1</answer>", "<answer>check 3</answer>"])
 def test_an_illegal_answer_folds_and_is_counted(answer) -> None:
-    task = poker(opponent="heuristic")
+    task = poker(opponent="heuristic", answer_prefix=False)
     button = next(p for p in hands(task, 20) if "You are the button" in p)  # first to act, facing the big blind
 
     def generate(contexts):
@@ -132,8 +202,9 @@ def test_an_illegal_answer_folds_and_is_counted(answer) -> None:
     assert task.reward(button, episode.text) == -0.5
 
 
-def test_self_play_returns_are_zero_sum_across_seats() -> None:
-    task = poker(opponent="self")
+@pytest.mark.parametrize("prefix", [False, True])
+def test_self_play_returns_are_zero_sum_across_seats(prefix) -> None:
+    task = poker(opponent="self", answer_prefix=prefix)
     prompts = hands(task, 40, seed=11)
     episodes = task.play(prompts, generate=player(), encode=encode)
     assert all(e.reward + e.info["opponent_return"] == 0 for e in episodes)
@@ -173,10 +244,12 @@ def test_bad_options_are_refused_naming_the_option() -> None:
         poker(blinds=[2])
     with pytest.raises(TaskSpecError, match="^stack: must be an integer between 4 and 2000"):
         poker(stack=3)
+    with pytest.raises(TaskSpecError, match="^answer_prefix: must be true or false"):
+        poker(answer_prefix="yes")
     with pytest.raises(TaskSpecError, match="^env: unknown environment 'chess'; available: nim, poker"):
         build_task({"name": "sandbox", "env": "chess"})
     spec = poker().spec()
     assert spec == {"name": "sandbox", "env": "poker", "max_turns": 10, "limit": "no-limit", "blinds": [1, 2],
-                    "stack": 200, "opponent": "heuristic", "turn_format": "plain"}
+                    "stack": 200, "opponent": "heuristic", "turn_format": "plain", "answer_prefix": False}
     assert build_task(spec).spec() == spec
     assert poker().reward_range == (-100.0, 100.0)
