@@ -9,8 +9,10 @@ version per update, with the job file's settings, as tests/job_training.py does 
     .venv/bin/python bench/bench_poker.py --job examples/jobs/poker.toml --model var/models/smollm2-135m-instruct \\
         --hands 64 --steps 8
 
-Prints a table (opponent, hands, decisions, legal share, bb/hand, before and after, the paired difference with its
-standard error) and, with ``--json``, writes it.
+Prints a table (opponent, hands, legal answers of all decisions, bb/hand, before and after, the paired difference in
+bb/hand with its standard error) and, with ``--json``, writes it. The change in legal answers is tested on each
+deal's first decision, which reads the same message before and after (later ones depend on what was answered):
+McNemar's exact test, i.e. a two-sided binomial test on the deals whose first answer changed legality.
 """
 
 from __future__ import annotations
@@ -100,11 +102,31 @@ def legal_share(groups) -> float:
     return 1 - sum(r.metadata["illegal"] for r in records) / max(1, sum(r.metadata["decisions"] for r in records))
 
 
+def first_legal(row: dict) -> bool | None:
+    """Whether the hand's first decision was legal (None: the agent never decided). An illegal answer folds, so it
+    is always the hand's last decision: the first was illegal only in a hand of one decision with one illegal."""
+    return None if not row["decisions"] else not (row["decisions"] == 1 and row["illegal"] == 1)
+
+
+def mcnemar(before: list[dict], after: list[dict]) -> dict:
+    """Paired by deal, on the first decision: ``worse`` deals legal before and not after, ``better`` the reverse;
+    the exact two-sided p-value of as uneven a split under no change (each discordant deal a fair coin)."""
+    pairs = [(first_legal(b), first_legal(a)) for b, a in zip(before, after, strict=True)]
+    pairs = [(b, a) for b, a in pairs if b is not None and a is not None]
+    worse = sum(b and not a for b, a in pairs)
+    better = sum(a and not b for b, a in pairs)
+    n = worse + better
+    p = min(1.0, 2 * sum(math.comb(n, k) for k in range(min(worse, better) + 1)) / 2**n) if n else 1.0
+    return {"deals": len(pairs), "legal_before": sum(b for b, _ in pairs), "legal_after": sum(a for _, a in pairs),
+            "worse": worse, "better": better, "p": p}
+
+
 def summary(rows: list[dict]) -> dict:
     decisions = sum(r["decisions"] for r in rows)
     legal = 1 - sum(r["illegal"] for r in rows) / max(1, decisions)
     bb = [r["bb"] for r in rows]
-    return {"hands": len(rows), "decisions": decisions, "legal": legal,
+    return {"hands": len(rows), "decisions": decisions, "legal_answers": decisions - sum(r["illegal"] for r in rows),
+            "legal": legal,
             "legal_se": math.sqrt(legal * (1 - legal) / max(1, decisions)),
             "bb": statistics.fmean(bb), "bb_se": statistics.stdev(bb) / math.sqrt(len(bb)) if len(bb) > 1 else 0.0}
 
@@ -122,18 +144,21 @@ def table(before: dict[str, list], after: dict[str, list] | None) -> list[dict]:
             row["after"] = summary(after[opponent])
             row["d_bb"], row["d_bb_se"] = paired(hands, after[opponent], lambda r: r["bb"])
             row["d_illegal"], row["d_illegal_se"] = paired(hands, after[opponent], lambda r: r["illegal"])
+            row["first_decision"] = mcnemar(hands, after[opponent])
         rows.append(row)
     return rows
 
 
 def show(rows: list[dict]) -> None:
-    print("| opponent | hands | decisions (before/after) | legal share before | after | bb/hand before | after | "
-          "paired change in bb/hand |")
+    print("| opponent | hands | legal answers before | after | first decision legal, before -> after (p) | "
+          "bb/hand before | after | paired change in bb/hand |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:
-        b, a = row["before"], row.get("after")
-        cells = [row["opponent"], str(b["hands"]), f"{b['decisions']}/{a['decisions'] if a else '-'}",
-                 f"{b['legal']:.3f} ± {b['legal_se']:.3f}", f"{a['legal']:.3f} ± {a['legal_se']:.3f}" if a else "-",
+        b, a, f = row["before"], row.get("after"), row.get("first_decision")
+        share = "{legal_answers} of {decisions} ({legal:.3f})".format
+        cells = [row["opponent"], str(b["hands"]), share(**b), share(**a) if a else "-",
+                 f"{f['legal_before']} -> {f['legal_after']} of {f['deals']} (-{f['worse']} +{f['better']}, "
+                 f"p = {f['p']:.2g})" if f else "-",
                  f"{b['bb']:+.2f} ± {b['bb_se']:.2f}", f"{a['bb']:+.2f} ± {a['bb_se']:.2f}" if a else "-",
                  f"{row['d_bb']:+.2f} ± {row['d_bb_se']:.2f}" if a else "-"]
         print("| " + " | ".join(cells) + " |")
