@@ -28,6 +28,12 @@ TOLERANCE_S = 0.5  # between the test's clock readings and the site's, on a load
 
 async def working(redis_client, prompts: int = 1):
     """A started job whose worker has installed its base and holds one lease: (job, comm, lease, leased at)."""
+    job, comm, lease, before, _ = await working_keyed(redis_client, prompts)
+    return job, comm, lease, before
+
+
+async def working_keyed(redis_client, prompts: int = 1):
+    """:func:`working`, and the worker's agent key (to connect again): (job, comm, lease, leased at, key)."""
     job, worker, key = await setup_job_and_worker()
     comm = await connect(key)
     await started_with(comm, job)
@@ -38,7 +44,15 @@ async def working(redis_client, prompts: int = 1):
     await comm.send_to(text_data=submit(job.pk, "l1", lease=1))
     before = time.time()
     lease = (await comm.receive_json_from(timeout=5))["lease"]["leases"][0]
-    return job, comm, lease, before
+    return job, comm, lease, before, key
+
+
+async def hello_again(key: str):
+    """The agent on a new socket (another site process), welcomed."""
+    again = await connect(key)
+    await again.send_json_to({"type": "hello", "agent_version": "test"})
+    assert (await again.receive_json_from(timeout=10))["type"] == "welcome"
+    return again
 
 
 beat = database_sync_to_async(lambda: presence.activations_release_silent())
@@ -154,15 +168,7 @@ async def test_a_site_process_that_died_never_bills_the_time_until_its_agent_say
     the worker's pending lease as if the socket were open. The agent's hello on a new socket ends the old session at
     its last heartbeat, and what was billed after it is given back (1.7 worker-seconds in the fault suite's
     site-restart row before)."""
-    job, worker, key = await setup_job_and_worker()
-    comm = await connect(key)
-    await started_with(comm, job)
-    started = (await billed(job.pk)).started_at.timestamp()
-    telemetry.record_observed(worker.pk, job_id=job.pk, what="installed", at=max(time.time(), started + 0.001))
-    PromptFeeder(redis_client, job_id=job.pk, task=build_task({"name": "arithmetic"}), seed=0, backlog=1).top_up()
-    await comm.send_to(text_data=submit(job.pk, "l1", lease=1))
-    leased_at = time.time()
-    assert (await comm.receive_json_from(timeout=5))["lease"]["leases"]
+    job, comm, _, leased_at, key = await working_keyed(redis_client)
     await asyncio.sleep(0.5)
     await comm.send_json_to({"type": "heartbeat", "job_id": job.pk, "state": "generating"})
     await asyncio.sleep(0.5)  # its last heartbeat on the old socket: handled by now
@@ -171,9 +177,7 @@ async def test_a_site_process_that_died_never_bills_the_time_until_its_agent_say
         await asyncio.sleep(0.7)
         await beat()
     assert (await billed(job.pk)).billed_seconds > last_beat - leased_at + 1.0
-    again = await connect(key)  # the agent reconnects to another process
-    await again.send_json_to({"type": "hello", "agent_version": "test"})
-    assert (await again.receive_json_from(timeout=10))["type"] == "welcome"
+    again = await hello_again(key)
     row = await billed(job.pk)
     assert row.billed_seconds == pytest.approx(last_beat - leased_at, abs=TOLERANCE_S)
     await again.disconnect()
@@ -183,15 +187,7 @@ async def test_after_a_lost_socket_the_time_up_to_its_last_heartbeat_is_billed_l
     """The worker returned its group after the last fold and held no lease; then its site process died. The
     hello on a new socket bills up to the last heartbeat by the leases the site saw, not in the state of that fold
     (which billed the time after the group as generating, up to the heartbeat)."""
-    job, worker, key = await setup_job_and_worker()
-    comm = await connect(key)
-    await started_with(comm, job)
-    started = (await billed(job.pk)).started_at.timestamp()
-    telemetry.record_observed(worker.pk, job_id=job.pk, what="installed", at=max(time.time(), started + 0.001))
-    PromptFeeder(redis_client, job_id=job.pk, task=build_task({"name": "arithmetic"}), seed=0, backlog=1).top_up()
-    await comm.send_to(text_data=submit(job.pk, "l1", lease=1))
-    leased_at = time.time()
-    lease = (await comm.receive_json_from(timeout=5))["lease"]["leases"][0]
+    job, comm, lease, leased_at, key = await working_keyed(redis_client)
     await comm.send_json_to({"type": "heartbeat", "job_id": job.pk, "state": "generating"})  # reported: new state
     await asyncio.sleep(0.5)
     await beat()  # the last fold: generating, from the lease; the heartbeats leave the reports to it from here
@@ -202,9 +198,7 @@ async def test_after_a_lost_socket_the_time_up_to_its_last_heartbeat_is_billed_l
     await asyncio.sleep(2.0)  # holding no lease (not asking for one yet)
     await comm.send_json_to({"type": "heartbeat", "job_id": job.pk, "state": "generating"})  # stays in Redis
     await asyncio.sleep(0.5)  # its last heartbeat on the old socket; then the process holding it is gone
-    again = await connect(key)
-    await again.send_json_to({"type": "hello", "agent_version": "test"})
-    assert (await again.receive_json_from(timeout=10))["type"] == "welcome"
+    again = await hello_again(key)
     row = await billed(job.pk)
     assert row.billed_seconds == pytest.approx(returned_at - leased_at, abs=TOLERANCE_S)
     await again.disconnect()
