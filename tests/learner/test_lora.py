@@ -126,6 +126,13 @@ def test_the_export_loads_with_from_pretrained_and_answers_as_the_engine(tiny_mo
     assert engine.adapter_version == 3 and lora.is_lora(trainer.module)
 
 
+# Two ranks sum the adapter's gradients in another order than one process. Adam's first steps move each component by
+# up to the learning rate (1e-2) whatever its gradient's size, so a component whose gradient is tiny turns that
+# rounding into up to ~1e-5 of weight (1.3e-5 seen on one CPU, 0.13% of a step); a lost shard or optimizer state
+# is off by a whole step.
+LORA_ATOL = 1e-4
+
+
 @pytest.mark.slow
 def test_two_fsdp_ranks_train_the_adapter_as_one_process_and_checkpoints_cross_world_sizes(tmp_path,
                                                                                           tiny_model_dir) -> None:
@@ -145,7 +152,7 @@ def test_two_fsdp_ranks_train_the_adapter_as_one_process_and_checkpoints_cross_w
                       ("a sharded checkpoint on 1 process", torch.load(tmp_path / "resumed.pt"))):
         assert got.keys() == reference.keys(), what
         for name, tensor in reference.items():
-            torch.testing.assert_close(got[name], tensor, rtol=0, atol=1e-5,
+            torch.testing.assert_close(got[name], tensor, rtol=0, atol=LORA_ATOL,
                                        msg=lambda m, n=name, w=what: f"{w}, {n}: {m}")
     base = load_model(str(tiny_model_dir)).state_dict()
     assert all(torch.equal(tensor, base[name.removeprefix("base_model.model.").replace(".base_layer", "")])
