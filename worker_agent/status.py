@@ -196,7 +196,7 @@ class Reporter:
             relay = session.relaying.get(key)
             found.append(Install(version=key[1], seconds=now - self.began[key],
                                  chunks=len(relay.have) if relay else None,
-                                 total=len(relay.manifest.chunks) if relay else None))
+                                 total=len(relay.manifest.chunks) if relay and relay.manifest else None))
         return tuple(found)
 
 

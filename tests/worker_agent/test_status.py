@@ -6,7 +6,10 @@ process) and test_run_status.py (`echo2-agent run` against a live site)."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
+from dataplane.broadcast.relay import SnapshotRelay
+from dataplane.snapshot import ManifestReference
 from worker_agent.status import MIN_GAP_S, Install, Reporter, Tally, View, describe, due, status_lines, write_status
 
 
@@ -109,3 +112,11 @@ def test_the_summary_and_echo2_agent_status_say_what_the_sites_ledger_billed(tmp
     assert status_lines(data, 1.0)[-1] == "earned: $0.0125, what the site's ledger billed for this worker so far"
     del data["earned_usd"]  # an agent whose site sent none says nothing about earnings
     assert not any("earned" in line for line in status_lines(data, 1.0))
+
+
+def test_an_install_whose_relay_waits_for_its_manifest_has_no_total_yet():
+    # a chain child's relay starts with the manifest's reference only (the parent's accept brings the manifest):
+    # the status line must not fail on it (the reporter stopped with AttributeError in a demo run)
+    relay = SnapshotRelay(None, worker_id=1, reference=ManifestReference("ab" * 32, 100), job_id=3, version=7)
+    session = SimpleNamespace(installs=SimpleNamespace(installing={(3, 7)}), relaying={(3, 7): relay})
+    assert Reporter(every=30).installs(session, 3, now=5.0) == (Install(version=7, seconds=0.0, chunks=0, total=None),)
