@@ -301,6 +301,20 @@ def _read_until(response: Any, size: int, deadline: float) -> bytes:
     return b"".join(parts)
 
 
+def _get(url: str, *, credential: str | None, limit: int, timeout: float, deadline: float | None) -> bytes:
+    """One GET of ``url`` from a snapshot server, with the worker's credential, reading at most ``limit`` bytes."""
+    headers = {"Authorization": f"Bearer {credential}"} if credential else {}
+    request = urllib.request.Request(url, headers=headers)  # noqa: S310 - the site hands out the URL
+    with _OPENER.open(request, timeout=timeout) as response:
+        return read_bounded(response, limit, deadline=deadline)
+
+
+def _refusal(what: str, err: urllib.error.HTTPError) -> SnapshotError:
+    """A server's refusal of ``what`` as the SnapshotError that names it, with the server's reason."""
+    reason = err.read(500).decode(errors="replace").strip() if err.fp else ""
+    return SnapshotError(f"{what}: {err.code} {reason or err.reason}", status=err.code)
+
+
 def fetch_chunk(base_url: str, manifest: Manifest, index: int, *, timeout: float, retries: int = 3,
                 credential: str | None = None, deadline: float | None = None) -> bytes:
     """GET ``{base_url}chunks/{index}`` from a snapshot server (with ``Authorization: Bearer <credential>``) and
@@ -315,19 +329,16 @@ def fetch_chunk(base_url: str, manifest: Manifest, index: int, *, timeout: float
     if not 0 <= index < len(manifest.chunks):
         raise SnapshotError(f"chunk {index}: manifest has {len(manifest.chunks)} chunks")
     url = f"{base_url.rstrip('/')}/chunks/{index}"
-    headers = {"Authorization": f"Bearer {credential}"} if credential else {}
     what = f"chunk {index} of version {manifest.version} from {url}"
     for attempt in range(retries + 1):
         try:
-            request = urllib.request.Request(url, headers=headers)  # noqa: S310 - the site hands out the URL
-            with _OPENER.open(request, timeout=timeout) as response:
-                data = read_bounded(response, manifest.chunks[index].size, deadline=deadline)
+            data = _get(url, credential=credential, limit=manifest.chunks[index].size, timeout=timeout,
+                        deadline=deadline)
             verify_chunk(manifest, index, data)
             return data
         except urllib.error.HTTPError as err:
-            if 400 <= err.code < 500 or 300 <= err.code < 400 or attempt == retries:
-                reason = err.read(500).decode(errors="replace").strip() if err.fp else ""
-                raise SnapshotError(f"{what}: {err.code} {reason or err.reason}", status=err.code) from None
+            if 300 <= err.code < 500 or attempt == retries:
+                raise _refusal(what, err) from None
         except (OSError, http.client.HTTPException, SnapshotError) as err:
             if attempt == retries or (deadline is not None and time.monotonic() > deadline):
                 raise SnapshotError(f"{what}: {err or err.__class__.__name__}") from None
@@ -363,19 +374,16 @@ def fetch_manifest(base_url: str, reference: ManifestReference, *, timeout: floa
     why. ``timeout`` bounds each try (a server trickling bytes is given up then, and tried again), ``deadline``
     (``time.monotonic()``) the whole, retries included."""
     url = f"{base_url.rstrip('/')}/manifest.json"
-    headers = {"Authorization": f"Bearer {credential}"} if credential else {}
     what = f"manifest {reference.sha256[:12]}... from {url}"
     for attempt in range(retries + 1):
         try:
-            request = urllib.request.Request(url, headers=headers)  # noqa: S310 - the site hands out the URL
             ends = time.monotonic() + timeout if deadline is None else min(deadline, time.monotonic() + timeout)
-            with _OPENER.open(request, timeout=timeout) as response:
-                body = read_bounded(response, reference.size + MANIFEST_SLACK_BYTES, deadline=ends)
+            body = _get(url, credential=credential, limit=reference.size + MANIFEST_SLACK_BYTES, timeout=timeout,
+                        deadline=ends)
             break
         except urllib.error.HTTPError as err:
             if 300 <= err.code < 500 or attempt == retries:
-                reason = err.read(500).decode(errors="replace").strip() if err.fp else ""
-                raise SnapshotError(f"{what}: {err.code} {reason or err.reason}", status=err.code) from None
+                raise _refusal(what, err) from None
             failure: Exception = err
         except (OSError, http.client.HTTPException, SnapshotError) as err:
             if attempt == retries:
