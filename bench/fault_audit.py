@@ -11,7 +11,7 @@ import re
 import shutil
 import statistics
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,7 +95,7 @@ def _resp(path: Path) -> Iterator[list[bytes]]:
         yield args
 
 
-def stream_audit(commands: Iterator[list[bytes]], key: str) -> StreamAudit:
+def stream_audit(commands: Iterable[list[bytes]], key: str) -> StreamAudit:
     """Which entries were appended to stream ``key``, which deleted, and how many were left when it was
     dropped. Redis writes XADD with the id it generated, so ids match the learner's ``extra.entries``."""
     out, live, name, dropped = StreamAudit(), set(), key.encode(), False

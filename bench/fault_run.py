@@ -285,15 +285,14 @@ class Run:
             idle = ((self.back_at or start) - start) * (len(before[-1].active) if before else 0)
         return wasted + idle, f"{wasted:.0f} discarded records + {idle:.0f} billed while unable to deliver"
 
-    def bills(self, row: dict) -> dict | None:
+    def bills(self, row: dict, commands: list[list[bytes]] | None) -> dict | None:
         """Billed generating worker-seconds (the ledger) against lease-held ones (the prompt stream's deliveries and
         acknowledgements in Redis' append-only file, clipped to the open sockets), fault_bills.reconcile; the stalled
         span is from the fault to the next step where the job could not progress meanwhile (learner, Redis or site
         away)."""
         from dataplane.replay import PROMPT_GROUP, prompts_key
 
-        aof = self.dir / "redis" / "appendonlydir"
-        if not aof.exists():
+        if commands is None:  # no append-only file
             return None
         until, t = time.time(), self.injected_at
         stalled = []
@@ -301,7 +300,7 @@ class Run:
             end = t + row["step_s"] if row["step_s"] is not None else self.now()
             stalled = [(self.wall0 + t, self.wall0 + end)]
         billed, sessions = fb.site_records(self.dir / "site.sqlite3", self.job_id, until)
-        leases = fb.aof_leases(fa.aof_commands(aof), key=prompts_key(self.job_id), group=PROMPT_GROUP,
+        leases = fb.aof_leases(commands, key=prompts_key(self.job_id), group=PROMPT_GROUP,
                                timeout_s=LEASE_TIMEOUT_S)
         held = {int(name.removeprefix("worker-")): spans for name, spans in leases.items()}
         out = fb.reconcile(billed=billed, held=held, sessions=sessions, stalled=stalled, until=until)
@@ -317,7 +316,8 @@ class Run:
         from dataplane.replay import trajectories_key
 
         aof = self.dir / "redis" / "appendonlydir"
-        stream = fa.stream_audit(fa.aof_commands(aof), trajectories_key(self.job_id)) if aof.exists() else None
+        commands = list(fa.aof_commands(aof)) if aof.exists() else None  # read once: the stream and the leases
+        stream = fa.stream_audit(commands, trajectories_key(self.job_id)) if commands is not None else None
         row = {"fault": self.fault.name, "status": summary["status"], "status_reason": summary["status_reason"],
                "completed": summary["status"] == "completed", **fa.audit(metrics, summary, stream, GROUP)}
         t = self.injected_at
@@ -331,7 +331,7 @@ class Run:
                                 "nor dropped (in flight, not counted lost)")
             row["lost"] = None
         row["billed_discarded_ws"], row["billed_note"] = self.billed_discarded(row)
-        row["bills"] = self.bills(row)
+        row["bills"] = self.bills(row, commands)
         row["events"] = [f"{at:.1f}s {label}" for at, label in self.events]
         row["notes"] += self.notes
         if self.left:
