@@ -22,7 +22,7 @@ from typing import Any
 from ..registry import import_modules
 from .base import TASKS, Prompt, TaskAdapter, TaskSpecError, register_task
 
-SHARED = ("base", "episodes", "files", "poker")  # the modules of this folder that hold no task (poker: an env)
+SHARED = ("base", "episodes", "files", "poker", "poker_opponents")  # modules here that hold no task (poker: an env)
 
 import_modules(__name__, __path__, shared=SHARED)
 
