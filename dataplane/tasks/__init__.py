@@ -15,6 +15,7 @@ the package imports every module here but the shared ones (:data:`SHARED`), so a
 from __future__ import annotations
 
 import difflib
+import functools
 import inspect
 from importlib.metadata import entry_points
 from typing import Any
@@ -34,9 +35,17 @@ __all__ = ["Prompt", "TaskAdapter", "TaskSpecError", "available_tasks", "build_t
 def available_tasks() -> dict[str, type[TaskAdapter]]:
     """Every task a job may name: the registered ones, then those of installed packages' entry points."""
     tasks = dict(TASKS)
-    for ep in entry_points(group="echo2.tasks"):
-        tasks.setdefault(ep.name, ep.load())
+    for name, cls in _installed_tasks().items():
+        tasks.setdefault(name, cls)
     return tasks
+
+
+@functools.cache
+def _installed_tasks() -> dict[str, type[TaskAdapter]]:
+    """The ``echo2.tasks`` entry points, read once per process: finding them reads every installed distribution's
+    metadata (milliseconds), and the site validates a job's settings, task included, on its sockets' hot paths. A
+    package installed later is seen after a restart, as with any Python plug-in."""
+    return {ep.name: ep.load() for ep in entry_points(group="echo2.tasks")}
 
 
 def build_task(spec: dict[str, Any] | None) -> TaskAdapter:
