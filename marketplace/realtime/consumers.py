@@ -215,6 +215,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                 lag.REPLIES.add(time.monotonic() - started)
             elif isinstance(message, m.Heartbeat):
                 replies = await self._heartbeat(message)
+            elif isinstance(message, m.SnapshotInstalled):
+                replies = await self._installed(message)
             else:
                 self.running.clear()  # a hello, a heartbeat or a report may change the activation: read it again
                 replies = await database_sync_to_async(self._dispatch)(message)
@@ -354,16 +356,30 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         return replies
 
     async def _read_running(self, job_id: int) -> tuple[float, services.RunningJob | None]:
-        """(when the read began, the worker's running job ``job_id`` or None), from the process's shared read
-        (``jobcache.JOBS``: held, or in flight) when one began since this socket last forgot, else read now and
+        """(when the read began, the worker's running job ``job_id`` or None): :meth:`_read_job`, for this worker."""
+        read_at, view = await self._read_job(job_id)
+        return read_at, view.for_worker(self.worker.pk) if view is not None else None
+
+    async def _read_job(self, job_id: int) -> tuple[float, services.JobAtWork | None]:
+        """(when the read began, running job ``job_id`` and who is active in it, or None), from the process's shared
+        read (``jobcache.JOBS``: held, or in flight) when one began since this socket last forgot, else read now and
         shared."""
         max_age = self.running.max_age_s
         if max_age <= 0:  # read always: nothing to share, and the worker's own read is one query
             return time.monotonic(), None
-        read_at, view = await jobcache.JOBS.read(
+        return await jobcache.JOBS.read(
             job_id, lambda: database_sync_to_async(services.job_at_work)(job_id=job_id),
             not_before=self.running.cleared_at, max_age_s=max_age)
-        return read_at, view.for_worker(self.worker.pk) if view is not None else None
+
+    async def _installed(self, message: m.SnapshotInstalled) -> list[m._Msg]:
+        """An install report, checked against the process's shared read of the job (every worker reports every
+        version it installs, so at each publication the whole fleet does, at once): its activation and the job's
+        are read only when that read does not show the worker active (``services.snapshot_installed``)."""
+        _, view = await self._read_job(message.job_id)
+        await database_sync_to_async(services.snapshot_installed)(
+            worker=self.worker, job_id=message.job_id, version=message.version, seconds=message.seconds,
+            source=message.source, at_work=view)
+        return []
 
     async def _heartbeat(self, message: m.Heartbeat) -> list[m._Msg]:
         """Recorded in Redis off the database thread (``services.worker_heartbeat_record``), so heartbeats never

@@ -62,6 +62,7 @@ from .presence import (
 )
 from .repair import relay_failed
 from .rollouts import (
+    JobAtWork,
     RunningJob,
     groups_submit,
     job_at_work,
@@ -84,7 +85,7 @@ __all__ = [
     "job_replan_apply", "job_resume", "job_start",
     "jobs_stall_silent_learners", "learner_announce", "learner_streams_open", "metrics_record", "prompts_lease",
     "relay_failed",
-    "RunningJob", "running_job", "submitted_again", "job_at_work",
+    "JobAtWork", "RunningJob", "running_job", "submitted_again", "job_at_work",
     "snapshot_installed", "snapshot_publish", "snapshot_request", "trajectories_malformed", "trajectories_part_submit",
     "trajectories_submit",
     "worker_activate", "worker_calibrate", "worker_connected", "worker_disconnected", "worker_group",

@@ -99,7 +99,12 @@ def enqueue_task(name: str, *args: Any, countdown: float | None = None) -> None:
 def running_activation(worker: Worker, job_id: int) -> Activation:
     """The worker's open activation in ``job_id``, which must be running: what an agent's rollout and
     broadcast reports are checked against."""
-    activation = selectors.active_activation(worker=worker, job_id=job_id)
+    return checked_running(selectors.active_activation(worker=worker, job_id=job_id), worker, job_id)
+
+
+def checked_running(activation: Activation | None, worker: Worker, job_id: int) -> Activation:
+    """``activation`` (the worker's open one in ``job_id``, as just read, with its job) when its job runs; else
+    the :class:`ServiceError` that says why not."""
     if activation is None:
         status = Job.objects.filter(pk=job_id, activations__worker=worker).values_list("status", flat=True).first()
         if status is not None and status != Job.Status.RUNNING:  # a request that crossed the job's end: say so

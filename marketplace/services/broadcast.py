@@ -20,7 +20,8 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from dataplane import basemodel
@@ -32,7 +33,15 @@ from ..infra import telemetry
 from ..models import Activation, Job, Snapshot, SnapshotInstall, Worker
 from ..reads import selectors
 from . import fanout
-from .base import ServiceError, learner_may_report, push_job_update, retry_conflicts, running_activation
+from .base import (
+    ServiceError,
+    checked_running,
+    learner_may_report,
+    push_job_update,
+    retry_conflicts,
+    running_activation,
+)
+from .rollouts import JobAtWork
 
 log = logging.getLogger(__name__)
 
@@ -220,7 +229,8 @@ def broadcast_plan(*, job: Job, workers: Sequence[Worker | PlannedWorker], now: 
 
 @retry_conflicts
 @transaction.atomic
-def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: float, source: str = "http") -> None:
+def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: float, source: str = "http",
+                       at_work: JobAtWork | None = None) -> None:
     """Count an install, once per worker and version however often it is reported (``SnapshotInstall``);
     T_bcast is fixed once ceil(active/gamma) workers have the snapshot. An install received from a relay
     parent counts as a success for that parent (the chain score's Success term).
@@ -228,34 +238,44 @@ def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: fl
     With the agent's hello, the one place that sets ``Worker.installed_version``.
 
     A report that arrives after the worker's activation in the job ended (the install finished as the job completed
-    or the worker was released) is late, not wrong: it is ignored, with nothing to tell the agent."""
-    if (selectors.active_activation(worker=worker, job_id=job_id) is None
-            and Activation.objects.filter(worker=worker, job_id=job_id).exists()):
-        log.info("job %s v%s: worker %s reported an install after its activation ended; ignored", job_id, version,
-                 worker.pk)
-        return
-    activation = running_activation(worker, job_id)
-    snap = Snapshot.objects.select_for_update().filter(job_id=job_id, version=version).first()
+    or the worker was released) is late, not wrong: it is ignored, with nothing to tell the agent.
+
+    Every worker of a job reports every version it installs, so this is on the sockets' steady path: no row is
+    locked for long (the snapshot's counters move in one ``UPDATE``, the install row is an ``INSERT`` that a
+    report sent again leaves alone) and the job's open activations are counted only until T_bcast is fixed. With
+    ``at_work`` (the socket process's shared read of the running job, ``services.rollouts.job_at_work``, at most
+    ``AGENT_STATE_MAX_AGE_S`` old) naming the worker active, neither its activation nor the job's are read."""
+    if at_work is not None and at_work.running.job_id == job_id and worker.pk in at_work.active:
+        active, gamma = len(at_work.active), at_work.gamma
+    else:
+        activation = selectors.active_activation(worker=worker, job_id=job_id)
+        if activation is None and Activation.objects.filter(worker=worker, job_id=job_id).exists():
+            log.info("job %s v%s: worker %s reported an install after its activation ended; ignored", job_id,
+                     version, worker.pk)
+            return
+        job = checked_running(activation, worker, job_id).job
+        active, gamma = None, job.settings.gamma
+    snap = Snapshot.objects.filter(job_id=job_id, version=version).only(
+        "pk", "version", "published_at", "t_bcast", "manifest").first()
     if snap is None:
         raise ServiceError(f"version: snapshot {version} of job {job_id} was never published")
     Worker.objects.filter(pk=worker.pk).update(installed_version=version)
     at = time.time()  # the install the site can check (a published version of this job): it leaves "loading"
     transaction.on_commit(lambda: telemetry.record_observed(worker.pk, job_id=job_id, what="installed", at=at))
-    _, first = SnapshotInstall.objects.get_or_create(snapshot=snap, worker=worker,
-                                                     defaults={"source": source, "seconds": seconds})
-    if not first:
+    if not _install_recorded(snap=snap, worker=worker, source=source, seconds=seconds):
         log.info("job %s v%s: worker %s reported its install again; counted once", job_id, version, worker.pk)
         return
-    snap.installs += 1
-    fields = ["installs"]
+    counters = {"installs": F("installs") + 1}
     if source == "parent":
-        snap.installs_via_parent += 1
-        fields.append("installs_via_parent")
-    active = activation.job.activations.filter(ended_at=None).count()
-    if snap.t_bcast is None and snap.installs >= math.ceil(active / activation.job.settings.gamma):
-        snap.t_bcast = (timezone.now() - snap.published_at).total_seconds()
-        fields.append("t_bcast")
-    snap.save(update_fields=fields)
+        counters["installs_via_parent"] = F("installs_via_parent") + 1
+    if snap.t_bcast is None:  # fixed by the install that brings the count to ceil(active / gamma), whichever it is
+        if active is None:
+            active = Activation.objects.filter(job_id=job_id, ended_at=None).count()
+        needed = math.ceil(active / gamma)
+        elapsed = (timezone.now() - snap.published_at).total_seconds()
+        counters["t_bcast"] = Case(When(t_bcast__isnull=True, installs__gte=needed - 1, then=Value(elapsed)),
+                                   default=F("t_bcast"))
+    Snapshot.objects.filter(pk=snap.pk).update(**counters)
     if source == "parent":
         plan = telemetry.load_chain_plan(job_id, version)
         route = chains.route(plan, worker.pk) if plan else None
@@ -265,6 +285,18 @@ def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: fl
             _relay_succeeded(route[0], snap=snap, total_bytes=size, seconds=at - snap.published_at.timestamp(),
                              child_bps=float(worker.bandwidth_bps))
     push_job_update(job_id)  # the page shows who has which version
+
+
+def _install_recorded(*, snap: Snapshot, worker: Worker, source: str, seconds: float) -> bool:
+    """Record ``worker``'s install of ``snap``; False when it was recorded before (a report sent again). One
+    ``INSERT ... ON CONFLICT DO NOTHING`` on the one-install-per-worker constraint, where ``get_or_create`` would
+    read first and insert in a savepoint."""
+    table = SnapshotInstall._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f"INSERT INTO {table} (snapshot_id, worker_id, source, seconds, installed_at) "  # noqa: S608
+                       "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (snapshot_id, worker_id) DO NOTHING RETURNING id",
+                       [snap.pk, worker.pk, source, seconds, connection.ops.adapt_datetimefield_value(timezone.now())])
+        return cursor.fetchone() is not None
 
 
 def _relay_succeeded(parent_id: int, *, snap: Snapshot, total_bytes: int, seconds: float, child_bps: float) -> None:

@@ -208,6 +208,32 @@ async def test_a_heartbeat_after_the_release_keeps_the_recorded_install(settings
     await comm.disconnect()
 
 
+async def test_install_reports_count_once_and_after_a_release_are_ignored_and_elsewhere_refused(settings_eager):
+    # Checked against the process's shared read of the job, not the worker's rows: each must still say the truth.
+    job, worker, key = await setup_job_and_worker()
+    other = await database_sync_to_async(lambda: factories.job(factories.user()))()
+    comm = await connect(key)
+    await started_with(comm, job)
+    fresh = database_sync_to_async(lambda: Job.objects.get(pk=job.pk))
+    await database_sync_to_async(services.snapshot_publish)(job=await fresh(), version=1, url="http://l/v1/",
+                                                            manifest=factories.manifest(job, 1))
+    assert (await comm.receive_json_from(timeout=5))["type"] == "snapshot"
+    for _ in range(2):
+        await comm.send_json_to({"type": "snapshot_installed", "job_id": job.pk, "version": 1, "seconds": 0.5})
+    await comm.send_json_to({"type": "snapshot_installed", "job_id": other.pk, "version": 1, "seconds": 0.5})
+    refused = await comm.receive_json_from()
+    assert refused["type"] == "rejected" and refused["ref"] == "snapshot_installed"
+    assert f"not active in job {other.pk}" in refused["reason"]
+    await database_sync_to_async(services.job_finish)(job=await fresh(), status="completed")
+    assert (await comm.receive_json_from(timeout=5))["type"] == "release"
+    await comm.send_json_to({"type": "snapshot_installed", "job_id": job.pk, "version": 2, "seconds": 0.5})  # late
+    await comm.send_json_to({"type": "lease_request", "job_id": job.pk})  # answered once the report is handled
+    assert (await comm.receive_json_from())["type"] == "rejected"  # the lease: the job is over; the report: silence
+    snap = await database_sync_to_async(lambda: job.snapshots.get(version=1))()
+    assert snap.installs == 1 and snap.t_bcast is not None
+    await comm.disconnect()
+
+
 async def test_a_released_workers_leases_go_back_at_once(settings_eager, redis_client):
     job, worker, key = await setup_job_and_worker()
     comm = await connect(key)

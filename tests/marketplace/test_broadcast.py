@@ -470,3 +470,30 @@ def test_the_assignment_carries_the_jobs_prompt_format(pushes):
     services.worker_activate(worker=late, job=job)
     assign = next(msg for msg in pushes[late.pk] if msg.type == "assign")
     assert assign.prompt_format == PromptFormat(chat=True, system_prompt="Answer with the number only.")
+
+
+@pytest.mark.parametrize("shared_read", [False, True], ids=["alone", "with the socket process's read of the job"])
+def test_broadcast_time_is_fixed_by_the_install_that_reaches_the_share_and_moved_by_no_later_one(pushes,
+                                                                                                 shared_read):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    workers = make_workers(4)
+    job = factories.job(factories.user(), learner_uplink_bps=1000, gamma=2.0)  # T_bcast at ceil(4 / 2) = 2 installs
+    services.job_start(job=job)
+    for w in workers:
+        services.worker_activate(worker=w, job=job)
+    publish(job, 1)
+    at_work = services.job_at_work(job_id=job.pk) if shared_read else None
+    t_bcast, statements = [], []
+    for w in workers:
+        with CaptureQueriesContext(connection) as queries:
+            services.snapshot_installed(worker=w, job_id=job.pk, version=1, seconds=1.0, at_work=at_work)
+        t_bcast.append(job.snapshots.get(version=1).t_bcast)
+        assert not any("FOR UPDATE" in q["sql"] for q in queries.captured_queries)  # no row held for the fleet
+        statements.append(len(queries))
+    assert t_bcast[0] is None and t_bcast[1] is not None and t_bcast[2] == t_bcast[3] == t_bcast[1]
+    assert job.snapshots.get(version=1).installs == 4 and job.snapshots.get(version=1).install_reports.count() == 4
+    # the snapshot, the worker, the install, the counters (and the savepoint and its release: a test runs in a
+    # transaction); alone, also the activation and, until T_bcast, the count. It was 12 before it was cut.
+    assert statements == ([6] * 4 if shared_read else [8, 8, 7, 7])
