@@ -108,6 +108,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "run's synthetic load (bench/wan/burn.py): a pure-Python spinner beside each agent relay as "
                         "a process of its own (procs: cores shared) or as a thread in the relay's process (threads: "
                         "cores and the GIL shared, like the agent's generation thread).")
+    parser.add_argument("--no-naive", dest="naive", action="store_false", help="The wire-only run without the "
+                        "naive reference relay (bench/wan/naive.py) it otherwise runs beside ours in every round.")
+    parser.add_argument("--add-delay-ms", type=float, default=0.0, help="Add this to every link's round trip, so "
+                        "every path (two links) gets this much more one-way delay (issue 49: the rates profile "
+                        "with +20 ms).")
     parser.add_argument("--link-emulation", choices=netns.EMULATIONS, default="auto", help="Who adds each link's "
                         "round trip, jitter and loss: tc netem (where the kernel has sch_netem; the proxies then only "
                         "tap), our delay proxy (bench/wan/proxy.py), or auto: netem if usable, else the proxy. tbf "
@@ -238,13 +243,18 @@ def wire_row(topology: profile.Topology, args: argparse.Namespace) -> dict:
           f"parts {part // 1024} KiB{'' if args.buckets else ', no token buckets'}, load {args.wire_load} ...",
           flush=True)
     row = run_wire(topology, args.workdir / f"{topology.name}-wire", size=size, chunk=DEFAULT_CHUNK_BYTES,
-                   part_bytes=part, rounds=args.wire_rounds, buckets=args.buckets, load=args.wire_load)
+                   part_bytes=part, rounds=args.wire_rounds, buckets=args.buckets, load=args.wire_load,
+                   with_naive=args.naive)
     when = row.get("timeline") or {}
     row.update({k: v for k, v in when.items() if k != "cpu_groups"},
                **{f"cpu_{g}": c for g, c in (when.get("cpu_groups") or {}).items()},
                chains=profile.chains(topology), m_mb=row["m_bytes"] / 1e6,
                pubs=f"{row['timed']}/{row['all_installed']}/{row['publications']}")
     return row
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -268,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(args.workdir, ignore_errors=True)
     rows = []
     for name in args.profiles:
-        topology = profile.load(name).with_agents(args.agents)
+        topology = profile.with_added_delay(profile.load(name).with_agents(args.agents), args.add_delay_ms)
         if args.wire_only:
             rows.append(wire_row(topology, args))
         for strategy in args.strategies:
@@ -307,6 +317,17 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['profile']} parts {r['part_bytes'] // 1024} KiB{'' if r['buckets'] else ' no buckets'}, "
             f"load {r['load']}: "
             + ", ".join(f"{x:.2f}" for x in r["ratios"]) for r in wire))
+        for r in (r for r in wire if "naive_ratio" in r):
+            delay = f", +{args.add_delay_ms:g} ms one way" if args.add_delay_ms else ""
+            print(f"Ours against the naive relay (bench/wan/naive.py; same chains, links and proxies, rounds "
+                  f"alternated), {r['profile']}{delay}, M = {r['m_bytes'] / 1e6:.1f} MB, load {r['load']}:\n"
+                  f"  ours  T_bcast/(M/Bw) {r['ratio']:.2f} (rounds {', '.join(f'{x:.2f}' for x in r['ratios'])})\n"
+                  f"  naive T_bcast/(M/Bw) {r['naive_ratio']:.2f} (rounds "
+                  f"{', '.join(f'{x:.2f}' for x in r['naive_ratios'])})\n"
+                  f"  ours/naive {r['ours_over_naive']:.3f} (per round "
+                  f"{', '.join(f'{x:.2f}' for x in r['ours_over_naive_rounds'])}); lag per relayed hop ours "
+                  f"{_s(r['timeline'].get('lag_s'))} s, naive {_s(r['naive_timeline'].get('lag_s'))} s; seeds ours "
+                  f"{_s(r['timeline'].get('seed_s'))} s, naive {_s(r['naive_timeline'].get('seed_s'))} s")
     rows = [r for r in rows if r["strategy"] != "wire-only"] + wire
     print("\nThe wire (clean steps): per-hop throughput against the link, the agents' round trips at the site, "
           "reconnects, timeouts")

@@ -52,6 +52,20 @@ def test_shipped_profiles_load() -> None:
     assert profile.load("paper").learner.up_bps == 12_500_000  # B0 = 2 Bw: two chains
 
 
+def test_added_delay_gives_every_path_that_much_more_one_way() -> None:
+    """``bench_wan.py --add-delay-ms 20`` (issue 49: the rates profile +20 ms): each path crosses two links, so each
+    link's round trip grows by the delay and every path's one way by the same."""
+    from bench.wan.proxy import Path as ProxyPath
+
+    rates = profile.load("rates").with_agents(8)
+    slower = profile.with_added_delay(rates, 20)
+    assert [a.up_mbit for a in slower.agents] == [50] * 8 and slower.learner.up_mbit == 200
+    one_way = ProxyPath.between(vars(slower.agents[0]), vars(slower.agents[1])).delay_s
+    seed = ProxyPath.between(vars(slower.learner), vars(slower.agents[0])).delay_s
+    assert one_way == seed == pytest.approx(0.020)
+    assert profile.with_added_delay(rates, 0) is rates
+
+
 def test_profile_errors_name_the_key() -> None:
     with pytest.raises(ValueError, match="agents: unknown key.*rtt"):
         profile.parse("[agents]\nrtt = 40\n")

@@ -62,6 +62,17 @@ class Topology:
         return replace(self, agents=tuple(agents))
 
 
+def with_added_delay(topology: Topology, ms: float) -> Topology:
+    """The same topology with ``ms`` more round trip on every link: every path (two links) ``ms`` more one way."""
+    if not ms:
+        return topology
+    def more(link: Link) -> Link:
+        return replace(link, rtt_ms=link.rtt_ms + ms)
+
+    return replace(topology, learner=more(topology.learner), site=more(topology.site),
+                   agents=tuple(more(a) for a in topology.agents))
+
+
 def chains(topology: Topology) -> int:
     """N_ch = floor(B0/Bw), the site's number of chains (Bw the usual worker link), at most one per agent."""
     bw = min(a.up_mbit for a in topology.agents[:-1] or topology.agents)

@@ -12,6 +12,7 @@ origin verifies with the job's secret, each agent relay admits its child by the 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -31,6 +32,8 @@ from .stack import BIN, HUB_PORT, RELAY_PORT, WanStack
 
 GAMMA = 1.1
 JOB = 1
+NAIVE_VERSIONS = 1000
+"""The naive relay's rounds are numbered from here in the timeline (ours from 1)."""
 
 
 def plan(agents: list[str], n_chains: int) -> list[list[str]]:
@@ -102,18 +105,63 @@ def run_round(net: Net, where: Path, version: int, *, size: int, chunk: int, par
             r.stop()
     if any(e["sha256"] != manifest.sha256 for e in done.values()):
         raise RuntimeError(f"v{version}: an installed payload does not match the manifest")
+    return _installs(version, published, done)
+
+
+def _installs(version: int, published: float, done: dict[str, dict]) -> dict:
     latency = sorted(e["t"] - published for e in done.values())
     return {"version": version, "published": published, "installs_s": latency, "t_all_s": latency[-1],
             "t_bcast_s": latency[math.ceil(len(latency) / GAMMA) - 1],
             "from_fallback": sum(e["stats"]["from_fallback"] for e in done.values())}
 
 
+def run_naive_round(net: Net, where: Path, version: int, *, size: int, n_chains: int, timeout: float,
+                    procs: list) -> dict:
+    """The same publication along the same chains, ports, proxies and links with the naive relay
+    (bench/wan/naive.py): the reference beside ours. ``version`` only names the round (NAIVE_VERSIONS + k)."""
+    topology = net.topology
+    payload = os.urandom(size)
+    file = where / f"naive-{version}.bin"
+    file.write_bytes(payload)
+    digest = hashlib.sha256(payload).hexdigest()
+    agents = [n for n, _ in topology.nodes() if n.startswith("a")]
+
+    def start(node: str, argv: list[str]) -> RelayProcess:
+        return RelayProcess(argv, prefix=[*net.exec(node), str(BIN / "python")], log=where / f"naive-{node}.log",
+                            name=node, module="bench.wan.naive",
+                            env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2])))
+
+    relays = [start("learner", ["origin", "--file", str(file), "--listen", f"127.0.0.1:{HUB_PORT}"])]
+    parent_of = {}
+    for chain in plan(agents, n_chains):
+        for k, node in enumerate(chain):
+            parent_of[node] = ("learner", HUB_PORT) if k == 0 else (chain[k - 1], RELAY_PORT)
+            relays.append(start(node, ["relay", "--size", str(size), "--listen", f"127.0.0.1:{RELAY_PORT}"]))
+    procs.extend((f"agent-{r.name}" if r.name != "learner" else "learner", r.proc) for r in relays)
+    try:
+        for r in relays:
+            r.wait("listening", 30)
+        published = time.time()
+        for r in relays[1:]:
+            host, port = parent_of[r.name]
+            r.send(cmd="parent", host=net.address(host), port=port)
+        done = {r.name: r.wait("installed", timeout) for r in relays[1:]}
+    finally:
+        for r in relays:
+            r.stop()
+        file.unlink(missing_ok=True)
+    if any(e["sha256"] != digest for e in done.values()):
+        raise RuntimeError(f"naive round {version}: a relay received other bytes than the origin's")
+    return _installs(version, published, done)
+
+
 def run_wire(topology: Topology, workdir: Path, *, size: int, chunk: int, part_bytes: int, rounds: int,
-             buckets: bool = True, timeout: float = 120.0, load: str = "none") -> dict:
+             buckets: bool = True, timeout: float = 120.0, load: str = "none", with_naive: bool = True) -> dict:
     """``rounds`` publications along the chains on fresh namespaces; the bench's row (``strategy`` 'wire-only').
     ``load`` (bench/wan/burn.py): 'none'; 'procs', a process spinning in pure Python beside each agent's relay (the
     cores shared); 'threads', a thread spinning in each agent relay's own process (the cores and the GIL shared, as
-    with the agent's generation thread)."""
+    with the agent's generation thread). ``with_naive``: each round also runs the naive relay (bench/wan/naive.py) on
+    the same chains and links, its figures in the row beside ours (``naive_ratio``, ``ours_over_naive``)."""
     if load not in ("none", "procs", "threads"):
         raise ValueError(f"load must be none, procs or threads, not {load!r}")
     started = time.monotonic()
@@ -132,18 +180,27 @@ def run_wire(topology: Topology, workdir: Path, *, size: int, chunk: int, part_b
                         stack.stack.start(f"load-{node}", *net.exec(node), str(BIN / "python"), "-m",
                                           "bench.wan.burn", "spin")
             time.sleep(1.0)  # the proxies listening
-            done = [run_round(net, workdir, v, size=size, chunk=chunk, part_bytes=part_bytes,
-                              n_chains=chains(topology), buckets=buckets, timeout=timeout, procs=procs, load=load)
-                    for v in range(1, rounds + 1)]
+            done, naive = [], []
+            for v in range(1, rounds + 1):  # ours and the naive relay alternate, each first in every other round
+                for kind in (("ours", "naive") if v % 2 else ("naive", "ours")) if with_naive else ("ours",):
+                    if kind == "ours":
+                        done.append(run_round(net, workdir, v, size=size, chunk=chunk, part_bytes=part_bytes,
+                                              n_chains=chains(topology), buckets=buckets, timeout=timeout,
+                                              procs=procs, load=load))
+                    else:
+                        naive.append(run_naive_round(net, workdir, NAIVE_VERSIONS + v, size=size,
+                                                     n_chains=chains(topology), timeout=timeout, procs=procs))
         finally:
             sampler.stop()
             stack.stop()
         nodes = {net.address(n): (n, link) for n, link in topology.nodes()}
     hop_list = report.hops(report.read_taps(stack.taps), nodes)
     snapshots = [{"version": d["version"], "published_at": _iso(d["published"]), "t_bcast": d["t_bcast_s"],
-                  "manifest": {}} for d in done]
-    versions = timeline.versions(snapshots, hop_list, samples=sampler.samples,
-                                 installed={d["version"]: d["installs_s"] for d in done})
+                  "manifest": {}} for d in done + naive]
+    every = timeline.versions(snapshots, hop_list, samples=sampler.samples,
+                              installed={d["version"]: d["installs_s"] for d in done + naive})
+    versions = [r for r in every if r["version"] < NAIVE_VERSIONS]
+    naive_versions = [r for r in every if r["version"] >= NAIVE_VERSIONS]
     (workdir / "timeline.txt").write_text("\n".join(timeline.lines(versions)) + "\n")
     bw = statistics.median(a.up_bps for a in topology.agents)
     t_bcast, t_all = (statistics.median(d[k] for d in done) for k in ("t_bcast_s", "t_all_s"))
@@ -154,9 +211,21 @@ def run_wire(topology: Topology, workdir: Path, *, size: int, chunk: int, part_b
            "all_installed": rounds, "chunk_bytes": chunk, "part_bytes": part_bytes, "buckets": buckets, "load": load,
            "from_fallback": sum(d["from_fallback"] for d in done), **report.hop_summary(hop_list),
            "timeline": timeline.summary(versions), "seconds": time.monotonic() - started, "logs": str(workdir)}
-    (workdir / "results.json").write_text(json.dumps({"row": row, "rounds": done, "hops": hop_list,
-                                                      "timeline": versions}, indent=1, default=str))
+    if naive:
+        row.update(naive_summary(naive, size=size, bw=bw, ours=done), naive_timeline=timeline.summary(naive_versions))
+    (workdir / "results.json").write_text(json.dumps({"row": row, "rounds": done, "naive_rounds": naive,
+                                                      "hops": hop_list, "timeline": every}, indent=1, default=str))
     return row
+
+
+def naive_summary(naive: list[dict], *, size: int, bw: float, ours: list[dict]) -> dict:
+    """The naive relay's figures beside ours: its median T_bcast/(M/Bw), each round's, and ours/naive (the medians'
+    ratio, and each round's against the naive round beside it)."""
+    t_naive = statistics.median(d["t_bcast_s"] for d in naive)
+    t_ours = statistics.median(d["t_bcast_s"] for d in ours)
+    return {"naive_t_bcast_s": t_naive, "naive_ratio": t_naive * bw / size,
+            "naive_ratios": [d["t_bcast_s"] * bw / size for d in naive], "ours_over_naive": t_ours / t_naive,
+            "ours_over_naive_rounds": [o["t_bcast_s"] / n["t_bcast_s"] for o, n in zip(ours, naive, strict=False)]}
 
 
 def _iso(t: float) -> str:
