@@ -13,6 +13,8 @@ private ``redis-server``: one worker says hello, is activated in a running job a
   10 s: one in five of its heartbeats at the 2 s interval), each finding its report period run out, after a billing
   fold (``activations_release_silent``, every expiry beat) billed the worker, as one does every 10 s;
 - *submit*: ``--groups`` answered groups of ``--group-size`` records of ``--tokens`` tokens and a lease of as many;
+- *install report*: every worker of a job reports each version it installs; ``--messages`` versions published and
+  pushed to the socket before the block (not counted), then one report per version;
 - *lease request, job read again*: ``--sockets`` more workers' sockets each ask for a lease once their held job
   expired, as it does every ``AGENT_STATE_MAX_AGE_S`` (2 s): what reading it again costs per socket;
 - *billing fold*: the fold over the job's ``1 + --sockets`` workers, all generating (installed, a lease held) and
@@ -199,8 +201,37 @@ async def run(args, counters: Counters) -> list[dict]:
 
         return await block("submit", args.messages, one)
 
+    async def installs() -> dict:
+        """One install report per version, each of a version published before the block and pushed to the socket
+        (not counted), as every worker of a job sends one at every publication."""
+        from dataplane.snapshot import build_manifest
+
+        def publish() -> int:
+            first = Job.objects.get(pk=job.pk).published_version + 1
+            for version in range(first, first + args.messages):
+                manifest = build_manifest(bytes(16), job_id=job.pk, version=version).model_dump(mode="json")
+                services.snapshot_publish(job=Job.objects.get(pk=job.pk), version=version,
+                                          url=f"http://bench/v{version}/", manifest=manifest)
+            return first
+
+        first = await database_sync_to_async(publish)()
+        last = first + args.messages - 1
+        while True:  # every publication's push handled by the socket before the block
+            pushed = await comm.receive_json_from(timeout=60)
+            if pushed["type"] == "snapshot" and pushed["version"] == last:
+                break
+        versions = iter(range(first, 10**9))
+
+        async def one() -> float:
+            await comm.send_to(text_data=json.dumps({"type": "snapshot_installed", "job_id": job.pk,
+                                                     "version": next(versions), "seconds": 0.5}))
+            return 0.0
+
+        return await block("install report", args.messages, one,
+                           finish=lambda: ask(lease_frame()))
+
     await heartbeats(False)  # the state the heartbeats report is now recorded: the next stay in Redis
-    rows = [await heartbeats(False), await heartbeats(True), await submits()]
+    rows = [await heartbeats(False), await heartbeats(True), await submits(), await installs()]
     sockets = await expired(args, counters, job, key, rows)
     rows.append(await folds(args, counters, job))  # while the sockets of every worker are open
     for other in (comm, *sockets):

@@ -255,8 +255,9 @@ def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: fl
             return
         job = checked_running(activation, worker, job_id).job
         active, gamma = None, job.settings.gamma
-    snap = Snapshot.objects.filter(job_id=job_id, version=version).only(
-        "pk", "version", "published_at", "t_bcast", "manifest").first()
+    # Not its manifest (26 kB of JSON at 256 chunks): only a relay's success reads it, and loads it then.
+    snap = Snapshot.objects.filter(job_id=job_id, version=version).only("pk", "version", "published_at",
+                                                                        "t_bcast").first()
     if snap is None:
         raise ServiceError(f"version: snapshot {version} of job {job_id} was never published")
     Worker.objects.filter(pk=worker.pk).update(installed_version=version)
