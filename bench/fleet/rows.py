@@ -241,7 +241,8 @@ class Row:
         row_span = (self.t_row, self.t_cancel)  # after the release, a batch in flight is refused as expected
         fig["frames_received"] = dict(fleet["received"])
         fig["refused"] = sum(report.refusals(fleet["rejections"], *row_span).values())
-        fig["refused_why"] = dict(report.refusals(fleet["rejections"], *row_span).most_common(5))
+        fig["refused_why"] = {f"{kind}: {why}": count  # str keys: the row is written as JSON
+                              for (kind, why), count in report.refusals(fleet["rejections"], *row_span).most_common(5)}
         fig["lost"] = report.lost_groups(fleet, before=self.t_cancel - REPLY_TIMEOUT_S)
         fig["lost_checked"] = report.leased_before(fleet, before=self.t_cancel - REPLY_TIMEOUT_S)
         fig["lost_cutoff_s"] = REPLY_TIMEOUT_S
