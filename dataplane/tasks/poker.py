@@ -20,9 +20,13 @@ showdown; nothing of poker's rules is written here. This module deals, renders a
   turn's text up to ``</answer>`` or the end of its line, and it must be one of the options, else it folds and is
   counted as without the opener. A small instruct model rarely writes the opener itself (SmolLM2-135M: 1 legal
   answer in 18 decisions) but, given it, copies one of the listed answers about one time in five (docs/tasks.md).
-- **The return and the group** (F.5): the return is the agent's chip result in big blinds; a group is the ``n``
-  plays of one prompt, i.e. the same cards from the same seat. The record's metadata carries the deal, the seat,
-  the decisions and the illegal answers; its loss mask is 1 on the assistant's tokens only.
+- **The return and the group** (F.5): the return is the agent's chip result in big blinds, less
+  ``illegal_penalty`` big blinds for an illegal answer (default 0: the paper's chip outcome); a group is the ``n``
+  plays of one prompt, i.e. the same cards from the same seat. An illegal answer folds, so with chips alone it
+  scores as a legal fold at that point, which often beats playing on: two GRPO updates of SmolLM2 made its first
+  answers legal less often, not more (docs/tasks.md, poker). A penalty makes every illegal answer score below the
+  legal fold it stands for, without changing how legal answers compare. The record's metadata carries the deal,
+  the seat, the decisions and the illegal answers; its loss mask is 1 on the assistant's tokens only.
 
 Opponents: ``heuristic`` (hand strength: raise strong, call medium, check or fold weak), ``random`` (a random
 legal option, drawn from the seed and the number of actions so far, so it replays) and ``self`` (the current
@@ -267,7 +271,8 @@ class PokerGame(Game):
     alphabet = "".join(sorted(set(string.ascii_letters + string.digits + " .,:;'()/<>=|+-_\n")))
 
     def __init__(self, *, limit: str = "no-limit", blinds: list[int] | tuple[int, int] = (1, 2), stack: int = 200,
-                 opponent: str = "heuristic", turn_format: str = "plain", answer_prefix: bool | None = None) -> None:
+                 opponent: str = "heuristic", turn_format: str = "plain", answer_prefix: bool | None = None,
+                 illegal_penalty: float = 0.0) -> None:
         if limit not in LIMITS:
             raise TaskSpecError(f"limit: must be one of {', '.join(LIMITS)}")
         if opponent not in OPPONENTS:
@@ -281,16 +286,22 @@ class PokerGame(Game):
         big = _int("blinds", blinds[1], 1, 10_000)
         small = _int("blinds", blinds[0], 1, big)
         self.stack = _int("stack", stack, 2 * big, 1000 * big)
+        if not isinstance(illegal_penalty, int | float) or isinstance(illegal_penalty, bool) \
+                or not 0 <= illegal_penalty <= self.stack / big:
+            raise TaskSpecError(f"illegal_penalty: must be a number of big blinds between 0 and the stack's "
+                                f"{self.stack / big:g}")
+        self.illegal_penalty = float(illegal_penalty)
         self.limit, self.blinds, self.opponent, self.turn_format = limit, (small, big), opponent, turn_format
         # A chat model given the opener copies an option; left to write it, it writes prose (docs/tasks.md, poker).
         self.answer_prefix = turn_format == "chatml" if answer_prefix is None else answer_prefix
         self.prefix = PREFIX if self.answer_prefix else ""
-        self.return_range = (-self.stack / big, self.stack / big)
+        self.return_range = (-self.stack / big - self.illegal_penalty, self.stack / big)  # an illegal answer at most
         pokerkit()  # refused here, with the extra to install, where PokerKit is missing
 
     def options(self) -> dict[str, Any]:
         return {"limit": self.limit, "blinds": list(self.blinds), "stack": self.stack, "opponent": self.opponent,
-                "turn_format": self.turn_format, "answer_prefix": self.answer_prefix}
+                "turn_format": self.turn_format, "answer_prefix": self.answer_prefix,
+                "illegal_penalty": self.illegal_penalty}
 
     def header(self, seed: int, seat: int) -> str:
         return (f"Hand {seed}: heads-up {self.limit} hold'em, blinds {self.blinds[0]}/{self.blinds[1]}, stacks "
@@ -421,7 +432,7 @@ class PokerGame(Game):
     def _finish(self, t: _Table) -> Episode:
         hand, ep = t.hand, t.episode
         if hand is not None:
-            ep.reward = hand.result(hand.agent)
+            ep.reward = self.score(hand)
             ep.info = {"hand": hand.seed, "seat": hand.agent, "decisions": hand.decisions[hand.agent],
                        "illegal": hand.illegal[hand.agent], "opponent_return": hand.result(1 - hand.agent)}
         return ep
@@ -454,13 +465,18 @@ class PokerGame(Game):
                     break
                 pos, waits = at + len(text), False
             if hand.over:
-                return hand.result(hand.agent)
+                return self.score(hand)
             nxt, (answer, end) = completion.find(head, pos), self.answer(completion, pos)
             if answer is not None and 0 <= nxt < end:
                 answer, end = None, pos  # no answer in this turn: the one found is in the environment's next message
             hand.act(answer)
             pos, waits = end, True
         return self.return_range[0]
+
+    def score(self, hand: Hand) -> float:
+        """The agent's return for a hand that is over: its chips in big blinds, less the penalty for an illegal answer
+        (one at most: it folds the hand)."""
+        return hand.result(hand.agent) - self.illegal_penalty * hand.illegal[hand.agent]
 
     @staticmethod
     def _opponent_answer(hand: Hand, completion: str, start: int) -> str | None:

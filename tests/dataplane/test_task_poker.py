@@ -186,20 +186,42 @@ def test_with_the_opener_the_answer_is_the_text_up_to_the_closer_or_the_lines_en
     assert task.reward(button, episode.text) == episode.reward
 
 
+@pytest.mark.parametrize("penalty", [0, 1.5])
 @pytest.mark.parametrize("answer", ["<answer>raise 99999</answer>", "<answer>shove</answer>", "I call.",
                                     "<answer>bet 1</answer>", "<answer>check 3</answer>"])
-def test_an_illegal_answer_folds_and_is_counted(answer) -> None:
-    task = poker(opponent="heuristic", answer_prefix=False)
+def test_an_illegal_answer_folds_and_is_counted(answer, penalty) -> None:
+    task = poker(opponent="heuristic", answer_prefix=False, illegal_penalty=penalty)
     button = next(p for p in hands(task, 20) if "You are the button" in p)  # first to act, facing the big blind
 
     def generate(contexts):
         return [Turn(ids=encode(answer), logprobs=[-1.0] * len(answer), text=answer) for _ in contexts]
 
     episode, = task.play([button], generate=generate, encode=encode)
-    assert episode.reward == -0.5  # the small blind, lost
+    assert episode.reward == -0.5 - penalty  # the small blind, lost, and the penalty
     assert episode.info["illegal"] == 1 and episode.info["decisions"] == 1
     assert "Actions: preflop: you fold." in episode.text
-    assert task.reward(button, episode.text) == -0.5
+    assert task.reward(button, episode.text) == -0.5 - penalty  # the learner's audit replays the same return
+
+
+def test_the_illegal_answer_penalty_ranks_it_below_the_legal_fold_and_leaves_legal_play_alone() -> None:
+    plain, penalized = poker(opponent="heuristic"), poker(opponent="heuristic", illegal_penalty=1.0)
+    prompts = hands(plain, 24, seed=3)
+    fold = "<answer>fold</answer>"
+
+    def folder(contexts):  # folds where it may, else checks: always legal
+        texts = [fold if "<answer>fold</answer>" in decode(c).rsplit("Your options:", 1)[-1] else
+                 "<answer>check</answer>" for c in contexts]
+        return [Turn(encode(t), [-1.0] * len(t), t) for t in texts]
+
+    for policy in (player(), folder):
+        legal = [(e.reward, e.info["illegal"]) for e in plain.play(prompts, generate=policy, encode=encode)]
+        assert legal == [(e.reward, e.info["illegal"]) for e in penalized.play(prompts, generate=policy, encode=encode)]
+        assert all(illegal == 0 for _, illegal in legal)
+    button = next(p for p in prompts if "You are the button" in p)
+    legal_fold, = penalized.play([button], generate=folder, encode=encode)
+    illegal, = penalized.play([button], generate=player("illegal"), encode=encode)
+    assert (legal_fold.reward, illegal.reward) == (-0.5, -1.5)
+    assert penalized.reward_range == (-101.0, 100.0)
 
 
 @pytest.mark.parametrize("prefix", [False, True])
@@ -246,10 +268,14 @@ def test_bad_options_are_refused_naming_the_option() -> None:
         poker(stack=3)
     with pytest.raises(TaskSpecError, match="^answer_prefix: must be true or false"):
         poker(answer_prefix="yes")
+    with pytest.raises(TaskSpecError, match="^illegal_penalty: must be a number of big blinds between 0 and the "
+                                            "stack's 100"):
+        poker(illegal_penalty=-1)
     with pytest.raises(TaskSpecError, match="^env: unknown environment 'chess'; available: nim, poker"):
         build_task({"name": "sandbox", "env": "chess"})
     spec = poker().spec()
     assert spec == {"name": "sandbox", "env": "poker", "max_turns": 10, "limit": "no-limit", "blinds": [1, 2],
-                    "stack": 200, "opponent": "heuristic", "turn_format": "plain", "answer_prefix": False}
+                    "stack": 200, "opponent": "heuristic", "turn_format": "plain", "answer_prefix": False,
+                    "illegal_penalty": 0.0}
     assert build_task(spec).spec() == spec
     assert poker().reward_range == (-100.0, 100.0)
