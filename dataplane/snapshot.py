@@ -188,17 +188,20 @@ def verify_chunk(manifest: Manifest, index: int, data: bytes) -> None:
         raise SnapshotError(f"chunk {index} of version {manifest.version}: sha256 mismatch")
 
 
-def ordered_chunks(manifest: Manifest, chunks: Mapping[int, bytes]) -> list[bytes]:
+def ordered_chunks(manifest: Manifest, chunks: Mapping[int, bytes], *, digest: str | None = None) -> list[bytes]:
     """The verified chunks in order, hashed as one payload without joining them (no second copy of a model);
-    raise unless every chunk is present and the whole payload hashes to the learner's digest."""
+    raise unless every chunk is present and the whole payload hashes to the learner's digest. ``digest``: the sha256
+    of exactly these chunks in order, already computed as they arrived (a relay's ChunkBook), so not hashed again."""
     missing = [c.index for c in manifest.chunks if c.index not in chunks]
     if missing:
         raise SnapshotError(f"version {manifest.version}: missing chunks {missing[:5]}")
     ordered = [chunks[c.index] for c in manifest.chunks]
-    whole = hashlib.sha256()
-    for data in ordered:
-        whole.update(data)
-    if whole.hexdigest() != manifest.sha256:
+    if digest is None:
+        whole = hashlib.sha256()
+        for data in ordered:
+            whole.update(data)
+        digest = whole.hexdigest()
+    if digest != manifest.sha256:
         raise SnapshotError(f"version {manifest.version}: payload sha256 mismatch")
     return ordered
 

@@ -147,16 +147,21 @@ async def read_frame(reader: asyncio.StreamReader, *, peer: str, timeout: float,
                      max_payload: PayloadLimit = MAX_PAYLOAD_BYTES, downlink: TokenBucket | None = None) -> Frame:
     """Read one frame; ``timeout`` bounds every read (a stall mid-payload is detected too). A payload declared
     over ``max_payload`` (given the header, when it is a function) is refused before a byte of it is read."""
-    prefix = await _read_exactly(reader, _PREFIX.size, peer=peer, timeout=timeout, between_frames=True)
-    magic, header_len, payload_len = _PREFIX.unpack(prefix)
-    if magic != MAGIC:
-        raise FrameError(f"{peer} sent bytes that are not a frame (magic {magic!r})")
-    if header_len > MAX_HEADER_BYTES:
-        raise FrameError(f"{peer} sent a {header_len}-byte header (limit {MAX_HEADER_BYTES})")
-    if payload_len > MAX_PAYLOAD_BYTES:
-        raise FrameError(f"{peer} sent a {payload_len}-byte payload (limit {MAX_PAYLOAD_BYTES})")
     try:
-        header = json.loads(await _read_exactly(reader, header_len, peer=peer, timeout=timeout))
+        async with asyncio.timeout(timeout):  # the prefix and the header, sent together: one timer for both
+            prefix = await _read_exactly(reader, _PREFIX.size, peer=peer, timeout=None, between_frames=True)
+            magic, header_len, payload_len = _PREFIX.unpack(prefix)
+            if magic != MAGIC:
+                raise FrameError(f"{peer} sent bytes that are not a frame (magic {magic!r})")
+            if header_len > MAX_HEADER_BYTES:
+                raise FrameError(f"{peer} sent a {header_len}-byte header (limit {MAX_HEADER_BYTES})")
+            if payload_len > MAX_PAYLOAD_BYTES:
+                raise FrameError(f"{peer} sent a {payload_len}-byte payload (limit {MAX_PAYLOAD_BYTES})")
+            raw = await _read_exactly(reader, header_len, peer=peer, timeout=None)
+    except TimeoutError:
+        raise PeerStalled(f"{peer} stalled: nothing received for {timeout:g} s") from None
+    try:
+        header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise FrameError(f"{peer} sent a header that is not JSON") from None
     try:
@@ -178,8 +183,9 @@ async def read_frame(reader: asyncio.StreamReader, *, peer: str, timeout: float,
     return Frame(header, b"".join(parts))
 
 
-async def _read_exactly(reader: asyncio.StreamReader, n: int, *, peer: str, timeout: float,
+async def _read_exactly(reader: asyncio.StreamReader, n: int, *, peer: str, timeout: float | None,
                         between_frames: bool = False) -> bytes:
+    """``timeout`` None: the caller's own timer bounds this read."""
     try:
         async with asyncio.timeout(timeout):  # not wait_for: no task per read (the loop's wake-ups cost)
             return await reader.readexactly(n)
@@ -197,13 +203,18 @@ async def write_frame(writer: asyncio.StreamWriter, header: dict[str, Any], payl
                       peer: str, timeout: float, uplink: TokenBucket | None = None) -> None:
     """Write one frame, the payload in rate-limited pieces; ``timeout`` bounds each drain (the flow control: a
     slow reader holds us at one piece beyond the transport's high-water mark, never more)."""
-    await _send(writer, encode_head(header, len(payload)), peer=peer, timeout=timeout)
+    head = encode_head(header, len(payload))
     view = memoryview(payload)
     for start in range(0, len(view), PIECE_BYTES):
         piece = view[start : start + PIECE_BYTES]
         if uplink is not None:
             await uplink.acquire(len(piece))
-        await _send(writer, piece, peer=peer, timeout=timeout)
+        # The head goes with the first piece, in one write: one send and one drain per part, and no lone ~100-byte
+        # segment ahead of every part on the wire (issue 49).
+        await _send(writer, head + piece if head else piece, peer=peer, timeout=timeout)
+        head = b""
+    if head:  # no payload
+        await _send(writer, head, peer=peer, timeout=timeout)
 
 
 async def _send(writer: asyncio.StreamWriter, data: bytes | memoryview, *, peer: str, timeout: float) -> None:

@@ -102,18 +102,31 @@ def _build_relay(args: argparse.Namespace, emit: Callable[[Event], None], make_r
 
 
 async def _install(relay: SnapshotRelay, args: argparse.Namespace, emit: Callable[[Event], None]) -> None:
-    """Receive the whole snapshot; report ``installed`` (with the relay's stats) or ``error``."""
+    """Receive the whole snapshot; report ``installed`` (with the relay's stats) or ``error``. ``t`` is when the
+    relay held every chunk verified and the whole payload checked against the manifest, as the agent's install
+    starts (``worker_agent.relaying``: the chunks, never one joined copy); the payload's sha256 in the event, for
+    the harness to compare, and the ``--out`` file are made after it."""
     started = time.monotonic()
     try:
-        payload = await relay.receive()
+        chunks = await relay.receive_chunks()
     except (TransferError, SnapshotError) as err:
         emit({"event": "error", "worker_id": args.worker_id, "reason": str(err)})
         return
-    if args.out:
-        args.out.write_bytes(payload)
-    emit({"event": "installed", "worker_id": args.worker_id, "t": time.time(),
-          "seconds": time.monotonic() - started, "sha256": hashlib.sha256(payload).hexdigest(),
+    held, seconds = time.time(), time.monotonic() - started
+    # In a thread (hashlib lets go of the GIL): the loop still forwards the last parts to our child meanwhile.
+    digest = await asyncio.to_thread(_digest_and_write, chunks, args.out)
+    emit({"event": "installed", "worker_id": args.worker_id, "t": held, "seconds": seconds, "sha256": digest,
           "stats": asdict(relay.stats)})
+
+
+def _digest_and_write(chunks: list[bytes], out: Path | None) -> str:
+    whole = hashlib.sha256()
+    for data in chunks:
+        whole.update(data)
+    if out is not None:
+        with out.open("wb") as f:
+            f.writelines(chunks)
+    return whole.hexdigest()
 
 
 async def _obey(relay: SnapshotRelay, worker_id: int, emit: Callable[[Event], None]) -> None:

@@ -178,7 +178,7 @@ class SnapshotRelay(ServesChildren, FallsBack):
 
     def ordered(self) -> list[bytes]:
         """The chunks in order, the whole checked against the manifest's digest (no joined copy)."""
-        return ordered_chunks(self.manifest, self._chunks)
+        return ordered_chunks(self.manifest, self._chunks, digest=self._book.digest())
 
     def _store(self, index: int, data: bytes, *, source: str = "", quiet: bool = False) -> None:
         """Chunk ``index`` verified: installable, counted, and its last part may go to the children."""

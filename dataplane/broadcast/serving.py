@@ -220,7 +220,8 @@ class ServesChildren:
         deadline = time.monotonic() + self.timeouts.give_up
         while time.monotonic() < deadline:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(session.wake.wait(), KEEPALIVE_S)
+                async with asyncio.timeout(KEEPALIVE_S):  # not wait_for: no task for every part a chain forwards
+                    await session.wake.wait()
                 return
             if keepalive:
                 await framing.write_frame(writer, framing.idle(), peer=peer, timeout=self.timeouts.stall)

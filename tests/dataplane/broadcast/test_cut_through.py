@@ -18,7 +18,7 @@ from dataplane.broadcast.hub import RelayHub
 from dataplane.broadcast.ratelimit import PIECE_BYTES, bucket
 from dataplane.broadcast.relay import RelayTimeouts, SnapshotRelay
 from dataplane.credentials import fingerprint, issue, new_secret
-from dataplane.snapshot import SnapshotError, build_manifest, split
+from dataplane.snapshot import SnapshotError, build_manifest, ordered_chunks, split
 from tests.dataplane.broadcast.corrupting_relay import CorruptingRelay
 
 JOB, VERSION, RELAY, CHILD = 5, 3, 1, 2
@@ -120,6 +120,46 @@ def test_the_book_refuses_a_gap_and_a_part_past_the_chunk_and_restarts_children_
     book.add_part(0, 0, b"y" * PART, peer="p")
     book.verified(0, CHUNKS[0])  # the good copy came from elsewhere: what went ahead differs, send it again
     assert book.generation[0] == 2 and book.available(0) == (CHUNK, CHUNKS[0])
+
+
+def _feed(book: ChunkBook, index: int, data: bytes, *, offset: int = 0) -> None:
+    """Chunk ``index`` (from ``offset``) in parts, stored once verified as the relay does."""
+    for start in range(offset, len(data), PART):
+        whole = book.add_part(index, start, data[start:start + PART], peer="p")
+        if whole is not None:
+            book.verified(index, whole)
+
+
+def test_the_book_hashes_the_whole_payload_as_it_arrives_whatever_the_order_and_the_bad_copies() -> None:
+    """The payload's sha256 comes from the parts as they arrive (no second pass over the model after the last byte),
+    and stays right through what a chain can do to it: chunks out of order, a bad copy discarded, a chunk started
+    again by a new parent, a chunk that came verified from elsewhere over unverified bytes."""
+    in_order = ChunkBook(MANIFEST)
+    for index in range(4):
+        assert in_order.digest() is None
+        _feed(in_order, index, CHUNKS[index])
+    assert in_order.digest() == MANIFEST.sha256
+
+    book = ChunkBook(MANIFEST)
+    _feed(book, 2, CHUNKS[2])  # ahead of its turn: hashed when the chunks before it are in
+    book.add_part(0, 0, CHUNKS[0][:PART], peer="p")
+    with pytest.raises(SnapshotError):  # a bad copy of chunk 0, fed to the digest part by part, discarded
+        book.add_part(0, PART, b"x" * (CHUNK - PART), peer="p")
+    book.add_part(0, 0, b"y" * PART, peer="p")
+    _feed(book, 0, CHUNKS[0])  # a new parent starts it again at 0, over bytes already fed
+    book.add_part(1, 0, b"z" * PART, peer="p")
+    book.verified(1, CHUNKS[1])  # the good copy from the fallback, over unverified bad bytes
+    assert book.digest() is None  # chunk 3 missing
+    book.verified(3, CHUNKS[3])
+    assert book.digest() == MANIFEST.sha256
+    relay = SnapshotRelay(MANIFEST, worker_id=RELAY, chunks=CHUNKS)
+    assert relay.ordered() == [CHUNKS[i] for i in range(4)]
+
+
+def test_a_payload_whose_digest_differs_from_the_manifest_is_not_installed() -> None:
+    with pytest.raises(SnapshotError, match="payload sha256 mismatch"):
+        ordered_chunks(MANIFEST, CHUNKS, digest="0" * 64)
+    assert ordered_chunks(MANIFEST, CHUNKS, digest=MANIFEST.sha256) == [CHUNKS[i] for i in range(4)]
 
 
 def test_a_part_declaring_more_than_is_left_of_its_chunk_is_refused_unread() -> None:

@@ -104,3 +104,34 @@ async def test_connecting_to_a_closed_port_names_the_peer():
     await server.wait_closed()
     with pytest.raises(PeerClosed, match=f"127.0.0.1:{port} unreachable"):
         await framing.open_peer("127.0.0.1", port, timeout=2)
+
+
+class _Recording:
+    """A StreamWriter stand-in that keeps each write apart (what goes to the socket in one send)."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def write(self, data) -> None:
+        self.writes.append(bytes(data))
+
+    async def drain(self) -> None:
+        return None
+
+
+async def test_a_part_leaves_in_one_write_with_its_head_and_a_stalled_header_names_the_peer():
+    """One send per piece, the frame's head in front of the first: no lone ~100-byte segment ahead of each part
+    on the wire, and one drain per part (issue 49: the relay's cost per part)."""
+    data = bytes(range(256)) * 600  # 153,600 bytes: three pieces of at most 64 KiB
+    header = framing.chunk(job_id=7, version=2, index=5, size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    out = _Recording()
+    await framing.write_frame(out, header, data, peer="child", timeout=1)
+    assert len(out.writes) == 3 and len(out.writes[0]) > framing.PIECE_BYTES
+    assert b"".join(out.writes) == framing.encode_frame(header, data)
+    idle = _Recording()
+    await framing.write_frame(idle, framing.idle(), peer="child", timeout=1)
+    assert idle.writes == [framing.encode_frame(framing.idle())]
+    head = framing.encode_frame(header, data)[:20]  # the prefix and a few bytes of the header, then silence
+    with pytest.raises(PeerStalled, match="parent 10.0.0.9:7000 stalled: nothing received for 0.1 s"):
+        await framing.read_frame(reader_of(head, eof=False), peer="parent 10.0.0.9:7000", timeout=0.1)
+
