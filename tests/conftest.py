@@ -8,8 +8,15 @@ from pathlib import Path
 
 import pytest
 import redis
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 
 TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+# Property tests judge results, not speed: on a loaded CI machine Hypothesis' timing checks (an example's deadline,
+# inputs generated too slowly) failed tests whose properties held.
+hypothesis_settings.register_profile("echo2", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+hypothesis_settings.load_profile("echo2")
 
 
 @pytest.fixture

@@ -18,7 +18,8 @@ AGENT = str(Path(sys.executable).parent / "echo2-agent")
 def agent(*args: str, config: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     argv = [AGENT, *args] + (["--config", str(config)] if config else [])
     clean = {k: v for k, v in os.environ.items() if k not in ("ECHO2_TOKEN", "ECHO2_TOKEN_FILE")}
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=clean | (env or {}))
+    # The limit catches a hung agent, not a slow one: on a loaded CI machine an agent's start alone can take a minute.
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300, env=clean | (env or {}))
 
 
 def test_bad_price_and_missing_config_fail_with_one_line(tmp_path):
