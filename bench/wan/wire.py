@@ -92,6 +92,16 @@ def run_round(net: Net, where: Path, version: int, *, size: int, chunk: int, par
                 argv += ["--uplink-bps", str(links[node].up_bps), "--downlink-bps", str(down)]
             relays.append(relay(net, node, argv, where / f"relay-{node}.log", burn=load == "threads"))
     procs.extend((f"agent-{r.name}" if r.name != "learner" else "learner", r.proc) for r in relays)
+    published, done = _broadcast(net, relays, parent_of, timeout)
+    if any(e["sha256"] != manifest.sha256 for e in done.values()):
+        raise RuntimeError(f"v{version}: an installed payload does not match the manifest")
+    return _installs(version, published, done)
+
+
+def _broadcast(net: Net, relays: list[RelayProcess], parent_of: dict[str, tuple[str, int]],
+               timeout: float) -> tuple[float, dict[str, dict]]:
+    """Once every relay listens, each is told its parent at once (t = 0, returned): each agent's ``installed``
+    event. The relays are stopped either way."""
     try:
         for r in relays:
             r.wait("listening", 30)
@@ -99,13 +109,10 @@ def run_round(net: Net, where: Path, version: int, *, size: int, chunk: int, par
         for r in relays[1:]:
             host, port = parent_of[r.name]
             r.send(cmd="parent", host=net.address(host), port=port)
-        done = {r.name: r.wait("installed", timeout) for r in relays[1:]}
+        return published, {r.name: r.wait("installed", timeout) for r in relays[1:]}
     finally:
         for r in relays:
             r.stop()
-    if any(e["sha256"] != manifest.sha256 for e in done.values()):
-        raise RuntimeError(f"v{version}: an installed payload does not match the manifest")
-    return _installs(version, published, done)
 
 
 def _installs(version: int, published: float, done: dict[str, dict]) -> dict:
@@ -139,16 +146,8 @@ def run_naive_round(net: Net, where: Path, version: int, *, size: int, n_chains:
             relays.append(start(node, ["relay", "--size", str(size), "--listen", f"127.0.0.1:{RELAY_PORT}"]))
     procs.extend((f"agent-{r.name}" if r.name != "learner" else "learner", r.proc) for r in relays)
     try:
-        for r in relays:
-            r.wait("listening", 30)
-        published = time.time()
-        for r in relays[1:]:
-            host, port = parent_of[r.name]
-            r.send(cmd="parent", host=net.address(host), port=port)
-        done = {r.name: r.wait("installed", timeout) for r in relays[1:]}
+        published, done = _broadcast(net, relays, parent_of, timeout)
     finally:
-        for r in relays:
-            r.stop()
         file.unlink(missing_ok=True)
     if any(e["sha256"] != digest for e in done.values()):
         raise RuntimeError(f"naive round {version}: a relay received other bytes than the origin's")

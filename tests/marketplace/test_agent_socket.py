@@ -184,15 +184,21 @@ async def test_expired_lease_goes_to_another_worker(settings_eager, redis_client
         await comm.disconnect()
 
 
-async def test_a_heartbeat_after_the_release_keeps_the_recorded_install(settings_eager):
-    # Released, the agent's heartbeats carry no installed version; what it installed stays on record.
-    job, worker, key = await setup_job_and_worker()
-    comm = await connect(key)
+async def started_with_version_1(comm: WebsocketCommunicator, job):
+    """Say hello, start ``job``, publish its version 1 and take its push; returns a reader of the job as it is now."""
     await started_with(comm, job)
     fresh = database_sync_to_async(lambda: Job.objects.get(pk=job.pk))
     await database_sync_to_async(services.snapshot_publish)(job=await fresh(), version=1, url="http://l/v1/",
                                                             manifest=factories.manifest(job, 1))
     assert (await comm.receive_json_from(timeout=5))["type"] == "snapshot"
+    return fresh
+
+
+async def test_a_heartbeat_after_the_release_keeps_the_recorded_install(settings_eager):
+    # Released, the agent's heartbeats carry no installed version; what it installed stays on record.
+    job, worker, key = await setup_job_and_worker()
+    comm = await connect(key)
+    fresh = await started_with_version_1(comm, job)
     await comm.send_json_to({"type": "snapshot_installed", "job_id": job.pk, "version": 1, "seconds": 0.5})
     await comm.send_json_to({"type": "heartbeat", "throughput": 1.0, "installed_version": 1, "job_id": job.pk})
     await comm.send_json_to({"type": "lease_request", "job_id": job.pk})  # answered once both are handled
@@ -213,11 +219,7 @@ async def test_install_reports_count_once_and_after_a_release_are_ignored_and_el
     job, worker, key = await setup_job_and_worker()
     other = await database_sync_to_async(lambda: factories.job(factories.user()))()
     comm = await connect(key)
-    await started_with(comm, job)
-    fresh = database_sync_to_async(lambda: Job.objects.get(pk=job.pk))
-    await database_sync_to_async(services.snapshot_publish)(job=await fresh(), version=1, url="http://l/v1/",
-                                                            manifest=factories.manifest(job, 1))
-    assert (await comm.receive_json_from(timeout=5))["type"] == "snapshot"
+    fresh = await started_with_version_1(comm, job)
     for _ in range(2):
         await comm.send_json_to({"type": "snapshot_installed", "job_id": job.pk, "version": 1, "seconds": 0.5})
     await comm.send_json_to({"type": "snapshot_installed", "job_id": other.pk, "version": 1, "seconds": 0.5})
