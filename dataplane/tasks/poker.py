@@ -21,12 +21,10 @@ showdown; nothing of poker's rules is written here. This module deals, renders a
   counted as without the opener. A small instruct model rarely writes the opener itself (SmolLM2-135M: 1 legal
   answer in 18 decisions) but, given it, copies one of the listed answers about one time in five (docs/tasks.md).
 - **The return and the group** (F.5): the return is the agent's chip result in big blinds, less
-  ``illegal_penalty`` big blinds for an illegal answer (default 0: the paper's chip outcome); a group is the ``n``
-  plays of one prompt, i.e. the same cards from the same seat. An illegal answer folds, so with chips alone it
-  scores as a legal fold at that point, which often beats playing on: two GRPO updates of SmolLM2 made its first
-  answers legal less often, not more (docs/tasks.md, poker). A penalty makes every illegal answer score below the
-  legal fold it stands for, without changing how legal answers compare. The record's metadata carries the deal,
-  the seat, the decisions and the illegal answers; its loss mask is 1 on the assistant's tokens only.
+  ``illegal_penalty`` for an illegal answer (default 0; above it, an illegal answer scores below the legal fold it
+  stands for: docs/tasks.md, poker); a group is the ``n`` plays of one prompt, i.e. the same cards from the same
+  seat. The record's metadata carries the deal, the seat, the decisions and the illegal answers; its loss mask is
+  1 on the assistant's tokens only.
 
 Opponents: ``heuristic`` (hand strength: raise strong, call medium, check or fold weak), ``random`` (a random
 legal option, drawn from the seed and the number of actions so far, so it replays) and ``self`` (the current
