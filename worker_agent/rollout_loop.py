@@ -60,13 +60,15 @@ RELEASED_SIGNS = ("this worker was released from it", "this worker is not active
 IDLE_WAIT_CAP_S = 3.0  # an idle agent asks for work at least this often (a job's prompts come back within a step)
 
 
-def idle_wait(*, retry_after: float, previous: float | None) -> float:
-    """How long to wait before asking again after the site said it had no work: ``retry_after`` the first time,
-    then doubling up to ``IDLE_WAIT_CAP_S`` while the answer stays the same, each wait drawn at random between half
-    and all of it (a fleet that ran dry together must not ask again in step: 200 idle agents asking every 0.2 s
-    were 1,000 messages a second for nothing)."""
+def idle_wait(*, retry_after: float, previous: float | None) -> tuple[float, float]:
+    """How long to wait before asking again after the site said it had no work, and the ceiling it was drawn under
+    (pass it back as ``previous`` while the answer stays the same): the ceiling is ``retry_after`` the first time,
+    then doubles up to ``IDLE_WAIT_CAP_S``, and each wait is drawn at random between half and all of it (a fleet
+    that ran dry together must not ask again in step: 200 idle agents asking every 0.2 s were 1,000 messages a
+    second for nothing). The ceiling doubles from the ceiling, not from the wait drawn: doubling a short draw kept
+    some agents well below the cap."""
     ceiling = retry_after if previous is None else min(max(retry_after, IDLE_WAIT_CAP_S), 2 * previous)
-    return max(retry_after, random.uniform(0.5, 1.0) * ceiling)  # never sooner than the site asked
+    return max(retry_after, random.uniform(0.5, 1.0) * ceiling), ceiling  # never sooner than the site asked
 
 
 class Released(Exception):
@@ -120,7 +122,7 @@ class RolloutLoop:
         self.leased_ahead = 0  # batches leased while the one before generated
         self.dry_at = -math.inf  # when the site last had no work for us (time.monotonic())
         self.unsent: dict[str, tuple[float, TrajectoryGroup]] = {}  # lease id -> (first sent, group): no verdict yet
-        self.idle_wait: float | None = None  # the last wait after "no work", while the site keeps saying it
+        self.idle_wait: float | None = None  # the last wait's ceiling after "no work", while the site keeps saying it
 
     async def supervised(self) -> None:
         """Run the loop; when it crashes (an engine error, the site away past a deadline, a bug) the cause is
@@ -223,8 +225,8 @@ class RolloutLoop:
         if isinstance(reply, m.NoWork):
             self.dry_at = time.monotonic()
             st.failure = None  # the loop works: there is just nothing to do
-            self.idle_wait = idle_wait(retry_after=reply.retry_after, previous=self.idle_wait)
-            await asyncio.sleep(self.idle_wait)
+            wait, self.idle_wait = idle_wait(retry_after=reply.retry_after, previous=self.idle_wait)
+            await asyncio.sleep(wait)
             return None
         self.idle_wait = None
         if not isinstance(reply, m.Lease):

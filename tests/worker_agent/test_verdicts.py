@@ -85,14 +85,14 @@ def test_an_idle_agent_backs_off_with_jitter_from_the_sites_retry_after_to_the_c
     for _ in range(2):
         waits, previous = [], None
         for _ in range(12):
-            previous = rollout_loop.idle_wait(retry_after=0.2, previous=previous)
-            waits.append(previous)
+            wait, previous = rollout_loop.idle_wait(retry_after=0.2, previous=previous)
+            waits.append(wait)
         fleets.append(waits)
     for waits in fleets:
         assert waits[0] == 0.2 and all(0.2 <= w <= rollout_loop.IDLE_WAIT_CAP_S for w in waits)
         assert min(waits[-4:]) >= rollout_loop.IDLE_WAIT_CAP_S / 2  # settled near the cap
     assert fleets[0][1:] != fleets[1][1:]  # not in step
-    assert rollout_loop.idle_wait(retry_after=5.0, previous=4.0) >= 5.0  # a longer retry_after is kept
+    assert rollout_loop.idle_wait(retry_after=5.0, previous=4.0)[0] >= 5.0  # a longer retry_after is kept
 
 
 def test_a_reply_that_does_not_come_is_waited_for_longer_at_each_resend(tmp_path, learner_side,  # noqa: F811
