@@ -122,7 +122,7 @@ class RolloutLoop:
         self.leased_ahead = 0  # batches leased while the one before generated
         self.dry_at = -math.inf  # when the site last had no work for us (time.monotonic())
         self.unsent: dict[str, tuple[float, TrajectoryGroup]] = {}  # lease id -> (first sent, group): no verdict yet
-        self.idle_wait: float | None = None  # the last wait's ceiling after "no work", while the site keeps saying it
+        self.idle_ceiling: float | None = None  # the last idle wait's ceiling, while the site keeps saying "no work"
 
     async def supervised(self) -> None:
         """Run the loop; when it crashes (an engine error, the site away past a deadline, a bug) the cause is
@@ -225,10 +225,10 @@ class RolloutLoop:
         if isinstance(reply, m.NoWork):
             self.dry_at = time.monotonic()
             st.failure = None  # the loop works: there is just nothing to do
-            wait, self.idle_wait = idle_wait(retry_after=reply.retry_after, previous=self.idle_wait)
+            wait, self.idle_ceiling = idle_wait(retry_after=reply.retry_after, previous=self.idle_ceiling)
             await asyncio.sleep(wait)
             return None
-        self.idle_wait = None
+        self.idle_ceiling = None
         if not isinstance(reply, m.Lease):
             await asyncio.sleep(1.0)
             return None
