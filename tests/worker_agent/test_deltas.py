@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 
 from dataplane import credentials
 from dataplane import messages as m
-from dataplane.broadcast.store import CHUNKS, version_dir
+from dataplane.broadcast.store import CHUNKS, MANIFEST, version_dir
 from dataplane.snapshot import FULL, manifest_reference
 from echo2_site.demo import free_port
 from learner.serving import RELAY_MODES, LearnerRelay, SnapshotServer
@@ -27,20 +27,26 @@ from .test_session import SECRET, assign, make_session, push, snapshot, until
 HEAD, TAIL, LATE = 7, 8, 9
 
 
-def cred(worker_id: int, version: int) -> str:
-    return credentials.issue(SECRET, job_id=1, worker_id=worker_id, lowest=version, highest=version,
-                             expires=int(time.time()) + 600)
+def cred(worker_id: int, version: int, expires: int) -> str:
+    return credentials.issue(SECRET, job_id=1, worker_id=worker_id, lowest=version, highest=version, expires=expires)
+
+
+def expiry(server: SnapshotServer, version: int) -> int:
+    """When ``version``'s credentials expire: fixed once per published version, as the site's announcement fixes it,
+    so a parent's word for its child's credential and the credential the child gets later agree to the byte."""
+    return int((version_dir(server.store.root, version) / MANIFEST).stat().st_mtime) + 600
 
 
 def chained(manifest, server: SnapshotServer, *, worker_id: int, parent: str, parent_worker_id: int | None,
             children: list[int]) -> m.SnapshotAvailable:
     """What the site sends a worker of the chain plan learner -> HEAD -> TAIL."""
     sha256, size = manifest_reference(manifest)
+    expires = expiry(server, manifest.version)
     return m.SnapshotAvailable(job_id=1, version=manifest.version, manifest_sha256=sha256, manifest_bytes=size,
                                url=server.url_for(manifest.version), published_at=time.time(), parent=parent,
                                parent_worker_id=parent_worker_id, children=children,
-                               credential=cred(worker_id, manifest.version),
-                               child_credential_sha256={c: credentials.fingerprint(cred(c, manifest.version))
+                               credential=cred(worker_id, manifest.version, expires),
+                               child_credential_sha256={c: credentials.fingerprint(cred(c, manifest.version, expires))
                                                         for c in children})
 
 
@@ -49,7 +55,7 @@ def offered(manifest, server: SnapshotServer, *, worker_id: int) -> m.SnapshotAv
     sha256, size = manifest_reference(manifest)
     return m.SnapshotAvailable(job_id=1, version=manifest.version, manifest_sha256=sha256, manifest_bytes=size,
                                url=server.url_for(manifest.version), published_at=time.time(),
-                               credential=cred(worker_id, manifest.version))
+                               credential=cred(worker_id, manifest.version, expiry(server, manifest.version)))
 
 
 def chain_of_agents(tmp_path) -> dict:

@@ -45,8 +45,9 @@ async def chain(origin: SnapshotRelay, *, watch=None) -> tuple[SnapshotRelay, Sn
     polled every 5 ms while they receive. Returns both and what ``watch`` returned."""
     relay = SnapshotRelay(MANIFEST, worker_id=RELAY, credential=cred(RELAY), part_bytes=PART,
                           timeouts=RelayTimeouts(give_up=30))
-    relay.assign_children({CHILD: fingerprint(cred(CHILD))})
-    child = SnapshotRelay(MANIFEST, worker_id=CHILD, credential=cred(CHILD), timeouts=RelayTimeouts(give_up=30))
+    token = cred(CHILD)  # one token: the parent's word for it and what the child shows must agree to the byte
+    relay.assign_children({CHILD: fingerprint(token)})
+    child = SnapshotRelay(MANIFEST, worker_id=CHILD, credential=token, timeouts=RelayTimeouts(give_up=30))
     hubs = [await start(origin), await start(relay)]
     relay.set_parent("127.0.0.1", hubs[0][1])
     child.set_parent("127.0.0.1", hubs[1][1])
