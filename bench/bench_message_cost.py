@@ -23,8 +23,8 @@ private ``redis-server``: one worker says hello, is activated in a running job a
 A heartbeat has no reply: each block ends with one lease request, whose reply says the socket has handled everything
 before it (frames of one socket are handled in order); its cost is in the block. Per message: CPU (``process_time``:
 every thread of the process, the frames' building left out), SQL statements (a wrapper on every connection) and
-round trips on the streams' Redis client. CPU time, unlike wall time, barely moves with the machine's load; the load
-average is printed beside it.
+round trips on the streams' Redis clients (the threads' and the event loop's). CPU time, unlike wall time, barely
+moves with the machine's load; the load average is printed beside it.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ PG_ADMIN_URL = os.environ.get("ECHO2_BENCH_PG_URL", "postgres://postgres@127.0.0
 
 
 class Counters:
-    """SQL statements on every database connection and round trips on the streams' Redis client, from now on."""
+    """SQL statements on every database connection and round trips on the streams' Redis clients, from now on."""
 
     def __init__(self) -> None:
         self.sql = self.redis = 0
@@ -80,6 +80,22 @@ class Counters:
 
         pool.connection_class = Counting
         pool.disconnect()
+
+        made = stream.async_client  # the event loop's own client (heartbeats): counted the same way, once made
+
+        def counted_async_client():
+            client = made()
+            pool = client.connection_pool
+            if not issubclass(pool.connection_class, CountingAsync):
+                pool.connection_class = type("Counting", (CountingAsync, pool.connection_class), {})
+            return client
+
+        class CountingAsync:
+            async def send_packed_command(self, command, check_health=True):
+                counters.redis += 1
+                return await super().send_packed_command(command, check_health)
+
+        stream.async_client = counted_async_client
 
 
 def setup_site(workdir: Path, redis_port: int, db_url: str) -> None:

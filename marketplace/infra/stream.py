@@ -8,10 +8,14 @@ broker and the cache stay on ``REDIS_URL``. Every call on it times out.
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from functools import lru_cache
 
 import redis
+import redis.asyncio
 from django.conf import settings
+from redis.backoff import NoBackoff
 
 from dataplane.replay import ReplayBuffer, connect
 
@@ -24,6 +28,28 @@ def url() -> str:
 @lru_cache(maxsize=1)
 def client() -> redis.Redis:
     return connect(url(), decode_responses=True, socket_timeout=10)
+
+
+ASYNC_CONNECTIONS = 8  # per event loop; a heartbeat holds one for a round trip (~0.1 ms)
+_ASYNC: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, redis.asyncio.Redis]] = \
+    weakref.WeakKeyDictionary()
+
+
+def async_client() -> redis.asyncio.Redis:
+    """The streams' client for the running event loop, set up as :func:`client` (every call times out, no silent
+    retry): for the agent socket's calls that would each take a thread hop (which costs more CPU than the call). An
+    asyncio client is bound to the loop that made it, so there is one per loop (daphne's one; a test's own)."""
+    clients = _ASYNC.setdefault(asyncio.get_running_loop(), {})
+    target = url()
+    found = clients.get(target)
+    if found is None:
+        # A bounded pool, its wait timed: a thousand sockets' heartbeats at once share a few connections (an
+        # unbounded one would open a connection per heartbeat in flight, up to Redis' maxclients).
+        pool = redis.asyncio.BlockingConnectionPool.from_url(
+            target, max_connections=ASYNC_CONNECTIONS, timeout=10, decode_responses=True, socket_timeout=10,
+            socket_connect_timeout=10, retry=redis.asyncio.retry.Retry(NoBackoff(), 0))
+        found = clients[target] = redis.asyncio.Redis(connection_pool=pool)
+    return found
 
 
 def replay(job_id: int) -> ReplayBuffer:

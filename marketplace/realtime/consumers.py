@@ -382,12 +382,11 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         return []
 
     async def _heartbeat(self, message: m.Heartbeat) -> list[m._Msg]:
-        """Recorded in Redis off the database thread (``services.worker_heartbeat_record``), so heartbeats never
-        queue behind other sockets' queries; the database hears of it only when something changes now. The
-        installed version it carries is not recorded: only hello and install reports set it."""
+        """Recorded in Redis on the event loop (``services.worker_heartbeat_record_async``: no thread, so heartbeats
+        never queue behind other sockets' queries or threads); the database hears of it only when something changes
+        now. The installed version it carries is not recorded: only hello and install reports set it."""
         fields = {"throughput": message.throughput, "state": message.state, "job_id": message.job_id}
-        beat = await sync_to_async(services.worker_heartbeat_record, thread_sensitive=False)(
-            worker_id=self.worker.pk, **fields)
+        beat = await services.worker_heartbeat_record_async(worker_id=self.worker.pk, **fields)
         if beat.to_database:
             self.running.clear()  # it may change the activation: read it again
             await database_sync_to_async(services.worker_heartbeat_apply)(worker=self.worker, beat=beat,

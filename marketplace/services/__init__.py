@@ -57,6 +57,7 @@ from .presence import (
     worker_heartbeat,
     worker_heartbeat_apply,
     worker_heartbeat_record,
+    worker_heartbeat_record_async,
     worker_heartbeats_fold,
     worker_socket_closed,
 )
@@ -90,7 +91,8 @@ __all__ = [
     "trajectories_submit",
     "worker_activate", "worker_calibrate", "worker_connected", "worker_disconnected", "worker_group",
     "worker_heartbeat", "worker_register", "worker_release",
-    "worker_closes_record", "worker_heartbeat_apply", "worker_heartbeat_record", "worker_heartbeats_fold",
+    "worker_closes_record", "worker_heartbeat_apply", "worker_heartbeat_record", "worker_heartbeat_record_async",
+    "worker_heartbeats_fold",
     "worker_socket_closed",
     "job_archive", "job_budget_check", "job_budget_set", "job_delete", "worker_pause", "worker_price_set",
     "worker_remove", "worker_resume", "worker_earned_usd", "worker_earned_usd_held",

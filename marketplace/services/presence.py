@@ -145,6 +145,13 @@ def worker_heartbeat_record(*, worker_id: int, throughput: float | None, state: 
                               job_id=job_id)
 
 
+async def worker_heartbeat_record_async(*, worker_id: int, throughput: float | None, state: str = "idle",
+                                       job_id: int | None = None) -> liveness.Beat:
+    """:func:`worker_heartbeat_record` on the event loop (the agent socket's: Redis without a thread hop)."""
+    return await liveness.heartbeat_async(worker_id, at=time.time(), throughput=throughput, state=state,
+                                          job_id=job_id)
+
+
 def worker_heartbeat_apply(*, worker: Worker, beat: liveness.Beat, throughput: float | None, state: str = "idle",
                            reason: str = "", refused: bool = False, job_id: int | None = None) -> None:
     """``worker_heartbeat`` for a heartbeat ``worker_heartbeat_record`` already put in Redis. When it fails, the

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 from channels.db import database_sync_to_async
 from django.db.backends.signals import connection_created
@@ -66,4 +67,33 @@ async def test_a_heartbeat_is_handled_while_the_database_thread_is_busy(redis_cl
     finally:
         release.set()
         await held
+    await comm.disconnect()
+
+
+async def test_a_heartbeat_is_handled_while_every_pooled_thread_is_busy(redis_client):
+    """A heartbeat is recorded on the event loop's own Redis client: with every thread of the loop's pool held (the
+    pool that rollouts' and other sockets' calls queue in), it is recorded at once. Before, it took a pool thread
+    itself and waited for one to be let go."""
+    _, worker, key = await setup_job_and_worker()
+    comm = await connect(key)
+    await comm.send_json_to({"type": "hello", "agent_version": "test"})
+    assert (await comm.receive_json_from(timeout=10))["type"] == "welcome"
+    loop = asyncio.get_running_loop()
+    pool = ThreadPoolExecutor(max_workers=2)
+    loop.set_default_executor(pool)
+    release = threading.Event()
+    held = [loop.run_in_executor(None, release.wait) for _ in range(2)]
+    try:
+        await comm.send_json_to({"type": "heartbeat", "throughput": 7.0, "state": "idle"})
+        samples: list = []
+        for _ in range(200):  # a safety limit, not a timing: the sample comes at once or never while held
+            samples = redis_client.lrange(telemetry.heartbeats_key(worker.pk), 0, -1)
+            if samples:
+                break
+            await asyncio.sleep(0.05)
+        assert not any(h.done() for h in held)
+        assert [json.loads(s)[1] for s in samples] == [7.0]
+    finally:
+        release.set()
+        await asyncio.gather(*held)
     await comm.disconnect()

@@ -90,6 +90,22 @@ def test_a_heartbeat_goes_to_the_database_when_its_state_changes_or_its_report_i
                                             job_id=job_id).reason == "failing"  # the release limit is checked
 
 
+def test_a_heartbeat_is_recorded_whole_after_redis_forgets_its_script(eager):
+    """A heartbeat is one script called by its digest: a Redis that restarted (or flushed its scripts) gets the
+    script's text again, and the heartbeat records everything and reads the worker's state as before."""
+    worker = connected()
+    at = time.time()
+    assert services.worker_heartbeat_record(worker_id=worker.pk, throughput=1.0, at=at).reason == ""  # idle, online
+    stream.client().script_flush()
+    beat = services.worker_heartbeat_record(worker_id=worker.pk, throughput=2.0, at=at + 1)
+    assert beat.previous_at == pytest.approx(at) and beat.reason == ""  # online and idle, as the first one left it
+    assert services.worker_heartbeat_record(worker_id=worker.pk, throughput=2.0, at=at + 2,
+                                            state="failed").reason == "state changed"
+    assert liveness.last_seen([worker.pk])[worker.pk] == pytest.approx(at + 2)
+    assert [tuple(b) for b in telemetry.recent_heartbeats([worker.pk])[worker.pk]] == [
+        (pytest.approx(at), 1.0), (pytest.approx(at + 1), 2.0), (pytest.approx(at + 2), 2.0)]
+
+
 def test_billing_is_exact_when_reports_are_sparser_than_heartbeats(eager):
     eager.ECHO2 = {**eager.ECHO2, "LEASE_TIMEOUT_S": 60.0}  # one lease outstanding over the whole 37 s
     worker = connected()
