@@ -44,6 +44,17 @@ async def test_a_submit_queries_the_database_only_on_the_database_thread(setting
     assert connected <= {database_thread}, "a query from a thread that never hands its connection back"
 
 
+async def recorded(redis_client, worker_id: int) -> list:
+    """The worker's heartbeat samples in Redis, once there are any (a safety limit of 10 s, not a timing: while the
+    test holds what it holds, the sample comes at once or never)."""
+    for _ in range(200):
+        samples = redis_client.lrange(telemetry.heartbeats_key(worker_id), 0, -1)
+        if samples:
+            return samples
+        await asyncio.sleep(0.05)
+    return []
+
+
 async def test_a_heartbeat_is_handled_while_the_database_thread_is_busy(redis_client):
     """In a reconnect storm the one database thread is a queue of connects and hellos: a heartbeat never waits in
     it (Channels' dispatch passed every message through it first). Here the thread is held until the heartbeat is
@@ -56,12 +67,7 @@ async def test_a_heartbeat_is_handled_while_the_database_thread_is_busy(redis_cl
     held = asyncio.ensure_future(database_sync_to_async(release.wait)())
     try:
         await comm.send_json_to({"type": "heartbeat", "throughput": 7.0, "state": "idle"})
-        samples: list = []
-        for _ in range(200):  # a safety limit, not a timing: the sample comes at once or never while held
-            samples = redis_client.lrange(telemetry.heartbeats_key(worker.pk), 0, -1)
-            if samples:
-                break
-            await asyncio.sleep(0.05)
+        samples = await recorded(redis_client, worker.pk)
         assert not held.done()
         assert [json.loads(s)[1] for s in samples] == [7.0]
     finally:
@@ -85,12 +91,7 @@ async def test_a_heartbeat_is_handled_while_every_pooled_thread_is_busy(redis_cl
     held = [loop.run_in_executor(None, release.wait) for _ in range(2)]
     try:
         await comm.send_json_to({"type": "heartbeat", "throughput": 7.0, "state": "idle"})
-        samples: list = []
-        for _ in range(200):  # a safety limit, not a timing: the sample comes at once or never while held
-            samples = redis_client.lrange(telemetry.heartbeats_key(worker.pk), 0, -1)
-            if samples:
-                break
-            await asyncio.sleep(0.05)
+        samples = await recorded(redis_client, worker.pk)
         assert not any(h.done() for h in held)
         assert [json.loads(s)[1] for s in samples] == [7.0]
     finally:
