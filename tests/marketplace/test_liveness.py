@@ -4,6 +4,7 @@ no stall blamed on the learner while the site was down; a worker back after an o
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import timedelta
 
@@ -104,6 +105,22 @@ def test_a_heartbeat_is_recorded_whole_after_redis_forgets_its_script(eager):
     assert liveness.last_seen([worker.pk])[worker.pk] == pytest.approx(at + 2)
     assert [tuple(b) for b in telemetry.recent_heartbeats([worker.pk])[worker.pk]] == [
         (pytest.approx(at), 1.0), (pytest.approx(at + 1), 2.0), (pytest.approx(at + 2), 2.0)]
+
+
+def test_an_event_loops_client_closes_its_connections_when_the_loop_shuts_down(eager, redis_client):
+    """Heartbeats run on the event loop's own client (``stream.async_client``); a loop that ends (a test's; daphne's
+    at exit) takes its connections with it, so loops that come and go leave no connection behind."""
+
+    async def beats() -> None:
+        await asyncio.gather(*(liveness.heartbeat_async(wid, at=time.time(), throughput=1.0, state="idle",
+                                                        job_id=None) for wid in range(20)))
+
+    asyncio.run(beats())
+    held = redis_client.info("clients")["connected_clients"]
+    for _ in range(3):
+        asyncio.run(beats())
+    assert redis_client.info("clients")["connected_clients"] <= held
+    assert len(stream._ASYNC) <= 1
 
 
 def test_billing_is_exact_when_reports_are_sparser_than_heartbeats(eager):
