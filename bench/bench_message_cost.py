@@ -81,6 +81,11 @@ class Counters:
         pool.connection_class = Counting
         pool.disconnect()
 
+        class CountingAsync:
+            async def send_packed_command(self, command, check_health=True):
+                counters.redis += 1
+                return await super().send_packed_command(command, check_health)
+
         made = stream.async_client  # the event loop's own client (heartbeats): counted the same way, once made
 
         def counted_async_client():
@@ -89,11 +94,6 @@ class Counters:
             if not issubclass(pool.connection_class, CountingAsync):
                 pool.connection_class = type("Counting", (CountingAsync, pool.connection_class), {})
             return client
-
-        class CountingAsync:
-            async def send_packed_command(self, command, check_health=True):
-                counters.redis += 1
-                return await super().send_packed_command(command, check_health)
 
         stream.async_client = counted_async_client
 

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import redis
+import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.client import NEVER_DECODE
 from redis.retry import Retry
@@ -112,6 +113,18 @@ def connect(url: str, *, decode_responses: bool = True, socket_timeout: float = 
     tls = {"ssl_ca_certs": ca_file} if ca_file and url.startswith("rediss://") else {}
     return redis.Redis.from_url(url, decode_responses=decode_responses, socket_timeout=socket_timeout,
                                 socket_connect_timeout=min(socket_timeout, 10.0), retry=Retry(NoBackoff(), 0), **tls)
+
+
+def connect_async(url: str, *, max_connections: int, decode_responses: bool = True, socket_timeout: float = 10.0,
+                  ca_file: str | None = None) -> redis.asyncio.Redis:
+    """:func:`connect` for an event loop (bound to the loop it first runs on), its pool bounded: a caller waits at
+    most ``socket_timeout`` for one of ``max_connections`` connections, so many coroutines at once share a few."""
+    tls = {"ssl_ca_certs": ca_file} if ca_file and url.startswith("rediss://") else {}
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=socket_timeout, decode_responses=decode_responses,
+        socket_timeout=socket_timeout, socket_connect_timeout=min(socket_timeout, 10.0),
+        retry=redis.asyncio.retry.Retry(NoBackoff(), 0), **tls)
+    return redis.asyncio.Redis.from_pool(pool)  # it owns the pool: closing the client closes the connections
 
 
 class StoredId(str):

@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import weakref
 from collections.abc import AsyncIterator
 from functools import lru_cache
-from typing import Any
 
 import redis
 import redis.asyncio
 from django.conf import settings
-from redis.backoff import NoBackoff
 
-from dataplane.replay import ReplayBuffer, connect
+from dataplane.replay import ReplayBuffer, connect, connect_async
 
 
 def url() -> str:
@@ -34,44 +31,43 @@ def client() -> redis.Redis:
 
 
 ASYNC_CONNECTIONS = 8  # per event loop; a heartbeat holds one for a round trip (~0.1 ms)
-_ASYNC: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[dict[str, redis.asyncio.Redis], Any]] = \
-    weakref.WeakKeyDictionary()
+# Each running loop's clients by URL, and the generator that closes them with the loop (held here: a loop keeps only
+# a weak reference to it).
+_ASYNC: dict[asyncio.AbstractEventLoop, tuple[dict[str, redis.asyncio.Redis], AsyncIterator[None]]] = {}
 
 
 def async_client() -> redis.asyncio.Redis:
-    """The streams' client for the running event loop, set up as :func:`client` (every call times out, no silent
-    retry): for the agent socket's calls that would each take a thread hop (which costs more CPU than the call). An
-    asyncio client is bound to the loop that made it, so there is one per loop (daphne's one; a test's own), closed
-    when its loop shuts down."""
+    """The streams' client for the running event loop, set up as :func:`client` (``dataplane.replay.connect_async``)
+    for the agent socket's calls that would each take a thread hop (which costs more CPU than the call). An asyncio
+    client is bound to the loop that made it, so there is one per loop (daphne's one; a test's own), closed when
+    its loop shuts down. Its pool is bounded: a thousand sockets' heartbeats at once share a few connections (an
+    unbounded one would open one per heartbeat in flight, up to Redis' maxclients)."""
     loop = asyncio.get_running_loop()
     held = _ASYNC.get(loop)
     if held is None:
-        for closed in [other for other in _ASYNC if other.is_closed()]:  # shut down without closing its generators
+        for closed in [other for other in _ASYNC if other.is_closed()]:  # closed without shutting its generators
             del _ASYNC[closed]
         clients: dict[str, redis.asyncio.Redis] = {}
-        keeper = _closed_with_the_loop(clients)
+        keeper = _closed_with_the_loop(loop, clients)
         held = _ASYNC[loop] = clients, keeper
         loop.create_task(anext(keeper))
     clients = held[0]
     target = url()
     found = clients.get(target)
     if found is None:
-        # A bounded pool, its wait timed: a thousand sockets' heartbeats at once share a few connections (an
-        # unbounded one would open a connection per heartbeat in flight, up to Redis' maxclients).
-        pool = redis.asyncio.BlockingConnectionPool.from_url(
-            target, max_connections=ASYNC_CONNECTIONS, timeout=10, decode_responses=True, socket_timeout=10,
-            socket_connect_timeout=10, retry=redis.asyncio.retry.Retry(NoBackoff(), 0))
-        found = clients[target] = redis.asyncio.Redis.from_pool(pool)  # it owns the pool: closing it closes them
+        found = clients[target] = connect_async(target, max_connections=ASYNC_CONNECTIONS)
     return found
 
 
-async def _closed_with_the_loop(clients: dict[str, redis.asyncio.Redis]) -> AsyncIterator[None]:
+async def _closed_with_the_loop(loop: asyncio.AbstractEventLoop,
+                               clients: dict[str, redis.asyncio.Redis]) -> AsyncIterator[None]:
     """Waits for its loop's shutdown: ``asyncio.run`` (and every test's loop) closes a loop's unfinished async
     generators first (``shutdown_asyncgens``), so this closes the loop's clients while it still runs (a transport
-    cannot be closed once its loop is)."""
+    cannot be closed once its loop is) and forgets them."""
     try:
         yield
     finally:
+        _ASYNC.pop(loop, None)
         for found in clients.values():
             with contextlib.suppress(Exception):  # shutting down: nothing to tell anyone
                 await found.aclose()
