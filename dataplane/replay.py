@@ -39,12 +39,13 @@ returned, its leases renewed, more leased, and the outcome kept for a resend of 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -220,6 +221,44 @@ DROPPED_STALE = "dropped_stale_records"
 """The counter of records the learner dropped as stale, counted in Redis with their acknowledgement: a learner
 killed after dropping them, before its next checkpoint, still knows they were dropped (not lost) when it resumes."""
 
+class _Retries:
+    """What one operation of a :class:`ReplayBuffer` does after a failure: wait and try again through connection
+    errors (backoff 0.1 s doubling to 5 s, +-50% jitter) for up to the buffer's ``retry_for_s`` (a refused password
+    for ``AUTH_RETRY_S`` at most), and re-create the consumer groups once when a data-losing restart dropped them."""
+
+    def __init__(self, buffer: ReplayBuffer, *, regroup: bool) -> None:
+        self.buffer, self.regroup = buffer, regroup
+        self.deadline, self.delay, self.failed = time.monotonic() + buffer.retry_for_s, 0.1, False
+        self.auth_deadline: float | None = None
+
+    def after(self, err: Exception) -> float | None:
+        """Seconds to wait before trying again, or None: create the groups again, then try at once. Raises ``err``
+        when it is not worth another try."""
+        job_id = self.buffer.job_id
+        if isinstance(err, redis.ResponseError):
+            if not self.regroup or "NOGROUP" not in str(err):
+                raise err
+            log.warning("job %s: consumer groups missing (Redis lost its data?); creating them again", job_id)
+            self.regroup, self.failed = False, True
+            return None
+        if isinstance(err, redis.AuthenticationError):
+            self.auth_deadline = self.auth_deadline or time.monotonic() + min(self.buffer.retry_for_s, AUTH_RETRY_S)
+        left = min(self.deadline, self.auth_deadline or self.deadline) - time.monotonic()
+        if left <= 0:
+            raise err
+        if not self.failed:
+            log.warning("job %s: Redis unreachable (%s); retrying for up to %.0f s", job_id, err, left)
+        self.failed = True
+        wait = min(left, self.delay * random.uniform(0.5, 1.5))
+        self.delay = min(self.delay * 2, 5.0)
+        return wait
+
+    def succeeded(self) -> None:
+        if self.failed:
+            self.buffer.reconnects += 1
+            log.info("job %s: Redis is back", self.buffer.job_id)
+
+
 class ReplayBuffer:
     """The streams of one job, over a Redis client (decoded or not: both are handled)."""
 
@@ -246,36 +285,44 @@ class ReplayBuffer:
     def _retrying(self, op: Callable[[], T], *, regroup: bool = True) -> T:
         """Run ``op``; retry it through connection errors (backoff 0.1 s doubling to 5 s, +-50% jitter) for up
         to ``retry_for_s``, and once after re-creating consumer groups a data-losing restart dropped."""
-        deadline, delay, failed = time.monotonic() + self.retry_for_s, 0.1, False
-        auth_deadline: float | None = None
+        retries = _Retries(self, regroup=regroup)
         while True:
             try:
                 result = op()
-            except redis.ResponseError as err:
-                if not regroup or "NOGROUP" not in str(err):
-                    raise
-                log.warning("job %s: consumer groups missing (Redis lost its data?); creating them again",
-                            self.job_id)
-                self._create_groups()
-                regroup, failed = False, True
+            except (redis.ResponseError, *TRANSIENT) as err:
+                wait = retries.after(err)
+                if wait is None:
+                    self._create_groups()
+                else:
+                    time.sleep(wait)
                 continue
-            except TRANSIENT as err:
-                if isinstance(err, redis.AuthenticationError):
-                    auth_deadline = auth_deadline or time.monotonic() + min(self.retry_for_s, AUTH_RETRY_S)
-                left = min(deadline, auth_deadline or deadline) - time.monotonic()
-                if left <= 0:
-                    raise
-                if not failed:
-                    log.warning("job %s: Redis unreachable (%s); retrying for up to %.0f s", self.job_id, err,
-                                left)
-                failed = True
-                time.sleep(min(left, delay * random.uniform(0.5, 1.5)))
-                delay = min(delay * 2, 5.0)
-                continue
-            if failed:
-                self.reconnects += 1
-                log.info("job %s: Redis is back", self.job_id)
+            retries.succeeded()
             return result
+
+    async def _retrying_async(self, op: Callable[[], Awaitable[T]], client: redis.asyncio.Redis) -> T:
+        """:meth:`_retrying` for an operation on the event loop's ``client``: the same retries, waits that leave the
+        loop free."""
+        retries = _Retries(self, regroup=True)
+        while True:
+            try:
+                result = await op()
+            except (redis.ResponseError, *TRANSIENT) as err:
+                wait = retries.after(err)
+                if wait is None:
+                    await self._create_groups_async(client)
+                else:
+                    await asyncio.sleep(wait)
+                continue
+            retries.succeeded()
+            return result
+
+    async def _create_groups_async(self, client: redis.asyncio.Redis) -> None:
+        for key, group in ((self.prompts, PROMPT_GROUP), (self.trajectories, LEARNER_GROUP)):
+            try:
+                await client.xgroup_create(key, group, id="0", mkstream=True)
+            except redis.ResponseError as err:
+                if "BUSYGROUP" not in str(err):
+                    raise
 
     # ---- prompts (the learner tops them up) ----------------------------------------------------
 
@@ -376,17 +423,31 @@ class ReplayBuffer:
             raise LeaseError(return_error(result, group.lease_id))
         return returned(result)
 
-    def submit(self, *, worker_id: int, groups: list[tuple[TrajectoryGroup, TimedEvent]], lease: int,
-               timeout_s: float, renew: bool, now: float, observed_key: str, observed_ttl_s: int,
-               rejected_records: int = 0, seal_key: bytes | None = None, verdict: KeptVerdict | None = None,
-               remember_s: int = RESEND_MEMORY_S) -> Submitted:
+    def submit(self, **request) -> Submitted:
         """A worker's whole request in one round trip (the ``SUBMIT`` script): return ``groups`` (each as
         :meth:`return_group`, with its event), renew the worker's other leases when one was accepted and ``renew``
         (:meth:`renew`), lease ``lease`` more (:meth:`lease`) and, when leasing, set field ``leased`` (or ``starved``:
         none came) of hash ``observed_key`` to ``now``; ``rejected_records`` refused before (by the caller's checks)
         are counted with those refused here. With ``verdict``, the outcome is kept there and a request found kept is
         answered from it (``held``) and runs nothing. Refusals come back per group as :class:`LeaseError` (its
-        text: the code; :func:`return_error` words it), never raised."""
+        text: the code; :func:`return_error` words it), never raised. ``request``: :meth:`_submit_call`'s
+        arguments."""
+        keys, args = self._submit_call(**request)
+        status, kept = self._retrying(lambda: script(self.client, SUBMIT)(keys=keys, args=args))
+        return kept_outcome(kept, held=text(status) == "held")
+
+    async def submit_async(self, client: redis.asyncio.Redis, **request) -> Submitted:
+        """:meth:`submit` on an event loop's ``client`` (``request``: its arguments): no thread, and retries that
+        wait without holding the loop."""
+        keys, args = self._submit_call(**request)
+        status, kept = await self._retrying_async(lambda: script(client, SUBMIT)(keys=keys, args=args), client)
+        return kept_outcome(kept, held=text(status) == "held")
+
+    def _submit_call(self, *, worker_id: int, groups: list[tuple[TrajectoryGroup, TimedEvent]], lease: int,
+                     timeout_s: float, renew: bool, now: float, observed_key: str, observed_ttl_s: int,
+                     rejected_records: int = 0, seal_key: bytes | None = None, verdict: KeptVerdict | None = None,
+                     remember_s: int = RESEND_MEMORY_S) -> tuple[list, list]:
+        """The ``SUBMIT`` script's keys and arguments for :meth:`submit`."""
         keys = [self.prompts, self.trajectories, self.counters_key, self.delivered_key, observed_key,
                 verdict.key if verdict else observed_key, verdict.resent_key if verdict else observed_key]
         args: list = [PROMPT_GROUP, consumer_name(worker_id), worker_id, max(1, int(remember_s)), lease,
@@ -401,8 +462,7 @@ class ReplayBuffer:
             keys += [returned_key(self.job_id, group.lease_id), event.key]
             args += [group.lease_id, group.group_id, data, len(group.records), group.records[0].prompt, sealed,
                      event.member, repr(event.at), repr(event.keep_after), event.ttl_s]
-        status, kept = self._retrying(lambda: script(self.client, SUBMIT)(keys=keys, args=args))
-        return kept_outcome(kept, held=text(status) == "held")
+        return keys, args
 
     # ---- counters and end of job ----------------------------------------------------------------
 

@@ -27,16 +27,27 @@ def last_key(job_id: int) -> str:
 
 def record(job_id: int, errors: RewardErrors) -> None:
     """Add an accepted group's ``errors`` to job ``job_id``'s counts (one round trip)."""
-    counters = counters_key(job_id)
     try:
-        pipe = stream.client().pipeline(transaction=False)
-        pipe.hincrby(counters, "reward_errors", errors.errors)
-        pipe.hincrby(counters, "reward_non_finite", errors.non_finite)
-        if errors.last_error:
-            pipe.set(last_key(job_id), errors.last_error, ex=LAST_TTL_S)
-        pipe.execute()
+        _counted(stream.client().pipeline(transaction=False), job_id, errors).execute()
     except RedisError as err:
         log.warning("job %s: reward function errors not counted (Redis: %s)", job_id, err)
+
+
+async def record_async(job_id: int, errors: RewardErrors) -> None:
+    """:func:`record` on the event loop's Redis client."""
+    try:
+        await _counted(stream.async_client().pipeline(transaction=False), job_id, errors).execute()
+    except RedisError as err:
+        log.warning("job %s: reward function errors not counted (Redis: %s)", job_id, err)
+
+
+def _counted(pipe, job_id: int, errors: RewardErrors):
+    counters = counters_key(job_id)
+    pipe.hincrby(counters, "reward_errors", errors.errors)
+    pipe.hincrby(counters, "reward_non_finite", errors.non_finite)
+    if errors.last_error:
+        pipe.set(last_key(job_id), errors.last_error, ex=LAST_TTL_S)
+    return pipe
 
 
 def summary(job_id: int) -> dict:

@@ -329,8 +329,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                        verdict_key: str | None = None) -> list[m._Msg]:
         """A lease or a group, checked against the running job this socket read (``marketplace.realtime.jobcache``):
         read from the database when it is not held, then the work is one Redis round trip (its verdict kept under
-        ``verdict_key`` in it) and runs off the database thread, so the sockets' rollouts do not queue behind one
-        another's queries."""
+        ``verdict_key`` in it) on the event loop's own client (``services.rollout_async``: no thread hop, and the
+        sockets' rollouts never queue behind one another's queries or threads)."""
         job_id = message.job_id if isinstance(message, m.LeaseRequest | m.Submit) else message.group.job_id
         running = self.running.get(job_id)
         if running is None:
@@ -349,8 +349,13 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             earned = services.worker_earned_usd_held(self.worker.pk, now=now)
             if earned is None:
                 earned = await database_sync_to_async(services.worker_earned_usd)(self.worker.pk, now=now)
-        replies = await sync_to_async(self._dispatch_rollout, thread_sensitive=False)(message, running, earned,
-                                                                                        verdict_key)
+        if isinstance(message, m.TrajectoriesPart):  # rare (a group too big for one frame): the sync path, on a thread
+            replies = await sync_to_async(services.trajectories_part_submit, thread_sensitive=False)(
+                worker=self.worker, assembler=self.assembler, part=message, frame_bytes=self.frame_bytes,
+                running=running)
+        else:
+            replies = [await services.rollout_async(worker=self.worker, message=message, running=running,
+                                                    earned_usd=earned, verdict_key=verdict_key)]
         if delivered.due():  # the groups this process accepted, into the database (one update every few seconds)
             await database_sync_to_async(services.groups_accepted_flush)()
         return replies
@@ -395,28 +400,6 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if delivered.due():  # groups accepted before the rollouts stopped still reach the database
             await database_sync_to_async(services.groups_accepted_flush)()
         return []
-
-    def _dispatch_rollout(self, message, running, earned: float | None = None,
-                          verdict_key: str | None = None) -> list[m._Msg]:
-        """The rollout messages' services, given the running job and, for a submit, the worker's earnings (no query:
-        see :meth:`_rollout`; a query here would pin a pooled connection to a worker thread that never returns it,
-        and PostgreSQL then refuses to drop the test database at the end of a test session)."""
-        worker = self.worker
-        match message:
-            case m.LeaseRequest():
-                return [services.prompts_lease(worker=worker, job_id=message.job_id, groups=message.groups,
-                                               running=running, verdict_key=verdict_key)]
-            case m.Trajectories():
-                return [services.trajectories_submit(worker=worker, group=message.group, running=running,
-                                                     verdict_key=verdict_key)]
-            case m.Submit():
-                return [services.groups_submit(worker=worker, job_id=message.job_id, groups=message.groups,
-                                               lease=message.lease, running=running, earned_usd=earned,
-                                               verdict_key=verdict_key)]
-            case m.TrajectoriesPart():
-                return services.trajectories_part_submit(worker=worker, assembler=self.assembler, part=message,
-                                                         frame_bytes=self.frame_bytes, running=running)
-        raise services.ServiceError(f"type: {message.type} is not handled")
 
     def _dispatch(self, message) -> list[m._Msg]:
         worker = self.worker

@@ -14,8 +14,8 @@ from django.db.models import Sum
 
 from dataplane import messages as m
 from dataplane.chat import as_prompt_format
-from dataplane.records import RecordError, RecordLimits, TrajectoryGroup
-from dataplane.replay import LeasedPrompt, LeaseError, return_error
+from dataplane.records import RecordError, RecordLimits, RewardErrors, TrajectoryGroup
+from dataplane.replay import LeasedPrompt, LeaseError, Submitted, return_error
 from dataplane.tasks import TaskSpecError, build_task
 
 from ..core.assembly import AssemblyError, GroupAssembler, JobLimits, group_bytes_bound
@@ -121,6 +121,19 @@ class _Done:
     leased: list[LeasedPrompt]
     context: dict
     held: bool
+    reward_errors: list[RewardErrors] = dataclasses.field(default_factory=list)  # of the groups stored now
+
+
+@dataclasses.dataclass(frozen=True)
+class _Request:
+    """A rollout request checked by the site and ready for its one Redis round trip (``ReplayBuffer.submit``)."""
+
+    worker_id: int
+    job_id: int
+    groups: list[TrajectoryGroup]
+    sent: list[TrajectoryGroup]  # those that passed the site's checks, in order
+    context: dict
+    call: dict  # ``ReplayBuffer.submit``'s arguments
 
 
 def _submit(*, worker: Worker, job: RunningJob, groups: list[TrajectoryGroup], lease: int, renew: bool,
@@ -129,6 +142,27 @@ def _submit(*, worker: Worker, job: RunningJob, groups: list[TrajectoryGroup], l
     outcome under ``verdict_key``, all in one Redis round trip (``ReplayBuffer.submit``). The billing marks ride
     along: each accepted group's event (the worker's measured mu_i), the lease taken (or asked for in vain). What
     fails the checks is refused with its reason, its records counted as ``rejected_records`` in the same trip."""
+    request = _request(worker_id=worker.pk, job=job, groups=groups, lease=lease, renew=renew,
+                       verdict_key=verdict_key, context=context)
+    done = _settled(request, stream.replay(job.job_id).submit(**request.call))
+    for errors in done.reward_errors:
+        reward_errors.record(job.job_id, errors)
+    return done
+
+
+async def _submit_async(*, worker: Worker, job: RunningJob, groups: list[TrajectoryGroup], lease: int, renew: bool,
+                        verdict_key: str | None, context: dict) -> _Done:
+    """:func:`_submit` on the event loop's Redis client (``stream.async_client``): no thread, no query."""
+    request = _request(worker_id=worker.pk, job=job, groups=groups, lease=lease, renew=renew,
+                       verdict_key=verdict_key, context=context)
+    done = _settled(request, await stream.replay(job.job_id).submit_async(stream.async_client(), **request.call))
+    for errors in done.reward_errors:
+        await reward_errors.record_async(job.job_id, errors)
+    return done
+
+
+def _request(*, worker_id: int, job: RunningJob, groups: list[TrajectoryGroup], lease: int, renew: bool,
+             verdict_key: str | None, context: dict) -> _Request:
     now = time.time()
     refused: list[str | None] = []
     sent = []
@@ -140,26 +174,30 @@ def _submit(*, worker: Worker, job: RunningJob, groups: list[TrajectoryGroup], l
             refused.append(str(err))
             continue
         refused.append(None)
-        sent.append((group, telemetry.accepted_event(worker.pk, job_id=job.job_id, at=now, records=len(group.records))))
+        sent.append((group, telemetry.accepted_event(worker_id, job_id=job.job_id, at=now, records=len(group.records))))
     context = {**context, "refused": refused, "records": [len(g.records) for g in groups],
                "timeout": settings.ECHO2["LEASE_TIMEOUT_S"]}
-    kept = verdicts.kept(worker.pk, verdict_key, context) if verdict_key is not None else None
-    outcome = stream.replay(job.job_id).submit(
-        worker_id=worker.pk, groups=sent, lease=lease, timeout_s=context["timeout"], renew=renew, now=now,
-        observed_key=telemetry.observed_key(worker.pk, job.job_id), observed_ttl_s=telemetry.OBSERVED_TTL_S,
-        rejected_records=sum(len(g.records) for g, why in zip(groups, refused, strict=True) if why is not None),
-        seal_key=group_seal.signing_key(), verdict=kept)
+    kept = verdicts.kept(worker_id, verdict_key, context) if verdict_key is not None else None
+    call = dict(worker_id=worker_id, groups=sent, lease=lease, timeout_s=context["timeout"], renew=renew, now=now,
+                observed_key=telemetry.observed_key(worker_id, job.job_id), observed_ttl_s=telemetry.OBSERVED_TTL_S,
+                rejected_records=sum(len(g.records) for g, why in zip(groups, refused, strict=True) if why is not None),
+                seal_key=group_seal.signing_key(), verdict=kept)
+    return _Request(worker_id=worker_id, job_id=job.job_id, groups=groups, sent=[g for g, _ in sent],
+                    context=context, call=call)
+
+
+def _settled(request: _Request, outcome: Submitted) -> _Done:
+    """What the request did, from the script's ``outcome``: the groups stored for the first time counted as
+    delivered (a resend finds its group stored), their reward errors handed back for the caller to record."""
+    context, fresh = request.context, []
     if outcome.held:
         context = json.loads(outcome.context)
-    else:  # counted once: a resend finds its group stored
-        fresh = [(group, stored) for (group, _), stored in zip(sent, outcome.returns, strict=True)
+    else:
+        fresh = [group for group, stored in zip(request.sent, outcome.returns, strict=True)
                  if not isinstance(stored, LeaseError) and not stored.resent]
-        for group, _ in fresh:
-            if group.reward_errors is not None:
-                reward_errors.record(job.job_id, group.reward_errors)
-        delivered.add(job_id=job.job_id, worker_id=worker.pk, groups=len(fresh))
-    return _Done(results=_results(groups, context, outcome.returns), leased=outcome.leased, context=context,
-                 held=outcome.held)
+        delivered.add(job_id=request.job_id, worker_id=request.worker_id, groups=len(fresh))
+    return _Done(results=_results(request.groups, context, outcome.returns), leased=outcome.leased, context=context,
+                 held=outcome.held, reward_errors=[g.reward_errors for g in fresh if g.reward_errors is not None])
 
 
 def _results(groups: list[TrajectoryGroup], context: dict, returns: list) -> list[m.Accepted]:
@@ -213,6 +251,31 @@ def groups_submit(*, worker: Worker, job_id: int, groups: list[TrajectoryGroup],
     done = _submit(worker=worker, job=job, groups=groups, lease=min(lease, job.max_lease_groups), renew=True,
                    verdict_key=verdict_key, context={"earned_usd": earned_usd})
     return m.Submitted(job_id=job_id, results=done.results, lease=_lease_reply(job_id, done) if lease else None,
+                       earned_usd=done.context["earned_usd"])
+
+
+async def rollout_async(*, worker: Worker, message: m.LeaseRequest | m.Trajectories | m.Submit, running: RunningJob,
+                        earned_usd: float | None = None,
+                        verdict_key: str | None = None) -> m.Lease | m.NoWork | m.Accepted | m.Submitted:
+    """A lease request, a group or a submit answered on the event loop, as :func:`prompts_lease`,
+    :func:`trajectories_submit` and :func:`groups_submit` answer them: ``running`` is this worker's job as the caller
+    holds it and ``earned_usd`` its earnings as held (no query), and the request's one Redis round trip runs on the
+    loop's own client (no thread)."""
+    job_id = message.group.job_id if isinstance(message, m.Trajectories) else message.job_id
+    if running.job_id != job_id or running.worker_id != worker.pk:
+        raise ValueError(f"running is job {running.job_id} of worker {running.worker_id}, not {job_id} of {worker.pk}")
+    match message:
+        case m.LeaseRequest():
+            done = await _submit_async(worker=worker, job=running, groups=[], renew=False, verdict_key=verdict_key,
+                                       lease=min(message.groups, running.max_lease_groups), context={})
+            return _lease_reply(job_id, done)
+        case m.Trajectories():
+            done = await _submit_async(worker=worker, job=running, groups=[message.group], lease=0, renew=False,
+                                       verdict_key=verdict_key, context={})
+            return done.results[0]
+    done = await _submit_async(worker=worker, job=running, groups=message.groups, renew=True, verdict_key=verdict_key,
+                               lease=min(message.lease, running.max_lease_groups), context={"earned_usd": earned_usd})
+    return m.Submitted(job_id=job_id, results=done.results, lease=_lease_reply(job_id, done) if message.lease else None,
                        earned_usd=done.context["earned_usd"])
 
 

@@ -126,12 +126,16 @@ def test_verdicts_are_kept_past_every_resend_an_agent_can_make():
 
 
 @pytest.fixture
-def streams_round_trips():
+def streams_round_trips(monkeypatch):
     """The commands the site sends to the streams' Redis, one entry per round trip (a pipeline or a script call is
-    one), connection handshakes left out: the stream client's pool makes counting connections from here on."""
+    one), on the threads' client and the event loop's (``stream.async_client``) alike, connection handshakes left
+    out: each pool makes counting connections from here on."""
     sent: list[bytes] = []
     pool = stream.client().connection_pool
     base = pool.connection_class
+
+    def packed(command) -> bytes:
+        return b"".join(command) if isinstance(command, list) else bytes(command)
 
     class Counting(base):
         handshaking = False
@@ -145,9 +149,34 @@ def streams_round_trips():
 
         def send_packed_command(self, command, check_health=True):
             if not self.handshaking:
-                sent.append(b"".join(command) if isinstance(command, list) else bytes(command))
+                sent.append(packed(command))
             return super().send_packed_command(command, check_health)
 
+    class CountingAsync:
+        handshaking = False
+
+        async def on_connect(self):
+            self.handshaking = True
+            try:
+                await super().on_connect()
+            finally:
+                self.handshaking = False
+
+        async def send_packed_command(self, command, check_health=True):
+            if not self.handshaking:
+                sent.append(packed(command))
+            return await super().send_packed_command(command, check_health)
+
+    made = stream.async_client
+
+    def counted_async_client():
+        client = made()
+        loop_pool = client.connection_pool
+        if not issubclass(loop_pool.connection_class, CountingAsync):
+            loop_pool.connection_class = type("Counting", (CountingAsync, loop_pool.connection_class), {})
+        return client
+
+    monkeypatch.setattr(stream, "async_client", counted_async_client)
     pool.connection_class = Counting
     pool.disconnect()
     yield sent
