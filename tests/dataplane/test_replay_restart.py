@@ -4,13 +4,14 @@ read exactly once and nothing is lost; without persistence the consumer groups c
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
 import pytest
 
 from dataplane.records import Trajectory, TrajectoryGroup
-from dataplane.replay import ReplayBuffer, connect
+from dataplane.replay import ReplayBuffer, connect, connect_async
 from learner.consumer import StalenessGatedConsumer
 
 from ..private_redis import PrivateRedis
@@ -88,4 +89,75 @@ def test_an_outage_longer_than_the_budget_raises(tmp_path) -> None:
     started = time.monotonic()
     with pytest.raises(Exception, match="(?i)connect"):
         buffer.counters()
+    assert 0.9 < time.monotonic() - started < 10
+
+
+def submit_request(*, lease: int) -> dict:
+    """A lease request as ``ReplayBuffer.submit`` takes it: no groups, ``lease`` prompts wanted."""
+    return dict(worker_id=1, groups=[], lease=lease, timeout_s=30.0, renew=False, now=time.time(),
+                observed_key="echo2:test:observed", observed_ttl_s=60)
+
+
+def test_a_submit_on_the_event_loop_rides_a_restart_and_creates_the_groups_again(tmp_path) -> None:
+    """The loop's twin of the sync retries: connection errors are waited out (without holding the loop) and a
+    restart that lost the consumer groups has them created again, on the loop's own client."""
+    server = PrivateRedis(tmp_path, aof=False).start()
+    buffer = ReplayBuffer(connect(server.url, socket_timeout=2), JOB, retry_for_s=30.0)
+
+    async def run() -> tuple[list[str], list[str], int]:
+        client = connect_async(server.url, max_connections=2, socket_timeout=2)
+        try:
+            first = await buffer.submit_async(client, **submit_request(lease=1))
+            server.kill()
+            back = threading.Timer(1.0, server.start)  # back, empty, while the submit below retries
+            back.start()
+            ticks = 0
+
+            async def tick() -> None:  # the loop stays free while the submit waits for Redis
+                nonlocal ticks
+                while True:
+                    await asyncio.sleep(0.05)
+                    ticks += 1
+
+            ticking = asyncio.create_task(tick())
+            during = await buffer.submit_async(client, **submit_request(lease=1))
+            ticking.cancel()
+            back.join(15)
+            buffer.add_prompts(["2+2="])
+            after = await buffer.submit_async(client, **submit_request(lease=1))
+            return [p.prompt for p in first.leased + during.leased], [p.prompt for p in after.leased], ticks
+        finally:
+            await client.aclose()
+
+    try:
+        buffer.ensure_groups()
+        buffer.add_prompts(["1+1="])
+        before, after, ticks = asyncio.run(run())
+        assert before == ["1+1="]  # the restart lost the stream: nothing to lease during it, and no NOGROUP error
+        assert after == ["2+2="]
+        assert buffer.reconnects == 1 and ticks >= 10
+    finally:
+        server.stop()
+
+
+def test_an_outage_longer_than_the_budget_raises_on_the_event_loop_too(tmp_path) -> None:
+    server = PrivateRedis(tmp_path).start()
+    buffer = ReplayBuffer(connect(server.url, socket_timeout=1), JOB, retry_for_s=1.0)
+    buffer.ensure_groups()
+
+    async def run() -> None:
+        client = connect_async(server.url, max_connections=2, socket_timeout=1)
+        try:
+            await buffer.submit_async(client, **submit_request(lease=1))
+            server.kill()
+            await buffer.submit_async(client, **submit_request(lease=1))
+        finally:
+            await client.aclose()
+
+    started = time.monotonic()
+    try:
+        with pytest.raises(Exception, match="(?i)connect"):
+            asyncio.run(run())
+    finally:
+        server.stop()
     assert 0.9 < time.monotonic() - started < 10
