@@ -233,16 +233,16 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             # it reconnected still serving a job it is no longer active in (released while it was away)
             replies.append(m.Release(job_id=message.job_id, reason="not active in this job any more"))
         request_id = getattr(message, "id", None)
-        payloads = []
+        frames = []
         for reply in replies:
             if isinstance(reply, m.Welcome):  # the budget this connection enforces, so the agent keeps under it
                 reply = self.welcomed = reply.model_copy(update=self.bucket.announced())
                 self.announced_share = 1.0
             if request_id is not None and "ref_id" in type(reply).model_fields:
                 reply = reply.model_copy(update={"ref_id": request_id})  # the agent pairs replies by id
-            payloads.append(reply.model_dump(mode="json"))
-        for payload in payloads:
-            await self.send_json(payload)
+            frames.append(reply.model_dump_json())  # pydantic's own encoder: no dict, no json.dumps
+        for frame in frames:
+            await self.send(text_data=frame)
         await self._follow(*(r.model_dump(mode="json") for r in replies if isinstance(r, m.Assign | m.Release)))
         if isinstance(message, ROLLOUT_MESSAGES):
             await self._shed_load()
