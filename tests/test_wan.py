@@ -107,6 +107,38 @@ async def test_proxy_delays_each_direction_by_the_links() -> None:
     service.close()
 
 
+async def test_a_connection_costs_the_handshake_whoever_speaks_first() -> None:
+    """TCP's handshake on the emulated path: a service that speaks first and one that answers the peer's first words
+    each get their first byte to the peer four one-way delays after its connect (SYN, SYN-ACK, then the ACK with the
+    peer's first bytes, then the answer), as on a real path: neither protocol is a delay ahead of the other."""
+    async def speaks_first(reader, writer):
+        writer.write(b"hi")
+        await writer.drain()
+        await reader.read(100)
+        writer.close()
+
+    async def answers(reader, writer):
+        writer.write(await reader.read(100))
+        await writer.drain()
+        writer.close()
+
+    loop = asyncio.get_running_loop()
+    for handler, first_words in ((speaks_first, b""), (answers, b"ping")):
+        service = await asyncio.start_server(handler, "127.0.0.1", 0)
+        target = service.sockets[0].getsockname()[1]
+        front = await asyncio.start_server(
+            lambda r, w, target=target: proxy.serve_one(r, w, ("127.0.0.1", target), {"rtt_ms": 120}, {}, 0),
+            "127.0.0.1", 0)
+        started = loop.time()
+        reader, writer = await asyncio.open_connection("127.0.0.1", front.sockets[0].getsockname()[1])
+        writer.write(first_words)
+        assert await reader.read(100) in (b"hi", b"ping")
+        assert loop.time() - started >= 4 * 0.06, handler.__name__
+        writer.close()
+        front.close()
+        service.close()
+
+
 async def test_a_reset_from_one_side_reaches_the_other_after_the_links_delay() -> None:
     """A killed peer's reset is passed on through the proxy: the service sees its connection end about one way
     later, not when it next writes (a killed agent held the site's websocket open until daphne's ping)."""
@@ -122,7 +154,7 @@ async def test_a_reset_from_one_side_reaches_the_other_after_the_links_delay() -
     relay = await asyncio.start_server(
         lambda r, w: proxy.serve_one(r, w, ("127.0.0.1", target), {"rtt_ms": 120}, {}, 0), "127.0.0.1", 0)
     reader, writer = await asyncio.open_connection("127.0.0.1", relay.sockets[0].getsockname()[1])
-    await asyncio.sleep(0.2)  # the proxy has connected on to the service
+    await asyncio.sleep(0.5)  # the proxy has connected on to the service (after the handshake's 3 x 60 ms)
     sock = writer.get_extra_info("socket")
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = reset, as a kill can
     reset_at = asyncio.get_running_loop().time()

@@ -59,15 +59,19 @@ class Path:
         return max(now + max(delay, 0.0), last)
 
 
-async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: Path, rng: random.Random,
-               seen: Callable[[bytes], object] | None = None,
+async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter | asyncio.Future, path: Path,
+               rng: random.Random, seen: Callable[[bytes], object] | None = None,
                delivered: Callable[[object], None] | None = None) -> None:
     """Copy one direction, each chunk released at its due time, at most WINDOW bytes held. ``seen`` (a tap) is
-    called with each chunk read; what it returns is handed to ``delivered`` once the chunk is written on."""
+    called with each chunk read; what it returns is handed to ``delivered`` once the chunk is written on.
+    ``writer`` may be a future of it (a connection still opening): chunks read meanwhile wait for it."""
     queue: asyncio.Queue[tuple[float, bytes, object]] = asyncio.Queue()
     room = asyncio.Semaphore(WINDOW // CHUNK)
 
     async def deliver() -> None:
+        nonlocal writer
+        if isinstance(writer, asyncio.Future):
+            writer = await writer
         while True:
             due, data, note = await queue.get()
             wait = due - time.monotonic()
@@ -99,7 +103,10 @@ async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path:
         # (a killed agent left the site's websocket open until daphne's ping, 20-30 s).
         sender.cancel()
         await asyncio.sleep(path.delay_s)
-        writer.transport.abort()
+        if isinstance(writer, asyncio.Future):  # the connection on the other side is still opening, or failed
+            writer = writer.result() if writer.done() and not writer.exception() else None
+        if writer is not None:
+            writer.transport.abort()
     finally:
         sender.cancel()
 
@@ -110,11 +117,6 @@ async def serve_one(client_r, client_w, target: tuple[str, int], link: dict, pee
     round trip), ``bulk`` (bursts of bytes the peer acknowledged), or nothing."""
     peer_ip = (client_w.get_extra_info("peername") or ("?",))[0]
     path = Path.between(link, peers.get(peer_ip, {}))
-    try:
-        server_r, server_w = await asyncio.open_connection(*target)
-    except OSError:
-        client_w.close()
-        return
     rng = random.Random(seed)
     up, down, sampler = (None, None), (None, None), None
     if tap is not None and watch == "ws":
@@ -123,13 +125,37 @@ async def serve_one(client_r, client_w, target: tuple[str, int], link: dict, pee
     elif tap is not None and watch == "bulk":
         port = client_w.get_extra_info("sockname")[1]
         sampler = asyncio.create_task(tap_mod.bursts(tap, client_w.get_extra_info("socket"), port=port, peer=peer_ip))
+    # TCP's handshake on the path: the peer's connect() returned at once (its handshake was with us, across the
+    # veths), but a real path's SYN, SYN-ACK and ACK take three one-way delays before the service accepts, and the
+    # peer's first bytes (sent after the SYN-ACK) arrive with the ACK. So the service's side opens that late, and
+    # what the peer sent meanwhile waits for it: a protocol whose server speaks first (bench/wan/naive.py) and one
+    # that waits for the peer's first words (a relay's hello) each get their first byte when a real path gives it.
+    opening = asyncio.ensure_future(_open_after(target, 3 * path.delay_s))
+    server_w = asyncio.ensure_future(_writer_of(opening))
+    upstream = asyncio.create_task(pump(client_r, server_w, path, rng, *up))
     try:
-        await asyncio.gather(pump(client_r, server_w, path, rng, *up), pump(server_r, client_w, path, rng, *down))
+        server_r, _ = await opening
+    except OSError:
+        upstream.cancel()
+        client_w.close()
+        return
+    try:
+        await asyncio.gather(upstream, pump(server_r, client_w, path, rng, *down))
     finally:
+        upstream.cancel()
         if sampler is not None:
             sampler.cancel()
-        for w in (client_w, server_w):
+        for w in (client_w, server_w.result()):
             w.close()
+
+
+async def _open_after(target: tuple[str, int], delay_s: float) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    await asyncio.sleep(delay_s)
+    return await asyncio.open_connection(*target)
+
+
+async def _writer_of(opening: asyncio.Future) -> asyncio.StreamWriter:
+    return (await opening)[1]
 
 
 async def main(config: dict) -> None:
