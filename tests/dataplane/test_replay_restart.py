@@ -81,17 +81,6 @@ def test_without_persistence_the_groups_are_created_again(tmp_path) -> None:
         server.stop()
 
 
-def test_an_outage_longer_than_the_budget_raises(tmp_path) -> None:
-    server = PrivateRedis(tmp_path).start()
-    buffer = ReplayBuffer(connect(server.url, socket_timeout=1), JOB, retry_for_s=1.0)
-    buffer.ensure_groups()
-    server.kill()
-    started = time.monotonic()
-    with pytest.raises(Exception, match="(?i)connect"):
-        buffer.counters()
-    assert 0.9 < time.monotonic() - started < 10
-
-
 def submit_request(*, lease: int) -> dict:
     """A lease request as ``ReplayBuffer.submit`` takes it: no groups, ``lease`` prompts wanted."""
     return dict(worker_id=1, groups=[], lease=lease, timeout_s=30.0, renew=False, now=time.time(),
@@ -140,24 +129,29 @@ def test_a_submit_on_the_event_loop_rides_a_restart_and_creates_the_groups_again
         server.stop()
 
 
-def test_an_outage_longer_than_the_budget_raises_on_the_event_loop_too(tmp_path) -> None:
+@pytest.mark.parametrize("where", ["thread", "event loop"])
+def test_an_outage_longer_than_the_budget_raises(tmp_path, where: str) -> None:
     server = PrivateRedis(tmp_path).start()
     buffer = ReplayBuffer(connect(server.url, socket_timeout=1), JOB, retry_for_s=1.0)
     buffer.ensure_groups()
 
-    async def run() -> None:
+    async def on_the_loop() -> None:
         client = connect_async(server.url, max_connections=2, socket_timeout=1)
         try:
-            await buffer.submit_async(client, **submit_request(lease=1))
+            await buffer.submit_async(client, **submit_request(lease=1))  # connected when Redis dies
             server.kill()
             await buffer.submit_async(client, **submit_request(lease=1))
         finally:
             await client.aclose()
 
+    def on_a_thread() -> None:
+        server.kill()
+        buffer.counters()
+
     started = time.monotonic()
     try:
         with pytest.raises(Exception, match="(?i)connect"):
-            asyncio.run(run())
+            asyncio.run(on_the_loop()) if where == "event loop" else on_a_thread()
     finally:
         server.stop()
     assert 0.9 < time.monotonic() - started < 10
