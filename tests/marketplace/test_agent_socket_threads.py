@@ -14,11 +14,14 @@ from concurrent.futures import ThreadPoolExecutor
 from channels.db import database_sync_to_async
 from django.db.backends.signals import connection_created
 
+from dataplane.tasks import build_task
+from learner.prompts import PromptFeeder
 from marketplace.infra import telemetry
 from marketplace.services import rollouts
 
 from .test_agent_socket import connect, settings_eager, setup_job_and_worker, started_with  # noqa: F401
 from .test_agent_socket_budget import pytestmark, submit  # noqa: F401
+from .test_agent_socket_parts import answer
 
 
 async def test_a_submit_queries_the_database_only_on_the_database_thread(settings_eager):  # noqa: F811
@@ -94,6 +97,36 @@ async def test_a_heartbeat_is_handled_while_every_pooled_thread_is_busy(redis_cl
         samples = await recorded(redis_client, worker.pk)
         assert not any(h.done() for h in held)
         assert [json.loads(s)[1] for s in samples] == [7.0]
+    finally:
+        release.set()
+        await asyncio.gather(*held)
+    await comm.disconnect()
+
+
+async def test_a_lease_and_a_submit_are_answered_while_every_pooled_thread_is_busy(redis_client,
+                                                                                    settings_eager):  # noqa: F811
+    """Once the socket holds its job, leasing and submitting are Redis work on the event loop's own client: with
+    every thread of the loop's pool held, a lease request and the submit that answers it are both answered. Before,
+    each took a pool thread and waited for one to be let go."""
+    job, worker, key = await setup_job_and_worker(batch_trajectories=12)
+    comm = await connect(key)
+    await started_with(comm, job)
+    PromptFeeder(redis_client, job_id=job.pk, task=build_task({"name": "arithmetic"}), seed=0, backlog=2).top_up()
+    await comm.send_to(text_data=submit(job.pk, "s0", lease=1))  # the socket reads its job and the earnings
+    first = await comm.receive_json_from(timeout=10)
+    assert first["type"] == "submitted" and len(first["lease"]["leases"]) == 1, first
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=2))
+    release = threading.Event()
+    held = [loop.run_in_executor(None, release.wait) for _ in range(2)]
+    try:
+        await comm.send_json_to({"type": "lease_request", "job_id": job.pk, "groups": 1, "id": "l1"})
+        lease = await comm.receive_json_from(timeout=10)
+        assert lease["type"] == "lease" and len(lease["leases"]) == 1, lease
+        await comm.send_to(text_data=submit(job.pk, "s1", [answer(job.pk, first["lease"]["leases"][0], tokens=4)]))
+        told = await comm.receive_json_from(timeout=10)
+        assert told["type"] == "submitted" and [r["accepted"] for r in told["results"]] == [4], told
+        assert not any(h.done() for h in held)
     finally:
         release.set()
         await asyncio.gather(*held)
