@@ -1,9 +1,9 @@
 """The replay buffer: a job's version-tagged storage in Redis streams (paper section 4.1, appendix F).
 
-One module owns every key and consumer group (its Lua scripts are in ``replay_scripts``, the groups the learner
-reads back in ``stored``), and both the site (leases, returns) and the learner (prompt top-up, the staleness-gated
-reader in ``learner.consumer``) use it. ``redis`` is an optional dependency of this module alone: the agent never
-imports it (agents never talk to Redis).
+One module owns every key and consumer group (its Lua scripts are in ``replay_scripts``, what they answer in
+``replay_outcomes``, the groups the learner reads back in ``stored``), and both the site (leases, returns) and the
+learner (prompt top-up, the staleness-gated reader in ``learner.consumer``) use it. ``redis`` is an optional
+dependency of this module alone: the agent never imports it (agents never talk to Redis).
 
 Keys of job ``j``:
 
@@ -40,13 +40,11 @@ returned, its leases renewed, more leased, and the outcome kept for a resend of 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
 from typing import TypeVar
 
 import redis
@@ -57,6 +55,16 @@ from redis.retry import Retry
 
 from .groupcodec import encode_group
 from .records import TrajectoryGroup
+from .replay_outcomes import (
+    KeptVerdict,
+    LeasedPrompt,
+    LeaseError,
+    Submitted,
+    TimedEvent,
+    kept_outcome,
+    return_error,
+    returned,
+)
 from .replay_scripts import ACK_COUNTED, LEASE, RENEW, RETURN_ERRORS, RETURN_GROUP, SUBMIT, script
 from .seal import seal
 from .stored import StoredGroup, field, stored_entry, text
@@ -126,86 +134,6 @@ def connect_async(url: str, *, max_connections: int, decode_responses: bool = Tr
         socket_timeout=socket_timeout, socket_connect_timeout=min(socket_timeout, 10.0),
         retry=redis.asyncio.retry.Retry(NoBackoff(), 0), **tls)
     return redis.asyncio.Redis.from_pool(pool)  # it owns the pool: closing the client closes the connections
-
-
-class StoredId(str):
-    """A returned group's trajectory stream id; ``resent``: it had been stored by an earlier return of the group."""
-
-    resent: bool = False
-
-
-class LeaseError(ValueError):
-    """A returned group that no open lease of this worker can take; ``str(err)`` is the reason."""
-
-
-def return_error(code: str, lease_id: str) -> str:
-    """The reason of a return script's error ``code`` (``replay_scripts.RETURN_ERRORS``) for lease ``lease_id``."""
-    return f"lease_id: {lease_id!r} is not a lease" if code == "badid" else RETURN_ERRORS[code]
-
-
-def returned(result: str) -> StoredId | LeaseError:
-    """A return script's answer for one group: its stored id (``resent`` when stored by an earlier return), or the
-    error (``str``: the code's reason, lease id left out: see :func:`return_error`)."""
-    if result in RETURN_ERRORS:
-        return LeaseError(result)
-    stored = StoredId(result.removeprefix("resent "))
-    stored.resent = result.startswith("resent ")
-    return stored
-
-
-@dataclass(frozen=True)
-class LeasedPrompt:
-    lease_id: str
-    group_id: str
-    prompt: str
-
-
-@dataclass(frozen=True)
-class TimedEvent:
-    """A member added to a time-sorted set (score ``at``), dropping members older than ``keep_after`` and keeping
-    the key ``ttl_s`` seconds: what a caller counts alongside an accepted group. The key and the member's layout
-    are the caller's (``marketplace.infra.telemetry``); this module only writes them."""
-
-    key: str
-    member: str
-    at: float
-    keep_after: float
-    ttl_s: int
-
-
-@dataclass(frozen=True)
-class KeptVerdict:
-    """Where :meth:`ReplayBuffer.submit` keeps a request's outcome, so that the same request sent again (its reply was
-    late or lost) is answered with it, not run again. The key and ``context`` are the caller's
-    (``marketplace.infra.verdicts``): ``context`` is what the caller knew before the script (a text without a
-    newline), kept and handed back with the outcome. A resend answered from it counts one in hash ``resent_key``,
-    field ``resent_field``."""
-
-    key: str
-    ttl_s: int
-    context: str
-    resent_key: str
-    resent_field: str
-
-
-@dataclass(frozen=True)
-class Submitted:
-    """What :meth:`ReplayBuffer.submit` did, or (``held``) what the first sending of the same request did."""
-
-    returns: list[StoredId | LeaseError]  # per group given, in order
-    leased: list[LeasedPrompt]
-    context: str  # the caller's part: as given now, or as the first sending gave it
-    held: bool = False
-
-
-def kept_outcome(kept: str | bytes, *, held: bool = True) -> Submitted:
-    """The outcome :meth:`ReplayBuffer.submit` keeps under a verdict key (the caller's context, a newline, then the
-    script's JSON), read back."""
-    context, _, outcome = text(kept).partition("\n")
-    results, leases = json.loads(outcome)
-    return Submitted(returns=[returned(r) for r in results or []],
-                     leased=[LeasedPrompt(lease_id=i, group_id=g, prompt=p) for i, g, p in leases or []],
-                     context=context, held=held)
 
 
 def add_event(client: redis.Redis, event: TimedEvent) -> None:
