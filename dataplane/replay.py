@@ -149,6 +149,7 @@ DROPPED_STALE = "dropped_stale_records"
 """The counter of records the learner dropped as stale, counted in Redis with their acknowledgement: a learner
 killed after dropping them, before its next checkpoint, still knows they were dropped (not lost) when it resumes."""
 
+
 class _Retries:
     """What one operation of a :class:`ReplayBuffer` does after a failure: wait and try again through connection
     errors (backoff 0.1 s doubling to 5 s, +-50% jitter) for up to the buffer's ``retry_for_s`` (a refused password
@@ -202,8 +203,12 @@ class ReplayBuffer:
         """Create both streams' consumer groups (idempotent); the streams start empty."""
         self._retrying(self._create_groups, regroup=False)
 
+    def _groups(self) -> tuple[tuple[str, str], ...]:
+        """(stream, consumer group) of both streams."""
+        return (self.prompts, PROMPT_GROUP), (self.trajectories, LEARNER_GROUP)
+
     def _create_groups(self) -> None:
-        for key, group in ((self.prompts, PROMPT_GROUP), (self.trajectories, LEARNER_GROUP)):
+        for key, group in self._groups():
             try:
                 self.client.xgroup_create(key, group, id="0", mkstream=True)
             except redis.ResponseError as err:
@@ -245,7 +250,7 @@ class ReplayBuffer:
             return result
 
     async def _create_groups_async(self, client: redis.asyncio.Redis) -> None:
-        for key, group in ((self.prompts, PROMPT_GROUP), (self.trajectories, LEARNER_GROUP)):
+        for key, group in self._groups():
             try:
                 await client.xgroup_create(key, group, id="0", mkstream=True)
             except redis.ResponseError as err:

@@ -266,17 +266,13 @@ async def rollout_async(*, worker: Worker, message: m.LeaseRequest | m.Trajector
         raise ValueError(f"running is job {running.job_id} of worker {running.worker_id}, not {job_id} of {worker.pk}")
     match message:
         case m.LeaseRequest():
-            done = await _submit_async(worker=worker, job=running, groups=[], renew=False, verdict_key=verdict_key,
-                                       lease=min(message.groups, running.max_lease_groups), context={})
-            return _lease_reply(job_id, done)
+            asked = dict(groups=[], lease=min(message.groups, running.max_lease_groups), renew=False, context={})
         case m.Trajectories():
-            done = await _submit_async(worker=worker, job=running, groups=[message.group], lease=0, renew=False,
-                                       verdict_key=verdict_key, context={})
-            return done.results[0]
-    done = await _submit_async(worker=worker, job=running, groups=message.groups, renew=True, verdict_key=verdict_key,
-                               lease=min(message.lease, running.max_lease_groups), context={"earned_usd": earned_usd})
-    return m.Submitted(job_id=job_id, results=done.results, lease=_lease_reply(job_id, done) if message.lease else None,
-                       earned_usd=done.context["earned_usd"])
+            asked = dict(groups=[message.group], lease=0, renew=False, context={})
+        case _:
+            asked = dict(groups=message.groups, lease=min(message.lease, running.max_lease_groups), renew=True,
+                         context={"earned_usd": earned_usd})
+    return _answer(message, await _submit_async(worker=worker, job=running, verdict_key=verdict_key, **asked))
 
 
 def submitted_again(*, worker: Worker, message: m.LeaseRequest | m.Trajectories | m.Submit,
@@ -290,14 +286,18 @@ def submitted_again(*, worker: Worker, message: m.LeaseRequest | m.Trajectories 
     groups = message.groups if isinstance(message, m.Submit) else [message.group] \
         if isinstance(message, m.Trajectories) else []
     results = _results(groups, context, outcome.returns)
-    done = _Done(results=results, leased=outcome.leased, context=context, held=True)
+    return _answer(message, _Done(results=results, leased=outcome.leased, context=context, held=True))
+
+
+def _answer(message: m.LeaseRequest | m.Trajectories | m.Submit, done: _Done) -> m._Msg:
+    """The reply to ``message`` from what it did (or what its first sending did)."""
     match message:
         case m.Submit():
-            return m.Submitted(job_id=message.job_id, results=results,
+            return m.Submitted(job_id=message.job_id, results=done.results,
                                lease=_lease_reply(message.job_id, done) if message.lease else None,
-                               earned_usd=context["earned_usd"])
+                               earned_usd=done.context["earned_usd"])
         case m.Trajectories():
-            return results[0]
+            return done.results[0]
     return _lease_reply(message.job_id, done)
 
 
