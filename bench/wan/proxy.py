@@ -137,6 +137,7 @@ async def serve_one(client_r, client_w, target: tuple[str, int], link: dict, pee
         server_r, _ = await opening
     except OSError:
         upstream.cancel()
+        await asyncio.gather(server_w, return_exceptions=True)  # its failure is this one: retrieved, not logged
         client_w.close()
         return
     try:
