@@ -350,6 +350,9 @@ ECHO2 = {
     # (marketplace/realtime/jobcache.py) without reading it again; every push that changes it (assign, release,
     # snapshot) drops it sooner. 0: read always.
     "AGENT_STATE_MAX_AGE_S": env_float("ECHO2_AGENT_STATE_MAX_AGE_S", 2.0),
+    # Threads per site process for the agent sockets' database work (marketplace/realtime/dbthreads.py), each with a
+    # connection from the process's pool while it works: keep it well under ECHO2_DB_POOL_MAX.
+    "AGENT_DB_THREADS": env_int("ECHO2_AGENT_DB_THREADS", 4),
     # Largest agent websocket frame (bytes), announced to agents in the welcome. A legal group of 16 x 4096 tokens is
     # about 1.8 MiB of JSON; a bigger group comes as `trajectories_part` frames (docs/trust.md); a bigger frame is
     # refused and the socket closed with 4413. daphne's own limits must lie above it (DAPHNE_* below).

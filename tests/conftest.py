@@ -80,15 +80,19 @@ def _fresh_throttles():
 
 @pytest.fixture(autouse=True)
 def _close_async_test_connections(request):
-    """An async test's database work (its own ``database_sync_to_async`` calls and the consumers') runs on asgiref's
-    single thread executor, whose connection outlives the test (CONN_MAX_AGE): left open, PostgreSQL refuses to
-    drop the test database at the end of the session. Closed after each async test, in that thread."""
+    """An async test's database work runs on asgiref's single thread executor (its own ``database_sync_to_async``
+    calls) and on the agent sockets' threads (``marketplace.realtime.dbthreads``), whose connections outlive the
+    test (CONN_MAX_AGE): left open, PostgreSQL refuses to drop the test database at the end of the session. Closed
+    after each async test, in those threads."""
     yield
     if inspect.iscoroutinefunction(getattr(request, "function", None)):
         from asgiref.sync import SyncToAsync
         from django.db import connections
 
+        from marketplace.realtime import dbthreads
+
         SyncToAsync.single_thread_executor.submit(connections.close_all).result(timeout=30)
+        dbthreads.close_connections()
 
 
 @pytest.fixture(autouse=True)

@@ -14,14 +14,15 @@ range (as 4401), not 1008/1009.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
 import time
+from collections.abc import Awaitable, Callable
 
 from asgiref.sync import sync_to_async
 from channels.consumer import get_handler_name
-from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
@@ -38,7 +39,9 @@ from ..models import Worker
 from ..reads import selectors
 from ..services import fanout
 from . import jobcache, lag
+from .dbthreads import database
 from .jobcache import FreshFor
+from .lane import Lane
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,7 @@ REMEMBERED_MESSAGES = (m.LeaseRequest, m.Trajectories, m.Submit)  # answered onc
 INFRASTRUCTURE = (*TRANSIENT, OperationalError, InterfaceError)
 UNAVAILABLE_RETRY_AFTER_S = 2.0  # the Redis client has already retried for ECHO2_REDIS_RETRY_S
 REANNOUNCE_EVERY_S = 5.0  # a connection's budget is announced again at most this often (realtime/lag.py)
+LANE_CLOSE_S = 10.0  # a closed socket's requests still queued are handled for at most this long (daphne's close wait)
 
 
 def _unavailable(ref: str, err: Exception) -> m.Rejected:
@@ -129,6 +133,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
 
     async def connect(self) -> None:
         self.hello_at = None  # when this socket's session began: its close must not end a newer socket's
+        self.lane = Lane(f"agent socket {self.channel_name}")  # its requests, in order; heartbeats pass it (lane.py)
         self.bucket = limits.MessageBucket.from_settings()
         self.assembler = GroupAssembler()  # the group arriving in parts, if any: dropped with the socket
         self.frame_bytes = 0  # size of the frame being handled, which the assembly counts
@@ -137,7 +142,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         self.announced_share, self.reannounced_at = 1.0, -REANNOUNCE_EVERY_S
         await self.accept()
         client = (self.scope.get("client") or ["unknown"])[0]
-        self.worker, wait = await database_sync_to_async(_worker_by_key)(client, _agent_key(self.scope))
+        self.worker, wait = await database(_worker_by_key)(client, _agent_key(self.scope))
         if wait:  # not "agent key" in the reason: an agent takes that as final, and this one is not
             await self._refuse(f"too many failed credentials from {client}; retry in {wait:.0f} s",
                                TOO_MANY_REQUESTS)
@@ -152,20 +157,24 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         """Channels' dispatch without its ``aclose_old_connections()`` before every message: that call is a trip
         through the one database thread, so every heartbeat waited there behind every hello's and connect's queries
         (a reconnect storm held heartbeats for seconds). This consumer reaches the database only through
-        ``database_sync_to_async``, which closes stale connections around each call itself."""
+        ``dbthreads.database``, which closes stale connections around each call itself."""
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")
         await handler(message)
 
     async def disconnect(self, code) -> None:
+        left = await self.lane.close(LANE_CLOSE_S)
+        if left:
+            log.warning("agent %s: socket closed with %d request(s) not handled", getattr(self.worker, "pk", None),
+                        left)
         self.assembler.drop()
         if self.worker is not None:
             await self.channel_layer.group_discard(services.worker_group(self.worker.pk), self.channel_name)
             if self.follower is not None:
                 await self.follower.leave()
             # Queued in Redis, no query (services.worker_socket_closed): a thousand closes fit daphne's close timeout.
-            await database_sync_to_async(services.worker_socket_closed)(worker_id=self.worker.pk, since=self.hello_at)
+            await database(services.worker_socket_closed)(worker_id=self.worker.pk, since=self.hello_at)
 
     async def _refuse(self, reason: str, code: int, ref: str | None = None) -> None:
         await self.send_json(m.Rejected(reason=reason, ref=ref).model_dump())
@@ -182,7 +191,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                 self.assembler.drop()  # the group can no longer arrive whole
             if ref in ("trajectories", "trajectories_part") and isinstance(content.get("group"), dict):
                 group = content["group"]
-                await database_sync_to_async(services.trajectories_malformed)(
+                await database(services.trajectories_malformed)(
                     worker=self.worker, job_id=group.get("job_id"), records=group.get("records"))
             request_id = content.get("id") if isinstance(content, dict) else None
             request_id = request_id if isinstance(request_id, str) and 0 < len(request_id) <= 64 else None
@@ -202,32 +211,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         # Its verdict kept, and a resend answered from it, in the work's own Redis round trip (infra/verdicts.py)
         verdict_key = verdicts.key_for(self.worker.pk, message) \
             if isinstance(message, REMEMBERED_MESSAGES) and message.id is not None else None
-        started = time.monotonic()
-        try:
-            if isinstance(message, ROLLOUT_MESSAGES):
-                try:
-                    replies = await self._rollout(message, verdict_key)
-                except services.ServiceError:
-                    again = await self._answered_before(message, verdict_key) if verdict_key is not None else None
-                    if again is None:
-                        raise
-                    replies = [again]
-                lag.REPLIES.add(time.monotonic() - started)
-            elif isinstance(message, m.Heartbeat):
-                replies = await self._heartbeat(message)
-            elif isinstance(message, m.SnapshotInstalled):
-                replies = await self._installed(message)
-            else:
-                self.running.clear()  # a hello, a heartbeat or a report may change the activation: read it again
-                replies = await database_sync_to_async(self._dispatch)(message)
-        except services.ServiceError as err:
-            replies = [m.Rejected(reason=str(err), ref=message.type)]
-        except INFRASTRUCTURE as err:  # not a verdict on the request: it is sent again, and then runs again
-            log.warning("agent %s: %s not handled now (%s: %s)", self.worker.pk, message.type, type(err).__name__, err)
-            replies = [_unavailable(message.type, err)]
-        except Exception:  # a bug must not kill the agent's session; it gets a reason, we get the traceback
-            log.exception("agent %s: %s failed", self.worker.pk, message.type)
-            replies = [m.Rejected(reason="internal error while handling the message", ref=message.type)]
+        replies = await self._guarded(message, functools.partial(self._replies, message, verdict_key))
         if isinstance(message, m.Hello) and message.job_id is not None and not any(
                 isinstance(reply, m.Assign) and reply.job_id == message.job_id for reply in replies):
             # it reconnected still serving a job it is no longer active in (released while it was away)
@@ -246,6 +230,39 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         await self._follow(*(r.model_dump(mode="json") for r in replies if isinstance(r, m.Assign | m.Release)))
         if isinstance(message, ROLLOUT_MESSAGES):
             await self._shed_load()
+
+    async def _guarded(self, message, work: Callable[[], Awaitable[list[m._Msg]]]) -> list[m._Msg]:
+        """``work()``'s replies to ``message``, or the one reply that says why it failed."""
+        try:
+            return await work()
+        except services.ServiceError as err:
+            return [m.Rejected(reason=str(err), ref=message.type)]
+        except INFRASTRUCTURE as err:  # not a verdict on the request: it is sent again, and then runs again
+            log.warning("agent %s: %s not handled now (%s: %s)", self.worker.pk, message.type, type(err).__name__, err)
+            return [_unavailable(message.type, err)]
+        except Exception:  # a bug must not kill the agent's session; it gets a reason, we get the traceback
+            log.exception("agent %s: %s failed", self.worker.pk, message.type)
+            return [m.Rejected(reason="internal error while handling the message", ref=message.type)]
+
+    async def _replies(self, message, verdict_key: str | None) -> list[m._Msg]:
+        """The message's service, called."""
+        if isinstance(message, ROLLOUT_MESSAGES):
+            started = time.monotonic()
+            try:
+                replies = await self._rollout(message, verdict_key)
+            except services.ServiceError:
+                again = await self._answered_before(message, verdict_key) if verdict_key is not None else None
+                if again is None:
+                    raise
+                replies = [again]
+            lag.REPLIES.add(time.monotonic() - started)
+            return replies
+        if isinstance(message, m.Heartbeat):
+            return await self._heartbeat(message)
+        if isinstance(message, m.SnapshotInstalled):
+            return await self._installed(message)
+        self.running.clear()  # a hello or a report may change the activation: read it again
+        return await database(self._dispatch)(message)
 
     async def _shed_load(self) -> None:
         """Announce the budget again, lowered in proportion while this process answers late (``realtime/lag.py``)
@@ -291,6 +308,18 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if text_data is None:
             await self.send_json(m.Rejected(reason="frames must be JSON text, not binary").model_dump())
             return
+        if self.welcomed is not None and _frame_type(text_data) == "heartbeat":
+            # where it arrives, never behind the socket's requests (lane.py); before the hello is answered, after it:
+            # the database holds the worker online only then
+            await self._receive_text(text_data)
+        else:
+            self.lane.put(functools.partial(self._receive_in_turn, text_data, size))
+
+    async def _receive_in_turn(self, text: str, size: int) -> None:
+        self.frame_bytes = size  # for the group assembly: the frame being handled now
+        await self._receive_text(text)
+
+    async def _receive_text(self, text_data: str) -> None:
         if _frame_type(text_data) in GROUP_FRAMES:
             message = _parsed_group(text_data)
             if message is not None:
@@ -337,7 +366,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             read_at, running = await self._read_running(job_id)
             if running is None:  # not active in it, or it does not run: read for this worker, which says why
                 try:
-                    running = await database_sync_to_async(services.running_job)(worker=self.worker, job_id=job_id)
+                    running = await database(services.running_job)(worker=self.worker, job_id=job_id)
                 except services.ServiceError:
                     if isinstance(message, m.TrajectoriesPart):
                         self.assembler.drop()  # the group can no longer arrive whole
@@ -348,7 +377,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             now = time.monotonic()
             earned = services.worker_earned_usd_held(self.worker.pk, now=now)
             if earned is None:
-                earned = await database_sync_to_async(services.worker_earned_usd)(self.worker.pk, now=now)
+                earned = await database(services.worker_earned_usd)(self.worker.pk, now=now)
         if isinstance(message, m.TrajectoriesPart):  # rare (a group too big for one frame): the sync path, on a thread
             replies = await sync_to_async(services.trajectories_part_submit, thread_sensitive=False)(
                 worker=self.worker, assembler=self.assembler, part=message, frame_bytes=self.frame_bytes,
@@ -357,7 +386,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             replies = [await services.rollout_async(worker=self.worker, message=message, running=running,
                                                     earned_usd=earned, verdict_key=verdict_key)]
         if delivered.due():  # the groups this process accepted, into the database (one update every few seconds)
-            await database_sync_to_async(services.groups_accepted_flush)()
+            await database(services.groups_accepted_flush)()
         return replies
 
     async def _read_running(self, job_id: int) -> tuple[float, services.RunningJob | None]:
@@ -373,7 +402,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if max_age <= 0:  # read always: nothing to share, and the worker's own read is one query
             return time.monotonic(), None
         return await jobcache.JOBS.read(
-            job_id, lambda: database_sync_to_async(services.job_at_work)(job_id=job_id),
+            job_id, lambda: database(services.job_at_work)(job_id=job_id),
             not_before=self.running.cleared_at, max_age_s=max_age)
 
     async def _installed(self, message: m.SnapshotInstalled) -> list[m._Msg]:
@@ -381,7 +410,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         version it installs, so at each publication the whole fleet does, at once): its activation and the job's
         are read only when that read does not show the worker active (``services.snapshot_installed``)."""
         _, view = await self._read_job(message.job_id)
-        await database_sync_to_async(services.snapshot_installed)(
+        await database(services.snapshot_installed)(
             worker=self.worker, job_id=message.job_id, version=message.version, seconds=message.seconds,
             source=message.source, at_work=view)
         return []
@@ -394,12 +423,23 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         beat = await services.worker_heartbeat_record_async(worker_id=self.worker.pk, **fields)
         if beat.to_database:
             self.running.clear()  # it may change the activation: read it again
-            await database_sync_to_async(services.worker_heartbeat_apply)(worker=self.worker, beat=beat,
-                                                                          reason=message.reason,
-                                                                          refused=message.refused, **fields)
-        if delivered.due():  # groups accepted before the rollouts stopped still reach the database
-            await database_sync_to_async(services.groups_accepted_flush)()
+            self.lane.put(functools.partial(self._heartbeat_report, message, beat, fields))
+        elif delivered.due():  # groups accepted before the rollouts stopped still reach the database
+            self.lane.put(database(services.groups_accepted_flush))
         return []
+
+    async def _heartbeat_report(self, message: m.Heartbeat, beat, fields: dict) -> None:
+        """What a heartbeat tells the database (a state change, the periodic report, a worker back online), in the
+        socket's order: a request sent after the heartbeat is handled after its report is in."""
+        async def report() -> list[m._Msg]:
+            await database(services.worker_heartbeat_apply)(worker=self.worker, beat=beat, reason=message.reason,
+                                                            refused=message.refused, **fields)
+            if delivered.due():
+                await database(services.groups_accepted_flush)()
+            return []
+
+        for reply in await self._guarded(message, report):
+            await self.send(text_data=reply.model_dump_json())
 
     def _dispatch(self, message) -> list[m._Msg]:
         worker = self.worker
@@ -426,9 +466,19 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         raise services.ServiceError(f"type: {message.type} is not handled")
 
     async def agent_message(self, event) -> None:
-        """A push from services. Every one (assign, release, snapshot) may change the running job this socket
-        holds, so it is read again at the next lease or group; this handler runs between two of the socket's
-        messages, never during one (a consumer handles its events one at a time)."""
+        """A push from services: sent at once once the hello was answered; before, in turn with the socket's requests
+        (``lane.py``), so the welcome goes out before the assignment the hello's activation pushed."""
+        await self._in_turn_until_welcomed(functools.partial(self._pushed, event))
+
+    async def _in_turn_until_welcomed(self, work: Callable[[], Awaitable[None]]) -> None:
+        if self.welcomed is None:
+            self.lane.put(work)
+        else:  # never behind the socket's requests: a push is the site's news, and the requests may wait long
+            await work()
+
+    async def _pushed(self, event) -> None:
+        """Every push (assign, release, snapshot) may change the running job this socket holds, so it is read again
+        at the next lease or group (a request being handled keeps the one it read)."""
         self.running.clear()
         await self.send_json(event["message"])
         await self._follow(event["message"])
@@ -442,9 +492,13 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                 await self.send(text_data=text)
 
     async def agent_snapshot(self, event) -> None:
-        """A snapshot of a job was published (one event per job, ``services.fanout``): this socket builds its
-        worker's own message (route, credential, its child's fingerprint) and sends it, if the worker is still
-        assigned to that job and was in the plan."""
+        """A snapshot of a job was published (one event per job, ``services.fanout``): :meth:`_snapshot`, as a push
+        (:meth:`agent_message`)."""
+        await self._in_turn_until_welcomed(functools.partial(self._snapshot, event))
+
+    async def _snapshot(self, event) -> None:
+        """This socket builds its worker's own message for the published snapshot (route, credential, its child's
+        fingerprint) and sends it, if the worker is still assigned to that job and was in the plan."""
         if self.follower is None or not self.follower.wants(event):
             return
         self.running.clear()  # the running job this socket holds names the published version: read it again

@@ -56,7 +56,7 @@ def audit_texts_decode(*, job_id: int) -> int:
         log.warning("job %s: text failures not decoded by the site (Redis: %s)", job.pk, err)
         return 0
     with transaction.atomic():
-        rows = {row.pk: row for row in WorkerAudit.objects.select_for_update().filter(
+        rows = {row.pk: row for row in WorkerAudit.objects.select_for_update(no_key=True).filter(
             pk__in={row_id for row_id, _, _ in pending}).order_by("pk")}
         decided: dict[int, list[dict[str, Any]]] = {}
         for (row_id, _, item), (verdict, state) in zip(pending, verdicts, strict=True):

@@ -131,7 +131,8 @@ def _release_from_job(job: Job, worker_id: int, *, step: int, failed: int) -> No
     """The owner's learner failed groups of this worker: its part in the job ends now (billing stops, leases go
     back) and the scheduler plans it for this job no more (``selectors.excluded_workers``). On the owner's word
     alone, for his own job: nothing changes for the worker elsewhere unless the site verified the failure."""
-    for activation in Activation.objects.select_for_update().filter(job=job, worker_id=worker_id, ended_at=None):
+    held = Activation.objects.select_for_update(no_key=True).filter(job=job, worker_id=worker_id, ended_at=None)
+    for activation in held:
         worker_release(activation=activation, reason=f"{AUDIT_RELEASED}{failed} group(s) failed at step {step}; "
                                                      "not planned for this job again")
         log.info("job %s step %s: worker %s released from the job after %d failed audit(s)", job.pk, step,

@@ -134,10 +134,11 @@ def activations_bill(*, job_id: int, observations: list[Observation], at: dateti
     their ledger entries and one ``UPDATE`` of the workers' measured throughput. Returns each billed activation's
     new figures by id.
 
-    Locks: the job's row first, ``FOR KEY SHARE`` (what its ledger entries' key needs): it waits for a finish, a
-    pause or a learner's report that holds the row, holding nothing itself, and they wait for it; past that row it
-    never waits. A worker's or an activation's row that another transaction holds now (a release, a price change, a
-    heartbeat's own report) is left out: that one bills it, or the next fold does. The compare-and-set of
+    Locks: the job's row first, ``FOR KEY SHARE`` (what its ledger entries' key needs), holding nothing yet: the
+    site's transactions lock a job's row ``FOR NO KEY UPDATE`` (a finish, a pause, a learner's report, a re-plan),
+    which it does not wait for, so it waits only for the job's deletion; past that row it never waits. A worker's
+    or an activation's row that another transaction holds now (a release, a price change, a heartbeat's own
+    report) is left out: that one bills it, or the next fold does. The compare-and-set of
     ``activation_report`` is the row lock here: every report bills from the last one's time to its own, so a report
     that lands before or after the fold, or a fold run twice, bills no interval twice and loses none."""
     wanted = {o.activation_id: o for o in observations}
@@ -202,8 +203,8 @@ def _bill_row(row: dict, *, seen: Observation, at: datetime, gap_limit_s: float)
 
 
 def _share_job(job_id: int) -> bool:
-    """Lock job ``job_id``'s row ``FOR KEY SHARE`` (the lock its ledger entries' foreign key takes anyway), waiting
-    for a transaction that holds it ``FOR UPDATE``; False when it is gone. Where the database has no row locks
+    """Lock job ``job_id``'s row ``FOR KEY SHARE`` (the lock its ledger entries' foreign key takes anyway): it stays
+    while this transaction runs; False when it is gone. Where the database has no row locks
     (SQLite, local development), only whether it exists."""
     if not connection.features.has_select_for_update:
         return Job.objects.filter(pk=job_id).exists()
@@ -235,7 +236,7 @@ def failed_work_credit(*, job_id: int, worker_id: int, windows: list[tuple[float
     first, last = min(w[0] for w in windows), max(w[1] for w in windows)
     for activation_id in Activation.objects.filter(job_id=job_id, worker_id=worker_id).values_list("pk", flat=True):
         with transaction.atomic():
-            row = Activation.objects.select_for_update().filter(pk=activation_id).values(*_ROW).first()
+            row = Activation.objects.select_for_update(no_key=True).filter(pk=activation_id).values(*_ROW).first()
             entries = LedgerEntry.objects.filter(activation_id=activation_id)
             billed = [credits.Billed(start=e.started_at.timestamp(), end=e.at.timestamp(), rate=e.rate)
                       for e in entries.filter(state="generating", at__gt=_utc(first), started_at__lt=_utc(last))]

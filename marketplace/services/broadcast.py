@@ -112,7 +112,7 @@ def snapshot_publish(*, job: Job, version: int, url: str, manifest: dict) -> Sna
 
     Version 0 is the job's base checkpoint (dataplane/basemodel.py), published once before training; its
     payload's sha256 becomes ``Job.base_digest``. Every later version must be newer than the last."""
-    job = Job.objects.select_for_update().get(pk=job.pk)
+    job = Job.objects.select_for_update(no_key=True).get(pk=job.pk)
     learner_may_report(job)
     snap = Snapshot.objects.filter(job=job, version=version).first()
     if snap is not None and snap.manifest.get("sha256") == manifest.get("sha256"):
@@ -276,7 +276,6 @@ def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: fl
         elapsed = (timezone.now() - snap.published_at).total_seconds()
         counters["t_bcast"] = Case(When(t_bcast__isnull=True, installs__gte=needed - 1, then=Value(elapsed)),
                                    default=F("t_bcast"))
-    Snapshot.objects.filter(pk=snap.pk).update(**counters)
     if source == "parent":
         plan = telemetry.load_chain_plan(job_id, version)
         route = chains.route(plan, worker.pk) if plan else None
@@ -285,6 +284,9 @@ def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: fl
             size = int(snap.manifest.get("total_bytes") or 0) if version > 0 else 0
             _relay_succeeded(route[0], snap=snap, total_bytes=size, seconds=at - snap.published_at.timestamp(),
                              child_bps=float(worker.bandwidth_bps))
+    # Last: every worker's report of the version updates this one row, so it is held only from here to the commit
+    # (first, it was held while the parent's row was waited for, and the fleet's reports queued behind each other)
+    Snapshot.objects.filter(pk=snap.pk).update(**counters)
     push_job_update(job_id)  # the page shows who has which version
 
 
@@ -306,7 +308,7 @@ def _relay_succeeded(parent_id: int, *, snap: Snapshot, total_bytes: int, second
     parent's ``Bw_hat`` when the parent's uplink held the hop back, not the parent's own parent nor the child's link
     (``chains.measured_bandwidth``, given the parent's own install of ``snap`` as the site saw it), never above the
     parent's registered ``Bw``."""
-    parent = Worker.objects.select_for_update().filter(pk=parent_id).first()
+    parent = Worker.objects.select_for_update(no_key=True).filter(pk=parent_id).first()
     if parent is None:
         return
     own = SnapshotInstall.objects.filter(snapshot=snap, worker_id=parent_id).values_list("installed_at", flat=True)

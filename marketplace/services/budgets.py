@@ -36,7 +36,7 @@ def job_budget_check(*, job: Job) -> str:
 def job_budget_set(*, job: Job, budget_usd: float | None) -> Job:
     """Change the job's budget (None: no cap). A job paused at its budget runs again when the new one leaves room
     for its next step; any other paused job stays paused."""
-    job = Job.objects.select_for_update().get(pk=job.pk)
+    job = Job.objects.select_for_update(no_key=True).get(pk=job.pk)
     if job.is_terminal:
         raise ServiceError(f"budget_usd: job is {job.status}; its budget no longer matters")
     try:

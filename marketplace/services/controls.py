@@ -23,11 +23,11 @@ MIN_PRICE, MAX_PRICE = Decimal("0.0001"), Decimal("999999.9999")
 
 
 def _locked(worker: Worker) -> Worker:
-    return Worker.objects.select_for_update().get(pk=worker.pk)
+    return Worker.objects.select_for_update(no_key=True).get(pk=worker.pk)
 
 
 def _open_activation(worker: Worker) -> Activation | None:
-    return Activation.objects.select_for_update().filter(worker=worker, ended_at=None).first()
+    return Activation.objects.select_for_update(no_key=True).filter(worker=worker, ended_at=None).first()
 
 
 @transaction.atomic

@@ -73,7 +73,8 @@ def job_finish(*, job: Job, status: str, reason: str = "", code: str = Job.Reaso
     job.finished_at = timezone.now()
     # Its learner is let out (a resumed job's learner gets a new door). Read under the row's lock: a door opened
     # since ``job`` was read is closed too, and a heartbeat cannot set the user again once this commits.
-    if Job.objects.select_for_update().filter(pk=job.pk).values_list("learner_redis_password_sha256", flat=True)[0]:
+    locked = Job.objects.select_for_update(no_key=True).filter(pk=job.pk)
+    if locked.values_list("learner_redis_password_sha256", flat=True)[0]:
         transaction.on_commit(lambda: learner_door.door_close(job.pk))
     job.learner_redis_password_sha256 = ""
     job.save(update_fields=["status", "status_reason", "reason_code", "finished_at", "learner_redis_password_sha256"])
@@ -154,7 +155,7 @@ def job_replan_apply(*, job: Job, activate: Collection[int] = (), release: Colle
     outside this transaction: nothing is done when the job stopped running since, and a worker another job
     took meanwhile is skipped.
     """
-    job = Job.objects.select_for_update().get(pk=job.pk)
+    job = Job.objects.select_for_update(no_key=True).get(pk=job.pk)
     if job.status != Job.Status.RUNNING:
         return
     if hysteresis is not None:

@@ -50,7 +50,7 @@ LET_IN = (Job.Status.RUNNING, Job.Status.PAUSED, Job.Status.STALLED)  # a learne
 def learner_streams_open(*, job: Job) -> learner_door.LearnerDoor:
     """A learner starts: a fresh door to the job's streams (its Redis user with a new password; a learner still
     holding the old one is cut off). Raises ``RedisError`` when the streams' Redis does not answer."""
-    job = Job.objects.select_for_update().get(pk=job.pk)
+    job = Job.objects.select_for_update(no_key=True).get(pk=job.pk)
     if job.status not in LET_IN:
         raise ServiceError(f"status: job is {job.status}; a learner is let in only while the job runs, is paused or "
                            "stalled (start or resume it first)")
@@ -136,7 +136,7 @@ def jobs_stall_silent_learners() -> int:
         up_since = None
     if up_since is not None and up_since > cutoff.timestamp():
         return 0
-    silent = Job.objects.select_for_update().filter(status=Job.Status.RUNNING).filter(
+    silent = Job.objects.select_for_update(no_key=True).filter(status=Job.Status.RUNNING).filter(
         Q(learner_seen_at__lt=cutoff) | Q(learner_seen_at=None, started_at__lt=cutoff))
     count = 0
     for job in silent:

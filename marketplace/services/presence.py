@@ -407,7 +407,7 @@ def worker_heartbeats_fold() -> int:
             # table's order (seen with two site processes: a cancel answered 500). A skipped row is written by the
             # next fold from its next heartbeat; a worker that fell silent meanwhile keeps an older last_heartbeat
             # here, and expiry asks Redis before it acts on that (liveness.last_seen).
-            free = list(Worker.objects.select_for_update(skip_locked=True).filter(pk__in=list(seen))
+            free = list(Worker.objects.select_for_update(no_key=True, skip_locked=True).filter(pk__in=list(seen))
                         .order_by("pk").values_list("pk", flat=True))
             rows = [Worker(pk=wid, last_heartbeat=Greatest(
                 Coalesce(F("last_heartbeat"), Value(_when(seen[wid]))), Value(_when(seen[wid])))) for wid in free]

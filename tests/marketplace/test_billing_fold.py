@@ -20,6 +20,7 @@ from django.test.utils import CaptureQueriesContext
 from marketplace import services
 from marketplace.infra import liveness, stream, telemetry
 from marketplace.models import Activation, Job, LedgerEntry, Worker
+from marketplace.realtime import dbthreads
 from marketplace.services import billing as billing_service
 from marketplace.services import presence
 
@@ -196,10 +197,15 @@ class Statements:
 
     def install(self) -> None:
         connection_created.connect(self.watch, weak=False)
-        self.watch(None, connection)  # the thread it is called on: the one the socket's database calls run on
+        self.watch(None, connection)  # the thread it is called on
+        dbthreads.on_each_thread(lambda: self.watch(None, connection))  # the ones the socket's database calls run on
 
     def uninstall(self) -> None:
         connection_created.disconnect(self.watch)
+        dbthreads.on_each_thread(self._unwatch)
+        self._unwatch()
+
+    def _unwatch(self) -> None:
         if self in connection.execute_wrappers:
             connection.execute_wrappers.remove(self)
 
@@ -242,11 +248,12 @@ async def test_a_report_due_heartbeat_reaches_no_database_while_the_fold_bills(e
         await comm.disconnect()
 
 
-def test_the_fold_waits_for_a_finish_holding_nothing_and_never_deadlocks(eager):
+def test_the_fold_bills_beside_a_finish_that_holds_the_job_and_never_deadlocks(eager):
     """A cancel holds the job's row and its first worker's activation while it waits for that worker's row (held
     by someone else a moment); the fold comes meanwhile. Billing the other worker there (its activation updated,
-    then its ledger entry waiting for the job's row) deadlocked with the cancel's next release: the fold now waits
-    for the job's row first, holding nothing."""
+    then its ledger entry waiting for the job's row) deadlocked with the cancel's next release when the cancel held
+    the job's row ``FOR UPDATE``. Every lock of a job's row is ``FOR NO KEY UPDATE`` now, which a ledger entry's
+    foreign key check does not wait for: the fold bills the other worker and ends while the cancel still waits."""
     if connection.vendor != "postgresql":
         pytest.skip("row locks: PostgreSQL")
     job = running_job()
@@ -294,9 +301,10 @@ def test_the_fold_waits_for_a_finish_holding_nothing_and_never_deadlocks(eager):
     cancel = run("cancel", lambda: services.job_finish(job=Job.objects.get(pk=job.pk), status=Job.Status.CANCELLED))
     until(1)  # the cancel holds the job's row and waits for the first worker's
     fold = run("fold", presence.activations_release_silent)
-    until(2)
+    fold.join(60)
+    assert outcome.get("fold") == "ok" and waiting() == 1  # done, the cancel still waiting for the worker's row
     go_on.set()
-    for thread in (holder, cancel, fold):
+    for thread in (holder, cancel):
         thread.join(60)
     assert outcome == {"holder": "ok", "cancel": "ok", "fold": "ok"}
     for activation, billed in ((first, 1.0), (later, 12.0)):
