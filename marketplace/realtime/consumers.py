@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable
 
@@ -38,7 +37,7 @@ from ..infra.jsonlimits import JSONLimitError, check_json
 from ..models import Worker
 from ..reads import selectors
 from ..services import fanout
-from . import jobcache, lag
+from . import frames, jobcache, lag
 from .dbthreads import database
 from .jobcache import FreshFor
 from .lane import Lane
@@ -68,48 +67,6 @@ def _agent_key(scope) -> str:
         if name == b"authorization" and value.lower().startswith(b"bearer "):
             return value[7:].decode(errors="replace").strip()
     return ""
-
-
-_TYPE = re.compile(r'"type"\s*:\s*"([a-z_]{1,32})"')
-_ID = re.compile(r'"id"\s*:\s*"([^"\\]{1,64})"')
-
-
-GROUP_FRAMES = ("trajectories", "trajectories_part", "submit")
-METADATA_LEVEL = 5  # frame > group > records > record > metadata: where a group's free-form JSON sits
-
-
-def _parsed_group(text: str) -> m.Trajectories | m.TrajectoriesPart | m.Submit | None:
-    """A group frame parsed straight from its text (``messages.parse_agent_json``) when it is valid, its only
-    free-form part (each record's metadata) within the nesting limit; else None, and the frame takes the general
-    path, which says why (the same reasons as ever). The schema bounds the nesting of everything else."""
-    try:
-        message = m.parse_agent_json(text)
-    except m.MessageError:
-        return None
-    if not isinstance(message, m.Trajectories | m.TrajectoriesPart | m.Submit):
-        return None
-    level = METADATA_LEVEL + 1 if isinstance(message, m.Submit) else METADATA_LEVEL  # a submit's groups: a list
-    depth = settings.ECHO2["JSON_MAX_DEPTH"] - level + 1
-    groups = message.groups if isinstance(message, m.Submit) else [message.group]
-    try:
-        for record in (record for group in groups for record in group.records):
-            if record.metadata:
-                check_json(record.metadata, depth=depth)
-    except JSONLimitError:
-        return None
-    return message
-
-
-def _frame_type(text: str | None) -> str | None:
-    """The ``type`` near the start of a frame, without parsing it (agents send it first)."""
-    found = _TYPE.search(text[:256]) if text else None
-    return found[1] if found else None
-
-
-def _frame_id(text: str | None) -> str | None:
-    """The request ``id`` near the start of a frame, without parsing it (agents send it right after the type)."""
-    found = _ID.search(text[:256]) if text else None
-    return found[1] if found else None
 
 
 def _worker_by_key(client: str, key: str | None) -> tuple[Worker | None, float]:
@@ -217,16 +174,16 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             # it reconnected still serving a job it is no longer active in (released while it was away)
             replies.append(m.Release(job_id=message.job_id, reason="not active in this job any more"))
         request_id = getattr(message, "id", None)
-        frames = []
+        texts = []
         for reply in replies:
             if isinstance(reply, m.Welcome):  # the budget this connection enforces, so the agent keeps under it
                 reply = self.welcomed = reply.model_copy(update=self.bucket.announced())
                 self.announced_share = 1.0
             if request_id is not None and "ref_id" in type(reply).model_fields:
                 reply = reply.model_copy(update={"ref_id": request_id})  # the agent pairs replies by id
-            frames.append(reply.model_dump_json())  # pydantic's own encoder: no dict, no json.dumps
-        for frame in frames:
-            await self.send(text_data=frame)
+            texts.append(reply.model_dump_json())  # pydantic's own encoder: no dict, no json.dumps
+        for text in texts:
+            await self.send(text_data=text)
         await self._follow(*(r.model_dump(mode="json") for r in replies if isinstance(r, m.Assign | m.Release)))
         if isinstance(message, ROLLOUT_MESSAGES):
             await self._shed_load()
@@ -308,7 +265,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if text_data is None:
             await self.send_json(m.Rejected(reason="frames must be JSON text, not binary").model_dump())
             return
-        if self.welcomed is not None and _frame_type(text_data) == "heartbeat":
+        if self.welcomed is not None and frames.frame_type(text_data) == "heartbeat":
             # where it arrives, never behind the socket's requests (lane.py); before the hello is answered, after it:
             # the database holds the worker online only then
             await self._receive_text(text_data)
@@ -320,8 +277,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         await self._receive_text(text)
 
     async def _receive_text(self, text_data: str) -> None:
-        if _frame_type(text_data) in GROUP_FRAMES:
-            message = _parsed_group(text_data)
+        if frames.frame_type(text_data) in frames.GROUP_FRAMES:
+            message = frames.parsed_group(text_data)
             if message is not None:
                 await self._handle(message)
                 return
@@ -351,7 +308,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if bucket.abusive:
             await self._refuse(reason + "; closing after sustained abuse", TOO_MANY_REQUESTS)
             return
-        await self.send_json(m.Rejected(reason=reason, ref=_frame_type(text), ref_id=_frame_id(text),
+        await self.send_json(m.Rejected(reason=reason, ref=frames.frame_type(text), ref_id=frames.frame_id(text),
                                         retry_after=round(wait + 0.005, 3)).model_dump())
 
     async def _rollout(self, message: m.LeaseRequest | m.Trajectories | m.TrajectoriesPart | m.Submit,
