@@ -300,7 +300,9 @@ def activations_release_silent(*, now: datetime | None = None) -> int:
             due.append(Observation(activation_id=activation.pk, worker_id=activation.worker_id, seen=observed,
                                    reported=reported, reason=activation.state_reason, connected=connected,
                                    throughput=measured))
-        bills = activations_bill(job_id=job_id, observations=due, at=now)
+        bills: dict = {}
+        for first in range(0, len(due), FOLD_ROWS):  # a transaction per slice: see FOLD_ROWS
+            bills |= activations_bill(job_id=job_id, observations=due[first:first + FOLD_ROWS], at=now)
         liveness.mark_billed(looked + [a.worker_id for a in activations if a.pk in bills])
         measured_now = {o.activation_id: o.throughput for o in due}
         changed = False
@@ -400,23 +402,29 @@ def worker_heartbeats_fold() -> int:
     started = time.time()
     since = liveness.folded_at()
     seen = liveness.seen_since(0.0 if since is None else since - FOLD_SLACK_S)
-    if seen:
+    ids = sorted(seen)
+    for first in range(0, len(ids), FOLD_ROWS):  # a transaction per slice: see FOLD_ROWS
         with transaction.atomic():
             # Only rows no request holds now, locked in id order: a job's finish or a heartbeat's billing that holds
             # a worker's row while it waits for another's would deadlock against one UPDATE locking them in the
             # table's order (seen with two site processes: a cancel answered 500). A skipped row is written by the
             # next fold from its next heartbeat; a worker that fell silent meanwhile keeps an older last_heartbeat
             # here, and expiry asks Redis before it acts on that (liveness.last_seen).
-            free = list(Worker.objects.select_for_update(no_key=True, skip_locked=True).filter(pk__in=list(seen))
-                        .order_by("pk").values_list("pk", flat=True))
+            free = list(Worker.objects.select_for_update(no_key=True, skip_locked=True)
+                        .filter(pk__in=ids[first:first + FOLD_ROWS]).order_by("pk").values_list("pk", flat=True))
             rows = [Worker(pk=wid, last_heartbeat=Greatest(
                 Coalesce(F("last_heartbeat"), Value(_when(seen[wid]))), Value(_when(seen[wid])))) for wid in free]
-            Worker.objects.bulk_update(rows, ["last_heartbeat"], batch_size=500)
+            Worker.objects.bulk_update(rows, ["last_heartbeat"])
     liveness.set_folded_at(started)
     worker_closes_record()
     return len(seen)
 
 
+# Rows the folds lock in one transaction. They lock only rows no one holds (SKIP LOCKED), but every heartbeat's
+# report and install report of a worker they hold waits for their commit, and Celery's process builds the statements
+# between the locks and the commit: 1,000 workers in one transaction held every agent socket's database threads for
+# seconds while a busy machine's Celery composed its UPDATE.
+FOLD_ROWS = 100
 FOLD_SLACK_S = 5.0  # a heartbeat stamped just before a fold read Redis may land just after: read a little back
 
 
