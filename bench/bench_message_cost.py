@@ -88,8 +88,8 @@ class Counters:
 
         made = stream.async_client  # the event loop's own client (heartbeats): counted the same way, once made
 
-        def counted_async_client():
-            client = made()
+        def counted_async_client(*args, **kwargs):
+            client = made(*args, **kwargs)
             pool = client.connection_pool
             if not issubclass(pool.connection_class, CountingAsync):
                 pool.connection_class = type("Counting", (CountingAsync, pool.connection_class), {})

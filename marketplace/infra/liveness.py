@@ -139,7 +139,8 @@ async def heartbeat_async(worker_id: int, *, at: float, throughput: float | None
                           job_id: int | None) -> Beat:
     """:func:`heartbeat` on the event loop's own client (``stream.async_client``): no thread hop."""
     keys, args = _heartbeat_call(worker_id, at=at, throughput=throughput, state=state, job_id=job_id)
-    return _beat(await script(stream.async_client(), _HEARTBEAT)(keys=keys, args=args), state=state, job_id=job_id)
+    found = await script(stream.async_client("liveness"), _HEARTBEAT)(keys=keys, args=args)  # a pool of its own
+    return _beat(found, state=state, job_id=job_id)
 
 
 def _heartbeat_call(worker_id: int, *, at: float, throughput: float | None, state: str,

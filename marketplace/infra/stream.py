@@ -30,37 +30,41 @@ def client() -> redis.Redis:
     return connect(url(), decode_responses=True, socket_timeout=10)
 
 
-ASYNC_CONNECTIONS = 8  # per event loop; a heartbeat holds one for a round trip (~0.1 ms)
+# Connections per event loop and purpose. Heartbeats have a pool of their own: with a thousand sockets' submits
+# queued for the requests' connections on a saturated machine, heartbeats that shared it waited past the pool's
+# 10 s and were refused ("No connection available"). A heartbeat holds one for a round trip (~0.1 ms).
+ASYNC_CONNECTIONS = {"requests": 8, "liveness": 4}
 # Each running loop's clients by URL, and the generator that closes them with the loop (held here: a loop keeps only
 # a weak reference to it).
-_ASYNC: dict[asyncio.AbstractEventLoop, tuple[dict[str, redis.asyncio.Redis], AsyncIterator[None]]] = {}
+_ASYNC: dict[asyncio.AbstractEventLoop, tuple[dict[tuple[str, str], redis.asyncio.Redis], AsyncIterator[None]]] = {}
 
 
-def async_client() -> redis.asyncio.Redis:
+def async_client(purpose: str = "requests") -> redis.asyncio.Redis:
     """The streams' client for the running event loop, set up as :func:`client` (``dataplane.replay.connect_async``)
     for the agent socket's calls that would each take a thread hop (which costs more CPU than the call). An asyncio
     client is bound to the loop that made it, so there is one per loop (daphne's one; a test's own), closed when
     its loop shuts down. Its pool is bounded: a thousand sockets' heartbeats at once share a few connections (an
-    unbounded one would open one per heartbeat in flight, up to Redis' maxclients)."""
+    unbounded one would open one per heartbeat in flight, up to Redis' maxclients). ``purpose``: "requests" (leases,
+    groups, submits, counters) or "liveness" (heartbeats), each with its own pool (``ASYNC_CONNECTIONS``)."""
     loop = asyncio.get_running_loop()
     held = _ASYNC.get(loop)
     if held is None:
         for closed in [other for other in _ASYNC if other.is_closed()]:  # closed without shutting its generators
             del _ASYNC[closed]
-        clients: dict[str, redis.asyncio.Redis] = {}
+        clients: dict[tuple[str, str], redis.asyncio.Redis] = {}
         keeper = _closed_with_the_loop(loop, clients)
         held = _ASYNC[loop] = clients, keeper
         loop.create_task(anext(keeper))
     clients = held[0]
     target = url()
-    found = clients.get(target)
+    found = clients.get((target, purpose))
     if found is None:
-        found = clients[target] = connect_async(target, max_connections=ASYNC_CONNECTIONS)
+        found = clients[target, purpose] = connect_async(target, max_connections=ASYNC_CONNECTIONS[purpose])
     return found
 
 
 async def _closed_with_the_loop(loop: asyncio.AbstractEventLoop,
-                               clients: dict[str, redis.asyncio.Redis]) -> AsyncIterator[None]:
+                               clients: dict[tuple[str, str], redis.asyncio.Redis]) -> AsyncIterator[None]:
     """Waits for its loop's shutdown: ``asyncio.run`` (and every test's loop) closes a loop's unfinished async
     generators first (``shutdown_asyncgens``), so this closes the loop's clients while it still runs (a transport
     cannot be closed once its loop is) and forgets them."""

@@ -110,6 +110,14 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_add(services.worker_group(self.worker.pk), self.channel_name)
         self.follower = fanout.JobFollower(self.channel_layer, self.channel_name, self.worker.pk)
 
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:  # ended without its close too (cancelled by daphne): its lane's task must not outlive it
+            lane = getattr(self, "lane", None)
+            if lane is not None:
+                lane.cancel()
+
     async def dispatch(self, message) -> None:
         """Channels' dispatch without its ``aclose_old_connections()`` before every message: that call is a trip
         through the one database thread, so every heartbeat waited there behind every hello's and connect's queries

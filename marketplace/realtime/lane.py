@@ -59,3 +59,9 @@ class Lane:
         await asyncio.gather(self._task, return_exceptions=True)
         self._task = None
         return left
+
+    def cancel(self) -> None:
+        """Stop at once, whatever waits (the socket's application ended without its close: daphne gave up on it)."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None

@@ -169,8 +169,8 @@ def streams_round_trips(monkeypatch):
 
     made = stream.async_client
 
-    def counted_async_client():
-        client = made()
+    def counted_async_client(*args, **kwargs):
+        client = made(*args, **kwargs)
         loop_pool = client.connection_pool
         if not issubclass(loop_pool.connection_class, CountingAsync):
             loop_pool.connection_class = type("Counting", (CountingAsync, loop_pool.connection_class), {})

@@ -123,6 +123,24 @@ def test_an_event_loops_client_closes_its_connections_when_the_loop_shuts_down(e
     assert len(stream._ASYNC) <= 1
 
 
+def test_a_heartbeat_never_waits_for_a_connection_behind_the_requests(eager, redis_client):
+    """Heartbeats have the loop's Redis connections of their own: with every connection of the requests' pool held
+    (a thousand sockets' submits on a saturated machine), a heartbeat is recorded at once. Sharing the pool, it
+    waited for one (and past the pool's wait, was refused)."""
+
+    async def run() -> bool:
+        requests = stream.async_client()
+        held = [asyncio.create_task(requests.blpop([f"echo2:test:held:{i}"], timeout=2))
+                for i in range(stream.ASYNC_CONNECTIONS["requests"])]
+        await asyncio.sleep(0.2)  # each holds its connection, blocked in Redis
+        await liveness.heartbeat_async(7, at=time.time(), throughput=1.0, state="idle", job_id=None)
+        all_held = not any(task.done() for task in held)  # sharing the pool, it waited until one ended (2 s)
+        await asyncio.gather(*held)
+        return all_held
+
+    assert asyncio.run(run())
+
+
 def test_billing_is_exact_when_reports_are_sparser_than_heartbeats(eager):
     eager.ECHO2 = {**eager.ECHO2, "LEASE_TIMEOUT_S": 60.0}  # one lease outstanding over the whole 37 s
     worker = connected()
