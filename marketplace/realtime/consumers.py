@@ -38,7 +38,7 @@ from ..models import Worker
 from ..reads import selectors
 from ..services import fanout
 from . import frames, jobcache, lag
-from .dbthreads import database, database_read
+from .dbthreads import database
 from .jobcache import FreshFor
 from .lane import Lane
 
@@ -331,7 +331,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             read_at, running = await self._read_running(job_id)
             if running is None:  # not active in it, or it does not run: read for this worker, which says why
                 try:
-                    running = await database_read(services.running_job)(worker=self.worker, job_id=job_id)
+                    running = await database(services.running_job)(worker=self.worker, job_id=job_id)
                 except services.ServiceError:
                     if isinstance(message, m.TrajectoriesPart):
                         self.assembler.drop()  # the group can no longer arrive whole
@@ -342,7 +342,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             now = time.monotonic()
             earned = services.worker_earned_usd_held(self.worker.pk, now=now)
             if earned is None:
-                earned = await database_read(services.worker_earned_usd)(self.worker.pk, now=now)
+                earned = await database(services.worker_earned_usd)(self.worker.pk, now=now)
         if isinstance(message, m.TrajectoriesPart):  # rare (a group too big for one frame): the sync path, on a thread
             replies = await sync_to_async(services.trajectories_part_submit, thread_sensitive=False)(
                 worker=self.worker, assembler=self.assembler, part=message, frame_bytes=self.frame_bytes,
@@ -367,7 +367,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if max_age <= 0:  # read always: nothing to share, and the worker's own read is one query
             return time.monotonic(), None
         return await jobcache.JOBS.read(
-            job_id, lambda: database_read(services.job_at_work)(job_id=job_id),
+            job_id, lambda: database(services.job_at_work)(job_id=job_id),
             not_before=self.running.cleared_at, max_age_s=max_age)
 
     async def _installed(self, message: m.SnapshotInstalled) -> list[m._Msg]:

@@ -24,11 +24,8 @@ from django.conf import settings
 P = ParamSpec("P")
 R = TypeVar("R")
 
-READ_THREADS = 2  # for the reads a reply waits on (:func:`database_read`), beside ECHO2_AGENT_DB_THREADS
-
 _lock = threading.Lock()
 _executor: ThreadPoolExecutor | None = None
-_readers: ThreadPoolExecutor | None = None
 
 
 def executor() -> ThreadPoolExecutor:
@@ -39,15 +36,6 @@ def executor() -> ThreadPoolExecutor:
             _executor = ThreadPoolExecutor(max_workers=max(1, settings.ECHO2["AGENT_DB_THREADS"]),
                                            thread_name_prefix="agent-db")
         return _executor
-
-
-def readers() -> ThreadPoolExecutor:
-    """The process's threads for :func:`database_read`, made at first use."""
-    global _readers
-    with _lock:
-        if _readers is None:
-            _readers = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="agent-db-read")
-        return _readers
 
 
 def size() -> int:
@@ -61,26 +49,20 @@ def database(func: Callable[P, R]) -> Callable[P, Awaitable[R]]:
     return database_sync_to_async(func, thread_sensitive=False, executor=executor())
 
 
-def database_read(func: Callable[P, R]) -> Callable[P, Awaitable[R]]:
-    """:func:`database` for a read that takes no lock and that a reply waits on (the running job, the earnings):
-    on threads of their own, so it never queues behind writes that wait for a row another transaction holds (the
-    folds', a re-plan's), as every socket's submit did behind the fleet's state reports."""
-    return database_sync_to_async(func, thread_sensitive=False, executor=readers())
-
-
 def on_each_thread(func: Callable[[], object], timeout_s: float = 30.0) -> None:
-    """Run ``func()`` once on every one of the threads of both pools (tests: close or watch the connection each
-    holds). One task per thread, each held at a barrier until all run, so every thread takes one."""
-    for pool in (p for p in (_executor, _readers) if p is not None):
-        threads = pool._max_workers
-        barrier = threading.Barrier(threads)
+    """Run ``func()`` once on every one of the threads (tests: close or watch the connection each holds). One task
+    per thread, each held at a barrier until all run, so every thread takes one."""
+    if _executor is None:
+        return
+    threads = size()
+    barrier = threading.Barrier(threads)
 
-        def run(barrier: threading.Barrier = barrier) -> None:
-            func()
-            barrier.wait(timeout=timeout_s)
+    def run() -> None:
+        func()
+        barrier.wait(timeout=timeout_s)
 
-        for future in [pool.submit(run) for _ in range(threads)]:
-            future.result(timeout=timeout_s)
+    for future in [_executor.submit(run) for _ in range(threads)]:
+        future.result(timeout=timeout_s)
 
 
 def close_connections() -> None:

@@ -95,8 +95,7 @@ async def test_a_heartbeat_is_handled_while_its_sockets_own_request_waits_on_the
     comm = await connect(key)
     await started_with(comm, job)
     release = threading.Event()
-    held = [asyncio.wrap_future(pool.submit(release.wait)) for pool, n in (
-        (dbthreads.executor(), dbthreads.size()), (dbthreads.readers(), dbthreads.READ_THREADS)) for _ in range(n)]
+    held = [asyncio.wrap_future(dbthreads.executor().submit(release.wait)) for _ in range(dbthreads.size())]
     try:
         await comm.send_json_to({"type": "lease_request", "job_id": job.pk, "groups": 1, "id": "l1"})
         await comm.send_json_to({"type": "heartbeat", "throughput": 7.0, "state": "idle", "job_id": job.pk})
@@ -108,25 +107,6 @@ async def test_a_heartbeat_is_handled_while_its_sockets_own_request_waits_on_the
         await asyncio.gather(*held)
     reply = await comm.receive_json_from(timeout=10)
     assert reply["type"] in ("lease", "no_work") and reply["ref_id"] == "l1", reply
-    await comm.disconnect()
-
-
-async def test_a_lease_request_is_answered_while_every_write_thread_waits(redis_client):
-    """The job read a lease request waits for runs on the read threads: with every thread that writes held (as when
-    the fleet's state reports wait for rows a fold holds), the request is still answered."""
-    job, _, key = await setup_job_and_worker()
-    comm = await connect(key)
-    await started_with(comm, job)
-    release = threading.Event()
-    held = [asyncio.wrap_future(dbthreads.executor().submit(release.wait)) for _ in range(dbthreads.size())]
-    try:
-        await comm.send_json_to({"type": "lease_request", "job_id": job.pk, "groups": 1, "id": "l1"})
-        reply = await comm.receive_json_from(timeout=10)
-        assert reply["type"] in ("lease", "no_work") and reply["ref_id"] == "l1", reply
-        assert not any(h.done() for h in held)
-    finally:
-        release.set()
-        await asyncio.gather(*held)
     await comm.disconnect()
 
 
