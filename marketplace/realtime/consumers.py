@@ -14,6 +14,7 @@ range (as 4401), not 1008/1009.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
@@ -91,6 +92,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         self.hello_at = None  # when this socket's session began: its close must not end a newer socket's
         self.lane = Lane(f"agent socket {self.channel_name}")  # its requests, in order; heartbeats pass it (lane.py)
+        self.following = asyncio.Lock()  # the job group's joins and leaves, one at a time (_follow)
         self.bucket = limits.MessageBucket.from_settings()
         self.assembler = GroupAssembler()  # the group arriving in parts, if any: dropped with the socket
         self.frame_bytes = 0  # size of the frame being handled, which the assembly counts
@@ -450,11 +452,13 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
 
     async def _follow(self, *sent: dict) -> None:
         """Join the agents group of the job an ``assign`` just sent names, leave it on a ``release``
-        (``services.fanout.JobFollower``); a snapshot published while the assignment travelled is sent now."""
-        for message in sent:
-            text = await self.follower.follow(message) if self.follower is not None else None
-            if text is not None:
-                await self.send(text_data=text)
+        (``services.fanout.JobFollower``); a snapshot published while the assignment travelled is sent now. One at a
+        time: a hello's replies (in the lane) and a push (beside it) must not interleave their joins and leaves."""
+        async with self.following:
+            for message in sent:
+                text = await self.follower.follow(message) if self.follower is not None else None
+                if text is not None:
+                    await self.send(text_data=text)
 
     async def agent_snapshot(self, event) -> None:
         """A snapshot of a job was published (one event per job, ``services.fanout``): :meth:`_snapshot`, as a push
@@ -467,7 +471,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if self.follower is None or not self.follower.wants(event):
             return
         self.running.clear()  # the running job this socket holds names the published version: read it again
-        await self.follower.stay()
+        async with self.following:
+            await self.follower.stay()
         text = await fanout.snapshot_text(self.worker.pk, event)
         if text is not None:
             await self.send(text_data=text)
