@@ -300,9 +300,7 @@ def activations_release_silent(*, now: datetime | None = None) -> int:
             due.append(Observation(activation_id=activation.pk, worker_id=activation.worker_id, seen=observed,
                                    reported=reported, reason=activation.state_reason, connected=connected,
                                    throughput=measured))
-        bills: dict = {}
-        for first in range(0, len(due), FOLD_ROWS):  # a transaction per slice: see FOLD_ROWS
-            bills |= activations_bill(job_id=job_id, observations=due[first:first + FOLD_ROWS], at=now)
+        bills = _bill_in_slices(job_id, due, at=now)
         liveness.mark_billed(looked + [a.worker_id for a in activations if a.pk in bills])
         measured_now = {o.activation_id: o.throughput for o in due}
         changed = False
@@ -323,6 +321,14 @@ def activations_release_silent(*, now: datetime | None = None) -> int:
         if changed:
             push_job_update(job_id)  # the job page shows each worker's state
     return released
+
+
+def _bill_in_slices(job_id: int, due: list[Observation], *, at: datetime) -> dict:
+    """``activations_bill`` of ``due``, a transaction per ``FOLD_ROWS`` of them."""
+    bills: dict = {}
+    for first in range(0, len(due), FOLD_ROWS):
+        bills |= activations_bill(job_id=job_id, observations=due[first:first + FOLD_ROWS], at=at)
+    return bills
 
 
 def worker_socket_closed(*, worker_id: int, since: datetime | None, at: datetime | None = None) -> None:
