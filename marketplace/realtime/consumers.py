@@ -87,6 +87,7 @@ def _worker_by_key(client: str, key: str | None) -> tuple[Worker | None, float]:
 
 class AgentConsumer(AsyncJsonWebsocketConsumer):
     worker = None
+    lane: Lane | None = None  # made at connect
     follower = None  # keeps the socket in its job's agents group (services.fanout)
 
     async def connect(self) -> None:
@@ -116,9 +117,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         try:
             await super().__call__(scope, receive, send)
         finally:  # ended without its close too (cancelled by daphne): its lane's task must not outlive it
-            lane = getattr(self, "lane", None)
-            if lane is not None:
-                lane.cancel()
+            if self.lane is not None:
+                self.lane.cancel()
 
     async def dispatch(self, message) -> None:
         """Channels' dispatch without its ``aclose_old_connections()`` before every message: that call is a trip
@@ -353,8 +353,16 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             replies = [await services.rollout_async(worker=self.worker, message=message, running=running,
                                                     earned_usd=earned, verdict_key=verdict_key)]
         if delivered.due():  # the groups this process accepted, into the database (one update every few seconds)
-            await database(services.groups_accepted_flush)()
+            await self._flush_delivered()
         return replies
+
+    async def _flush_delivered(self) -> None:
+        """Write the groups this process accepted (``infra.delivered``). Not a verdict on any request: a failure keeps
+        the counts for the next flush and is logged, and the reply of the request that called it stands."""
+        try:
+            await database(services.groups_accepted_flush)()
+        except INFRASTRUCTURE as err:
+            log.warning("groups accepted not written now (%s: %s); kept for the next flush", type(err).__name__, err)
 
     async def _read_running(self, job_id: int) -> tuple[float, services.RunningJob | None]:
         """(when the read began, the worker's running job ``job_id`` or None): :meth:`_read_job`, for this worker."""
@@ -391,8 +399,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if beat.to_database:
             self.running.clear()  # it may change the activation: read it again
             self.lane.put(functools.partial(self._heartbeat_report, message, beat, fields))
-        elif delivered.due():  # groups accepted before the rollouts stopped still reach the database
-            self.lane.put(database(services.groups_accepted_flush))
+        if delivered.due():  # groups accepted before the rollouts stopped still reach the database
+            self.lane.put(self._flush_delivered)
         return []
 
     async def _heartbeat_report(self, message: m.Heartbeat, beat, fields: dict) -> None:
@@ -401,8 +409,6 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         async def report() -> list[m._Msg]:
             await database(services.worker_heartbeat_apply)(worker=self.worker, beat=beat, reason=message.reason,
                                                             refused=message.refused, **fields)
-            if delivered.due():
-                await database(services.groups_accepted_flush)()
             return []
 
         for reply in await self._guarded(message, report):

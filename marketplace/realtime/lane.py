@@ -34,9 +34,6 @@ class Lane:
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=self.name)
 
-    def __len__(self) -> int:
-        return self._queue.qsize()
-
     async def _run(self) -> None:
         while True:
             work = await self._queue.get()
