@@ -17,6 +17,10 @@ private ``redis-server``: one worker says hello, is activated in a running job a
   pushed to the socket before the block (not counted), then one report per version;
 - *lease request, job read again*: ``--sockets`` more workers' sockets each ask for a lease once their held job
   expired, as it does every ``AGENT_STATE_MAX_AGE_S`` (2 s): what reading it again costs per socket;
+- *install report + lease request, at once*: the ``1 + --sockets`` sockets each report a version's install at once,
+  as a fleet does at every publication, and ask for a lease after it (answered once the report is written), over
+  ``--publications`` versions: as the site writes them (the reports that arrive while a batch is written go in the
+  next) and, beside it, one report per transaction (what the site did before);
 - *billing fold*: the fold over the job's ``1 + --sockets`` workers, all generating (installed, a lease held) and
   last billed 10 s before, as the fold finds them every 10 s: per worker (``--folds`` folds).
 
@@ -249,6 +253,8 @@ async def run(args, counters: Counters) -> list[dict]:
     await heartbeats(False)  # the state the heartbeats report is now recorded: the next stay in Redis
     rows = [await heartbeats(False), await heartbeats(True), await submits(), await installs()]
     sockets = await expired(args, counters, job, key, rows)
+    for together in (True, False):
+        rows.append(await installs_at_once(args, counters, job, [comm, *sockets], together=together))
     rows.append(await folds(args, counters, job))  # while the sockets of every worker are open
     for other in (comm, *sockets):
         await other.disconnect()
@@ -312,6 +318,57 @@ async def expired(args, counters: Counters, job, key: str, rows: list[dict]) -> 
     return comms
 
 
+async def installs_at_once(args, counters: Counters, job, comms: list, *, together: bool) -> dict:
+    """Every socket of the job reports its install of a version at once, as a fleet does at each publication, then
+    asks for a lease (answered once its report is written): per report with its lease request, over
+    ``--publications`` versions. ``together``: as the site writes them (the reports that arrive while one batch is
+    written go in the next); else one report per transaction (``GroupCommit`` with ``max_items=1``), as before."""
+    from channels.db import database_sync_to_async
+
+    from dataplane.snapshot import build_manifest
+    from marketplace import services
+    from marketplace.models import Job
+    from marketplace.realtime import consumers
+    from marketplace.realtime.batches import GroupCommit
+
+    def publish() -> int:
+        version = Job.objects.get(pk=job.pk).published_version + 1
+        manifest = build_manifest(bytes(16), job_id=job.pk, version=version).model_dump(mode="json")
+        services.snapshot_publish(job=Job.objects.get(pk=job.pk), version=version, url=f"http://bench/v{version}/",
+                                  manifest=manifest)
+        return version
+
+    async def pushed(comm, version: int) -> None:
+        while (reply := await comm.receive_json_from(timeout=60))["type"] != "snapshot" or reply["version"] < version:
+            pass
+
+    lease = json.dumps({"type": "lease_request", "job_id": job.pk, "groups": 1})
+    real = consumers.INSTALLS
+    if not together:
+        consumers.INSTALLS = GroupCommit(real.write, max_items=1)
+    cpu, sql, redis, n = 0.0, 0, 0, 0
+    try:
+        for _ in range(args.publications):
+            version = await database_sync_to_async(publish)()
+            for comm in comms:  # every push taken before the reports: not counted
+                await pushed(comm, version)
+            cpu0, sql0, redis0 = time.process_time(), counters.sql, counters.redis
+            report = json.dumps({"type": "snapshot_installed", "job_id": job.pk, "version": version, "seconds": 0.5})
+            for comm in comms:
+                await comm.send_to(text_data=report)
+                await comm.send_to(text_data=lease)
+            for comm in comms:
+                while (await comm.receive_json_from(timeout=60))["type"] not in ("lease", "no_work", "rejected"):
+                    pass
+            cpu += time.process_time() - cpu0
+            sql, redis, n = sql + counters.sql - sql0, redis + counters.redis - redis0, n + len(comms)
+    finally:
+        consumers.INSTALLS = real
+    how = "written together" if together else "one per transaction"
+    return {"message": f"install report + lease request, {len(comms)} sockets at once, {how}", "n": n,
+            "cpu_ms": 1000 * cpu / n, "sql": sql / n, "redis": redis / n}
+
+
 async def folds(args, counters: Counters, job) -> dict:
     """The billing fold over every worker of the job, each generating (an install of the job's base recorded, one
     lease held) and last billed 10 s before it, as the fold finds them every 10 s: per worker, over ``--folds``
@@ -371,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=16, help="Completion tokens per record.")
     parser.add_argument("--sockets", type=int, default=20, help="Sockets of the lease rows (and workers folded).")
     parser.add_argument("--folds", type=int, default=5, help="Billing folds of the last row.")
+    parser.add_argument("--publications", type=int, default=20,
+                        help="Versions every socket reports at once in the install rows.")
     parser.add_argument("--json", type=Path, help="Also write the rows here.")
     args = parser.parse_args(argv)
     import psycopg

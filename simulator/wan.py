@@ -5,7 +5,7 @@ flight, with the latencies and rules of the real protocol:
 - the learner's publication reaches the site one way later (the site's clock starts T_bcast there); the site plans
   it with the project's own strategy over the workers' relay statistics as the site keeps them: a relay's ``Bw_hat``
   is ``chains.measured_bandwidth`` of the snapshot's bytes over its children's seconds to install, the registered
-  rate until measured (marketplace/services/broadcast.py ``_relay_succeeded``);
+  rate until measured (marketplace/services/installs.py ``_relay_succeeded``);
 - the announcement reaches each agent one way later; a fetch then asks its parent (one path round trip before the
   first byte: the hello there, the data back); a version the agent forwards to no child waits while another version
   is fetched, and a newer one replaces it (worker_agent/session.py ``_offer``);

@@ -113,9 +113,15 @@ def record_observed(worker_id: int, *, job_id: int, what: str, at: float) -> Non
     (it asked for prompts and the job had none) or ``installed`` (it reported installing a published version of the
     job, ``services.snapshot_installed``). Groups accepted are read from :func:`accepted_key`, written with the
     group."""
+    records_observed([(worker_id, job_id, what, at)])
+
+
+def records_observed(seen: list[tuple[int, int, str, float]]) -> None:
+    """:func:`record_observed` of each ``(worker_id, job_id, what, at)``, in one round trip."""
     pipe = stream.client().pipeline(transaction=False)
-    pipe.hset(observed_key(worker_id, job_id), what, repr(at))
-    pipe.expire(observed_key(worker_id, job_id), OBSERVED_TTL_S)
+    for worker_id, job_id, what, at in seen:
+        pipe.hset(observed_key(worker_id, job_id), what, repr(at))
+        pipe.expire(observed_key(worker_id, job_id), OBSERVED_TTL_S)
     pipe.execute()
 
 

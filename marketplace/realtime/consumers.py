@@ -39,6 +39,7 @@ from ..models import Worker
 from ..reads import selectors
 from ..services import fanout
 from . import frames, jobcache, lag
+from .batches import GroupCommit
 from .dbthreads import database
 from .jobcache import FreshFor
 from .lane import Lane
@@ -54,6 +55,8 @@ REMEMBERED_MESSAGES = (m.LeaseRequest, m.Trajectories, m.Submit)  # answered onc
 INFRASTRUCTURE = (*TRANSIENT, OperationalError, InterfaceError)
 UNAVAILABLE_RETRY_AFTER_S = 2.0  # the Redis client has already retried for ECHO2_REDIS_RETRY_S
 REANNOUNCE_EVERY_S = 5.0  # a connection's budget is announced again at most this often (realtime/lag.py)
+INSTALLS = GroupCommit(lambda reports: database(services.snapshots_installed)(reports))
+"""The install reports of this process's sockets, written together (``realtime/batches.py``)."""
 LANE_CLOSE_S = 10.0  # a closed socket's requests still queued are handled for at most this long (daphne's close wait)
 
 
@@ -383,11 +386,13 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
     async def _installed(self, message: m.SnapshotInstalled) -> list[m._Msg]:
         """An install report, checked against the process's shared read of the job (every worker reports every
         version it installs, so at each publication the whole fleet does, at once): its activation and the job's
-        are read only when that read does not show the worker active (``services.snapshot_installed``)."""
+        are read only when that read does not show the worker active. Written with the reports of the process's
+        other sockets that arrive meanwhile (:data:`INSTALLS`), its refusal (a version never published) its own."""
+        received = time.time()
         _, view = await self._read_job(message.job_id)
-        await database(services.snapshot_installed)(
+        await INSTALLS.submit(services.InstallReport(
             worker=self.worker, job_id=message.job_id, version=message.version, seconds=message.seconds,
-            source=message.source, at_work=view)
+            source=message.source, at_work=view, at=received))
         return []
 
     async def _heartbeat(self, message: m.Heartbeat) -> list[m._Msg]:

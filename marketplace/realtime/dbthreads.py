@@ -26,21 +26,23 @@ R = TypeVar("R")
 
 _lock = threading.Lock()
 _executor: ThreadPoolExecutor | None = None
+_size = 0
 
 
 def executor() -> ThreadPoolExecutor:
     """The process's threads for agent sockets' database calls, made at first use."""
-    global _executor
+    global _executor, _size
     with _lock:
         if _executor is None:
-            _executor = ThreadPoolExecutor(max_workers=max(1, settings.ECHO2["AGENT_DB_THREADS"]),
-                                           thread_name_prefix="agent-db")
+            _size = max(1, settings.ECHO2["AGENT_DB_THREADS"])
+            _executor = ThreadPoolExecutor(max_workers=_size, thread_name_prefix="agent-db")
         return _executor
 
 
 def size() -> int:
     """How many threads :func:`executor` has (or will have)."""
-    return executor()._max_workers
+    executor()
+    return _size
 
 
 def database(func: Callable[P, R]) -> Callable[P, Awaitable[R]]:

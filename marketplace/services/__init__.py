@@ -11,7 +11,8 @@ transaction it joins it), and its pushes and enqueued tasks leave only once that
 - ``jobs``: create, start, pause, resume, finish; the calibration phase and the scheduler's decisions applied.
 - ``rollouts``: prompt leases (and their early return) and trajectory submissions, whole or in parts, checked
   against the worker's running job read once (``RunningJob``, held by the agent socket).
-- ``broadcast``: snapshot publication, chain plans, installs and the relay bandwidth they measure.
+- ``broadcast``: snapshot publication, chain plans and each worker's place in them.
+- ``installs``: install reports, many workers' in one transaction, and the relay bandwidth they measure.
 - ``repair``: relay failures reported by children, and the chain plan repaired around them (and workers gone).
 - ``learner``: the learner's announcement, heartbeat and step metrics; jobs whose learner went silent.
 - ``audits``: the learner's audits of workers' records, reported with its steps; repeat failures suspended.
@@ -22,6 +23,7 @@ transaction it joins it), and its pushes and enqueued tasks leave only once that
 - ``controls``: a worker's price (from now on), pause, resume, removal; a job archived or deleted (docs/ledger.md).
 
 Siblings import one way only: ``base`` imports none of them; ``broadcast`` and ``rollouts`` import ``base``;
+``installs`` imports ``rollouts`` (the shared read of a running job);
 ``billing`` imports none; ``repair`` imports ``broadcast`` (its messages); ``workers`` imports ``broadcast``
 (assignments) and ``billing``; ``presence`` imports ``workers``, ``broadcast``, ``repair`` and ``billing``; ``jobs``,
 ``audits`` (suspensions) and ``learner`` (stalled jobs) import ``workers``; ``audits`` imports ``billing``
@@ -36,9 +38,10 @@ from .accounts import api_token_issue
 from .audit_texts import audit_texts_decode
 from .audits import groups_accepted_flush
 from .base import ServiceError, job_group, worker_group
-from .broadcast import broadcast_plan, snapshot_installed, snapshot_publish, snapshot_request
+from .broadcast import broadcast_plan, snapshot_publish, snapshot_request
 from .budgets import job_budget_check, job_budget_set
 from .controls import job_archive, job_delete, worker_pause, worker_price_set, worker_remove, worker_resume
+from .installs import InstallReport, snapshot_installed, snapshots_installed
 from .jobs import (
     job_activate_idle_workers,
     job_create,
@@ -88,7 +91,8 @@ __all__ = [
     "jobs_stall_silent_learners", "learner_announce", "learner_streams_open", "metrics_record", "prompts_lease",
     "relay_failed", "rollout_async",
     "JobAtWork", "RunningJob", "running_job", "submitted_again", "job_at_work",
-    "snapshot_installed", "snapshot_publish", "snapshot_request", "trajectories_malformed", "trajectories_part_submit",
+    "InstallReport", "snapshot_installed", "snapshots_installed",
+    "snapshot_publish", "snapshot_request", "trajectories_malformed", "trajectories_part_submit",
     "trajectories_submit",
     "worker_activate", "worker_calibrate", "worker_connected", "worker_disconnected", "worker_group",
     "worker_heartbeat", "worker_register", "worker_release",

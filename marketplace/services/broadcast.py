@@ -1,6 +1,6 @@
 """Snapshot broadcast (paper section 4.2, appendix C.3 and D; docs/broadcast.md): publication, the chain plan
-and each worker's place in it, installs and the relay statistics they feed. Relay failures and the repairs they
-lead to are :mod:`.repair`'s.
+and each worker's place in it. Install reports and the relay statistics they feed are :mod:`.installs`';
+relay failures and the repairs they lead to are :mod:`.repair`'s.
 
 The planning itself is the job's chain strategy (``dataplane.broadcast.strategies``, the same objects the
 simulator plans with) over the pure core ``chains`` (score, assembly, tails, repair, bandwidth average); this
@@ -12,7 +12,6 @@ and, for a relay parent, the sha256 of its child's.
 from __future__ import annotations
 
 import logging
-import math
 import re
 import time
 from collections.abc import Sequence
@@ -20,9 +19,7 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from django.conf import settings
-from django.db import connection, transaction
-from django.db.models import Case, F, Value, When
-from django.utils import timezone
+from django.db import transaction
 
 from dataplane import basemodel
 from dataplane import messages as m
@@ -30,18 +27,15 @@ from dataplane.broadcast import chains, strategies
 from dataplane.snapshot import SnapshotError, parse_manifest
 
 from ..infra import telemetry
-from ..models import Activation, Job, Snapshot, SnapshotInstall, Worker
+from ..models import Job, Snapshot, Worker
 from ..reads import selectors
 from . import fanout
 from .base import (
     ServiceError,
-    checked_running,
     learner_may_report,
     push_job_update,
-    retry_conflicts,
     running_activation,
 )
-from .rollouts import JobAtWork
 
 log = logging.getLogger(__name__)
 
@@ -225,96 +219,3 @@ def broadcast_plan(*, job: Job, workers: Sequence[Worker | PlannedWorker], now: 
         return chains.star_plan([w.pk for w in workers])
     return strategy.plan(selectors.chain_stats(workers, now=now), can_relay={w.pk for w in workers if w.relay_address},
                          b0_bps=job.settings.learner_uplink_bps, now=now)
-
-
-@retry_conflicts
-@transaction.atomic
-def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: float, source: str = "http",
-                       at_work: JobAtWork | None = None) -> None:
-    """Count an install, once per worker and version however often it is reported (``SnapshotInstall``);
-    T_bcast is fixed once ceil(active/gamma) workers have the snapshot. An install received from a relay
-    parent counts as a success for that parent (the chain score's Success term).
-
-    With the agent's hello, the one place that sets ``Worker.installed_version``.
-
-    A report that arrives after the worker's activation in the job ended (the install finished as the job completed
-    or the worker was released) is late, not wrong: it is ignored, with nothing to tell the agent.
-
-    Every worker of a job reports every version it installs, so this is on the sockets' steady path: no row is
-    locked for long (the snapshot's counters move in one ``UPDATE``, the install row is an ``INSERT`` that a
-    report sent again leaves alone) and the job's open activations are counted only until T_bcast is fixed. With
-    ``at_work`` (the socket process's shared read of the running job, ``services.rollouts.job_at_work``, at most
-    ``AGENT_STATE_MAX_AGE_S`` old) naming the worker active, neither its activation nor the job's are read."""
-    if at_work is not None and at_work.running.job_id == job_id and worker.pk in at_work.active:
-        active, gamma = len(at_work.active), at_work.gamma
-    else:
-        activation = selectors.active_activation(worker=worker, job_id=job_id)
-        if activation is None and Activation.objects.filter(worker=worker, job_id=job_id).exists():
-            log.info("job %s v%s: worker %s reported an install after its activation ended; ignored", job_id,
-                     version, worker.pk)
-            return
-        job = checked_running(activation, worker, job_id).job
-        active, gamma = None, job.settings.gamma
-    # Not its manifest (26 kB of JSON at 256 chunks): only a relay's success reads it, and loads it then.
-    snap = Snapshot.objects.filter(job_id=job_id, version=version).only("pk", "version", "published_at",
-                                                                        "t_bcast").first()
-    if snap is None:
-        raise ServiceError(f"version: snapshot {version} of job {job_id} was never published")
-    Worker.objects.filter(pk=worker.pk).update(installed_version=version)
-    at = time.time()  # the install the site can check (a published version of this job): it leaves "loading"
-    transaction.on_commit(lambda: telemetry.record_observed(worker.pk, job_id=job_id, what="installed", at=at))
-    if not _install_recorded(snap=snap, worker=worker, source=source, seconds=seconds):
-        log.info("job %s v%s: worker %s reported its install again; counted once", job_id, version, worker.pk)
-        return
-    counters = {"installs": F("installs") + 1}
-    if source == "parent":
-        counters["installs_via_parent"] = F("installs_via_parent") + 1
-    if snap.t_bcast is None:  # fixed by the install that brings the count to ceil(active / gamma), whichever it is
-        if active is None:
-            active = Activation.objects.filter(job_id=job_id, ended_at=None).count()
-        needed = math.ceil(active / gamma)
-        elapsed = (timezone.now() - snap.published_at).total_seconds()
-        counters["t_bcast"] = Case(When(t_bcast__isnull=True, installs__gte=needed - 1, then=Value(elapsed)),
-                                   default=F("t_bcast"))
-    if source == "parent":
-        plan = telemetry.load_chain_plan(job_id, version)
-        route = chains.route(plan, worker.pk) if plan else None
-        if route is not None and route[0] is not None:
-            # The base's install time includes building the engine: a success, but no measure of the link.
-            size = int(snap.manifest.get("total_bytes") or 0) if version > 0 else 0
-            _relay_succeeded(route[0], snap=snap, total_bytes=size, seconds=at - snap.published_at.timestamp(),
-                             child_bps=float(worker.bandwidth_bps))
-    # Last: every worker's report of the version updates this one row, so it is held only from here to the commit
-    # (first, it was held while the parent's row was waited for, and the fleet's reports queued behind each other)
-    Snapshot.objects.filter(pk=snap.pk).update(**counters)
-    push_job_update(job_id)  # the page shows who has which version
-
-
-def _install_recorded(*, snap: Snapshot, worker: Worker, source: str, seconds: float) -> bool:
-    """Record ``worker``'s install of ``snap``; False when it was recorded before (a report sent again). One
-    ``INSERT ... ON CONFLICT DO NOTHING`` on the one-install-per-worker constraint, where ``get_or_create`` would
-    read first and insert in a savepoint."""
-    table = SnapshotInstall._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(f"INSERT INTO {table} (snapshot_id, worker_id, source, seconds, installed_at) "  # noqa: S608
-                       "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (snapshot_id, worker_id) DO NOTHING RETURNING id",
-                       [snap.pk, worker.pk, source, seconds, connection.ops.adapt_datetimefield_value(timezone.now())])
-        return cursor.fetchone() is not None
-
-
-def _relay_succeeded(parent_id: int, *, snap: Snapshot, total_bytes: int, seconds: float, child_bps: float) -> None:
-    """A child (its link ``child_bps``) installed ``snap`` through ``parent_id`` ``seconds`` after its publication
-    (as the site saw both): one more success (the score's Success term), and the rate the child saw folded into the
-    parent's ``Bw_hat`` when the parent's uplink held the hop back, not the parent's own parent nor the child's link
-    (``chains.measured_bandwidth``, given the parent's own install of ``snap`` as the site saw it), never above the
-    parent's registered ``Bw``."""
-    parent = Worker.objects.select_for_update(no_key=True).filter(pk=parent_id).first()
-    if parent is None:
-        return
-    own = SnapshotInstall.objects.filter(snapshot=snap, worker_id=parent_id).values_list("installed_at", flat=True)
-    parent_seconds = next(((t - snap.published_at).total_seconds() for t in own), None)
-    parent.relay_successes += 1
-    parent.measured_bandwidth_bps = chains.measured_bandwidth(
-        parent.measured_bandwidth_bps, total_bytes=total_bytes, seconds=seconds, parent_seconds=parent_seconds,
-        registered_bps=float(parent.bandwidth_bps), child_bps=child_bps)
-    parent.save(update_fields=["relay_successes", "measured_bandwidth_bps"])
