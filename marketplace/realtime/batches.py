@@ -1,4 +1,4 @@
-"""Reports of many sockets written together: a group commit.
+"""Reports of many sockets written together (and reads of many sockets made together): a group commit.
 
 At every publication each worker of the job reports its install, all within a second or two; written one at a
 time, each took four statements and a commit on the sockets' database threads, and the reports of a thousand
@@ -6,6 +6,9 @@ workers queued there behind one another (and every socket's other database work 
 :class:`GroupCommit` hands its ``write`` every item that arrived while the last write ran: alone, an item is
 written at once (no timer, no wait added); under load, one write per round instead of one per item. Each caller
 still awaits its own item's outcome, so a socket's frames keep their order and a refusal reaches its sender.
+
+The sockets' reads of their workers' earnings are made the same way: a worker's is due every 10 s, so a thousand
+workers make a hundred reads a second, each a query and a transaction; together, one per round.
 
 An item waits in this process's memory only as its frame did before (in the socket's lane): a process that dies
 loses them alike.
@@ -19,20 +22,22 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
-class GroupCommit(Generic[T]):
+class GroupCommit(Generic[T, R]):
     """Items written in batches of at most ``max_items`` by ``write``, one batch at a time, per event loop.
-    ``write`` returns an outcome per item (None, or the exception its caller gets) or raises for them all."""
+    ``write`` returns an outcome per item (what its caller gets, or the exception it raises) or raises for them
+    all."""
 
-    def __init__(self, write: Callable[[Sequence[T]], Awaitable[Sequence[BaseException | None]]], *,
+    def __init__(self, write: Callable[[Sequence[T]], Awaitable[Sequence[R | BaseException]]], *,
                  max_items: int = 500) -> None:
         self.write, self.max_items = write, max_items
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Queue[T]] = weakref.WeakKeyDictionary()
 
-    async def submit(self, item: T) -> None:
-        """Write ``item`` with whatever else waits; raises its outcome's exception. A caller cancelled while it
-        waits does not take its item back: it is written all the same."""
+    async def submit(self, item: T) -> R:
+        """Write ``item`` with whatever else waits; its outcome, or the exception that is its outcome raised. A
+        caller cancelled while it waits does not take its item back: it is written all the same."""
         loop = asyncio.get_running_loop()
         queue = self._loops.get(loop)
         if queue is None:
@@ -41,7 +46,7 @@ class GroupCommit(Generic[T]):
         queue.pending.append((item, future))
         if queue.task is None:
             queue.task = loop.create_task(self._drain(queue), name="group-commit")
-        await future
+        return await future
 
     def waiting(self) -> int:
         """Items of the running event loop's that wait for the next write (not the one being written)."""
@@ -60,10 +65,10 @@ class GroupCommit(Generic[T]):
                 for (_, future), outcome in zip(batch, outcomes, strict=True):
                     if future.done():  # its caller was cancelled
                         continue
-                    if outcome is None:
-                        future.set_result(None)
-                    else:
+                    if isinstance(outcome, BaseException):
                         future.set_exception(outcome)
+                    else:
+                        future.set_result(outcome)
         finally:
             queue.task = None
             for _, future in batch + queue.pending:  # cancelled itself (the loop closing): no outcome to give

@@ -57,6 +57,8 @@ UNAVAILABLE_RETRY_AFTER_S = 2.0  # the Redis client has already retried for ECHO
 REANNOUNCE_EVERY_S = 5.0  # a connection's budget is announced again at most this often (realtime/lag.py)
 INSTALLS = GroupCommit(lambda reports: database(services.snapshots_installed)(reports))
 """The install reports of this process's sockets, written together (``realtime/batches.py``)."""
+EARNINGS = GroupCommit(lambda workers: database(services.workers_earned_usd)(workers, now=time.monotonic()))
+"""The earnings of this process's workers that are due, read together (``services.workers_earned_usd``)."""
 LANE_CLOSE_S = 10.0  # a closed socket's requests still queued are handled for at most this long (daphne's close wait)
 
 
@@ -343,11 +345,11 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                     raise
             self.running.put(job_id, running, read_at=read_at)
         earned = None
-        if isinstance(message, m.Submit):  # its answer says what the worker earned: a query, on the database thread
+        if isinstance(message, m.Submit):  # its answer says what the worker earned: a query when due, on a db thread
             now = time.monotonic()
             earned = services.worker_earned_usd_held(self.worker.pk, now=now)
-            if earned is None:
-                earned = await database(services.worker_earned_usd)(self.worker.pk, now=now)
+            if earned is None:  # read with the other sockets' that are due meanwhile
+                earned = await EARNINGS.submit(self.worker.pk)
         if isinstance(message, m.TrajectoriesPart):  # rare (a group too big for one frame): the sync path, on a thread
             replies = await sync_to_async(services.trajectories_part_submit, thread_sensitive=False)(
                 worker=self.worker, assembler=self.assembler, part=message, frame_bytes=self.frame_bytes,

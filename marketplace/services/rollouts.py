@@ -8,6 +8,7 @@ import functools
 import json
 import logging
 import time
+from collections.abc import Sequence
 
 from django.conf import settings
 from django.db.models import Sum
@@ -307,11 +308,19 @@ def worker_earned_usd(worker_id: int, *, now: float) -> float:
     submits several times a second; its status line prints every few seconds). A query when due: call it where
     database connections are looked after (the agent socket's database thread), not from a plain worker thread,
     where the connection would stay checked out of the pool for good."""
-    value = worker_earned_usd_held(worker_id, now=now)
-    if value is None:
-        value = float(Activation.objects.filter(worker_id=worker_id).aggregate(total=Sum("billed_usd"))["total"] or 0)
-        _earned[worker_id] = (now, value)
-    return value
+    return workers_earned_usd([worker_id], now=now)[0]
+
+
+def workers_earned_usd(worker_ids: Sequence[int], *, now: float) -> list[float]:
+    """:func:`worker_earned_usd` of each worker, those due read in one query (the agent sockets of a process ask
+    together: ``marketplace.realtime.consumers.EARNINGS``)."""
+    due = {wid for wid in worker_ids if worker_earned_usd_held(wid, now=now) is None}
+    if due:
+        sums = dict(Activation.objects.filter(worker_id__in=due).order_by().values("worker_id").annotate(
+            total=Sum("billed_usd")).values_list("worker_id", "total"))
+        for wid in due:
+            _earned[wid] = (now, float(sums.get(wid) or 0))
+    return [_earned[wid][1] for wid in worker_ids]
 
 
 def worker_earned_usd_held(worker_id: int, *, now: float) -> float | None:

@@ -176,3 +176,29 @@ async def test_an_install_reported_as_the_job_completed_is_ignored_not_refused(r
     await comm.send_json_to({"type": "snapshot_installed", "job_id": job.pk + 999, "version": 0, "seconds": 1.0})
     assert (await comm.receive_json_from(timeout=5))["type"] == "rejected"  # a job it never served: refused
     await comm.disconnect()
+
+
+@pytest.mark.django_db
+def test_the_earnings_of_the_workers_due_are_read_in_one_query_and_the_others_are_not_read():
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    owner, provider = factories.user(), factories.user()
+    workers = [factories.worker(provider)[0] for _ in range(3)]
+    for worker, usd in zip(workers, ("0.25", "1.5", "0"), strict=True):
+        Activation.objects.create(job=factories.job(owner), worker=worker, price_per_hour="0.35",
+                                  billed_usd=Decimal(usd), ended_at=timezone.now())
+    Activation.objects.create(job=factories.job(owner), worker=workers[0], price_per_hour="0.35",
+                              billed_usd=Decimal("0.5"), ended_at=timezone.now())
+    for worker in workers:
+        rollouts._earned.pop(worker.pk, None)
+    rollouts._earned[workers[2].pk] = (100.0, 7.0)  # read 1 s before: held
+    ids = [w.pk for w in workers]
+    with CaptureQueriesContext(connection) as queries:
+        assert rollouts.workers_earned_usd(ids, now=101.0) == pytest.approx([0.75, 1.5, 7.0])
+    assert len(queries) == 1
+    with CaptureQueriesContext(connection) as queries:
+        assert rollouts.workers_earned_usd(ids, now=105.0) == pytest.approx([0.75, 1.5, 7.0])
+    assert len(queries) == 0  # every one held now
+    for worker in workers:
+        rollouts._earned.pop(worker.pk, None)
