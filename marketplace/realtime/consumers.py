@@ -22,6 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from asgiref.sync import sync_to_async
+from autobahn.exception import Disconnected
 from channels.consumer import get_handler_name
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
@@ -35,10 +36,8 @@ from .. import services
 from ..core.assembly import GroupAssembler
 from ..infra import delivered, limits, refusals, verdicts
 from ..infra.jsonlimits import JSONLimitError, check_json
-from ..models import Worker
-from ..reads import selectors
 from ..services import fanout
-from . import frames, jobcache, lag
+from . import agentkey, frames, jobcache, lag
 from .batches import GroupCommit
 from .dbthreads import database
 from .jobcache import FreshFor
@@ -67,33 +66,11 @@ def _unavailable(ref: str, err: Exception) -> m.Rejected:
                              "send it again", ref=ref, retry_after=UNAVAILABLE_RETRY_AFTER_S)
 
 
-def _agent_key(scope) -> str:
-    """The key from the ``Authorization: Bearer`` header, never from the URL (URLs end up in proxy logs)."""
-    for name, value in scope.get("headers", []):
-        if name == b"authorization" and value.lower().startswith(b"bearer "):
-            return value[7:].decode(errors="replace").strip()
-    return ""
-
-
-def _worker_by_key(client: str, key: str | None) -> tuple[Worker | None, float]:
-    """(the worker of agent key ``key``, 0), or (None, 0) for a wrong key (a failure counted against ``client``),
-    or (None, seconds to wait) when ``client`` may have no credential checked now (limits.AUTH_FAILURES)."""
-    wait, ticket = limits.AUTH_FAILURES.reserve(client)
-    if ticket is None:
-        return None, wait
-    try:
-        worker = selectors.worker_by_key(key)
-    except Exception:
-        limits.AUTH_FAILURES.finish(ticket, failed=False)  # no verdict (the database did not answer)
-        raise
-    limits.AUTH_FAILURES.finish(ticket, failed=worker is None)
-    return worker, 0.0
-
-
 class AgentConsumer(AsyncJsonWebsocketConsumer):
     worker = None
     lane: Lane | None = None  # made at connect
     follower = None  # keeps the socket in its job's agents group (services.fanout)
+    closed = False  # its websocket closed: nothing more is sent (send)
 
     async def connect(self) -> None:
         self.hello_at = None  # when this socket's session began: its close must not end a newer socket's
@@ -107,7 +84,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         self.announced_share, self.reannounced_at = 1.0, -REANNOUNCE_EVERY_S
         await self.accept()
         client = (self.scope.get("client") or ["unknown"])[0]
-        self.worker, wait = await database(_worker_by_key)(client, _agent_key(self.scope))
+        self.worker, wait = await database(agentkey.worker_by_key)(client, agentkey.bearer_key(self.scope))
         if wait:  # not "agent key" in the reason: an agent takes that as final, and this one is not
             await self._refuse(f"too many failed credentials from {client}; retry in {wait:.0f} s",
                                TOO_MANY_REQUESTS)
@@ -135,7 +112,19 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             raise ValueError(f"No handler for message type {message['type']}")
         await handler(message)
 
+    async def send(self, text_data=None, bytes_data=None, close=False) -> None:
+        """Nothing once the socket closed: its lane still handles what came before the close (a submit's groups are
+        stored), but the replies have no one to reach; the agent sends the request again when it is back and gets
+        the verdict kept for it. Sending on a closed websocket would raise in daphne and be logged as a failure."""
+        if self.closed:
+            return
+        try:
+            await super().send(text_data=text_data, bytes_data=bytes_data, close=close)
+        except Disconnected:  # closed by the peer before Channels told the consumer
+            self.closed = True
+
     async def disconnect(self, code) -> None:
+        self.closed = True
         left = await self.lane.close(LANE_CLOSE_S)
         if left:
             log.warning("agent %s: socket closed with %d request(s) not handled", getattr(self.worker, "pk", None),

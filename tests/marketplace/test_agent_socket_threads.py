@@ -162,3 +162,36 @@ async def test_a_lease_and_a_submit_are_answered_while_every_pooled_thread_is_bu
         release.set()
         await asyncio.gather(*held)
     await comm.disconnect()
+
+
+async def test_a_request_handled_after_its_socket_closed_is_done_and_its_reply_is_not_sent(redis_client,
+                                                                                           monkeypatch):
+    """The lane still handles what came before the close (up to 10 s), but its replies have no one to reach: under
+    daphne, sending one raised in the lane and was logged as a failed request (1,000 agents stopping at once)."""
+    from dataplane.replay import PROMPT_GROUP, prompts_key
+    from marketplace.realtime.consumers import AgentConsumer
+
+    closing_seen, real = asyncio.Event(), AgentConsumer.disconnect
+
+    async def disconnect(self, code):
+        closing_seen.set()
+        await real(self, code)
+
+    monkeypatch.setattr(AgentConsumer, "disconnect", disconnect)
+    job, worker, key = await setup_job_and_worker()
+    comm = await connect(key)
+    await started_with(comm, job)
+    PromptFeeder(redis_client, job_id=job.pk, task=build_task({"name": "arithmetic"}), seed=0, backlog=1).top_up()
+    release = threading.Event()
+    held = [asyncio.wrap_future(dbthreads.executor().submit(release.wait)) for _ in range(dbthreads.size())]
+    try:
+        await comm.send_json_to({"type": "lease_request", "job_id": job.pk, "groups": 1, "id": "l1"})
+        assert await comm.receive_nothing(timeout=0.2)  # it waits for the job's read
+        closing = asyncio.create_task(comm.disconnect(timeout=15))
+        await asyncio.wait_for(closing_seen.wait(), timeout=10)  # the close reached the consumer
+    finally:
+        release.set()
+        await asyncio.gather(*held)
+    await closing
+    assert redis_client.xpending(prompts_key(job.pk), PROMPT_GROUP)["pending"] == 1  # the lease was made
+    assert comm.output_queue.empty()  # and its reply not sent
