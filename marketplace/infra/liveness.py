@@ -156,7 +156,9 @@ def _beat(result: list, *, state: str, job_id: int | None) -> Beat:
     job = "" if job_id is None else str(job_id)
     if online != "1":
         reason = NOT_ONLINE
-    elif (old_state, old_job) != (state, job):
+    elif old_job != job or not old_state or (old_state == "failed") != (state == "failed"):
+        # what billing takes from a report: the job it is about and whether the agent says it failed (the rest of
+        # a bill is what the site observed, folded every expiry period); a state the site never heard, reported
         reason = "state changed"
     elif state == "failed":
         reason = "failing"
