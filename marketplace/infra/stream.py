@@ -32,8 +32,11 @@ def client() -> redis.Redis:
 
 # Connections per event loop and purpose. Heartbeats have a pool of their own: with a thousand sockets' submits
 # queued for the requests' connections on a saturated machine, heartbeats that shared it waited past the pool's
-# 10 s and were refused ("No connection available"). A heartbeat holds one for a round trip (~0.1 ms).
-ASYNC_CONNECTIONS = {"requests": 8, "liveness": 4}
+# 10 s and were refused ("No connection available"). A call holds its connection from its send until the event loop
+# reads its reply: a round trip (~0.1 ms) on a quiet site, but as long as the loop's turn on a process short of CPU
+# (1,000 generating agents on two processes and two cores). With 4 and 8 there, heartbeats waited for a connection
+# (p50 14 s, 0% within 1 s) and submits were refused; with 64 each, 56-76% and 4 refusals (docs/fleet.md).
+ASYNC_CONNECTIONS = {"requests": 64, "liveness": 64}
 # Each running loop's clients by URL, and the generator that closes them with the loop (held here: a loop keeps only
 # a weak reference to it).
 _ASYNC: dict[asyncio.AbstractEventLoop, tuple[dict[tuple[str, str], redis.asyncio.Redis], AsyncIterator[None]]] = {}

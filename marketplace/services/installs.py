@@ -3,7 +3,7 @@ whole fleet reports at once. Counted once per worker and version however often r
 they fix the version's T_bcast once ceil(active/gamma) workers have it, and an install received from a relay parent
 counts as a success for that parent (the chain score's Success term) and measures its uplink.
 
-:func:`snapshots_installed` writes the reports of many workers in one transaction of four statements (the agent
+:func:`snapshots_installed` writes the reports of many workers in one transaction of five statements (the agent
 sockets of a process hand it every report that arrived while the last batch was written), where one report at a
 time took four statements and a commit each: at a publication to a thousand workers, four thousand statements and
 a thousand commits queued on the sockets' database threads, each batch now one.
@@ -111,10 +111,10 @@ def _written_together(items: list[tuple[InstallReport, _Fleet]]) -> list[Service
 def _written(items: list[tuple[InstallReport, _Fleet]]) -> list[ServiceError | None]:
     """The reports of ``items`` (each worker known active) written in the caller's transaction: the snapshots read
     (one query; a version never published refuses its report), each worker's ``installed_version`` set to the last
-    it reported (one), the installs inserted, those recorded before left alone (one), then per snapshot its
-    counters (one). The snapshot's row is the one every worker's report of the version
-    updates: it is written last, so it is held only to the commit. Not the snapshots' manifests (26 kB of JSON at
-    256 chunks): a relay's success loads its own."""
+    it reported (one; two for several workers, their rows locked in id order first), the installs inserted, those
+    recorded before left alone (one), then per snapshot its counters (one). The snapshot's row is the one every
+    worker's report of the version updates: it is written last, so it is held only to the commit. Not the
+    snapshots' manifests (26 kB of JSON at 256 chunks): a relay's success loads its own."""
     keys = {(report.job_id, report.version) for report, _ in items}
     snaps = {(s.job_id, s.version): s for s in Snapshot.objects.filter(
         job_id__in={job for job, _ in keys}, version__in={version for _, version in keys}).only(
@@ -130,6 +130,8 @@ def _written(items: list[tuple[InstallReport, _Fleet]]) -> list[ServiceError | N
     if not found:
         return outcomes
     last = {report.worker.pk: report.version for report, _, _ in found}
+    if len(last) > 1:  # in id order, as a job's finish locks them: the two never wait for each other in a cycle
+        list(Worker.objects.select_for_update(no_key=True).filter(pk__in=last).order_by("pk").values_list("pk"))
     Worker.objects.bulk_update([Worker(pk=pk, installed_version=version) for pk, version in sorted(last.items())],
                                ["installed_version"])
     # the installs the site can check (a published version of this job): each worker leaves "loading" at its report

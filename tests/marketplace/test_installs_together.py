@@ -52,9 +52,11 @@ def test_a_fleets_reports_cost_one_transaction_of_a_few_statements_and_each_is_j
     assert snap.t_bcast == pytest.approx(13.0, abs=1e-3)  # the 4th by arrival, whatever the batch's size
     assert set(Worker.objects.filter(pk__in=[w.pk for w in workers]).values_list("installed_version", flat=True)) \
         == {1}
-    # the snapshots read, the workers, the installs, the snapshot's counters (and the savepoint and its release: a
-    # test runs in a transaction); one report at a time took four each
-    assert len(queries) == 6
+    # the snapshots read, the workers locked in id order and updated, the installs, the snapshot's counters (and
+    # the savepoint and its release: a test runs in a transaction); one report at a time took four each
+    assert len(queries) == 7
+    locked = next(q["sql"] for q in queries.captured_queries if "FOR NO KEY UPDATE" in q["sql"])
+    assert "marketplace_worker" in locked and "ORDER BY" in locked
     seen = telemetry.observed([workers[5].pk], job_id=job.pk)[workers[5].pk]
     assert seen.installed == pytest.approx(published + 15, abs=1e-3)  # as the site received it
 
