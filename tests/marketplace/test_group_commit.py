@@ -32,13 +32,19 @@ async def until(predicate, timeout_s: float = 5.0) -> None:
             await asyncio.sleep(0.001)
 
 
+async def held_with(commit: GroupCommit, writes: Writes, first: str, *behind: str):
+    """``first`` being written (its write held), and ``behind`` queued for the next write: their tasks."""
+    task = asyncio.create_task(commit.submit(first))
+    await until(lambda: len(writes.batches) == 1)  # alone: written at once, no wait for company
+    tasks = [asyncio.create_task(commit.submit(item)) for item in behind]
+    await until(lambda: commit.waiting() == len(behind))
+    return task, tasks
+
+
 async def test_what_arrives_while_a_write_runs_is_written_together_and_each_caller_gets_its_own_outcome():
     writes = Writes(held=True)
     commit = GroupCommit(writes)
-    first = asyncio.create_task(commit.submit("a"))
-    await until(lambda: writes.batches == [["a"]])  # alone: written at once, no wait for company
-    rest = [asyncio.create_task(commit.submit(item)) for item in ("b", "bad-c", "d")]
-    await until(lambda: commit.waiting() == 3)
+    first, rest = await held_with(commit, writes, "a", "b", "bad-c", "d")
     writes.go.set()
     await first
     results = await asyncio.gather(*rest, return_exceptions=True)
@@ -51,10 +57,7 @@ async def test_what_arrives_while_a_write_runs_is_written_together_and_each_call
 async def test_a_write_that_fails_fails_its_batch_only():
     writes = Writes(held=True)
     commit = GroupCommit(writes)
-    first = asyncio.create_task(commit.submit("outage"))
-    await until(lambda: len(writes.batches) == 1)
-    later = asyncio.create_task(commit.submit("e"))
-    await until(lambda: commit.waiting() == 1)
+    first, (later,) = await held_with(commit, writes, "outage", "e")
     writes.go.set()
     with pytest.raises(ConnectionError, match="database away"):
         await first
@@ -65,22 +68,16 @@ async def test_a_write_that_fails_fails_its_batch_only():
 async def test_batches_hold_at_most_max_items():
     writes = Writes(held=True)
     commit = GroupCommit(writes, max_items=2)
-    tasks = [asyncio.create_task(commit.submit("a"))]
-    await until(lambda: len(writes.batches) == 1)
-    tasks += [asyncio.create_task(commit.submit(item)) for item in "bcde"]
-    await until(lambda: commit.waiting() == 4)
+    first, rest = await held_with(commit, writes, "a", *"bcde")
     writes.go.set()
-    await asyncio.gather(*tasks)
+    await asyncio.gather(first, *rest)
     assert writes.batches == [["a"], ["b", "c"], ["d", "e"]]
 
 
 async def test_a_caller_that_gives_up_leaves_its_item_written():
     writes = Writes(held=True)
     commit = GroupCommit(writes)
-    first = asyncio.create_task(commit.submit("a"))
-    await until(lambda: len(writes.batches) == 1)
-    gone = asyncio.create_task(commit.submit("b"))
-    await until(lambda: commit.waiting() == 1)
+    first, (gone,) = await held_with(commit, writes, "a", "b")
     gone.cancel()  # its socket closed
     writes.go.set()
     await first
@@ -92,10 +89,7 @@ async def test_a_caller_that_gives_up_leaves_its_item_written():
 async def test_callers_are_never_left_waiting_when_the_writer_is_cancelled():
     writes = Writes(held=True)
     commit = GroupCommit(writes)
-    first = asyncio.create_task(commit.submit("a"))
-    await until(lambda: len(writes.batches) == 1)
-    second = asyncio.create_task(commit.submit("b"))
-    await until(lambda: commit.waiting() == 1)
+    first, (second,) = await held_with(commit, writes, "a", "b")
     drain = next(task for task in asyncio.all_tasks() if task.get_name() == "group-commit")
     drain.cancel()  # the loop shutting down
     results = await asyncio.wait_for(asyncio.gather(first, second, return_exceptions=True), timeout=5)
