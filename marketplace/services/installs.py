@@ -59,10 +59,10 @@ def snapshots_installed(reports: Sequence[InstallReport]) -> list[ServiceError |
     the rest (rare: a socket whose shared read is older than the worker's activation) one at a time, each checked
     against the database as :func:`snapshot_installed`. An outage's error is raised (every report then failed)."""
     outcomes: list[ServiceError | None] = [None] * len(reports)
-    named = [i for i, report in enumerate(reports) if _named_active(report)]
+    fleets = [_vouched(report) for report in reports]
+    named = [i for i, fleet in enumerate(fleets) if fleet is not None]
     if named:
-        written = _written_together([(reports[i], _Fleet(len(reports[i].at_work.active), reports[i].at_work.gamma))
-                                     for i in named])
+        written = _written_together([(reports[i], fleets[i]) for i in named])
         for i, outcome in zip(named, written, strict=True):
             outcomes[i] = outcome
     for i in sorted(set(range(len(reports))) - set(named)):
@@ -83,9 +83,8 @@ def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: fl
     A report that arrives after the worker's activation in the job ended (the install finished as the job completed
     or the worker was released) is late, not wrong: it is ignored, with nothing to tell the agent."""
     report = InstallReport(worker, job_id, version, seconds, source, at_work, at or time.time())
-    if _named_active(report):
-        fleet = _Fleet(len(at_work.active), at_work.gamma)
-    else:
+    fleet = _vouched(report)
+    if fleet is None:
         activation = selectors.active_activation(worker=worker, job_id=job_id)
         if activation is None and Activation.objects.filter(worker=worker, job_id=job_id).exists():
             log.info("job %s v%s: worker %s reported an install after its activation ended; ignored", job_id,
@@ -97,9 +96,12 @@ def snapshot_installed(*, worker: Worker, job_id: int, version: int, seconds: fl
         raise error
 
 
-def _named_active(report: InstallReport) -> bool:
+def _vouched(report: InstallReport) -> _Fleet | None:
+    """The job's fleet as the socket's shared read has it, when that read names the worker active; else None."""
     view = report.at_work
-    return view is not None and view.running.job_id == report.job_id and report.worker.pk in view.active
+    if view is None or view.running.job_id != report.job_id or report.worker.pk not in view.active:
+        return None
+    return _Fleet(len(view.active), view.gamma)
 
 
 @retry_conflicts
@@ -140,8 +142,7 @@ def _written(items: list[tuple[InstallReport, _Fleet]]) -> list[ServiceError | N
     fresh = _inserted(found)
     if len(fresh) < len(found):
         log.info("%d install report(s) sent again; each counted once", len(found) - len(fresh))
-    for report, _, snap in sorted((f for f in fresh if f[0].source == "parent"), key=lambda f: f[0].worker.pk):
-        _through_parent(report, snap)
+    _relays_credited([(report, snap) for report, _, snap in fresh if report.source == "parent"])
     for snap in sorted({snap.pk: snap for _, _, snap in fresh}.values(), key=lambda s: s.pk):
         _counted([(report, fleet) for report, fleet, of in fresh if of.pk == snap.pk], snap)
     for job_id in sorted({report.job_id for report, _, _ in found}):
@@ -190,17 +191,25 @@ def _counted(fresh: list[tuple[InstallReport, _Fleet]], snap: Snapshot) -> None:
     Snapshot.objects.filter(pk=snap.pk).update(**counters)
 
 
-def _through_parent(report: InstallReport, snap: Snapshot) -> None:
-    """A report of an install received from a relay parent: that parent's success, when the version's plan routes
-    the worker under one."""
-    plan = telemetry.load_chain_plan(report.job_id, report.version)
-    route = chains.route(plan, report.worker.pk) if plan else None
-    if route is not None and route[0] is not None:
-        # The base's install time includes building the engine: a success, but no measure of the link.
-        size = int(Snapshot.objects.filter(pk=snap.pk).values_list("manifest", flat=True).get().get("total_bytes")
-                   or 0) if report.version > 0 else 0
-        _relay_succeeded(route[0], snap=snap, total_bytes=size, seconds=report.at - snap.published_at.timestamp(),
-                         child_bps=float(report.worker.bandwidth_bps))
+def _relays_credited(through_parent: list[tuple[InstallReport, Snapshot]]) -> None:
+    """Reports of installs received from a relay parent: each is that parent's success, when the version's plan
+    routes the worker under one. Each snapshot's plan (Redis) and size (its manifest, 26 kB of JSON at 256 chunks)
+    are read once however many of its children report; the parents' rows are locked in id order."""
+    plans: dict[int, chains.ChainPlan | None] = {}
+    sizes: dict[int, int] = {}
+    credits = []
+    for report, snap in through_parent:
+        if snap.pk not in plans:
+            plans[snap.pk] = telemetry.load_chain_plan(report.job_id, report.version)
+        route = chains.route(plans[snap.pk], report.worker.pk) if plans[snap.pk] else None
+        if route is not None and route[0] is not None:
+            credits.append((route[0], report, snap))
+    for parent_id, report, snap in sorted(credits, key=lambda c: c[0]):
+        if snap.pk not in sizes:  # the base's install time includes building the engine: no measure of the link
+            sizes[snap.pk] = int(Snapshot.objects.filter(pk=snap.pk).values_list("manifest", flat=True).get().get(
+                "total_bytes") or 0) if snap.version > 0 else 0
+        _relay_succeeded(parent_id, snap=snap, total_bytes=sizes[snap.pk], child_bps=float(report.worker.bandwidth_bps),
+                         seconds=report.at - snap.published_at.timestamp())
 
 
 def _relay_succeeded(parent_id: int, *, snap: Snapshot, total_bytes: int, seconds: float, child_bps: float) -> None:
