@@ -48,13 +48,13 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 
 import redis
-import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.client import NEVER_DECODE
 from redis.retry import Retry
 
 from .groupcodec import encode_group
 from .records import TrajectoryGroup
+from .redis_async import AsyncClient, bounded, run_script
 from .replay_outcomes import (
     KeptVerdict,
     LeasedPrompt,
@@ -122,18 +122,6 @@ def connect(url: str, *, decode_responses: bool = True, socket_timeout: float = 
     tls = {"ssl_ca_certs": ca_file} if ca_file and url.startswith("rediss://") else {}
     return redis.Redis.from_url(url, decode_responses=decode_responses, socket_timeout=socket_timeout,
                                 socket_connect_timeout=min(socket_timeout, 10.0), retry=Retry(NoBackoff(), 0), **tls)
-
-
-def connect_async(url: str, *, max_connections: int, decode_responses: bool = True, socket_timeout: float = 10.0,
-                  ca_file: str | None = None) -> redis.asyncio.Redis:
-    """:func:`connect` for an event loop (bound to the loop it first runs on), its pool bounded: a caller waits at
-    most ``socket_timeout`` for one of ``max_connections`` connections, so many coroutines at once share a few."""
-    tls = {"ssl_ca_certs": ca_file} if ca_file and url.startswith("rediss://") else {}
-    pool = redis.asyncio.BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=socket_timeout, decode_responses=decode_responses,
-        socket_timeout=socket_timeout, socket_connect_timeout=min(socket_timeout, 10.0),
-        retry=redis.asyncio.retry.Retry(NoBackoff(), 0), **tls)
-    return redis.asyncio.Redis.from_pool(pool)  # it owns the pool: closing the client closes the connections
 
 
 def add_event(client: redis.Redis, event: TimedEvent) -> None:
@@ -232,7 +220,7 @@ class ReplayBuffer:
             retries.succeeded()
             return result
 
-    async def _retrying_async(self, op: Callable[[], Awaitable[T]], client: redis.asyncio.Redis) -> T:
+    async def _retrying_async(self, op: Callable[[], Awaitable[T]], client: AsyncClient) -> T:
         """:meth:`_retrying` for an operation on the event loop's ``client``: the same retries, waits that leave the
         loop free."""
         retries = _Retries(self, regroup=True)
@@ -249,10 +237,10 @@ class ReplayBuffer:
             retries.succeeded()
             return result
 
-    async def _create_groups_async(self, client: redis.asyncio.Redis) -> None:
+    async def _create_groups_async(self, client: AsyncClient) -> None:
         for key, group in self._groups():
             try:
-                await client.xgroup_create(key, group, id="0", mkstream=True)
+                await bounded(client, client.xgroup_create(key, group, id="0", mkstream=True))
             except redis.ResponseError as err:
                 if "BUSYGROUP" not in str(err):
                     raise
@@ -369,11 +357,11 @@ class ReplayBuffer:
         status, kept = self._retrying(lambda: script(self.client, SUBMIT)(keys=keys, args=args))
         return kept_outcome(kept, held=text(status) == "held")
 
-    async def submit_async(self, client: redis.asyncio.Redis, **request) -> Submitted:
+    async def submit_async(self, client: AsyncClient, **request) -> Submitted:
         """:meth:`submit` on an event loop's ``client`` (``request``: its arguments): no thread, and retries that
         wait without holding the loop."""
         keys, args = self._submit_call(**request)
-        status, kept = await self._retrying_async(lambda: script(client, SUBMIT)(keys=keys, args=args), client)
+        status, kept = await self._retrying_async(lambda: run_script(client, SUBMIT, keys=keys, args=args), client)
         return kept_outcome(kept, held=text(status) == "held")
 
     def _submit_call(self, *, worker_id: int, groups: list[tuple[TrajectoryGroup, TimedEvent]], lease: int,

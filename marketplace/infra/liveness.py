@@ -35,6 +35,7 @@ import time
 
 from django.conf import settings
 
+from dataplane.redis_async import run_script
 from dataplane.replay_scripts import script
 
 from . import stream, telemetry
@@ -139,7 +140,7 @@ async def heartbeat_async(worker_id: int, *, at: float, throughput: float | None
                           job_id: int | None) -> Beat:
     """:func:`heartbeat` on the event loop's own client (``stream.async_client``): no thread hop."""
     keys, args = _heartbeat_call(worker_id, at=at, throughput=throughput, state=state, job_id=job_id)
-    found = await script(stream.async_client("liveness"), _HEARTBEAT)(keys=keys, args=args)  # a pool of its own
+    found = await run_script(stream.async_client("liveness"), _HEARTBEAT, keys=keys, args=args)  # a pool of its own
     return _beat(found, state=state, job_id=job_id)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from dataplane.redis_async import bounded
 from dataplane.replay import RedisError, counters_key
 
 from . import stream
@@ -36,7 +37,8 @@ def record(job_id: int, errors: RewardErrors) -> None:
 async def record_async(job_id: int, errors: RewardErrors) -> None:
     """:func:`record` on the event loop's Redis client."""
     try:
-        await _counted(stream.async_client().pipeline(transaction=False), job_id, errors).execute()
+        client = stream.async_client()
+        await bounded(client, _counted(client.pipeline(transaction=False), job_id, errors).execute())
     except RedisError as err:
         log.warning("job %s: reward function errors not counted (Redis: %s)", job_id, err)
 

@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator
 from functools import lru_cache
 
 import redis
-import redis.asyncio
 from django.conf import settings
 
-from dataplane.replay import ReplayBuffer, connect, connect_async
+from dataplane.redis_async import AsyncClient, connect_async
+from dataplane.replay import ReplayBuffer, connect
 
 
 def url() -> str:
@@ -39,10 +39,10 @@ def client() -> redis.Redis:
 ASYNC_CONNECTIONS = {"requests": 64, "liveness": 64}
 # Each running loop's clients by URL, and the generator that closes them with the loop (held here: a loop keeps only
 # a weak reference to it).
-_ASYNC: dict[asyncio.AbstractEventLoop, tuple[dict[tuple[str, str], redis.asyncio.Redis], AsyncIterator[None]]] = {}
+_ASYNC: dict[asyncio.AbstractEventLoop, tuple[dict[tuple[str, str], AsyncClient], AsyncIterator[None]]] = {}
 
 
-def async_client(purpose: str = "requests") -> redis.asyncio.Redis:
+def async_client(purpose: str = "requests") -> AsyncClient:
     """The streams' client for the running event loop, set up as :func:`client` (``dataplane.replay.connect_async``)
     for the agent socket's calls that would each take a thread hop (which costs more CPU than the call). An asyncio
     client is bound to the loop that made it, so there is one per loop (daphne's one; a test's own), closed when
@@ -54,7 +54,7 @@ def async_client(purpose: str = "requests") -> redis.asyncio.Redis:
     if held is None:
         for closed in [other for other in _ASYNC if other.is_closed()]:  # closed without shutting its generators
             del _ASYNC[closed]
-        clients: dict[tuple[str, str], redis.asyncio.Redis] = {}
+        clients: dict[tuple[str, str], AsyncClient] = {}
         keeper = _closed_with_the_loop(loop, clients)
         held = _ASYNC[loop] = clients, keeper
         loop.create_task(anext(keeper))
@@ -67,7 +67,7 @@ def async_client(purpose: str = "requests") -> redis.asyncio.Redis:
 
 
 async def _closed_with_the_loop(loop: asyncio.AbstractEventLoop,
-                               clients: dict[tuple[str, str], redis.asyncio.Redis]) -> AsyncIterator[None]:
+                               clients: dict[tuple[str, str], AsyncClient]) -> AsyncIterator[None]:
     """Waits for its loop's shutdown: ``asyncio.run`` (and every test's loop) closes a loop's unfinished async
     generators first (``shutdown_asyncgens``), so this closes the loop's clients while it still runs (a transport
     cannot be closed once its loop is) and forgets them."""

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from dataplane.records import Trajectory, TrajectoryGroup
-from dataplane.replay import ReplayBuffer, connect, connect_async
+from dataplane.redis_async import connect_async
+from dataplane.replay import ReplayBuffer, connect
 from learner.consumer import StalenessGatedConsumer
 
 from ..private_redis import PrivateRedis
