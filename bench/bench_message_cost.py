@@ -2,6 +2,8 @@
 
 Run: ``.venv/bin/python bench/bench_message_cost.py [--messages 200] [--groups 2] [--group-size 8] [--tokens 16]``
 (about a minute; from another checkout: ``cd CHECKOUT && /path/to/.venv/bin/python bench/bench_message_cost.py``).
+``--only heartbeat submit`` measures those rows alone; ``--profile submit --profile-out F`` writes a cProfile of that
+row's block (read it with ``python -m pstats F``; the profiler's own cost inflates the row's CPU figure).
 
 In one process, over the real agent consumer (Channels' communicator: the site's own code from the frame's text to
 the reply's, no network), a fresh PostgreSQL database (``ECHO2_BENCH_PG_URL``'s server; dropped at the end) and a
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import itertools
 import json
 import os
@@ -51,6 +54,7 @@ if str(ROOT) not in sys.path:  # run as a script
 
 from echo2_site.demo import free_port, wait_for  # noqa: E402
 
+ROW_KINDS = ("heartbeat", "submit", "install", "lease", "at-once", "fold")
 PG_ADMIN_URL = os.environ.get("ECHO2_BENCH_PG_URL", "postgres://postgres@127.0.0.1:5432/postgres")
 
 
@@ -182,11 +186,17 @@ async def run(args, counters: Counters) -> list[dict]:
         leases = (await ask(submit_frame(leases)))["lease"]["leases"]
 
     async def block(name: str, n: int, one, finish=None) -> dict:
+        profile = cProfile.Profile() if args.profile == name else None
         cpu0, sql0, redis0, harness = time.process_time(), counters.sql, counters.redis, 0.0
+        if profile is not None:
+            profile.enable()
         for _ in range(n):
             harness += await one()
         if finish is not None:
             await finish()
+        if profile is not None:
+            profile.disable()
+            profile.dump_stats(args.profile_out)
         cpu = time.process_time() - cpu0 - harness
         return {"message": name, "n": n, "cpu_ms": 1000 * cpu / n, "sql": (counters.sql - sql0) / n,
                 "redis": (counters.redis - redis0) / n}
@@ -251,11 +261,21 @@ async def run(args, counters: Counters) -> list[dict]:
                            finish=lambda: ask(lease_frame()))
 
     await heartbeats(False)  # the state the heartbeats report is now recorded: the next stay in Redis
-    rows = [await heartbeats(False), await heartbeats(True), await submits(), await installs()]
-    sockets = await expired(args, counters, job, key, rows)
-    for together in (True, False):
-        rows.append(await installs_at_once(args, counters, job, [comm, *sockets], together=together))
-    rows.append(await folds(args, counters, job))  # while the sockets of every worker are open
+    rows = []
+    if "heartbeat" in args.only:
+        rows += [await heartbeats(False), await heartbeats(True)]
+    if "submit" in args.only:
+        rows.append(await submits())
+    if "install" in args.only:
+        rows.append(await installs())
+    sockets = []
+    if {"lease", "at-once", "fold"} & set(args.only):
+        sockets = await expired(args, counters, job, key, rows)
+    if "at-once" in args.only:
+        for together in (True, False):
+            rows.append(await installs_at_once(args, counters, job, [comm, *sockets], together=together))
+    if "fold" in args.only:
+        rows.append(await folds(args, counters, job))  # while the sockets of every worker are open
     for other in (comm, *sockets):
         await other.disconnect()
     shutil.rmtree(model_dir, ignore_errors=True)
@@ -431,6 +451,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--publications", type=int, default=20,
                         help="Versions every socket reports at once in the install rows.")
     parser.add_argument("--json", type=Path, help="Also write the rows here.")
+    parser.add_argument("--only", nargs="+", choices=ROW_KINDS, default=list(ROW_KINDS), metavar="ROWS",
+                        help=f"Measure these rows only (of {', '.join(ROW_KINDS)}; all by default). The lease rows' "
+                             "sockets are made for any of the last three.")
+    parser.add_argument("--profile", choices=("heartbeat", "heartbeat, report due", "submit", "install report"),
+                        help="Profile this row's block (cProfile, the event loop's thread only) into --profile-out.")
+    parser.add_argument("--profile-out", type=Path, default=Path("message-cost.prof"),
+                        help="Where --profile writes its stats (read them with python -m pstats).")
     args = parser.parse_args(argv)
     import psycopg
 
