@@ -260,9 +260,9 @@ async def run(args, counters: Counters) -> list[dict]:
         return await block("install report", args.messages, one,
                            finish=lambda: ask(lease_frame()))
 
-    await heartbeats(False)  # the state the heartbeats report is now recorded: the next stay in Redis
     rows = []
     if "heartbeat" in args.only:
+        await heartbeats(False)  # the state the heartbeats report is now recorded: the next stay in Redis
         rows += [await heartbeats(False), await heartbeats(True)]
     if "submit" in args.only:
         rows.append(await submits())
