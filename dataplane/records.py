@@ -204,17 +204,26 @@ def prompt_token_bound(prompt: str, extra: int = PROMPT_SPECIAL_TOKENS) -> int:
 
 def record_problem(rec: Trajectory, limits: RecordLimits) -> str:
     """Why ``rec`` breaks ``limits`` (one line, ``field: why``), or "" when it fits."""
+    return prompt_problem(rec, limits) or completion_problem(rec, limits)
+
+
+def prompt_problem(rec: Trajectory, limits: RecordLimits) -> str:
+    """What :func:`record_problem` finds in ``rec``'s prompt (its token count for its text, ids in the vocabulary)."""
     if len(rec.prompt_ids) > prompt_token_bound(rec.prompt, limits.prompt_extra_tokens):
         return (f"prompt_ids: {len(rec.prompt_ids)} tokens for a prompt of {len(rec.prompt.encode('utf-8'))} "
                 f"bytes (at most {prompt_token_bound(rec.prompt, limits.prompt_extra_tokens)})")
+    if limits.vocab_size is not None and (top := max(rec.prompt_ids)) >= limits.vocab_size:
+        return f"prompt_ids: token id {top} is not in the model's vocabulary of {limits.vocab_size}"
+    return ""
+
+
+def completion_problem(rec: Trajectory, limits: RecordLimits) -> str:
+    """What :func:`record_problem` finds in the rest of ``rec``: its completion's length and ids, reward, log-probs."""
     if len(rec.completion_ids) > limits.max_completion_tokens:
         return (f"completion_ids: {len(rec.completion_ids)} tokens, the job allows at most "
                 f"{limits.max_completion_tokens}")
-    if limits.vocab_size is not None:
-        for name in ("prompt_ids", "completion_ids"):
-            top = max(getattr(rec, name))
-            if top >= limits.vocab_size:
-                return f"{name}: token id {top} is not in the model's vocabulary of {limits.vocab_size}"
+    if limits.vocab_size is not None and (top := max(rec.completion_ids)) >= limits.vocab_size:
+        return f"completion_ids: token id {top} is not in the model's vocabulary of {limits.vocab_size}"
     low, high = limits.reward_range
     if not (math.isfinite(rec.reward) and low <= rec.reward <= high):
         return f"reward: {rec.reward!r} is outside the task's range [{low:g}, {high:g}]"
@@ -225,6 +234,8 @@ def record_problem(rec: Trajectory, limits: RecordLimits) -> str:
 
 def metadata_problem(rec: Trajectory, limits: RecordLimits) -> str:
     """Why ``rec``'s metadata is too big for ``limits`` (``metadata: why``), or "". Measured as compact JSON."""
+    if not rec.metadata:  # most records carry none
+        return ""
     try:
         size = len(orjson.dumps(rec.metadata))
     except TypeError:  # an integer past 64 bits: the standard library writes it
@@ -237,9 +248,13 @@ def metadata_problem(rec: Trajectory, limits: RecordLimits) -> str:
 def group_problem(group: TrajectoryGroup, limits: RecordLimits) -> str:
     """The first record of ``group`` that breaks ``limits``, as ``records.i.field: why``; "" when all fit. The
     group's size follows: its ``n`` records (``check_for_job``), each of a prompt the lease gave and at most the
-    task's completion tokens, and of metadata within its cap (:func:`metadata_problem`)."""
+    task's completion tokens, and of metadata within its cap (:func:`metadata_problem`). The records share one
+    prompt (the group's rule, checked when it was parsed), so the prompt is checked once, on the first."""
+    problem = prompt_problem(group.records[0], limits)
+    if problem:
+        return f"records.0.{problem}"
     for i, rec in enumerate(group.records):
-        problem = record_problem(rec, limits) or metadata_problem(rec, limits)
+        problem = completion_problem(rec, limits) or metadata_problem(rec, limits)
         if problem:
             return f"records.{i}.{problem}"
     return ""
