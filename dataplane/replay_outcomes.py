@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
+
+import orjson
 
 from .replay_scripts import RETURN_ERRORS
 from .stored import text
@@ -84,7 +85,7 @@ def kept_outcome(kept: str | bytes, *, held: bool = True) -> Submitted:
     """The outcome :meth:`ReplayBuffer.submit` keeps under a verdict key (the caller's context, a newline, then the
     script's JSON), read back."""
     context, _, outcome = text(kept).partition("\n")
-    results, leases = json.loads(outcome)
+    results, leases = orjson.loads(outcome)
     return Submitted(returns=[returned(r) for r in results or []],
                      leased=[LeasedPrompt(lease_id=i, group_id=g, prompt=p) for i, g, p in leases or []],
                      context=context, held=held)

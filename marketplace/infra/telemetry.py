@@ -11,6 +11,7 @@ never planned with (docs/trust.md, "What the scheduler believes"). Billing and t
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import secrets
 import time
@@ -50,12 +51,22 @@ def accepted_key(worker_id: int, job_id: int) -> str:
     return f"echo2:worker:{worker_id}:job:{job_id}:accepted"
 
 
+_NONCE_PREFIX = secrets.token_hex(4)  # this process's: a member is unique across processes and within one
+_nonces = itertools.count()
+
+
+def _nonce() -> str:
+    """A member's nonce, unique however many groups share a time and a size: a token of the process's and a count
+    (an ``os.urandom`` call per group cost more than the rest of the event)."""
+    return f"{_NONCE_PREFIX}{next(_nonces):x}"
+
+
 def accepted_event(worker_id: int, *, job_id: int, at: float, records: int) -> TimedEvent:
     """The site accepted ``records`` trajectories of ``job_id`` from the worker: the evidence its measured
     throughput is computed from (never the worker's own figures). A sorted set by time, trimmed to two
     windows, so reading the window costs what the window holds (heartbeats read it). Returned as an event for
     the replay buffer to add in the same round trip as the group it counts (``ReplayBuffer.return_group``)."""
-    return TimedEvent(key=accepted_key(worker_id, job_id), member=f"{at!r}:{records}:{secrets.token_hex(4)}",
+    return TimedEvent(key=accepted_key(worker_id, job_id), member=f"{at!r}:{records}:{_nonce()}",
                       at=at, keep_after=at - 2 * window_s(), ttl_s=3600)
 
 

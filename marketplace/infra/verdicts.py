@@ -20,7 +20,8 @@ used again by another request (an agent restarted, counting from 1) is never ans
 from __future__ import annotations
 
 import hashlib
-import json
+
+import orjson
 
 from dataplane import messages as m
 from dataplane.replay import KeptVerdict, Submitted, kept_outcome
@@ -44,7 +45,7 @@ def fingerprint(message: m.LeaseRequest | m.Trajectories | m.Submit) -> str:
             what = [message.group.job_id, 0, [(message.group.lease_id, message.group.group_id)]]
         case _:
             what = [message.job_id, message.groups, []]
-    return hashlib.sha256(json.dumps([message.type, *what]).encode()).hexdigest()[:16]
+    return hashlib.sha256(orjson.dumps([message.type, *what])).hexdigest()[:16]
 
 
 def verdict_key(worker_id: int, request_id: str, fingerprint_: str) -> str:
@@ -58,7 +59,7 @@ def key_for(worker_id: int, message: m.LeaseRequest | m.Trajectories | m.Submit)
 
 def kept(worker_id: int, key: str, context: dict) -> KeptVerdict:
     """Keep the outcome of the request under ``key`` with ``context`` (JSON), for ``VERDICT_MEMORY_S``."""
-    return KeptVerdict(key=key, ttl_s=VERDICT_MEMORY_S, context=json.dumps(context), resent_key=RESENT_KEY,
+    return KeptVerdict(key=key, ttl_s=VERDICT_MEMORY_S, context=orjson.dumps(context).decode(), resent_key=RESENT_KEY,
                        resent_field=str(worker_id))
 
 
