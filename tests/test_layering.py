@@ -37,6 +37,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     # what flows between planes: nothing of ours outside itself, no framework; only the replay buffer speaks Redis
     "dataplane": {"dataplane.replay"},
     "dataplane.replay": {"dataplane", "redis"},
+    "dataplane.redis_async": {"dataplane", "redis"},  # the event loop's client the site's socket calls the buffer on
     # the learning plane: the data plane and torch, never the agent or the site
     "learner": {"dataplane", "dataplane.replay", "torch"},
     # the agent installs on a GPU box that has never seen the site: no Redis (not even the replay buffer's client)
