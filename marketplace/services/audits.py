@@ -102,17 +102,26 @@ def worker_audits_settle(*, job: Job, worker_id: int, evidence: list[dict[str, A
 def groups_accepted_flush() -> None:
     """Write the groups this process accepted since its last flush (``infra.delivered``) into
     ``Activation.groups_accepted``: each (job, worker)'s newest activation, in one transaction; a failed write keeps
-    them for the next flush."""
+    them for the next flush. A few statements whatever the number of workers (the activations read at once, locked
+    in id order, one update per distinct count): a statement per worker made 2,000 a flush at 1,000 workers, and
+    held their rows against the billing fold the while."""
     counts = delivered_counts.take()
     if not counts:
         return
     try:
         with transaction.atomic():
-            for (job_id, worker_id), groups in sorted(counts.items()):
-                newest = (Activation.objects.filter(job_id=job_id, worker_id=worker_id)
-                          .order_by("-started_at", "-pk").values_list("pk", flat=True).first())
-                if newest is not None:
-                    Activation.objects.filter(pk=newest).update(groups_accepted=F("groups_accepted") + groups)
+            newest: dict[tuple[int, int], tuple] = {}
+            rows = Activation.objects.filter(job_id__in={j for j, _ in counts}, worker_id__in={w for _, w in counts})
+            for job_id, worker_id, started_at, pk in rows.values_list("job_id", "worker_id", "started_at", "pk"):
+                if (job_id, worker_id) in counts and (started_at, pk) > newest.get((job_id, worker_id), (started_at,)):
+                    newest[(job_id, worker_id)] = (started_at, pk)
+            by_count: dict[int, list[int]] = {}
+            for pair, (_, pk) in newest.items():
+                by_count.setdefault(counts[pair], []).append(pk)
+            list(Activation.objects.select_for_update(no_key=True).filter(
+                pk__in=[pk for _, pk in newest.values()]).order_by("pk").values_list("pk"))
+            for groups, ids in sorted(by_count.items()):
+                Activation.objects.filter(pk__in=ids).update(groups_accepted=F("groups_accepted") + groups)
     except Exception:
         delivered_counts.give_back(counts)
         raise
