@@ -34,10 +34,10 @@ from dataplane.replay import TRANSIENT
 
 from .. import services
 from ..core.assembly import GroupAssembler
-from ..infra import delivered, limits, refusals, verdicts
+from ..infra import limits, refusals, verdicts
 from ..infra.jsonlimits import JSONLimitError, check_json
 from ..services import fanout
-from . import agentkey, frames, jobcache, lag
+from . import agentkey, aside, frames, jobcache, lag
 from .batches import GroupCommit
 from .dbthreads import database
 from .jobcache import FreshFor
@@ -56,8 +56,6 @@ UNAVAILABLE_RETRY_AFTER_S = 2.0  # the Redis client has already retried for ECHO
 REANNOUNCE_EVERY_S = 5.0  # a connection's budget is announced again at most this often (realtime/lag.py)
 INSTALLS = GroupCommit(lambda reports: database(services.snapshots_installed)(reports))
 """The install reports of this process's sockets, written together (``realtime/batches.py``)."""
-EARNINGS = GroupCommit(lambda workers: database(services.workers_earned_usd)(workers, now=time.monotonic()))
-"""The earnings of this process's workers that are due, read together (``services.workers_earned_usd``)."""
 LANE_CLOSE_S = 10.0  # a closed socket's requests still queued are handled for at most this long (daphne's close wait)
 
 
@@ -323,7 +321,10 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         sockets' rollouts never queue behind one another's queries or threads)."""
         job_id = message.job_id if isinstance(message, m.LeaseRequest | m.Submit) else message.group.job_id
         running = self.running.get(job_id)
-        if running is None:
+        if running is not None:  # the process's next read of the job starts once the newest is half its age
+            jobcache.JOBS.refresh(job_id, lambda: database(services.job_at_work)(job_id=job_id),
+                                  max_age_s=self.running.max_age_s)
+        else:
             read_at, running = await self._read_running(job_id)
             if running is None:  # not active in it, or it does not run: read for this worker, which says why
                 try:
@@ -333,12 +334,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                         self.assembler.drop()  # the group can no longer arrive whole
                     raise
             self.running.put(job_id, running, read_at=read_at)
-        earned = None
-        if isinstance(message, m.Submit):  # its answer says what the worker earned: a query when due, on a db thread
-            now = time.monotonic()
-            earned = services.worker_earned_usd_held(self.worker.pk, now=now)
-            if earned is None:  # read with the other sockets' that are due meanwhile
-                earned = await EARNINGS.submit(self.worker.pk)
+        # its answer says what the worker earned, as last read (read again aside when due: realtime/aside.py)
+        earned = await aside.earned_usd(self.worker.pk) if isinstance(message, m.Submit) else None
         if isinstance(message, m.TrajectoriesPart):  # rare (a group too big for one frame): the sync path, on a thread
             replies = await sync_to_async(services.trajectories_part_submit, thread_sensitive=False)(
                 worker=self.worker, assembler=self.assembler, part=message, frame_bytes=self.frame_bytes,
@@ -346,17 +343,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         else:
             replies = [await services.rollout_async(worker=self.worker, message=message, running=running,
                                                     earned_usd=earned, verdict_key=verdict_key)]
-        if delivered.due():  # the groups this process accepted, into the database (one update every few seconds)
-            await self._flush_delivered()
+        aside.flush_delivered()  # the groups this process accepted, into the database every few seconds
         return replies
-
-    async def _flush_delivered(self) -> None:
-        """Write the groups this process accepted (``infra.delivered``). Not a verdict on any request: a failure keeps
-        the counts for the next flush and is logged, and the reply of the request that called it stands."""
-        try:
-            await database(services.groups_accepted_flush)()
-        except INFRASTRUCTURE as err:
-            log.warning("groups accepted not written now (%s: %s); kept for the next flush", type(err).__name__, err)
 
     async def _read_running(self, job_id: int) -> tuple[float, services.RunningJob | None]:
         """(when the read began, the worker's running job ``job_id`` or None): :meth:`_read_job`, for this worker."""
@@ -395,8 +383,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if beat.to_database:
             self.running.clear()  # it may change the activation: read it again
             self.lane.put(functools.partial(self._heartbeat_report, message, beat, fields))
-        if delivered.due():  # groups accepted before the rollouts stopped still reach the database
-            self.lane.put(self._flush_delivered)
+        aside.flush_delivered()  # groups accepted before the rollouts stopped still reach the database
         return []
 
     async def _heartbeat_report(self, message: m.Heartbeat, beat, fields: dict) -> None:

@@ -17,17 +17,24 @@ What a socket reads again comes from :data:`JOBS` when it can: one read of a run
 the workers active in it, ``services.rollouts.job_at_work``), shared by every socket of the process, instead of a
 query per socket every ``max_age_s`` (a hundred generating agents made fifty a second). A socket takes a shared read
 only if it began after the socket last forgot (a push, or the socket's start: :attr:`FreshFor.cleared_at`) and is
-younger than ``max_age_s``: exactly what the socket would have read itself.
+younger than ``max_age_s``: exactly what the socket would have read itself. Since the sockets took one read, their
+holds run out together and each waited for the next read (under load, a second per submit at 1,000 agents on two
+processes): a socket that uses its hold starts the next shared read in the background once the newest is half its
+age (:meth:`SharedReads.refresh`), so the holds that run out find a younger read waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+REFRESH_AT = 0.5  # of max_age_s: the age of the newest shared read at which the next one starts in the background
 
 
 class FreshFor(Generic[T]):
@@ -67,6 +74,7 @@ class SharedReads(Generic[T]):
         self.clock = clock
         self._held: dict[int, tuple[float, T]] = {}
         self._flying: dict[int, tuple[float, asyncio.Future]] = {}
+        self._refreshing: set[asyncio.Task] = set()  # held until done: a task the loop alone holds may be collected
 
     def get(self, job_id: int, *, not_before: float, max_age_s: float) -> tuple[float, T] | None:
         """(when the read began, the value), or None when there is none this socket may take."""
@@ -91,8 +99,31 @@ class SharedReads(Generic[T]):
         flying = self._flying.get(job_id)
         if flying is not None and flying[0] >= not_before:
             return flying[0], await asyncio.shield(flying[1])
+        read_at, future = self._begin(job_id)
+        return read_at, await self._complete(job_id, read, read_at, future)
+
+    def refresh(self, job_id: int, read: Callable[[], Awaitable[T]], *, max_age_s: float) -> None:
+        """Start ``read()`` in the background, shared as :meth:`read` shares it (in flight from now on), when the
+        newest read of ``job_id`` (held or in flight) began ``REFRESH_AT * max_age_s`` or more ago. A failure is
+        logged: the sockets then read when their holds run out, as without it."""
+        if max_age_s <= 0:
+            return
+        newest = max(self._held.get(job_id, (-math.inf,))[0], self._flying.get(job_id, (-math.inf,))[0])
+        if self.clock() - newest < REFRESH_AT * max_age_s:
+            return
+        read_at, future = self._begin(job_id)
+        task = asyncio.get_running_loop().create_task(self._read_aside(job_id, read, read_at, future))
+        self._refreshing.add(task)
+        task.add_done_callback(self._refreshing.discard)
+
+    def _begin(self, job_id: int) -> tuple[float, asyncio.Future]:
+        """A read of ``job_id`` in flight from now: (when it began, its outcome to come)."""
         read_at, future = self.clock(), asyncio.get_running_loop().create_future()
         self._flying[job_id] = (read_at, future)
+        return read_at, future
+
+    async def _complete(self, job_id: int, read: Callable[[], Awaitable[T]], read_at: float,
+                        future: asyncio.Future) -> T:
         try:
             value = await read()
         except BaseException as err:
@@ -104,7 +135,14 @@ class SharedReads(Generic[T]):
                 del self._flying[job_id]
         future.set_result(value)
         self.put(job_id, value, read_at=read_at)
-        return read_at, value
+        return value
+
+    async def _read_aside(self, job_id: int, read: Callable[[], Awaitable[T]], read_at: float,
+                          future: asyncio.Future) -> None:
+        try:
+            await self._complete(job_id, read, read_at, future)
+        except Exception as err:  # noqa: BLE001 - nobody waits on it; the next socket to need it reads again
+            log.warning("job %s: reading it ahead failed (%s: %s)", job_id, type(err).__name__, err)
 
 
 JOBS: SharedReads = SharedReads()

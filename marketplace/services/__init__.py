@@ -80,6 +80,7 @@ from .rollouts import (
     trajectories_submit,
     worker_earned_usd,
     worker_earned_usd_held,
+    worker_earned_usd_known,
     workers_earned_usd,
 )
 from .workers import worker_activate, worker_calibrate, worker_register, worker_release
@@ -101,6 +102,6 @@ __all__ = [
     "worker_heartbeats_fold",
     "worker_socket_closed",
     "job_archive", "job_budget_check", "job_budget_set", "job_delete", "worker_pause", "worker_price_set",
-    "worker_remove", "worker_resume", "worker_earned_usd", "worker_earned_usd_held",
+    "worker_remove", "worker_resume", "worker_earned_usd", "worker_earned_usd_held", "worker_earned_usd_known",
     "workers_earned_usd",
 ]

@@ -330,6 +330,12 @@ def workers_earned_usd(worker_ids: Sequence[int], *, now: float) -> list[float]:
     return [_earned[wid][1] for wid in worker_ids]
 
 
+def worker_earned_usd_known(worker_id: int) -> float | None:
+    """What :func:`worker_earned_usd` last read in this process, however old; None when it never read it."""
+    found = _earned.get(worker_id)
+    return found[1] if found is not None else None
+
+
 def worker_earned_usd_held(worker_id: int, *, now: float) -> float | None:
     """What :func:`worker_earned_usd` read less than ``EARNINGS_EVERY_S`` ago; None when it is due again. No query."""
     at, value = _earned.get(worker_id, (None, 0.0))

@@ -85,3 +85,57 @@ async def test_sockets_whose_holds_ran_out_together_wait_for_one_read():
     assert await pushed_since == (0.5, "read 2")
     assert reads == [0.0, 0.5]
     assert await shared.read(1, read, not_before=0.0, max_age_s=2.0) == (0.5, "read 2")  # held now
+
+
+async def test_the_next_read_starts_aside_once_the_newest_is_half_its_age_and_the_holds_that_run_out_take_it():
+    """Every socket took the same read, so their holds run out together; the first socket to use its hold past half
+    the read's age starts the next read in the background (one, however many sockets ask meanwhile), and the holds
+    that run out later find it held: no socket waits for a read of its own."""
+    import asyncio
+
+    from marketplace.realtime.jobcache import REFRESH_AT, SharedReads
+
+    clock = Clock()
+    shared = SharedReads(clock=clock)
+    reads = []
+
+    async def read():
+        reads.append(clock.now)
+        return f"read {len(reads)}"
+
+    assert await shared.read(1, read, not_before=0.0, max_age_s=2.0) == (0.0, "read 1")
+    clock.now = 0.9 * REFRESH_AT * 2.0
+    shared.refresh(1, read, max_age_s=2.0)  # young enough: nothing
+    await asyncio.sleep(0)
+    assert reads == [0.0]
+    clock.now = REFRESH_AT * 2.0
+    for _ in range(5):  # five sockets use their holds now: one read starts
+        shared.refresh(1, read, max_age_s=2.0)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert reads == [0.0, 1.0]
+    clock.now = 2.0  # the sockets' holds of the first read run out: the second is taken, no read of their own
+    assert await shared.read(1, read, not_before=0.0, max_age_s=2.0) == (1.0, "read 2")
+    assert reads == [0.0, 1.0]
+
+
+async def test_a_read_aside_that_fails_is_logged_and_the_next_socket_reads_itself(caplog):
+    import asyncio
+
+    from marketplace.realtime.jobcache import SharedReads
+
+    clock = Clock()
+    shared = SharedReads(clock=clock)
+
+    async def failing():
+        raise ConnectionError("database away")
+
+    async def read():
+        return "read"
+
+    clock.now = 5.0
+    shared.refresh(1, failing, max_age_s=2.0)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert "reading it ahead failed (ConnectionError: database away)" in caplog.text
+    assert await shared.read(1, read, not_before=0.0, max_age_s=2.0) == (5.0, "read")
