@@ -73,3 +73,26 @@ async def run_script(client: AsyncClient, text: str, *, keys: Sequence[Any], arg
             return await client.evalsha(sha, len(keys), *keys, *args)
 
     return await bounded(client, call())
+
+
+async def run_scripts(client: AsyncClient, text: str, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]) -> list:
+    """Script ``text`` run once per ``(keys, args)`` of ``calls``, all in one round trip (a pipeline of EVALSHAs,
+    within :func:`bounded`'s deadline): each call's result, or the error the server answered it with. Calls the
+    server did not run for want of the script (NOSCRIPT) are run again once it is loaded. A connection error or the
+    deadline raises for all."""
+    sha = script(client, text).sha
+
+    async def once(which: list[int]) -> list:
+        pipe = client.pipeline(transaction=False)
+        for i in which:
+            keys, args = calls[i]
+            pipe.evalsha(sha, len(keys), *keys, *args)
+        return await bounded(client, pipe.execute(raise_on_error=False))
+
+    results = await once(list(range(len(calls))))
+    missing = [i for i, r in enumerate(results) if isinstance(r, redis.exceptions.NoScriptError)]
+    if missing:
+        await bounded(client, client.script_load(text))
+        for i, result in zip(missing, await once(missing), strict=True):
+            results[i] = result
+    return results

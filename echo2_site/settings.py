@@ -342,10 +342,12 @@ ECHO2 = {
     "AGENT_MESSAGE_BURST": env_float("ECHO2_AGENT_MESSAGE_BURST", 200.0),
     "AGENT_BYTES_PER_S": env_float("ECHO2_AGENT_BYTES_PER_S", float(64 << 20)),
     "AGENT_ABUSE_CLOSE_AFTER": env_int("ECHO2_AGENT_ABUSE_CLOSE_AFTER", 50),
-    # A site process whose answers to leases and groups take longer than this on average announces a lower message
-    # budget to its agents (a new `welcome`), in proportion, so they batch more and ask less before leases expire
-    # (marketplace/realtime/lag.py).
+    # A site process whose answers to leases and groups take longer than this on average, or whose event loop runs
+    # its timers later than LOOP_LAG_S through most of two seconds (short of CPU), announces a lower message budget
+    # to its agents (a new `welcome`), halved every 2 s while it stays late, so they batch more and ask less before
+    # leases expire (marketplace/realtime/lag.py).
     "REPLY_LAG_S": env_float("ECHO2_REPLY_LAG_S", 2.0),
+    "LOOP_LAG_S": env_float("ECHO2_LOOP_LAG_S", 0.1),
     # How long an agent socket may check leases and groups against the running job it read
     # (marketplace/realtime/jobcache.py) without reading it again; every push that changes it (assign, release,
     # snapshot) drops it sooner. 0: read always.

@@ -79,6 +79,15 @@ def _fresh_throttles():
 
 
 @pytest.fixture(autouse=True)
+def _fresh_load_shedding(monkeypatch):
+    """The site process's lateness (``marketplace.realtime.lag``) starts on time in every test: a test whose replies
+    were slow on purpose (Redis away for seconds) must not make a later test's socket announce a lower budget."""
+    from marketplace.realtime import lag
+
+    monkeypatch.setattr(lag, "SHEDDING", lag.Shedding())
+
+
+@pytest.fixture(autouse=True)
 def _close_async_test_connections(request):
     """An async test's database work runs on asgiref's single thread executor (its own ``database_sync_to_async``
     calls) and on the agent sockets' threads (``marketplace.realtime.dbthreads``), whose connections outlive the

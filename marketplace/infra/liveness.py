@@ -32,10 +32,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Sequence
 
 from django.conf import settings
 
-from dataplane.redis_async import run_script
+from dataplane.redis_async import run_script, run_scripts
 from dataplane.replay_scripts import script
 
 from . import stream, telemetry
@@ -142,6 +143,17 @@ async def heartbeat_async(worker_id: int, *, at: float, throughput: float | None
     keys, args = _heartbeat_call(worker_id, at=at, throughput=throughput, state=state, job_id=job_id)
     found = await run_script(stream.async_client("liveness"), _HEARTBEAT, keys=keys, args=args)  # a pool of its own
     return _beat(found, state=state, job_id=job_id)
+
+
+async def heartbeats_async(beats: Sequence[dict]) -> list[Beat | BaseException]:
+    """:func:`heartbeat_async` of each of ``beats`` (its keyword arguments, ``worker_id`` among them), all in one
+    round trip on one connection (``redis_async.run_scripts``): the heartbeats of a process's sockets that arrive
+    together, written together. A heartbeat's outcome, or the error Redis answered it with."""
+    calls = [_heartbeat_call(b["worker_id"], at=b["at"], throughput=b["throughput"], state=b["state"],
+                             job_id=b["job_id"]) for b in beats]
+    found = await run_scripts(stream.async_client("liveness"), _HEARTBEAT, calls)
+    return [result if isinstance(result, BaseException) else _beat(result, state=b["state"], job_id=b["job_id"])
+            for b, result in zip(beats, found, strict=True)]
 
 
 def _heartbeat_call(worker_id: int, *, at: float, throughput: float | None, state: str,

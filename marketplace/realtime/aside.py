@@ -29,6 +29,10 @@ INFRASTRUCTURE = (*TRANSIENT, OperationalError, InterfaceError)  # the stores aw
 
 EARNINGS = GroupCommit(lambda workers: database(services.workers_earned_usd)(workers, now=time.monotonic()))
 """The earnings of this process's workers that are due, read together (``services.workers_earned_usd``)."""
+BEATS = GroupCommit(lambda beats: services.worker_heartbeats_record_async(beats))
+"""The heartbeats of this process's sockets, recorded in Redis together: one round trip on one connection for all
+that arrive while the last batch is written (one each held a connection of the pool for the loop's turn, and at
+1,000 generating agents on two processes the pool ran out: heartbeats refused "the site cannot handle it")."""
 _running: set[asyncio.Task] = set()  # held until done (a task only its loop holds may be collected)
 _rereading: set[int] = set()  # workers whose earnings are being read again
 _flushing: dict[asyncio.AbstractEventLoop, asyncio.Task] = {}  # the flush running on each loop

@@ -41,7 +41,7 @@ from . import agentkey, aside, frames, jobcache, lag
 from .batches import GroupCommit
 from .dbthreads import database
 from .jobcache import FreshFor
-from .lane import Lane
+from .lane import Lane, Newest
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +67,14 @@ def _unavailable(ref: str, err: Exception) -> m.Rejected:
 class AgentConsumer(AsyncJsonWebsocketConsumer):
     worker = None
     lane: Lane | None = None  # made at connect
+    beats: Newest | None = None  # the socket's heartbeats, beside the lane (made at connect)
     follower = None  # keeps the socket in its job's agents group (services.fanout)
     closed = False  # its websocket closed: nothing more is sent (send)
 
     async def connect(self) -> None:
         self.hello_at = None  # when this socket's session began: its close must not end a newer socket's
         self.lane = Lane(f"agent socket {self.channel_name}")  # its requests, in order; heartbeats pass it (lane.py)
+        self.beats = Newest(f"agent heartbeats {self.channel_name}")
         self.following = asyncio.Lock()  # the job group's joins and leaves, one at a time (_follow)
         self.bucket = limits.MessageBucket.from_settings()
         self.assembler = GroupAssembler()  # the group arriving in parts, if any: dropped with the socket
@@ -99,6 +101,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         finally:  # ended without its close too (cancelled by daphne): its lane's task must not outlive it
             if self.lane is not None:
                 self.lane.cancel()
+                self.beats.cancel()
 
     async def dispatch(self, message) -> None:
         """Channels' dispatch without its ``aclose_old_connections()`` before every message: that call is a trip
@@ -123,7 +126,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
 
     async def disconnect(self, code) -> None:
         self.closed = True
-        left = await self.lane.close(LANE_CLOSE_S)
+        left, _ = await asyncio.gather(self.lane.close(LANE_CLOSE_S), self.beats.close(LANE_CLOSE_S))
         if left:
             log.warning("agent %s: socket closed with %d request(s) not handled", getattr(self.worker, "pk", None),
                         left)
@@ -214,7 +217,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
                 if again is None:
                     raise
                 replies = [again]
-            lag.REPLIES.add(time.monotonic() - started)
+            lag.SHEDDING.replies.add(time.monotonic() - started)
             return replies
         if isinstance(message, m.Heartbeat):
             return await self._heartbeat(message)
@@ -224,21 +227,23 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         return await database(self._dispatch)(message)
 
     async def _shed_load(self) -> None:
-        """Announce the budget again, lowered in proportion while this process answers late (``realtime/lag.py``)
-        or back up as it recovers: a change of a quarter or more, at most every ``REANNOUNCE_EVERY_S``. The bucket
-        still enforces the full budget: agents pace below it, so the lower figure costs no refusal."""
+        """Announce the budget again, lowered while this process runs late (``realtime/lag.py``) or back up as it
+        recovers: a change of a fifth or more, at most every ``REANNOUNCE_EVERY_S``. The bucket still enforces the
+        full budget: agents pace below it, so the lower figure costs no refusal."""
         if self.welcomed is None:
             return
-        share, now = lag.REPLIES.share(lag_s=settings.ECHO2["REPLY_LAG_S"]), time.monotonic()
-        if abs(share - self.announced_share) < 0.25 * self.announced_share or now - self.reannounced_at < \
+        share = lag.SHEDDING.share(loop_lag_s=settings.ECHO2["LOOP_LAG_S"], reply_lag_s=settings.ECHO2["REPLY_LAG_S"])
+        now = time.monotonic()
+        if abs(share - self.announced_share) < 0.2 * self.announced_share or now - self.reannounced_at < \
                 REANNOUNCE_EVERY_S:
             return
         self.announced_share, self.reannounced_at = share, now
-        full = self.bucket.announced()
-        lowered = self.welcomed.model_copy(update={"messages_per_s": full["messages_per_s"] * share,
-                                                   "message_burst": max(1.0, full["message_burst"] * share)})
-        log.info("agent %s: replies lag %.1f s on average; announcing %.0f%% of the message budget", self.worker.pk,
-                 lag.REPLIES.average, 100 * share)
+        full, burst = self.bucket.rate, self.bucket.burst
+        rate = max(min(full, lag.MIN_MESSAGES_PER_S), full * share)
+        lowered = self.welcomed.model_copy(update={"messages_per_s": rate,
+                                                   "message_burst": max(1.0, burst * rate / full)})
+        log.info("agent %s: replies lag %.1f s on average, the loop %.2f s; announcing %.0f%% of the message budget",
+                 self.worker.pk, lag.SHEDDING.replies.average, lag.SHEDDING.loop_lag(), 100 * rate / full)
         await self.send_json(lowered.model_dump(mode="json"))
 
     async def _answered_before(self, message, verdict_key: str) -> m._Msg | None:
@@ -268,9 +273,10 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             await self.send_json(m.Rejected(reason="frames must be JSON text, not binary").model_dump())
             return
         if self.welcomed is not None and frames.frame_type(text_data) == "heartbeat":
-            # where it arrives, never behind the socket's requests (lane.py); before the hello is answered, after it:
-            # the database holds the worker online only then
-            await self._receive_text(text_data)
+            # never behind the socket's requests (lane.py), nor in the way of its next frames and pushes while its
+            # Redis call runs (lane.Newest); before the hello is answered, after it: the database holds the worker
+            # online only then
+            self.beats.put(functools.partial(self._receive_text, text_data))
         else:
             self.lane.put(functools.partial(self._receive_in_turn, text_data, size))
 
@@ -375,11 +381,12 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         return []
 
     async def _heartbeat(self, message: m.Heartbeat) -> list[m._Msg]:
-        """Recorded in Redis on the event loop (``services.worker_heartbeat_record_async``: no thread, so heartbeats
-        never queue behind other sockets' queries or threads); the database hears of it only when something changes
-        now. The installed version it carries is not recorded: only hello and install reports set it."""
+        """Recorded in Redis on the event loop with the other sockets' heartbeats that arrive meanwhile
+        (``aside.BEATS``: no thread, so heartbeats never queue behind other sockets' queries or threads), as of when
+        it was handed over; the database hears of it only when something changes now. The installed version it
+        carries is not recorded: only hello and install reports set it."""
         fields = {"throughput": message.throughput, "state": message.state, "job_id": message.job_id}
-        beat = await services.worker_heartbeat_record_async(worker_id=self.worker.pk, **fields)
+        beat = await aside.BEATS.submit({"worker_id": self.worker.pk, "at": time.time(), **fields})
         if beat.to_database:
             self.running.clear()  # it may change the activation: read it again
             self.lane.put(functools.partial(self._heartbeat_report, message, beat, fields))
@@ -388,7 +395,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
 
     async def _heartbeat_report(self, message: m.Heartbeat, beat, fields: dict) -> None:
         """What a heartbeat tells the database (a state change, the periodic report, a worker back online), in the
-        socket's order: a request sent after the heartbeat is handled after its report is in."""
+        lane: a request put there after the heartbeat's Redis call is handled after its report is in."""
         async def report() -> list[m._Msg]:
             await database(services.worker_heartbeat_apply)(worker=self.worker, beat=beat, reason=message.reason,
                                                             refused=message.refused, **fields)

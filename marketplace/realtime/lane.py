@@ -3,11 +3,17 @@
 Channels hands a consumer its frames one at a time: a heartbeat that came behind a submit waited until the submit
 was answered, and the submit, on a busy site, until the database threads got to its job's read. With 1,000
 generating agents on two processes, heartbeats reached Redis 30-75 s after they were sent, and the workers looked
-dead to anyone reading them. Once its hello is answered, the agent socket handles a heartbeat where it arrives (one
-Redis call on the event loop), and the site's pushes (assign, release, snapshot) too, and puts every other frame
-here, so a worker's liveness and its news never wait behind its own requests, while its requests (and the database
-reports its heartbeats call for) keep their order among themselves. Before the welcome, everything comes here: the
-hello is answered before anything else is handled.
+dead to anyone reading them. Once its hello is answered, the agent socket handles the site's pushes (assign, release,
+snapshot) where they arrive, its heartbeats on a task of their own (:class:`Newest`: one Redis call each), and puts
+every other frame here, so a worker's liveness and its news never wait behind its own requests, while its requests
+(and the database reports its heartbeats call for) keep their order among themselves. Before the welcome,
+everything comes here: the hello is answered before anything else is handled.
+
+A heartbeat handled where it arrived held the socket's next frames (Channels hands a consumer one at a time) for
+its Redis call, which on a process short of CPU took as long as the loop's turn: at 1,000 generating agents on two
+processes, p50 0.2-1.3 s and p99 up to 8 s, and the next heartbeat and every push waited as long (a one-off probe,
+docs/fleet.md). On a task of its own, a heartbeat that comes while the last one's call runs waits for it, and one
+newer still replaces it: only the newest says how the worker is.
 """
 
 from __future__ import annotations
@@ -62,3 +68,44 @@ class Lane:
         if self._task is not None:
             self._task.cancel()
             self._task = None
+
+
+class Newest:
+    """Work of one kind run one at a time on a task of its own, where only the newest waiting matters: what is put
+    while one runs replaces what waits for it (a socket's heartbeats: each says how the worker is now, so one that
+    waited behind a slow one is worth nothing once a newer came)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._waiting: Callable[[], Awaitable[None]] | None = None
+        self._task: asyncio.Task | None = None
+        self.replaced = 0  # works put and replaced before they ran
+
+    def put(self, work: Callable[[], Awaitable[None]]) -> None:
+        """Run ``work()`` once what runs now is done, unless newer work is put before then. Its exceptions are
+        logged: handle them in ``work``."""
+        self.replaced += self._waiting is not None
+        self._waiting = work
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name=self.name)
+
+    async def _run(self) -> None:
+        while self._waiting is not None:  # no await between the check and the end: a put sees this task done
+            work, self._waiting = self._waiting, None
+            try:
+                await work()
+            except Exception:  # noqa: BLE001 - one's bug must not stop the next
+                log.exception("%s: a request failed", self.name)
+
+    async def close(self, timeout_s: float) -> None:
+        """Let what runs and waits end, for at most ``timeout_s``, then stop."""
+        if self._task is not None:
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(self._task), timeout=timeout_s)
+        self.cancel()
+
+    def cancel(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        self._waiting = None

@@ -62,6 +62,7 @@ from .presence import (
     worker_heartbeat_record,
     worker_heartbeat_record_async,
     worker_heartbeats_fold,
+    worker_heartbeats_record_async,
     worker_socket_closed,
 )
 from .repair import relay_failed
@@ -99,6 +100,7 @@ __all__ = [
     "worker_activate", "worker_calibrate", "worker_connected", "worker_disconnected", "worker_group",
     "worker_heartbeat", "worker_register", "worker_release",
     "worker_closes_record", "worker_heartbeat_apply", "worker_heartbeat_record", "worker_heartbeat_record_async",
+    "worker_heartbeats_record_async",
     "worker_heartbeats_fold",
     "worker_socket_closed",
     "job_archive", "job_budget_check", "job_budget_set", "job_delete", "worker_pause", "worker_price_set",

@@ -10,6 +10,7 @@ import dataclasses
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from django.conf import settings
@@ -150,6 +151,13 @@ async def worker_heartbeat_record_async(*, worker_id: int, throughput: float | N
     """:func:`worker_heartbeat_record` on the event loop (the agent socket's: Redis without a thread hop)."""
     return await liveness.heartbeat_async(worker_id, at=time.time(), throughput=throughput, state=state,
                                           job_id=job_id)
+
+
+async def worker_heartbeats_record_async(beats: Sequence[dict]) -> list[liveness.Beat | BaseException]:
+    """:func:`worker_heartbeat_record_async` of several heartbeats (each its keyword arguments and ``at``, when the
+    site received it) in one Redis round trip (``liveness.heartbeats_async``): the agent sockets of a process hand
+    theirs over together (``marketplace.realtime.aside.BEATS``)."""
+    return await liveness.heartbeats_async(beats)
 
 
 def worker_heartbeat_apply(*, worker: Worker, beat: liveness.Beat, throughput: float | None, state: str = "idle",

@@ -77,3 +77,26 @@ def test_a_cancelled_call_leaves_no_reply_for_the_next_one(redis_url) -> None:
             await client.aclose()
 
     assert asyncio.run(run()) == ["mine", "late"]
+
+
+def test_several_calls_of_a_script_in_one_round_trip_each_with_its_result_or_error(redis_url) -> None:
+    """``run_scripts``: the calls of one script in one pipeline, each answered in place (a call the script failed
+    on gets its error, the others their results), the script loaded again when the server forgot it."""
+    from dataplane.redis_async import run_scripts
+
+    picky = "if ARGV[1] == 'bad' then return redis.error_reply('no thanks') end return {KEYS[1], ARGV[1]}"
+
+    async def run() -> tuple[list, list]:
+        client = connect_async(redis_url, max_connections=1)
+        try:
+            await client.script_flush()
+            first = await run_scripts(client, picky, [(["k1"], ["a"]), (["k2"], ["bad"]), (["k3"], ["c"])])
+            second = await run_scripts(client, picky, [(["k4"], ["d"])])
+            return first, second
+        finally:
+            await client.aclose()
+
+    first, second = asyncio.run(run())
+    assert first[0] == ["k1", "a"] and first[2] == ["k3", "c"]
+    assert isinstance(first[1], redis.ResponseError) and "no thanks" in str(first[1])
+    assert second == [["k4", "d"]]

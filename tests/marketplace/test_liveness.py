@@ -109,6 +109,21 @@ def test_a_heartbeat_is_recorded_whole_after_redis_forgets_its_script(eager):
         (pytest.approx(at), 1.0), (pytest.approx(at + 1), 2.0), (pytest.approx(at + 2), 2.0)]
 
 
+def test_heartbeats_written_together_each_get_their_own_beat(eager, redis_client):
+    """A process's sockets hand their heartbeats over together (``liveness.heartbeats_async``: one round trip):
+    each is recorded at its own time and judged on its own worker's state, as one at a time would be."""
+    first = connected()
+    at = time.time()
+    liveness.mark_online(first.pk, at=at - 2, state="idle", job_id=None)
+    beats = [{"worker_id": first.pk, "at": at, "throughput": 1.0, "state": "idle", "job_id": None},
+             {"worker_id": 424242, "at": at + 0.5, "throughput": 2.0, "state": "idle", "job_id": None}]
+    stream.client().script_flush()  # the script loaded again on the way
+    found = asyncio.run(liveness.heartbeats_async(beats))
+    assert [b.reason for b in found] == ["", liveness.NOT_ONLINE]  # the second: a worker the site never held online
+    assert found[0].previous_at == pytest.approx(at - 2) and found[1].previous_at is None
+    assert liveness.last_seen([first.pk, 424242]) == {first.pk: pytest.approx(at), 424242: pytest.approx(at + 0.5)}
+
+
 def test_an_event_loops_client_closes_its_connections_when_the_loop_shuts_down(eager, redis_client):
     """Heartbeats run on the event loop's own client (``stream.async_client``); a loop that ends (a test's; daphne's
     at exit) takes its connections with it, so loops that come and go leave no connection behind."""
