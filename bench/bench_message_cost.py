@@ -10,7 +10,8 @@ the reply's, no network), a fresh PostgreSQL database (``ECHO2_BENCH_PG_URL``'s 
 private ``redis-server``: one worker says hello, is activated in a running job and then, one block per row, sends
 ``--messages`` messages of one kind in a row, each answered before the next is sent:
 
-- *heartbeat*: a generating agent's heartbeat that stays in Redis;
+- *heartbeat*: a generating agent's heartbeat that stays in Redis, each written before the next is sent (as an
+  agent's come, one every 2 s: a socket's heartbeats sent back to back are written together, one waiting replaced);
 - *heartbeat, report due*: one whose periodic report is due (a worker in a job's is every ``HEARTBEAT_DB_SYNC_S``,
   10 s: one in five of its heartbeats at the 2 s interval), each finding its report period run out, after a billing
   fold (``activations_release_silent``, every expiry beat) billed the worker, as one does every 10 s;
@@ -23,6 +24,8 @@ private ``redis-server``: one worker says hello, is activated in a running job a
   as a fleet does at every publication, and ask for a lease after it (answered once the report is written), over
   ``--publications`` versions: as the site writes them (the reports that arrive while a batch is written go in the
   next) and, beside it, one report per transaction (what the site did before);
+- *heartbeat, at once*: the ``1 + --sockets`` sockets each send a heartbeat at once, ``--publications`` rounds: as the
+  site writes them (those that arrive together in one Redis round trip) and one round trip each;
 - *billing fold*: the fold over the job's ``1 + --sockets`` workers, all generating (installed, a lease held) and
   last billed 10 s before, as the fold finds them every 10 s: per worker (``--folds`` folds).
 
@@ -202,10 +205,24 @@ async def run(args, counters: Counters) -> list[dict]:
                 "redis": (counters.redis - redis0) / n}
 
     async def heartbeats(due: bool) -> dict:
+        """Each heartbeat written to Redis before the next is sent, as an agent's come (one every 2 s): a socket's
+        heartbeats sent back to back would be written together, and one waiting replaced by a newer."""
         beat = json.dumps({"type": "heartbeat", "throughput": 1.0, "state": "generating", "job_id": job.pk})
+        written, wrote = [0], asyncio.Condition()
+        record = services.worker_heartbeats_record_async
+
+        async def counted(beats):
+            out = await record(beats)
+            written[0] += len(beats)
+            async with wrote:
+                wrote.notify_all()
+            return out
 
         async def one() -> float:
+            target = written[0] + 1
             await comm.send_to(text_data=beat)
+            async with wrote:
+                await wrote.wait_for(lambda: written[0] >= target)
             return 0.0
 
         real = liveness._sync_key
@@ -214,11 +231,13 @@ async def run(args, counters: Counters) -> list[dict]:
             liveness._sync_key = lambda worker_id: f"echo2:bench:synced:{worker_id}:{next(fresh)}"
             await database_sync_to_async(presence.activations_release_silent)()  # what every expiry beat runs
 
-        try:  # every heartbeat is handled once the lease request after them is answered
+        services.worker_heartbeats_record_async = counted
+        try:  # every heartbeat's report (in the socket's lane) is in once the lease request after them is answered
             return await block("heartbeat, report due" if due else "heartbeat", args.messages, one,
                                finish=lambda: ask(lease_frame()))
         finally:
             liveness._sync_key = real
+            services.worker_heartbeats_record_async = record
 
     async def submits() -> dict:
         async def one() -> float:
@@ -274,6 +293,8 @@ async def run(args, counters: Counters) -> list[dict]:
     if "at-once" in args.only:
         for together in (True, False):
             rows.append(await installs_at_once(args, counters, job, [comm, *sockets], together=together))
+        for together in (True, False):
+            rows.append(await heartbeats_at_once(args, counters, job, [comm, *sockets], together=together))
     if "fold" in args.only:
         rows.append(await folds(args, counters, job))  # while the sockets of every worker are open
     for other in (comm, *sockets):
@@ -387,6 +408,53 @@ async def installs_at_once(args, counters: Counters, job, comms: list, *, togeth
     how = "written together" if together else "one per transaction"
     return {"message": f"install report + lease request, {len(comms)} sockets at once, {how}", "n": n,
             "cpu_ms": 1000 * cpu / n, "sql": sql / n, "redis": redis / n}
+
+
+async def heartbeats_at_once(args, counters: Counters, job, comms: list, *, together: bool) -> dict:
+    """Every socket of the job sends a heartbeat at once, as a fleet's do all the time (each every 2 s), and the next
+    round goes once all are written: per heartbeat, over ``--publications`` rounds (after one not counted: the
+    state they report is recorded). ``together``: as the site writes them (those that arrive together in one round
+    trip, ``realtime/aside.BEATS``); else one round trip each (``GroupCommit`` with ``max_items=1``)."""
+    from marketplace import services
+    from marketplace.realtime import aside
+    from marketplace.realtime.batches import GroupCommit
+
+    written, wrote = [0], asyncio.Condition()
+    record = services.worker_heartbeats_record_async
+
+    async def counted(beats):
+        out = await record(beats)
+        written[0] += len(beats)
+        async with wrote:
+            wrote.notify_all()
+        return out
+
+    async def round_of_beats() -> None:
+        target = written[0] + len(comms)
+        for comm in comms:
+            await comm.send_to(text_data=beat)
+        async with wrote:
+            await asyncio.wait_for(wrote.wait_for(lambda: written[0] >= target), timeout=60)
+
+    beat = json.dumps({"type": "heartbeat", "throughput": 1.0, "state": "generating", "job_id": job.pk})
+    services.worker_heartbeats_record_async = counted
+    real = aside.BEATS
+    if not together:
+        aside.BEATS = GroupCommit(real.write, max_items=1)
+    try:
+        await round_of_beats()
+        await asyncio.sleep(0.5)  # the first round's database reports (the state each reports is new) are in
+        cpu0, sql0, redis0 = time.process_time(), counters.sql, counters.redis
+        for _ in range(args.publications):
+            await round_of_beats()
+    finally:
+        services.worker_heartbeats_record_async = record
+        aside.BEATS = real
+    n = args.publications * len(comms)
+    how = "written together" if together else "one round trip each"
+    return {"message": f"heartbeat, {len(comms)} sockets at once, {how}", "n": n,
+            "cpu_ms": 1000 * (time.process_time() - cpu0) / n, "sql": (counters.sql - sql0) / n,
+            "redis": (counters.redis - redis0) / n}
 
 
 async def folds(args, counters: Counters, job) -> dict:
