@@ -109,6 +109,40 @@ class Counters:
         stream.async_client = counted_async_client
 
 
+class BeatsWritten:
+    """The heartbeats the site wrote to Redis, counted while in use (``services.worker_heartbeats_record_async``
+    wrapped): a block waits for its heartbeats to be written before it sends the next."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self._wrote = asyncio.Condition()
+        self._real = None
+
+    def __enter__(self) -> BeatsWritten:
+        from marketplace import services
+
+        self._real = services.worker_heartbeats_record_async
+        services.worker_heartbeats_record_async = self._counted
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from marketplace import services
+
+        services.worker_heartbeats_record_async = self._real
+
+    async def _counted(self, beats):
+        out = await self._real(beats)
+        self.n += len(beats)
+        async with self._wrote:
+            self._wrote.notify_all()
+        return out
+
+    async def until(self, n: int) -> None:
+        """Return once ``n`` heartbeats were written (60 s at most)."""
+        async with self._wrote:
+            await asyncio.wait_for(self._wrote.wait_for(lambda: self.n >= n), timeout=60)
+
+
 def setup_site(workdir: Path, redis_port: int, db_url: str) -> None:
     os.environ.update(DATABASE_URL=db_url, REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
                       ECHO2_CACHE_URL=f"redis://127.0.0.1:{redis_port}/1", ECHO2_DATA_DIR=str(workdir),
@@ -208,21 +242,12 @@ async def run(args, counters: Counters) -> list[dict]:
         """Each heartbeat written to Redis before the next is sent, as an agent's come (one every 2 s): a socket's
         heartbeats sent back to back would be written together, and one waiting replaced by a newer."""
         beat = json.dumps({"type": "heartbeat", "throughput": 1.0, "state": "generating", "job_id": job.pk})
-        written, wrote = [0], asyncio.Condition()
-        record = services.worker_heartbeats_record_async
-
-        async def counted(beats):
-            out = await record(beats)
-            written[0] += len(beats)
-            async with wrote:
-                wrote.notify_all()
-            return out
+        written = BeatsWritten()
 
         async def one() -> float:
-            target = written[0] + 1
+            target = written.n + 1
             await comm.send_to(text_data=beat)
-            async with wrote:
-                await wrote.wait_for(lambda: written[0] >= target)
+            await written.until(target)
             return 0.0
 
         real = liveness._sync_key
@@ -231,13 +256,12 @@ async def run(args, counters: Counters) -> list[dict]:
             liveness._sync_key = lambda worker_id: f"echo2:bench:synced:{worker_id}:{next(fresh)}"
             await database_sync_to_async(presence.activations_release_silent)()  # what every expiry beat runs
 
-        services.worker_heartbeats_record_async = counted
         try:  # every heartbeat's report (in the socket's lane) is in once the lease request after them is answered
-            return await block("heartbeat, report due" if due else "heartbeat", args.messages, one,
-                               finish=lambda: ask(lease_frame()))
+            with written:
+                return await block("heartbeat, report due" if due else "heartbeat", args.messages, one,
+                                   finish=lambda: ask(lease_frame()))
         finally:
             liveness._sync_key = real
-            services.worker_heartbeats_record_async = record
 
     async def submits() -> dict:
         async def one() -> float:
@@ -415,40 +439,29 @@ async def heartbeats_at_once(args, counters: Counters, job, comms: list, *, toge
     round goes once all are written: per heartbeat, over ``--publications`` rounds (after one not counted: the
     state they report is recorded). ``together``: as the site writes them (those that arrive together in one round
     trip, ``realtime/aside.BEATS``); else one round trip each (``GroupCommit`` with ``max_items=1``)."""
-    from marketplace import services
     from marketplace.realtime import aside
     from marketplace.realtime.batches import GroupCommit
 
-    written, wrote = [0], asyncio.Condition()
-    record = services.worker_heartbeats_record_async
-
-    async def counted(beats):
-        out = await record(beats)
-        written[0] += len(beats)
-        async with wrote:
-            wrote.notify_all()
-        return out
+    written = BeatsWritten()
 
     async def round_of_beats() -> None:
-        target = written[0] + len(comms)
+        target = written.n + len(comms)
         for comm in comms:
             await comm.send_to(text_data=beat)
-        async with wrote:
-            await asyncio.wait_for(wrote.wait_for(lambda: written[0] >= target), timeout=60)
+        await written.until(target)
 
     beat = json.dumps({"type": "heartbeat", "throughput": 1.0, "state": "generating", "job_id": job.pk})
-    services.worker_heartbeats_record_async = counted
     real = aside.BEATS
     if not together:
         aside.BEATS = GroupCommit(real.write, max_items=1)
     try:
-        await round_of_beats()
-        await asyncio.sleep(0.5)  # the first round's database reports (the state each reports is new) are in
-        cpu0, sql0, redis0 = time.process_time(), counters.sql, counters.redis
-        for _ in range(args.publications):
+        with written:
             await round_of_beats()
+            await asyncio.sleep(0.5)  # the first round's database reports (the state each reports is new) are in
+            cpu0, sql0, redis0 = time.process_time(), counters.sql, counters.redis
+            for _ in range(args.publications):
+                await round_of_beats()
     finally:
-        services.worker_heartbeats_record_async = record
         aside.BEATS = real
     n = args.publications * len(comms)
     how = "written together" if together else "one round trip each"
