@@ -343,7 +343,7 @@ ECHO2 = {
     "AGENT_BYTES_PER_S": env_float("ECHO2_AGENT_BYTES_PER_S", float(64 << 20)),
     "AGENT_ABUSE_CLOSE_AFTER": env_int("ECHO2_AGENT_ABUSE_CLOSE_AFTER", 50),
     # A site process whose answers to leases and groups take longer than this on average, or whose event loop runs
-    # its timers later than LOOP_LAG_S through most of two seconds (short of CPU), announces a lower message budget
+    # its timers later than LOOP_LAG_S in half of a two-second period (short of CPU), announces a lower message budget
     # to its agents (a new `welcome`), halved every 2 s while it stays late, so they batch more and ask less before
     # leases expire (marketplace/realtime/lag.py).
     "REPLY_LAG_S": env_float("ECHO2_REPLY_LAG_S", 2.0),

@@ -8,10 +8,11 @@ which costs the site less per group, before their leases expire. Per process: ea
 
 Two signals, either enough: rollout replies that take longer than ``ECHO2_REPLY_LAG_S`` on average (a database or
 Redis that answers late), and an event loop that runs its timers later than ``ECHO2_LOOP_LAG_S`` (a process short
-of CPU: every frame it reads, heartbeats included, waits as long, and then some). The share is halved every
-``ADJUST_EVERY_S`` while most of the period ran late, down to ``MIN_SHARE``, and raised by a quarter every period
-that ran well on time: a controller, not a fixed map from lag to share, since a share that relieves the loop takes
-the lag away with it. A moment's lateness (a garbage collection, a burst of hellos) changes nothing.
+of CPU: every frame it reads, heartbeats included, waits as long, and then some). The share is halved after every
+``ADJUST_EVERY_S`` period in which half the probes or more ran late (or the replies lagged), down to ``MIN_SHARE``, and
+raised by a quarter after every period that ran well on time: a controller, not a fixed map from lag to share, since
+a share that relieves the loop takes the lag away with it. A moment's lateness (a garbage collection, a burst of
+hellos) changes nothing.
 """
 
 from __future__ import annotations
