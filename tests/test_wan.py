@@ -308,12 +308,14 @@ def test_partition_and_relay_killed_mid_broadcast_recover(tmp_path: Path) -> Non
     """The fault script (bench/wan/faults.py) on a chain of three: the seed killed 1 s into a publication of 8 MB
     (3 s a hop at 20 Mbit/s), then a 15 s partition of another agent. The child installs that version (or a newer
     one) by another path, the partitioned agent generates again under a current version, and no record is lost or
-    trained twice. ~3 minutes on the 2-core machine."""
+    trained twice. ~3.5 minutes on the 2-core machine."""
     from bench.wan.faults import FaultPlan
     from bench.wan.run import run_job
 
-    job = Job(steps=40, hidden=448)
-    row = run_job(profile.parse(CHAIN_LINKS, "ci-chain"), tmp_path, job, timeout=400,
+    # Enough steps that the partitioned agent is back and generating before the job ends: with submits no longer
+    # waiting on the database, 40 steps ended first.
+    job = Job(steps=70, hidden=448)
+    row = run_job(profile.parse(CHAIN_LINKS, "ci-chain"), tmp_path, job, timeout=500,
                   faults=FaultPlan(after_step=3, partition_s=15, kill_after_s=1.0, recover_timeout_s=60))
     assert row["status"] == "completed" and row["fault_error"] is None, row
     assert row["lost"] == 0 and row["trained_twice"] == 0 and row["notes"] == [], row

@@ -281,6 +281,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             self.lane.put(functools.partial(self._receive_in_turn, text_data, size))
 
     async def _receive_in_turn(self, text: str, size: int) -> None:
+        await self.beats.done()  # a heartbeat sent before it, with its database report, comes first
         self.frame_bytes = size  # for the group assembly: the frame being handled now
         await self._receive_text(text)
 
@@ -389,13 +390,14 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         beat = await aside.BEATS.submit({"worker_id": self.worker.pk, "at": time.time(), **fields})
         if beat.to_database:
             self.running.clear()  # it may change the activation: read it again
-            self.lane.put(functools.partial(self._heartbeat_report, message, beat, fields))
+            await self._heartbeat_report(message, beat, fields)
         aside.flush_delivered()  # groups accepted before the rollouts stopped still reach the database
         return []
 
     async def _heartbeat_report(self, message: m.Heartbeat, beat, fields: dict) -> None:
-        """What a heartbeat tells the database (a state change, the periodic report, a worker back online), in the
-        lane: a request put there after the heartbeat's Redis call is handled after its report is in."""
+        """What a heartbeat tells the database (a state change, the periodic report, a worker back online), before the
+        heartbeat is done: a request sent after the heartbeat waits for it (:meth:`_receive_in_turn`), so it is
+        handled after the report is in."""
         async def report() -> list[m._Msg]:
             await database(services.worker_heartbeat_apply)(worker=self.worker, beat=beat, reason=message.reason,
                                                             refused=message.refused, **fields)

@@ -4,9 +4,10 @@ Channels hands a consumer its frames one at a time: a heartbeat that came behind
 was answered, and the submit, on a busy site, until the database threads got to its job's read. With 1,000
 generating agents on two processes, heartbeats reached Redis 30-75 s after they were sent, and the workers looked
 dead to anyone reading them. Once its hello is answered, the agent socket handles the site's pushes (assign, release,
-snapshot) where they arrive, its heartbeats on a task of their own (:class:`Newest`: one Redis call each), and puts
-every other frame here, so a worker's liveness and its news never wait behind its own requests, while its requests
-(and the database reports its heartbeats call for) keep their order among themselves. Before the welcome,
+snapshot) where they arrive, its heartbeats on a task of their own (:class:`Newest`: a Redis call each, and the
+database report one calls for), and puts every other frame here, so a worker's liveness and its news never wait
+behind its own requests, while its requests keep their order among themselves, each after the heartbeats sent
+before it. Before the welcome,
 everything comes here: the hello is answered before anything else is handled.
 
 A heartbeat handled where it arrived held the socket's next frames (Channels hands a consumer one at a time) for
@@ -96,6 +97,12 @@ class Newest:
                 await work()
             except Exception:  # noqa: BLE001 - one's bug must not stop the next
                 log.exception("%s: a request failed", self.name)
+
+    async def done(self) -> None:
+        """Return once what runs or waits now is done (and what was put meanwhile); at once when nothing runs. A
+        failure or cancellation of that work is not raised here."""
+        if self._task is not None and not self._task.done():
+            await asyncio.wait({self._task})
 
     async def close(self, timeout_s: float) -> None:
         """Let what runs and waits end, for at most ``timeout_s``, then stop."""
