@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 async def connect(key: str | None) -> WebsocketCommunicator:
     headers = [(b"authorization", f"Bearer {key}".encode())] if key else []
     comm = WebsocketCommunicator(application, "/ws/agent/", headers=headers)
-    connected, _ = await comm.connect()
+    connected, _ = await comm.connect(timeout=10)  # the first connect of a test run opens the database threads
     assert connected
     return comm
 
