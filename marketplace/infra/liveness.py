@@ -36,7 +36,7 @@ from collections.abc import Sequence
 
 from django.conf import settings
 
-from dataplane.redis_async import run_script, run_scripts
+from dataplane.redis_async import run_scripts
 from dataplane.replay_scripts import script
 
 from . import stream, telemetry
@@ -137,18 +137,11 @@ def heartbeat(worker_id: int, *, at: float, throughput: float | None, state: str
     return _beat(script(stream.client(), _HEARTBEAT)(keys=keys, args=args), state=state, job_id=job_id)
 
 
-async def heartbeat_async(worker_id: int, *, at: float, throughput: float | None, state: str,
-                          job_id: int | None) -> Beat:
-    """:func:`heartbeat` on the event loop's own client (``stream.async_client``): no thread hop."""
-    keys, args = _heartbeat_call(worker_id, at=at, throughput=throughput, state=state, job_id=job_id)
-    found = await run_script(stream.async_client("liveness"), _HEARTBEAT, keys=keys, args=args)  # a pool of its own
-    return _beat(found, state=state, job_id=job_id)
-
-
 async def heartbeats_async(beats: Sequence[dict]) -> list[Beat | BaseException]:
-    """:func:`heartbeat_async` of each of ``beats`` (its keyword arguments, ``worker_id`` among them), all in one
-    round trip on one connection (``redis_async.run_scripts``): the heartbeats of a process's sockets that arrive
-    together, written together. A heartbeat's outcome, or the error Redis answered it with."""
+    """:func:`heartbeat` of each of ``beats`` (its keyword arguments, ``worker_id`` among them) on the event loop's
+    own client (``stream.async_client``, a pool of its own: no thread hop), all in one round trip on one connection
+    (``redis_async.run_scripts``): the heartbeats of a process's sockets that arrive together, written together. A
+    heartbeat's outcome, or the error Redis answered it with."""
     calls = [_heartbeat_call(b["worker_id"], at=b["at"], throughput=b["throughput"], state=b["state"],
                              job_id=b["job_id"]) for b in beats]
     found = await run_scripts(stream.async_client("liveness"), _HEARTBEAT, calls)

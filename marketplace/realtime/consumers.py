@@ -64,6 +64,11 @@ def _unavailable(ref: str, err: Exception) -> m.Rejected:
                              "send it again", ref=ref, retry_after=UNAVAILABLE_RETRY_AFTER_S)
 
 
+async def _job_at_work(job_id: int) -> services.JobAtWork | None:
+    """Running job ``job_id`` and who is active in it, read on the sockets' database threads (``jobcache.JOBS``)."""
+    return await database(services.job_at_work)(job_id=job_id)
+
+
 class AgentConsumer(AsyncJsonWebsocketConsumer):
     worker = None
     lane: Lane | None = None  # made at connect
@@ -329,8 +334,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         job_id = message.job_id if isinstance(message, m.LeaseRequest | m.Submit) else message.group.job_id
         running = self.running.get(job_id)
         if running is not None:  # the process's next read of the job starts once the newest is half its age
-            jobcache.JOBS.refresh(job_id, lambda: database(services.job_at_work)(job_id=job_id),
-                                  max_age_s=self.running.max_age_s)
+            jobcache.JOBS.refresh(job_id, functools.partial(_job_at_work, job_id), max_age_s=self.running.max_age_s)
         else:
             read_at, running = await self._read_running(job_id)
             if running is None:  # not active in it, or it does not run: read for this worker, which says why
@@ -366,7 +370,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if max_age <= 0:  # read always: nothing to share, and the worker's own read is one query
             return time.monotonic(), None
         return await jobcache.JOBS.read(
-            job_id, lambda: database(services.job_at_work)(job_id=job_id),
+            job_id, functools.partial(_job_at_work, job_id),
             not_before=self.running.cleared_at, max_age_s=max_age)
 
     async def _installed(self, message: m.SnapshotInstalled) -> list[m._Msg]:

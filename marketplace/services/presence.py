@@ -146,17 +146,11 @@ def worker_heartbeat_record(*, worker_id: int, throughput: float | None, state: 
                               job_id=job_id)
 
 
-async def worker_heartbeat_record_async(*, worker_id: int, throughput: float | None, state: str = "idle",
-                                       job_id: int | None = None) -> liveness.Beat:
-    """:func:`worker_heartbeat_record` on the event loop (the agent socket's: Redis without a thread hop)."""
-    return await liveness.heartbeat_async(worker_id, at=time.time(), throughput=throughput, state=state,
-                                          job_id=job_id)
-
-
 async def worker_heartbeats_record_async(beats: Sequence[dict]) -> list[liveness.Beat | BaseException]:
-    """:func:`worker_heartbeat_record_async` of several heartbeats (each its keyword arguments and ``at``, when the
-    site received it) in one Redis round trip (``liveness.heartbeats_async``): the agent sockets of a process hand
-    theirs over together (``marketplace.realtime.aside.BEATS``)."""
+    """:func:`worker_heartbeat_record` of several heartbeats (each its keyword arguments and ``at``, when the site
+    received it) on the event loop (the agent socket's: Redis without a thread hop), in one round trip
+    (``liveness.heartbeats_async``): the agent sockets of a process hand theirs over together
+    (``marketplace.realtime.aside.BEATS``)."""
     return await liveness.heartbeats_async(beats)
 
 

@@ -129,8 +129,8 @@ def test_an_event_loops_client_closes_its_connections_when_the_loop_shuts_down(e
     at exit) takes its connections with it, so loops that come and go leave no connection behind."""
 
     async def beats() -> None:
-        await asyncio.gather(*(liveness.heartbeat_async(wid, at=time.time(), throughput=1.0, state="idle",
-                                                        job_id=None) for wid in range(20)))
+        await asyncio.gather(*(liveness.heartbeats_async([{"worker_id": wid, "at": time.time(), "throughput": 1.0,
+                                                           "state": "idle", "job_id": None}]) for wid in range(20)))
 
     asyncio.run(beats())
     held = redis_client.info("clients")["connected_clients"]
@@ -150,7 +150,8 @@ def test_a_heartbeat_never_waits_for_a_connection_behind_the_requests(eager, red
         held = [asyncio.create_task(requests.blpop([f"echo2:test:held:{i}"], timeout=2))
                 for i in range(stream.ASYNC_CONNECTIONS["requests"])]
         await asyncio.sleep(0.2)  # each holds its connection, blocked in Redis
-        await liveness.heartbeat_async(7, at=time.time(), throughput=1.0, state="idle", job_id=None)
+        await liveness.heartbeats_async([{"worker_id": 7, "at": time.time(), "throughput": 1.0, "state": "idle",
+                                          "job_id": None}])
         all_held = not any(task.done() for task in held)  # sharing the pool, it waited until one ended (2 s)
         await asyncio.gather(*held)
         return all_held
