@@ -73,6 +73,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
     worker = None
     lane: Lane | None = None  # made at connect
     beats: Newest | None = None  # the socket's heartbeats, beside the lane (made at connect)
+    reports: Newest | None = None  # their database reports, beside both
     follower = None  # keeps the socket in its job's agents group (services.fanout)
     closed = False  # its websocket closed: nothing more is sent (send)
 
@@ -80,6 +81,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         self.hello_at = None  # when this socket's session began: its close must not end a newer socket's
         self.lane = Lane(f"agent socket {self.channel_name}")  # its requests, in order; heartbeats pass it (lane.py)
         self.beats = Newest(f"agent heartbeats {self.channel_name}")
+        self.reports = Newest(f"agent heartbeat reports {self.channel_name}")
         self.following = asyncio.Lock()  # the job group's joins and leaves, one at a time (_follow)
         self.bucket = limits.MessageBucket.from_settings()
         self.assembler = GroupAssembler()  # the group arriving in parts, if any: dropped with the socket
@@ -107,6 +109,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             if self.lane is not None:
                 self.lane.cancel()
                 self.beats.cancel()
+                self.reports.cancel()
 
     async def dispatch(self, message) -> None:
         """Channels' dispatch without its ``aclose_old_connections()`` before every message: that call is a trip
@@ -131,7 +134,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
 
     async def disconnect(self, code) -> None:
         self.closed = True
-        left, _ = await asyncio.gather(self.lane.close(LANE_CLOSE_S), self.beats.close(LANE_CLOSE_S))
+        left, *_ = await asyncio.gather(self.lane.close(LANE_CLOSE_S), self.beats.close(LANE_CLOSE_S),
+                                        self.reports.close(LANE_CLOSE_S))
         if left:
             log.warning("agent %s: socket closed with %d request(s) not handled", getattr(self.worker, "pk", None),
                         left)
@@ -286,7 +290,9 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             self.lane.put(functools.partial(self._receive_in_turn, text_data, size))
 
     async def _receive_in_turn(self, text: str, size: int) -> None:
-        await self.beats.done()  # a heartbeat sent before it, with its database report, comes first
+        await self.beats.done()  # a heartbeat sent before it is in Redis first
+        if frames.frame_type(text) not in frames.GROUP_FRAMES:  # a group reads nothing a report writes
+            await self.reports.done()  # and a request that reads or bills the worker comes after its report
         self.frame_bytes = size  # for the group assembly: the frame being handled now
         await self._receive_text(text)
 
@@ -394,14 +400,16 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         beat = await aside.BEATS.submit({"worker_id": self.worker.pk, "at": time.time(), **fields})
         if beat.to_database:
             self.running.clear()  # it may change the activation: read it again
-            await self._heartbeat_report(message, beat, fields)
+            # on a task of its own: the next heartbeat's Redis write never waits for the database (a report waits
+            # for the socket's database threads, seconds when they are busy); a newer report replaces one waiting
+            self.reports.put(functools.partial(self._heartbeat_report, message, beat, fields))
         aside.flush_delivered()  # groups accepted before the rollouts stopped still reach the database
         return []
 
     async def _heartbeat_report(self, message: m.Heartbeat, beat, fields: dict) -> None:
-        """What a heartbeat tells the database (a state change, the periodic report, a worker back online), before the
-        heartbeat is done: a request sent after the heartbeat waits for it (:meth:`_receive_in_turn`), so it is
-        handled after the report is in."""
+        """What a heartbeat tells the database (a state change, the periodic report, a worker back online). A request
+        sent after the heartbeat, a group excepted, waits for it (:meth:`_receive_in_turn`), so it is handled after the
+        report is in. Only the newest report waiting is made: each carries the worker's state as it is now."""
         async def report() -> list[m._Msg]:
             await database(services.worker_heartbeat_apply)(worker=self.worker, beat=beat, reason=message.reason,
                                                             refused=message.refused, **fields)

@@ -73,8 +73,8 @@ class Lane:
 
 class Newest:
     """Work of one kind run one at a time on a task of its own, where only the newest waiting matters: what is put
-    while one runs replaces what waits for it (a socket's heartbeats: each says how the worker is now, so one that
-    waited behind a slow one is worth nothing once a newer came)."""
+    while one runs replaces what waits for it (a socket's heartbeats, and their database reports: each says how the
+    worker is now, so one that waited behind a slow one is worth nothing once a newer came)."""
 
     def __init__(self, name: str) -> None:
         self.name = name

@@ -1,11 +1,12 @@
-"""A socket's heartbeats on a task of their own (marketplace/realtime/lane.py ``Newest``): one at a time, the newest
-waiting replacing an older one, and never in the way of the socket's next frames and pushes while a heartbeat's
-Redis call runs."""
+"""A socket's heartbeats, and their database reports, on tasks of their own (marketplace/realtime/lane.py
+``Newest``): one at a time, the newest waiting replacing an older one; never in the way of the socket's next frames
+and pushes while a heartbeat's Redis call runs, nor of the next heartbeat while a report waits for the database."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
 
 import pytest
 from channels.layers import get_channel_layer
@@ -73,4 +74,42 @@ async def test_a_push_is_sent_while_the_sockets_heartbeat_waits_on_redis(monkeyp
     pushed = await comm.receive_json_from(timeout=5)
     assert pushed["type"] == "no_work" and not gate.is_set() and len(calls) == 1
     gate.set()
+    await comm.disconnect()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("redis_url", "settings_eager")
+async def test_a_heartbeat_is_recorded_while_the_one_before_waits_for_its_database_report(monkeypatch):
+    """The first heartbeat's database report held (the socket's database threads busy): the next heartbeat is still
+    written to Redis at once, and a request sent after both is answered only once the report is in."""
+    job, worker, key = await setup_job_and_worker()
+    comm = await connect(key)
+    await started_with(comm, job)
+    real_record, real_apply = services.worker_heartbeats_record_async, services.worker_heartbeat_apply
+    recorded, reports, held = [], [], threading.Event()
+
+    async def record(beats):
+        recorded.extend(beats)
+        return await real_record(beats)
+
+    def apply(**kwargs):
+        reports.append(kwargs["state"])
+        held.wait(10)
+        return real_apply(**kwargs)
+
+    monkeypatch.setattr(services, "worker_heartbeats_record_async", record)
+    monkeypatch.setattr(services, "worker_heartbeat_apply", apply)
+    beat = {"type": "heartbeat", "throughput": 1.0, "state": "generating", "job_id": job.pk}
+    await comm.send_json_to(beat)  # a state the site never heard: it goes to the database
+    await comm.send_json_to(beat)
+    await comm.send_json_to({"type": "lease_request", "job_id": job.pk, "id": "after-the-beats"})
+    for _ in range(250):  # until both are in Redis (a safety limit: at once)
+        if len(recorded) == 2:
+            break
+        await asyncio.sleep(0.02)
+    assert len(recorded) == 2 and reports == ["generating"] and not held.is_set()
+    assert await comm.receive_nothing(timeout=0.3)  # the lease request waits for the report
+    held.set()
+    reply = await comm.receive_json_from(timeout=10)
+    assert reply["ref_id"] == "after-the-beats" and reports == ["generating"]
     await comm.disconnect()
