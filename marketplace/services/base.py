@@ -6,9 +6,14 @@ This module imports no sibling, so each sub-domain may import it without closing
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import logging
 import random
+import threading
 import time
+from collections.abc import Iterator
 from functools import wraps
 from typing import Any
 
@@ -37,20 +42,66 @@ def job_group(job_id: int) -> str:
     return f"job.{job_id}"
 
 
+_outbox = threading.local()  # the pushes collected by ``pushes_together`` in this thread, else None
+PUSHES_AT_ONCE = 32  # groups sent to at once by one ``pushes_together``
+
+
 def _push(group: str, event: dict[str, Any]) -> None:
     """Send ``event`` to a channel group once the transaction commits. Best effort: the write is committed
     whatever happens to the push, so a channel layer that is away (Redis restarting) is logged, never turned
     into an error for a request that succeeded (agents catch up on their next hello or snapshot request)."""
     def send() -> None:
-        layer = get_channel_layer()
-        if layer is None:
-            return
-        try:
-            async_to_sync(layer.group_send)(group, event)
-        except Exception as err:  # noqa: BLE001 - any transport failure of a best-effort push
-            log.warning("push to %s lost (%s: %s)", group, type(err).__name__, err)
+        events = getattr(_outbox, "events", None)
+        if events is None:
+            _send_all([(group, event)])
+        else:  # a copy of one already collected (each release's "job changed") is sent once
+            events.setdefault((group, json.dumps(event, sort_keys=True)), (group, event))
 
     transaction.on_commit(send)
+
+
+@contextlib.contextmanager
+def pushes_together() -> Iterator[None]:
+    """The pushes of what commits inside, sent together once it is done: one trip to the event loop, a few groups
+    at a time, each group's events in order, a repeated event once. A job's end released its workers one by one,
+    each release's pushes a trip of their own to the site process's event loop: with a thousand workers on a busy
+    site, the owner's Cancel outlived its 60 s HTTP timeout. Which pushes are sent is still the transaction's
+    to say (a rolled back one's never reach here); inside another ``pushes_together``, that one sends them."""
+    if getattr(_outbox, "events", None) is not None:
+        yield
+        return
+    _outbox.events = {}
+    try:
+        yield
+    finally:
+        events, _outbox.events = list(_outbox.events.values()), None
+        _send_all(events)
+
+
+def _send_all(events: list[tuple[str, dict[str, Any]]]) -> None:
+    layer = get_channel_layer()
+    if layer is None or not events:
+        return
+    by_group: dict[str, list[dict[str, Any]]] = {}
+    for group, event in events:
+        by_group.setdefault(group, []).append(event)
+    at_once = asyncio.Semaphore(PUSHES_AT_ONCE) if len(by_group) > 1 else contextlib.nullcontext()
+
+    async def send_group(group: str, group_events: list[dict[str, Any]]) -> None:
+        async with at_once:
+            for event in group_events:
+                try:
+                    await layer.group_send(group, event)
+                except Exception as err:  # noqa: BLE001 - any transport failure of a best-effort push
+                    log.warning("push to %s lost (%s: %s)", group, type(err).__name__, err)
+
+    async def send() -> None:
+        await asyncio.gather(*(send_group(group, group_events) for group, group_events in by_group.items()))
+
+    try:
+        async_to_sync(send)()
+    except Exception as err:  # noqa: BLE001 - the loop itself failed: every push of it is lost, the writes stand
+        log.warning("%d push(es) lost (%s: %s)", len(events), type(err).__name__, err)
 
 
 def push_to_worker(worker_id: int, message: m._Msg) -> None:

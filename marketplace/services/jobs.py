@@ -16,7 +16,7 @@ from dataplane.replay import RedisError
 from ..infra import learner_door, stream
 from ..models import Activation, Job, Worker
 from ..reads import ledger, matching, selectors
-from .base import ServiceError, enqueue_task, push_job_update
+from .base import ServiceError, enqueue_task, push_job_update, pushes_together
 from .datasets import datasets_check
 from .workers import worker_activate, worker_release
 
@@ -56,6 +56,7 @@ def job_start(*, job: Job) -> Job:
     return job
 
 
+@pushes_together()
 @transaction.atomic
 def job_finish(*, job: Job, status: str, reason: str = "", code: str = Job.Reason.NONE) -> Job:
     """End a job (completed, failed or cancelled) and release its workers; ``reason`` says why in words, ``code``
@@ -86,6 +87,7 @@ def job_finish(*, job: Job, status: str, reason: str = "", code: str = Job.Reaso
     return job
 
 
+@pushes_together()
 @transaction.atomic
 def job_pause(*, job: Job, by: str = "", reason: str = "", code: str = Job.Reason.NONE) -> Job:
     """Stop generation (and billing) for a running job without losing anything. Why: ``reason`` in words (default:
@@ -146,6 +148,7 @@ def job_activate_idle_workers(*, job: Job) -> list[Activation]:
     return [worker_activate(worker=worker, job=job) for worker in idle if worker.pk in qualify]
 
 
+@pushes_together()
 @transaction.atomic
 def job_replan_apply(*, job: Job, activate: Collection[int] = (), release: Collection[int] = (), reason: str = "",
                      calibrate: bool = False, hysteresis: tuple[float | None, float | None] | None = None) -> None:

@@ -18,7 +18,7 @@ from dataplane.replay import RedisError
 from ..infra import learner_door, liveness, reward_errors
 from ..models import Job, JobMetric
 from .audits import audits_record
-from .base import ServiceError, enqueue_task, learner_may_report, push_job_update
+from .base import ServiceError, enqueue_task, learner_may_report, push_job_update, pushes_together
 from .budgets import job_budget_check
 from .samples import samples_record
 from .workers import worker_release
@@ -119,6 +119,7 @@ def _unstall(job: Job, fields: list[str]) -> None:
     push_job_update(job)
 
 
+@pushes_together()
 @transaction.atomic
 def jobs_stall_silent_learners() -> int:
     """Running jobs whose learner has not been heard from for ``LEARNER_TIMEOUT_S`` (since the job started,

@@ -27,7 +27,7 @@ from ..core import billing
 from ..infra import liveness, telemetry
 from ..models import Activation, Job, Worker, WorkerSession
 from ..reads import selectors
-from .base import ServiceError, enqueue_task, push_job_update, retry_conflicts
+from .base import ServiceError, enqueue_task, push_job_update, pushes_together, retry_conflicts
 from .billing import Observation, activation_observe, activation_report, activations_bill, gap_limit_s
 from .broadcast import assign_message
 from .repair import repair_without
@@ -263,6 +263,7 @@ def _release_reason(activation: Activation, *, seen: telemetry.Observed, now: fl
     return silent, Activation.End.SILENT if silent else Activation.End.OTHER
 
 
+@pushes_together()
 def activations_release_silent(*, now: datetime | None = None) -> int:
     """The billing fold: look at every open activation of a running job by what the site saw (one Redis round trip
     per job) and bill, up to ``now``, the ones in a billed state, whose observed state changed, whose measured
