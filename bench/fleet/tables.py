@@ -73,6 +73,9 @@ FIGURES = [
     ("agent messages/s", lambda f: f"{f['messages_per_s']:.0f}"),
     ("refused (rejected replies)", lambda f: f"{f['refused']}" + (f" {f['refused_why']}" if f["refused"] else "")),
     ("refused over budget (site's count)", lambda f: _fmt(f.get("site_refused"), "d", "not counted")),
+    # the site's log line for a lowered budget is at INFO, which a bench's daphne does not print: count the frames
+    ("welcomes past one per agent (a lower budget, or a reconnect)",
+     lambda f: str(f.get("frames_received", {}).get("welcome", 0) - f["connected"])),
     ("groups lost", lambda f: f"{f['lost']} of {f['leases']} leased" if "lost_checked" not in f else
      f"{f['lost']} of {f['lost_checked']} leased {f['lost_cutoff_s']:g} s before the release ({f['leases']} in all)"),
     ("reply p50 / p99 s", _latencies),
