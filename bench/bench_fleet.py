@@ -21,6 +21,8 @@ base; measure ``--window`` s of generation; time one re-plan; cancel the job (re
   (idle / generating) that the site handled within 1 s (pairing each with the site's heartbeat record in Redis,
   ``marketplace.infra.telemetry``), and heartbeats handled on time per second while generating;
 - groups/s, records/s: what the site accepted (the job's Redis counters) over the window;
+- welcomes past one per agent: a site process that runs late announces a lower budget in a new ``welcome``
+  (``marketplace/realtime/lag.py``; a reconnect is welcomed again too).
 - refused: ``rejected`` replies the agents received in the row; lost: groups leased more than 60 s before the
   release (the longest reply timeout an agent can use: it derives its own from the round trips it measures,
   worker_agent/timing.py), never accepted, handed back, nor refused for their content, of how many were leased
