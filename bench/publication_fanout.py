@@ -165,6 +165,7 @@ class Sockets:
 
 async def join_members(layer, job_id: int, member_ids: list[int], sockets: Sockets) -> list[asyncio.Task]:
     """One channel-layer member per worker in the job's agents group, receiving as a consumer does."""
+    from dataplane import messages as m
     from marketplace.realtime.consumers import AgentConsumer
     from marketplace.realtime.jobcache import FreshFor
     from marketplace.services import fanout
@@ -176,6 +177,8 @@ async def join_members(layer, job_id: int, member_ids: list[int], sockets: Socke
         consumer = AgentConsumer()
         consumer.worker, consumer.channel_layer, consumer.channel_name = SimpleNamespace(pk=worker_id), layer, channel
         consumer.running, consumer.base_send = FreshFor(60.0), sockets.sink_for(worker_id)
+        # a socket whose hello was answered (pushes handled where they arrive), as ``connect`` and the hello leave it
+        consumer.welcomed, consumer.following = m.Welcome.model_construct(), asyncio.Lock()
         consumer.follower = fanout.JobFollower(layer, channel, worker_id)
         await layer.group_add(group, channel)
         consumer.follower.group = group
@@ -243,9 +246,9 @@ async def one_size(n: int, *, no_relay: float, members_max: int, manifest: dict,
     cpu0, t0 = time.process_time(), time.perf_counter()
     request_s, request_cpu, status, content = await sync_to_async(post, thread_sensitive=False)()
     assert status == 201, f"publish refused: HTTP {status}: {content!r}"
-    await asyncio.wait_for(sockets.done.wait(), timeout=600)
+    # a socket's handler that raised fails the run at once (it would leave the count short, and the wait to time out)
+    await asyncio.wait_for(asyncio.gather(sockets.done.wait(), *tasks), timeout=600)
     cpu = time.process_time() - cpu0
-    await asyncio.gather(*tasks)
     rclient = redis.Redis.from_url(redis_url)
     nonce = fanout.latest_announced(job.pk)[1]
     event = {"type": fanout.EVENT, "job_id": job.pk, "version": 1, "nonce": nonce}
