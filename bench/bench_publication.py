@@ -3,7 +3,7 @@ learner's publish request and the fan-out to N agent sockets on the real site.
 
 Run: ``.venv/bin/python bench/bench_publication.py [--sizes 1000 10000 100000] [--no-relay 0.1]
 [--fanout-sizes 1000 10000 100000] [--members-max 10000] [--chunks 256] [--repeat 3]
-[--database sqlite|postgres] [--no-fanout] [--manifest-fetches 1000 10000] [--fetch-clients 64]``
+[--database sqlite|postgres] [--no-fanout] [--rejoin-all] [--manifest-fetches 1000 10000] [--fetch-clients 64]``
 
 The second table (``bench/publication_fanout.py`` says what is real there): the learner's ``POST /snapshots/``
 time, the time until every agent socket has its own message, the site's CPU per worker and the Redis bytes of the
@@ -122,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the site's database: a fresh SQLite file, or a fresh database on PostgreSQL at "
                              "127.0.0.1:5432 (dropped at the end)")
     parser.add_argument("--no-fanout", action="store_true", help="print only the planning table (no site)")
+    parser.add_argument("--rejoin-all", action="store_true",
+                        help="every socket's membership due for its re-join at the publication (the worst case); "
+                             "by default the sockets joined just before it")
     parser.add_argument("--manifest-fetches", type=int, nargs="*", default=[1_000, 10_000],
                         help="manifest.json fetches from the learner's snapshot server to time (none: skip)")
     parser.add_argument("--fetch-clients", type=int, default=64, help="manifest fetches in flight at once")
@@ -152,8 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         from bench import publication_fanout as fanout
 
         rows, fanout_ok = fanout.run(args.fanout_sizes, no_relay=args.no_relay, members_max=args.members_max,
-                                     chunks=args.chunks, repeat=args.repeat, database=args.database)
-        console.print(fanout.table(rows, chunks=args.chunks))
+                                     chunks=args.chunks, repeat=args.repeat, database=args.database,
+                                     rejoin_all=args.rejoin_all)
+        console.print(fanout.table(rows, chunks=args.chunks, rejoin_all=args.rejoin_all))
         console.print(fanout.message_table(rows, chunks=args.chunks))
         print("PASS" if fanout_ok else f"FAIL: at {fanout.TARGET_N:,} workers the request took "
               f"{fanout.REQUEST_TARGET_S} s or more, or some socket waited {fanout.NOTIFIED_TARGET_S} s or more")
