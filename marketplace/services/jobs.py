@@ -18,7 +18,7 @@ from ..models import Activation, Job, Worker
 from ..reads import ledger, matching, selectors
 from .base import ServiceError, enqueue_task, push_job_update, pushes_together
 from .datasets import datasets_check
-from .workers import worker_activate, worker_release
+from .workers import worker_activate, worker_release, workers_release
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +79,8 @@ def job_finish(*, job: Job, status: str, reason: str = "", code: str = Job.Reaso
         transaction.on_commit(lambda: learner_door.door_close(job.pk))
     job.learner_redis_password_sha256 = ""
     job.save(update_fields=["status", "status_reason", "reason_code", "finished_at", "learner_redis_password_sha256"])
-    for activation in job.activations.filter(ended_at=None).order_by("worker_id"):  # rows locked in id order
-        worker_release(activation=activation, reason=f"job {status}")
+    workers_release(job_id=job.pk, activations=list(job.activations.filter(ended_at=None).order_by("worker_id")),
+                    reason=f"job {status}")
     if status != Job.Status.FAILED:
         transaction.on_commit(lambda: _drop_streams(job.pk))
     push_job_update(job)
@@ -103,8 +103,8 @@ def job_pause(*, job: Job, by: str = "", reason: str = "", code: str = Job.Reaso
     job.status_reason = (reason or (f"paused by {by}" if by else "paused"))[:500]
     job.reason_code = code or (Job.Reason.BY_PERSON if by else Job.Reason.NONE)
     job.save(update_fields=["status", "status_reason", "reason_code"])
-    for activation in job.activations.filter(ended_at=None):
-        worker_release(activation=activation, reason="job paused")
+    workers_release(job_id=job.pk, activations=list(job.activations.filter(ended_at=None).order_by("worker_id")),
+                    reason="job paused")
     push_job_update(job)
     return job
 

@@ -16,11 +16,11 @@ from dataplane.hardware import Hardware
 from dataplane.replay import RedisError
 from dataplane.tasks import TaskSpecError, build_task
 
-from ..infra import liveness, stream
+from ..infra import liveness, stream, telemetry
 from ..models import Activation, Job, PriceChange, Provider, Worker, WorkerCalibration
 from ..reads import matching, selectors
 from .base import ServiceError, push_job_update, push_to_worker
-from .billing import activation_observe
+from .billing import Observation, activation_observe, activations_bill
 from .broadcast import assign_message
 
 log = logging.getLogger(__name__)
@@ -101,6 +101,37 @@ def worker_release(*, activation: Activation, reason: str, code: str = Activatio
     push_to_worker(activation.worker_id, m.Release(job_id=activation.job_id, reason=reason))
     push_job_update(activation.job_id)
     transaction.on_commit(lambda: _return_leases(activation.job_id, activation.worker_id))
+
+
+def workers_release(*, job_id: int, activations: list[Activation], reason: str,
+                    code: str = Activation.End.OTHER) -> None:
+    """``worker_release`` of many open activations of job ``job_id`` at once (the job's end or pause), in worker id
+    order: billed together by ``activations_bill`` (what ``activation_observe`` bills one at a time, to the last
+    digit, in a fixed number of statements) and ended in one statement; one whose row another transaction holds
+    now (a heartbeat's report) is released alone, as before. A Cancel of a thousand workers made each release's
+    half a dozen queries one after another: ~40 s on a loaded site, near its caller's HTTP timeout. Call it in the
+    transaction that ends them: the rows billed here stay locked until it commits."""
+    if not activations:
+        return
+    at = timezone.now()
+    ids = [a.worker_id for a in activations]
+    offline = set(Worker.objects.filter(pk__in=ids, status=Worker.Status.OFFLINE).values_list("pk", flat=True))
+    seen = telemetry.observed(ids, job_id=job_id)
+    bills = activations_bill(job_id=job_id, at=at, observations=[  # an offline worker's lease: free
+        Observation(activation_id=a.pk, worker_id=a.worker_id, seen=seen[a.worker_id],
+                    reported="failed" if a.state == "failed" else "idle", connected=a.worker_id not in offline)
+        for a in activations])
+    together = [a for a in activations if a.pk in bills]
+    Activation.objects.filter(pk__in=[a.pk for a in together]).update(ended_at=at, end_reason=reason, end_code=code)
+    Worker.objects.filter(pk__in=[a.worker_id for a in together], status=Worker.Status.ACTIVE).update(
+        status=Worker.Status.IDLE)
+    for activation in together:
+        push_to_worker(activation.worker_id, m.Release(job_id=job_id, reason=reason))
+    push_job_update(job_id)
+    transaction.on_commit(lambda: [_return_leases(job_id, a.worker_id) for a in together])
+    for activation in activations:
+        if activation.pk not in bills:  # held elsewhere, or billed up to now already: alone, waiting for its row
+            worker_release(activation=activation, reason=reason, code=code)
 
 
 def _return_leases(job_id: int, worker_id: int, *, why: str = "released") -> None:
