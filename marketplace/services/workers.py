@@ -104,13 +104,14 @@ def worker_release(*, activation: Activation, reason: str, code: str = Activatio
 
 
 def workers_release(*, job_id: int, activations: list[Activation], reason: str,
-                    code: str = Activation.End.OTHER) -> None:
+                    code: str = Activation.End.OTHER, return_leases: bool = True) -> None:
     """``worker_release`` of many open activations of job ``job_id`` at once (the job's end or pause), in worker id
     order: billed together by ``activations_bill`` (what ``activation_observe`` bills one at a time, to the last
     digit, in a fixed number of statements) and ended in one statement; one whose row another transaction holds
     now (a heartbeat's report) is released alone, as before. A Cancel of a thousand workers made each release's
     half a dozen queries one after another: ~40 s on a loaded site, near its caller's HTTP timeout. Call it in the
-    transaction that ends them: the rows billed here stay locked until it commits."""
+    transaction that ends them: the rows billed here stay locked until it commits. ``return_leases``: hand the
+    workers' leased prompts back at once (else they come back when their leases time out)."""
     if not activations:
         return
     at = timezone.now()
@@ -128,7 +129,8 @@ def workers_release(*, job_id: int, activations: list[Activation], reason: str,
     for activation in together:
         push_to_worker(activation.worker_id, m.Release(job_id=job_id, reason=reason))
     push_job_update(job_id)
-    transaction.on_commit(lambda: [_return_leases(job_id, a.worker_id) for a in together])
+    if return_leases:  # False: the job's streams go with its end, leases and all (two round trips a worker saved)
+        transaction.on_commit(lambda: [_return_leases(job_id, a.worker_id) for a in together])
     for activation in activations:
         if activation.pk not in bills:  # held elsewhere, or billed up to now already: alone, waiting for its row
             worker_release(activation=activation, reason=reason, code=code)

@@ -68,3 +68,18 @@ def test_a_worker_whose_row_is_held_is_released_alone_once_free_and_billed_once(
         row = Activation.objects.get(pk=activation.pk)
         assert row.ended_at is not None and row.billed_seconds == pytest.approx(10.0, abs=1.0)
         assert_exact(row.pk)
+
+
+def test_a_cancel_returns_no_leases_to_streams_it_drops_and_a_pause_returns_every_one(monkeypatch):
+    from marketplace.services import workers
+
+    returned = []
+    monkeypatch.setattr(workers, "_return_leases", lambda job_id, worker_id: returned.append(worker_id))
+    job = running_job()
+    generating(job, 3)
+    cancel(job)
+    assert returned == []  # its streams are dropped with it: the leases go with them
+    job = running_job()
+    activations = generating(job, 3)
+    services.job_pause(job=Job.objects.get(pk=job.pk), by="the owner")
+    assert sorted(returned) == sorted(a.worker_id for a in activations)  # kept streams: the prompts come back now
