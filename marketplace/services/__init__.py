@@ -98,7 +98,7 @@ __all__ = [
     "trajectories_submit",
     "worker_activate", "worker_calibrate", "worker_connected", "worker_disconnected", "worker_group",
     "worker_heartbeat", "worker_register", "worker_release", "workers_release",
-    "worker_closes_record", "worker_heartbeat_apply", "worker_heartbeat_record",     "worker_heartbeats_record_async",
+    "worker_closes_record", "worker_heartbeat_apply", "worker_heartbeat_record", "worker_heartbeats_record_async",
     "worker_heartbeats_fold",
     "worker_socket_closed",
     "job_archive", "job_budget_check", "job_budget_set", "job_delete", "worker_pause", "worker_price_set",

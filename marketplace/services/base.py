@@ -85,7 +85,7 @@ def _send_all(events: list[tuple[str, dict[str, Any]]]) -> None:
     by_group: dict[str, list[dict[str, Any]]] = {}
     for group, event in events:
         by_group.setdefault(group, []).append(event)
-    at_once = asyncio.Semaphore(PUSHES_AT_ONCE) if len(by_group) > 1 else contextlib.nullcontext()
+    at_once = asyncio.Semaphore(PUSHES_AT_ONCE)
 
     async def send_group(group: str, group_events: list[dict[str, Any]]) -> None:
         async with at_once:

@@ -80,7 +80,7 @@ def job_finish(*, job: Job, status: str, reason: str = "", code: str = Job.Reaso
     job.learner_redis_password_sha256 = ""
     job.save(update_fields=["status", "status_reason", "reason_code", "finished_at", "learner_redis_password_sha256"])
     workers_release(job_id=job.pk, activations=list(job.activations.filter(ended_at=None).order_by("worker_id")),
-                    reason=f"job {status}", return_leases=status == Job.Status.FAILED)  # the others' streams go
+                    reason=f"job {status}", return_leases=status == Job.Status.FAILED)  # a failed job keeps streams
     if status != Job.Status.FAILED:
         transaction.on_commit(lambda: _drop_streams(job.pk))
     push_job_update(job)
