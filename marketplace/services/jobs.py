@@ -18,7 +18,7 @@ from ..models import Activation, Job, Worker
 from ..reads import ledger, matching, selectors
 from .base import ServiceError, enqueue_task, push_job_update, pushes_together
 from .datasets import datasets_check
-from .workers import worker_activate, worker_release, workers_release
+from .workers import worker_activate, workers_release
 
 log = logging.getLogger(__name__)
 
@@ -172,8 +172,8 @@ def job_replan_apply(*, job: Job, activate: Collection[int] = (), release: Colle
             worker_activate(worker=worker, job=job)
         except ServiceError as err:  # suspended, paused or out of user code since the decision was read (no write)
             log.info("job %s: %s; not activated", job.pk, err)
-    for activation in job.activations.filter(ended_at=None, worker_id__in=list(release)):
-        worker_release(activation=activation, reason=f"capacity above target: {reason}")
+    surplus = list(job.activations.filter(ended_at=None, worker_id__in=list(release)).order_by("worker_id"))
+    workers_release(job_id=job.pk, activations=surplus, reason=f"capacity above target: {reason}")
 
 
 def _drop_streams(job_id: int) -> None:

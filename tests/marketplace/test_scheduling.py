@@ -118,7 +118,8 @@ def test_replan_acts_only_on_a_sustained_deficit_then_releases_surplus(eager, dj
         beat(worker, 20.0, until=now + 131, seconds=31, job=job)
     decision = tasks.replan(job, now=now + 131)
     assert pricey.pk in decision.release and cheap.pk not in decision.release
-    assert not Activation.objects.filter(worker=pricey, ended_at=None).exists()
+    ended = Activation.objects.get(worker=pricey)
+    assert ended.ended_at is not None and ended.end_reason.startswith("capacity above target: "), ended.end_reason
     assert Worker.objects.get(pk=pricey.pk).status == Worker.Status.IDLE
 
 
