@@ -6,7 +6,8 @@ a fresh database (SQLite, or with ``--database postgres`` one on the machine's P
 migrated) holding the job, N workers and their activations, a private ``redis-server``
 (started on a free port, stopped by pid at the end) carrying the chain plan and the channel layer
 (``ResilientRedisChannelLayer``, the site's), and N channel-layer members of the job's agents group, each with
-a real ``layer.receive`` loop and the site's own ``AgentConsumer.agent_snapshot`` handler, all in this one
+a real ``layer.receive`` loop (receiving again after each message, as a consumer does: what a group message costs
+depends on every socket waiting again) and the site's own ``AgentConsumer.agent_snapshot`` handler, all in this one
 process, as one daphne holds its sockets. What is not: the websocket itself (each consumer's ``send`` counts the
 frame it would write) and the agents. Workers past ``--members-max`` are in the plan but have no socket here
 (at 100 k: the request's time is measured at full size; the fan-out's per-worker cost on fewer sockets).
@@ -188,8 +189,9 @@ async def join_members(layer, job_id: int, member_ids: list[int], sockets: Socke
         consumer.follower.group = group
         consumer.follower.joined_at = -math.inf if rejoin_all else time.monotonic()
         joined.release()
-        event = await layer.receive(channel)
-        await getattr(consumer, event["type"].replace(".", "_"))(event)
+        while True:  # as Channels' consumer does: each message handled, then the next receive (until cancelled)
+            event = await layer.receive(channel)
+            await getattr(consumer, event["type"].replace(".", "_"))(event)
 
     joined = asyncio.Semaphore(0)
     tasks = []
@@ -253,8 +255,17 @@ async def one_size(n: int, *, no_relay: float, members_max: int, manifest: dict,
     request_s, request_cpu, status, content = await sync_to_async(post, thread_sensitive=False)()
     assert status == 201, f"publish refused: HTTP {status}: {content!r}"
     # a socket's handler that raised fails the run at once (it would leave the count short, and the wait to time out)
-    await asyncio.wait_for(asyncio.gather(sockets.done.wait(), *tasks), timeout=600)
+    everyone = asyncio.ensure_future(sockets.done.wait())
+    ended, _ = await asyncio.wait([everyone, *tasks], timeout=600, return_when=asyncio.FIRST_COMPLETED)
     cpu = time.process_time() - cpu0
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    if everyone not in ended:
+        everyone.cancel()
+        failed = [t for t in ended if t is not everyone]
+        raise failed[0].exception() if failed else TimeoutError(f"{sockets.count} of {len(members)} sockets "
+                                                                  "notified within 600 s")
     rclient = redis.Redis.from_url(redis_url)
     nonce = fanout.latest_announced(job.pk)[1]
     event = {"type": fanout.EVENT, "job_id": job.pk, "version": 1, "nonce": nonce}

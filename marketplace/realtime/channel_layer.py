@@ -13,6 +13,12 @@ the same moment share one pipelined ``ZADD`` per group on one connection. ``chan
 ``group_add`` on a connection of its own while others are in flight, so 10,000 sockets re-joining at one
 publication opened 10,000 Redis connections ("max number of clients reached").
 
+The process's own channels (``specific.<client>!<id>``, one per agent socket) are read by ONE task per layer
+(:class:`_Reader`), which hands each message to the queues of the channels it names. ``channels_redis`` has every
+waiting ``receive`` race for a lock with a queue read of its own: two tasks and an ``asyncio.wait`` per socket per
+message, and each cancelled lock wait taken out of a queue of thousands, so telling 5,000 sockets of one group
+message cost ~110 us of CPU each (1,000: ~50 us), where a queue put and a wake-up is what it must cost.
+
 Pushes (``group_send``) are not retried here: the site's pushes are best effort by design
 (``services.base._push``), and agents catch up on their next hello or request.
 """
@@ -20,6 +26,7 @@ Pushes (``group_send``) are not retried here: the site's pushes are best effort 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -27,7 +34,7 @@ import weakref
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 
-from channels_redis.core import RedisChannelLayer
+from channels_redis.core import BoundedQueue, RedisChannelLayer
 
 from dataplane.replay import TRANSIENT
 
@@ -49,8 +56,12 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
         super().__init__(*args, **kwargs)
         self.memberships: dict[str, set[str]] = defaultdict(set)  # channel -> groups it joined through us
         self._batches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> _Rejoins
+        self._reader: _Reader | None = None  # reads this process's channels (one event loop's at a time)
+        self.local_queues: dict[str, asyncio.Queue] = {}  # process-local channel -> messages not yet received
 
     async def receive(self, channel: str) -> dict:
+        if "!" in channel:  # this process's own: from the reader's queue
+            return await self._local_reader().get(channel)
         attempt = 0
         while True:
             try:
@@ -66,6 +77,20 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
             if attempt:
                 log.info("channel layer: Redis is back for %s", channel)
             return message
+
+    def _local_reader(self) -> _Reader:
+        loop = asyncio.get_running_loop()
+        reader = self._reader
+        if reader is None or (reader.loop is not loop and (reader.idle() or reader.loop.is_closed())):
+            reader = self._reader = _Reader(self, loop)
+        elif reader.loop is not loop:  # as channels_redis: two loops would split the process's messages between them
+            raise RuntimeError("Two event loops are trying to receive() on one channel layer at once!")
+        return reader
+
+    async def close_pools(self) -> None:
+        if self._reader is not None and self._reader.loop is asyncio.get_running_loop():
+            await self._reader.stop()
+        await super().close_pools()
 
     async def group_add(self, group: str, channel: str) -> None:
         await _retry_joining(lambda: super(ResilientRedisChannelLayer, self).group_add(group, channel))
@@ -106,6 +131,99 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
         """Join ``channel``'s groups again (raises while Redis is still away: the caller retries)."""
         for group in list(self.memberships.get(channel, ())):
             await super().group_add(group, channel)
+
+
+class _Reader:
+    """The one task of an event loop that reads the layer's process-local messages (``receive_single`` on the
+    process's channel) and puts each into the queue of every channel it names; a ``receive`` of a local channel
+    waits on its queue alone. It runs while any receive waits and rides out Redis going away as ``receive`` does:
+    retrying with backoff, then joining again, in one round trip a group, the groups of every channel joined through
+    this layer (a Redis without persistence lost them). A message for a channel between two receives waits in its
+    bounded queue, which the layer holds as channels_redis holds its buffer (a later event loop's receive finds it);
+    a channel whose receive was cancelled (its socket closed) is forgotten."""
+
+    def __init__(self, layer: ResilientRedisChannelLayer, loop: asyncio.AbstractEventLoop) -> None:
+        self.layer, self.loop = layer, loop
+        self.queues = layer.local_queues  # the layer's: what one loop's reader took waits for the next loop's
+        self.waiting: dict[str, int] = defaultdict(int)  # channel -> receives waiting on it
+        self.task: asyncio.Task | None = None
+
+    def idle(self) -> bool:
+        return not self.waiting and (self.task is None or self.task.done())
+
+    async def get(self, channel: str) -> dict:
+        queue = self.queues.get(channel)
+        if queue is None:
+            queue = self.queues[channel] = BoundedQueue(self.layer.capacity)
+        if not queue.empty():
+            message = queue.get_nowait()
+        else:
+            self.waiting[channel] += 1
+            if self.task is None or self.task.done():
+                self.task = self.loop.create_task(self._run(self.layer.non_local_name(channel)))
+            closed = False
+            try:
+                message = await queue.get()
+            except asyncio.CancelledError:
+                closed = True
+                raise
+            finally:
+                self.waiting[channel] -= 1
+                if not self.waiting[channel]:
+                    del self.waiting[channel]
+                    if closed:  # its socket closed: what it had not read goes with it
+                        self.queues.pop(channel, None)
+                if not self.waiting:  # none again by the next turn (a socket's next receive): stop reading
+                    self.loop.call_soon(self._stop_if_idle)
+        if queue.empty() and channel not in self.waiting:
+            self.queues.pop(channel, None)
+        return message
+
+    def _stop_if_idle(self) -> None:
+        if not self.waiting and self.task is not None:
+            self.task.cancel()  # a read cut short loses nothing: channels_redis keeps it in its backup queue
+            self.task = None
+
+    async def stop(self) -> None:
+        task, self.task = self.task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self, real_channel: str) -> None:
+        attempt = 0
+        while True:
+            try:
+                if attempt:
+                    await self._rejoin_all()
+                named, message = await self.layer.receive_single(real_channel)
+            except TRANSIENT as err:
+                if attempt == 0:
+                    log.warning("channel layer: Redis unreachable (%s); this process's sockets wait for it", err)
+                await asyncio.sleep(_backoff(attempt))
+                attempt += 1
+                continue
+            except Exception:  # a message it cannot read: logged, never the end of every socket's reads
+                log.exception("channel layer: a message for this process could not be read; reading on")
+                await asyncio.sleep(_backoff(attempt))
+                continue
+            if attempt:
+                log.info("channel layer: Redis is back for this process's sockets")
+                attempt = 0
+            for channel in named if isinstance(named, list) else (named,):
+                queue = self.queues.get(channel)
+                if queue is None:
+                    queue = self.queues[channel] = BoundedQueue(self.layer.capacity)
+                queue.put_nowait(message)
+
+    async def _rejoin_all(self) -> None:
+        by_group: dict[str, list[str]] = defaultdict(list)
+        for channel, groups in list(self.layer.memberships.items()):
+            for group in groups:
+                by_group[group].append(channel)
+        for group, channels in by_group.items():
+            await self.layer.group_add_many(group, sorted(channels))
 
 
 class _Rejoins:

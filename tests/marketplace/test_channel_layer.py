@@ -44,6 +44,73 @@ async def test_a_waiting_receive_survives_a_redis_restart(tmp_path, aof) -> None
         server.stop()
 
 
+async def test_one_read_tells_every_socket_of_the_process(tmp_path) -> None:
+    """A group message for 300 of the process's channels is read from Redis once and handed to each channel's queue:
+    the waiting receives get it, a channel between two receives finds it at its next, and once no receive waits the
+    reader stops and a closed socket's queue is gone."""
+    server = PrivateRedis(tmp_path, aof=False).start()
+    try:
+        layer = ResilientRedisChannelLayer(hosts=[server.url], prefix="t")
+        reads = 0
+        real_read = layer.receive_single
+
+        async def counted(channel):
+            nonlocal reads
+            reads += 1
+            return await real_read(channel)
+
+        layer.receive_single = counted
+        channels = [await layer.new_channel() for _ in range(301)]
+        await layer.group_add_many("agents.job.1", channels)
+        late, channels = channels[0], channels[1:]
+        waiting = [asyncio.ensure_future(layer.receive(c)) for c in channels]
+        await asyncio.sleep(0.2)
+        await layer.group_send("agents.job.1", {"type": "agent.snapshot", "version": 3})
+        done, _ = await asyncio.wait(waiting, timeout=5)
+        assert len(done) == len(channels)
+        assert {tuple(t.result().items()) for t in done} == {(("type", "agent.snapshot"), ("version", 3))}
+        assert reads == 2  # the message, then the next read waiting (cancelled below)
+        assert await asyncio.wait_for(layer.receive(late), 1) == {"type": "agent.snapshot", "version": 3}
+
+        closing = asyncio.ensure_future(layer.receive(channels[0]))
+        await asyncio.sleep(0.1)
+        closing.cancel()
+        await asyncio.sleep(0.05)
+        assert layer._reader.task is None and not layer._reader.waiting
+        assert layer.local_queues == {}
+        await layer.flush()
+    finally:
+        server.stop()
+
+
+async def test_every_channel_of_the_process_joins_again_after_a_restart_that_lost_the_groups(tmp_path) -> None:
+    """Two sockets in a group, one of them between receives while Redis restarts without persistence: the reader
+    joins both again, so both have the next message."""
+    server = PrivateRedis(tmp_path, aof=False).start()
+    try:
+        layer = ResilientRedisChannelLayer(hosts=[server.url], prefix="t")
+        sender = ResilientRedisChannelLayer(hosts=[server.url], prefix="t")
+        reading, between = await layer.new_channel(), await layer.new_channel()
+        await layer.group_add("agents.job.1", reading)
+        await layer.group_add("agents.job.1", between)
+        waiting = asyncio.ensure_future(layer.receive(reading))
+        await asyncio.sleep(0.3)
+        await asyncio.to_thread(server.kill)
+        await asyncio.sleep(0.5)
+        await asyncio.to_thread(server.start)
+        for _ in range(100):
+            await sender.group_send("agents.job.1", {"type": "agent.message", "n": 1})
+            done, _ = await asyncio.wait({waiting}, timeout=0.1)
+            if done:
+                break
+        assert waiting.result() == {"type": "agent.message", "n": 1}
+        assert await asyncio.wait_for(layer.receive(between), 1) == {"type": "agent.message", "n": 1}
+        await layer.flush()
+        await sender.close_pools()
+    finally:
+        server.stop()
+
+
 async def test_leaving_a_group_while_redis_is_away_is_not_an_error(tmp_path) -> None:
     server = PrivateRedis(tmp_path).start()
     try:
