@@ -179,7 +179,9 @@ def fault_lines(rows: list[dict]) -> list[str]:
                 f"reconnected {_f(p.get('reconnect_s'), '.1f')} s, generating under v{p['version_at_up']}+ "
                 f"{_f(p.get('generating_s'), '.1f')} s after the link came back")
             lines.append(" | ".join((r["profile"], str(r["agents"]), f"link down {_f(p.get('partition_s'), 'g')} s",
-                                     p["node"], what, *audit, p.get("error") or "")))
+                                     p["node"], what, *audit,
+                                     (p.get("error") or "") + (f" (last seen: {p['last_seen']})" if p.get("last_seen")
+                                                               else ""))))
         if r.get("fault_error"):
             lines.append(f"{r['profile']} | {r['agents']} | the fault script stopped | - | {r['fault_error']} "
                          "| - | - |")

@@ -3,7 +3,7 @@
 1. **Partition**: once the learner passed ``after_step``, one agent's link goes down for ``partition_s`` (40 s:
    nothing crosses it either way; bench/wan/netns.py ``set_link``), then comes back. Recovery: its websocket open
    again (the site proxy's tap), and its first group returned under a current version (the newest published when
-   the link came back, or later), read from Redis' append-only file after the run.
+   the link came back, or later), read from Redis' append-only file (while the run goes on, and after it).
 2. **A relay down mid-broadcast**: at the next publication whose chain plan has a relay with a child, that relay's
    agent is killed ``kill_after_s`` after the publication was seen (its chunks flowing to the child). Recovery: the
    site's repair (the dead relay out of the plan: its child moved), and the child's install of that version (or a
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from . import report
 from .stack import WanStack
 
 INSTALL = re.compile(r"installed snapshot v(\d+) of job \d+ \(([\d.]+) ?s (after publication|after joining)")
@@ -125,14 +126,22 @@ class Faults(threading.Thread):
         ev["t_up"] = time.time()
         ev["version_at_up"] = self.live()["summary"]["published_version"]
 
+        aof = self.stack.workdir / "redis" / "appendonlydir"
+
         def generating_current():
+            # A group the site accepted from it under a current version, read from Redis' append-only file (what
+            # the report's ``generating_s`` reads after the run). Not the live state: that is "generating" only while
+            # a lease is out, a quarter of the time on the tiny job (the rest it waits for the learner's prompts),
+            # so a recovered agent could read "idle" at every look for a minute.
             state = self.agent_state(node)
-            return (state and state["state"] == "generating" and (state["installed_version"] or -1)
-                    >= ev["version_at_up"])
+            ev["last_seen"] = ({k: state[k] for k in ("status", "state", "state_reason", "installed_version")}
+                               if state else "not among the job's active workers")
+            return aof.exists() and report.first_group(aof, self.stack.job_id, ev["worker"], after=ev["t_up"],
+                                                       min_version=ev["version_at_up"])
 
         try:
             self.until(generating_current, f"{node} generating under v{ev['version_at_up']}+", plan.recover_timeout_s,
-                       every=0.5)
+                       every=2.0)
             ev["t_seen_generating"] = time.time()
         except TimeoutError as err:
             ev["not_recovered"] = str(err)

@@ -158,6 +158,8 @@ def recovery(events: dict, records: list[dict], snapshots: list[dict], aof: Path
                 if aof.exists() else None
             row["generating_s"] = gen - p["t_up"] if gen else None
             row["version_at_up"] = p["version_at_up"]
+            if row["error"]:
+                row["last_seen"] = p.get("last_seen")
         out["partition"] = row
     if r := events.get("relay_down"):
         row = {"node": r.get("node", "-"), "child": r.get("child", "-"), "version": r.get("version"),
