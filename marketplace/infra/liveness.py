@@ -177,7 +177,15 @@ def _beat(result: list, *, state: str, job_id: int | None) -> Beat:
 
 def forget_state(worker_id: int) -> None:
     """The database did not take the heartbeat's state: the next heartbeat goes to it again."""
-    stream.client().hdel(state_key(worker_id), "state", "job")
+    forget_states([worker_id])
+
+
+def forget_states(worker_ids: list[int]) -> None:
+    """:func:`forget_state` of each of ``worker_ids``, in one round trip."""
+    pipe = stream.client().pipeline(transaction=False)
+    for worker_id in worker_ids:
+        pipe.hdel(state_key(worker_id), "state", "job")
+    pipe.execute()
 
 
 def mark_online(worker_id: int, *, at: float, state: str | None = None, job_id: int | None = None) -> None:

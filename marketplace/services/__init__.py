@@ -83,7 +83,14 @@ from .rollouts import (
     worker_earned_usd_known,
     workers_earned_usd,
 )
-from .workers import worker_activate, worker_calibrate, worker_register, worker_release, workers_release
+from .workers import (
+    worker_activate,
+    worker_calibrate,
+    worker_register,
+    worker_release,
+    workers_activate,
+    workers_release,
+)
 
 __all__ = [
     "ServiceError", "api_token_issue", "audit_texts_decode",
@@ -97,7 +104,7 @@ __all__ = [
     "snapshot_publish", "snapshot_request", "trajectories_malformed", "trajectories_part_submit",
     "trajectories_submit",
     "worker_activate", "worker_calibrate", "worker_connected", "worker_disconnected", "worker_group",
-    "worker_heartbeat", "worker_register", "worker_release", "workers_release",
+    "worker_heartbeat", "worker_register", "worker_release", "workers_activate", "workers_release",
     "worker_closes_record", "worker_heartbeat_apply", "worker_heartbeat_record", "worker_heartbeats_record_async",
     "worker_heartbeats_fold",
     "worker_socket_closed",

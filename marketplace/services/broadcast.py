@@ -49,9 +49,18 @@ def assign_message(job: Job, *, worker_id: int) -> m.Assign:
     """Worker ``worker_id``'s assignment to ``job``: its base snapshot (version 0, with the digest the agent checks
     it against) and the newest one, both fetched over HTTP with the worker's credential (it joins the chains at
     the next publication)."""
+    return assign_messages(job, [worker_id])[worker_id]
+
+
+def assign_messages(job: Job, worker_ids: list[int]) -> dict[int, m.Assign]:
+    """:func:`assign_message` of each of ``worker_ids``, the job's snapshots read once."""
     base, snap = selectors.base_snapshot(job), selectors.latest_snapshot(job)
     expires = credential_expiry()
+    return {worker_id: _assign(job, worker_id=worker_id, base=base, snap=snap, expires=expires)
+            for worker_id in worker_ids}
 
+
+def _assign(job: Job, *, worker_id: int, base: Snapshot | None, snap: Snapshot | None, expires: int) -> m.Assign:
     def message(s):
         return snapshot_message(s, job=job, worker_id=worker_id, expires=expires).model_dump(mode="json")
 

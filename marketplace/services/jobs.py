@@ -18,7 +18,7 @@ from ..models import Activation, Job, Worker
 from ..reads import ledger, matching, selectors
 from .base import ServiceError, enqueue_task, push_job_update, pushes_together
 from .datasets import datasets_check
-from .workers import worker_activate, workers_release
+from .workers import worker_activate, workers_activate, workers_release
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,7 @@ def job_resume(*, job: Job) -> Job:
     return job
 
 
+@pushes_together()
 @transaction.atomic
 def job_activate_idle_workers(*, job: Job) -> list[Activation]:
     """Activate every idle worker that meets the job's requirements (``matching``) for a running job.
@@ -145,7 +146,7 @@ def job_activate_idle_workers(*, job: Job) -> list[Activation]:
                                                  removed_at=None)
             .exclude(pk__in=busy).exclude(pk__in=selectors.excluded_workers(job))]
     qualify = set(matching.match_workers(matching.needs_of(job.settings)[0], idle).qualify)
-    return [worker_activate(worker=worker, job=job) for worker in idle if worker.pk in qualify]
+    return workers_activate(job=job, workers=[worker for worker in idle if worker.pk in qualify])
 
 
 @pushes_together()

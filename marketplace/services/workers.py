@@ -21,7 +21,7 @@ from ..models import Activation, Job, PriceChange, Provider, Worker, WorkerCalib
 from ..reads import matching, selectors
 from .base import ServiceError, push_job_update, push_to_worker
 from .billing import Observation, activation_observe, activations_bill
-from .broadcast import assign_message
+from .broadcast import assign_message, assign_messages
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,37 @@ def worker_activate(*, worker: Worker, job: Job) -> Activation:
     transaction.on_commit(lambda: liveness.forget_state(worker.pk))  # its next heartbeat bills the new activation
     log.info("job %s: activated worker %s at $%s/h", job.pk, worker.name, worker.price_per_hour)
     return activation
+
+
+@transaction.atomic
+def workers_activate(*, job: Job, workers: list[Worker]) -> list[Activation]:
+    """``worker_activate`` of many workers at once (the calibration phase: every idle worker that qualifies), in a
+    fixed number of statements whatever their number: their activations created together, their status set in one
+    statement, the job's snapshots read once for their assignments. One that ``worker_activate`` would refuse
+    (suspended, paused or removed, or out of user code the job runs) is left out and logged. A thousand activations
+    one by one made half a dozen queries each, and the last worker had its assignment 18 s after the first."""
+    ids = [w.pk for w in workers]
+    refused = set(Worker.objects.filter(pk__in=ids).exclude(suspended_at=None, paused_at=None, removed_at=None)
+                  .values_list("pk", flat=True))
+    if code := matching.user_code_of(job.task):
+        refused |= set(Worker.objects.filter(pk__in=ids, allow_user_code=False).values_list("pk", flat=True))
+    if refused:
+        log.info("job %s: workers %s are suspended, paused, removed or run no owner's code; not activated", job.pk,
+                 sorted(refused))
+    chosen = sorted((w for w in workers if w.pk not in refused), key=lambda w: w.pk)
+    if not chosen:
+        return []
+    activations = Activation.objects.bulk_create(
+        [Activation(job=job, worker=w, price_per_hour=w.price_per_hour) for w in chosen])
+    Worker.objects.filter(pk__in=[w.pk for w in chosen]).update(status=Worker.Status.ACTIVE)
+    for worker_id, assign in assign_messages(job, [w.pk for w in chosen]).items():
+        push_to_worker(worker_id, assign)
+    push_job_update(job.pk)
+    transaction.on_commit(lambda: liveness.forget_states([w.pk for w in chosen]))  # their next heartbeats bill them
+    log.info("job %s: activated %d workers%s: %s", job.pk, len(chosen), f" (running {', '.join(code)})" if code
+             else "", ", ".join(f"{w.name} at ${w.price_per_hour}/h" for w in chosen[:20])
+             + (f" and {len(chosen) - 20} more" if len(chosen) > 20 else ""))
+    return activations
 
 
 @transaction.atomic
