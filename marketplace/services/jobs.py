@@ -18,7 +18,7 @@ from ..models import Activation, Job, Worker
 from ..reads import ledger, matching, selectors
 from .base import ServiceError, enqueue_task, push_job_update, pushes_together
 from .datasets import datasets_check
-from .workers import worker_activate, workers_activate, workers_release
+from .workers import workers_activate, workers_release
 
 log = logging.getLogger(__name__)
 
@@ -168,11 +168,8 @@ def job_replan_apply(*, job: Job, activate: Collection[int] = (), release: Colle
     if calibrate:
         job_activate_idle_workers(job=job)
     busy = Activation.objects.filter(ended_at=None).values("worker_id")
-    for worker in Worker.objects.filter(pk__in=list(activate)).exclude(pk__in=busy).order_by("pk"):
-        try:
-            worker_activate(worker=worker, job=job)
-        except ServiceError as err:  # suspended, paused or out of user code since the decision was read (no write)
-            log.info("job %s: %s; not activated", job.pk, err)
+    # one suspended, paused or out of user code since the decision was read is left out (and logged)
+    workers_activate(job=job, workers=list(Worker.objects.filter(pk__in=list(activate)).exclude(pk__in=busy)))
     surplus = list(job.activations.filter(ended_at=None, worker_id__in=list(release)).order_by("worker_id"))
     workers_release(job_id=job.pk, activations=surplus, reason=f"capacity above target: {reason}")
 
