@@ -12,6 +12,17 @@ from marketplace.realtime.channel_layer import ResilientRedisChannelLayer
 from tests.private_redis import PrivateRedis
 
 
+async def send_until_received(sender, group: str, waiting: asyncio.Future) -> None:
+    """Push to ``group`` until the waiting receive has it: the receiver's layer joins its groups again once Redis is
+    back (without persistence they are gone), and what was pushed before that reached nobody."""
+    for _ in range(100):
+        await sender.group_send(group, {"type": "agent.message", "n": 1})
+        done, _ = await asyncio.wait({waiting}, timeout=0.1)
+        if done:
+            break
+    assert waiting.result() == {"type": "agent.message", "n": 1}
+
+
 @pytest.mark.parametrize("aof", [True, False], ids=["aof", "no-persistence"])
 async def test_a_waiting_receive_survives_a_redis_restart(tmp_path, aof) -> None:
     server = PrivateRedis(tmp_path, aof=aof).start()
@@ -28,13 +39,7 @@ async def test_a_waiting_receive_survives_a_redis_restart(tmp_path, aof) -> None
         assert not waiting.done()  # with channels_redis' layer this raised ConnectionError
         await asyncio.to_thread(server.start)
 
-        # Keep pushing until the receiver has re-joined its group (without persistence the group is gone).
-        for _ in range(100):
-            await sender.group_send("worker.1", {"type": "agent.message", "n": 1})
-            done, _ = await asyncio.wait({waiting}, timeout=0.1)
-            if done:
-                break
-        assert waiting.result() == {"type": "agent.message", "n": 1}
+        await send_until_received(sender, "worker.1", waiting)
         await layer.group_discard("worker.1", channel)
         assert channel not in layer.memberships
         await layer.flush()
@@ -98,12 +103,7 @@ async def test_every_channel_of_the_process_joins_again_after_a_restart_that_los
         await asyncio.to_thread(server.kill)
         await asyncio.sleep(0.5)
         await asyncio.to_thread(server.start)
-        for _ in range(100):
-            await sender.group_send("agents.job.1", {"type": "agent.message", "n": 1})
-            done, _ = await asyncio.wait({waiting}, timeout=0.1)
-            if done:
-                break
-        assert waiting.result() == {"type": "agent.message", "n": 1}
+        await send_until_received(sender, "agents.job.1", waiting)
         assert await asyncio.wait_for(layer.receive(between), 1) == {"type": "agent.message", "n": 1}
         await layer.flush()
         await sender.close_pools()
