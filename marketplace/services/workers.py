@@ -91,7 +91,7 @@ def workers_activate(*, job: Job, workers: list[Worker]) -> list[Activation]:
     fixed number of statements whatever their number: their activations created together, their status set in one
     statement, the job's snapshots read once for their assignments. One that ``worker_activate`` would refuse
     (suspended, paused or removed, or out of user code the job runs) is left out and logged. One by one, each
-    activation took 9 statements (three checks, an insert, an update, two snapshot reads and their like)."""
+    activation took 9 statements (three checks, an insert, an update, two snapshot reads, and its savepoint)."""
     ids = [w.pk for w in workers]
     refused = set(Worker.objects.filter(pk__in=ids).exclude(suspended_at=None, paused_at=None, removed_at=None)
                   .values_list("pk", flat=True))
