@@ -21,7 +21,7 @@ from ..models import Activation, Job, PriceChange, Provider, Worker, WorkerCalib
 from ..reads import matching, selectors
 from .base import ServiceError, push_job_update, push_to_worker
 from .billing import Observation, activation_observe, activations_bill
-from .broadcast import assign_message, assign_messages
+from .broadcast import assign_messages
 
 log = logging.getLogger(__name__)
 
@@ -65,62 +65,66 @@ def worker_calibrate(*, worker: Worker, model_dir: str, task: dict, throughput: 
     )
     return calibration
 
+def _activation_refusals(job: Job, ids: list[int]) -> dict[int, str]:
+    """Why each of ``ids`` that cannot be activated for ``job`` cannot (three queries whatever their number):
+    suspended for failed audits, paused or removed by its provider, or opted out of owners' code the job runs."""
+    out = {pk: f"worker {pk} is suspended (failed audits) and cannot be activated"
+           for pk in Worker.objects.filter(pk__in=ids, suspended_at__isnull=False).values_list("pk", flat=True)}
+    for pk in Worker.objects.filter(pk__in=ids).exclude(paused_at=None, removed_at=None).values_list("pk", flat=True):
+        out.setdefault(pk, f"worker {pk} is paused or removed by its provider and cannot be activated")
+    opted_out = list(Worker.objects.filter(pk__in=ids, allow_user_code=False).values_list("pk", flat=True))
+    if opted_out and (code := matching.user_code_of(job.task)):
+        for pk in opted_out:
+            out.setdefault(pk, f"worker {pk}'s provider does not run job owners' code, and job {job.pk} runs "
+                               f"{', '.join(code)} (docs/trust.md, \"User code on workers\")")
+    return out
+
+
 @transaction.atomic
 def worker_activate(*, worker: Worker, job: Job) -> Activation:
-    """Start billing ``worker`` for ``job`` and send it the assignment (never a worker suspended for audits)."""
-    if Worker.objects.filter(pk=worker.pk, suspended_at__isnull=False).exists():
-        raise ServiceError(f"worker {worker.pk} is suspended (failed audits) and cannot be activated")
-    if Worker.objects.filter(pk=worker.pk).exclude(paused_at=None, removed_at=None).exists():
-        raise ServiceError(f"worker {worker.pk} is paused or removed by its provider and cannot be activated")
-    opted_out = Worker.objects.filter(pk=worker.pk, allow_user_code=False).exists()
-    if opted_out and (code := matching.user_code_of(job.task)):
-        raise ServiceError(f"worker {worker.pk}'s provider does not run job owners' code, and job {job.pk} runs "
-                           f"{', '.join(code)} (docs/trust.md, \"User code on workers\")")
-    activation = Activation.objects.create(job=job, worker=worker, price_per_hour=worker.price_per_hour)
-    Worker.objects.filter(pk=worker.pk).update(status=Worker.Status.ACTIVE)
-    push_to_worker(worker.pk, assign_message(job, worker_id=worker.pk))
-    push_job_update(job.pk)
-    transaction.on_commit(lambda: liveness.forget_state(worker.pk))  # its next heartbeat bills the new activation
-    log.info("job %s: activated worker %s at $%s/h", job.pk, worker.name, worker.price_per_hour)
-    return activation
+    """Start billing ``worker`` for ``job`` and send it the assignment (never a worker suspended for audits: a
+    refusal raises ``ServiceError``)."""
+    if refusal := _activation_refusals(job, [worker.pk]).get(worker.pk):
+        raise ServiceError(refusal)
+    return _activate(job, [worker])[0]
 
 
 @transaction.atomic
 def workers_activate(*, job: Job, workers: list[Worker]) -> list[Activation]:
-    """``worker_activate`` of many workers at once (the calibration phase: every idle worker that qualifies), in a
-    fixed number of statements whatever their number: their activations created together, their status set in one
-    statement, the job's snapshots read once for their assignments. One that ``worker_activate`` would refuse
-    (suspended, paused or removed, or out of user code the job runs) is left out and logged. One by one, each
-    activation took 9 statements (three checks, an insert, an update, two snapshot reads, and its savepoint)."""
-    ids = [w.pk for w in workers]
-    refused = set(Worker.objects.filter(pk__in=ids).exclude(suspended_at=None, paused_at=None, removed_at=None)
-                  .values_list("pk", flat=True))
-    if code := matching.user_code_of(job.task):
-        refused |= set(Worker.objects.filter(pk__in=ids, allow_user_code=False).values_list("pk", flat=True))
-    if refused:
-        log.info("job %s: workers %s are suspended, paused, removed or run no owner's code; not activated", job.pk,
-                 sorted(refused))
-    chosen = sorted((w for w in workers if w.pk not in refused), key=lambda w: w.pk)
-    if not chosen:
-        return []
+    """``worker_activate`` of many workers at once (the calibration phase: every idle worker that qualifies, and a
+    re-plan's), in a fixed number of statements whatever their number. One that ``worker_activate`` would refuse is
+    left out and logged. One by one, each activation took 9 statements (three checks, an insert, an update, two
+    snapshot reads, and its savepoint)."""
+    refusals = _activation_refusals(job, [w.pk for w in workers])
+    for refusal in refusals.values():
+        log.info("job %s: %s; not activated", job.pk, refusal)
+    chosen = [w for w in workers if w.pk not in refusals]
+    return _activate(job, chosen) if chosen else []
+
+
+def _activate(job: Job, workers: list[Worker]) -> list[Activation]:
+    """Activate ``workers`` (none refused) for ``job``: their activations created together, their status set in one
+    statement, the job's snapshots read once for their assignments, their heartbeat states forgotten in one Redis
+    round trip (their next heartbeats bill the new activations)."""
+    chosen = sorted(workers, key=lambda w: w.pk)
     activations = Activation.objects.bulk_create(
         [Activation(job=job, worker=w, price_per_hour=w.price_per_hour) for w in chosen])
     Worker.objects.filter(pk__in=[w.pk for w in chosen]).update(status=Worker.Status.ACTIVE)
     for worker_id, assign in assign_messages(job, [w.pk for w in chosen]).items():
         push_to_worker(worker_id, assign)
     push_job_update(job.pk)
-    transaction.on_commit(lambda: liveness.forget_states([w.pk for w in chosen]))  # their next heartbeats bill them
-    log.info("job %s: activated %d workers%s: %s", job.pk, len(chosen), f" (running {', '.join(code)})" if code
-             else "", ", ".join(f"{w.name} at ${w.price_per_hour}/h" for w in chosen[:20])
-             + (f" and {len(chosen) - 20} more" if len(chosen) > 20 else ""))
+    transaction.on_commit(lambda: liveness.forget_states([w.pk for w in chosen]))
+    log.info("job %s: activated %s%s", job.pk, ", ".join(f"{w.name} at ${w.price_per_hour}/h" for w in chosen[:20]),
+             f" and {len(chosen) - 20} more" if len(chosen) > 20 else "")
     return activations
 
 
 @transaction.atomic
-def worker_release(*, activation: Activation, reason: str, code: str = Activation.End.OTHER) -> None:
+def worker_release(*, activation: Activation, reason: str, code: str = Activation.End.OTHER,
+                   return_leases: bool = True) -> None:
     """Stop billing the activation (its time since the last report billed by what the site observed:
     ``activation_observe``) and tell the agent to stop generating for its job. Why: ``reason`` in words, ``code``
-    as a code (``Activation.End``) the site acts on."""
+    as a code (``Activation.End``) the site acts on. ``return_leases``: as :func:`workers_release`'s."""
     activation.ended_at = timezone.now()
     activation.end_reason, activation.end_code = reason, code
     offline = Worker.objects.filter(pk=activation.worker_id, status=Worker.Status.OFFLINE).exists()
@@ -131,18 +135,19 @@ def worker_release(*, activation: Activation, reason: str, code: str = Activatio
     Worker.objects.filter(pk=activation.worker_id, status=Worker.Status.ACTIVE).update(status=Worker.Status.IDLE)
     push_to_worker(activation.worker_id, m.Release(job_id=activation.job_id, reason=reason))
     push_job_update(activation.job_id)
-    transaction.on_commit(lambda: _return_leases(activation.job_id, activation.worker_id))
+    if return_leases:
+        transaction.on_commit(lambda: _return_leases(activation.job_id, activation.worker_id))
 
 
 def workers_release(*, job_id: int, activations: list[Activation], reason: str,
                     code: str = Activation.End.OTHER, return_leases: bool = True) -> None:
-    """``worker_release`` of many open activations of job ``job_id`` at once (the job's end or pause), in worker id
-    order: billed together by ``activations_bill`` (what ``activation_observe`` bills one at a time, to the last
-    digit, in a fixed number of statements) and ended in one statement; one whose row another transaction holds
-    now (a heartbeat's report) is released alone, as before. A Cancel of a thousand workers made each release's
-    half a dozen queries one after another: ~40 s on a loaded site, near its caller's HTTP timeout. Call it in the
-    transaction that ends them: the rows billed here stay locked until it commits. ``return_leases``: hand the
-    workers' leased prompts back at once (else they come back when their leases time out)."""
+    """``worker_release`` of many open activations of job ``job_id`` at once (its end or pause, a re-plan's
+    surplus), in worker id order: billed together by ``activations_bill`` (what ``activation_observe`` bills one at a
+    time, to the last digit, in a fixed number of statements) and ended in one statement; one whose row another
+    transaction holds now (a heartbeat's report) is released alone, as before. A Cancel of a thousand workers made
+    each release's half a dozen queries one after another: ~40 s on a loaded site, near its caller's HTTP timeout.
+    Call it in the transaction that ends them: the rows billed here stay locked until it commits. ``return_leases``:
+    hand the workers' leased prompts back at once (else they come back when their leases time out)."""
     if not activations:
         return
     at = timezone.now()
@@ -164,7 +169,7 @@ def workers_release(*, job_id: int, activations: list[Activation], reason: str,
         transaction.on_commit(lambda: [_return_leases(job_id, a.worker_id) for a in together])
     for activation in activations:
         if activation.pk not in bills:  # held elsewhere, or billed up to now already: alone, waiting for its row
-            worker_release(activation=activation, reason=reason, code=code)
+            worker_release(activation=activation, reason=reason, code=code, return_leases=return_leases)
 
 
 def _return_leases(job_id: int, worker_id: int, *, why: str = "released") -> None:
