@@ -17,7 +17,10 @@ The process's own channels (``specific.<client>!<id>``, one per agent socket) ar
 (:class:`_Reader`), which hands each message to the queues of the channels it names. ``channels_redis`` has every
 waiting ``receive`` race for a lock with a queue read of its own: two tasks and an ``asyncio.wait`` per socket per
 message, and each cancelled lock wait taken out of a queue of thousands, so telling 5,000 sockets of one group
-message cost ~110 us of CPU each (1,000: ~50 us), where a queue put and a wake-up is what it must cost.
+message cost ~110 us of CPU each (1,000: ~50 us), where a queue put and a wake-up is what it must cost. The reader
+takes what waits for the process in batches (:meth:`ResilientRedisChannelLayer.receive_local`): ``receive_single``
+takes one message per three sequential round trips, so a thousand assignments pushed to one process's sockets
+reached the last one seconds later on a busy event loop, each round trip waiting its turn.
 
 Pushes (``group_send``) are not retried here: the site's pushes are best effort by design
 (``services.base._push``), and agents catch up on their next hello or request.
@@ -42,6 +45,20 @@ log = logging.getLogger("echo2.channels")
 
 JOIN_RETRY_S = 10.0
 BACKOFF_CAP_S = 2.0
+LOCAL_BATCH = 256  # messages the reader takes in one round trip
+
+# The process channel's batch read, atomic: forget the messages the last batch delivered (ARGV[2..]), put back in
+# order any the backup still holds (taken by a read that was cut short), then move up to ARGV[1] of the oldest to
+# the backup and return them. channels_redis' backup queue, kept: what a cancelled read took is read again.
+_TAKE_BATCH = """
+if #ARGV > 1 then redis.call('ZREM', KEYS[2], unpack(ARGV, 2)) end
+local backed = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+for i = #backed, 1, -2 do redis.call('ZADD', KEYS[1], backed[i], backed[i - 1]) end
+redis.call('DEL', KEYS[2])
+local taken = redis.call('ZPOPMIN', KEYS[1], ARGV[1])
+for i = 1, #taken, 2 do redis.call('ZADD', KEYS[2], taken[i + 1], taken[i]) end
+return taken
+"""
 
 
 def _backoff(attempt: int) -> float:
@@ -58,6 +75,7 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
         self._batches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # event loop -> _Rejoins
         self._reader: _Reader | None = None  # reads this process's channels (one event loop's at a time)
         self.local_queues: dict[str, asyncio.Queue] = {}  # process-local channel -> messages not yet received
+        self.local_delivered: list[bytes] = []  # the reader's last batch, handed on, still in Redis' backup queue
 
     async def receive(self, channel: str) -> dict:
         if "!" in channel:  # this process's own: from the reader's queue
@@ -86,6 +104,33 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
         elif reader.loop is not loop:  # as channels_redis: two loops would split the process's messages between them
             raise RuntimeError("Two event loops are trying to receive() on one channel layer at once!")
         return reader
+
+    async def receive_local(self, channel: str, delivered: list[bytes]) -> tuple[list[bytes], list[tuple]]:
+        """What waits for the process's ``channel``, up to ``LOCAL_BATCH`` messages, oldest first, after forgetting
+        ``delivered`` (the raw messages of the last batch, handed on); when none waits, the first to come within
+        ``brpop_timeout`` s, or none. Returns the raw messages (each kept in channels_redis' backup queue until a
+        later call forgets it) and each readable one as ``(channel or channels it names, message)``; one that
+        cannot be read is logged and forgotten with the rest."""
+        key = self.prefix + channel
+        backup = self._backup_channel_name(key)
+        connection = self.connection(self.consistent_hash(channel))
+        raw = (await connection.eval(_TAKE_BATCH, 2, key, backup, LOCAL_BATCH, *delivered))[0::2]
+        if not raw:  # nothing waits: block for the next, as channels_redis does (kept in the backup once taken)
+            popped = await connection.bzpopmin(key, timeout=self.brpop_timeout)
+            if popped is None:
+                return [], []
+            _, member, score = popped
+            await connection.zadd(backup, {member: float(score)})
+            raw = [member]
+        messages = []
+        for member in raw:
+            try:
+                message = self.deserialize(member)
+            except Exception:  # noqa: BLE001 - one unreadable message must not stop the process's others
+                log.exception("channel layer: a message for this process could not be read; dropped")
+                continue
+            messages.append((message.pop("__asgi_channel__", channel), message))
+        return raw, messages
 
     async def close_pools(self) -> None:
         if self._reader is not None and self._reader.loop is asyncio.get_running_loop():
@@ -134,12 +179,12 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
 
 
 class _Reader:
-    """The one task of an event loop that reads the layer's process-local messages (``receive_single`` on the
-    process's channel) and puts each into the queue of every channel it names; a ``receive`` of a local channel
-    waits on its queue alone. It runs while any receive waits and rides out Redis going away as ``receive`` does:
-    retrying with backoff, then joining again, in one round trip a group, the groups of every channel joined through
-    this layer (a Redis without persistence lost them). A message for a channel between two receives waits in its
-    bounded queue, which the layer holds as channels_redis holds its buffer (a later event loop's receive finds it);
+    """The one task of an event loop that reads the layer's process-local messages (``receive_local`` on the process's
+    channel, a batch a round trip) and puts each into the queue of every channel it names; a ``receive`` of a local
+    channel waits on its queue alone. It runs while any receive waits and rides out Redis going away as ``receive``
+    does: retrying with backoff, then joining again, in one round trip a group, the groups of every channel joined
+    through this layer (a Redis without persistence lost them). A message for a channel between two receives waits in
+    its bounded queue, which the layer holds as channels_redis holds its buffer (a later event loop's receive finds it);
     a channel whose receive was cancelled (its socket closed) is forgotten."""
 
     def __init__(self, layer: ResilientRedisChannelLayer, loop: asyncio.AbstractEventLoop) -> None:
@@ -197,7 +242,7 @@ class _Reader:
             try:
                 if attempt:
                     await self._rejoin_all()
-                named, message = await self.layer.receive_single(real_channel)
+                raw, batch = await self.layer.receive_local(real_channel, self.layer.local_delivered)
             except TRANSIENT as err:
                 if attempt == 0:
                     log.warning("channel layer: Redis unreachable (%s); this process's sockets wait for it", err)
@@ -211,11 +256,14 @@ class _Reader:
             if attempt:
                 log.info("channel layer: Redis is back for this process's sockets")
                 attempt = 0
-            for channel in named if isinstance(named, list) else (named,):
-                queue = self.queues.get(channel)
-                if queue is None:
-                    queue = self.queues[channel] = BoundedQueue(self.layer.capacity)
-                queue.put_nowait(message)
+            # no await from the read to here: a batch taken is handed on whole before the reader can be cancelled
+            self.layer.local_delivered = raw
+            for named, message in batch:
+                for channel in named if isinstance(named, list) else (named,):
+                    queue = self.queues.get(channel)
+                    if queue is None:
+                        queue = self.queues[channel] = BoundedQueue(self.layer.capacity)
+                    queue.put_nowait(message)
 
     async def _rejoin_all(self) -> None:
         by_group: dict[str, list[str]] = defaultdict(list)

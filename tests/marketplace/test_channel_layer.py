@@ -57,14 +57,14 @@ async def test_one_read_tells_every_socket_of_the_process(tmp_path) -> None:
     try:
         layer = ResilientRedisChannelLayer(hosts=[server.url], prefix="t")
         reads = 0
-        real_read = layer.receive_single
+        real_read = layer.receive_local
 
-        async def counted(channel):
+        async def counted(channel, delivered):
             nonlocal reads
             reads += 1
-            return await real_read(channel)
+            return await real_read(channel, delivered)
 
-        layer.receive_single = counted
+        layer.receive_local = counted
         channels = [await layer.new_channel() for _ in range(301)]
         await layer.group_add_many("agents.job.1", channels)
         late, channels = channels[0], channels[1:]
@@ -84,6 +84,47 @@ async def test_one_read_tells_every_socket_of_the_process(tmp_path) -> None:
         assert layer._reader.task is None and not layer._reader.waiting
         assert layer.local_queues == {}
         await layer.flush()
+    finally:
+        server.stop()
+
+
+async def test_the_reader_takes_what_waits_in_batches_and_a_batch_cut_short_is_read_again(tmp_path) -> None:
+    """600 messages for 600 of the process's sockets, sent one by one (as a job's assignments are), reach every socket
+    in a few reads rather than one read each; a batch taken and never handed on is read again, one handed on never."""
+    server = PrivateRedis(tmp_path, aof=False).start()
+    try:
+        # every socket of a process shares its channel, and so its capacity (the site's is 100,000)
+        layer = ResilientRedisChannelLayer(hosts=[server.url], prefix="t", capacity=1000)
+        sender = ResilientRedisChannelLayer(hosts=[server.url], prefix="t", capacity=1000)
+        channels = [await layer.new_channel() for _ in range(600)]
+        for i, channel in enumerate(channels):
+            await sender.send(channel, {"type": "agent.message", "n": i})
+        reads = 0
+        real_read = layer.receive_local
+
+        async def counted(channel, delivered):
+            nonlocal reads
+            reads += 1
+            return await real_read(channel, delivered)
+
+        layer.receive_local = counted
+        got = await asyncio.wait_for(asyncio.gather(*(layer.receive(c) for c in channels)), 10)
+        assert [message["n"] for message in got] == list(range(600))
+        assert reads <= 4  # 256 + 256 + 88, then one waiting (or cut short once all were received)
+
+        process = layer.non_local_name(channels[0])
+        await sender.send(channels[0], {"type": "agent.message", "n": "a"})
+        await sender.send(channels[1], {"type": "agent.message", "n": "b"})
+        raw, taken = await real_read(process, layer.local_delivered)  # taken, then the reader "cancelled"
+        assert [m["n"] for _, m in taken] == ["a", "b"]
+        raw_again, again = await real_read(process, [])  # nothing said handed on: both read again, in order
+        assert [m["n"] for _, m in again] == ["a", "b"] and raw_again == raw
+        await sender.send(channels[2], {"type": "agent.message", "n": "c"})
+        _, after = await real_read(process, raw_again)  # handed on: forgotten, never read a third time
+        assert [(named, m["n"]) for named, m in after] == [(channels[2], "c")]
+        await layer.flush()
+        await sender.close_pools()
+        await layer.close_pools()
     finally:
         server.stop()
 
