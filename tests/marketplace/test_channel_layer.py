@@ -23,6 +23,19 @@ async def send_until_received(sender, group: str, waiting: asyncio.Future) -> No
     assert waiting.result() == {"type": "agent.message", "n": 1}
 
 
+class ReadCounter:
+    """The reads from Redis that ``layer``'s reader of the process's channel makes, counted (``n``)."""
+
+    def __init__(self, layer: ResilientRedisChannelLayer) -> None:
+        self.n, real = 0, layer.receive_local
+
+        async def counted(channel, delivered):
+            self.n += 1
+            return await real(channel, delivered)
+
+        layer.receive_local = counted
+
+
 @pytest.mark.parametrize("aof", [True, False], ids=["aof", "no-persistence"])
 async def test_a_waiting_receive_survives_a_redis_restart(tmp_path, aof) -> None:
     server = PrivateRedis(tmp_path, aof=aof).start()
@@ -56,15 +69,7 @@ async def test_one_read_tells_every_socket_of_the_process(tmp_path) -> None:
     server = PrivateRedis(tmp_path, aof=False).start()
     try:
         layer = ResilientRedisChannelLayer(hosts=[server.url], prefix="t")
-        reads = 0
-        real_read = layer.receive_local
-
-        async def counted(channel, delivered):
-            nonlocal reads
-            reads += 1
-            return await real_read(channel, delivered)
-
-        layer.receive_local = counted
+        reads = ReadCounter(layer)
         channels = [await layer.new_channel() for _ in range(301)]
         await layer.group_add_many("agents.job.1", channels)
         late, channels = channels[0], channels[1:]
@@ -74,7 +79,7 @@ async def test_one_read_tells_every_socket_of_the_process(tmp_path) -> None:
         done, _ = await asyncio.wait(waiting, timeout=5)
         assert len(done) == len(channels)
         assert {tuple(t.result().items()) for t in done} == {(("type", "agent.snapshot"), ("version", 3))}
-        assert reads == 2  # the message, then the next read waiting (cancelled below)
+        assert reads.n == 2  # the message, then the next read waiting (cancelled below)
         assert await asyncio.wait_for(layer.receive(late), 1) == {"type": "agent.snapshot", "version": 3}
 
         closing = asyncio.ensure_future(layer.receive(channels[0]))
@@ -99,28 +104,20 @@ async def test_the_reader_takes_what_waits_in_batches_and_a_batch_cut_short_is_r
         channels = [await layer.new_channel() for _ in range(600)]
         for i, channel in enumerate(channels):
             await sender.send(channel, {"type": "agent.message", "n": i})
-        reads = 0
-        real_read = layer.receive_local
-
-        async def counted(channel, delivered):
-            nonlocal reads
-            reads += 1
-            return await real_read(channel, delivered)
-
-        layer.receive_local = counted
+        reads = ReadCounter(layer)
         got = await asyncio.wait_for(asyncio.gather(*(layer.receive(c) for c in channels)), 10)
         assert [message["n"] for message in got] == list(range(600))
-        assert reads <= 4  # 256 + 256 + 88, then one waiting (or cut short once all were received)
+        assert reads.n <= 4  # 256 + 256 + 88, then one waiting (or cut short once all were received)
 
         process = layer.non_local_name(channels[0])
         await sender.send(channels[0], {"type": "agent.message", "n": "a"})
         await sender.send(channels[1], {"type": "agent.message", "n": "b"})
-        raw, taken = await real_read(process, layer.local_delivered)  # taken, then the reader "cancelled"
+        raw, taken = await layer.receive_local(process, layer.local_delivered)  # taken, then the reader "cancelled"
         assert [m["n"] for _, m in taken] == ["a", "b"]
-        raw_again, again = await real_read(process, [])  # nothing said handed on: both read again, in order
+        raw_again, again = await layer.receive_local(process, [])  # nothing said handed on: both read again, in order
         assert [m["n"] for _, m in again] == ["a", "b"] and raw_again == raw
         await sender.send(channels[2], {"type": "agent.message", "n": "c"})
-        _, after = await real_read(process, raw_again)  # handed on: forgotten, never read a third time
+        _, after = await layer.receive_local(process, raw_again)  # handed on: forgotten, never read a third time
         assert [(named, m["n"]) for named, m in after] == [(channels[2], "c")]
         await layer.flush()
         await sender.close_pools()
