@@ -108,6 +108,8 @@ async def test_the_reader_takes_what_waits_in_batches_and_a_batch_cut_short_is_r
         got = await asyncio.wait_for(asyncio.gather(*(layer.receive(c) for c in channels)), 10)
         assert [message["n"] for message in got] == list(range(600))
         assert reads.n <= 4  # 256 + 256 + 88, then one waiting (or cut short once all were received)
+        await asyncio.sleep(0.05)  # no receive waits: the reader stops, so what is sent next waits for the calls below
+        assert layer._reader.task is None
 
         process = layer.non_local_name(channels[0])
         await sender.send(channels[0], {"type": "agent.message", "n": "a"})
