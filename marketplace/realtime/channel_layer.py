@@ -226,7 +226,9 @@ class _Reader:
 
     def _stop_if_idle(self) -> None:
         if not self.waiting and self.task is not None:
-            self.task.cancel()  # a read cut short loses nothing: channels_redis keeps it in its backup queue
+            # a batch read cut short loses nothing (the backup queue); a BZPOPMIN cut short as its message came
+            # does, as channels_redis' receive would: the one window left
+            self.task.cancel()
             self.task = None
 
     async def stop(self) -> None:
