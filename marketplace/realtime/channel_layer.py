@@ -40,6 +40,7 @@ from collections.abc import Awaitable, Callable
 from channels_redis.core import BoundedQueue, RedisChannelLayer
 
 from dataplane.replay import TRANSIENT
+from dataplane.replay_scripts import script
 
 log = logging.getLogger("echo2.channels")
 
@@ -114,7 +115,7 @@ class ResilientRedisChannelLayer(RedisChannelLayer):
         key = self.prefix + channel
         backup = self._backup_channel_name(key)
         connection = self.connection(self.consistent_hash(channel))
-        raw = (await connection.eval(_TAKE_BATCH, 2, key, backup, LOCAL_BATCH, *delivered))[0::2]
+        raw = (await script(connection, _TAKE_BATCH)(keys=[key, backup], args=[LOCAL_BATCH, *delivered]))[0::2]
         if not raw:  # nothing waits: block for the next, as channels_redis does (kept in the backup once taken)
             popped = await connection.bzpopmin(key, timeout=self.brpop_timeout)
             if popped is None:
