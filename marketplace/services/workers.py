@@ -65,6 +65,7 @@ def worker_calibrate(*, worker: Worker, model_dir: str, task: dict, throughput: 
     )
     return calibration
 
+
 def _activation_refusals(job: Job, ids: list[int]) -> dict[int, str]:
     """Why each of ``ids`` that cannot be activated for ``job`` cannot (three queries whatever their number):
     suspended for failed audits, paused or removed by its provider, or opted out of owners' code the job runs."""
