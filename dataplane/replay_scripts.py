@@ -181,7 +181,7 @@ return {'new', kept}
 
 RETURN_ERRORS = {  # SUBMIT lists these codes too
     "badid": "is not a lease",
-    "expired": "lease expired or unknown: its prompt was handed to another worker",
+    "expired": "lease expired or unknown: handed back when its timeout passed or its worker was released",
     "taken": "lease belongs to another worker",
     "group": "group_id does not match the leased prompt",
     "prompt": "prompt: differs from the leased prompt",

@@ -57,6 +57,7 @@ KEEP_UNSENT_S = 600.0
 RELEASED_SIGNS = ("this worker was released from it", "this worker is not active in job")
 
 
+UNPUBLISHED_BASE_WAIT_S = 15.0  # the least wait to ask for a base the assignment said was not published yet
 IDLE_WAIT_CAP_S = 3.0  # an idle agent asks for work at least this often (a job's prompts come back within a step)
 
 
@@ -400,16 +401,23 @@ class RolloutLoop:
 
     async def _until_ready(self, job_id: int) -> None:
         """Wait until the job's version is installed; meanwhile, when nothing is being installed for the job, ask
-        the site for the snapshot missing (the base, else the newest), again after a doubling delay."""
-        delay, asked_at = self.retry_delay, None
+        the site for the snapshot missing (the base, else the newest), again after a doubling delay. Each wait is
+        drawn between half and all of its delay. When the assignment named no base (the learner had not published
+        it yet), its announcement is what installs it, and the first ask, in case that was lost, waits
+        :data:`UNPUBLISHED_BASE_WAIT_S`: a fleet assigned at once asked four times each while a job's learner
+        started, every ask at the same instants, and the site answered the last ones 20 s late."""
+        delay, due = self.retry_delay, time.monotonic()
+        if self.assign.base is None and self.installs.engine_for(job_id) is None:
+            delay = max(delay, UNPUBLISHED_BASE_WAIT_S)
+            due += random.uniform(0.5, 1.0) * delay
         while not self.installs.ready(job_id):
             idle = not any(key[0] == job_id for key in self.installs.installing)
-            if idle and (asked_at is None or time.monotonic() - asked_at >= delay):
+            if idle and time.monotonic() >= due:
                 which = "newest" if self.installs.engine_for(job_id) else "base"
                 log.debug("job %d: asking the site for its %s snapshot", job_id, which)
                 await self.connection.send(m.SnapshotRequest(job_id=job_id, which=which))
-                delay = delay if asked_at is None else min(delay * 2, 30.0)
-                asked_at = time.monotonic()
+                due = time.monotonic() + random.uniform(0.5, 1.0) * delay
+                delay = min(delay * 2, 30.0)
             await asyncio.sleep(0.1)
 
 

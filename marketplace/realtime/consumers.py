@@ -232,6 +232,8 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
             return await self._heartbeat(message)
         if isinstance(message, m.SnapshotInstalled):
             return await self._installed(message)
+        if isinstance(message, m.SnapshotRequest) and not await self._base_out(message.job_id):
+            return []  # what a fleet polls until the learner publishes: answered from the shared read, no query
         self.running.clear()  # a hello or a report may change the activation: read it again
         return await database(self._dispatch)(message)
 
@@ -378,6 +380,11 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         return await jobcache.JOBS.read(
             job_id, functools.partial(_job_at_work, job_id),
             not_before=self.running.cleared_at, max_age_s=max_age)
+
+    async def _base_out(self, job_id: int) -> bool:
+        """False when the process's shared read shows this worker active in the job and its base unpublished."""
+        _, view = await self._read_job(job_id)
+        return view is None or self.worker.pk not in view.active or view.base_published
 
     async def _installed(self, message: m.SnapshotInstalled) -> list[m._Msg]:
         """An install report, checked against the process's shared read of the job (every worker reports every

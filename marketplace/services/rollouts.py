@@ -61,6 +61,7 @@ class JobAtWork:
     running: RunningJob  # its worker_id is 0: see :meth:`for_worker`
     active: frozenset[int]
     gamma: float = 1.0  # the job's safety factor: T_bcast is fixed once ceil(len(active) / gamma) workers installed
+    base_published: bool = True  # its version 0 is out (before it, an agent's snapshot request has nothing to get)
 
     def for_worker(self, worker_id: int) -> RunningJob | None:
         """The worker's :class:`RunningJob`; None when it is not active in the job (:func:`running_job` says why)."""
@@ -73,7 +74,8 @@ def job_at_work(*, job_id: int) -> JobAtWork | None:
     if job is None:
         return None
     active = frozenset(Activation.objects.filter(job_id=job_id, ended_at=None).values_list("worker_id", flat=True))
-    return JobAtWork(running=_running(job, worker_id=0), active=active, gamma=job.settings.gamma)
+    return JobAtWork(running=_running(job, worker_id=0), active=active, gamma=job.settings.gamma,
+                     base_published=bool(job.base_digest))
 
 
 def _running(job: Job, *, worker_id: int) -> RunningJob:

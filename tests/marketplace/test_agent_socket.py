@@ -15,6 +15,7 @@ from marketplace import services
 from marketplace.models import Job, Worker
 
 from ..groups import stream_entries
+from ..statements import Statements
 from . import factories
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("redis_url")]
@@ -261,16 +262,26 @@ def _release_all(job_id: int) -> None:
         services.worker_release(activation=activation, reason="test")
 
 
-async def test_an_agent_that_asks_gets_its_jobs_base_then_the_newest_snapshot(settings_eager):
+async def test_an_agent_that_asks_gets_its_jobs_base_then_the_newest_snapshot(settings_eager, settings):
+    settings.ECHO2 = {**settings.ECHO2, "AGENT_STATE_MAX_AGE_S": 3600.0}  # the socket's read is dropped by pushes only
     job, worker, key = await setup_job_and_worker()
     comm = await connect(key)
     await comm.send_json_to({"type": "hello", "agent_version": "test"})
     assert (await comm.receive_json_from(timeout=10))["type"] == "welcome"  # a loaded machine: not the 1 s default
     await database_sync_to_async(services.job_start)(job=await database_sync_to_async(Job.objects.get)(pk=job.pk))
     assert (await comm.receive_json_from(timeout=5))["base"] is None  # not published yet
-    await comm.send_json_to({"type": "snapshot_request", "job_id": job.pk, "which": "base"})
-    await comm.send_json_to({"type": "lease_request", "job_id": job.pk})
-    assert (await comm.receive_json_from())["type"] == "no_work"  # nothing to give: no answer to the request
+    await comm.send_json_to({"type": "lease_request", "job_id": job.pk})  # the process reads the running job
+    assert (await comm.receive_json_from())["type"] == "no_work"
+    counted = Statements()
+    await database_sync_to_async(counted.install)()
+    try:  # nothing to give: no answer, and what a fleet polls until its learner publishes costs no query
+        for which in ("base", "newest"):
+            await comm.send_json_to({"type": "snapshot_request", "job_id": job.pk, "which": which})
+        await comm.send_json_to({"type": "lease_request", "job_id": job.pk})
+        assert (await comm.receive_json_from())["type"] == "no_work"
+    finally:
+        await database_sync_to_async(counted.uninstall)()
+    assert counted.count == 0
 
     fresh = database_sync_to_async(lambda: Job.objects.get(pk=job.pk))
     from dataplane.snapshot import build_manifest

@@ -14,16 +14,15 @@ import pytest
 import redis
 from channels.db import database_sync_to_async
 from django.db import connection, transaction
-from django.db.backends.signals import connection_created
 from django.test.utils import CaptureQueriesContext
 
 from marketplace import services
 from marketplace.infra import liveness, stream, telemetry
 from marketplace.models import Activation, Job, LedgerEntry, Worker
-from marketplace.realtime import dbthreads
 from marketplace.services import billing as billing_service
 from marketplace.services import presence
 
+from ..statements import Statements
 from . import factories
 from .test_billing import age_leases
 from .test_billing_leases import working
@@ -179,35 +178,6 @@ def test_a_fold_run_twice_or_cut_off_bills_each_second_once(eager):
     row = Activation.objects.get(pk=activation.pk)
     assert row.billed_seconds == pytest.approx(time.time() - leased_at, abs=0.5)
     assert_exact(row.pk)
-
-
-class Statements:
-    """SQL statements run on any database connection of this process (the agent socket's thread included)."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def __call__(self, execute, sql, params, many, context):
-        self.count += 1
-        return execute(sql, params, many, context)
-
-    def watch(self, sender, connection, **kwargs) -> None:
-        if self not in connection.execute_wrappers:
-            connection.execute_wrappers.append(self)
-
-    def install(self) -> None:
-        connection_created.connect(self.watch, weak=False)
-        self.watch(None, connection)  # the thread it is called on
-        dbthreads.on_each_thread(lambda: self.watch(None, connection))  # the ones the socket's database calls run on
-
-    def uninstall(self) -> None:
-        connection_created.disconnect(self.watch)
-        dbthreads.on_each_thread(self._unwatch)
-        self._unwatch()
-
-    def _unwatch(self) -> None:
-        if self in connection.execute_wrappers:
-            connection.execute_wrappers.remove(self)
 
 
 async def test_a_report_due_heartbeat_reaches_no_database_while_the_fold_bills(eager, redis_client):

@@ -22,7 +22,7 @@ from dataplane.snapshot import manifest_reference
 from learner.datasets import lay_out
 from learner.serving import SnapshotServer
 from learner.snapshots import SnapshotStore
-from worker_agent import status
+from worker_agent import rollout_loop, status
 from worker_agent.cache import BaseCache
 from worker_agent.config import AgentConfig
 from worker_agent.engines import make_engine
@@ -160,7 +160,8 @@ async def generating(tmp_path: Path, store: SnapshotStore, server: SnapshotServe
 
 
 def test_nothing_is_leased_before_the_base_is_installed_then_records_carry_version_0(tmp_path, learner_side,
-                                                                                       tiny_model_dir):
+                                                                                       tiny_model_dir, monkeypatch):
+    monkeypatch.setattr(rollout_loop, "UNPUBLISHED_BASE_WAIT_S", 0.2)  # the announcement is lost: it asks soon
     store, server = learner_side
     base = store.write_base(tiny_model_dir)
     built: list[str] = []
@@ -184,6 +185,28 @@ def test_nothing_is_leased_before_the_base_is_installed_then_records_carry_versi
         await until(lambda: returned(socket), "a generated group")
         assert returned(socket)[0]["version"] == 0
         assert submits(socket)[-1]["lease"] >= 1  # the next lease rides on the groups' return
+        session._stop_rollout()
+
+    asyncio.run(scenario())
+
+
+def test_an_agent_assigned_before_the_base_waits_for_its_announcement_before_asking(tmp_path, learner_side,
+                                                                                    tiny_model_dir):
+    """The assignment said the learner has not published the base: the agent does not ask the site for it at once
+    (a fleet assigned together would all ask what the site just said it lacks), and the announcement installs it."""
+    store, server = learner_side
+    base = store.write_base(tiny_model_dir)
+
+    async def scenario() -> None:
+        session, socket = make_session(tmp_path, [])  # its first ask: 7.5 to 15 s after this
+        await push(session, assign(1, None))
+        await asyncio.sleep(1.0)
+        assert socket.of("snapshot_request") == [] and submits(socket) == []
+
+        await push(session, snapshot(store, server, base))  # the learner publishes: the group's announcement
+        await until(lambda: submits(socket), "a lease request once the base is in")
+        assert [r["version"] for r in socket.of("snapshot_installed")] == [0]
+        assert socket.of("snapshot_request") == []
         session._stop_rollout()
 
     asyncio.run(scenario())
