@@ -194,7 +194,7 @@ CHANNEL_LAYERS = {
 # Throttle and lockout counters. Several site processes share them only in a shared cache: set ECHO2_CACHE_URL
 # (a Redis URL) in production; the default local-memory cache counts per process.
 CACHES = {
-    "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": os.environ["ECHO2_CACHE_URL"]}
+    "default": {"BACKEND": "echo2_site.cache.RedisCache", "LOCATION": os.environ["ECHO2_CACHE_URL"]}
     if os.environ.get("ECHO2_CACHE_URL") else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
 }
 
