@@ -56,6 +56,8 @@ UNAVAILABLE_RETRY_AFTER_S = 2.0  # the Redis client has already retried for ECHO
 REANNOUNCE_EVERY_S = 5.0  # a connection's budget is announced again at most this often (realtime/lag.py)
 INSTALLS = GroupCommit(lambda reports: database(services.snapshots_installed)(reports))
 """The install reports of this process's sockets, written together (``realtime/batches.py``)."""
+HELLO_WRITES = GroupCommit(lambda hellos: database(services.workers_connected)(hellos))
+"""The hellos of this process's sockets (a fleet's reconnect), written together."""
 LANE_CLOSE_S = 10.0  # a closed socket's requests still queued are handled for at most this long (daphne's close wait)
 
 
@@ -235,6 +237,11 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
         if isinstance(message, m.SnapshotRequest) and not await self._base_out(message.job_id):
             return []  # what a fleet polls until the learner publishes: answered from the shared read, no query
         self.running.clear()  # a hello or a report may change the activation: read it again
+        if isinstance(message, m.Hello):
+            self.hello_at = timezone.now()
+            return await HELLO_WRITES.submit(services.Hello(
+                worker=self.worker, installed_version=message.installed_version, at=self.hello_at,
+                hardware=message.hardware, allow_user_code=message.allow_user_code))
         return await database(self._dispatch)(message)
 
     async def _shed_load(self) -> None:
@@ -428,11 +435,6 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):
     def _dispatch(self, message) -> list[m._Msg]:
         worker = self.worker
         match message:
-            case m.Hello():
-                self.hello_at = timezone.now()
-                return services.worker_connected(worker=worker, installed_version=message.installed_version,
-                                                 at=self.hello_at, hardware=message.hardware,
-                                                 allow_user_code=message.allow_user_code)
             case m.LeaseReturn():
                 services.lease_return(worker=worker, job_id=message.job_id, lease_id=message.lease_id,
                                       reason=message.reason)

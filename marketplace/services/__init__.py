@@ -7,6 +7,7 @@ transaction it joins it), and its pushes and enqueued tasks leave only once that
 - ``workers``: register, calibrate, activate, release.
 - ``presence``: the agent's connection: hello, heartbeat (kept in Redis, folded), close (queued, recorded), expire
   the silent.
+- ``hellos``: many agents' hellos in one transaction (a fleet's reconnect), each answered as ``presence``'s alone.
 - ``billing``: billed time of activations from the states agents report (``marketplace.core.billing``: the rules).
 - ``jobs``: create, start, pause, resume, finish; the calibration phase and the scheduler's decisions applied.
 - ``rollouts``: prompt leases (and their early return) and trajectory submissions, whole or in parts, checked
@@ -25,7 +26,8 @@ transaction it joins it), and its pushes and enqueued tasks leave only once that
 Siblings import one way only: ``base`` imports none of them; ``broadcast`` and ``rollouts`` import ``base``;
 ``installs`` imports ``rollouts`` (the shared read of a running job);
 ``billing`` imports none; ``repair`` imports ``broadcast`` (its messages); ``workers`` imports ``broadcast``
-(assignments) and ``billing``; ``presence`` imports ``workers``, ``broadcast``, ``repair`` and ``billing``; ``jobs``,
+(assignments) and ``billing``; ``presence`` imports ``workers``, ``broadcast``, ``repair`` and ``billing``;
+``hellos`` imports ``presence`` and ``broadcast``; ``jobs``,
 ``audits`` (suspensions) and ``learner`` (stalled jobs) import ``workers``; ``audits`` imports ``billing``
 (credits for failed work); ``audit_texts`` imports ``audits``; ``learner`` imports ``audits`` and
 ``budgets``, which imports ``jobs``; ``controls`` imports ``workers`` and ``billing``.
@@ -41,6 +43,7 @@ from .base import ServiceError, job_group, worker_group
 from .broadcast import broadcast_plan, snapshot_publish, snapshot_request
 from .budgets import job_budget_check, job_budget_set
 from .controls import job_archive, job_delete, worker_pause, worker_price_set, worker_remove, worker_resume
+from .hellos import Hello, workers_connected
 from .installs import InstallReport, snapshot_installed, snapshots_installed
 from .jobs import (
     job_activate_idle_workers,
@@ -100,7 +103,7 @@ __all__ = [
     "jobs_stall_silent_learners", "learner_announce", "learner_streams_open", "metrics_record", "prompts_lease",
     "relay_failed", "rollout_async",
     "JobAtWork", "RunningJob", "running_job", "submitted_again", "job_at_work",
-    "InstallReport", "snapshot_installed", "snapshots_installed",
+    "Hello", "workers_connected", "InstallReport", "snapshot_installed", "snapshots_installed",
     "snapshot_publish", "snapshot_request", "trajectories_malformed", "trajectories_part_submit",
     "trajectories_submit",
     "worker_activate", "worker_calibrate", "worker_connected", "worker_disconnected", "worker_group",

@@ -84,8 +84,7 @@ def worker_connected(*, worker: Worker, installed_version: int | None, at: datet
         worker.allow_user_code = allow_user_code
         fields.append("allow_user_code")
     worker.save(update_fields=fields)
-    replies: list[m._Msg] = [m.Welcome(worker_id=worker.pk, heartbeat_interval=settings.ECHO2["HEARTBEAT_INTERVAL_S"],
-                                       max_message_bytes=settings.ECHO2["WS_MAX_MESSAGE_BYTES"])]
+    replies: list[m._Msg] = [welcome(worker.pk)]
     state, job_id = (activation.state, activation.job_id) if activation else ("idle", None)
     transaction.on_commit(lambda: liveness.mark_online(worker.pk, at=now.timestamp(), state=state, job_id=job_id))
     if activation:
@@ -99,14 +98,28 @@ def worker_connected(*, worker: Worker, installed_version: int | None, at: datet
 PROVISION_WINDOW_S = 1.0
 
 
+def welcome(worker_id: int) -> m.Welcome:
+    return m.Welcome(worker_id=worker_id, heartbeat_interval=settings.ECHO2["HEARTBEAT_INTERVAL_S"],
+                     max_message_bytes=settings.ECHO2["WS_MAX_MESSAGE_BYTES"])
+
+
+def rejoin_window() -> timezone.timedelta:
+    return timezone.timedelta(seconds=float(settings.ECHO2["WORKER_REJOIN_S"]))
+
+
 def _rejoin(worker: Worker, *, at: datetime) -> Activation | None:
     """A worker the site released for silence (its socket closed, or a site outage cut every socket) that says
     hello within ``WORKER_REJOIN_S`` goes back to its job at once if the job still runs, rather than waiting for
     the scheduler's hysteresis (``REPLAN_INTERVAL_S``) to notice the missing capacity. The assignment is pushed."""
-    window = timezone.timedelta(seconds=float(settings.ECHO2["WORKER_REJOIN_S"]))
-    last = (Activation.objects.select_related("job").filter(worker=worker, ended_at__gte=at - window)
+    last = (Activation.objects.select_related("job").filter(worker=worker, ended_at__gte=at - rejoin_window())
             .order_by("-ended_at").first())
-    if last is None or last.end_code != Activation.End.LOST or last.job.status != Job.Status.RUNNING:
+    return rejoin_after(worker, last, at=at)
+
+
+def rejoin_after(worker: Worker, last: Activation | None, *, at: datetime) -> Activation | None:
+    """:func:`_rejoin` of ``worker``, whose latest activation (its job read with it) is ``last``."""
+    if (last is None or last.ended_at < at - rejoin_window() or last.end_code != Activation.End.LOST
+            or last.job.status != Job.Status.RUNNING):
         return None
     try:
         activation = worker_activate(worker=worker, job=last.job)
