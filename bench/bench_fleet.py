@@ -15,7 +15,8 @@ this model before); it still installs version 0 through the session (digest chec
 
 Each row: connect N agents; ``--idle`` s of heartbeats alone; create and start a job through the last site
 process (so with two, every push crosses processes for half the fleet); wait until every agent installed the
-base; measure ``--window`` s of generation; time one re-plan; cancel the job (release). Columns:
+base and the site accepted a first group; measure ``--window`` s of generation from 2 s later; time one re-plan;
+cancel the job (release). Columns:
 
 - connected: agents welcomed, and seconds until the last was; heartbeats on time: share of the heartbeats sent
   (idle / generating) that the site handled within 1 s (pairing each with the site's heartbeat record in Redis,

@@ -146,7 +146,19 @@ class Row:
                                prompts=max(64, 4 * self.n * args.groups_per_lease)).start()
         self._settle("assigned", self.n, timeout=90)
         self.figures["base_installed_s"] = self._settle("installed0", self._progress()["assigned"], timeout=180)
-        time.sleep(2.0)
+        self.figures["first_group_s"] = self._first_group(timeout=60.0)
+        time.sleep(2.0)  # the window opens on generation, not on the installs' tail
+
+    def _first_group(self, *, timeout: float) -> float | None:
+        """Seconds until the site accepted the job's first group (None: none in ``timeout``)."""
+        from dataplane.replay import counters_key
+
+        redis, started = self.site.redis(), time.monotonic()
+        while time.monotonic() - started < timeout:
+            if int(redis.hget(counters_key(self.job_id), "accepted_groups") or 0) > 0:
+                return time.monotonic() - started
+            self.site.wait(lambda: False, "the first group", 0.2)  # checks that the stack's processes still run
+        return None
 
     def _measure(self) -> None:
         """``--window`` seconds of generation: the site's counters, CPU, database and the learner's log."""

@@ -80,6 +80,8 @@ FIGURES = [
      f"{f['lost']} of {f['lost_checked']} leased {f['lost_cutoff_s']:g} s before the release ({f['leases']} in all)"),
     ("reply p50 / p99 s", _latencies),
     ("base installed by all: s after assigns", lambda f: _fmt(f["base_installed_s"], ".1f", "not all in 240 s")),
+    ("first group accepted: s after that (the window opens 2 s later)",
+     lambda f: _fmt(f.get("first_group_s"), ".1f", "none in 60 s")),
     ("activate: s to last assign", lambda f: f"{_fmt(f['activate_s'], '.1f')} ({f['activate_told']})"),
     ("release: s to last release", lambda f: f"{_fmt(f['release_s'], '.1f')} ({f['release_told']})"
      + (f"; cancel answered {f['cancel_errors']} first" if f["cancel_errors"] else "")),
