@@ -3,7 +3,8 @@
 Django keeps a cache backend per asgiref ``Local``, which follows the async context: each agent socket's task (and
 each sync call it makes through ``sync_to_async``) got a backend of its own, and with it a connection pool and a
 new Redis connection. In a reconnect storm every socket's credential check and hello limit (``infra.limits``) opened
-one: a third of a site process's time went to connecting to Redis, and a fleet of 1,000 held 1,000 connections.
+one: opening them was a sixth of a site process's samples in a py-spy of 1,000 agents connecting at once, and
+each socket's calls could hold connections of their own.
 The client (its pools, which redis-py makes safe across threads and forks) is shared instead, per location and
 options; the backend objects stay per context, as Django makes them.
 """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import redis
 from asgiref.sync import sync_to_async
@@ -26,5 +27,6 @@ def test_every_async_context_shares_one_redis_client_and_its_connections(setting
     seen = asyncio.run(sockets())
     assert len({backend for backend, _ in seen}) > 1  # Django's backends are per context, as ever
     assert len({client for _, client in seen}) == 1  # Django's own client was one per backend: 40 clients
-    assert len(server.client_list()) - before <= 8  # its pool's connections, not one per context
+    threads = min(32, (os.cpu_count() or 1) + 4)  # the default executor's, which runs the calls
+    assert len(server.client_list()) - before <= threads  # its pool's connections, at most one a thread
     cache.clear()
