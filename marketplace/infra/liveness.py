@@ -191,13 +191,19 @@ def forget_states(worker_ids: list[int]) -> None:
 def mark_online(worker_id: int, *, at: float, state: str | None = None, job_id: int | None = None) -> None:
     """The database holds the worker online as of ``at`` (a hello, or a heartbeat that brought it back): its
     heartbeats stay in Redis from now on. With ``state``, what the database recorded it doing."""
+    marks_online([(worker_id, at, state, job_id)])
+
+
+def marks_online(marks: Sequence[tuple[int, float, str | None, int | None]]) -> None:
+    """:func:`mark_online` of each ``(worker_id, at, state, job_id)``, in one round trip (a round of hellos)."""
     pipe = stream.client().pipeline(transaction=False)
-    pipe.zadd(SEEN_KEY, {str(worker_id): at}, gt=True)
-    fields = {"online": "1"}
-    if state is not None:
-        fields.update(state=state, job="" if job_id is None else str(job_id))
-    pipe.hset(state_key(worker_id), mapping=fields)
-    pipe.expire(state_key(worker_id), STATE_TTL_S)
+    for worker_id, at, state, job_id in marks:
+        pipe.zadd(SEEN_KEY, {str(worker_id): at}, gt=True)
+        fields = {"online": "1"}
+        if state is not None:
+            fields.update(state=state, job="" if job_id is None else str(job_id))
+        pipe.hset(state_key(worker_id), mapping=fields)
+        pipe.expire(state_key(worker_id), STATE_TTL_S)
     pipe.execute()
 
 

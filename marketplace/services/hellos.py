@@ -86,9 +86,9 @@ def _together(hellos: Sequence[Hello]) -> list[list[m._Msg]]:
     WorkerSession.objects.bulk_create([WorkerSession(worker_id=h.worker.pk, started_at=h.at) for h in hellos
                                        if h.worker.pk not in stale])
     _workers_marked(hellos, active)
-    marks = [(h.worker.pk, h.at.timestamp(), *((active[h.worker.pk].state, active[h.worker.pk].job_id)
-                                                if h.worker.pk in active else ("idle", None))) for h in hellos]
-    transaction.on_commit(lambda: _marked_online(marks))
+    marks = [(h.worker.pk, h.at.timestamp(), a.state if (a := active.get(h.worker.pk)) else "idle",
+              a.job_id if a else None) for h in hellos]
+    transaction.on_commit(lambda: liveness.marks_online(marks))
 
     assigns: dict[int, m.Assign] = {}
     by_job: dict[int, list[Activation]] = defaultdict(list)
@@ -120,11 +120,6 @@ def _workers_marked(hellos: Sequence[Hello], active: dict[int, Activation]) -> N
         groups[fields].append(worker)
     for fields, workers in groups.items():
         Worker.objects.bulk_update(workers, list(fields))
-
-
-def _marked_online(marks: list[tuple[int, float, str, int | None]]) -> None:
-    for worker_id, at, state, job_id in marks:
-        liveness.mark_online(worker_id, at=at, state=state, job_id=job_id)
 
 
 def _rejoined(idle: Sequence[Hello]) -> list[Activation]:
